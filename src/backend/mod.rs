@@ -1,0 +1,4 @@
+//! The backends, one module each. They implement [`crate::lock::Backend`]; `lib.rs` picks one
+//! by the URL's scheme and runs the subcommand generically over it.
+
+pub mod file;

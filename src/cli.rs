@@ -1,0 +1,447 @@
+//! The command line, as clap types only. Nothing outside this module and `settings` imports
+//! clap; `settings` turns these raw values into validated settings.
+//!
+//! One rule clap cannot express by itself: in `dlock run`, option parsing stops at the first
+//! word after NAME (like `env`, `timeout` and `flock`), so in `dlock run x ./job.sh --ttl 5`
+//! the `--ttl 5` belongs to the job. [`normalize_run_args`] rewrites the arguments into a form
+//! clap parses that way; `-c` right after NAME is the one exception.
+
+use std::ffi::{OsStr, OsString};
+use std::path::PathBuf;
+
+use clap::{ArgAction, Args, CommandFactory, Parser, Subcommand, ValueEnum};
+
+use crate::exit;
+
+const RUN_AFTER_HELP: &str = "\
+Option parsing stops at the first word after NAME: in `dlock run x ./job.sh --ttl 5` the
+`--ttl 5` belongs to the job. `--` before the command is accepted and optional. `-c` may
+stand before NAME or right after it.
+
+The command sees dlock's stdin, stdout, stderr and environment, plus DLOCK_NAME,
+DLOCK_BACKEND, DLOCK_FENCING_TOKEN (strictly increasing per lock name) and DLOCK_HELD.
+Credentials dlock consumed are removed from its environment. A nested `dlock run` of a lock
+its ancestor already holds on the same backend runs its command at once.
+
+Signals: SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 sent to dlock are forwarded
+once to the command's process group. After TERM, INT, HUP or QUIT the command gets
+--kill-after to exit before SIGKILL; a second such signal sends SIGKILL at once. At an
+interactive terminal the command runs in the foreground, so Ctrl-C and Ctrl-Z reach it
+directly. A signal while waiting for the lock cancels the wait and dlock exits 128+N.
+If the lock is lost while the command runs, --on-lost decides (default: SIGTERM to the
+command's process group, SIGKILL after --kill-after, exit 124).
+
+Every option can also be set in the environment (DLOCK_URL, DLOCK_WAIT, DLOCK_NO_WAIT,
+DLOCK_CONFLICT_EXIT_CODE, DLOCK_TTL, DLOCK_LIMIT, DLOCK_ON_LOST, DLOCK_KILL_AFTER,
+DLOCK_PREFIX) or in the config file. Precedence: flags > environment > config file >
+defaults.";
+
+/// Run a command while holding a named lock.
+#[derive(Debug, Parser)]
+#[command(
+    name = "dlock",
+    version,
+    about = "Run a command while holding a named lock (local file, Redis, etcd, ZooKeeper, PostgreSQL)",
+    long_about = "Run a command while holding a named lock.\n\n\
+        dlock acquires the lock NAME on a backend chosen by URL (a local file by default), runs \
+        the command with the lock held, keeps the lease alive while it runs, releases the lock \
+        when the command exits or dlock is signalled, and exits with the command's status.\n\n\
+        Backends: file:///dir (default: $XDG_RUNTIME_DIR/dlock, else /tmp/dlock-<uid>), \
+        redis://, etcd://, zk://, postgres://.",
+    after_long_help = exit::TABLE,
+    disable_help_subcommand = true,
+    propagate_version = true
+)]
+pub struct Cli {
+    #[command(flatten)]
+    pub global: GlobalArgs,
+
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Args)]
+pub struct GlobalArgs {
+    /// More messages on stderr (repeat for more). DLOCK_LOG takes a tracing filter instead.
+    #[arg(short, long, action = ArgAction::Count, global = true)]
+    pub verbose: u8,
+
+    /// Fewer messages on stderr (repeat for none); `status -q` prints nothing on stdout.
+    #[arg(short, long, action = ArgAction::Count, global = true)]
+    pub quiet: u8,
+
+    /// Config file (TOML). Default: $XDG_CONFIG_HOME/dlock/config.toml, then
+    /// /etc/dlock/config.toml.
+    #[arg(long, value_name = "PATH", env = "DLOCK_CONFIG", global = true)]
+    pub config: Option<PathBuf>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Acquire NAME, run COMMAND with the lock held, release, exit with its status.
+    #[command(after_long_help = format!("{RUN_AFTER_HELP}\n\n{}", exit::TABLE))]
+    Run(RunArgs),
+    /// Show who holds NAME (exit 0 when held, 1 when free).
+    Status(StatusArgs),
+    /// List held locks under the namespace.
+    List(ListArgs),
+    /// Break a lock held by someone else (admin; needs --force).
+    Release(ReleaseArgs),
+    /// Check that the backend can be reached and used: latency, version, permissions.
+    Check(CheckArgs),
+    /// Generate the man pages or shell completions (for packagers).
+    #[command(hide = true)]
+    Generate(GenerateArgs),
+}
+
+/// Where the locks live.
+#[derive(Debug, Args)]
+pub struct BackendArgs {
+    /// Backend URL: file:///dir, redis://, etcd://, zk://, postgres://. Default: the file
+    /// backend in $XDG_RUNTIME_DIR/dlock, else /tmp/dlock-<uid>.
+    #[arg(
+        short,
+        long,
+        value_name = "URL",
+        env = "DLOCK_URL",
+        hide_env_values = true
+    )]
+    pub url: Vec<String>,
+
+    /// Namespace for keys and paths [default: dlock].
+    #[arg(long, value_name = "P", env = "DLOCK_PREFIX")]
+    pub prefix: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OnLost {
+    /// SIGTERM the command's process group, SIGKILL after --kill-after.
+    Term,
+    /// SIGKILL the command's process group at once.
+    Kill,
+    /// Let the command run on without the lock (a warning is printed).
+    Ignore,
+}
+
+#[derive(Debug, Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub backend: BackendArgs,
+
+    /// Give up after waiting this long (500ms, 30s, 5m) [default: wait forever].
+    #[arg(short, long, value_name = "DUR", env = "DLOCK_WAIT")]
+    pub wait: Option<String>,
+
+    /// Give up at once if the lock is held (same as --wait 0).
+    #[arg(short, long, env = "DLOCK_NO_WAIT")]
+    pub no_wait: bool,
+
+    /// Exit status when the lock was not acquired [default: 75].
+    #[arg(short = 'E', long, value_name = "N", env = "DLOCK_CONFLICT_EXIT_CODE")]
+    pub conflict_exit_code: Option<String>,
+
+    /// Lease length; renewed every TTL/3 while the command runs [default: 15s].
+    #[arg(short, long, value_name = "DUR", env = "DLOCK_TTL")]
+    pub ttl: Option<String>,
+
+    /// Semaphore: up to N holders at once; all holders must agree on N [default: 1].
+    #[arg(short, long, value_name = "N", env = "DLOCK_LIMIT")]
+    pub limit: Option<String>,
+
+    /// What to do when the lock is lost while the command runs [default: term].
+    #[arg(long, value_name = "ACTION", env = "DLOCK_ON_LOST")]
+    pub on_lost: Option<OnLost>,
+
+    /// Grace between SIGTERM and SIGKILL, on lock loss and after a forwarded signal
+    /// [default: 10s].
+    #[arg(long, value_name = "DUR", env = "DLOCK_KILL_AFTER")]
+    pub kill_after: Option<String>,
+
+    /// Run SHELL-COMMAND with "$SHELL -c" (or /bin/sh -c) instead of COMMAND.
+    #[arg(short = 'c', long = "command", value_name = "SHELL-COMMAND")]
+    pub shell_command: Option<OsString>,
+
+    /// The lock name: 1-255 bytes of UTF-8, no control characters.
+    #[arg(value_name = "NAME")]
+    pub name: OsString,
+
+    /// The command and its arguments, passed verbatim (no shell).
+    #[arg(
+        value_name = "COMMAND",
+        trailing_var_arg = true,
+        allow_hyphen_values = true
+    )]
+    pub command: Vec<OsString>,
+}
+
+#[derive(Debug, Args)]
+pub struct StatusArgs {
+    #[command(flatten)]
+    pub backend: BackendArgs,
+
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+
+    /// The lock name.
+    #[arg(value_name = "NAME")]
+    pub name: OsString,
+}
+
+#[derive(Debug, Args)]
+pub struct ListArgs {
+    #[command(flatten)]
+    pub backend: BackendArgs,
+
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ReleaseArgs {
+    #[command(flatten)]
+    pub backend: BackendArgs,
+
+    /// Required: this breaks a lock that someone else holds; the holder then detects the loss
+    /// and stops its command. The file backend refuses and names the holder's pid.
+    #[arg(long)]
+    pub force: bool,
+
+    /// The lock name.
+    #[arg(value_name = "NAME")]
+    pub name: OsString,
+}
+
+#[derive(Debug, Args)]
+pub struct CheckArgs {
+    #[command(flatten)]
+    pub backend: BackendArgs,
+
+    /// Lease length to check against the backend's bounds [default: 15s].
+    #[arg(short, long, value_name = "DUR", env = "DLOCK_TTL")]
+    pub ttl: Option<String>,
+
+    /// Print JSON instead of text.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct GenerateArgs {
+    #[command(subcommand)]
+    pub what: Generate,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Generate {
+    /// Write man pages (dlock.1 and one per subcommand) into DIR.
+    Man {
+        #[arg(value_name = "DIR")]
+        dir: PathBuf,
+    },
+    /// Write completion scripts for bash, zsh and fish into DIR.
+    Completions {
+        #[arg(value_name = "DIR")]
+        dir: PathBuf,
+    },
+}
+
+/// Parse the process arguments.
+pub fn parse(args: Vec<OsString>) -> Result<Cli, clap::Error> {
+    let command = Cli::command();
+    let args = normalize_run_args(args, &command);
+    Cli::try_parse_from(args)
+}
+
+/// Rewrite `dlock … run [OPTS] NAME [-c CMD] [--] COMMAND…` into
+/// `dlock … run [OPTS] [--command=CMD] -- NAME COMMAND…`, so clap stops option parsing at the
+/// first word after NAME. Anything it does not recognise is left for clap to report.
+pub fn normalize_run_args(args: Vec<OsString>, command: &clap::Command) -> Vec<OsString> {
+    let Some(run) = command.find_subcommand("run") else {
+        return args;
+    };
+    let top_level = scan_options(&args, 1, command, |word| word == "run");
+    let Some(run_at) = top_level.filter(|&i| args[i] == "run") else {
+        return args;
+    };
+    let Some(name_at) = scan_options(&args, run_at + 1, run, |_| true) else {
+        return args;
+    };
+    let mut out: Vec<OsString> = args[..name_at].to_vec();
+    let mut rest = name_at;
+    if args[rest] == "--" {
+        rest += 1;
+    }
+    let Some(name) = args.get(rest).cloned() else {
+        return args;
+    };
+    rest += 1;
+    // `-c CMD` / `-cCMD` / `--command CMD` / `--command=CMD` right after NAME.
+    if let Some(word) = args.get(rest).and_then(|w| w.to_str()) {
+        let shell_command = if word == "-c" || word == "--command" {
+            args.get(rest + 1).cloned().map(|v| (v, 2))
+        } else if let Some(v) = word.strip_prefix("--command=") {
+            Some((OsString::from(v), 1))
+        } else if let Some(v) = word.strip_prefix("-c").filter(|v| !v.is_empty()) {
+            Some((OsString::from(v), 1))
+        } else {
+            None
+        };
+        if let Some((value, consumed)) = shell_command {
+            let mut flag = OsString::from("--command=");
+            flag.push(&value);
+            out.push(flag);
+            rest += consumed;
+        }
+    }
+    if args.get(rest).is_some_and(|w| w == "--") {
+        rest += 1;
+    }
+    out.push("--".into());
+    out.push(name);
+    out.extend(args[rest..].iter().cloned());
+    out
+}
+
+/// From `start`, skip options (and their values) of `command`; return the index of the first
+/// word that is not an option and satisfies `stop`, or of `--`.
+fn scan_options(
+    args: &[OsString],
+    start: usize,
+    command: &clap::Command,
+    stop: impl Fn(&OsStr) -> bool,
+) -> Option<usize> {
+    let mut i = start;
+    while i < args.len() {
+        let word = args[i].to_str()?;
+        if word == "--" || !word.starts_with('-') || word == "-" {
+            return (word == "--" || stop(args[i].as_os_str())).then_some(i);
+        }
+        let takes_value = if let Some(long) = word.strip_prefix("--") {
+            !long.contains('=') && long_takes_value(command, long)
+        } else {
+            short_cluster_wants_next(command, &word[1..])
+        };
+        i += if takes_value { 2 } else { 1 };
+    }
+    None
+}
+
+fn long_takes_value(command: &clap::Command, long: &str) -> bool {
+    arguments(command).any(|a| {
+        (a.get_long() == Some(long) || a.get_all_aliases().is_some_and(|al| al.contains(&long)))
+            && a.get_action().takes_values()
+    })
+}
+
+/// In a cluster like `-nE5` or `-w`, does the last option take its value from the next word?
+fn short_cluster_wants_next(command: &clap::Command, cluster: &str) -> bool {
+    for (pos, c) in cluster.char_indices() {
+        let takes =
+            arguments(command).any(|a| a.get_short() == Some(c) && a.get_action().takes_values());
+        if takes {
+            return pos + c.len_utf8() == cluster.len();
+        }
+    }
+    false
+}
+
+fn arguments(command: &clap::Command) -> impl Iterator<Item = &clap::Arg> {
+    command.get_arguments().chain(
+        // Global options are defined on the top-level command only.
+        Cli::command_globals(),
+    )
+}
+
+impl Cli {
+    fn command_globals() -> std::vec::IntoIter<&'static clap::Arg> {
+        static GLOBALS: std::sync::OnceLock<Vec<clap::Arg>> = std::sync::OnceLock::new();
+        GLOBALS
+            .get_or_init(|| {
+                Cli::command()
+                    .get_arguments()
+                    .filter(|a| a.is_global_set())
+                    .cloned()
+                    .collect()
+            })
+            .iter()
+            .collect::<Vec<_>>()
+            .into_iter()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn norm(words: &[&str]) -> Vec<String> {
+        let args = words.iter().map(OsString::from).collect();
+        normalize_run_args(args, &Cli::command())
+            .into_iter()
+            .map(|w| w.into_string().unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn options_after_name_belong_to_the_command() {
+        assert_eq!(
+            norm(&["dlock", "run", "--ttl", "5s", "x", "./job.sh", "--ttl", "5"]),
+            ["dlock", "run", "--ttl", "5s", "--", "x", "./job.sh", "--ttl", "5"]
+        );
+        assert_eq!(
+            norm(&["dlock", "run", "x", "--wait", "1s"]),
+            ["dlock", "run", "--", "x", "--wait", "1s"]
+        );
+    }
+
+    #[test]
+    fn double_dash_is_optional() {
+        assert_eq!(
+            norm(&["dlock", "run", "x", "--", "a", "--", "b"]),
+            ["dlock", "run", "--", "x", "a", "--", "b"]
+        );
+        assert_eq!(
+            norm(&["dlock", "-v", "run", "-nE5", "x", "a"]),
+            ["dlock", "-v", "run", "-nE5", "--", "x", "a"]
+        );
+        assert_eq!(
+            norm(&["dlock", "run", "-w", "1s", "--", "-x", "a"]),
+            ["dlock", "run", "-w", "1s", "--", "-x", "a"]
+        );
+    }
+
+    #[test]
+    fn shell_command_may_follow_name() {
+        assert_eq!(
+            norm(&["dlock", "run", "x", "-c", "echo hi"]),
+            ["dlock", "run", "--command=echo hi", "--", "x"]
+        );
+        assert_eq!(
+            norm(&["dlock", "run", "-c", "true", "x"]),
+            ["dlock", "run", "-c", "true", "--", "x"]
+        );
+    }
+
+    #[test]
+    fn parses_after_normalizing() {
+        let cli = parse(
+            ["dlock", "run", "-t", "5s", "x", "echo", "-t"]
+                .iter()
+                .map(OsString::from)
+                .collect(),
+        )
+        .unwrap();
+        let Command::Run(run) = cli.command else {
+            panic!("not run")
+        };
+        assert_eq!(run.ttl.as_deref(), Some("5s"));
+        assert_eq!(run.name, "x");
+        assert_eq!(run.command, ["echo", "-t"]);
+    }
+}

@@ -1,0 +1,75 @@
+//! Errors a caller can branch on.
+//!
+//! Backends and the settings layer return [`Error`]; the layers above add context with
+//! `anyhow`. `main` finds the [`Error`] in the chain to pick the exit status
+//! ([`crate::exit::Code`]); anything else is an internal error (70).
+
+use crate::exit::Code;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Bad flag, name, duration or URL.
+    #[error("{0}")]
+    Usage(String),
+    /// The lock is held by someone else and the wait is over (or there was none).
+    #[error("{0}")]
+    Busy(String),
+    /// The backend cannot be reached or did not answer in time.
+    #[error("{0}")]
+    Unavailable(String),
+    /// The lock file or its directory cannot be created.
+    #[error("{0}")]
+    CantCreate(String),
+    /// Authentication or permission refused.
+    #[error("{0}")]
+    Permission(String),
+    /// Bad configuration: config file, TLS set-up, an unsuitable server.
+    #[error("{0}")]
+    Config(String),
+    /// The command cannot be found (127).
+    #[error("{0}")]
+    NotFound(String),
+    /// The command exists but cannot be executed (126).
+    #[error("{0}")]
+    NotExecutable(String),
+    /// The wait was cancelled by the caller (a signal); everything the waiter created is gone.
+    #[error("cancelled")]
+    Cancelled,
+    /// A broken invariant inside dlock.
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl Error {
+    /// The exit status this error ends dlock with.
+    pub fn code(&self) -> Code {
+        match self {
+            Error::Usage(_) => Code::Usage,
+            Error::Busy(_) => Code::NotAcquired,
+            Error::Unavailable(_) => Code::Unavailable,
+            Error::CantCreate(_) => Code::CantCreate,
+            Error::Permission(_) => Code::NoPermission,
+            Error::Config(_) => Code::Config,
+            Error::NotFound(_) => Code::NotFound,
+            Error::NotExecutable(_) => Code::NotExecutable,
+            Error::Cancelled | Error::Internal(_) => Code::Internal,
+        }
+    }
+
+    /// Classify an I/O error on the lock directory or file: permission problems are 77,
+    /// everything else means the file cannot be created (73).
+    pub fn from_lock_io(what: String, err: &std::io::Error) -> Error {
+        let message = format!("{what}: {err}");
+        match err.kind() {
+            std::io::ErrorKind::PermissionDenied => Error::Permission(message),
+            _ => Error::CantCreate(message),
+        }
+    }
+}
+
+/// The exit status for an error chain: the first [`Error`] in it decides.
+pub fn code_of(err: &anyhow::Error) -> Code {
+    err.chain()
+        .find_map(|cause| cause.downcast_ref::<Error>())
+        .map_or(Code::Internal, Error::code)
+}

@@ -1,0 +1,369 @@
+//! dlock: run a command while holding a named lock.
+//!
+//! [`main_entry`] parses the command line, builds a current-thread tokio runtime and
+//! dispatches to one subcommand. `dlock run` is the heart: validate everything, install
+//! signal listeners, acquire (cancellable), start the command under [`supervise`], release,
+//! and exit with the command's status (design.md §4, §6).
+
+pub mod backend;
+pub mod cli;
+pub mod clock;
+pub mod error;
+pub mod exit;
+pub mod keeper;
+pub mod lock;
+pub mod settings;
+pub mod signals;
+pub mod supervise;
+
+mod generate;
+mod logging;
+mod report;
+
+use std::ffi::OsString;
+use std::time::Duration;
+
+use anyhow::Context;
+
+use crate::backend::file::FileBackend;
+use crate::cli::{Cli, Command, OnLost};
+use crate::error::Error;
+use crate::exit::Code;
+use crate::lock::{AcquireRequest, Backend, Holder, Lease, LockName, Lost};
+use crate::settings::{Common, Location, RunSettings};
+use crate::signals::Signals;
+
+/// Run dlock with these arguments (including argv\[0\]) and return its exit status.
+pub fn main_entry(args: Vec<OsString>) -> u8 {
+    std::panic::set_hook(Box::new(|info| {
+        eprintln!("dlock: internal error (this is a bug in dlock): {info}");
+    }));
+    match std::panic::catch_unwind(|| main_inner(args)) {
+        Ok(code) => code,
+        Err(_) => Code::Internal.value(),
+    }
+}
+
+fn main_inner(args: Vec<OsString>) -> u8 {
+    let cli = match cli::parse(args) {
+        Ok(cli) => cli,
+        Err(err) => return report::clap_error(err),
+    };
+    logging::init(cli.global.verbose, cli.global.quiet);
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(err) => {
+            eprintln!("dlock: cannot start: {err}");
+            return Code::Internal.value();
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("dlock: {err:#}");
+            error::code_of(&err).value()
+        }
+    }
+}
+
+/// Expand `$body` once per backend, with `$backend` bound to the backend `$common` selects.
+macro_rules! with_backend {
+    ($common:expr, $backend:ident => $body:expr) => {
+        match &$common.location {
+            Location::File { dir, default } => {
+                let $backend = FileBackend::new(dir, *default, &$common.prefix);
+                $body
+            }
+        }
+    };
+}
+
+async fn run(cli: Cli) -> anyhow::Result<u8> {
+    let quiet = cli.global.quiet > 0;
+    if let Command::Generate(args) = cli.command {
+        generate::run(args.what)?;
+        return Ok(0);
+    }
+    let config = settings::load_config(cli.global.config.as_deref())?;
+    match cli.command {
+        Command::Run(args) => {
+            let settings = settings::run(args, &config)?;
+            with_backend!(settings.common, backend => run_command(backend, settings).await)
+        }
+        Command::Status(args) => {
+            let name = settings::lock_name(&args.name)?;
+            let common = settings::common(&args.backend, None, &config)?;
+            let status = with_backend!(common, backend => backend.status(&name).await)
+                .with_context(|| {
+                    format!(
+                        "cannot read the status of '{name}' from {}",
+                        common.display_url
+                    )
+                })?;
+            if !quiet {
+                report::print_status(&status, args.json)?;
+            }
+            Ok(if status.held { 0 } else { 1 })
+        }
+        Command::List(args) => {
+            let common = settings::common(&args.backend, None, &config)?;
+            let locks = with_backend!(common, backend => backend.list().await)
+                .with_context(|| format!("cannot list locks on {}", common.display_url))?;
+            if !quiet {
+                report::print_list(&locks, args.json)?;
+            }
+            Ok(0)
+        }
+        Command::Release(args) => {
+            let name = settings::lock_name(&args.name)?;
+            if !args.force {
+                return Err(Error::Usage(format!(
+                    "'dlock release' breaks a lock someone else holds; add --force to confirm (dlock release --force {name})"
+                ))
+                .into());
+            }
+            let common = settings::common(&args.backend, None, &config)?;
+            let released = with_backend!(common, backend => backend.force_release(&name).await)?;
+            if released.is_empty() {
+                eprintln!("dlock: '{name}' is not held");
+                return Ok(1);
+            }
+            for holder in &released {
+                eprintln!(
+                    "dlock: released '{name}' (was held by pid {} on {}, token {})",
+                    holder.pid, holder.host, holder.token
+                );
+            }
+            Ok(0)
+        }
+        Command::Check(args) => {
+            let common = settings::common(&args.backend, args.ttl, &config)?;
+            let check = with_backend!(common, backend => backend.check().await)
+                .with_context(|| format!("check of {} failed", common.display_url))?;
+            report::print_check(&check, &common, args.json)?;
+            Ok(0)
+        }
+        Command::Generate(_) => Ok(0),
+    }
+}
+
+/// `dlock run`: acquire, supervise, release (design §4).
+async fn run_command<B: Backend>(backend: B, settings: RunSettings) -> anyhow::Result<u8> {
+    let mut signals = Signals::install().context("cannot install signal handlers")?;
+    let held_entry = held_entry(&settings.common, &settings.name);
+    let inherited_held = std::env::var("DLOCK_HELD").unwrap_or_default();
+    if inherited_held.split(' ').any(|entry| entry == held_entry) {
+        tracing::info!(
+            "'{}' is already held by an ancestor; running the command at once",
+            settings.name
+        );
+        return supervise_command(&settings, &mut signals, &mut Reentrant, Vec::new()).await;
+    }
+
+    let request = AcquireRequest {
+        name: settings.name.clone(),
+        limit: settings.limit,
+        ttl: settings.common.ttl,
+        wait: settings.wait,
+        holder: Holder::for_this_process(
+            &settings.name,
+            &settings.command.display,
+            settings.common.ttl,
+        ),
+    };
+    let started = clock::BootInstant::now();
+    let (canceller, cancel) = lock::cancellation();
+    let acquire = backend.acquire(&request, cancel);
+    tokio::pin!(acquire);
+    let acquired = tokio::select! {
+        result = &mut acquire => result,
+        signal = signals.recv() => {
+            canceller.cancel();
+            // Let the backend remove its waiter; if it won the race, give the lock back.
+            match tokio::time::timeout(Duration::from_secs(10), &mut acquire).await {
+                Ok(Ok(lease)) => release(lease, &settings).await,
+                Ok(Err(_)) | Err(_) => {}
+            }
+            eprintln!(
+                "dlock: got {} while waiting for lock '{}'; the command did not run",
+                signals::name(signal),
+                settings.name
+            );
+            return Ok(exit::signal_status(signal));
+        }
+    };
+    let mut lease = match acquired {
+        Ok(lease) => lease,
+        Err(Error::Busy(message)) => {
+            if settings.wait != lock::Wait::No || tracing::enabled!(tracing::Level::INFO) {
+                eprintln!("dlock: {message}");
+            } else {
+                eprintln!("dlock: {message}");
+            }
+            return Ok(settings.conflict_exit_code);
+        }
+        Err(err) => {
+            return Err(anyhow::Error::new(err)).with_context(|| {
+                format!(
+                    "cannot acquire '{}' on {}",
+                    settings.name, settings.common.display_url
+                )
+            })
+        }
+    };
+    tracing::info!(
+        "acquired '{}' (token {}) in {:?}",
+        settings.name,
+        lease.token(),
+        clock::BootInstant::now().saturating_since(started)
+    );
+    // A signal that arrived while acquiring counts as "while waiting": nothing runs.
+    if let Some(signal) = signals.try_recv() {
+        release(lease, &settings).await;
+        eprintln!(
+            "dlock: got {} while acquiring lock '{}'; the command did not run",
+            signals::name(signal),
+            settings.name
+        );
+        return Ok(exit::signal_status(signal));
+    }
+    let mut env = child_environment(&settings);
+    env.push((
+        "DLOCK_FENCING_TOKEN".into(),
+        Some(lease.token().to_string().into()),
+    ));
+    let held = if inherited_held.is_empty() {
+        held_entry
+    } else {
+        format!("{inherited_held} {held_entry}")
+    };
+    env.push(("DLOCK_HELD".into(), Some(held.into())));
+    let outcome = supervise_command(&settings, &mut signals, &mut lease, env).await;
+    release(lease, &settings).await;
+    outcome
+}
+
+/// Start the command and wait for it; map how it ended to dlock's exit status.
+async fn supervise_command<L: Lease>(
+    settings: &RunSettings,
+    signals: &mut Signals,
+    lease: &mut L,
+    env: Vec<(OsString, Option<OsString>)>,
+) -> anyhow::Result<u8> {
+    let sigchld = supervise::child_listener().context("cannot watch for the command's exit")?;
+    let terminal = supervise::Terminal::foreground();
+    let child = match supervise::spawn(&settings.command, &env, terminal.as_ref()) {
+        Ok(child) => child,
+        Err(err) => {
+            let shown = settings.command.arg0.to_string_lossy();
+            let error = match err.raw_os_error() {
+                Some(libc::ENOENT) => Error::NotFound(format!("command not found: {shown}")),
+                Some(
+                    libc::EACCES
+                    | libc::ENOEXEC
+                    | libc::EISDIR
+                    | libc::ENOTDIR
+                    | libc::ETXTBSY
+                    | libc::EPERM,
+                ) => Error::NotExecutable(format!("cannot execute {shown}: {err}")),
+                _ => Error::Internal(format!("cannot start {shown}: {err}")),
+            };
+            return Err(error.into());
+        }
+    };
+    let policy = supervise::Policy {
+        on_lost: settings.on_lost,
+        kill_after: settings.kill_after,
+    };
+    let ending = supervise::supervise(child, lease, signals, policy, terminal.as_ref(), sigchld)
+        .await
+        .context("lost track of the command")?;
+    match ending.lost {
+        Some(lost) if settings.on_lost != OnLost::Ignore => {
+            eprintln!(
+                "dlock: lock '{}' was lost while the command ran ({}); the command was stopped",
+                settings.name, lost.reason
+            );
+            Ok(Code::Lost.value())
+        }
+        _ => Ok(exit::from_child(ending.status)),
+    }
+}
+
+async fn release<L: Lease>(lease: L, settings: &RunSettings) {
+    let budget = settings.common.ttl.min(Duration::from_secs(10));
+    match tokio::time::timeout(budget, lease.release()).await {
+        Ok(Ok(())) => {}
+        Ok(Err(err)) => tracing::warn!("could not release '{}': {err}", settings.name),
+        Err(_) => tracing::warn!(
+            "releasing '{}' timed out; the lease expires by itself within {}",
+            settings.name,
+            humantime::format_duration(settings.common.ttl)
+        ),
+    }
+}
+
+/// The environment changes for the command (design §3): the lock's variables in, consumed
+/// credentials out.
+fn child_environment(settings: &RunSettings) -> Vec<(OsString, Option<OsString>)> {
+    let mut env: Vec<(OsString, Option<OsString>)> = vec![
+        ("DLOCK_NAME".into(), Some(settings.name.as_str().into())),
+        (
+            "DLOCK_BACKEND".into(),
+            Some(settings.common.scheme().into()),
+        ),
+    ];
+    for (key, _) in std::env::vars_os() {
+        let upper = key.to_string_lossy().to_ascii_uppercase();
+        if upper.starts_with("DLOCK_") && upper.contains("PASSWORD") {
+            env.push((key, None));
+        }
+    }
+    if let Some(url) = std::env::var_os("DLOCK_URL") {
+        let redacted = settings::redact_url(&url.to_string_lossy());
+        if redacted != url.to_string_lossy() {
+            env.push(("DLOCK_URL".into(), Some(redacted.into())));
+        }
+    }
+    env
+}
+
+/// This lock's entry in DLOCK_HELD: backend identity, prefix and name, escaped so that entries
+/// can be separated by spaces and compared as strings.
+fn held_entry(common: &Common, name: &LockName) -> String {
+    format!("{}|{}", escape_held(&common.identity()), name.encoded())
+}
+
+fn escape_held(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if c == '%' || c == ' ' || c.is_control() {
+            for byte in c.to_string().bytes() {
+                out.push_str(&format!("%{byte:02X}"));
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// The lease of a reentrant run: the ancestor holds the lock, so there is nothing to lose here.
+struct Reentrant;
+
+impl Lease for Reentrant {
+    fn token(&self) -> u64 {
+        0
+    }
+
+    async fn lost(&mut self) -> Lost {
+        std::future::pending().await
+    }
+
+    async fn release(self) -> Result<(), Error> {
+        Ok(())
+    }
+}

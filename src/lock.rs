@@ -1,0 +1,351 @@
+//! What a lock is, independent of where it lives.
+//!
+//! - [`LockName`]: a validated name (1–255 bytes of UTF-8, no control characters) and its
+//!   injective encoding into one path or key component.
+//! - [`Holder`]: the metadata a holder records with its hold, shown by `status` and `list`.
+//! - [`Backend`] and [`Lease`]: the interface every backend implements. Modelled on the etcd
+//!   `concurrency` package: a backend *acquires* (waiting by notification, cancellable), the
+//!   returned lease reports through [`Lease::lost`] when the hold is gone, and
+//!   [`Lease::release`] gives it back. The supervisor knows nothing else about backends.
+
+use std::fmt;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+
+use crate::clock::BootInstant;
+use crate::error::Error;
+
+/// Longest accepted name, in bytes.
+pub const MAX_NAME_BYTES: usize = 255;
+
+/// A lock name that passed validation. Names are opaque: `a`, `a/b`, `ab`, `a:fence` and
+/// `../x` are unrelated locks, and [`LockName::encoded`] keeps them apart on every backend.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct LockName(String);
+
+impl LockName {
+    pub fn new(raw: &str) -> Result<LockName, Error> {
+        if raw.is_empty() {
+            return Err(Error::Usage("lock name must not be empty".into()));
+        }
+        if raw.len() > MAX_NAME_BYTES {
+            return Err(Error::Usage(format!(
+                "lock name is {} bytes long; the limit is {MAX_NAME_BYTES}",
+                raw.len()
+            )));
+        }
+        if let Some(c) = raw.chars().find(|c| c.is_control()) {
+            return Err(Error::Usage(format!(
+                "lock name must not contain control characters (found U+{:04X})",
+                u32::from(c)
+            )));
+        }
+        Ok(LockName(raw.to_owned()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The name as one path/key component: bytes of `[A-Za-z0-9._-]` stay as they are, every
+    /// other byte becomes `%XX`. The mapping is injective (`%` itself is escaped), never
+    /// contains `/`, and `.`/`..` only ever appear followed by a suffix the caller adds.
+    pub fn encoded(&self) -> String {
+        encode_component(&self.0)
+    }
+}
+
+impl fmt::Display for LockName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// Percent-encode everything but `[A-Za-z0-9._-]`.
+pub fn encode_component(raw: &str) -> String {
+    let mut out = String::with_capacity(raw.len());
+    for byte in raw.bytes() {
+        if byte.is_ascii_alphanumeric() || matches!(byte, b'.' | b'_' | b'-') {
+            out.push(char::from(byte));
+        } else {
+            out.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    out
+}
+
+/// Undo [`encode_component`]; `None` for anything it could not have produced.
+pub fn decode_component(encoded: &str) -> Option<String> {
+    let bytes = encoded.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = encoded.get(i + 1..i + 3)?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+/// What a holder records with its hold (design §7).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Holder {
+    pub name: String,
+    pub host: String,
+    pub pid: u32,
+    pub user: String,
+    /// The command line, truncated to [`Holder::MAX_COMMAND`] bytes.
+    pub command: String,
+    /// Start of the hold, RFC 3339 UTC.
+    pub since: String,
+    /// Lease length in milliseconds (0 where the backend has no lease).
+    pub ttl_ms: u64,
+    pub token: u64,
+    pub version: String,
+}
+
+impl Holder {
+    pub const MAX_COMMAND: usize = 200;
+
+    /// Metadata for this process running `command`, to be completed with the token.
+    pub fn for_this_process(name: &LockName, command: &[String], ttl: Duration) -> Holder {
+        let mut line = command.join(" ");
+        if line.len() > Self::MAX_COMMAND {
+            let mut cut = Self::MAX_COMMAND;
+            while !line.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            line.truncate(cut);
+            line.push('…');
+        }
+        Holder {
+            name: name.as_str().to_owned(),
+            host: nix::unistd::gethostname()
+                .ok()
+                .and_then(|h| h.into_string().ok())
+                .unwrap_or_default(),
+            pid: std::process::id(),
+            user: user_name(),
+            command: line,
+            since: humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string(),
+            ttl_ms: u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX),
+            token: 0,
+            version: env!("CARGO_PKG_VERSION").to_owned(),
+        }
+    }
+}
+
+fn user_name() -> String {
+    let uid = nix::unistd::getuid();
+    match nix::unistd::User::from_uid(uid) {
+        Ok(Some(user)) => user.name,
+        _ => uid.to_string(),
+    }
+}
+
+/// How long `acquire` may wait.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Wait {
+    /// Give up at once if the lock is held.
+    No,
+    /// Give up when this long has passed.
+    For(Duration),
+    Forever,
+}
+
+/// Everything a backend needs to take a lock.
+#[derive(Clone, Debug)]
+pub struct AcquireRequest {
+    pub name: LockName,
+    /// Semaphore size: up to `limit` holders at once.
+    pub limit: u32,
+    pub ttl: Duration,
+    pub wait: Wait,
+    /// Metadata to record; the backend fills in the token.
+    pub holder: Holder,
+}
+
+/// Tells a waiting `acquire` to give up and clean up after itself.
+#[derive(Clone, Debug)]
+pub struct Cancel(watch::Receiver<bool>);
+
+/// The sending side of [`Cancel`].
+#[derive(Debug)]
+pub struct Canceller(watch::Sender<bool>);
+
+pub fn cancellation() -> (Canceller, Cancel) {
+    let (tx, rx) = watch::channel(false);
+    (Canceller(tx), Cancel(rx))
+}
+
+impl Canceller {
+    pub fn cancel(&self) {
+        self.0.send_replace(true);
+    }
+}
+
+impl Cancel {
+    /// A cancel that never fires.
+    pub fn never() -> Cancel {
+        let (tx, rx) = watch::channel(false);
+        // Keep the channel open for ever so `cancelled` stays pending.
+        std::mem::forget(tx);
+        Cancel(rx)
+    }
+
+    pub fn is_cancelled(&self) -> bool {
+        *self.0.borrow()
+    }
+
+    /// Resolves once cancellation was requested. Cancel-safe.
+    pub async fn cancelled(&mut self) {
+        if self.0.wait_for(|cancelled| *cancelled).await.is_err() {
+            // The canceller is gone without cancelling: nobody can cancel any more.
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+/// Why a hold ended while the command ran.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Lost {
+    /// One line for the user: what happened.
+    pub reason: String,
+    /// The instant by which the command must be dead because the server may hand the lock to
+    /// someone else then (lease expiry minus the safety margin). `None` when the lock is
+    /// already gone (nothing left to protect) or the backend has no expiry.
+    pub kill_by: Option<BootInstant>,
+}
+
+/// One holder as `status` and `list` report it.
+#[derive(Clone, Debug, Serialize)]
+pub struct HolderStatus {
+    #[serde(flatten)]
+    pub holder: Holder,
+    /// Lease time left in milliseconds, where the backend knows it.
+    pub ttl_left_ms: Option<u64>,
+}
+
+/// The state of one lock.
+#[derive(Clone, Debug, Serialize)]
+pub struct LockStatus {
+    pub name: String,
+    pub held: bool,
+    pub holders: Vec<HolderStatus>,
+    /// Number of waiters, where the backend can tell.
+    pub waiters: Option<u64>,
+    /// The newest fencing token handed out, where the backend keeps one.
+    pub last_token: Option<u64>,
+}
+
+/// What `check` found.
+#[derive(Clone, Debug, Serialize)]
+pub struct CheckReport {
+    pub backend: String,
+    pub location: String,
+    pub version: String,
+    pub round_trip_us: u64,
+    /// Observations worth a user's attention (they do not fail the check).
+    pub warnings: Vec<String>,
+    /// Facts about the backend and the effective settings, as `key: value` lines.
+    pub details: Vec<(String, String)>,
+}
+
+/// A lock service, selected by URL scheme. All methods validate nothing the settings layer
+/// already validated.
+#[allow(async_fn_in_trait)]
+pub trait Backend {
+    type Lease: Lease;
+
+    /// Take the lock, waiting as `request.wait` says. Returns [`Error::Busy`] when the lock
+    /// stayed held, [`Error::Cancelled`] when `cancel` fired; in both cases every trace of
+    /// this waiter (keys, nodes, leases) is gone before it returns.
+    async fn acquire(&self, request: &AcquireRequest, cancel: Cancel)
+        -> Result<Self::Lease, Error>;
+
+    /// The holders of `name` and its waiters.
+    async fn status(&self, name: &LockName) -> Result<LockStatus, Error>;
+
+    /// Every held lock under the namespace.
+    async fn list(&self) -> Result<Vec<LockStatus>, Error>;
+
+    /// Break the hold of whoever holds `name`. Returns the holders that were removed.
+    async fn force_release(&self, name: &LockName) -> Result<Vec<Holder>, Error>;
+
+    /// Connect, measure, create and delete a test entry.
+    async fn check(&self) -> Result<CheckReport, Error>;
+}
+
+/// A held lock.
+#[allow(async_fn_in_trait)]
+pub trait Lease {
+    /// The fencing token of this acquisition (design §5).
+    fn token(&self) -> u64;
+
+    /// Resolves when the hold is gone (lease expiring, session lost, entry deleted, lock file
+    /// replaced). Cancel-safe: it can sit in a `select!` loop.
+    async fn lost(&mut self) -> Lost;
+
+    /// Give the lock back promptly, so the next waiter does not wait for a TTL.
+    async fn release(self) -> Result<(), Error>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn distinct_names_encode_distinctly() {
+        let names = [
+            "a", "a/b", "ab", "a:fence", "../x", ".", "..", "a%2Fb", "锁", "a b",
+        ];
+        let encoded: std::collections::HashSet<String> = names
+            .iter()
+            .map(|n| LockName::new(n).unwrap().encoded())
+            .collect();
+        assert_eq!(encoded.len(), names.len());
+        for e in &encoded {
+            assert!(!e.contains('/'), "{e} contains a slash");
+        }
+    }
+
+    #[test]
+    fn simple_names_map_to_themselves() {
+        for n in ["deploy-prod", "nightly.backup", "a_b-C.9"] {
+            assert_eq!(LockName::new(n).unwrap().encoded(), n);
+        }
+    }
+
+    #[test]
+    fn encoding_round_trips() {
+        for n in ["a/b", "../x", "锁", "100%", "a b\u{202e}"] {
+            let name = LockName::new(n).unwrap();
+            assert_eq!(decode_component(&name.encoded()).as_deref(), Some(n));
+        }
+    }
+
+    #[test]
+    fn rejects_bad_names() {
+        assert!(LockName::new("").is_err());
+        assert!(LockName::new(&"x".repeat(256)).is_err());
+        assert!(LockName::new(&"x".repeat(255)).is_ok());
+        assert!(LockName::new("a\nb").is_err());
+        assert!(LockName::new("a\u{7f}").is_err());
+        assert!(LockName::new("a\u{85}").is_err());
+    }
+
+    #[test]
+    fn long_commands_are_truncated_on_a_char_boundary() {
+        let name = LockName::new("x").unwrap();
+        let command = vec!["é".repeat(300)];
+        let holder = Holder::for_this_process(&name, &command, Duration::from_secs(1));
+        assert!(holder.command.len() <= Holder::MAX_COMMAND + '…'.len_utf8());
+    }
+}

@@ -1,0 +1,181 @@
+//! What `status`, `list` and `check` print, for humans and as JSON, and how clap's usage
+//! errors are reported (one `dlock:` line, exit 64).
+
+use std::io::Write;
+use std::time::{Duration, SystemTime};
+
+use anyhow::Context;
+
+use crate::exit::Code;
+use crate::lock::{CheckReport, HolderStatus, LockStatus};
+use crate::settings::Common;
+
+/// Report a command-line error as one `dlock:` line (help and version go to stdout, exit 0).
+pub fn clap_error(err: clap::Error) -> u8 {
+    use clap::error::ErrorKind;
+    match err.kind() {
+        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => {
+            let _ = err.print();
+            0
+        }
+        ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+            let _ = err.print();
+            Code::Usage.value()
+        }
+        _ => {
+            let text = err.to_string();
+            let first = text.lines().next().unwrap_or("bad usage");
+            let message = first.strip_prefix("error: ").unwrap_or(first);
+            let tip = text
+                .lines()
+                .map(str::trim)
+                .find_map(|l| l.strip_prefix("tip: "))
+                .map(|t| format!("; {t}"))
+                .unwrap_or_default();
+            eprintln!("dlock: {message}{tip} (see 'dlock --help')");
+            Code::Usage.value()
+        }
+    }
+}
+
+fn out() -> std::io::StdoutLock<'static> {
+    std::io::stdout().lock()
+}
+
+pub fn print_status(status: &LockStatus, json: bool) -> anyhow::Result<()> {
+    let mut out = out();
+    if json {
+        serde_json::to_writer_pretty(&mut out, status).context("cannot write JSON")?;
+        writeln!(out)?;
+        return Ok(());
+    }
+    writeln!(out, "lock:       {}", status.name)?;
+    writeln!(
+        out,
+        "state:      {}",
+        if status.held { "held" } else { "free" }
+    )?;
+    for holder in &status.holders {
+        write_holder(&mut out, holder)?;
+    }
+    if let Some(waiters) = status.waiters {
+        writeln!(out, "waiters:    {waiters}")?;
+    }
+    if !status.held {
+        if let Some(token) = status.last_token {
+            writeln!(out, "last token: {token}")?;
+        }
+    }
+    Ok(())
+}
+
+fn write_holder(out: &mut impl Write, status: &HolderStatus) -> std::io::Result<()> {
+    let h = &status.holder;
+    let host = if h.host.is_empty() { "?" } else { &h.host };
+    let user = if h.user.is_empty() {
+        String::new()
+    } else {
+        format!(", user {}", h.user)
+    };
+    writeln!(out, "holder:     pid {} on {host}{user}", h.pid)?;
+    if !h.command.is_empty() {
+        writeln!(out, "command:    {}", h.command)?;
+    }
+    if !h.since.is_empty() {
+        writeln!(out, "since:      {}{}", h.since, ago(&h.since))?;
+    }
+    if h.token > 0 {
+        writeln!(out, "token:      {}", h.token)?;
+    }
+    match status.ttl_left_ms {
+        Some(ms) => writeln!(
+            out,
+            "ttl left:   {}",
+            humantime::format_duration(Duration::from_millis(ms))
+        )?,
+        None if h.ttl_ms > 0 => writeln!(
+            out,
+            "ttl:        none (kernel lock, freed when the holder exits)"
+        )?,
+        None => {}
+    }
+    if !h.version.is_empty() {
+        writeln!(out, "dlock:      {}", h.version)?;
+    }
+    Ok(())
+}
+
+/// ` (3m 12s ago)` for an RFC 3339 time in the past.
+fn ago(since: &str) -> String {
+    let Ok(then) = humantime::parse_rfc3339(since) else {
+        return String::new();
+    };
+    match SystemTime::now().duration_since(then) {
+        Ok(d) => format!(
+            " ({} ago)",
+            humantime::format_duration(Duration::from_secs(d.as_secs()))
+        ),
+        Err(_) => String::new(),
+    }
+}
+
+pub fn print_list(locks: &[LockStatus], json: bool) -> anyhow::Result<()> {
+    let mut out = out();
+    if json {
+        serde_json::to_writer_pretty(&mut out, locks).context("cannot write JSON")?;
+        writeln!(out)?;
+        return Ok(());
+    }
+    if locks.is_empty() {
+        tracing::info!("no locks are held");
+        return Ok(());
+    }
+    writeln!(
+        out,
+        "{:<24} {:>8} {:<16} {:<21} {:>7} COMMAND",
+        "NAME", "PID", "HOST", "SINCE", "WAITING"
+    )?;
+    for lock in locks {
+        for holder in &lock.holders {
+            let h = &holder.holder;
+            let waiting = lock.waiters.map_or("-".to_owned(), |w| w.to_string());
+            writeln!(
+                out,
+                "{:<24} {:>8} {:<16} {:<21} {:>7} {}",
+                lock.name, h.pid, h.host, h.since, waiting, h.command
+            )?;
+        }
+    }
+    Ok(())
+}
+
+pub fn print_check(check: &CheckReport, common: &Common, json: bool) -> anyhow::Result<()> {
+    let mut out = out();
+    if json {
+        serde_json::to_writer_pretty(&mut out, check).context("cannot write JSON")?;
+        writeln!(out)?;
+        return Ok(());
+    }
+    writeln!(out, "backend:    {} ({})", check.backend, check.location)?;
+    writeln!(out, "version:    {}", check.version)?;
+    writeln!(
+        out,
+        "round trip: {} (create, lock, delete a test entry)",
+        humantime::format_duration(Duration::from_micros(check.round_trip_us))
+    )?;
+    for (key, value) in &check.details {
+        writeln!(out, "{:<11} {value}", format!("{key}:"))?;
+    }
+    writeln!(
+        out,
+        "settings:   url {}, prefix {}, ttl {}",
+        common.display_url,
+        common.prefix,
+        humantime::format_duration(common.ttl)
+    )?;
+    for warning in &check.warnings {
+        writeln!(out, "warning:    {warning}")?;
+    }
+    writeln!(out, "ok")?;
+    Ok(())
+}

@@ -1,0 +1,653 @@
+//! Flags > `DLOCK_*` environment > config file > defaults, merged once into validated settings.
+//!
+//! clap already folds the environment into the flag values, so this module only has to fill
+//! what is still missing from the config file (design §8) and the defaults, and to validate
+//! everything before any backend is contacted (design §4.1). Config file problems are 78,
+//! bad flag or environment values 64.
+
+use std::ffi::OsString;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::cli::{self, OnLost};
+use crate::error::Error;
+use crate::lock::{LockName, Wait};
+
+pub const DEFAULT_TTL: Duration = Duration::from_secs(15);
+pub const DEFAULT_KILL_AFTER: Duration = Duration::from_secs(10);
+pub const DEFAULT_CONFLICT_EXIT_CODE: u8 = 75;
+pub const DEFAULT_PREFIX: &str = "dlock";
+/// A crashed holder blocks everyone for up to one TTL; beyond a week is surely a mistake.
+pub const MAX_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
+pub const MAX_LIMIT: u32 = 1024;
+
+/// The config file (TOML). Unknown keys are an error.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    url: Option<OneOrMany>,
+    wait: Option<String>,
+    no_wait: Option<bool>,
+    conflict_exit_code: Option<i64>,
+    ttl: Option<String>,
+    limit: Option<i64>,
+    on_lost: Option<String>,
+    kill_after: Option<String>,
+    prefix: Option<String>,
+    password_file: Option<PathBuf>,
+    redis: Option<BackendFileConfig>,
+    etcd: Option<BackendFileConfig>,
+    zookeeper: Option<BackendFileConfig>,
+    postgres: Option<BackendFileConfig>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum OneOrMany {
+    One(String),
+    Many(Vec<String>),
+}
+
+/// Per-backend secrets and TLS material.
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BackendFileConfig {
+    pub password_file: Option<PathBuf>,
+    pub ca_file: Option<PathBuf>,
+    pub cert_file: Option<PathBuf>,
+    pub key_file: Option<PathBuf>,
+}
+
+/// Where the locks live, as parsed from the URL.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Location {
+    /// `file:///dir`; `default` when dlock chose the directory.
+    File { dir: PathBuf, default: bool },
+}
+
+/// Settings every subcommand shares.
+#[derive(Clone, Debug)]
+pub struct Common {
+    pub location: Location,
+    pub prefix: String,
+    pub ttl: Duration,
+    /// The URL as given, with any password replaced by `***` (safe to print or pass on).
+    pub display_url: String,
+}
+
+impl Common {
+    /// The scheme name shown in DLOCK_BACKEND.
+    pub fn scheme(&self) -> &'static str {
+        match self.location {
+            Location::File { .. } => "file",
+        }
+    }
+
+    /// Identifies "the same backend and namespace" for reentrancy (DLOCK_HELD).
+    pub fn identity(&self) -> String {
+        match &self.location {
+            Location::File { dir, .. } => format!("file://{}|{}", dir.display(), self.prefix),
+        }
+    }
+}
+
+/// The program to run.
+#[derive(Clone, Debug)]
+pub struct CommandSpec {
+    /// The resolved executable.
+    pub program: PathBuf,
+    /// argv[0] as the user wrote it.
+    pub arg0: OsString,
+    pub args: Vec<OsString>,
+    /// The command line for messages and holder metadata.
+    pub display: Vec<String>,
+}
+
+#[derive(Clone, Debug)]
+pub struct RunSettings {
+    pub common: Common,
+    pub name: LockName,
+    pub command: CommandSpec,
+    pub wait: Wait,
+    pub conflict_exit_code: u8,
+    pub limit: u32,
+    pub on_lost: OnLost,
+    pub kill_after: Duration,
+}
+
+/// Load the config file named by `--config` / `DLOCK_CONFIG`, else the first of
+/// `$XDG_CONFIG_HOME/dlock/config.toml` and `/etc/dlock/config.toml` that exists.
+pub fn load_config(explicit: Option<&Path>) -> Result<FileConfig, Error> {
+    let path = match explicit {
+        Some(path) => path.to_owned(),
+        None => match default_config_paths().into_iter().find(|p| p.exists()) {
+            Some(path) => path,
+            None => return Ok(FileConfig::default()),
+        },
+    };
+    let text = std::fs::read_to_string(&path)
+        .map_err(|e| Error::Config(format!("cannot read config file {}: {e}", path.display())))?;
+    toml::from_str(&text).map_err(|e| {
+        let detail = e.message().trim().to_owned();
+        let line = e
+            .span()
+            .map(|s| {
+                format!(
+                    " (line {})",
+                    text[..s.start.min(text.len())].lines().count().max(1)
+                )
+            })
+            .unwrap_or_default();
+        Error::Config(format!(
+            "bad config file {}{line}: {detail}",
+            path.display()
+        ))
+    })
+}
+
+fn default_config_paths() -> Vec<PathBuf> {
+    let mut paths = Vec::new();
+    let xdg = std::env::var_os("XDG_CONFIG_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".config")));
+    if let Some(dir) = xdg {
+        paths.push(dir.join("dlock/config.toml"));
+    }
+    paths.push(PathBuf::from("/etc/dlock/config.toml"));
+    paths
+}
+
+/// A value with the place it came from, so errors can say which setting was wrong.
+struct Sourced<T> {
+    value: T,
+    from_file: bool,
+}
+
+fn pick<T>(flag: Option<T>, file: Option<T>) -> Option<Sourced<T>> {
+    match (flag, file) {
+        (Some(value), _) => Some(Sourced {
+            value,
+            from_file: false,
+        }),
+        (None, Some(value)) => Some(Sourced {
+            value,
+            from_file: true,
+        }),
+        (None, None) => None,
+    }
+}
+
+/// A bad value: 64 when it came from a flag or the environment, 78 from the config file.
+fn bad(from_file: bool, what: &str, message: String) -> Error {
+    if from_file {
+        Error::Config(format!("config file: {what}: {message}"))
+    } else {
+        Error::Usage(format!("{what}: {message}"))
+    }
+}
+
+/// Parse a duration that must carry a unit (`500ms`, `30s`, `5m`). `0` only where allowed.
+pub fn parse_duration(text: &str, zero_allowed: bool) -> Result<Duration, String> {
+    let text = text.trim();
+    if text == "0" && zero_allowed {
+        return Ok(Duration::ZERO);
+    }
+    if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit() || b == b'.') {
+        return Err(format!(
+            "'{text}' has no unit; write e.g. {text}s or {text}ms"
+        ));
+    }
+    let duration =
+        humantime::parse_duration(text).map_err(|e| format!("'{text}' is not a duration ({e})"))?;
+    if duration.is_zero() && !zero_allowed {
+        return Err(format!("'{text}' must be greater than zero"));
+    }
+    Ok(duration)
+}
+
+fn duration_setting(
+    flag: Option<String>,
+    file: Option<String>,
+    what: &str,
+    zero_allowed: bool,
+) -> Result<Option<Duration>, Error> {
+    match pick(flag, file) {
+        None => Ok(None),
+        Some(s) => parse_duration(&s.value, zero_allowed)
+            .map(Some)
+            .map_err(|m| bad(s.from_file, what, m)),
+    }
+}
+
+fn integer_setting(
+    flag: Option<String>,
+    file: Option<i64>,
+    what: &str,
+    range: (i64, i64),
+) -> Result<Option<i64>, Error> {
+    let check = |n: i64, from_file: bool| {
+        if n < range.0 || n > range.1 {
+            Err(bad(
+                from_file,
+                what,
+                format!("{n} is out of range {}..={}", range.0, range.1),
+            ))
+        } else {
+            Ok(Some(n))
+        }
+    };
+    match (flag, file) {
+        (Some(text), _) => match text.trim().parse::<i64>() {
+            Ok(n) => check(n, false),
+            Err(_) => Err(bad(false, what, format!("'{text}' is not a whole number"))),
+        },
+        (None, Some(n)) => check(n, true),
+        (None, None) => Ok(None),
+    }
+}
+
+/// Resolve the backend options shared by every subcommand.
+pub fn common(
+    backend: &cli::BackendArgs,
+    ttl: Option<String>,
+    file: &FileConfig,
+) -> Result<Common, Error> {
+    let file_urls = match &file.url {
+        None => None,
+        Some(OneOrMany::One(u)) => Some(vec![u.clone()]),
+        Some(OneOrMany::Many(us)) => Some(us.clone()),
+    };
+    let urls = pick(
+        (!backend.url.is_empty()).then(|| backend.url.clone()),
+        file_urls,
+    );
+    let prefix = pick(backend.prefix.clone(), file.prefix.clone());
+    let prefix = match prefix {
+        None => DEFAULT_PREFIX.to_owned(),
+        Some(p) => {
+            LockName::new(&p.value).map_err(|e| {
+                bad(
+                    p.from_file,
+                    "--prefix",
+                    e.to_string().replace("lock name", "prefix"),
+                )
+            })?;
+            p.value
+        }
+    };
+    let ttl = duration_setting(ttl, file.ttl.clone(), "--ttl", false)?.unwrap_or(DEFAULT_TTL);
+    if ttl > MAX_TTL {
+        return Err(Error::Usage(format!(
+            "--ttl: {} is longer than the limit of {}",
+            humantime::format_duration(ttl),
+            humantime::format_duration(MAX_TTL)
+        )));
+    }
+    let (location, display_url) = match urls {
+        None => (
+            Location::File {
+                dir: default_file_dir(),
+                default: true,
+            },
+            "file://".to_owned(),
+        ),
+        Some(s) => {
+            if s.value.len() > 1 {
+                return Err(bad(
+                    s.from_file,
+                    "--url",
+                    "several URLs are only meaningful for Redis (Redlock), which this build does not include yet".into(),
+                ));
+            }
+            let url = &s.value[0];
+            let display = redact_url(url);
+            (
+                parse_url(url).map_err(|m| bad(s.from_file, "--url", m))?,
+                display,
+            )
+        }
+    };
+    Ok(Common {
+        location,
+        prefix,
+        ttl,
+        display_url,
+    })
+}
+
+/// The default directory of the file backend (design §1).
+pub fn default_file_dir() -> PathBuf {
+    match std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from) {
+        Some(dir) if dir.is_absolute() => dir.join("dlock"),
+        _ => PathBuf::from(format!("/tmp/dlock-{}", nix::unistd::getuid())),
+    }
+}
+
+fn parse_url(url: &str) -> Result<Location, String> {
+    let Some((scheme, rest)) = url.split_once(':') else {
+        return Err(format!(
+            "'{}' is not a URL; expected e.g. file:///var/lock/dlock",
+            redact_url(url)
+        ));
+    };
+    match scheme.to_ascii_lowercase().as_str() {
+        "file" => parse_file_url(rest),
+        "redis" | "rediss" | "redis+unix" | "etcd" | "etcds" | "zk" | "postgres" | "postgresql" => Err(format!(
+            "the {scheme} backend is not part of this build of dlock yet; this build supports file:// URLs"
+        )),
+        _ => Err(format!(
+            "unknown URL scheme '{scheme}'; expected file, redis, rediss, etcd, etcds, zk, postgres or postgresql"
+        )),
+    }
+}
+
+fn parse_file_url(rest: &str) -> Result<Location, String> {
+    let path = match rest.strip_prefix("//") {
+        Some(after) => {
+            let (host, path) = after.split_at(after.find('/').unwrap_or(after.len()));
+            if !host.is_empty() && host != "localhost" {
+                return Err(format!(
+                    "file URLs name a local directory; '{host}' is not this host (use file:///dir)"
+                ));
+            }
+            path
+        }
+        None => rest,
+    };
+    if path.contains(['?', '#']) {
+        return Err("file URLs take no query or fragment".into());
+    }
+    if path.is_empty() {
+        return Ok(Location::File {
+            dir: default_file_dir(),
+            default: true,
+        });
+    }
+    let decoded = crate::lock::decode_component(path)
+        .ok_or_else(|| format!("bad percent-encoding in '{path}'"))?;
+    let dir = PathBuf::from(decoded);
+    if !dir.is_absolute() {
+        return Err(format!(
+            "the lock directory must be absolute: file://{path} (use file:///dir)"
+        ));
+    }
+    Ok(Location::File {
+        dir,
+        default: false,
+    })
+}
+
+/// Replace the password in a URL's user info with `***`.
+pub fn redact_url(url: &str) -> String {
+    let Some(scheme_end) = url.find("://") else {
+        return url.to_owned();
+    };
+    let authority_start = scheme_end + 3;
+    let authority_end = url[authority_start..]
+        .find(['/', '?', '#'])
+        .map_or(url.len(), |i| authority_start + i);
+    let authority = &url[authority_start..authority_end];
+    match authority.rfind('@') {
+        Some(at) => {
+            let userinfo = &authority[..at];
+            let user = userinfo.split(':').next().unwrap_or("");
+            let masked = if userinfo.contains(':') {
+                format!("{user}:***")
+            } else {
+                user.to_owned()
+            };
+            format!(
+                "{}{masked}{}",
+                &url[..authority_start],
+                &url[authority_start + at..]
+            )
+        }
+        None => url.to_owned(),
+    }
+}
+
+/// Resolve everything `dlock run` needs, validating it all before the backend is contacted.
+pub fn run(args: cli::RunArgs, file: &FileConfig) -> Result<RunSettings, Error> {
+    let name = lock_name(&args.name)?;
+    let common = common(&args.backend, args.ttl, file)?;
+    let no_wait =
+        args.no_wait || (args.wait.is_none() && file.wait.is_none() && file.no_wait == Some(true));
+    let wait = if no_wait {
+        Wait::No
+    } else {
+        match duration_setting(args.wait, file.wait.clone(), "--wait", true)? {
+            None => Wait::Forever,
+            Some(d) if d.is_zero() => Wait::No,
+            Some(d) => Wait::For(d),
+        }
+    };
+    let conflict_exit_code = integer_setting(
+        args.conflict_exit_code,
+        file.conflict_exit_code,
+        "--conflict-exit-code",
+        (0, 255),
+    )?
+    .map_or(DEFAULT_CONFLICT_EXIT_CODE, |n| n as u8);
+    let limit = integer_setting(args.limit, file.limit, "--limit", (1, i64::from(MAX_LIMIT)))?
+        .map_or(1, |n| n as u32);
+    let on_lost = match (args.on_lost, &file.on_lost) {
+        (Some(v), _) => v,
+        (None, Some(text)) => match text.as_str() {
+            "term" => OnLost::Term,
+            "kill" => OnLost::Kill,
+            "ignore" => OnLost::Ignore,
+            other => {
+                return Err(bad(
+                    true,
+                    "on_lost",
+                    format!("'{other}' is not one of term, kill, ignore"),
+                ))
+            }
+        },
+        (None, None) => OnLost::Term,
+    };
+    let kill_after = duration_setting(
+        args.kill_after,
+        file.kill_after.clone(),
+        "--kill-after",
+        false,
+    )?
+    .unwrap_or(DEFAULT_KILL_AFTER);
+    let command = command_spec(args.shell_command, args.command)?;
+    Ok(RunSettings {
+        common,
+        name,
+        command,
+        wait,
+        conflict_exit_code,
+        limit,
+        on_lost,
+        kill_after,
+    })
+}
+
+/// Validate a lock name given on the command line.
+pub fn lock_name(raw: &std::ffi::OsStr) -> Result<LockName, Error> {
+    let text = raw
+        .to_str()
+        .ok_or_else(|| Error::Usage("lock name must be valid UTF-8".into()))?;
+    LockName::new(text)
+}
+
+fn command_spec(
+    shell_command: Option<OsString>,
+    command: Vec<OsString>,
+) -> Result<CommandSpec, Error> {
+    let (arg0, args) = match shell_command {
+        Some(script) => {
+            if !command.is_empty() {
+                return Err(Error::Usage(format!(
+                    "-c takes one shell command and no further arguments (got '{}' after it); quote the whole command",
+                    command[0].to_string_lossy()
+                )));
+            }
+            let shell = std::env::var_os("SHELL")
+                .filter(|s| !s.is_empty())
+                .unwrap_or_else(|| OsString::from("/bin/sh"));
+            (shell, vec![OsString::from("-c"), script])
+        }
+        None => {
+            let mut words = command.into_iter();
+            let Some(program) = words.next() else {
+                return Err(Error::Usage("no command given: dlock run NAME [--] COMMAND [ARGS]... or dlock run NAME -c 'SHELL COMMAND'".into()));
+            };
+            (program, words.collect())
+        }
+    };
+    let program = resolve_program(&arg0)?;
+    let display = std::iter::once(&arg0)
+        .chain(args.iter())
+        .map(|w| w.to_string_lossy().into_owned())
+        .collect();
+    Ok(CommandSpec {
+        program,
+        arg0,
+        args,
+        display,
+    })
+}
+
+/// Find `program` the way `execvp` would, so a missing or non-executable command is reported
+/// (127 / 126) before the lock is taken.
+pub fn resolve_program(program: &std::ffi::OsStr) -> Result<PathBuf, Error> {
+    let shown = program.to_string_lossy();
+    if program.is_empty() {
+        return Err(Error::NotFound(
+            "command not found: '' (empty command name)".into(),
+        ));
+    }
+    if program.as_bytes().contains(&b'/') {
+        let path = PathBuf::from(program);
+        return match check_executable(&path) {
+            Ok(()) => Ok(path),
+            Err(Problem::Missing) => Err(Error::NotFound(format!("command not found: {shown}"))),
+            Err(Problem::NotExecutable(why)) => Err(Error::NotExecutable(format!(
+                "cannot execute {shown}: {why}"
+            ))),
+        };
+    }
+    let search =
+        std::env::var_os("PATH").unwrap_or_else(|| OsString::from("/usr/local/bin:/usr/bin:/bin"));
+    let mut first_problem = None;
+    for dir in std::env::split_paths(&search) {
+        let dir = if dir.as_os_str().is_empty() {
+            PathBuf::from(".")
+        } else {
+            dir
+        };
+        let candidate = dir.join(program);
+        match check_executable(&candidate) {
+            Ok(()) => return Ok(candidate),
+            Err(Problem::Missing) => {}
+            Err(Problem::NotExecutable(why)) => {
+                first_problem
+                    .get_or_insert(format!("cannot execute {}: {why}", candidate.display()));
+            }
+        }
+    }
+    match first_problem {
+        Some(message) => Err(Error::NotExecutable(message)),
+        None => Err(Error::NotFound(format!(
+            "command not found: {shown} (searched PATH)"
+        ))),
+    }
+}
+
+enum Problem {
+    Missing,
+    NotExecutable(String),
+}
+
+fn check_executable(path: &Path) -> Result<(), Problem> {
+    let meta = match std::fs::metadata(path) {
+        Ok(meta) => meta,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(Problem::Missing),
+        Err(e) if e.raw_os_error() == Some(libc::ENOTDIR) => return Err(Problem::Missing),
+        Err(e) => return Err(Problem::NotExecutable(e.to_string())),
+    };
+    if meta.is_dir() {
+        return Err(Problem::NotExecutable("is a directory".into()));
+    }
+    if meta.permissions().mode() & 0o111 == 0 {
+        return Err(Problem::NotExecutable(
+            "permission denied (not executable)".into(),
+        ));
+    }
+    if nix::unistd::access(path, nix::unistd::AccessFlags::X_OK).is_err() {
+        return Err(Problem::NotExecutable("permission denied".into()));
+    }
+    let _ = meta.uid();
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_need_units() {
+        assert_eq!(
+            parse_duration("500ms", false),
+            Ok(Duration::from_millis(500))
+        );
+        assert_eq!(parse_duration("5m", false), Ok(Duration::from_secs(300)));
+        assert!(parse_duration("5", false).is_err());
+        assert!(parse_duration("0", false).is_err());
+        assert_eq!(parse_duration("0", true), Ok(Duration::ZERO));
+        assert!(parse_duration("-5s", false).is_err());
+        assert!(parse_duration("5x", false).is_err());
+        assert!(parse_duration("0s", false).is_err());
+        assert!(parse_duration("", false).is_err());
+    }
+
+    #[test]
+    fn passwords_are_redacted() {
+        assert_eq!(
+            redact_url("redis://:s3cret@h:6379/0"),
+            "redis://:***@h:6379/0"
+        );
+        assert_eq!(
+            redact_url("postgres://u:p@db/app?x=1"),
+            "postgres://u:***@db/app?x=1"
+        );
+        assert_eq!(redact_url("etcd://u@h:2379"), "etcd://u@h:2379");
+        assert_eq!(redact_url("file:///tmp/x"), "file:///tmp/x");
+    }
+
+    #[test]
+    fn file_urls() {
+        assert_eq!(
+            parse_url("file:///var/lock/x"),
+            Ok(Location::File {
+                dir: "/var/lock/x".into(),
+                default: false
+            })
+        );
+        assert!(matches!(
+            parse_url("file://"),
+            Ok(Location::File { default: true, .. })
+        ));
+        assert!(parse_url("file://otherhost/x").is_err());
+        assert!(parse_url("file:relative").is_err());
+        assert!(parse_url("gopher://x").is_err());
+        assert!(parse_url("nourl").is_err());
+    }
+
+    #[test]
+    fn unknown_config_keys_are_rejected() {
+        let parsed: Result<FileConfig, _> = toml::from_str("ttl = '5s'\ncolour = 'red'\n");
+        assert!(parsed.is_err());
+        let parsed: Result<FileConfig, _> = toml::from_str("ttl = '5s'\n[redis]\nca_file = '/x'\n");
+        assert!(parsed.is_ok());
+    }
+}

@@ -1,0 +1,337 @@
+//! Running the command while the lock is held.
+//!
+//! # Theory of operation
+//!
+//! The command is started in a process group of its own, so that dlock can signal it and
+//! everything it started (`killpg`) without signalling itself. When dlock is the foreground
+//! job of a terminal, that group is made the terminal's foreground group: Ctrl-C and Ctrl-Z
+//! then go from the terminal straight to the command, once, and an interactive command can
+//! read the terminal. When the command stops (Ctrl-Z), dlock takes the terminal back and stops
+//! itself, so the shell sees the job stopped; on `fg` it hands the terminal back and continues
+//! the command.
+//!
+//! In the child, before `exec`: `setpgid(0, 0)`, the terminal hand-over, and
+//! `PR_SET_PDEATHSIG(SIGKILL)`, so that if dlock is killed with SIGKILL the command dies too.
+//! (The death signal follows the thread that forked; dlock forks from its only runtime thread.)
+//!
+//! Then one loop waits for whichever comes first:
+//!
+//! - **the command ends** → return its status (detected with `waitid(WNOWAIT)` so the process
+//!   group cannot disappear while dlock still decides whether to signal it);
+//! - **a signal to dlock** (TERM, INT, HUP, QUIT, USR1, USR2) → forwarded once to the
+//!   command's group. After a terminating one (TERM, INT, HUP, QUIT) the command gets
+//!   `--kill-after` before SIGKILL, and a second terminating signal sends SIGKILL at once;
+//! - **the lock is lost** → per `--on-lost`: `term` sends SIGTERM to the group and SIGKILL after
+//!   `--kill-after` or at the lease's `kill_by` deadline, whichever is first; `kill` sends
+//!   SIGKILL at once; `ignore` only warns. After a loss, when the command itself exits, anything
+//!   left in its group is killed, so nothing keeps running unprotected.
+
+use std::ffi::OsString;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::process::ExitStatus;
+use std::time::Duration;
+
+use nix::sys::signal::{killpg, pthread_sigmask, SigSet, SigmaskHow, Signal};
+use nix::sys::wait::{waitid, Id, WaitPidFlag, WaitStatus};
+use nix::unistd::{getpgrp, Pid};
+use tokio::signal::unix::{signal, SignalKind};
+
+use crate::cli::OnLost;
+use crate::clock::{sleep_until, BootInstant};
+use crate::lock::{Lease, Lost};
+use crate::settings::CommandSpec;
+use crate::signals::{self, Signals};
+
+/// How to treat the command.
+#[derive(Clone, Copy, Debug)]
+pub struct Policy {
+    pub on_lost: OnLost,
+    pub kill_after: Duration,
+}
+
+/// How the command ended.
+#[derive(Debug)]
+pub struct Ending {
+    pub status: ExitStatus,
+    /// Set when the lock was lost while the command ran.
+    pub lost: Option<Lost>,
+}
+
+/// The controlling terminal, when dlock is its foreground job.
+pub struct Terminal {
+    tty: OwnedFd,
+    own_group: Pid,
+}
+
+impl Terminal {
+    /// The controlling terminal if dlock is in its foreground process group.
+    pub fn foreground() -> Option<Terminal> {
+        let tty = nix::fcntl::open(
+            "/dev/tty",
+            nix::fcntl::OFlag::O_RDWR | nix::fcntl::OFlag::O_CLOEXEC | nix::fcntl::OFlag::O_NOCTTY,
+            nix::sys::stat::Mode::empty(),
+        )
+        .ok()?;
+        let own_group = getpgrp();
+        (nix::unistd::tcgetpgrp(&tty).ok()? == own_group).then_some(Terminal { tty, own_group })
+    }
+
+    /// Make `group` the foreground group. Works from the background too: SIGTTOU is blocked
+    /// for the call (blocked, not ignored, so the command does not inherit it).
+    fn give_to(&self, group: Pid) {
+        with_sigttou_blocked(|| {
+            let _ = nix::unistd::tcsetpgrp(&self.tty, group);
+        });
+    }
+
+    fn take_back(&self) {
+        self.give_to(self.own_group);
+    }
+}
+
+fn with_sigttou_blocked(f: impl FnOnce()) {
+    let mut block = SigSet::empty();
+    block.add(Signal::SIGTTOU);
+    let mut old = SigSet::empty();
+    let blocked = pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&block), Some(&mut old)).is_ok();
+    f();
+    if blocked {
+        let _ = pthread_sigmask(SigmaskHow::SIG_SETMASK, Some(&old), None);
+    }
+}
+
+/// A started command.
+pub struct Child {
+    pid: Pid,
+}
+
+/// Start the command in its own process group with `env` changes applied (`None` removes).
+pub fn spawn(
+    spec: &CommandSpec,
+    env: &[(OsString, Option<OsString>)],
+    terminal: Option<&Terminal>,
+) -> io::Result<Child> {
+    let mut command = std::process::Command::new(&spec.program);
+    command.arg0(&spec.arg0).args(&spec.args);
+    for (key, value) in env {
+        match value {
+            Some(value) => command.env(key, value),
+            None => command.env_remove(key),
+        };
+    }
+    let parent = std::process::id();
+    let tty = terminal.map(|t| t.tty.as_raw_fd());
+    // SAFETY: the closure runs between fork and exec and only makes async-signal-safe calls
+    // (setpgid, sigprocmask, tcsetpgrp, prctl, getppid) on plain integers.
+    unsafe {
+        command.pre_exec(move || {
+            if libc::setpgid(0, 0) != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            if let Some(tty) = tty {
+                let mut block: libc::sigset_t = std::mem::zeroed();
+                let mut old: libc::sigset_t = std::mem::zeroed();
+                libc::sigemptyset(&mut block);
+                libc::sigaddset(&mut block, libc::SIGTTOU);
+                libc::sigprocmask(libc::SIG_BLOCK, &block, &mut old);
+                libc::tcsetpgrp(tty, libc::getpid());
+                libc::sigprocmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+            }
+            if libc::prctl(
+                libc::PR_SET_PDEATHSIG,
+                libc::SIGKILL as libc::c_ulong,
+                0,
+                0,
+                0,
+            ) != 0
+            {
+                return Err(io::Error::last_os_error());
+            }
+            // dlock died before prctl took effect: do not run the command orphaned.
+            if libc::getppid() as u32 != parent {
+                return Err(io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            Ok(())
+        });
+    }
+    let child = command.spawn()?;
+    let pid = Pid::from_raw(child.id() as i32);
+    // Also from the parent, so the group exists before dlock signals it (classic race fix).
+    let _ = nix::unistd::setpgid(pid, pid);
+    if let Some(terminal) = terminal {
+        terminal.give_to(pid);
+    }
+    // The child is reaped with waitid below; std's handle is not needed.
+    drop(child);
+    Ok(Child { pid })
+}
+
+impl Child {
+    fn group(&self) -> Pid {
+        self.pid
+    }
+
+    fn signal_group(&self, signal: i32) {
+        if let Ok(sig) = Signal::try_from(signal) {
+            if let Err(err) = killpg(self.group(), sig) {
+                tracing::debug!("killpg({}, {sig}) failed: {err}", self.group());
+            }
+        }
+    }
+
+    /// Non-blocking look at the child: exited (not yet reaped), stopped, or still running.
+    fn peek(&self) -> io::Result<Peek> {
+        let flags = WaitPidFlag::WEXITED
+            | WaitPidFlag::WSTOPPED
+            | WaitPidFlag::WNOHANG
+            | WaitPidFlag::WNOWAIT;
+        match waitid(Id::Pid(self.pid), flags) {
+            Ok(WaitStatus::Exited(_, code)) => {
+                Ok(Peek::Ended(ExitStatus::from_raw((code & 0xff) << 8)))
+            }
+            Ok(WaitStatus::Signaled(_, sig, core)) => Ok(Peek::Ended(ExitStatus::from_raw(
+                sig as i32 | if core { 0x80 } else { 0 },
+            ))),
+            Ok(WaitStatus::Stopped(_, sig)) => {
+                // Consume the stop report so it is not seen again.
+                let _ = waitid(
+                    Id::Pid(self.pid),
+                    WaitPidFlag::WSTOPPED | WaitPidFlag::WNOHANG,
+                );
+                Ok(Peek::Stopped(sig))
+            }
+            Ok(_) => Ok(Peek::Running),
+            Err(nix::errno::Errno::EINTR) => Ok(Peek::Running),
+            Err(err) => Err(err.into()),
+        }
+    }
+
+    /// Reap the ended child (after [`Child::peek`] reported it ended).
+    fn reap(&self) {
+        let _ = waitid(
+            Id::Pid(self.pid),
+            WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG,
+        );
+    }
+}
+
+enum Peek {
+    Running,
+    Stopped(Signal),
+    Ended(ExitStatus),
+}
+
+/// Wait for the command, forwarding signals and acting on lock loss. See the module docs.
+pub async fn supervise<L: Lease>(
+    child: Child,
+    lease: &mut L,
+    signals: &mut Signals,
+    policy: Policy,
+    terminal: Option<&Terminal>,
+    mut sigchld: tokio::signal::unix::Signal,
+) -> io::Result<Ending> {
+    let mut lost: Option<Lost> = None;
+    let mut kill_at: Option<BootInstant> = None;
+    let mut terminating_forwarded = false;
+    loop {
+        // Look first: the child may have ended before the SIGCHLD listener saw it.
+        match child.peek()? {
+            Peek::Ended(status) => {
+                if lost.is_some() && policy.on_lost != OnLost::Ignore {
+                    // Nothing the command started may run on without the lock.
+                    child.signal_group(libc::SIGKILL);
+                }
+                child.reap();
+                if let Some(terminal) = terminal {
+                    terminal.take_back();
+                }
+                return Ok(Ending { status, lost });
+            }
+            Peek::Stopped(sig) => suspend_with_child(&child, terminal, sig),
+            Peek::Running => {}
+        }
+        tokio::select! {
+            _ = sigchld.recv() => {}
+            signal = signals.recv() => {
+                if signals::is_terminating(signal) && terminating_forwarded {
+                    tracing::warn!("second {}: killing the command", signals::name(signal));
+                    child.signal_group(libc::SIGKILL);
+                } else {
+                    tracing::info!("forwarding {} to the command", signals::name(signal));
+                    child.signal_group(signal);
+                    if signals::is_terminating(signal) {
+                        terminating_forwarded = true;
+                        kill_at = earliest(kill_at, BootInstant::now() + policy.kill_after);
+                    }
+                }
+            }
+            gone = lease.lost(), if lost.is_none() => {
+                match policy.on_lost {
+                    OnLost::Term => {
+                        tracing::warn!("{}; stopping the command (SIGTERM)", gone.reason);
+                        child.signal_group(libc::SIGTERM);
+                        let mut deadline = BootInstant::now() + policy.kill_after;
+                        if let Some(kill_by) = gone.kill_by {
+                            deadline = deadline.min(kill_by);
+                        }
+                        kill_at = earliest(kill_at, deadline);
+                    }
+                    OnLost::Kill => {
+                        tracing::warn!("{}; killing the command (SIGKILL)", gone.reason);
+                        child.signal_group(libc::SIGKILL);
+                    }
+                    OnLost::Ignore => {
+                        tracing::warn!("{}; the command keeps running without the lock (--on-lost ignore)", gone.reason);
+                    }
+                }
+                lost = Some(gone);
+            }
+            _ = sleep_until(kill_at.unwrap_or(BootInstant::now())), if kill_at.is_some() => {
+                tracing::warn!("the command did not exit in time: SIGKILL");
+                child.signal_group(libc::SIGKILL);
+                kill_at = None;
+            }
+        }
+    }
+}
+
+fn earliest(current: Option<BootInstant>, candidate: BootInstant) -> Option<BootInstant> {
+    Some(current.map_or(candidate, |c| c.min(candidate)))
+}
+
+/// The command stopped (Ctrl-Z, SIGTTIN, …). At a terminal, mirror it so the shell's job
+/// control works: take the terminal back, stop dlock; once continued, hand the terminal back
+/// and continue the command. Elsewhere (no job control) there is nothing to mirror.
+fn suspend_with_child(child: &Child, terminal: Option<&Terminal>, sig: Signal) {
+    let Some(terminal) = terminal else {
+        return;
+    };
+    if !matches!(sig, Signal::SIGTSTP | Signal::SIGTTIN | Signal::SIGTTOU) {
+        return;
+    }
+    terminal.take_back();
+    if has_job_control() {
+        // Stops every thread of dlock until the shell sends SIGCONT (`fg` / `bg`).
+        let _ = nix::sys::signal::kill(Pid::from_raw(0), Signal::SIGSTOP);
+    }
+    if nix::unistd::tcgetpgrp(terminal.tty.as_fd()).ok() == Some(terminal.own_group) {
+        terminal.give_to(child.group());
+    }
+    child.signal_group(libc::SIGCONT);
+}
+
+/// Whether a parent in our session (a shell) can continue a stopped dlock: our process group
+/// is not orphaned.
+fn has_job_control() -> bool {
+    let parent = nix::unistd::getppid();
+    let same_session = nix::unistd::getsid(Some(parent)).ok() == nix::unistd::getsid(None).ok();
+    let other_group = nix::unistd::getpgid(Some(parent)).ok() != Some(getpgrp());
+    same_session && other_group
+}
+
+/// The SIGCHLD listener; install it before spawning so no exit can be missed.
+pub fn child_listener() -> io::Result<tokio::signal::unix::Signal> {
+    signal(SignalKind::child())
+}
