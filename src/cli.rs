@@ -283,10 +283,10 @@ pub fn normalize_run_args(args: Vec<OsString>, command: &clap::Command) -> Vec<O
             args.get(rest + 1).cloned().map(|v| (v, 2))
         } else if let Some(v) = word.strip_prefix("--command=") {
             Some((OsString::from(v), 1))
-        } else if let Some(v) = word.strip_prefix("-c").filter(|v| !v.is_empty()) {
-            Some((OsString::from(v), 1))
         } else {
-            None
+            word.strip_prefix("-c")
+                .filter(|v| !v.is_empty())
+                .map(|v| (OsString::from(v), 1))
         };
         if let Some((value, consumed)) = shell_command {
             let mut flag = OsString::from("--command=");

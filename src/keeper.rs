@@ -48,17 +48,24 @@ pub struct Schedule {
 }
 
 impl Schedule {
-    /// `kill_after` is the user's grace; it is capped at a third of the TTL so that a single
+    /// `kill_after` is the user's grace. It is capped at a third of the TTL, and so that the
+    /// give-up point leaves room for one renewal plus one retry (`0.49·ttl − ε`): a single
     /// failed renewal never stops the command.
     pub fn new(ttl: Duration, kill_after: Duration) -> Schedule {
+        let margin = Self::margin_for(ttl);
+        let room = ttl.mul_f64(0.49).saturating_sub(margin);
         Schedule {
             ttl,
-            grace: kill_after.min(ttl / 3),
+            grace: kill_after.min(ttl / 3).min(room),
         }
     }
 
+    fn margin_for(ttl: Duration) -> Duration {
+        (ttl / 10).max(Duration::from_millis(500))
+    }
+
     pub fn margin(&self) -> Duration {
-        (self.ttl / 10).max(Duration::from_millis(500))
+        Self::margin_for(self.ttl)
     }
 
     pub fn renew_every(&self) -> Duration {
@@ -110,7 +117,7 @@ impl<R: Renew> Keeper<R> {
     /// Resolves when the hold is lost. Cancel-safe.
     pub async fn lost(&mut self) -> Lost {
         match self.lost.wait_for(Option::is_some).await {
-            Ok(lost) => lost.clone().unwrap_or_else(|| unreachable_lost()),
+            Ok(lost) => lost.clone().unwrap_or_else(unreachable_lost),
             Err(_) => unreachable_lost(),
         }
     }
@@ -239,18 +246,23 @@ mod tests {
         let t0 = BootInstant::now();
         let kill_by = schedule.kill_by(t0);
         assert_eq!(kill_by.saturating_since(t0), Duration::from_millis(26_700));
-        // The grace is capped at ttl/3 so one failed renewal never stops the command.
+        // The grace is capped so one failed renewal never stops the command.
         assert_eq!(schedule.grace, Duration::from_secs(10));
-        assert!(schedule.give_up_at(t0).saturating_since(t0) > schedule.renew_every());
-        let short = Schedule::new(Duration::from_secs(3), Duration::from_secs(10));
-        assert_eq!(short.grace, Duration::from_secs(1));
-        assert!(short.give_up_at(t0).saturating_since(t0) > short.renew_every());
+        for ttl in [2, 3, 15, 60] {
+            let s = Schedule::new(Duration::from_secs(ttl), Duration::from_secs(10));
+            let give_up = s.give_up_at(t0).saturating_since(t0);
+            assert!(
+                give_up >= s.renew_every() + s.attempt_timeout(),
+                "ttl {ttl}s: give up at {give_up:?}"
+            );
+            assert!(s.kill_by(t0) < t0 + Duration::from_secs(ttl));
+        }
     }
 
     #[tokio::test(flavor = "current_thread")]
     async fn renews_until_stopped() {
         let calls = Arc::new(AtomicU32::new(0));
-        let ttl = Duration::from_millis(600);
+        let ttl = Duration::from_secs(2);
         let renewer = Scripted {
             calls: calls.clone(),
             script: vec![Ok(ttl)],
@@ -258,7 +270,7 @@ mod tests {
         let mut keeper = Keeper::start(renewer, BootInstant::now(), ttl, Duration::from_secs(1));
         tokio::select! {
             lost = keeper.lost() => panic!("lost a healthy lease: {lost:?}"),
-            _ = tokio::time::sleep(Duration::from_millis(900)) => {}
+            _ = tokio::time::sleep(Duration::from_millis(1600)) => {}
         }
         assert!(
             calls.load(Ordering::SeqCst) >= 2,
@@ -274,7 +286,7 @@ mod tests {
             calls: Arc::new(AtomicU32::new(0)),
             script: vec![Err(RenewError::Gone("key deleted".into()))],
         };
-        let ttl = Duration::from_millis(600);
+        let ttl = Duration::from_secs(2);
         let mut keeper = Keeper::start(renewer, BootInstant::now(), ttl, Duration::from_secs(1));
         let lost = keeper.lost().await;
         assert_eq!(lost.reason, "key deleted");
@@ -287,7 +299,7 @@ mod tests {
             calls: Arc::new(AtomicU32::new(0)),
             script: vec![Err(RenewError::Failed("connection refused".into()))],
         };
-        let ttl = Duration::from_millis(1200);
+        let ttl = Duration::from_secs(2);
         let acquired = BootInstant::now();
         let mut keeper = Keeper::start(renewer, acquired, ttl, Duration::from_secs(5));
         let lost = keeper.lost().await;

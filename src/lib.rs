@@ -183,9 +183,8 @@ async fn run_command<B: Backend>(backend: B, settings: RunSettings) -> anyhow::R
         signal = signals.recv() => {
             canceller.cancel();
             // Let the backend remove its waiter; if it won the race, give the lock back.
-            match tokio::time::timeout(Duration::from_secs(10), &mut acquire).await {
-                Ok(Ok(lease)) => release(lease, &settings).await,
-                Ok(Err(_)) | Err(_) => {}
+            if let Ok(Ok(lease)) = tokio::time::timeout(Duration::from_secs(10), &mut acquire).await {
+                release(lease, &settings).await;
             }
             eprintln!(
                 "dlock: got {} while waiting for lock '{}'; the command did not run",
@@ -198,11 +197,7 @@ async fn run_command<B: Backend>(backend: B, settings: RunSettings) -> anyhow::R
     let mut lease = match acquired {
         Ok(lease) => lease,
         Err(Error::Busy(message)) => {
-            if settings.wait != lock::Wait::No || tracing::enabled!(tracing::Level::INFO) {
-                eprintln!("dlock: {message}");
-            } else {
-                eprintln!("dlock: {message}");
-            }
+            eprintln!("dlock: {message}");
             return Ok(settings.conflict_exit_code);
         }
         Err(err) => {

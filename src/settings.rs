@@ -7,7 +7,7 @@
 
 use std::ffi::OsString;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -38,11 +38,12 @@ pub struct FileConfig {
     on_lost: Option<String>,
     kill_after: Option<String>,
     prefix: Option<String>,
-    password_file: Option<PathBuf>,
-    redis: Option<BackendFileConfig>,
-    etcd: Option<BackendFileConfig>,
-    zookeeper: Option<BackendFileConfig>,
-    postgres: Option<BackendFileConfig>,
+    /// Read by the remote backends (not needed by the file backend).
+    pub password_file: Option<PathBuf>,
+    pub redis: Option<BackendFileConfig>,
+    pub etcd: Option<BackendFileConfig>,
+    pub zookeeper: Option<BackendFileConfig>,
+    pub postgres: Option<BackendFileConfig>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -586,7 +587,6 @@ fn check_executable(path: &Path) -> Result<(), Problem> {
     if nix::unistd::access(path, nix::unistd::AccessFlags::X_OK).is_err() {
         return Err(Problem::NotExecutable("permission denied".into()));
     }
-    let _ = meta.uid();
     Ok(())
 }
 

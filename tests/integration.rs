@@ -1,1 +1,9 @@
-//! Integration tests against the real `dlock` binary.
+//! Integration tests against the real `dlock` binary, in one test binary.
+
+mod common;
+#[macro_use]
+mod contract;
+
+mod cli;
+mod file_backend;
+mod terminal;

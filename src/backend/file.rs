@@ -171,7 +171,7 @@ impl FileBackend {
                     .iter()
                     .map(|h| format!("pid {}{}", h.holder.pid, since_suffix(&h.holder)))
                     .collect();
-                format!("; held by {}", who.join(", "))
+                format!(" by {}", who.join(", "))
             }
             _ => String::new(),
         }

@@ -1,0 +1,278 @@
+//! The command line: bad input, option parsing, configuration precedence, command lookup.
+//! None of these depend on a backend beyond the default file backend.
+
+use crate::common::*;
+
+fn env() -> (FileServer, TestEnv) {
+    let server = FileServer::start();
+    let env = TestEnv::new(&server);
+    (server, env)
+}
+
+#[test]
+fn bad_input_gives_its_status_and_one_clear_line() {
+    let (_server, env) = env();
+    let long = "x".repeat(256);
+    let cases: Vec<(Vec<&str>, i32, &str)> = vec![
+        (vec!["run", "", "true"], 64, "must not be empty"),
+        (vec!["run", &long, "true"], 64, "255"),
+        (vec!["run", "a\nb", "true"], 64, "control characters"),
+        (vec!["run", "a\u{1b}b", "true"], 64, "control characters"),
+        (vec!["run", "--ttl", "0", "x", "true"], 64, "--ttl"),
+        (vec!["run", "--ttl=-5s", "x", "true"], 64, "--ttl"),
+        (vec!["run", "--ttl", "5x", "x", "true"], 64, "--ttl"),
+        (vec!["run", "--ttl", "5", "x", "true"], 64, "no unit"),
+        (vec!["run", "--wait", "5", "x", "true"], 64, "no unit"),
+        (
+            vec!["run", "--kill-after", "0", "x", "true"],
+            64,
+            "--kill-after",
+        ),
+        (vec!["run", "--limit", "0", "x", "true"], 64, "--limit"),
+        (vec!["run", "--limit", "many", "x", "true"], 64, "--limit"),
+        (
+            vec!["run", "-E", "256", "x", "true"],
+            64,
+            "--conflict-exit-code",
+        ),
+        (
+            vec!["run", "--on-lost", "explode", "x", "true"],
+            64,
+            "explode",
+        ),
+        (
+            vec!["run", "--url", "gopher://h/x", "x", "true"],
+            64,
+            "unknown URL scheme",
+        ),
+        (
+            vec!["run", "--url", "file://elsewhere/x", "x", "true"],
+            64,
+            "not this host",
+        ),
+        (
+            vec!["run", "--url", "file:relative", "x", "true"],
+            64,
+            "absolute",
+        ),
+        (vec!["run", "--bogus", "x", "true"], 64, "--bogus"),
+        (vec!["run", "x"], 64, "no command given"),
+        (vec!["run", "x", "--"], 64, "no command given"),
+        (
+            vec!["run", "x", "-c", "true", "extra"],
+            64,
+            "-c takes one shell command",
+        ),
+        (
+            vec!["run", "x", "definitely-not-a-command-dlock"],
+            127,
+            "command not found",
+        ),
+        (
+            vec!["run", "x", "/nonexistent/dir/cmd"],
+            127,
+            "command not found",
+        ),
+        (vec!["run", "x", "/"], 126, "is a directory"),
+        (vec!["release", "x"], 64, "--force"),
+        (vec!["nonsense"], 64, "nonsense"),
+    ];
+    for (args, code, needle) in cases {
+        let out = env.run(&args);
+        assert_fails(&out, code, needle);
+        assert_eq!(
+            stderr_of(&out)
+                .lines()
+                .filter(|l| l.starts_with("dlock:"))
+                .count(),
+            1,
+            "{args:?}: expected one dlock: line: {}",
+            describe(&out)
+        );
+    }
+}
+
+#[test]
+fn non_executable_command_is_126_before_locking() {
+    let (_server, env) = env();
+    let script = env.path("script.sh");
+    std::fs::write(&script, "#!/bin/sh\necho hi\n").expect("write");
+    let out = env.run(["run", "x", script.to_str().expect("utf-8")]);
+    assert_fails(&out, 126, "cannot execute");
+}
+
+#[test]
+fn non_utf8_name_is_a_usage_error() {
+    use std::os::unix::ffi::OsStrExt;
+    let (_server, env) = env();
+    let name = std::ffi::OsStr::from_bytes(b"\xff\xfe");
+    let out = output_within(
+        {
+            let mut c = env.dlock(["run"]);
+            c.arg(name).arg("true");
+            c
+        },
+        PATIENCE,
+    );
+    assert_fails(&out, 64, "UTF-8");
+}
+
+#[test]
+fn options_after_name_belong_to_the_command() {
+    let (_server, env) = env();
+    let out = env.run(["run", "x", "echo", "--ttl", "5"]);
+    assert!(out.status.success(), "{}", describe(&out));
+    assert_eq!(stdout_of(&out), "--ttl 5\n");
+    // `--` is optional and only the first one is consumed.
+    let out = env.run(["run", "x", "--", "echo", "--", "-n"]);
+    assert_eq!(stdout_of(&out), "-- -n\n", "{}", describe(&out));
+}
+
+#[test]
+fn shell_command_runs_with_sh_before_or_after_name() {
+    let (_server, env) = env();
+    for args in [
+        ["run", "-c", "echo $((1+2))", "x"],
+        ["run", "x", "-c", "echo $((1+2))"],
+    ] {
+        let out = output_within(
+            {
+                let mut c = env.dlock(args);
+                c.env("SHELL", "/bin/sh");
+                c
+            },
+            PATIENCE,
+        );
+        assert_eq!(stdout_of(&out), "3\n", "{args:?}: {}", describe(&out));
+    }
+}
+
+#[test]
+fn arguments_are_passed_verbatim_without_a_shell() {
+    let (_server, env) = env();
+    let tricky = ["a b", "$(touch pwned)", "*", "'\"", ""];
+    let mut args = vec!["run", "x", "printf", "[%s]"];
+    args.extend(tricky);
+    let out = env.run(&args);
+    assert_eq!(
+        stdout_of(&out),
+        "[a b][$(touch pwned)][*]['\"][]",
+        "{}",
+        describe(&out)
+    );
+    assert!(!env.path("pwned").exists());
+}
+
+#[test]
+fn unknown_config_key_is_78() {
+    let (_server, env) = env();
+    let config = env.path("config.toml");
+    std::fs::write(&config, "ttl = \"5s\"\ncolour = \"red\"\n").expect("write");
+    let out = env.run([
+        "--config",
+        config.to_str().expect("utf-8"),
+        "run",
+        "x",
+        "true",
+    ]);
+    assert_fails(&out, 78, "colour");
+    let out = output_within(
+        {
+            let mut c = env.dlock(["run", "x", "true"]);
+            c.env("DLOCK_CONFIG", &config);
+            c
+        },
+        PATIENCE,
+    );
+    assert_fails(&out, 78, "colour");
+}
+
+#[test]
+fn missing_or_malformed_config_file_is_78() {
+    let (_server, env) = env();
+    let out = env.run(["--config", "/nonexistent/dlock.toml", "run", "x", "true"]);
+    assert_fails(&out, 78, "/nonexistent/dlock.toml");
+    let config = env.path("bad.toml");
+    std::fs::write(&config, "ttl = [").expect("write");
+    let out = env.run([
+        "--config",
+        config.to_str().expect("utf-8"),
+        "run",
+        "x",
+        "true",
+    ]);
+    assert_fails(&out, 78, "bad config file");
+    std::fs::write(&config, "ttl = \"soon\"\n").expect("write");
+    let out = env.run([
+        "--config",
+        config.to_str().expect("utf-8"),
+        "run",
+        "x",
+        "true",
+    ]);
+    assert_fails(&out, 78, "ttl");
+}
+
+#[test]
+fn flags_beat_environment_beat_config_file() {
+    let (_server, env) = env();
+    let holder = env.hold("busy", &[]);
+    let config_dir = env.path("xdg");
+    std::fs::create_dir_all(config_dir.join("dlock")).expect("mkdir");
+    std::fs::write(
+        config_dir.join("dlock/config.toml"),
+        "no_wait = true\nconflict_exit_code = 11\n",
+    )
+    .expect("write");
+    let run = |extra_env: &[(&str, &str)], args: &[&str]| {
+        let mut c = env.dlock(["run"]);
+        c.args(args)
+            .args(["busy", "true"])
+            .env("XDG_CONFIG_HOME", &config_dir);
+        for (k, v) in extra_env {
+            c.env(k, v);
+        }
+        output_within(c, PATIENCE).status.code()
+    };
+    assert_eq!(run(&[], &[]), Some(11), "config file value");
+    assert_eq!(
+        run(&[("DLOCK_CONFLICT_EXIT_CODE", "12")], &[]),
+        Some(12),
+        "env beats file"
+    );
+    assert_eq!(
+        run(&[("DLOCK_CONFLICT_EXIT_CODE", "12")], &["-E", "13"]),
+        Some(13),
+        "flag beats env"
+    );
+    drop(holder);
+}
+
+#[test]
+fn help_and_version_exit_0() {
+    let (_server, env) = env();
+    for args in [
+        vec!["--help"],
+        vec!["run", "--help"],
+        vec!["--version"],
+        vec!["status", "-h"],
+    ] {
+        let out = env.run(&args);
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {}", describe(&out));
+        assert!(!out.stdout.is_empty());
+    }
+}
+
+#[test]
+fn password_in_url_never_appears_in_messages() {
+    let (_server, env) = env();
+    let out = env.run([
+        "run",
+        "--url",
+        "redis://user:hunter2@127.0.0.1:1/0",
+        "x",
+        "true",
+    ]);
+    assert_ne!(out.status.code(), Some(0));
+    assert!(!stderr_of(&out).contains("hunter2"), "{}", describe(&out));
+}

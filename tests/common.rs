@@ -1,0 +1,332 @@
+//! Shared test support: a per-test environment around the real `dlock` binary, lock servers
+//! to run the contract against, readiness waits with bounds, and process helpers.
+//!
+//! Every wait here is bounded in time and synchronises on something observable (a file, an
+//! exit), never on a fixed sleep.
+
+#![allow(dead_code)]
+
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::time::{Duration, Instant};
+
+pub const DLOCK: &str = env!("CARGO_BIN_EXE_dlock");
+
+/// Generous bound for anything that should take milliseconds.
+pub const PATIENCE: Duration = Duration::from_secs(20);
+
+/// A lock service the contract tests can run against.
+pub trait LockServer: Send + Sync {
+    /// The `--url` of this server.
+    fn url(&self) -> String;
+    /// DLOCK_BACKEND as the command sees it.
+    fn scheme(&self) -> &'static str;
+    /// Take the lock away from its current holder behind dlock's back (the holder must then
+    /// detect the loss).
+    fn break_hold(&self, env: &TestEnv, name: &str);
+}
+
+/// The file backend in a private directory.
+pub struct FileServer {
+    pub dir: tempfile::TempDir,
+}
+
+impl FileServer {
+    pub fn start() -> FileServer {
+        FileServer {
+            dir: tempfile::tempdir().expect("temp dir"),
+        }
+    }
+}
+
+impl LockServer for FileServer {
+    fn url(&self) -> String {
+        format!("file://{}", self.dir.path().display())
+    }
+
+    fn scheme(&self) -> &'static str {
+        "file"
+    }
+
+    /// Replace the lock file with a new one, as a careless admin would.
+    fn break_hold(&self, env: &TestEnv, name: &str) {
+        let path = self.dir.path().join(format!("{name}.lock"));
+        assert!(path.exists(), "no lock file at {}", path.display());
+        let replacement = env.path("replacement.lock");
+        std::fs::write(&replacement, b"").expect("write replacement");
+        std::fs::rename(&replacement, &path).expect("replace lock file");
+    }
+}
+
+/// One test's world: a scratch directory, no inherited DLOCK_* settings, no config file,
+/// and the backend under test.
+pub struct TestEnv {
+    pub scratch: tempfile::TempDir,
+    pub url: String,
+}
+
+impl TestEnv {
+    pub fn new(server: &dyn LockServer) -> TestEnv {
+        TestEnv {
+            scratch: tempfile::tempdir().expect("temp dir"),
+            url: server.url(),
+        }
+    }
+
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.scratch.path().join(name)
+    }
+
+    /// `dlock ARGS` with a clean environment, run in the scratch directory.
+    pub fn dlock<I, S>(&self, args: I) -> Command
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        let mut command = Command::new(DLOCK);
+        command.args(args).current_dir(self.scratch.path());
+        for (key, _) in std::env::vars_os() {
+            if key.to_string_lossy().starts_with("DLOCK_") {
+                command.env_remove(key);
+            }
+        }
+        command
+            .env("DLOCK_URL", &self.url)
+            .env("XDG_CONFIG_HOME", self.path("no-config"))
+            .env("XDG_RUNTIME_DIR", self.path("runtime"))
+            .stdin(Stdio::null());
+        command
+    }
+
+    /// Run dlock to completion (bounded) and return its output.
+    pub fn run<I, S>(&self, args: I) -> Output
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        output_within(self.dlock(args), PATIENCE)
+    }
+
+    /// Start a holder of `name` whose command signals readiness and then sleeps.
+    pub fn hold(&self, name: &str, extra: &[&str]) -> Holding {
+        let ready = self.path(&format!("ready-{}", unique()));
+        let script = format!("echo $$ > '{}'; exec sleep 1000", ready.display());
+        let mut args: Vec<String> = vec!["run".into()];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        args.extend([name.to_owned(), "sh".into(), "-c".into(), script]);
+        let child = self
+            .dlock(&args)
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn dlock");
+        let mut holding = Holding { child, ready };
+        holding.wait_ready();
+        holding
+    }
+
+    /// Whether `name` can be taken right now (a `--no-wait` run succeeds).
+    pub fn is_free(&self, name: &str) -> bool {
+        let out = self.run(["run", "--no-wait", name, "true"]);
+        match out.status.code() {
+            Some(0) => true,
+            Some(75) => false,
+            _ => panic!("unexpected result of a --no-wait probe: {}", describe(&out)),
+        }
+    }
+}
+
+/// A running `dlock run` holding a lock; killed (SIGKILL, by pid) when dropped.
+pub struct Holding {
+    pub child: Child,
+    pub ready: PathBuf,
+}
+
+impl Holding {
+    fn wait_ready(&mut self) {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            if std::fs::read_to_string(&self.ready).is_ok_and(|s| s.ends_with('\n')) {
+                return;
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                let mut stderr = String::new();
+                if let Some(mut err) = self.child.stderr.take() {
+                    use std::io::Read;
+                    let _ = err.read_to_string(&mut stderr);
+                }
+                panic!("holder exited before it was ready: {status}: {stderr}");
+            }
+            assert!(
+                Instant::now() < deadline,
+                "holder not ready within {PATIENCE:?}"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// The pid of the command (not of dlock).
+    pub fn command_pid(&self) -> i32 {
+        read_pid(&self.ready)
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    pub fn signal(&self, signal: nix::sys::signal::Signal) {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid()), signal)
+            .expect("signal holder");
+    }
+
+    /// Wait (bounded) for dlock to exit.
+    pub fn wait(&mut self) -> ExitStatus {
+        wait_within(&mut self.child, PATIENCE)
+    }
+
+    pub fn stderr(&mut self) -> String {
+        let mut text = String::new();
+        if let Some(mut err) = self.child.stderr.take() {
+            use std::io::Read;
+            let _ = err.read_to_string(&mut text);
+        }
+        text
+    }
+}
+
+impl Drop for Holding {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+pub fn read_pid(path: &Path) -> i32 {
+    std::fs::read_to_string(path)
+        .expect("pid file")
+        .trim()
+        .parse()
+        .expect("pid")
+}
+
+/// Wait for `child` to exit within `limit`; kill it and fail otherwise.
+pub fn wait_within(child: &mut Child, limit: Duration) -> ExitStatus {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            return status;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("process {} did not exit within {limit:?}", child.id());
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Run `command` to completion within `limit`, capturing stdout and stderr.
+pub fn output_within(mut command: Command, limit: Duration) -> Output {
+    let mut child = command
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    // Drain the pipes on threads so a chatty child cannot block.
+    let mut stdout = child.stdout.take().expect("stdout");
+    let mut stderr = child.stderr.take().expect("stderr");
+    let out = std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut stdout, &mut buf);
+        buf
+    });
+    let err = std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        let _ = std::io::Read::read_to_end(&mut stderr, &mut buf);
+        buf
+    });
+    let status = wait_within(&mut child, limit);
+    Output {
+        status,
+        stdout: out.join().unwrap_or_default(),
+        stderr: err.join().unwrap_or_default(),
+    }
+}
+
+/// Poll until `condition` holds (bounded).
+pub fn wait_until(what: &str, limit: Duration, mut condition: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !condition() {
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {limit:?} waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Whether `pid` is a live process (zombies count as dead).
+pub fn is_alive(pid: i32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => {
+            // The state follows the parenthesised command name.
+            let state = stat
+                .rsplit(')')
+                .next()
+                .and_then(|rest| rest.split_whitespace().next());
+            !matches!(state, Some("Z" | "X") | None)
+        }
+        Err(_) => false,
+    }
+}
+
+pub fn stderr_of(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+pub fn stdout_of(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+pub fn describe(out: &Output) -> String {
+    format!(
+        "status {:?}, stdout {:?}, stderr {:?}",
+        out.status.code(),
+        stdout_of(out),
+        stderr_of(out)
+    )
+}
+
+/// A short unique suffix for names and files within one test process.
+pub fn unique() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::SeqCst)
+    )
+}
+
+/// Assert that dlock failed with `code` and one `dlock:` line mentioning `needle`.
+pub fn assert_fails(out: &Output, code: i32, needle: &str) {
+    assert_eq!(out.status.code(), Some(code), "{}", describe(out));
+    let stderr = stderr_of(out);
+    let dlock_lines: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.starts_with("dlock: "))
+        .collect();
+    assert!(
+        !dlock_lines.is_empty(),
+        "no 'dlock:' line: {}",
+        describe(out)
+    );
+    assert!(
+        stderr.contains(needle),
+        "stderr does not mention {needle:?}: {}",
+        describe(out)
+    );
+    assert!(!stderr.contains("panicked"), "panic: {}", describe(out));
+}
