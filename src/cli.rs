@@ -249,9 +249,12 @@ pub enum Generate {
 
 /// Parse the process arguments.
 pub fn parse(args: Vec<OsString>) -> Result<Cli, clap::Error> {
-    let command = Cli::command();
+    use clap::FromArgMatches;
+    // Building the command tree is the costliest part of start-up: do it once.
+    let mut command = Cli::command();
     let args = normalize_run_args(args, &command);
-    Cli::try_parse_from(args)
+    let matches = command.try_get_matches_from_mut(args)?;
+    Cli::from_arg_matches(&matches).map_err(|e| e.format(&mut command))
 }
 
 /// Rewrite `dlock … run [OPTS] NAME [-c CMD] [--] COMMAND…` into
@@ -347,29 +350,19 @@ fn short_cluster_wants_next(command: &clap::Command, cluster: &str) -> bool {
     false
 }
 
+/// The options of `command`, plus the global ones (which clap only propagates to subcommands
+/// when it builds the tree, so they are looked up under their names here).
 fn arguments(command: &clap::Command) -> impl Iterator<Item = &clap::Arg> {
-    command.get_arguments().chain(
-        // Global options are defined on the top-level command only.
-        Cli::command_globals(),
-    )
+    command.get_arguments().chain(GLOBALS.iter())
 }
 
-impl Cli {
-    fn command_globals() -> std::vec::IntoIter<&'static clap::Arg> {
-        static GLOBALS: std::sync::OnceLock<Vec<clap::Arg>> = std::sync::OnceLock::new();
-        GLOBALS
-            .get_or_init(|| {
-                Cli::command()
-                    .get_arguments()
-                    .filter(|a| a.is_global_set())
-                    .cloned()
-                    .collect()
-            })
-            .iter()
-            .collect::<Vec<_>>()
-            .into_iter()
-    }
-}
+/// The global options' definitions (see [`GlobalArgs`]).
+static GLOBALS: std::sync::LazyLock<Vec<clap::Arg>> = std::sync::LazyLock::new(|| {
+    GlobalArgs::augment_args(clap::Command::new("globals"))
+        .get_arguments()
+        .cloned()
+        .collect()
+});
 
 #[cfg(test)]
 mod tests {

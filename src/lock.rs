@@ -143,6 +143,11 @@ impl Holder {
 }
 
 fn user_name() -> String {
+    // $USER is what the login set up; looking the uid up in the user database costs a parse of
+    // nsswitch.conf and /etc/passwd on every run, so it is only the fallback.
+    if let Some(user) = std::env::var("USER").ok().filter(|u| !u.is_empty()) {
+        return user;
+    }
     let uid = nix::unistd::getuid();
     match nix::unistd::User::from_uid(uid) {
         Ok(Some(user)) => user.name,

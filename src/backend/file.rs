@@ -14,15 +14,15 @@
 //!   the fencing counter of the name (design §5), updated under an OFD record lock on the
 //!   header so that holders of different slots serialize. The next token is
 //!   `max(counter + 1, microseconds since the epoch)`, so tokens keep increasing even if a
-//!   crash lost the last update of the file. The holder's metadata (JSON) follows the header
-//!   and is truncated away on release.
+//!   crash lost the last update of the file. The holder's metadata (JSON) follows the header;
+//!   it is only believed while `/proc/locks` shows the same pid holding the file.
 //! - Waiting blocks in the kernel (`flock(LOCK_EX)`) on helper threads, one per slot, so a
 //!   release hands over without polling. The wait is cancelled by interrupting those threads
 //!   with a private real-time signal.
 //! - Who holds what is read from `/proc/locks`, which lists holders and blocked waiters by
 //!   inode without disturbing them.
-//! - A held lock counts as lost when its file is deleted or replaced (inotify, re-checked
-//!   every few seconds as well).
+//! - A held lock counts as lost when its file is deleted or replaced: checked every second at
+//!   first, then watched with inotify (see [`FileLease::lost`]).
 
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
@@ -51,6 +51,8 @@ const MAX_STEM: usize = 200;
 /// Replacing the file under us repeatedly is an attack, not a race; give up after this many.
 const MAX_INODE_RETRIES: u32 = 64;
 const RECHECK_EVERY: Duration = Duration::from_secs(5);
+/// How long a hold is checked by polling before an inotify watch is set up.
+const WATCH_AFTER: Duration = Duration::from_secs(2);
 
 pub struct FileBackend {
     dir: PathBuf,
@@ -556,19 +558,12 @@ impl FileBackend {
         file.set_len(body_offset + body.len() as u64)
             .map_err(|e| io_err("cannot truncate", e))?;
 
-        let watch = watch_file(&path)
-            .map_err(|e| {
-                tracing::debug!(
-                    "cannot watch {} ({e}); checking it periodically",
-                    path.display()
-                )
-            })
-            .ok();
         Ok(FileLease {
             file,
             path,
             token,
-            watch,
+            watch: None,
+            acquired: BootInstant::now(),
         })
     }
 }
@@ -600,7 +595,9 @@ pub struct FileLease {
     file: File,
     path: PathBuf,
     token: u64,
+    /// Set up lazily: see [`FileLease::lost`].
     watch: Option<AsyncFd<Readable<Inotify>>>,
+    acquired: BootInstant,
 }
 
 impl FileLease {
@@ -624,12 +621,28 @@ impl Lease for FileLease {
         self.token
     }
 
+    /// Checked once a second during the first [`WATCH_AFTER`], then watched with inotify (and
+    /// re-checked every [`RECHECK_EVERY`]). The watch is not set up at once because closing an
+    /// inotify descriptor waits for a kernel grace period (≈10 ms), which would double the cost
+    /// of a short command.
     async fn lost(&mut self) -> Lost {
         loop {
             if let Some(lost) = self.check() {
                 return lost;
             }
-            let recheck = sleep_until(BootInstant::now() + RECHECK_EVERY);
+            let now = BootInstant::now();
+            if self.watch.is_none() && now >= self.acquired + WATCH_AFTER {
+                self.watch = watch_file(&self.path)
+                    .map_err(|e| {
+                        tracing::debug!(
+                            "cannot watch {} ({e}); checking it periodically",
+                            self.path.display()
+                        )
+                    })
+                    .ok();
+                // A change between the check above and the watch would be missed: check again.
+                continue;
+            }
             match &self.watch {
                 Some(watch) => {
                     tokio::select! {
@@ -639,21 +652,17 @@ impl Lease for FileLease {
                                 guard.clear_ready();
                             }
                         }
-                        _ = recheck => {}
+                        _ = sleep_until(now + RECHECK_EVERY) => {}
                     }
                 }
-                None => recheck.await,
+                None => sleep_until(now + Duration::from_secs(1)).await,
             }
         }
     }
 
     async fn release(self) -> Result<(), Error> {
-        // Clear the holder metadata (the counter stays), then close: that drops the flock.
-        if self.check().is_none() {
-            if let Err(e) = self.file.set_len(HEADER_LEN as u64) {
-                tracing::debug!("cannot clear {}: {e}", self.path.display());
-            }
-        }
+        // Closing drops the flock. The metadata stays behind: `status` shows a holder only when
+        // /proc/locks confirms its pid still holds the file.
         drop(self.file);
         Ok(())
     }
