@@ -26,6 +26,7 @@ use std::time::Duration;
 use anyhow::Context;
 
 use crate::backend::file::FileBackend;
+use crate::backend::redis::RedisBackend;
 use crate::cli::{Cli, Command, OnLost};
 use crate::error::Error;
 use crate::exit::Code;
@@ -77,6 +78,10 @@ macro_rules! with_backend {
                 let $backend = FileBackend::new(dir, *default, &$common.prefix);
                 $body
             }
+            Location::Redis(target) => {
+                let $backend = RedisBackend::new(target, &$common.prefix, &$common.display_url);
+                $body
+            }
         }
     };
 }
@@ -97,12 +102,7 @@ async fn run(cli: Cli) -> anyhow::Result<u8> {
             let name = settings::lock_name(&args.name)?;
             let common = settings::common(&args.backend, None, &config)?;
             let status = with_backend!(common, backend => backend.status(&name).await)
-                .with_context(|| {
-                    format!(
-                        "cannot read the status of '{name}' from {}",
-                        common.display_url
-                    )
-                })?;
+                .with_context(|| format!("cannot read the status of '{name}'"))?;
             if !quiet {
                 report::print_status(&status, args.json)?;
             }
@@ -111,7 +111,7 @@ async fn run(cli: Cli) -> anyhow::Result<u8> {
         Command::List(args) => {
             let common = settings::common(&args.backend, None, &config)?;
             let locks = with_backend!(common, backend => backend.list().await)
-                .with_context(|| format!("cannot list locks on {}", common.display_url))?;
+                .context("cannot list locks")?;
             if !quiet {
                 report::print_list(&locks, args.json)?;
             }
@@ -141,8 +141,8 @@ async fn run(cli: Cli) -> anyhow::Result<u8> {
         }
         Command::Check(args) => {
             let common = settings::common(&args.backend, args.ttl, &config)?;
-            let check = with_backend!(common, backend => backend.check().await)
-                .with_context(|| format!("check of {} failed", common.display_url))?;
+            let check =
+                with_backend!(common, backend => backend.check().await).context("check failed")?;
             report::print_check(&check, &common, args.json)?;
             Ok(0)
         }
@@ -168,6 +168,7 @@ async fn run_command<B: Backend>(backend: B, settings: RunSettings) -> anyhow::R
         limit: settings.limit,
         ttl: settings.common.ttl,
         wait: settings.wait,
+        kill_after: settings.kill_after,
         holder: Holder::for_this_process(
             &settings.name,
             &settings.command.display,
@@ -201,12 +202,8 @@ async fn run_command<B: Backend>(backend: B, settings: RunSettings) -> anyhow::R
             return Ok(settings.conflict_exit_code);
         }
         Err(err) => {
-            return Err(anyhow::Error::new(err)).with_context(|| {
-                format!(
-                    "cannot acquire '{}' on {}",
-                    settings.name, settings.common.display_url
-                )
-            })
+            return Err(anyhow::Error::new(err))
+                .with_context(|| format!("cannot acquire '{}'", settings.name))
         }
     };
     tracing::info!(

@@ -173,6 +173,8 @@ pub struct AcquireRequest {
     pub limit: u32,
     pub ttl: Duration,
     pub wait: Wait,
+    /// Grace between SIGTERM and SIGKILL; a lease keeper declares loss early enough for it.
+    pub kill_after: Duration,
     /// Metadata to record; the backend fills in the token.
     pub holder: Holder,
 }

@@ -160,7 +160,7 @@ pub fn print_check(check: &CheckReport, common: &Common, json: bool) -> anyhow::
     writeln!(out, "version:    {}", check.version)?;
     writeln!(
         out,
-        "round trip: {} (create, lock, delete a test entry)",
+        "round trip: {}",
         humantime::format_duration(Duration::from_micros(check.round_trip_us))
     )?;
     for (key, value) in &check.details {

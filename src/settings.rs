@@ -68,6 +68,50 @@ pub struct BackendFileConfig {
 pub enum Location {
     /// `file:///dir`; `default` when dlock chose the directory.
     File { dir: PathBuf, default: bool },
+    /// `redis://`, `rediss://`, `redis+unix://`.
+    Redis(RedisTarget),
+}
+
+/// How to reach a Redis server.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RedisAddr {
+    Tcp { host: String, port: u16 },
+    Tls { host: String, port: u16 },
+    Unix { path: PathBuf },
+}
+
+/// A Redis server, database and credentials.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RedisTarget {
+    pub addr: RedisAddr,
+    pub db: i64,
+    pub user: Option<String>,
+    pub password: Option<Secret>,
+    pub tls: TlsFiles,
+}
+
+/// TLS material from the config file (PEM files).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct TlsFiles {
+    pub ca_file: Option<PathBuf>,
+    pub cert_file: Option<PathBuf>,
+    pub key_file: Option<PathBuf>,
+}
+
+/// A credential: never printed.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(String);
+
+impl Secret {
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("***")
+    }
 }
 
 /// Settings every subcommand shares.
@@ -83,15 +127,29 @@ pub struct Common {
 impl Common {
     /// The scheme name shown in DLOCK_BACKEND.
     pub fn scheme(&self) -> &'static str {
-        match self.location {
+        match &self.location {
             Location::File { .. } => "file",
+            Location::Redis(target) => match target.addr {
+                RedisAddr::Tcp { .. } => "redis",
+                RedisAddr::Tls { .. } => "rediss",
+                RedisAddr::Unix { .. } => "redis+unix",
+            },
         }
     }
 
     /// Identifies "the same backend and namespace" for reentrancy (DLOCK_HELD).
     pub fn identity(&self) -> String {
+        let prefix = crate::lock::encode_component(&self.prefix);
         match &self.location {
-            Location::File { dir, .. } => format!("file://{}|{}", dir.display(), self.prefix),
+            Location::File { dir, .. } => format!("file://{}|{prefix}", dir.display()),
+            Location::Redis(target) => match &target.addr {
+                RedisAddr::Tcp { host, port } | RedisAddr::Tls { host, port } => {
+                    format!("redis://{host}:{port}/{}|{prefix}", target.db)
+                }
+                RedisAddr::Unix { path } => {
+                    format!("redis+unix://{}/{}|{prefix}", path.display(), target.db)
+                }
+            },
         }
     }
 }
@@ -307,12 +365,18 @@ pub fn common(
             }
             let url = &s.value[0];
             let display = redact_url(url);
-            (
-                parse_url(url).map_err(|m| bad(s.from_file, "--url", m))?,
-                display,
-            )
+            let mut location = parse_url(url).map_err(|m| bad(s.from_file, "--url", m))?;
+            if let Location::Redis(target) = &mut location {
+                complete_redis(target, file)?;
+            }
+            (location, display)
         }
     };
+    if matches!(location, Location::Redis(_)) && prefix.contains(['{', '}']) {
+        return Err(Error::Usage(format!(
+            "--prefix: '{prefix}' must not contain {{ or }} (they delimit the Redis hash tag)"
+        )));
+    }
     Ok(Common {
         location,
         prefix,
@@ -338,8 +402,9 @@ fn parse_url(url: &str) -> Result<Location, String> {
     };
     match scheme.to_ascii_lowercase().as_str() {
         "file" => parse_file_url(rest),
-        "redis" | "rediss" | "redis+unix" | "etcd" | "etcds" | "zk" | "postgres" | "postgresql" => Err(format!(
-            "the {scheme} backend is not part of this build of dlock yet; this build supports file:// URLs"
+        "redis" | "rediss" | "redis+unix" => parse_redis_url(&scheme.to_ascii_lowercase(), rest).map(Location::Redis),
+        "etcd" | "etcds" | "zk" | "postgres" | "postgresql" => Err(format!(
+            "the {scheme} backend is not part of this build of dlock yet; this build supports file:// and redis:// URLs"
         )),
         _ => Err(format!(
             "unknown URL scheme '{scheme}'; expected file, redis, rediss, etcd, etcds, zk, postgres or postgresql"
@@ -381,6 +446,215 @@ fn parse_file_url(rest: &str) -> Result<Location, String> {
         dir,
         default: false,
     })
+}
+
+/// `redis://[user[:password]@]host[:port][/db]`, `rediss://…`, `redis+unix:///path[?db=N]`.
+fn parse_redis_url(scheme: &str, rest: &str) -> Result<RedisTarget, String> {
+    let after = rest
+        .strip_prefix("//")
+        .ok_or_else(|| format!("expected {scheme}://host[:port][/db]"))?;
+    let decode = |s: &str, what: &str| {
+        crate::lock::decode_component(s)
+            .ok_or_else(|| format!("bad percent-encoding in the URL's {what}"))
+    };
+    if scheme == "redis+unix" {
+        let (path, query) = after.split_once('?').unwrap_or((after, ""));
+        if !path.starts_with('/') {
+            return Err("expected redis+unix:///path/to/socket[?db=N]".into());
+        }
+        let mut db = 0;
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            match pair.split_once('=') {
+                Some(("db", n)) => db = parse_db(n)?,
+                _ => {
+                    return Err(format!(
+                        "unknown URL parameter '{pair}' (only db=N is accepted)"
+                    ))
+                }
+            }
+        }
+        return Ok(RedisTarget {
+            addr: RedisAddr::Unix {
+                path: PathBuf::from(decode(path, "path")?),
+            },
+            db,
+            user: None,
+            password: None,
+            tls: TlsFiles::default(),
+        });
+    }
+    if after.contains(['?', '#']) {
+        return Err("Redis URLs take no query or fragment here; put TLS files and passwords in the config file".into());
+    }
+    let (authority, path) = after.split_at(after.find('/').unwrap_or(after.len()));
+    let (userinfo, hostport) = match authority.rsplit_once('@') {
+        Some((userinfo, hostport)) => (Some(userinfo), hostport),
+        None => (None, authority),
+    };
+    let (user, password) = match userinfo {
+        None => (None, None),
+        Some(info) => {
+            let (user, password) = match info.split_once(':') {
+                Some((u, p)) => (u, Some(p)),
+                None => (info, None),
+            };
+            let user = Some(decode(user, "user name")?).filter(|u| !u.is_empty());
+            let password = match password {
+                Some(p) => Some(Secret(decode(p, "password")?)).filter(|p| !p.0.is_empty()),
+                None => None,
+            };
+            (user, password)
+        }
+    };
+    let (host, port) = split_host_port(hostport, 6379)?;
+    let db = match path.trim_start_matches('/') {
+        "" => 0,
+        n => parse_db(n)?,
+    };
+    let addr = if scheme == "rediss" {
+        RedisAddr::Tls { host, port }
+    } else {
+        RedisAddr::Tcp { host, port }
+    };
+    Ok(RedisTarget {
+        addr,
+        db,
+        user,
+        password,
+        tls: TlsFiles::default(),
+    })
+}
+
+fn parse_db(text: &str) -> Result<i64, String> {
+    text.parse::<i64>()
+        .ok()
+        .filter(|n| (0..=i64::from(i32::MAX)).contains(n))
+        .ok_or_else(|| format!("'{text}' is not a database number"))
+}
+
+/// `host`, `host:port`, `[v6]`, `[v6]:port`.
+fn split_host_port(text: &str, default_port: u16) -> Result<(String, u16), String> {
+    let (host, port) = if let Some(rest) = text.strip_prefix('[') {
+        let (host, after) = rest.split_once(']').ok_or("unclosed [ in the host")?;
+        let port = match after {
+            "" => None,
+            p => Some(p.strip_prefix(':').ok_or("expected :port after ]")?),
+        };
+        (host.to_owned(), port)
+    } else {
+        match text.rsplit_once(':') {
+            Some((h, _)) if h.contains(':') => {
+                return Err(format!("IPv6 addresses need brackets: [{text}]"))
+            }
+            Some((h, p)) => (h.to_owned(), Some(p)),
+            None => (text.to_owned(), None),
+        }
+    };
+    if host.is_empty() {
+        return Err("the URL names no host".into());
+    }
+    let port = match port {
+        None => default_port,
+        Some(p) => p
+            .parse::<u16>()
+            .ok()
+            .filter(|&p| p != 0)
+            .ok_or_else(|| format!("'{p}' is not a port number (1-65535)"))?,
+    };
+    Ok((host, port))
+}
+
+/// Fill in what the URL did not say: the password from DLOCK_PASSWORD or a password file,
+/// and the TLS files, all checked before anything is sent.
+fn complete_redis(target: &mut RedisTarget, file: &FileConfig) -> Result<(), Error> {
+    let section = file.redis.clone().unwrap_or_default();
+    if target.password.is_none() {
+        if let Some(password) = std::env::var("DLOCK_PASSWORD")
+            .ok()
+            .filter(|p| !p.is_empty())
+        {
+            target.password = Some(Secret(password));
+        } else if let Some(path) = section
+            .password_file
+            .as_ref()
+            .or(file.password_file.as_ref())
+        {
+            target.password = Some(read_password_file(path)?);
+        }
+    }
+    if target.user.is_some() && target.password.is_none() {
+        return Err(Error::Usage(
+            "the Redis URL names a user but no password is given (URL, DLOCK_PASSWORD or password_file)".into(),
+        ));
+    }
+    target.tls = TlsFiles {
+        ca_file: section.ca_file,
+        cert_file: section.cert_file,
+        key_file: section.key_file,
+    };
+    if matches!(target.addr, RedisAddr::Tls { .. }) {
+        check_tls_files(&target.tls)?;
+    }
+    Ok(())
+}
+
+/// A password file must not be readable by group or others (like ~/.pgpass).
+pub fn read_password_file(path: &Path) -> Result<Secret, Error> {
+    let meta = std::fs::metadata(path)
+        .map_err(|e| Error::Config(format!("cannot read password file {}: {e}", path.display())))?;
+    if meta.permissions().mode() & 0o077 != 0 {
+        return Err(Error::Config(format!(
+            "password file {} is readable by group or others (mode {:o}); chmod 600 it",
+            path.display(),
+            meta.permissions().mode() & 0o777
+        )));
+    }
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| Error::Config(format!("cannot read password file {}: {e}", path.display())))?;
+    let password = text.trim_end_matches(['\n', '\r']).to_owned();
+    if password.is_empty() {
+        return Err(Error::Config(format!(
+            "password file {} is empty",
+            path.display()
+        )));
+    }
+    Ok(Secret(password))
+}
+
+fn check_tls_files(tls: &TlsFiles) -> Result<(), Error> {
+    let read = |path: &PathBuf, what: &str| {
+        std::fs::read_to_string(path)
+            .map_err(|e| Error::Config(format!("cannot read TLS {what} {}: {e}", path.display())))
+    };
+    if let Some(ca) = &tls.ca_file {
+        if !read(ca, "CA file")?.contains("-----BEGIN CERTIFICATE-----") {
+            return Err(Error::Config(format!(
+                "TLS CA file {} contains no PEM certificate",
+                ca.display()
+            )));
+        }
+    }
+    match (&tls.cert_file, &tls.key_file) {
+        (Some(cert), Some(key)) => {
+            if !read(cert, "certificate")?.contains("-----BEGIN CERTIFICATE-----") {
+                return Err(Error::Config(format!(
+                    "TLS certificate {} contains no PEM certificate",
+                    cert.display()
+                )));
+            }
+            if !read(key, "key")?.contains("PRIVATE KEY-----") {
+                return Err(Error::Config(format!(
+                    "TLS key {} contains no PEM private key",
+                    key.display()
+                )));
+            }
+            Ok(())
+        }
+        (None, None) => Ok(()),
+        _ => Err(Error::Config(
+            "TLS client authentication needs both cert_file and key_file".into(),
+        )),
+    }
 }
 
 /// Replace the password in a URL's user info with `***`.
@@ -641,6 +915,62 @@ mod tests {
         assert!(parse_url("file:relative").is_err());
         assert!(parse_url("gopher://x").is_err());
         assert!(parse_url("nourl").is_err());
+    }
+
+    #[test]
+    fn redis_urls() {
+        let Ok(Location::Redis(t)) = parse_url("redis://u:p%40ss@127.0.0.1:6380/2") else {
+            panic!()
+        };
+        assert_eq!(
+            t.addr,
+            RedisAddr::Tcp {
+                host: "127.0.0.1".into(),
+                port: 6380
+            }
+        );
+        assert_eq!(
+            (
+                t.db,
+                t.user.as_deref(),
+                t.password.as_ref().map(Secret::expose)
+            ),
+            (2, Some("u"), Some("p@ss"))
+        );
+        let Ok(Location::Redis(t)) = parse_url("rediss://[::1]") else {
+            panic!()
+        };
+        assert_eq!(
+            t.addr,
+            RedisAddr::Tls {
+                host: "::1".into(),
+                port: 6379
+            }
+        );
+        let Ok(Location::Redis(t)) = parse_url("redis+unix:///run/redis.sock?db=3") else {
+            panic!()
+        };
+        assert_eq!(
+            (t.addr.clone(), t.db),
+            (
+                RedisAddr::Unix {
+                    path: "/run/redis.sock".into()
+                },
+                3
+            )
+        );
+        for bad in [
+            "redis://",
+            "redis://h:0",
+            "redis://h:70000",
+            "redis://h/x",
+            "redis://::1",
+            "redis://h?x=1",
+            "redis+unix://rel",
+        ] {
+            assert!(parse_url(bad).is_err(), "{bad} was accepted");
+        }
+        assert!(!format!("{t:?}").contains("p@ss"));
     }
 
     #[test]

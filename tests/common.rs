@@ -25,6 +25,10 @@ pub trait LockServer: Send + Sync {
     /// Take the lock away from its current holder behind dlock's back (the holder must then
     /// detect the loss).
     fn break_hold(&self, env: &TestEnv, name: &str);
+    /// The `--ttl` the tests use (short, so that renewals and loss detection are quick).
+    fn ttl(&self) -> Option<&'static str> {
+        None
+    }
 }
 
 /// The file backend in a private directory.
@@ -64,6 +68,7 @@ impl LockServer for FileServer {
 pub struct TestEnv {
     pub scratch: tempfile::TempDir,
     pub url: String,
+    pub ttl: Option<&'static str>,
 }
 
 impl TestEnv {
@@ -71,6 +76,7 @@ impl TestEnv {
         TestEnv {
             scratch: tempfile::tempdir().expect("temp dir"),
             url: server.url(),
+            ttl: server.ttl(),
         }
     }
 
@@ -96,6 +102,9 @@ impl TestEnv {
             .env("XDG_CONFIG_HOME", self.path("no-config"))
             .env("XDG_RUNTIME_DIR", self.path("runtime"))
             .stdin(Stdio::null());
+        if let Some(ttl) = self.ttl {
+            command.env("DLOCK_TTL", ttl);
+        }
         command
     }
 
@@ -329,4 +338,237 @@ pub fn assert_fails(out: &Output, code: i32, needle: &str) {
         describe(out)
     );
     assert!(!stderr.contains("panicked"), "panic: {}", describe(out));
+}
+
+/// Find a server binary or fail with how to install it (never skip).
+pub fn server_binary(name: &str, package: &str) -> PathBuf {
+    let candidates = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .unwrap_or_default()
+        .into_iter()
+        .chain([PathBuf::from("/usr/bin"), PathBuf::from("/usr/sbin")]);
+    for dir in candidates {
+        let path = dir.join(name);
+        if path.is_file() {
+            return path;
+        }
+    }
+    panic!("{name} is not installed: run `apt-get install -y {package}` (or `bash .ci/run`, which installs every test server)");
+}
+
+/// A free TCP port on 127.0.0.1 (the OS picks it; tiny reuse race accepted).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("free port")
+        .port()
+}
+
+/// Send one inline command to a Redis server and return the first reply line.
+pub fn redis_command(port: u16, command: &str) -> std::io::Result<String> {
+    use std::io::{BufRead, BufReader, Write};
+    let stream = std::net::TcpStream::connect(("127.0.0.1", port))?;
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    (&stream).write_all(format!("{command}\r\n").as_bytes())?;
+    let mut line = String::new();
+    BufReader::new(&stream).read_line(&mut line)?;
+    Ok(line.trim_end().to_owned())
+}
+
+/// A private `redis-server` on a free loopback port, without persistence; killed on drop.
+pub struct RedisServer {
+    pub port: u16,
+    dir: tempfile::TempDir,
+    child: Option<Child>,
+    extra: Vec<String>,
+}
+
+impl RedisServer {
+    pub fn start() -> RedisServer {
+        RedisServer::start_with(&[])
+    }
+
+    /// With extra `redis-server` arguments, e.g. `["--requirepass", "pw"]`.
+    pub fn start_with(extra: &[&str]) -> RedisServer {
+        let mut server = RedisServer {
+            port: free_port(),
+            dir: tempfile::tempdir().expect("temp dir"),
+            child: None,
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+        };
+        server.launch();
+        server
+    }
+
+    fn launch(&mut self) {
+        let binary = server_binary("redis-server", "redis-server");
+        let log = std::fs::File::create(self.dir.path().join("redis.log")).expect("log file");
+        let child = Command::new(binary)
+            .args([
+                "--port",
+                &self.port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .args([
+                "--dir",
+                &self.dir.path().display().to_string(),
+                "--daemonize",
+                "no",
+            ])
+            .args(&self.extra)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .expect("start redis-server");
+        self.child = Some(child);
+        let port = self.port;
+        wait_until("redis-server accepting connections", PATIENCE, || {
+            redis_command(port, "PING")
+                .is_ok_and(|reply| reply == "+PONG" || reply.starts_with("-NOAUTH"))
+        });
+    }
+
+    /// Kill the server (SIGKILL, so nothing is saved) and start a fresh one on the same port.
+    pub fn restart(&mut self) {
+        self.stop();
+        self.launch();
+    }
+
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    pub fn command(&self, command: &str) -> String {
+        redis_command(self.port, command).expect("redis command")
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+impl LockServer for RedisServer {
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/0", self.port)
+    }
+
+    fn scheme(&self) -> &'static str {
+        "redis"
+    }
+
+    fn break_hold(&self, env: &TestEnv, name: &str) {
+        let out = env.run(["release", "--force", name]);
+        assert!(
+            out.status.success(),
+            "release --force failed: {}",
+            describe(&out)
+        );
+    }
+
+    fn ttl(&self) -> Option<&'static str> {
+        Some("3s")
+    }
+}
+
+/// A TCP proxy on a free loopback port that can stop forwarding without closing anything
+/// (a black hole, like a network partition). Its threads end when it is dropped.
+pub struct Proxy {
+    pub port: u16,
+    blackholed: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Proxy {
+    pub fn start(target_port: u16) -> Proxy {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::sync::Arc;
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind proxy");
+        listener.set_nonblocking(true).expect("nonblocking");
+        let port = listener.local_addr().expect("addr").port();
+        let blackholed = Arc::new(AtomicBool::new(false));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (b, s) = (blackholed.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !s.load(Ordering::SeqCst) {
+                match listener.accept() {
+                    Ok((client, _)) => {
+                        let Ok(server) = std::net::TcpStream::connect(("127.0.0.1", target_port))
+                        else {
+                            continue;
+                        };
+                        for (from, to) in [
+                            (
+                                client.try_clone().expect("clone"),
+                                server.try_clone().expect("clone"),
+                            ),
+                            (server, client),
+                        ] {
+                            let (b, s) = (b.clone(), s.clone());
+                            std::thread::spawn(move || pump(from, to, &b, &s));
+                        }
+                    }
+                    Err(_) => std::thread::sleep(Duration::from_millis(5)),
+                }
+            }
+        });
+        Proxy {
+            port,
+            blackholed,
+            stop,
+        }
+    }
+
+    /// From now on, swallow every byte in both directions; connections stay open.
+    pub fn blackhole(&self) {
+        self.blackholed
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+fn pump(
+    mut from: std::net::TcpStream,
+    mut to: std::net::TcpStream,
+    blackholed: &std::sync::atomic::AtomicBool,
+    stop: &std::sync::atomic::AtomicBool,
+) {
+    use std::io::{Read, Write};
+    use std::sync::atomic::Ordering;
+    let _ = from.set_read_timeout(Some(Duration::from_millis(50)));
+    let mut buf = [0u8; 16 * 1024];
+    while !stop.load(Ordering::SeqCst) {
+        match from.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => {
+                if !blackholed.load(Ordering::SeqCst) && to.write_all(&buf[..n]).is_err() {
+                    break;
+                }
+            }
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
+            Err(_) => break,
+        }
+    }
+    if !blackholed.load(Ordering::SeqCst) {
+        let _ = to.shutdown(std::net::Shutdown::Write);
+    }
 }

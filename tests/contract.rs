@@ -488,7 +488,8 @@ pub fn command_sees_lock_variables_and_no_credentials(server: &dyn LockServer) {
     let out = output_within(
         {
             let mut c = env.dlock(["run", &lock, "env"]);
-            c.env("DLOCK_PASSWORD", "hunter2")
+            // Credential-looking variables dlock does not consume are scrubbed too.
+            c.env("DLOCK_OTHER_PASSWORD", "hunter2")
                 .env("DLOCK_REDIS_PASSWORD", "hunter3");
             c
         },

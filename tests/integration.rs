@@ -6,4 +6,5 @@ mod contract;
 
 mod cli;
 mod file_backend;
+mod redis_backend;
 mod terminal;

@@ -2,3 +2,4 @@
 //! by the URL's scheme and runs the subcommand generically over it.
 
 pub mod file;
+pub mod redis;

@@ -1,0 +1,273 @@
+//! The Redis backend: the whole contract against a real `redis-server`, plus what only Redis
+//! can get wrong (issue: Redis backend).
+
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+
+use crate::common::*;
+
+crate::contract_tests!(redis_contract, RedisServer::start());
+
+fn name() -> String {
+    format!("r-{}", unique())
+}
+
+/// Start `dlock run` in the background; its command appends `label` to `log` and exits.
+fn queued_waiter(
+    env: &TestEnv,
+    lock: &str,
+    label: &str,
+    log: &std::path::Path,
+) -> std::process::Child {
+    env.dlock([
+        "run",
+        lock,
+        "sh",
+        "-c",
+        &format!("echo {label} >> {}", log.display()),
+    ])
+    .spawn()
+    .expect("spawn waiter")
+}
+
+fn waiters(env: &TestEnv, lock: &str) -> u64 {
+    let out = env.run(["status", "--json", lock]);
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    json["waiters"].as_u64().unwrap_or(0)
+}
+
+#[test]
+fn waiters_acquire_in_arrival_order() {
+    let server = RedisServer::start();
+    let env = TestEnv::new(&server);
+    let lock = name();
+    let log = env.path("order");
+    let mut holder = env.hold(&lock, &[]);
+    let mut waiters_started = Vec::new();
+    for i in 0..5 {
+        waiters_started.push(queued_waiter(&env, &lock, &i.to_string(), &log));
+        // Each waiter is in the queue before the next one arrives.
+        wait_until("waiter queued", PATIENCE, || waiters(&env, &lock) == i + 1);
+    }
+    holder.signal(Signal::SIGTERM);
+    holder.wait();
+    for mut waiter in waiters_started {
+        assert!(wait_within(&mut waiter, PATIENCE).success());
+    }
+    let order = std::fs::read_to_string(&log).expect("log");
+    assert_eq!(
+        order, "0\n1\n2\n3\n4\n",
+        "acquisition order differs from arrival order"
+    );
+}
+
+#[test]
+fn blackholed_holder_is_stopped_before_a_contender_gets_the_lock() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port);
+    let env = TestEnv::new(&server);
+    let lock = name();
+    let log = env.path("log");
+    let ready = env.path("ready");
+    // The holder talks to Redis through the proxy; on SIGTERM it records that it stopped.
+    let script = format!(
+        "trap 'echo holder-stopped >> {log}; exit 0' TERM; echo ok > {ready}; while :; do sleep 0.05; done",
+        log = log.display(),
+        ready = ready.display()
+    );
+    let mut holder = env
+        .dlock([
+            "run",
+            "--url",
+            &format!("redis://127.0.0.1:{}/0", proxy.port),
+            "--kill-after",
+            "5s",
+            &lock,
+            "sh",
+            "-c",
+            &script,
+        ])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn holder");
+    wait_until("holder ready", PATIENCE, || ready.exists());
+    let mut contender = env
+        .dlock([
+            "run",
+            &lock,
+            "sh",
+            "-c",
+            &format!("echo contender-started >> {}", log.display()),
+        ])
+        .spawn()
+        .expect("spawn contender");
+    wait_until("contender queued", PATIENCE, || waiters(&env, &lock) == 1);
+    proxy.blackhole();
+    let status = wait_within(&mut holder, PATIENCE);
+    assert_eq!(
+        status.code(),
+        Some(124),
+        "the holder must report the lost lock"
+    );
+    assert!(wait_within(&mut contender, PATIENCE).success());
+    let order = std::fs::read_to_string(&log).expect("log");
+    assert_eq!(
+        order, "holder-stopped\ncontender-started\n",
+        "the contender got in before the holder stopped"
+    );
+}
+
+#[test]
+fn killed_holder_frees_the_lock_within_ttl_plus_one_second() {
+    let server = RedisServer::start();
+    let env = TestEnv::new(&server);
+    let lock = name();
+    let mut holder = env.hold(&lock, &[]);
+    let entered = env.path("entered");
+    let mut waiter = env
+        .dlock(["run", &lock, "touch", entered.to_str().expect("utf-8")])
+        .spawn()
+        .expect("spawn waiter");
+    wait_until("waiter queued", PATIENCE, || waiters(&env, &lock) == 1);
+    let killed = Instant::now();
+    holder.signal(Signal::SIGKILL);
+    holder.wait();
+    wait_until("waiter entered", PATIENCE, || entered.exists());
+    let took = killed.elapsed();
+    assert!(
+        took <= Duration::from_secs(3 + 1),
+        "next waiter got the lock after {took:?} (TTL 3s)"
+    );
+    assert!(wait_within(&mut waiter, PATIENCE).success());
+}
+
+#[test]
+fn restart_without_persistence_stops_the_holder_and_tokens_keep_increasing() {
+    let mut server = RedisServer::start();
+    let env = TestEnv::new(&server);
+    let lock = name();
+    let token = |env: &TestEnv| -> u64 {
+        let out = env.run(["run", &lock, "sh", "-c", "echo $DLOCK_FENCING_TOKEN"]);
+        assert!(out.status.success(), "{}", describe(&out));
+        stdout_of(&out).trim().parse().expect("token")
+    };
+    let before = token(&env);
+    let mut holder = env.hold(&lock, &[]);
+    server.restart();
+    let status = holder.wait();
+    assert_eq!(
+        status.code(),
+        Some(124),
+        "holder must notice the lost entry: {}",
+        holder.stderr()
+    );
+    let after = token(&env);
+    assert!(
+        after > before,
+        "token went backwards after a restart: {after} <= {before}"
+    );
+}
+
+#[test]
+fn deleting_the_entry_by_hand_stops_the_holder() {
+    let server = RedisServer::start();
+    let env = TestEnv::new(&server);
+    let lock = name();
+    let mut holder = env.hold(&lock, &[]);
+    let deleted = server.command(&format!("DEL dlock:{{{lock}}}:holders"));
+    assert_eq!(deleted, ":1");
+    assert_eq!(holder.wait().code(), Some(124));
+}
+
+#[test]
+fn wrong_password_is_77_without_running_the_command() {
+    let server = RedisServer::start_with(&["--requirepass", "right"]);
+    let env = TestEnv::new(&server);
+    let url = format!("redis://:hunter-wrong-42@127.0.0.1:{}/0", server.port);
+    let out = env.run(["run", "--url", &url, "x", "touch", "ran"]);
+    assert_fails(&out, 77, "authentication");
+    assert!(
+        !stderr_of(&out).contains("hunter-wrong-42"),
+        "password leaked: {}",
+        describe(&out)
+    );
+    assert!(!env.path("ran").exists());
+    // No password at all against a server that wants one is refused the same way.
+    let out = env.run(["run", "x", "true"]);
+    assert_fails(&out, 77, "authentication");
+    // The right one from DLOCK_PASSWORD works and is not passed to the command.
+    let out = output_within(
+        {
+            let mut c = env.dlock(["run", "x", "env"]);
+            c.env("DLOCK_PASSWORD", "right");
+            c
+        },
+        PATIENCE,
+    );
+    assert!(out.status.success(), "{}", describe(&out));
+    assert!(
+        !stdout_of(&out).contains("right"),
+        "the password reached the command"
+    );
+}
+
+#[test]
+fn password_file_must_be_private() {
+    use std::os::unix::fs::PermissionsExt;
+    let server = RedisServer::start_with(&["--requirepass", "s3cret"]);
+    let env = TestEnv::new(&server);
+    let secret = env.path("password");
+    std::fs::write(&secret, "s3cret\n").expect("write");
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    let config = env.path("config.toml");
+    std::fs::write(
+        &config,
+        format!("[redis]\npassword_file = \"{}\"\n", secret.display()),
+    )
+    .expect("write");
+    let config = config.to_str().expect("utf-8");
+    let out = env.run(["--config", config, "run", "x", "true"]);
+    assert_fails(&out, 78, "chmod 600");
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let out = env.run(["--config", config, "run", "x", "true"]);
+    assert!(out.status.success(), "{}", describe(&out));
+}
+
+#[test]
+fn nothing_listening_is_69() {
+    let server = FileServer::start();
+    let env = TestEnv::new(&server);
+    let url = format!("redis://127.0.0.1:{}/0", free_port());
+    let out = env.run(["run", "--url", &url, "x", "touch", "ran"]);
+    assert_fails(&out, 69, "cannot reach");
+    assert!(!env.path("ran").exists());
+}
+
+#[test]
+fn tls_against_a_plaintext_port_fails_and_never_falls_back() {
+    let server = RedisServer::start();
+    let env = TestEnv::new(&server);
+    let url = format!("rediss://127.0.0.1:{}/0", server.port);
+    let out = env.run(["run", "--url", &url, "x", "touch", "ran"]);
+    assert!(
+        matches!(out.status.code(), Some(69 | 78)),
+        "{}",
+        describe(&out)
+    );
+    assert!(
+        !env.path("ran").exists(),
+        "the command ran over a connection that is not TLS"
+    );
+}
+
+#[test]
+fn holders_must_agree_on_the_limit() {
+    let server = RedisServer::start();
+    let env = TestEnv::new(&server);
+    let lock = name();
+    let _holder = env.hold(&lock, &["--limit", "2"]);
+    let out = env.run(["run", "--no-wait", "--limit", "3", &lock, "true"]);
+    assert_fails(&out, 64, "--limit 2");
+}
