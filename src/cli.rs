@@ -46,8 +46,9 @@ defaults.";
         dlock acquires the lock NAME on a backend chosen by URL (a local file by default), runs \
         the command with the lock held, keeps the lease alive while it runs, releases the lock \
         when the command exits or dlock is signalled, and exits with the command's status.\n\n\
-        Backends: file:///dir (default: $XDG_RUNTIME_DIR/dlock, else /tmp/dlock-<uid>), \
-        redis://, etcd://, zk://, postgres://.",
+        Backends in this build: file:///dir (default: $XDG_RUNTIME_DIR/dlock, else \
+        /tmp/dlock-<uid>) and redis:// (rediss://, redis+unix://). etcd://, zk:// and postgres:// \
+        are planned and rejected for now.",
     after_long_help = exit::TABLE,
     disable_help_subcommand = true,
     propagate_version = true
@@ -66,13 +67,20 @@ pub struct GlobalArgs {
     #[arg(short, long, action = ArgAction::Count, global = true)]
     pub verbose: u8,
 
-    /// Fewer messages on stderr (repeat for none); `status -q` prints nothing on stdout.
+    /// Fewer messages on stderr (repeat for none): `run -q` does not report a lock that was not
+    /// acquired; `status -q` prints nothing on stdout.
     #[arg(short, long, action = ArgAction::Count, global = true)]
     pub quiet: u8,
 
     /// Config file (TOML). Default: $XDG_CONFIG_HOME/dlock/config.toml, then
     /// /etc/dlock/config.toml.
-    #[arg(long, value_name = "PATH", env = "DLOCK_CONFIG", global = true)]
+    #[arg(
+        long,
+        value_name = "PATH",
+        env = "DLOCK_CONFIG",
+        hide_env_values = true,
+        global = true
+    )]
     pub config: Option<PathBuf>,
 }
 
@@ -97,8 +105,9 @@ pub enum Command {
 /// Where the locks live.
 #[derive(Debug, Args)]
 pub struct BackendArgs {
-    /// Backend URL: file:///dir, redis://, etcd://, zk://, postgres://. Default: the file
-    /// backend in $XDG_RUNTIME_DIR/dlock, else /tmp/dlock-<uid>.
+    /// Backend URL: file:///dir, redis://[user[:password]@]host[:port][/db], rediss://…,
+    /// redis+unix:///path. Default: the file backend in $XDG_RUNTIME_DIR/dlock, else
+    /// /tmp/dlock-<uid>.
     #[arg(
         short,
         long,
@@ -109,7 +118,7 @@ pub struct BackendArgs {
     pub url: Vec<String>,
 
     /// Namespace for keys and paths [default: dlock].
-    #[arg(long, value_name = "P", env = "DLOCK_PREFIX")]
+    #[arg(long, value_name = "P", env = "DLOCK_PREFIX", hide_env_values = true)]
     pub prefix: Option<String>,
 }
 
@@ -129,32 +138,73 @@ pub struct RunArgs {
     pub backend: BackendArgs,
 
     /// Give up after waiting this long (500ms, 30s, 5m) [default: wait forever].
-    #[arg(short, long, value_name = "DUR", env = "DLOCK_WAIT")]
+    #[arg(
+        short,
+        long,
+        value_name = "DUR",
+        env = "DLOCK_WAIT",
+        hide_env_values = true
+    )]
     pub wait: Option<String>,
 
     /// Give up at once if the lock is held (same as --wait 0).
-    #[arg(short, long, env = "DLOCK_NO_WAIT")]
+    #[arg(
+        short,
+        long,
+        env = "DLOCK_NO_WAIT",
+        hide_env_values = true,
+        action = ArgAction::SetTrue,
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
     pub no_wait: bool,
 
     /// Exit status when the lock was not acquired [default: 75].
-    #[arg(short = 'E', long, value_name = "N", env = "DLOCK_CONFLICT_EXIT_CODE")]
+    #[arg(
+        short = 'E',
+        long,
+        value_name = "N",
+        env = "DLOCK_CONFLICT_EXIT_CODE",
+        hide_env_values = true
+    )]
     pub conflict_exit_code: Option<String>,
 
     /// Lease length; renewed every TTL/3 while the command runs [default: 15s].
-    #[arg(short, long, value_name = "DUR", env = "DLOCK_TTL")]
+    #[arg(
+        short,
+        long,
+        value_name = "DUR",
+        env = "DLOCK_TTL",
+        hide_env_values = true
+    )]
     pub ttl: Option<String>,
 
     /// Semaphore: up to N holders at once; all holders must agree on N [default: 1].
-    #[arg(short, long, value_name = "N", env = "DLOCK_LIMIT")]
+    #[arg(
+        short,
+        long,
+        value_name = "N",
+        env = "DLOCK_LIMIT",
+        hide_env_values = true
+    )]
     pub limit: Option<String>,
 
     /// What to do when the lock is lost while the command runs [default: term].
-    #[arg(long, value_name = "ACTION", env = "DLOCK_ON_LOST")]
+    #[arg(
+        long,
+        value_name = "ACTION",
+        env = "DLOCK_ON_LOST",
+        hide_env_values = true
+    )]
     pub on_lost: Option<OnLost>,
 
     /// Grace between SIGTERM and SIGKILL, on lock loss and after a forwarded signal
     /// [default: 10s].
-    #[arg(long, value_name = "DUR", env = "DLOCK_KILL_AFTER")]
+    #[arg(
+        long,
+        value_name = "DUR",
+        env = "DLOCK_KILL_AFTER",
+        hide_env_values = true
+    )]
     pub kill_after: Option<String>,
 
     /// Run SHELL-COMMAND with "$SHELL -c" (or /bin/sh -c) instead of COMMAND.
@@ -219,7 +269,13 @@ pub struct CheckArgs {
     pub backend: BackendArgs,
 
     /// Lease length to check against the backend's bounds [default: 15s].
-    #[arg(short, long, value_name = "DUR", env = "DLOCK_TTL")]
+    #[arg(
+        short,
+        long,
+        value_name = "DUR",
+        env = "DLOCK_TTL",
+        hide_env_values = true
+    )]
     pub ttl: Option<String>,
 
     /// Print JSON instead of text.

@@ -198,7 +198,11 @@ async fn run_command<B: Backend>(backend: B, settings: RunSettings) -> anyhow::R
     let mut lease = match acquired {
         Ok(lease) => lease,
         Err(Error::Busy(message)) => {
-            eprintln!("dlock: {message}");
+            // `-q` silences this one: `dlock run -q -n job -- …` in cron mails nothing when an
+            // earlier run still holds the lock.
+            if !logging::quiet() {
+                eprintln!("dlock: {message}");
+            }
             return Ok(settings.conflict_exit_code);
         }
         Err(err) => {

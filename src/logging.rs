@@ -11,7 +11,15 @@ use tracing_subscriber::fmt::format::Writer;
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
 use tracing_subscriber::registry::LookupSpan;
 
+static QUIET: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether `-q` was given: routine outcomes (such as "the lock is held") are not reported.
+pub fn quiet() -> bool {
+    QUIET.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 pub fn init(verbose: u8, quiet: u8) {
+    QUIET.store(quiet > verbose, std::sync::atomic::Ordering::Relaxed);
     // A filter from DLOCK_LOG needs tracing-subscriber's machinery; the plain levels do not,
     // and skipping it keeps start-up lean.
     if std::env::var_os("DLOCK_LOG").is_none_or(|f| f.is_empty()) {

@@ -93,7 +93,7 @@ fn write_holder(out: &mut impl Write, status: &HolderStatus) -> std::io::Result<
             "ttl left:   {}",
             humantime::format_duration(Duration::from_millis(ms))
         )?,
-        None if h.ttl_ms > 0 => writeln!(
+        None if h.ttl_ms == 0 => writeln!(
             out,
             "ttl:        none (kernel lock, freed when the holder exits)"
         )?,

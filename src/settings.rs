@@ -360,7 +360,7 @@ pub fn common(
                 return Err(bad(
                     s.from_file,
                     "--url",
-                    "several URLs are only meaningful for Redis (Redlock), which this build does not include yet".into(),
+                    "several URLs mean Redlock across independent Redis masters, which this build does not support yet; give one URL".into(),
                 ));
             }
             let url = &s.value[0];

@@ -276,3 +276,38 @@ fn password_in_url_never_appears_in_messages() {
     assert_ne!(out.status.code(), Some(0));
     assert!(!stderr_of(&out).contains("hunter2"), "{}", describe(&out));
 }
+
+#[test]
+fn no_wait_from_the_environment_accepts_the_usual_spellings() {
+    let (_server, env) = env();
+    let _holder = env.hold("busy", &[]);
+    for value in ["1", "true", "yes", "on"] {
+        let out = output_within(
+            {
+                let mut c = env.dlock(["run", "busy", "touch", "ran"]);
+                c.env("DLOCK_NO_WAIT", value);
+                c
+            },
+            PATIENCE,
+        );
+        assert_eq!(
+            out.status.code(),
+            Some(75),
+            "DLOCK_NO_WAIT={value}: {}",
+            describe(&out)
+        );
+    }
+    assert!(!env.path("ran").exists());
+}
+
+#[test]
+fn quiet_run_does_not_report_a_lock_that_was_not_acquired() {
+    let (_server, env) = env();
+    let _holder = env.hold("busy", &[]);
+    let out = env.run(["run", "-q", "--no-wait", "-E", "0", "busy", "true"]);
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+    assert!(out.stderr.is_empty(), "{}", describe(&out));
+    // Without -q the same outcome is explained.
+    let out = env.run(["run", "--no-wait", "-E", "0", "busy", "true"]);
+    assert!(stderr_of(&out).contains("is held"), "{}", describe(&out));
+}

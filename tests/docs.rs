@@ -175,7 +175,8 @@ fn run_block(code: &str) -> BlockRun {
     };
     waiter.join().expect("waiter thread");
 
-    let read = |path: &PathBuf| String::from_utf8_lossy(&fs::read(path).unwrap_or_default()).into_owned();
+    let read =
+        |path: &PathBuf| String::from_utf8_lossy(&fs::read(path).unwrap_or_default()).into_owned();
     BlockRun {
         status,
         stdout: read(&stdout_path),

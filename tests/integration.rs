@@ -5,6 +5,7 @@ mod common;
 mod contract;
 
 mod cli;
+mod docs;
 mod file_backend;
 mod redis_backend;
 mod terminal;

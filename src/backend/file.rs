@@ -550,6 +550,8 @@ impl FileBackend {
 
         let mut holder = request.holder.clone();
         holder.token = token;
+        // A kernel lock has no lease.
+        holder.ttl_ms = 0;
         let mut body = if slot == 0 { String::new() } else { header(0) };
         let body_offset = if slot == 0 { HEADER_LEN as u64 } else { 0 };
         body.push_str(&serde_json::to_string(&holder).map_err(|e| Error::Internal(e.to_string()))?);

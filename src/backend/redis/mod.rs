@@ -230,7 +230,7 @@ impl Backend for RedisBackend {
                 .arg(&meta)
                 .arg(mode)
                 .arg(ticket);
-            let mut sent = BootInstant::now();
+            let sent = BootInstant::now();
             let mut attempt = 0;
             let reply: Vec<i64> = loop {
                 attempt += 1;
@@ -246,19 +246,20 @@ impl Backend for RedisBackend {
                 match result {
                     Ok(reply) => break reply,
                     // The script is idempotent for our token: after a lost reply, ask again.
+                    // `sent` stays the first attempt's: a grant whose reply was lost dates from
+                    // then, and the earlier time keeps the lease deadline conservative.
                     Err(failure) if failure.is_transient() && attempt < ACQUIRE_ATTEMPTS => {
                         tracing::debug!(
                             "acquire attempt {attempt} failed: {}; retrying",
                             failure.describe()
                         );
-                        // The grant, if any, dates from the first attempt: keep the earliest
-                        // send time so the deadline stays conservative.
-                        let _ = &mut sent;
                         tokio::time::sleep(Duration::from_millis(50 * u64::from(attempt))).await;
                     }
                     Err(failure) => {
                         let error = failure.into_error(&self.display);
-                        if ticket != 0 {
+                        // The script may have run without us seeing the reply: take back
+                        // whatever it created for our token (a place in line or a grant).
+                        if failure_may_have_run(&error) || ticket != 0 {
                             self.leave(&keys, request).await;
                         }
                         return Err(error);
@@ -552,6 +553,12 @@ impl Backend for RedisBackend {
             details,
         })
     }
+}
+
+/// After a failed acquire call, could the script still have run on the server? Not when
+/// authentication, permissions or the configuration refused us.
+fn failure_may_have_run(error: &Error) -> bool {
+    matches!(error, Error::Unavailable(_) | Error::Internal(_))
 }
 
 /// Escape `*?[]\` for SCAN's MATCH.

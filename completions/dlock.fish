@@ -1,0 +1,104 @@
+# Print an optspec for argparse to handle cmd's options that are independent of any subcommand.
+function __fish_dlock_global_optspecs
+    string join \n v/verbose q/quiet config= h/help V/version
+end
+
+function __fish_dlock_needs_command
+    # Figure out if the current invocation already has a command.
+    set -l cmd (commandline -opc)
+    set -e cmd[1]
+    argparse -s (__fish_dlock_global_optspecs) -- $cmd 2>/dev/null
+    or return
+    if set -q argv[1]
+        # Also print the command, so this can be used to figure out what it is.
+        echo $argv[1]
+        return 1
+    end
+    return 0
+end
+
+function __fish_dlock_using_subcommand
+    set -l cmd (__fish_dlock_needs_command)
+    test -z "$cmd"
+    and return 1
+    contains -- $cmd[1] $argv
+end
+
+complete -c dlock -n "__fish_dlock_needs_command" -l config -d 'Config file (TOML). Default: $XDG_CONFIG_HOME/dlock/config.toml, then /etc/dlock/config.toml' -r -F
+complete -c dlock -n "__fish_dlock_needs_command" -s v -l verbose -d 'More messages on stderr (repeat for more). DLOCK_LOG takes a tracing filter instead'
+complete -c dlock -n "__fish_dlock_needs_command" -s q -l quiet -d 'Fewer messages on stderr (repeat for none): `run -q` does not report a lock that was not acquired; `status -q` prints nothing on stdout'
+complete -c dlock -n "__fish_dlock_needs_command" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c dlock -n "__fish_dlock_needs_command" -s V -l version -d 'Print version'
+complete -c dlock -n "__fish_dlock_needs_command" -f -a "run" -d 'Acquire NAME, run COMMAND with the lock held, release, exit with its status'
+complete -c dlock -n "__fish_dlock_needs_command" -f -a "status" -d 'Show who holds NAME (exit 0 when held, 1 when free)'
+complete -c dlock -n "__fish_dlock_needs_command" -f -a "list" -d 'List held locks under the namespace'
+complete -c dlock -n "__fish_dlock_needs_command" -f -a "release" -d 'Break a lock held by someone else (admin; needs --force)'
+complete -c dlock -n "__fish_dlock_needs_command" -f -a "check" -d 'Check that the backend can be reached and used: latency, version, permissions'
+complete -c dlock -n "__fish_dlock_needs_command" -f -a "generate" -d 'Generate the man pages or shell completions (for packagers)'
+complete -c dlock -n "__fish_dlock_using_subcommand run" -s u -l url -d 'Backend URL: file:///dir, redis://[user[:password]@]host[:port][/db], rediss://…, redis+unix:///path. Default: the file backend in $XDG_RUNTIME_DIR/dlock, else /tmp/dlock-<uid>' -r
+complete -c dlock -n "__fish_dlock_using_subcommand run" -l prefix -d 'Namespace for keys and paths [default: dlock]' -r
+complete -c dlock -n "__fish_dlock_using_subcommand run" -s w -l wait -d 'Give up after waiting this long (500ms, 30s, 5m) [default: wait forever]' -r
+complete -c dlock -n "__fish_dlock_using_subcommand run" -s E -l conflict-exit-code -d 'Exit status when the lock was not acquired [default: 75]' -r
+complete -c dlock -n "__fish_dlock_using_subcommand run" -s t -l ttl -d 'Lease length; renewed every TTL/3 while the command runs [default: 15s]' -r
+complete -c dlock -n "__fish_dlock_using_subcommand run" -s l -l limit -d 'Semaphore: up to N holders at once; all holders must agree on N [default: 1]' -r
+complete -c dlock -n "__fish_dlock_using_subcommand run" -l on-lost -d 'What to do when the lock is lost while the command runs [default: term]' -r -f -a "term\t'SIGTERM the command\'s process group, SIGKILL after --kill-after'
+kill\t'SIGKILL the command\'s process group at once'
+ignore\t'Let the command run on without the lock (a warning is printed)'"
+complete -c dlock -n "__fish_dlock_using_subcommand run" -l kill-after -d 'Grace between SIGTERM and SIGKILL, on lock loss and after a forwarded signal [default: 10s]' -r
+complete -c dlock -n "__fish_dlock_using_subcommand run" -s c -l command -d 'Run SHELL-COMMAND with "$SHELL -c" (or /bin/sh -c) instead of COMMAND' -r
+complete -c dlock -n "__fish_dlock_using_subcommand run" -l config -d 'Config file (TOML). Default: $XDG_CONFIG_HOME/dlock/config.toml, then /etc/dlock/config.toml' -r -F
+complete -c dlock -n "__fish_dlock_using_subcommand run" -s n -l no-wait -d 'Give up at once if the lock is held (same as --wait 0)'
+complete -c dlock -n "__fish_dlock_using_subcommand run" -s v -l verbose -d 'More messages on stderr (repeat for more). DLOCK_LOG takes a tracing filter instead'
+complete -c dlock -n "__fish_dlock_using_subcommand run" -s q -l quiet -d 'Fewer messages on stderr (repeat for none): `run -q` does not report a lock that was not acquired; `status -q` prints nothing on stdout'
+complete -c dlock -n "__fish_dlock_using_subcommand run" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c dlock -n "__fish_dlock_using_subcommand run" -s V -l version -d 'Print version'
+complete -c dlock -n "__fish_dlock_using_subcommand status" -s u -l url -d 'Backend URL: file:///dir, redis://[user[:password]@]host[:port][/db], rediss://…, redis+unix:///path. Default: the file backend in $XDG_RUNTIME_DIR/dlock, else /tmp/dlock-<uid>' -r
+complete -c dlock -n "__fish_dlock_using_subcommand status" -l prefix -d 'Namespace for keys and paths [default: dlock]' -r
+complete -c dlock -n "__fish_dlock_using_subcommand status" -l config -d 'Config file (TOML). Default: $XDG_CONFIG_HOME/dlock/config.toml, then /etc/dlock/config.toml' -r -F
+complete -c dlock -n "__fish_dlock_using_subcommand status" -l json -d 'Print JSON instead of text'
+complete -c dlock -n "__fish_dlock_using_subcommand status" -s v -l verbose -d 'More messages on stderr (repeat for more). DLOCK_LOG takes a tracing filter instead'
+complete -c dlock -n "__fish_dlock_using_subcommand status" -s q -l quiet -d 'Fewer messages on stderr (repeat for none): `run -q` does not report a lock that was not acquired; `status -q` prints nothing on stdout'
+complete -c dlock -n "__fish_dlock_using_subcommand status" -s h -l help -d 'Print help'
+complete -c dlock -n "__fish_dlock_using_subcommand status" -s V -l version -d 'Print version'
+complete -c dlock -n "__fish_dlock_using_subcommand list" -s u -l url -d 'Backend URL: file:///dir, redis://[user[:password]@]host[:port][/db], rediss://…, redis+unix:///path. Default: the file backend in $XDG_RUNTIME_DIR/dlock, else /tmp/dlock-<uid>' -r
+complete -c dlock -n "__fish_dlock_using_subcommand list" -l prefix -d 'Namespace for keys and paths [default: dlock]' -r
+complete -c dlock -n "__fish_dlock_using_subcommand list" -l config -d 'Config file (TOML). Default: $XDG_CONFIG_HOME/dlock/config.toml, then /etc/dlock/config.toml' -r -F
+complete -c dlock -n "__fish_dlock_using_subcommand list" -l json -d 'Print JSON instead of text'
+complete -c dlock -n "__fish_dlock_using_subcommand list" -s v -l verbose -d 'More messages on stderr (repeat for more). DLOCK_LOG takes a tracing filter instead'
+complete -c dlock -n "__fish_dlock_using_subcommand list" -s q -l quiet -d 'Fewer messages on stderr (repeat for none): `run -q` does not report a lock that was not acquired; `status -q` prints nothing on stdout'
+complete -c dlock -n "__fish_dlock_using_subcommand list" -s h -l help -d 'Print help'
+complete -c dlock -n "__fish_dlock_using_subcommand list" -s V -l version -d 'Print version'
+complete -c dlock -n "__fish_dlock_using_subcommand release" -s u -l url -d 'Backend URL: file:///dir, redis://[user[:password]@]host[:port][/db], rediss://…, redis+unix:///path. Default: the file backend in $XDG_RUNTIME_DIR/dlock, else /tmp/dlock-<uid>' -r
+complete -c dlock -n "__fish_dlock_using_subcommand release" -l prefix -d 'Namespace for keys and paths [default: dlock]' -r
+complete -c dlock -n "__fish_dlock_using_subcommand release" -l config -d 'Config file (TOML). Default: $XDG_CONFIG_HOME/dlock/config.toml, then /etc/dlock/config.toml' -r -F
+complete -c dlock -n "__fish_dlock_using_subcommand release" -l force -d 'Required: this breaks a lock that someone else holds; the holder then detects the loss and stops its command. The file backend refuses and names the holder\'s pid'
+complete -c dlock -n "__fish_dlock_using_subcommand release" -s v -l verbose -d 'More messages on stderr (repeat for more). DLOCK_LOG takes a tracing filter instead'
+complete -c dlock -n "__fish_dlock_using_subcommand release" -s q -l quiet -d 'Fewer messages on stderr (repeat for none): `run -q` does not report a lock that was not acquired; `status -q` prints nothing on stdout'
+complete -c dlock -n "__fish_dlock_using_subcommand release" -s h -l help -d 'Print help'
+complete -c dlock -n "__fish_dlock_using_subcommand release" -s V -l version -d 'Print version'
+complete -c dlock -n "__fish_dlock_using_subcommand check" -s u -l url -d 'Backend URL: file:///dir, redis://[user[:password]@]host[:port][/db], rediss://…, redis+unix:///path. Default: the file backend in $XDG_RUNTIME_DIR/dlock, else /tmp/dlock-<uid>' -r
+complete -c dlock -n "__fish_dlock_using_subcommand check" -l prefix -d 'Namespace for keys and paths [default: dlock]' -r
+complete -c dlock -n "__fish_dlock_using_subcommand check" -s t -l ttl -d 'Lease length to check against the backend\'s bounds [default: 15s]' -r
+complete -c dlock -n "__fish_dlock_using_subcommand check" -l config -d 'Config file (TOML). Default: $XDG_CONFIG_HOME/dlock/config.toml, then /etc/dlock/config.toml' -r -F
+complete -c dlock -n "__fish_dlock_using_subcommand check" -l json -d 'Print JSON instead of text'
+complete -c dlock -n "__fish_dlock_using_subcommand check" -s v -l verbose -d 'More messages on stderr (repeat for more). DLOCK_LOG takes a tracing filter instead'
+complete -c dlock -n "__fish_dlock_using_subcommand check" -s q -l quiet -d 'Fewer messages on stderr (repeat for none): `run -q` does not report a lock that was not acquired; `status -q` prints nothing on stdout'
+complete -c dlock -n "__fish_dlock_using_subcommand check" -s h -l help -d 'Print help'
+complete -c dlock -n "__fish_dlock_using_subcommand check" -s V -l version -d 'Print version'
+complete -c dlock -n "__fish_dlock_using_subcommand generate; and not __fish_seen_subcommand_from man completions" -l config -d 'Config file (TOML). Default: $XDG_CONFIG_HOME/dlock/config.toml, then /etc/dlock/config.toml' -r -F
+complete -c dlock -n "__fish_dlock_using_subcommand generate; and not __fish_seen_subcommand_from man completions" -s v -l verbose -d 'More messages on stderr (repeat for more). DLOCK_LOG takes a tracing filter instead'
+complete -c dlock -n "__fish_dlock_using_subcommand generate; and not __fish_seen_subcommand_from man completions" -s q -l quiet -d 'Fewer messages on stderr (repeat for none): `run -q` does not report a lock that was not acquired; `status -q` prints nothing on stdout'
+complete -c dlock -n "__fish_dlock_using_subcommand generate; and not __fish_seen_subcommand_from man completions" -s h -l help -d 'Print help'
+complete -c dlock -n "__fish_dlock_using_subcommand generate; and not __fish_seen_subcommand_from man completions" -s V -l version -d 'Print version'
+complete -c dlock -n "__fish_dlock_using_subcommand generate; and not __fish_seen_subcommand_from man completions" -f -a "man" -d 'Write man pages (dlock.1 and one per subcommand) into DIR'
+complete -c dlock -n "__fish_dlock_using_subcommand generate; and not __fish_seen_subcommand_from man completions" -f -a "completions" -d 'Write completion scripts for bash, zsh and fish into DIR'
+complete -c dlock -n "__fish_dlock_using_subcommand generate; and __fish_seen_subcommand_from man" -l config -d 'Config file (TOML). Default: $XDG_CONFIG_HOME/dlock/config.toml, then /etc/dlock/config.toml' -r -F
+complete -c dlock -n "__fish_dlock_using_subcommand generate; and __fish_seen_subcommand_from man" -s v -l verbose -d 'More messages on stderr (repeat for more). DLOCK_LOG takes a tracing filter instead'
+complete -c dlock -n "__fish_dlock_using_subcommand generate; and __fish_seen_subcommand_from man" -s q -l quiet -d 'Fewer messages on stderr (repeat for none): `run -q` does not report a lock that was not acquired; `status -q` prints nothing on stdout'
+complete -c dlock -n "__fish_dlock_using_subcommand generate; and __fish_seen_subcommand_from man" -s h -l help -d 'Print help'
+complete -c dlock -n "__fish_dlock_using_subcommand generate; and __fish_seen_subcommand_from man" -s V -l version -d 'Print version'
+complete -c dlock -n "__fish_dlock_using_subcommand generate; and __fish_seen_subcommand_from completions" -l config -d 'Config file (TOML). Default: $XDG_CONFIG_HOME/dlock/config.toml, then /etc/dlock/config.toml' -r -F
+complete -c dlock -n "__fish_dlock_using_subcommand generate; and __fish_seen_subcommand_from completions" -s v -l verbose -d 'More messages on stderr (repeat for more). DLOCK_LOG takes a tracing filter instead'
+complete -c dlock -n "__fish_dlock_using_subcommand generate; and __fish_seen_subcommand_from completions" -s q -l quiet -d 'Fewer messages on stderr (repeat for none): `run -q` does not report a lock that was not acquired; `status -q` prints nothing on stdout'
+complete -c dlock -n "__fish_dlock_using_subcommand generate; and __fish_seen_subcommand_from completions" -s h -l help -d 'Print help'
+complete -c dlock -n "__fish_dlock_using_subcommand generate; and __fish_seen_subcommand_from completions" -s V -l version -d 'Print version'
