@@ -390,8 +390,14 @@ impl RedisServer {
 
     /// With extra `redis-server` arguments, e.g. `["--requirepass", "pw"]`.
     pub fn start_with(extra: &[&str]) -> RedisServer {
+        RedisServer::start_on(free_port(), extra)
+    }
+
+    /// On `port`; for TLS pass `["--port", "0", "--tls-port", <port>, …]` in `extra` (later
+    /// arguments win).
+    pub fn start_on(port: u16, extra: &[&str]) -> RedisServer {
         let mut server = RedisServer {
-            port: free_port(),
+            port,
             dir: tempfile::tempdir().expect("temp dir"),
             child: None,
             extra: extra.iter().map(|s| s.to_string()).collect(),
@@ -427,11 +433,16 @@ impl RedisServer {
             .spawn()
             .expect("start redis-server");
         self.child = Some(child);
-        let port = self.port;
-        wait_until("redis-server accepting connections", PATIENCE, || {
-            redis_command(port, "PING")
-                .is_ok_and(|reply| reply == "+PONG" || reply.starts_with("-NOAUTH"))
+        // Ready when it says so (works for TLS-only servers too).
+        let log = self.dir.path().join("redis.log");
+        wait_until("redis-server ready", PATIENCE, || {
+            std::fs::read_to_string(&log).is_ok_and(|l| l.contains("Ready to accept connections"))
         });
+    }
+
+    /// Where the server keeps its files.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
     }
 
     /// Kill the server (SIGKILL, so nothing is saved) and start a fresh one on the same port.
@@ -570,5 +581,128 @@ fn pump(
     }
     if !blackholed.load(Ordering::SeqCst) {
         let _ = to.shutdown(std::net::Shutdown::Write);
+    }
+}
+
+/// Send one command as a RESP array and return the raw reply (bounded read).
+pub fn redis_resp(port: u16, args: &[&str]) -> std::io::Result<String> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port))?;
+    stream.set_read_timeout(Some(Duration::from_millis(500)))?;
+    let mut request = format!("*{}\r\n", args.len());
+    for arg in args {
+        request.push_str(&format!("${}\r\n{arg}\r\n", arg.len()));
+    }
+    stream.write_all(request.as_bytes())?;
+    let mut reply = Vec::new();
+    let mut buf = [0u8; 4096];
+    let deadline = Instant::now() + Duration::from_secs(5);
+    // Read until the server has been quiet for a moment (replies here are small).
+    while Instant::now() < deadline {
+        match stream.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => reply.extend_from_slice(&buf[..n]),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                if !reply.is_empty() {
+                    break;
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(String::from_utf8_lossy(&reply).into_owned())
+}
+
+/// A throw-away CA with a server certificate (localhost, 127.0.0.1), a client certificate,
+/// and a second, unrelated CA; made with the `openssl` command.
+pub struct TestCerts {
+    pub dir: tempfile::TempDir,
+}
+
+impl TestCerts {
+    pub fn make() -> TestCerts {
+        let openssl = server_binary("openssl", "openssl");
+        let dir = tempfile::tempdir().expect("temp dir");
+        let run = |args: &[&str]| {
+            let out = Command::new(&openssl)
+                .args(args)
+                .current_dir(dir.path())
+                .stdin(Stdio::null())
+                .output()
+                .expect("run openssl");
+            assert!(
+                out.status.success(),
+                "openssl {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        std::fs::write(
+            dir.path().join("server.ext"),
+            "subjectAltName=DNS:localhost,IP:127.0.0.1\n",
+        )
+        .expect("write");
+        std::fs::write(
+            dir.path().join("client.ext"),
+            "basicConstraints=CA:FALSE\nextendedKeyUsage=clientAuth\n",
+        )
+        .expect("write");
+        for ca in ["ca", "other"] {
+            run(&[
+                "req",
+                "-x509",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-keyout",
+                &format!("{ca}.key"),
+                "-out",
+                &format!("{ca}.crt"),
+                "-days",
+                "2",
+                "-subj",
+                &format!("/CN=dlock test {ca}"),
+            ]);
+        }
+        for leaf in ["server", "client"] {
+            run(&[
+                "req",
+                "-newkey",
+                "rsa:2048",
+                "-nodes",
+                "-keyout",
+                &format!("{leaf}.key"),
+                "-out",
+                &format!("{leaf}.csr"),
+                "-subj",
+                "/CN=localhost",
+            ]);
+            run(&[
+                "x509",
+                "-req",
+                "-in",
+                &format!("{leaf}.csr"),
+                "-CA",
+                "ca.crt",
+                "-CAkey",
+                "ca.key",
+                "-CAcreateserial",
+                "-out",
+                &format!("{leaf}.crt"),
+                "-days",
+                "2",
+                "-extfile",
+                &format!("{leaf}.ext"),
+            ]);
+        }
+        TestCerts { dir }
+    }
+
+    pub fn path(&self, file: &str) -> String {
+        self.dir.path().join(file).display().to_string()
     }
 }

@@ -271,3 +271,179 @@ fn holders_must_agree_on_the_limit() {
     let out = env.run(["run", "--no-wait", "--limit", "3", &lock, "true"]);
     assert_fails(&out, 64, "--limit 2");
 }
+
+/// A config file with a `[redis]` table.
+fn redis_config(env: &TestEnv, body: &str) -> String {
+    let path = env.path("config.toml");
+    std::fs::write(&path, format!("[redis]\n{body}")).expect("write config");
+    path.display().to_string()
+}
+
+#[test]
+fn tls_with_the_configured_ca_and_client_certificate() {
+    let certs = TestCerts::make();
+    let port = free_port();
+    let server = RedisServer::start_on(
+        port,
+        &[
+            "--port",
+            "0",
+            "--tls-port",
+            &port.to_string(),
+            "--tls-cert-file",
+            &certs.path("server.crt"),
+            "--tls-key-file",
+            &certs.path("server.key"),
+            "--tls-ca-cert-file",
+            &certs.path("ca.crt"),
+            "--tls-auth-clients",
+            "yes",
+        ],
+    );
+    let env = TestEnv::new(&server);
+    let url = format!("rediss://127.0.0.1:{port}/0");
+    let good = redis_config(
+        &env,
+        &format!(
+            "ca_file = \"{}\"\ncert_file = \"{}\"\nkey_file = \"{}\"\n",
+            certs.path("ca.crt"),
+            certs.path("client.crt"),
+            certs.path("client.key")
+        ),
+    );
+    let out = env.run([
+        "--config",
+        &good,
+        "run",
+        "--url",
+        &url,
+        "tls",
+        "sh",
+        "-c",
+        "echo $DLOCK_BACKEND",
+    ]);
+    assert!(out.status.success(), "{}", describe(&out));
+    assert_eq!(stdout_of(&out), "rediss\n");
+
+    // An unknown CA, and a missing client certificate, are configuration errors.
+    let wrong_ca = redis_config(
+        &env,
+        &format!("ca_file = \"{}\"\n", certs.path("other.crt")),
+    );
+    let out = env.run([
+        "--config", &wrong_ca, "run", "--url", &url, "tls", "touch", "ran",
+    ]);
+    assert_fails(&out, 78, "TLS");
+    let no_client = redis_config(&env, &format!("ca_file = \"{}\"\n", certs.path("ca.crt")));
+    let out = env.run([
+        "--config", &no_client, "run", "--url", &url, "tls", "touch", "ran",
+    ]);
+    assert_fails(&out, 78, "TLS");
+    // Plain text to the TLS port fails; nothing falls back.
+    let out = env.run([
+        "run",
+        "--url",
+        &format!("redis://127.0.0.1:{port}/0"),
+        "tls",
+        "touch",
+        "ran",
+    ]);
+    assert!(
+        matches!(out.status.code(), Some(69 | 78)),
+        "{}",
+        describe(&out)
+    );
+    assert!(!env.path("ran").exists());
+}
+
+#[test]
+fn bad_tls_files_are_78_before_connecting() {
+    let server = FileServer::start();
+    let env = TestEnv::new(&server);
+    let not_pem = env.path("not-a-cert.pem");
+    std::fs::write(&not_pem, "hello").expect("write");
+    let config = redis_config(&env, &format!("ca_file = \"{}\"\n", not_pem.display()));
+    let out = env.run([
+        "--config",
+        &config,
+        "run",
+        "--url",
+        "rediss://127.0.0.1:1/0",
+        "x",
+        "true",
+    ]);
+    assert_fails(&out, 78, "no PEM certificate");
+    let config = redis_config(&env, &format!("cert_file = \"{}\"\n", not_pem.display()));
+    let out = env.run([
+        "--config",
+        &config,
+        "run",
+        "--url",
+        "rediss://127.0.0.1:1/0",
+        "x",
+        "true",
+    ]);
+    assert_fails(&out, 78, "both cert_file and key_file");
+}
+
+#[test]
+fn a_read_only_replica_is_refused_with_78() {
+    let master = RedisServer::start();
+    let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &master.port.to_string()]);
+    let env = TestEnv::new(&replica);
+    let out = env.run(["run", "x", "touch", "ran"]);
+    assert_fails(&out, 78, "replica");
+    assert!(!env.path("ran").exists());
+    let out = env.run(["check"]);
+    assert_fails(&out, 78, "replica");
+}
+
+#[test]
+fn an_acl_that_forbids_scripts_is_77() {
+    let server = RedisServer::start_with(&[
+        "--user", "limited", "on", ">pw", "~*", "&*", "+@all", "-evalsha", "-eval",
+    ]);
+    let env = TestEnv::new(&server);
+    let url = format!("redis://limited:pw@127.0.0.1:{}/0", server.port);
+    let out = env.run(["run", "--url", &url, "x", "touch", "ran"]);
+    assert_fails(&out, 77, "ACL");
+    assert!(!env.path("ran").exists());
+}
+
+#[test]
+fn check_warns_when_lock_entries_could_be_evicted() {
+    let server =
+        RedisServer::start_with(&["--maxmemory", "100mb", "--maxmemory-policy", "allkeys-lru"]);
+    let env = TestEnv::new(&server);
+    let out = env.run(["check"]);
+    assert!(out.status.success(), "{}", describe(&out));
+    assert!(
+        stdout_of(&out).contains("maxmemory-policy is allkeys-lru"),
+        "{}",
+        describe(&out)
+    );
+}
+
+#[test]
+fn a_retried_acquire_finds_its_own_hold() {
+    // The acquire script is idempotent for one owner token: a retry after a lost reply gets
+    // the same grant (same fence), not a second entry.
+    let server = RedisServer::start();
+    let script = include_str!("../src/backend/redis/acquire.lua");
+    let base = "dlock:{retry}";
+    let keys =
+        ["fence", "holders", "queue", "qdl", "h:tok1", "w:tok1"].map(|k| format!("{base}:{k}"));
+    let mut args: Vec<&str> = vec!["EVAL", script, "6"];
+    args.extend(keys.iter().map(String::as_str));
+    args.extend(["tok1", "1", "3000", "3000", "{}", "wait", "0"]);
+    let first = redis_resp(server.port, &args).expect("first acquire");
+    let second = redis_resp(server.port, &args).expect("retried acquire");
+    let fence = |reply: &str| reply.lines().nth(2).map(str::to_owned);
+    assert!(first.starts_with("*3\r\n:1\r\n"), "not granted: {first:?}");
+    assert_eq!(
+        fence(&first),
+        fence(&second),
+        "the retry was granted a second time: {first:?} {second:?}"
+    );
+    assert_eq!(server.command(&format!("SCARD {base}:holders")), ":1");
+}
