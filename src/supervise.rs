@@ -335,3 +335,92 @@ fn has_job_control() -> bool {
 pub fn child_listener() -> io::Result<tokio::signal::unix::Signal> {
     signal(SignalKind::child())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::settings::CommandSpec;
+    use std::os::unix::process::ExitStatusExt;
+    use std::time::Duration;
+
+    /// A lease that is lost at once, with a server-side deadline.
+    struct LostLease {
+        kill_by: Option<BootInstant>,
+    }
+
+    impl Lease for LostLease {
+        fn token(&self) -> u64 {
+            1
+        }
+
+        async fn lost(&mut self) -> Lost {
+            Lost {
+                reason: "test".into(),
+                kill_by: self.kill_by,
+            }
+        }
+
+        async fn release(self) -> Result<(), crate::error::Error> {
+            Ok(())
+        }
+    }
+
+    fn shell(script: &str) -> CommandSpec {
+        CommandSpec {
+            program: "/bin/sh".into(),
+            arg0: "sh".into(),
+            args: vec!["-c".into(), script.into()],
+            display: vec![],
+        }
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn lease_deadline_overrides_a_longer_kill_after() {
+        let mut signals = Signals::install().expect("signals");
+        let sigchld = child_listener().expect("sigchld");
+        // The command ignores SIGTERM, so only the SIGKILL at the lease deadline ends it.
+        let child =
+            spawn(&shell("trap '' TERM; while :; do sleep 1; done"), &[], None).expect("spawn");
+        let started = BootInstant::now();
+        let mut lease = LostLease {
+            kill_by: Some(started + Duration::from_millis(300)),
+        };
+        let policy = Policy {
+            on_lost: OnLost::Term,
+            kill_after: Duration::from_secs(60),
+        };
+        let ending = supervise(child, &mut lease, &mut signals, policy, None, sigchld)
+            .await
+            .expect("supervise");
+        let took = BootInstant::now().saturating_since(started);
+        assert_eq!(ending.status.signal(), Some(libc::SIGKILL));
+        assert!(ending.lost.is_some());
+        assert!(
+            took >= Duration::from_millis(300),
+            "killed before the deadline: {took:?}"
+        );
+        assert!(
+            took < Duration::from_secs(30),
+            "waited for --kill-after instead of the lease deadline"
+        );
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn on_lost_kill_does_not_wait() {
+        let mut signals = Signals::install().expect("signals");
+        let sigchld = child_listener().expect("sigchld");
+        let child =
+            spawn(&shell("trap '' TERM; while :; do sleep 1; done"), &[], None).expect("spawn");
+        let mut lease = LostLease { kill_by: None };
+        let policy = Policy {
+            on_lost: OnLost::Kill,
+            kill_after: Duration::from_secs(60),
+        };
+        let started = BootInstant::now();
+        let ending = supervise(child, &mut lease, &mut signals, policy, None, sigchld)
+            .await
+            .expect("supervise");
+        assert_eq!(ending.status.signal(), Some(libc::SIGKILL));
+        assert!(BootInstant::now().saturating_since(started) < Duration::from_secs(30));
+    }
+}
