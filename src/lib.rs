@@ -25,6 +25,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 
+use crate::backend::etcd::EtcdBackend;
 use crate::backend::file::FileBackend;
 use crate::backend::redis::RedisBackend;
 use crate::cli::{Cli, Command, OnLost};
@@ -80,6 +81,10 @@ macro_rules! with_backend {
             }
             Location::Redis(target) => {
                 let $backend = RedisBackend::new(target, &$common.prefix, &$common.display_url);
+                $body
+            }
+            Location::Etcd(target) => {
+                let $backend = EtcdBackend::new(target, &$common.prefix, &$common.display_url);
                 $body
             }
         }

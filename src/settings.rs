@@ -70,6 +70,18 @@ pub enum Location {
     File { dir: PathBuf, default: bool },
     /// `redis://`, `rediss://`, `redis+unix://`.
     Redis(RedisTarget),
+    /// `etcd://h:p[,h:p…]`, `etcds://…`.
+    Etcd(EtcdTarget),
+}
+
+/// An etcd cluster: its client endpoints and credentials.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EtcdTarget {
+    pub endpoints: Vec<(String, u16)>,
+    pub tls: bool,
+    pub user: Option<String>,
+    pub password: Option<Secret>,
+    pub tls_files: TlsFiles,
 }
 
 /// How to reach a Redis server.
@@ -134,6 +146,13 @@ impl Common {
                 RedisAddr::Tls { .. } => "rediss",
                 RedisAddr::Unix { .. } => "redis+unix",
             },
+            Location::Etcd(target) => {
+                if target.tls {
+                    "etcds"
+                } else {
+                    "etcd"
+                }
+            }
         }
     }
 
@@ -150,6 +169,16 @@ impl Common {
                     format!("redis+unix://{}/{}|{prefix}", path.display(), target.db)
                 }
             },
+            Location::Etcd(target) => {
+                // The same cluster whatever order the endpoints were listed in.
+                let mut endpoints: Vec<String> = target
+                    .endpoints
+                    .iter()
+                    .map(|(h, p)| format!("{h}:{p}"))
+                    .collect();
+                endpoints.sort();
+                format!("etcd://{}|{prefix}", endpoints.join(","))
+            }
         }
     }
 }
@@ -366,8 +395,10 @@ pub fn common(
             let url = &s.value[0];
             let display = redact_url(url);
             let mut location = parse_url(url).map_err(|m| bad(s.from_file, "--url", m))?;
-            if let Location::Redis(target) = &mut location {
-                complete_redis(target, file)?;
+            match &mut location {
+                Location::Redis(target) => complete_redis(target, file)?,
+                Location::Etcd(target) => complete_etcd(target, file)?,
+                Location::File { .. } => {}
             }
             (location, display)
         }
@@ -403,8 +434,9 @@ fn parse_url(url: &str) -> Result<Location, String> {
     match scheme.to_ascii_lowercase().as_str() {
         "file" => parse_file_url(rest),
         "redis" | "rediss" | "redis+unix" => parse_redis_url(&scheme.to_ascii_lowercase(), rest).map(Location::Redis),
-        "etcd" | "etcds" | "zk" | "postgres" | "postgresql" => Err(format!(
-            "the {scheme} backend is not part of this build of dlock yet; this build supports file:// and redis:// URLs"
+        "etcd" | "etcds" => parse_etcd_url(&scheme.to_ascii_lowercase(), rest).map(Location::Etcd),
+        "zk" | "postgres" | "postgresql" => Err(format!(
+            "the {scheme} backend is not part of this build of dlock yet; this build supports file://, redis:// and etcd:// URLs"
         )),
         _ => Err(format!(
             "unknown URL scheme '{scheme}'; expected file, redis, rediss, etcd, etcds, zk, postgres or postgresql"
@@ -523,6 +555,92 @@ fn parse_redis_url(scheme: &str, rest: &str) -> Result<RedisTarget, String> {
         password,
         tls: TlsFiles::default(),
     })
+}
+
+/// `etcd://[user[:password]@]host[:port][,host[:port]…][/]`, `etcds://…`.
+fn parse_etcd_url(scheme: &str, rest: &str) -> Result<EtcdTarget, String> {
+    let after = rest
+        .strip_prefix("//")
+        .ok_or_else(|| format!("expected {scheme}://host[:port][,host[:port]…]"))?;
+    if after.contains(['?', '#']) {
+        return Err(
+            "etcd URLs take no query or fragment; put TLS files and passwords in the config file"
+                .into(),
+        );
+    }
+    let (authority, path) = after.split_at(after.find('/').unwrap_or(after.len()));
+    if !path.is_empty() && path != "/" {
+        return Err(format!(
+            "etcd URLs take no path ('{path}'); use --prefix for a namespace"
+        ));
+    }
+    let decode = |s: &str, what: &str| {
+        crate::lock::decode_component(s)
+            .ok_or_else(|| format!("bad percent-encoding in the URL's {what}"))
+    };
+    let (userinfo, hosts) = match authority.rsplit_once('@') {
+        Some((userinfo, hosts)) => (Some(userinfo), hosts),
+        None => (None, authority),
+    };
+    let (user, password) = match userinfo {
+        None => (None, None),
+        Some(info) => {
+            let (user, password) = match info.split_once(':') {
+                Some((u, p)) => (u, Some(p)),
+                None => (info, None),
+            };
+            let user = Some(decode(user, "user name")?).filter(|u| !u.is_empty());
+            let password = match password {
+                Some(p) => Some(Secret(decode(p, "password")?)).filter(|p| !p.0.is_empty()),
+                None => None,
+            };
+            (user, password)
+        }
+    };
+    let endpoints = hosts
+        .split(',')
+        .map(|h| split_host_port(h, 2379))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(EtcdTarget {
+        endpoints,
+        tls: scheme == "etcds",
+        user,
+        password,
+        tls_files: TlsFiles::default(),
+    })
+}
+
+/// Password and TLS files for etcd, as for Redis (from the `[etcd]` table).
+fn complete_etcd(target: &mut EtcdTarget, file: &FileConfig) -> Result<(), Error> {
+    let section = file.etcd.clone().unwrap_or_default();
+    if target.password.is_none() && target.user.is_some() {
+        if let Some(password) = std::env::var("DLOCK_PASSWORD")
+            .ok()
+            .filter(|p| !p.is_empty())
+        {
+            target.password = Some(Secret(password));
+        } else if let Some(path) = section
+            .password_file
+            .as_ref()
+            .or(file.password_file.as_ref())
+        {
+            target.password = Some(read_password_file(path)?);
+        }
+    }
+    if target.user.is_some() && target.password.is_none() {
+        return Err(Error::Usage(
+            "the etcd URL names a user but no password is given (URL, DLOCK_PASSWORD or password_file)".into(),
+        ));
+    }
+    target.tls_files = TlsFiles {
+        ca_file: section.ca_file,
+        cert_file: section.cert_file,
+        key_file: section.key_file,
+    };
+    if target.tls {
+        check_tls_files(&target.tls_files)?;
+    }
+    Ok(())
 }
 
 fn parse_db(text: &str) -> Result<i64, String> {
@@ -971,6 +1089,42 @@ mod tests {
             assert!(parse_url(bad).is_err(), "{bad} was accepted");
         }
         assert!(!format!("{t:?}").contains("p@ss"));
+    }
+
+    #[test]
+    fn etcd_urls() {
+        let Ok(Location::Etcd(t)) = parse_url("etcd://u:pw@127.0.0.1:2379,[::1]:2380,h") else {
+            panic!()
+        };
+        assert_eq!(
+            t.endpoints,
+            vec![
+                ("127.0.0.1".into(), 2379),
+                ("::1".into(), 2380),
+                ("h".into(), 2379)
+            ]
+        );
+        assert_eq!(
+            (
+                t.tls,
+                t.user.as_deref(),
+                t.password.as_ref().map(Secret::expose)
+            ),
+            (false, Some("u"), Some("pw"))
+        );
+        assert!(matches!(
+            parse_url("etcds://h/"),
+            Ok(Location::Etcd(EtcdTarget { tls: true, .. }))
+        ));
+        for bad in [
+            "etcd://",
+            "etcd://h,",
+            "etcd://h/x",
+            "etcd://h?x",
+            "etcd://h:0",
+        ] {
+            assert!(parse_url(bad).is_err(), "{bad} was accepted");
+        }
     }
 
     #[test]

@@ -343,9 +343,10 @@ mod tests {
     use std::os::unix::process::ExitStatusExt;
     use std::time::Duration;
 
-    /// A lease that is lost at once, with a server-side deadline.
+    /// A lease that is lost as soon as the command is ready, with a server-side deadline.
     struct LostLease {
         kill_by: Option<BootInstant>,
+        ready: std::path::PathBuf,
     }
 
     impl Lease for LostLease {
@@ -354,6 +355,13 @@ mod tests {
         }
 
         async fn lost(&mut self) -> Lost {
+            // Bounded: the command writes the file at once.
+            for _ in 0..2000 {
+                if self.ready.exists() {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
             Lost {
                 reason: "test".into(),
                 kill_by: self.kill_by,
@@ -379,11 +387,17 @@ mod tests {
         let mut signals = Signals::install().expect("signals");
         let sigchld = child_listener().expect("sigchld");
         // The command ignores SIGTERM, so only the SIGKILL at the lease deadline ends it.
-        let child =
-            spawn(&shell("trap '' TERM; while :; do sleep 1; done"), &[], None).expect("spawn");
+        let dir = tempfile::tempdir().expect("temp dir");
+        let ready = dir.path().join("ready");
+        let script = format!(
+            "trap '' TERM; touch {}; while :; do sleep 1; done",
+            ready.display()
+        );
+        let child = spawn(&shell(&script), &[], None).expect("spawn");
         let started = BootInstant::now();
         let mut lease = LostLease {
             kill_by: Some(started + Duration::from_millis(300)),
+            ready,
         };
         let policy = Policy {
             on_lost: OnLost::Term,
@@ -409,9 +423,17 @@ mod tests {
     async fn on_lost_kill_does_not_wait() {
         let mut signals = Signals::install().expect("signals");
         let sigchld = child_listener().expect("sigchld");
-        let child =
-            spawn(&shell("trap '' TERM; while :; do sleep 1; done"), &[], None).expect("spawn");
-        let mut lease = LostLease { kill_by: None };
+        let dir = tempfile::tempdir().expect("temp dir");
+        let ready = dir.path().join("ready");
+        let script = format!(
+            "trap '' TERM; touch {}; while :; do sleep 1; done",
+            ready.display()
+        );
+        let child = spawn(&shell(&script), &[], None).expect("spawn");
+        let mut lease = LostLease {
+            kill_by: None,
+            ready,
+        };
         let policy = Policy {
             on_lost: OnLost::Kill,
             kill_after: Duration::from_secs(60),

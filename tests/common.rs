@@ -706,3 +706,202 @@ impl TestCerts {
         self.dir.path().join(file).display().to_string()
     }
 }
+
+/// `GET /health` of an etcd member: healthy when it answers `"health":"true"`.
+pub fn etcd_healthy(port: u16) -> bool {
+    use std::io::{Read, Write};
+    let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_secs(2)));
+    if stream
+        .write_all(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        .is_err()
+    {
+        return false;
+    }
+    let mut reply = String::new();
+    let _ = stream.read_to_string(&mut reply);
+    reply.contains("\"health\":\"true\"")
+}
+
+/// One etcd member started by a test; killed (by pid) when dropped.
+pub struct EtcdMember {
+    pub name: String,
+    pub client_port: u16,
+    pub peer_port: u16,
+    args: Vec<String>,
+    child: Option<Child>,
+    log: PathBuf,
+}
+
+impl EtcdMember {
+    fn launch(&mut self) {
+        let binary = server_binary("etcd", "etcd-server");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .expect("etcd log");
+        let child = Command::new(binary)
+            .args(&self.args)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .expect("start etcd");
+        self.child = Some(child);
+    }
+
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    pub fn is_running(&self) -> bool {
+        self.child.is_some()
+    }
+}
+
+impl Drop for EtcdMember {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// A private etcd cluster (one or three members) on free loopback ports.
+pub struct EtcdServer {
+    pub members: Vec<EtcdMember>,
+    _dir: tempfile::TempDir,
+}
+
+impl EtcdServer {
+    pub fn start() -> EtcdServer {
+        EtcdServer::cluster(1, &[])
+    }
+
+    /// `size` members; `extra` arguments go to every member.
+    pub fn cluster(size: usize, extra: &[&str]) -> EtcdServer {
+        // Data on tmpfs when there is one: etcd fsyncs every write.
+        let base = if Path::new("/dev/shm").is_dir() {
+            Some("/dev/shm")
+        } else {
+            None
+        };
+        let dir = match base {
+            Some(base) => tempfile::tempdir_in(base).expect("temp dir"),
+            None => tempfile::tempdir().expect("temp dir"),
+        };
+        let ports: Vec<(u16, u16)> = (0..size).map(|_| (free_port(), free_port())).collect();
+        let cluster: Vec<String> = ports
+            .iter()
+            .enumerate()
+            .map(|(i, (_, peer))| format!("m{i}=http://127.0.0.1:{peer}"))
+            .collect();
+        let token = format!("dlock-test-{}", unique());
+        let mut members: Vec<EtcdMember> = ports
+            .iter()
+            .enumerate()
+            .map(|(i, &(client, peer))| {
+                let name = format!("m{i}");
+                let mut args: Vec<String> = [
+                    "--name",
+                    &name,
+                    "--data-dir",
+                    &dir.path().join(&name).display().to_string(),
+                    "--listen-client-urls",
+                    &format!("http://127.0.0.1:{client}"),
+                    "--advertise-client-urls",
+                    &format!("http://127.0.0.1:{client}"),
+                    "--listen-peer-urls",
+                    &format!("http://127.0.0.1:{peer}"),
+                    "--initial-advertise-peer-urls",
+                    &format!("http://127.0.0.1:{peer}"),
+                    "--initial-cluster",
+                    &cluster.join(","),
+                    "--initial-cluster-token",
+                    &token,
+                    "--initial-cluster-state",
+                    "new",
+                    "--logger",
+                    "zap",
+                    "--log-outputs",
+                    "stderr",
+                ]
+                .iter()
+                .map(|s| s.to_string())
+                .collect();
+                args.extend(extra.iter().map(|s| s.to_string()));
+                EtcdMember {
+                    name,
+                    client_port: client,
+                    peer_port: peer,
+                    args,
+                    child: None,
+                    log: dir.path().join(format!("m{i}.log")),
+                }
+            })
+            .collect();
+        for member in &mut members {
+            member.launch();
+        }
+        for member in &members {
+            let port = member.client_port;
+            wait_until("etcd healthy", Duration::from_secs(60), || {
+                etcd_healthy(port)
+            });
+        }
+        EtcdServer { members, _dir: dir }
+    }
+
+    pub fn endpoints(&self) -> String {
+        self.members
+            .iter()
+            .map(|m| format!("127.0.0.1:{}", m.client_port))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// Run `etcdctl` (API v3) against the running members; returns its output.
+    pub fn etcdctl(&self, args: &[&str]) -> Output {
+        let endpoints = self
+            .members
+            .iter()
+            .filter(|m| m.is_running())
+            .map(|m| format!("http://127.0.0.1:{}", m.client_port))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut command = Command::new(server_binary("etcdctl", "etcd-client"));
+        command
+            .env("ETCDCTL_API", "3")
+            .arg(format!("--endpoints={endpoints}"))
+            .args(args)
+            .stdin(Stdio::null());
+        output_within(command, PATIENCE)
+    }
+}
+
+impl LockServer for EtcdServer {
+    fn url(&self) -> String {
+        format!("etcd://{}", self.endpoints())
+    }
+
+    fn scheme(&self) -> &'static str {
+        "etcd"
+    }
+
+    fn break_hold(&self, env: &TestEnv, name: &str) {
+        let out = env.run(["release", "--force", name]);
+        assert!(
+            out.status.success(),
+            "release --force failed: {}",
+            describe(&out)
+        );
+    }
+
+    fn ttl(&self) -> Option<&'static str> {
+        Some("3s")
+    }
+}

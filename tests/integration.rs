@@ -6,6 +6,7 @@ mod contract;
 
 mod cli;
 mod docs;
+mod etcd_backend;
 mod file_backend;
 mod redis_backend;
 mod terminal;

@@ -1,5 +1,6 @@
 //! The backends, one module each. They implement [`crate::lock::Backend`]; `lib.rs` picks one
 //! by the URL's scheme and runs the subcommand generically over it.
 
+pub mod etcd;
 pub mod file;
 pub mod redis;

@@ -1,0 +1,1013 @@
+//! The etcd v3 backend: the `concurrency` recipe (lease + one key per waiter + lowest create
+//! revision owns + watch the predecessor), with dlock's own lease keeper.
+//!
+//! Layout: a lock is the key prefix `<prefix>/<encoded name>/`; each waiter or holder is the key
+//! `<prefix>/<encoded name>/<lease id in hex>`, attached to its own lease, valued with the holder
+//! metadata (JSON). This is exactly what `etcdctl lock <prefix>/<encoded name>` uses, so the two
+//! exclude each other. An encoded name never contains `/`, so no lock's prefix is a prefix of
+//! another lock's keys (`a` is `dlock/a/`, `a/b` is `dlock/a%2Fb/`).
+//!
+//! Acquire: grant a lease with an id we choose (so a retried grant is recognised), start the
+//! keeper at once (it keeps the waiter's lease alive too), then one transaction creates our key
+//! if absent and reads the newest keys under the prefix. We hold the lock when fewer than
+//! `--limit` keys are older than ours; the fencing token is our key's create revision. A waiter
+//! watches one key — its immediate predecessor — for deletion (for `--limit N > 1`, the head of
+//! the queue watches the prefix for deletions, and every waiter that gets the lock rewrites its
+//! value, which wakes the one behind it). After every wake-up a linearizable re-check that also
+//! verifies our own key still exists, so a waiter whose lease died while waiting never starts
+//! the command. Release and cancel revoke the lease, which deletes the key in the same step.
+//!
+//! etcd-client does not fail over between endpoints by itself, so [`Conn`] talks to one
+//! endpoint at a time and moves to the next after a transport failure or a timeout.
+
+use std::future::Future;
+use std::time::Duration;
+
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, GetOptions, LeaseGrantOptions,
+    LeaseKeepAliveStream, LeaseKeeper, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
+    TxnOpResponse, WatchFilterType, WatchOptions,
+};
+
+use crate::clock::{sleep_until, BootInstant};
+use crate::error::Error;
+use crate::keeper::{Keeper, Renew, RenewError};
+use crate::lock::{
+    AcquireRequest, Backend, Cancel, CheckReport, Holder, HolderStatus, Lease, LockName,
+    LockStatus, Lost, Wait,
+};
+use crate::settings::EtcdTarget;
+
+/// Bound for reaching the cluster and for one operation outside the keeper.
+const OP_TIMEOUT: Duration = Duration::from_secs(5);
+/// Bound for one attempt on one endpoint.
+const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(2);
+
+pub struct EtcdBackend {
+    target: EtcdTarget,
+    prefix: String,
+    display: String,
+}
+
+impl EtcdBackend {
+    pub fn new(target: &EtcdTarget, prefix: &str, display: &str) -> EtcdBackend {
+        if target.tls {
+            let _ = rustls::crypto::ring::default_provider().install_default();
+        }
+        EtcdBackend {
+            target: target.clone(),
+            prefix: prefix.trim_end_matches('/').to_owned(),
+            display: display.to_owned(),
+        }
+    }
+
+    fn lock_prefix(&self, name: &LockName) -> String {
+        format!("{}/{}/", self.prefix, name.encoded())
+    }
+
+    fn conn(&self) -> Result<Conn, Error> {
+        Conn::new(&self.target, &self.display)
+    }
+
+    /// Holders (the first `limit` keys) and waiters of a lock.
+    async fn status_with(&self, conn: &mut Conn, name: &LockName) -> Result<LockStatus, Error> {
+        let pfx = self.lock_prefix(name);
+        let range = conn
+            .call(OP_TIMEOUT, |mut c| {
+                let pfx = pfx.clone();
+                async move {
+                    c.get(
+                        pfx,
+                        Some(
+                            GetOptions::new()
+                                .with_prefix()
+                                .with_sort(SortTarget::Create, SortOrder::Ascend),
+                        ),
+                    )
+                    .await
+                }
+            })
+            .await?;
+        let kvs = range.kvs();
+        let limit = kvs
+            .first()
+            .and_then(|kv| serde_json::from_slice::<Meta>(kv.value()).ok())
+            .map_or(1, |m| m.limit.max(1)) as usize;
+        let mut holders = Vec::new();
+        for kv in kvs.iter().take(limit) {
+            let mut holder = serde_json::from_slice::<Meta>(kv.value())
+                .map(|m| m.holder)
+                .unwrap_or_else(|_| Holder {
+                    name: name.to_string(),
+                    command: "(foreign holder: etcdctl lock or another client)".into(),
+                    ..Holder::default()
+                });
+            holder.token = u64::try_from(kv.create_revision()).unwrap_or(0);
+            let lease = kv.lease();
+            let ttl_left_ms = if lease == 0 {
+                None
+            } else {
+                conn.call(OP_TIMEOUT, |mut c| async move {
+                    c.lease_time_to_live(lease, None).await
+                })
+                .await
+                .ok()
+                .and_then(|r| u64::try_from(r.ttl()).ok())
+                .map(|s| s * 1000)
+            };
+            holders.push(HolderStatus {
+                holder,
+                ttl_left_ms,
+            });
+        }
+        Ok(LockStatus {
+            name: name.to_string(),
+            held: !holders.is_empty(),
+            waiters: Some(kvs.len().saturating_sub(holders.len()) as u64),
+            holders,
+            last_token: None,
+        })
+    }
+
+    async fn describe_holders(&self, conn: &mut Conn, name: &LockName) -> String {
+        match self.status_with(conn, name).await {
+            Ok(status) if status.held => {
+                let who: Vec<String> = status
+                    .holders
+                    .iter()
+                    .map(|h| {
+                        format!(
+                            "pid {} on {} since {}",
+                            h.holder.pid, h.holder.host, h.holder.since
+                        )
+                    })
+                    .collect();
+                format!(" by {}", who.join(", "))
+            }
+            _ => String::new(),
+        }
+    }
+}
+
+/// What a key's value holds.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Meta {
+    #[serde(flatten)]
+    holder: Holder,
+    #[serde(default)]
+    limit: u32,
+}
+
+/// One connection to the cluster, to one endpoint at a time.
+struct Conn {
+    urls: Vec<String>,
+    index: usize,
+    options: ConnectOptions,
+    client: Option<Client>,
+    display: String,
+    tls: bool,
+    has_client_cert: bool,
+}
+
+/// Why a call failed.
+enum Failure {
+    Etcd(etcd_client::Error),
+    Timeout,
+}
+
+impl Conn {
+    fn new(target: &EtcdTarget, display: &str) -> Result<Conn, Error> {
+        let scheme = if target.tls { "https" } else { "http" };
+        let urls = target
+            .endpoints
+            .iter()
+            .map(|(host, port)| {
+                if host.contains(':') {
+                    format!("{scheme}://[{host}]:{port}")
+                } else {
+                    format!("{scheme}://{host}:{port}")
+                }
+            })
+            .collect();
+        let mut options = ConnectOptions::new()
+            .with_connect_timeout(ATTEMPT_TIMEOUT)
+            .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5))
+            .with_keep_alive_while_idle(false)
+            .with_require_leader(true)
+            .with_auto_token_refresh(true);
+        if let (Some(user), Some(password)) = (&target.user, &target.password) {
+            options = options.with_user(user, password.expose());
+        }
+        if target.tls {
+            let read = |path: &std::path::PathBuf| {
+                std::fs::read(path)
+                    .map_err(|e| Error::Config(format!("cannot read {}: {e}", path.display())))
+            };
+            let mut tls = etcd_client::TlsOptions::new().timeout(ATTEMPT_TIMEOUT);
+            tls = match &target.tls_files.ca_file {
+                Some(ca) => tls.ca_certificate(etcd_client::Certificate::from_pem(read(ca)?)),
+                None => tls.with_native_roots(),
+            };
+            if let (Some(cert), Some(key)) =
+                (&target.tls_files.cert_file, &target.tls_files.key_file)
+            {
+                tls = tls.identity(etcd_client::Identity::from_pem(read(cert)?, read(key)?));
+            }
+            options = options.with_tls(tls);
+        }
+        Ok(Conn {
+            urls,
+            index: 0,
+            options,
+            client: None,
+            display: display.to_owned(),
+            tls: target.tls,
+            has_client_cert: target.tls_files.cert_file.is_some(),
+        })
+    }
+
+    fn rotate(&mut self) {
+        self.client = None;
+        self.index = (self.index + 1) % self.urls.len().max(1);
+    }
+
+    async fn client(&mut self) -> Result<Client, etcd_client::Error> {
+        if let Some(client) = &self.client {
+            return Ok(client.clone());
+        }
+        let url = self.urls[self.index % self.urls.len()].clone();
+        let client = Client::connect([url], Some(self.options.clone())).await?;
+        self.client = Some(client.clone());
+        Ok(client)
+    }
+
+    /// Run `op` on the current endpoint; after a transport failure or a timeout move to the
+    /// next endpoint and try again, until `budget` is spent. Other errors return at once.
+    async fn call<T, F, Fut>(&mut self, budget: Duration, op: F) -> Result<T, Error>
+    where
+        F: Fn(Client) -> Fut,
+        Fut: Future<Output = Result<T, etcd_client::Error>>,
+    {
+        let deadline = BootInstant::now() + budget;
+        let attempts = (2 * self.urls.len()).max(2);
+        let mut last = Failure::Timeout;
+        for attempt in 0..attempts {
+            let left = deadline.remaining();
+            if left.is_zero() {
+                break;
+            }
+            let step = async {
+                let client = self.client().await?;
+                op(client).await
+            };
+            match tokio::time::timeout(left.min(ATTEMPT_TIMEOUT), step).await {
+                Ok(Ok(value)) => return Ok(value),
+                Ok(Err(e)) if is_transport(&e) => {
+                    tracing::debug!(
+                        "etcd endpoint {} failed: {e}",
+                        self.urls[self.index % self.urls.len()]
+                    );
+                    last = Failure::Etcd(e);
+                    self.rotate();
+                    tokio::time::sleep(Duration::from_millis(20 * (attempt as u64 + 1))).await;
+                }
+                Ok(Err(e)) => return Err(self.classify(&e)),
+                Err(_) => {
+                    last = Failure::Timeout;
+                    self.rotate();
+                }
+            }
+        }
+        Err(match last {
+            Failure::Etcd(e) => self.classify(&e),
+            Failure::Timeout => Error::Unavailable(format!(
+                "no etcd endpoint of {} answered within {}",
+                self.display,
+                humantime::format_duration(budget)
+            )),
+        })
+    }
+
+    /// Map an etcd-client error to dlock's error kinds (exit statuses).
+    fn classify(&self, e: &etcd_client::Error) -> Error {
+        use tonic::Code;
+        let display = &self.display;
+        let text = e.to_string();
+        if is_tls_error(e) {
+            return Error::Config(format!("TLS with {display} failed: {text}"));
+        }
+        match e {
+            etcd_client::Error::GRpcStatus(status) => {
+                let message = status.message();
+                match status.code() {
+                    Code::InvalidArgument | Code::Unauthenticated
+                        if message.contains("authentication failed")
+                            || message.contains("user name is empty")
+                            || message.contains("auth token") =>
+                    {
+                        Error::Permission(format!(
+                            "{display} refused authentication: {message} (user in the URL, password in the URL, \
+                             DLOCK_PASSWORD or password_file)"
+                        ))
+                    }
+                    Code::FailedPrecondition if message.contains("authentication is not enabled") => {
+                        Error::Permission(format!("{display}: a user was given but etcd has authentication off"))
+                    }
+                    Code::PermissionDenied => Error::Permission(format!(
+                        "{display}: permission denied (the etcd role needs read/write on the lock prefix): {message}"
+                    )),
+                    Code::ResourceExhausted => Error::Unavailable(format!(
+                        "{display} is out of space (NOSPACE alarm): compact, defragment, then disarm the alarm: {message}"
+                    )),
+                    Code::Cancelled if self.tls && !self.has_client_cert => Error::Config(format!(
+                        "{display} closed the TLS connection; it may require a client certificate \
+                         (cert_file/key_file in the [etcd] table): {message}"
+                    )),
+                    _ => Error::Unavailable(format!("cannot use {display}: {message}")),
+                }
+            }
+            etcd_client::Error::TransportError(_)
+                if text.contains("Keys") || text.contains("key") =>
+            {
+                Error::Config(format!("cannot set up TLS for {display}: {text}"))
+            }
+            _ => Error::Unavailable(format!("cannot reach {display}: {text}")),
+        }
+    }
+}
+
+/// Worth trying another endpoint: the transport, not the request, failed.
+fn is_transport(e: &etcd_client::Error) -> bool {
+    use tonic::Code;
+    match e {
+        etcd_client::Error::GRpcStatus(status) => {
+            matches!(
+                status.code(),
+                Code::Unavailable | Code::Unknown | Code::DeadlineExceeded | Code::Internal
+            ) || (status.code() == Code::Cancelled
+                && status.message().contains("operation was canceled"))
+        }
+        etcd_client::Error::TransportError(_) | etcd_client::Error::IoError(_) => !is_tls_error(e),
+        _ => false,
+    }
+}
+
+fn is_tls_error(e: &etcd_client::Error) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
+    while let Some(cause) = source {
+        if cause.downcast_ref::<rustls::Error>().is_some() {
+            return true;
+        }
+        source = cause.source();
+    }
+    let text = format!("{e} {e:?}");
+    text.contains("invalid peer certificate")
+        || text.contains("UnknownIssuer")
+        || text.contains("InvalidCertificate")
+}
+
+fn lease_id() -> i64 {
+    let bytes = uuid::Uuid::new_v4().into_bytes();
+    let mut raw = [0u8; 8];
+    raw.copy_from_slice(&bytes[..8]);
+    // Positive and non-zero: etcd treats 0 as "pick one for me".
+    (i64::from_le_bytes(raw) & i64::MAX).max(1)
+}
+
+/// The newest `n` keys under `pfx` created before `before` (all keys when `before` is None).
+fn older_keys(before: Option<i64>, n: usize) -> GetOptions {
+    let mut options = GetOptions::new()
+        .with_prefix()
+        .with_sort(SortTarget::Create, SortOrder::Descend)
+        .with_limit(n as i64)
+        .with_keys_only();
+    if let Some(rev) = before {
+        options = options.with_max_create_revision(rev - 1);
+    }
+    options
+}
+
+/// What the waiter waits for.
+enum Target {
+    /// The key just before ours (deletion; for `--limit > 1` also its rewrite).
+    Key(Vec<u8>),
+    /// Any deletion under the lock's prefix (head of the queue with `--limit > 1`).
+    AnyDeletion,
+}
+
+impl Backend for EtcdBackend {
+    type Lease = EtcdLease;
+
+    async fn acquire(
+        &self,
+        request: &AcquireRequest,
+        mut cancel: Cancel,
+    ) -> Result<EtcdLease, Error> {
+        let mut conn = self.conn()?;
+        let limit = request.limit.max(1) as usize;
+        let id = lease_id();
+        let ttl_s = request.ttl.as_secs_f64().ceil().max(1.0) as i64;
+        let sent = BootInstant::now();
+        let grant = conn
+            .call(OP_TIMEOUT, |mut c| async move {
+                c.lease_grant(ttl_s, Some(LeaseGrantOptions::new().with_id(id)))
+                    .await
+            })
+            .await;
+        let granted_s = match grant {
+            Ok(response) => response.ttl(),
+            // A retried grant whose first reply was lost: the lease is ours.
+            Err(Error::Unavailable(m)) if m.contains("lease already exists") => ttl_s,
+            Err(e) => return Err(e),
+        };
+        if granted_s != ttl_s {
+            tracing::warn!(
+                "etcd granted a {granted_s}s lease for --ttl {ttl_s}s; using {granted_s}s"
+            );
+        }
+        let granted = Duration::from_secs(u64::try_from(granted_s).unwrap_or(1));
+        let renewer = Renewer {
+            conn: self.conn()?,
+            id,
+            granted,
+            stream: None,
+            in_flight: false,
+        };
+        let mut keeper = Keeper::start(renewer, sent, granted, request.kill_after);
+        let outcome = self
+            .queue_and_wait(&mut conn, request, id, limit, &mut keeper, &mut cancel)
+            .await;
+        match outcome {
+            Ok(token) => Ok(EtcdLease {
+                keeper,
+                token,
+                id,
+                conn,
+                ttl: granted,
+            }),
+            Err(error) => {
+                // Revoking the lease deletes our key too: nothing is left behind.
+                drop(keeper.stop().await);
+                let revoke = conn
+                    .call(OP_TIMEOUT, |mut c| async move { c.lease_revoke(id).await })
+                    .await;
+                if let Err(e) = revoke {
+                    tracing::warn!("could not revoke lease {id:x} ({e}); it expires by itself within {granted_s}s");
+                }
+                Err(error)
+            }
+        }
+    }
+
+    async fn status(&self, name: &LockName) -> Result<LockStatus, Error> {
+        let mut conn = self.conn()?;
+        self.status_with(&mut conn, name).await
+    }
+
+    async fn list(&self) -> Result<Vec<LockStatus>, Error> {
+        let mut conn = self.conn()?;
+        let root = format!("{}/", self.prefix);
+        let range = conn
+            .call(OP_TIMEOUT, |mut c| {
+                let root = root.clone();
+                async move {
+                    c.get(root, Some(GetOptions::new().with_prefix().with_keys_only()))
+                        .await
+                }
+            })
+            .await?;
+        let mut names: Vec<LockName> = Vec::new();
+        for kv in range.kvs() {
+            let Ok(key) = kv.key_str() else { continue };
+            let Some(component) = key
+                .strip_prefix(&root)
+                .and_then(|rest| rest.split_once('/'))
+                .map(|(c, _)| c)
+            else {
+                continue;
+            };
+            let Some(name) =
+                crate::lock::decode_component(component).and_then(|n| LockName::new(&n).ok())
+            else {
+                continue;
+            };
+            // Only canonical encodings are dlock's (etcdctl could have used any prefix).
+            if name.encoded() == component && !names.contains(&name) {
+                names.push(name);
+            }
+        }
+        names.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+        let mut held = Vec::new();
+        for name in names {
+            let status = self.status_with(&mut conn, &name).await?;
+            if status.held {
+                held.push(status);
+            }
+        }
+        Ok(held)
+    }
+
+    async fn force_release(&self, name: &LockName) -> Result<Vec<Holder>, Error> {
+        let mut conn = self.conn()?;
+        let status = self.status_with(&mut conn, name).await?;
+        let pfx = self.lock_prefix(name);
+        let holders = status.holders.len() as i64;
+        if holders == 0 {
+            return Ok(Vec::new());
+        }
+        let range = conn
+            .call(OP_TIMEOUT, |mut c| {
+                let pfx = pfx.clone();
+                async move {
+                    c.get(
+                        pfx,
+                        Some(
+                            GetOptions::new()
+                                .with_prefix()
+                                .with_sort(SortTarget::Create, SortOrder::Ascend)
+                                .with_limit(holders),
+                        ),
+                    )
+                    .await
+                }
+            })
+            .await?;
+        for kv in range.kvs() {
+            let lease = kv.lease();
+            let key = kv.key().to_vec();
+            if lease != 0 {
+                // Revoke, not delete: the holder then finds its lease gone at its next renewal.
+                let revoked = conn
+                    .call(
+                        OP_TIMEOUT,
+                        |mut c| async move { c.lease_revoke(lease).await },
+                    )
+                    .await;
+                if let Err(e) = revoked {
+                    if !e.to_string().contains("not found") {
+                        return Err(e);
+                    }
+                }
+            } else {
+                conn.call(OP_TIMEOUT, |mut c| {
+                    let key = key.clone();
+                    async move { c.delete(key, None).await }
+                })
+                .await?;
+            }
+        }
+        Ok(status.holders.into_iter().map(|h| h.holder).collect())
+    }
+
+    async fn check(&self) -> Result<CheckReport, Error> {
+        let mut conn = self.conn()?;
+        let started = BootInstant::now();
+        let server = conn
+            .call(OP_TIMEOUT, |mut c| async move { c.status().await })
+            .await?;
+        let connect_time = BootInstant::now().saturating_since(started);
+        let members = conn
+            .call(OP_TIMEOUT, |mut c| async move { c.member_list().await })
+            .await?;
+        let probe_root = format!("{}/!check", self.prefix);
+        let mut round_trips = Vec::new();
+        for _ in 0..5 {
+            let sent = BootInstant::now();
+            conn.call(OP_TIMEOUT, |mut c| {
+                let key = probe_root.clone();
+                async move { c.get(key, Some(GetOptions::new().with_count_only())).await }
+            })
+            .await?;
+            round_trips.push(BootInstant::now().saturating_since(sent));
+        }
+        round_trips.sort();
+        // Create and delete a test entry under the prefix (`!` never occurs in a lock's name).
+        let id = lease_id();
+        let grant = conn
+            .call(OP_TIMEOUT, |mut c| async move {
+                c.lease_grant(2, Some(LeaseGrantOptions::new().with_id(id)))
+                    .await
+            })
+            .await?;
+        let key = format!("{probe_root}/{id:x}");
+        conn.call(OP_TIMEOUT, |mut c| {
+            let key = key.clone();
+            async move {
+                c.put(key, "check", Some(PutOptions::new().with_lease(id)))
+                    .await
+            }
+        })
+        .await?;
+        conn.call(OP_TIMEOUT, |mut c| async move { c.lease_revoke(id).await })
+            .await?;
+        let mut warnings = Vec::new();
+        let count = members.members().len();
+        if count % 2 == 0 {
+            warnings.push(format!("the cluster has {count} members; an odd number tolerates the same failures with fewer"));
+        }
+        let names: Vec<String> = members
+            .members()
+            .iter()
+            .map(|m| format!("{} {}", m.name(), m.client_urls().join(",")))
+            .collect();
+        let median = round_trips
+            .get(round_trips.len() / 2)
+            .copied()
+            .unwrap_or_default();
+        Ok(CheckReport {
+            backend: "etcd".into(),
+            location: self.display.clone(),
+            version: server.version().to_owned(),
+            round_trip_us: u64::try_from(median.as_micros()).unwrap_or(u64::MAX),
+            warnings,
+            details: vec![
+                ("members".into(), names.join("; ")),
+                ("leader".into(), format!("{:x}", server.leader())),
+                (
+                    "connect".into(),
+                    humantime::format_duration(Duration::from_micros(
+                        connect_time.as_micros() as u64
+                    ))
+                    .to_string(),
+                ),
+                (
+                    "lease".into(),
+                    format!("a 2s test lease was granted {}s", grant.ttl()),
+                ),
+            ],
+        })
+    }
+}
+
+impl EtcdBackend {
+    /// Put our key in the queue and wait until it is among the first `limit`. Returns the
+    /// fencing token (our key's create revision).
+    async fn queue_and_wait(
+        &self,
+        conn: &mut Conn,
+        request: &AcquireRequest,
+        id: i64,
+        limit: usize,
+        keeper: &mut Keeper<Renewer>,
+        cancel: &mut Cancel,
+    ) -> Result<u64, Error> {
+        let pfx = self.lock_prefix(&request.name);
+        let key = format!("{pfx}{id:x}");
+        let meta = serde_json::to_string(&Meta {
+            holder: request.holder.clone(),
+            limit: request.limit,
+        })
+        .map_err(|e| Error::Internal(e.to_string()))?;
+        let deadline = match request.wait {
+            Wait::For(d) => Some(BootInstant::now() + d),
+            Wait::No | Wait::Forever => None,
+        };
+        // Create our key if absent (a retry after a lost reply finds it) and read the newest
+        // limit+1 keys: ours and those just before it.
+        let create = Txn::new()
+            .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
+            .and_then([
+                TxnOp::put(
+                    key.clone(),
+                    meta.clone(),
+                    Some(PutOptions::new().with_lease(id)),
+                ),
+                TxnOp::get(pfx.clone(), Some(older_keys(None, limit + 1))),
+            ])
+            .or_else([TxnOp::get(key.clone(), None)]);
+        let response = tokio::select! {
+            r = conn.call(OP_TIMEOUT, |mut c| { let t = create.clone(); async move { c.txn(t).await } }) => r?,
+            _ = cancel.cancelled() => return Err(Error::Cancelled),
+        };
+        let revision = response.header().map_or(0, |h| h.revision());
+        let (my_rev, mut older, mut watch_from) = if response.succeeded() {
+            let older: Vec<Vec<u8>> = match response.op_responses().get(1) {
+                Some(TxnOpResponse::Get(range)) => range
+                    .kvs()
+                    .iter()
+                    .filter(|kv| kv.create_revision() < revision)
+                    .map(|kv| kv.key().to_vec())
+                    .collect(),
+                _ => Vec::new(),
+            };
+            (revision, older, revision + 1)
+        } else {
+            let own = match response.op_responses().first() {
+                Some(TxnOpResponse::Get(range)) => {
+                    range.kvs().first().map(|kv| kv.create_revision())
+                }
+                _ => None,
+            };
+            let Some(my_rev) = own else {
+                return Err(Error::Internal(
+                    "our etcd key vanished right after it was created".into(),
+                ));
+            };
+            // Re-read what is before us.
+            let (older, at) = self
+                .recheck(conn, &key, &pfx, my_rev, limit, cancel)
+                .await?;
+            (my_rev, older, at + 1)
+        };
+        loop {
+            if older.len() < limit {
+                if limit > 1 {
+                    // Rewrite our value: the waiter behind us watches for it (see module docs).
+                    let put = Txn::new()
+                        .when([Compare::create_revision(
+                            key.clone(),
+                            CompareOp::Equal,
+                            my_rev,
+                        )])
+                        .and_then([TxnOp::put(
+                            key.clone(),
+                            meta.clone(),
+                            Some(PutOptions::new().with_ignore_lease()),
+                        )]);
+                    conn.call(OP_TIMEOUT, |mut c| {
+                        let t = put.clone();
+                        async move { c.txn(t).await }
+                    })
+                    .await?;
+                }
+                return u64::try_from(my_rev)
+                    .map_err(|_| Error::Internal(format!("negative revision {my_rev}")));
+            }
+            if request.wait == Wait::No {
+                let holders = self.describe_holders(conn, &request.name).await;
+                return Err(Error::Busy(format!(
+                    "lock '{}' is held{holders}; not waiting (--no-wait)",
+                    request.name
+                )));
+            }
+            let target = if limit == 1 || older.len() > limit {
+                Target::Key(older[0].clone())
+            } else {
+                Target::AnyDeletion
+            };
+            let woken = self
+                .wait_for(
+                    conn, &pfx, target, limit, watch_from, keeper, cancel, deadline, request,
+                )
+                .await?;
+            if !woken {
+                let holders = self.describe_holders(conn, &request.name).await;
+                let waited = match request.wait {
+                    Wait::For(d) => humantime::format_duration(d).to_string(),
+                    _ => String::new(),
+                };
+                return Err(Error::Busy(format!(
+                    "lock '{}' is held{holders}; gave up after waiting {waited} (--wait)",
+                    request.name
+                )));
+            }
+            let (next_older, at) = self
+                .recheck(conn, &key, &pfx, my_rev, limit, cancel)
+                .await?;
+            older = next_older;
+            watch_from = at + 1;
+        }
+    }
+
+    /// Linearizable re-check: our key must still be there (else our lease died while waiting:
+    /// never start the command); returns the keys before ours (newest first, at most
+    /// limit+1) and the revision read at.
+    async fn recheck(
+        &self,
+        conn: &mut Conn,
+        key: &str,
+        pfx: &str,
+        my_rev: i64,
+        limit: usize,
+        cancel: &mut Cancel,
+    ) -> Result<(Vec<Vec<u8>>, i64), Error> {
+        let check = Txn::new()
+            .when([Compare::create_revision(
+                key.to_owned(),
+                CompareOp::Equal,
+                my_rev,
+            )])
+            .and_then([TxnOp::get(
+                pfx.to_owned(),
+                Some(older_keys(Some(my_rev), limit + 1)),
+            )])
+            .or_else([TxnOp::get(
+                key.to_owned(),
+                Some(GetOptions::new().with_keys_only()),
+            )]);
+        let response = tokio::select! {
+            r = conn.call(OP_TIMEOUT, |mut c| { let t = check.clone(); async move { c.txn(t).await } }) => r?,
+            _ = cancel.cancelled() => return Err(Error::Cancelled),
+        };
+        if !response.succeeded() {
+            return Err(Error::Unavailable(
+                "our place in the etcd queue expired while waiting (the lease could not be kept alive); \
+                 the command was not started"
+                    .into(),
+            ));
+        }
+        let older = match response.op_responses().first() {
+            Some(TxnOpResponse::Get(range)) => {
+                range.kvs().iter().map(|kv| kv.key().to_vec()).collect()
+            }
+            _ => Vec::new(),
+        };
+        Ok((older, response.header().map_or(0, |h| h.revision())))
+    }
+
+    /// Wait for the target to change. `Ok(true)` to re-check, `Ok(false)` when `--wait` ran
+    /// out; errors for cancel and for a lost waiter lease.
+    #[allow(clippy::too_many_arguments)]
+    async fn wait_for(
+        &self,
+        conn: &mut Conn,
+        pfx: &str,
+        target: Target,
+        limit: usize,
+        from: i64,
+        keeper: &mut Keeper<Renewer>,
+        cancel: &mut Cancel,
+        deadline: Option<BootInstant>,
+        request: &AcquireRequest,
+    ) -> Result<bool, Error> {
+        let (watch_key, options) = match &target {
+            Target::Key(key) => {
+                let mut options = WatchOptions::new().with_start_revision(from);
+                if limit == 1 {
+                    options = options.with_filters([WatchFilterType::NoPut]);
+                }
+                (key.clone(), options)
+            }
+            Target::AnyDeletion => (
+                pfx.as_bytes().to_vec(),
+                WatchOptions::new()
+                    .with_start_revision(from)
+                    .with_prefix()
+                    .with_filters([WatchFilterType::NoPut]),
+            ),
+        };
+        // A semaphore waiter also re-checks every TTL, in case a wake-up was lost.
+        let recheck_at = (limit > 1).then(|| BootInstant::now() + request.ttl);
+        let open = conn.call(OP_TIMEOUT, |mut c| {
+            let key = watch_key.clone();
+            let options = options.clone();
+            async move { c.watch(key, Some(options)).await }
+        });
+        let mut stream = tokio::select! {
+            s = open => s?,
+            _ = cancel.cancelled() => return Err(Error::Cancelled),
+        };
+        loop {
+            let wake = sleep_until(match (deadline, recheck_at) {
+                (Some(d), Some(r)) => d.min(r),
+                (Some(d), None) => d,
+                (None, Some(r)) => r,
+                (None, None) => BootInstant::now() + Duration::from_secs(3600),
+            });
+            tokio::select! {
+                message = stream.message() => match message {
+                    Ok(Some(response)) => {
+                        if response.canceled() {
+                            let reason = response.cancel_reason();
+                            if reason.contains("permission denied") || reason.contains("PermissionDenied") {
+                                return Err(Error::Permission(format!("etcd refused to watch {pfx}: {reason}")));
+                            }
+                            return Ok(true);
+                        }
+                        if !response.events().is_empty() {
+                            return Ok(true);
+                        }
+                    }
+                    // The stream broke: re-check and watch again.
+                    Ok(None) | Err(_) => return Ok(true),
+                },
+                lost = keeper.lost() => {
+                    return Err(Error::Unavailable(format!(
+                        "our place in the etcd queue could not be kept ({}); the command was not started",
+                        lost.reason
+                    )));
+                }
+                _ = cancel.cancelled() => return Err(Error::Cancelled),
+                _ = wake => {
+                    if deadline.is_some_and(|d| BootInstant::now() >= d) {
+                        return Ok(false);
+                    }
+                    if recheck_at.is_some_and(|r| BootInstant::now() >= r) {
+                        return Ok(true);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A held etcd lock. Release revokes the lease, which deletes the key and wakes the next
+/// waiter in one step.
+pub struct EtcdLease {
+    keeper: Keeper<Renewer>,
+    token: u64,
+    id: i64,
+    conn: Conn,
+    ttl: Duration,
+}
+
+impl Lease for EtcdLease {
+    fn token(&self) -> u64 {
+        self.token
+    }
+
+    async fn lost(&mut self) -> Lost {
+        self.keeper.lost().await
+    }
+
+    async fn release(mut self) -> Result<(), Error> {
+        drop(self.keeper.stop().await);
+        let id = self.id;
+        match self
+            .conn
+            .call(self.ttl.min(OP_TIMEOUT), |mut c| async move {
+                c.lease_revoke(id).await
+            })
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(e) if e.to_string().contains("not found") => {
+                tracing::warn!(
+                    "the lock had already expired or been removed before it was released"
+                );
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+}
+
+/// Keep-alive round trips for the [`Keeper`], on a stream opened at the first renewal.
+struct Renewer {
+    conn: Conn,
+    id: i64,
+    granted: Duration,
+    stream: Option<(LeaseKeeper, LeaseKeepAliveStream)>,
+    /// An attempt was abandoned by the keeper's timeout: its reply could still arrive and be
+    /// credited to a later send time, so that stream must not be used again.
+    in_flight: bool,
+}
+
+const GONE: &str =
+    "the etcd lease is gone: it expired, or was revoked (dlock release --force, etcdctl lease revoke)";
+
+impl Renew for Renewer {
+    async fn renew(&mut self) -> Result<Duration, RenewError> {
+        if std::mem::replace(&mut self.in_flight, true) && self.stream.take().is_some() {
+            self.conn.rotate();
+        }
+        let result = self.renew_once().await;
+        self.in_flight = false;
+        result
+    }
+}
+
+impl Renewer {
+    async fn renew_once(&mut self) -> Result<Duration, RenewError> {
+        if let Some((keeper, stream)) = self.stream.as_mut() {
+            let reply = async {
+                keeper.keep_alive().await?;
+                stream.message().await
+            }
+            .await;
+            return match reply {
+                Ok(Some(response)) if response.ttl() > 0 => {
+                    Ok(Duration::from_secs(response.ttl() as u64))
+                }
+                Ok(Some(_)) => Err(RenewError::Gone(GONE.into())),
+                Ok(None) | Err(_) => {
+                    self.stream = None;
+                    self.conn.rotate();
+                    Err(RenewError::Failed(
+                        "the keep-alive stream broke; reopening".into(),
+                    ))
+                }
+            };
+        }
+        let mut client = self.conn.client().await.map_err(|e| {
+            self.conn.rotate();
+            RenewError::Failed(e.to_string())
+        })?;
+        match client.lease_keep_alive(self.id).await {
+            // Opening the stream is itself a renewal (the crate consumes the first reply).
+            Ok(stream) => {
+                self.stream = Some(stream);
+                Ok(self.granted)
+            }
+            Err(etcd_client::Error::LeaseKeepAliveError(m)) if m.contains("not found") => {
+                Err(RenewError::Gone(GONE.into()))
+            }
+            Err(e) => {
+                if is_transport(&e) {
+                    self.conn.rotate();
+                }
+                Err(RenewError::Failed(e.to_string()))
+            }
+        }
+    }
+}

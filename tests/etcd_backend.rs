@@ -1,0 +1,403 @@
+//! The etcd backend: the whole contract against a real `etcd`, plus FIFO, `etcdctl lock`
+//! interop, lease loss, and a three-member cluster (issue: etcd backend).
+
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+
+use crate::common::*;
+
+crate::contract_tests!(etcd_contract, EtcdServer::start());
+
+fn name() -> String {
+    format!("e-{}", unique())
+}
+
+fn waiters(env: &TestEnv, lock: &str) -> u64 {
+    let out = env.run(["status", "--json", lock]);
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    json["waiters"].as_u64().unwrap_or(0)
+}
+
+/// Keys under `prefix` (etcdctl, keys only).
+fn keys(server: &EtcdServer, prefix: &str) -> Vec<String> {
+    let out = server.etcdctl(&["get", "--prefix", "--keys-only", prefix]);
+    assert!(out.status.success(), "{}", describe(&out));
+    stdout_of(&out)
+        .lines()
+        .filter(|l| !l.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+fn leases(server: &EtcdServer) -> Vec<String> {
+    let out = server.etcdctl(&["lease", "list"]);
+    assert!(out.status.success(), "{}", describe(&out));
+    stdout_of(&out).lines().skip(1).map(str::to_owned).collect()
+}
+
+#[test]
+fn waiters_acquire_in_arrival_order() {
+    let server = EtcdServer::start();
+    let env = TestEnv::new(&server);
+    let lock = name();
+    let log = env.path("order");
+    let mut holder = env.hold(&lock, &[]);
+    let mut started = Vec::new();
+    for i in 0..5 {
+        started.push(
+            env.dlock([
+                "run",
+                &lock,
+                "sh",
+                "-c",
+                &format!("echo {i} >> {}", log.display()),
+            ])
+            .spawn()
+            .expect("spawn waiter"),
+        );
+        wait_until("waiter queued", PATIENCE, || waiters(&env, &lock) == i + 1);
+    }
+    holder.signal(Signal::SIGTERM);
+    holder.wait();
+    for mut waiter in started {
+        assert!(wait_within(&mut waiter, PATIENCE).success());
+    }
+    assert_eq!(
+        std::fs::read_to_string(&log).expect("log"),
+        "0\n1\n2\n3\n4\n"
+    );
+}
+
+#[test]
+fn etcdctl_lock_and_dlock_exclude_each_other() {
+    let server = EtcdServer::start();
+    let env = TestEnv::new(&server);
+    let lock = name();
+    let log = env.path("log");
+    let ready = env.path("ready");
+    let go = env.path("go");
+    // etcdctl holds `dlock/<name>`: dlock's lock of the same name is busy.
+    let script = format!(
+        "echo etcdctl >> {log}; touch {ready}; while [ ! -e {go} ]; do sleep 0.02; done",
+        log = log.display(),
+        ready = ready.display(),
+        go = go.display()
+    );
+    let etcdctl = server_binary("etcdctl", "etcd-client");
+    let mut etcdctl_holder = std::process::Command::new(&etcdctl)
+        .env("ETCDCTL_API", "3")
+        .arg(format!("--endpoints=http://{}", server.endpoints()))
+        .args(["lock", &format!("dlock/{lock}"), "--", "sh", "-c", &script])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("etcdctl lock");
+    wait_until("etcdctl holds", PATIENCE, || ready.exists());
+    let out = env.run(["run", "--no-wait", &lock, "true"]);
+    assert_eq!(
+        out.status.code(),
+        Some(75),
+        "dlock got a lock etcdctl holds: {}",
+        describe(&out)
+    );
+    let mut dlock_waiter = env
+        .dlock([
+            "run",
+            &lock,
+            "sh",
+            "-c",
+            &format!("echo dlock >> {}", log.display()),
+        ])
+        .spawn()
+        .expect("dlock waiter");
+    wait_until("dlock queued", PATIENCE, || {
+        keys(&server, &format!("dlock/{lock}/")).len() == 2
+    });
+    std::fs::write(&go, b"").expect("go");
+    assert!(wait_within(&mut etcdctl_holder, PATIENCE).success());
+    assert!(wait_within(&mut dlock_waiter, PATIENCE).success());
+
+    // dlock holds: etcdctl waits for it.
+    let mut holder = env.hold(&lock, &[]);
+    let mut etcdctl_waiter = std::process::Command::new(&etcdctl)
+        .env("ETCDCTL_API", "3")
+        .arg(format!("--endpoints=http://{}", server.endpoints()))
+        .args([
+            "lock",
+            &format!("dlock/{lock}"),
+            "--",
+            "sh",
+            "-c",
+            &format!("echo etcdctl-2 >> {}", log.display()),
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .expect("etcdctl lock");
+    wait_until("etcdctl queued", PATIENCE, || {
+        keys(&server, &format!("dlock/{lock}/")).len() == 2
+    });
+    std::fs::write(env.path("marker"), b"").expect("marker");
+    assert_eq!(
+        std::fs::read_to_string(&log).expect("log"),
+        "etcdctl\ndlock\n",
+        "etcdctl ran while dlock held"
+    );
+    holder.signal(Signal::SIGTERM);
+    holder.wait();
+    assert!(wait_within(&mut etcdctl_waiter, PATIENCE).success());
+    assert_eq!(
+        std::fs::read_to_string(&log).expect("log"),
+        "etcdctl\ndlock\netcdctl-2\n"
+    );
+}
+
+#[test]
+fn killed_holder_frees_the_lock_within_ttl_plus_one_second() {
+    let server = EtcdServer::start();
+    let env = TestEnv::new(&server);
+    let lock = name();
+    let mut holder = env.hold(&lock, &[]);
+    let entered = env.path("entered");
+    let mut waiter = env
+        .dlock(["run", &lock, "touch", entered.to_str().expect("utf-8")])
+        .spawn()
+        .expect("spawn waiter");
+    wait_until("waiter queued", PATIENCE, || waiters(&env, &lock) == 1);
+    let killed = Instant::now();
+    holder.signal(Signal::SIGKILL);
+    holder.wait();
+    wait_until("waiter entered", PATIENCE, || entered.exists());
+    let took = killed.elapsed();
+    assert!(
+        took <= Duration::from_secs(3 + 1),
+        "next waiter got the lock after {took:?} (TTL 3s)"
+    );
+    assert!(wait_within(&mut waiter, PATIENCE).success());
+}
+
+#[test]
+fn a_signal_while_waiting_leaves_no_key_and_no_lease() {
+    let server = EtcdServer::start();
+    let env = TestEnv::new(&server);
+    let lock = name();
+    let _holder = env.hold(&lock, &[]);
+    let before = leases(&server);
+    let mut waiter = env
+        .dlock(["run", &lock, "touch", "ran"])
+        .spawn()
+        .expect("spawn waiter");
+    wait_until("waiter queued", PATIENCE, || {
+        keys(&server, &format!("dlock/{lock}/")).len() == 2
+    });
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(waiter.id() as i32),
+        Signal::SIGINT,
+    )
+    .expect("kill");
+    assert_eq!(wait_within(&mut waiter, PATIENCE).code(), Some(130));
+    assert_eq!(
+        keys(&server, &format!("dlock/{lock}/")).len(),
+        1,
+        "the waiter's key was left behind"
+    );
+    assert_eq!(
+        leases(&server),
+        before,
+        "the waiter's lease was left behind"
+    );
+    // --wait running out cleans up the same way.
+    let out = env.run(["run", "--wait", "200ms", &lock, "touch", "ran"]);
+    assert_eq!(out.status.code(), Some(75));
+    assert_eq!(keys(&server, &format!("dlock/{lock}/")).len(), 1);
+    assert_eq!(leases(&server), before);
+    assert!(!env.path("ran").exists());
+}
+
+#[test]
+fn a_waiter_whose_lease_died_never_starts_its_command() {
+    let server = EtcdServer::start();
+    let env = TestEnv::new(&server);
+    let lock = name();
+    let mut holder = env.hold(&lock, &[]);
+    let holder_keys = keys(&server, &format!("dlock/{lock}/"));
+    let mut waiter = env
+        .dlock(["run", &lock, "touch", "ran"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn waiter");
+    wait_until("waiter queued", PATIENCE, || {
+        keys(&server, &format!("dlock/{lock}/")).len() == 2
+    });
+    // The waiter's key ends in its lease id: revoke that lease behind its back.
+    let waiter_key = keys(&server, &format!("dlock/{lock}/"))
+        .into_iter()
+        .find(|k| !holder_keys.contains(k))
+        .expect("the waiter's key");
+    let waiter_lease = waiter_key.rsplit('/').next().expect("lease id").to_owned();
+    let out = server.etcdctl(&["lease", "revoke", &waiter_lease]);
+    assert!(out.status.success(), "{}", describe(&out));
+    holder.signal(Signal::SIGTERM);
+    holder.wait();
+    let status = wait_within(&mut waiter, PATIENCE);
+    assert!(!status.success(), "the waiter must not report success");
+    assert!(
+        !env.path("ran").exists(),
+        "a waiter without a lease started its command"
+    );
+}
+
+#[test]
+fn blackholed_holder_is_stopped_before_a_contender_gets_the_lock() {
+    let server = EtcdServer::start();
+    let proxy = Proxy::start(server.members[0].client_port);
+    let env = TestEnv::new(&server);
+    let lock = name();
+    let log = env.path("log");
+    let ready = env.path("ready");
+    let script = format!(
+        "trap 'echo holder-stopped >> {log}; exit 0' TERM; echo ok > {ready}; while :; do sleep 0.05; done",
+        log = log.display(),
+        ready = ready.display()
+    );
+    let mut holder = env
+        .dlock([
+            "run",
+            "--url",
+            &format!("etcd://127.0.0.1:{}", proxy.port),
+            "--kill-after",
+            "5s",
+            &lock,
+            "sh",
+            "-c",
+            &script,
+        ])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn holder");
+    wait_until("holder ready", PATIENCE, || ready.exists());
+    let mut contender = env
+        .dlock([
+            "run",
+            &lock,
+            "sh",
+            "-c",
+            &format!("echo contender-started >> {}", log.display()),
+        ])
+        .spawn()
+        .expect("spawn contender");
+    wait_until("contender queued", PATIENCE, || waiters(&env, &lock) == 1);
+    proxy.blackhole();
+    assert_eq!(wait_within(&mut holder, PATIENCE).code(), Some(124));
+    assert!(wait_within(&mut contender, PATIENCE).success());
+    let order = std::fs::read_to_string(&log).expect("log");
+    assert_eq!(
+        order, "holder-stopped\ncontender-started\n",
+        "the contender got in before the holder stopped"
+    );
+}
+
+#[test]
+fn wrong_password_is_77() {
+    let server = EtcdServer::start();
+    for args in [
+        vec!["user", "add", "root:rootpw"],
+        vec!["user", "grant-role", "root", "root"],
+        vec!["auth", "enable"],
+    ] {
+        let out = server.etcdctl(&args);
+        assert!(out.status.success(), "etcdctl {args:?}: {}", describe(&out));
+    }
+    let env = TestEnv::new(&server);
+    let url = format!("etcd://root:hunter-wrong-7@{}", server.endpoints());
+    let out = env.run(["run", "--url", &url, "x", "touch", "ran"]);
+    assert_fails(&out, 77, "authentication");
+    assert!(
+        !stderr_of(&out).contains("hunter-wrong-7"),
+        "password leaked: {}",
+        describe(&out)
+    );
+    assert!(!env.path("ran").exists());
+    // The right password (from DLOCK_PASSWORD) works.
+    let out = output_within(
+        {
+            let mut c = env.dlock([
+                "run",
+                "--url",
+                &format!("etcd://root@{}", server.endpoints()),
+                "x",
+                "true",
+            ]);
+            c.env("DLOCK_PASSWORD", "rootpw");
+            c
+        },
+        PATIENCE,
+    );
+    assert!(out.status.success(), "{}", describe(&out));
+}
+
+#[test]
+fn nothing_listening_is_69() {
+    let server = FileServer::start();
+    let env = TestEnv::new(&server);
+    let out = env.run([
+        "run",
+        "--url",
+        &format!("etcd://127.0.0.1:{}", free_port()),
+        "x",
+        "touch",
+        "ran",
+    ]);
+    assert_fails(&out, 69, "etcd");
+    assert!(!env.path("ran").exists());
+}
+
+#[test]
+fn a_three_member_cluster_keeps_the_hold_through_one_failure_and_stops_at_quorum_loss() {
+    let mut cluster = EtcdServer::cluster(
+        3,
+        &["--heartbeat-interval", "50", "--election-timeout", "500"],
+    );
+    let env = TestEnv::new(&cluster);
+    let lock = name();
+    let ready = env.path("ready");
+    let mut holder = env
+        .dlock([
+            "run",
+            "--ttl",
+            "6s",
+            "--kill-after",
+            "1s",
+            &lock,
+            "sh",
+            "-c",
+            &format!("touch {}; while :; do sleep 0.05; done", ready.display()),
+        ])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn holder");
+    wait_until("holder ready", PATIENCE, || ready.exists());
+    // One member down (the first one, which the holder talks to): the hold survives several
+    // renewal periods.
+    cluster.members[0].stop();
+    let survived_until = Instant::now() + Duration::from_secs(8);
+    while Instant::now() < survived_until {
+        assert!(
+            holder.try_wait().expect("try_wait").is_none(),
+            "the hold broke with one member down"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // A second member down: no quorum, no renewals: the command is stopped (124) before the
+    // lease could have expired on the server.
+    let stopped = Instant::now();
+    cluster.members[1].stop();
+    assert_eq!(wait_within(&mut holder, PATIENCE).code(), Some(124));
+    assert!(
+        stopped.elapsed() < Duration::from_secs(6),
+        "stopped only after {:?} (TTL 6s)",
+        stopped.elapsed()
+    );
+}
