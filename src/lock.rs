@@ -248,6 +248,9 @@ pub struct LockStatus {
     pub holders: Vec<HolderStatus>,
     /// Number of waiters, where the backend can tell.
     pub waiters: Option<u64>,
+    /// The waiters in the order they will get the lock, where the backend keeps one.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub queue: Vec<HolderStatus>,
     /// The newest fencing token handed out, where the backend keeps one.
     pub last_token: Option<u64>,
 }

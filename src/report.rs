@@ -61,6 +61,18 @@ pub fn print_status(status: &LockStatus, json: bool) -> anyhow::Result<()> {
     if let Some(waiters) = status.waiters {
         writeln!(out, "waiters:    {waiters}")?;
     }
+    for (position, waiter) in status.queue.iter().enumerate() {
+        let h = &waiter.holder;
+        writeln!(
+            out,
+            "  {}. pid {} on {} since {}: {}",
+            position + 1,
+            h.pid,
+            if h.host.is_empty() { "?" } else { &h.host },
+            h.since,
+            h.command
+        )?;
+    }
     if !status.held {
         if let Some(token) = status.last_token {
             writeln!(out, "last token: {token}")?;

@@ -775,6 +775,7 @@ impl Drop for EtcdMember {
 pub struct EtcdServer {
     pub members: Vec<EtcdMember>,
     _dir: tempfile::TempDir,
+    tls: bool,
 }
 
 impl EtcdServer {
@@ -784,6 +785,27 @@ impl EtcdServer {
 
     /// `size` members; `extra` arguments go to every member.
     pub fn cluster(size: usize, extra: &[&str]) -> EtcdServer {
+        EtcdServer::build(size, extra, None)
+    }
+
+    /// One member serving clients over TLS only, requiring a client certificate from `certs`'
+    /// CA.
+    pub fn start_tls(certs: &TestCerts) -> EtcdServer {
+        let extra = [
+            "--cert-file".to_owned(),
+            certs.path("server.crt"),
+            "--key-file".to_owned(),
+            certs.path("server.key"),
+            "--trusted-ca-file".to_owned(),
+            certs.path("ca.crt"),
+            "--client-cert-auth".to_owned(),
+        ];
+        let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+        EtcdServer::build(1, &extra, Some(()))
+    }
+
+    fn build(size: usize, extra: &[&str], tls: Option<()>) -> EtcdServer {
+        let client_scheme = if tls.is_some() { "https" } else { "http" };
         // Data on tmpfs when there is one: etcd fsyncs every write.
         let base = if Path::new("/dev/shm").is_dir() {
             Some("/dev/shm")
@@ -812,9 +834,9 @@ impl EtcdServer {
                     "--data-dir",
                     &dir.path().join(&name).display().to_string(),
                     "--listen-client-urls",
-                    &format!("http://127.0.0.1:{client}"),
+                    &format!("{client_scheme}://127.0.0.1:{client}"),
                     "--advertise-client-urls",
-                    &format!("http://127.0.0.1:{client}"),
+                    &format!("{client_scheme}://127.0.0.1:{client}"),
                     "--listen-peer-urls",
                     &format!("http://127.0.0.1:{peer}"),
                     "--initial-advertise-peer-urls",
@@ -849,11 +871,23 @@ impl EtcdServer {
         }
         for member in &members {
             let port = member.client_port;
-            wait_until("etcd healthy", Duration::from_secs(60), || {
-                etcd_healthy(port)
-            });
+            if tls.is_some() {
+                let log = member.log.clone();
+                wait_until("etcd serving TLS", Duration::from_secs(60), || {
+                    std::fs::read_to_string(&log)
+                        .is_ok_and(|l| l.contains("serving client traffic securely"))
+                });
+            } else {
+                wait_until("etcd healthy", Duration::from_secs(60), || {
+                    etcd_healthy(port)
+                });
+            }
         }
-        EtcdServer { members, _dir: dir }
+        EtcdServer {
+            members,
+            _dir: dir,
+            tls: tls.is_some(),
+        }
     }
 
     pub fn endpoints(&self) -> String {
@@ -885,11 +919,16 @@ impl EtcdServer {
 
 impl LockServer for EtcdServer {
     fn url(&self) -> String {
-        format!("etcd://{}", self.endpoints())
+        let scheme = if self.tls { "etcds" } else { "etcd" };
+        format!("{scheme}://{}", self.endpoints())
     }
 
     fn scheme(&self) -> &'static str {
-        "etcd"
+        if self.tls {
+            "etcds"
+        } else {
+            "etcd"
+        }
     }
 
     fn break_hold(&self, env: &TestEnv, name: &str) {

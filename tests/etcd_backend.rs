@@ -59,6 +59,22 @@ fn waiters_acquire_in_arrival_order() {
         );
         wait_until("waiter queued", PATIENCE, || waiters(&env, &lock) == i + 1);
     }
+    // status lists the waiters in the order they will get the lock.
+    let json: serde_json::Value =
+        serde_json::from_slice(&env.run(["status", "--json", &lock]).stdout).expect("json");
+    let queue: Vec<String> = json["queue"]
+        .as_array()
+        .expect("queue")
+        .iter()
+        .map(|w| w["command"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    assert_eq!(queue.len(), 5, "{json}");
+    for (i, command) in queue.iter().enumerate() {
+        assert!(
+            command.contains(&format!("echo {i} ")),
+            "queue out of order: {queue:?}"
+        );
+    }
     holder.signal(Signal::SIGTERM);
     holder.wait();
     for mut waiter in started {
@@ -400,4 +416,53 @@ fn a_three_member_cluster_keeps_the_hold_through_one_failure_and_stops_at_quorum
         "stopped only after {:?} (TTL 6s)",
         stopped.elapsed()
     );
+}
+
+#[test]
+fn tls_with_the_configured_ca_and_client_certificate() {
+    let certs = TestCerts::make();
+    let server = EtcdServer::start_tls(&certs);
+    let env = TestEnv::new(&server);
+    let config = |body: String| {
+        let path = env.path(&format!("config-{}.toml", unique()));
+        std::fs::write(&path, format!("[etcd]\n{body}")).expect("write config");
+        path.display().to_string()
+    };
+    let good = config(format!(
+        "ca_file = \"{}\"\ncert_file = \"{}\"\nkey_file = \"{}\"\n",
+        certs.path("ca.crt"),
+        certs.path("client.crt"),
+        certs.path("client.key")
+    ));
+    let out = env.run([
+        "--config",
+        &good,
+        "run",
+        "tls",
+        "sh",
+        "-c",
+        "echo $DLOCK_BACKEND",
+    ]);
+    assert!(out.status.success(), "{}", describe(&out));
+    assert_eq!(stdout_of(&out), "etcds\n");
+    let wrong_ca = config(format!(
+        "ca_file = \"{}\"\ncert_file = \"{}\"\nkey_file = \"{}\"\n",
+        certs.path("other.crt"),
+        certs.path("client.crt"),
+        certs.path("client.key")
+    ));
+    let out = env.run(["--config", &wrong_ca, "run", "tls", "touch", "ran"]);
+    assert_fails(&out, 78, "TLS");
+    let no_client_cert = config(format!("ca_file = \"{}\"\n", certs.path("ca.crt")));
+    let out = env.run(["--config", &no_client_cert, "run", "tls", "touch", "ran"]);
+    assert_fails(&out, 78, "client certificate");
+    // Plain text to the TLS port fails; nothing falls back.
+    let plain = format!("etcd://{}", server.endpoints());
+    let out = env.run(["run", "--url", &plain, "tls", "touch", "ran"]);
+    assert!(
+        matches!(out.status.code(), Some(69 | 78)),
+        "{}",
+        describe(&out)
+    );
+    assert!(!env.path("ran").exists());
 }

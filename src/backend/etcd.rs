@@ -94,7 +94,8 @@ impl EtcdBackend {
             .and_then(|kv| serde_json::from_slice::<Meta>(kv.value()).ok())
             .map_or(1, |m| m.limit.max(1)) as usize;
         let mut holders = Vec::new();
-        for kv in kvs.iter().take(limit) {
+        let mut queue = Vec::new();
+        for (position, kv) in kvs.iter().enumerate() {
             let mut holder = serde_json::from_slice::<Meta>(kv.value())
                 .map(|m| m.holder)
                 .unwrap_or_else(|_| Holder {
@@ -103,6 +104,13 @@ impl EtcdBackend {
                     ..Holder::default()
                 });
             holder.token = u64::try_from(kv.create_revision()).unwrap_or(0);
+            if position >= limit {
+                queue.push(HolderStatus {
+                    holder,
+                    ttl_left_ms: None,
+                });
+                continue;
+            }
             let lease = kv.lease();
             let ttl_left_ms = if lease == 0 {
                 None
@@ -123,7 +131,8 @@ impl EtcdBackend {
         Ok(LockStatus {
             name: name.to_string(),
             held: !holders.is_empty(),
-            waiters: Some(kvs.len().saturating_sub(holders.len()) as u64),
+            waiters: Some(queue.len() as u64),
+            queue,
             holders,
             last_token: None,
         })

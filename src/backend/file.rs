@@ -161,6 +161,7 @@ impl FileBackend {
             held: !holders.is_empty(),
             holders,
             waiters: Some(waiters),
+            queue: Vec::new(),
             last_token,
         })
     }

@@ -603,6 +603,7 @@ fn parse_status(name: &LockName, reply: Value) -> Result<LockStatus, Error> {
         held: !holders.is_empty(),
         holders,
         waiters: Some(u64::try_from(waiters).unwrap_or(0)),
+        queue: Vec::new(),
         last_token: fence.and_then(|f| f.parse().ok()),
     })
 }
