@@ -917,6 +917,30 @@ impl EtcdServer {
     }
 }
 
+impl EtcdServer {
+    /// Index of the member that is the raft leader now.
+    pub fn leader(&self) -> usize {
+        let out = self.etcdctl(&["endpoint", "status", "-w", "json"]);
+        assert!(out.status.success(), "{}", describe(&out));
+        let statuses: serde_json::Value =
+            serde_json::from_slice(&out.stdout).expect("endpoint status JSON");
+        for status in statuses.as_array().expect("array") {
+            let member = &status["Status"]["header"]["member_id"];
+            if member == &status["Status"]["leader"] {
+                let endpoint = status["Endpoint"].as_str().unwrap_or_default();
+                if let Some(i) = self
+                    .members
+                    .iter()
+                    .position(|m| endpoint.ends_with(&format!(":{}", m.client_port)))
+                {
+                    return i;
+                }
+            }
+        }
+        panic!("no leader among {statuses}");
+    }
+}
+
 impl LockServer for EtcdServer {
     fn url(&self) -> String {
         let scheme = if self.tls { "etcds" } else { "etcd" };

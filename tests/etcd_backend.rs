@@ -395,9 +395,10 @@ fn a_three_member_cluster_keeps_the_hold_through_one_failure_and_stops_at_quorum
         .spawn()
         .expect("spawn holder");
     wait_until("holder ready", PATIENCE, || ready.exists());
-    // One member down (the first one, which the holder talks to): the hold survives several
+    // One member down — the leader, the harder case (an election): the hold survives several
     // renewal periods.
-    cluster.members[0].stop();
+    let leader = cluster.leader();
+    cluster.members[leader].stop();
     let survived_until = Instant::now() + Duration::from_secs(8);
     while Instant::now() < survived_until {
         assert!(
@@ -409,7 +410,8 @@ fn a_three_member_cluster_keeps_the_hold_through_one_failure_and_stops_at_quorum
     // A second member down: no quorum, no renewals: the command is stopped (124) before the
     // lease could have expired on the server.
     let stopped = Instant::now();
-    cluster.members[1].stop();
+    let second = (leader + 1) % 3;
+    cluster.members[second].stop();
     assert_eq!(wait_within(&mut holder, PATIENCE).code(), Some(124));
     assert!(
         stopped.elapsed() < Duration::from_secs(6),
@@ -465,4 +467,17 @@ fn tls_with_the_configured_ca_and_client_certificate() {
         describe(&out)
     );
     assert!(!env.path("ran").exists());
+}
+
+#[test]
+fn a_ttl_below_the_minimum_is_raised_and_reported() {
+    let server = EtcdServer::start();
+    let env = TestEnv::new(&server);
+    let out = env.run(["run", "--ttl", "1s", "short", "true"]);
+    assert!(out.status.success(), "{}", describe(&out));
+    assert!(
+        stderr_of(&out).contains("granted a 2s lease for --ttl 1s"),
+        "{}",
+        describe(&out)
+    );
 }

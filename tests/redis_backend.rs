@@ -447,3 +447,65 @@ fn a_retried_acquire_finds_its_own_hold() {
     );
     assert_eq!(server.command(&format!("SCARD {base}:holders")), ":1");
 }
+
+#[test]
+fn a_dead_waiter_drops_out_of_the_queue() {
+    let server = RedisServer::start();
+    let env = TestEnv::new(&server);
+    let lock = name();
+    let mut holder = env.hold(&lock, &[]);
+    let mut dead = env
+        .dlock(["run", &lock, "touch", "dead-ran"])
+        .spawn()
+        .expect("spawn waiter");
+    wait_until("first waiter queued", PATIENCE, || {
+        waiters(&env, &lock) == 1
+    });
+    let entered = env.path("entered");
+    let mut alive = env
+        .dlock(["run", &lock, "touch", entered.to_str().expect("utf-8")])
+        .spawn()
+        .expect("spawn waiter");
+    wait_until("second waiter queued", PATIENCE, || {
+        waiters(&env, &lock) == 2
+    });
+    // The first waiter dies without leaving the queue; the release wakes it, in vain.
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(dead.id() as i32),
+        Signal::SIGKILL,
+    )
+    .expect("kill");
+    let _ = dead.wait();
+    let released = Instant::now();
+    holder.signal(Signal::SIGTERM);
+    holder.wait();
+    wait_until("live waiter entered", PATIENCE, || entered.exists());
+    // Its heartbeat deadline is one TTL (3 s); the live waiter re-checks every TTL/3.
+    assert!(
+        released.elapsed() <= Duration::from_secs(3 + 2),
+        "took {:?}",
+        released.elapsed()
+    );
+    assert!(wait_within(&mut alive, PATIENCE).success());
+    assert!(!env.path("dead-ran").exists());
+}
+
+#[test]
+fn a_unix_socket_url_works() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let socket = dir.path().join("redis.sock");
+    let socket = socket.to_str().expect("utf-8");
+    let server = RedisServer::start_with(&["--unixsocket", socket, "--unixsocketperm", "700"]);
+    let env = TestEnv::new(&server);
+    let out = env.run([
+        "run",
+        "--url",
+        &format!("redis+unix://{socket}?db=1"),
+        "unix",
+        "sh",
+        "-c",
+        "echo $DLOCK_BACKEND",
+    ]);
+    assert!(out.status.success(), "{}", describe(&out));
+    assert_eq!(stdout_of(&out), "redis+unix\n");
+}
