@@ -255,6 +255,26 @@ pub struct LockStatus {
     pub last_token: Option<u64>,
 }
 
+impl LockStatus {
+    /// " by pid N on host since T, …" for messages about a held lock ("" when free).
+    pub fn held_by(&self) -> String {
+        if self.holders.is_empty() {
+            return String::new();
+        }
+        let who: Vec<String> = self
+            .holders
+            .iter()
+            .map(|h| {
+                format!(
+                    "pid {} on {} since {}",
+                    h.holder.pid, h.holder.host, h.holder.since
+                )
+            })
+            .collect();
+        format!(" by {}", who.join(", "))
+    }
+}
+
 /// What `check` found.
 #[derive(Clone, Debug, Serialize)]
 pub struct CheckReport {

@@ -610,37 +610,64 @@ fn parse_etcd_url(scheme: &str, rest: &str) -> Result<EtcdTarget, String> {
     })
 }
 
-/// Password and TLS files for etcd, as for Redis (from the `[etcd]` table).
+/// Password and TLS files for etcd, from the `[etcd]` table (see [`credentials`]).
 fn complete_etcd(target: &mut EtcdTarget, file: &FileConfig) -> Result<(), Error> {
-    let section = file.etcd.clone().unwrap_or_default();
-    if target.password.is_none() && target.user.is_some() {
-        if let Some(password) = std::env::var("DLOCK_PASSWORD")
+    // etcd without a user runs without authentication: no password is looked up then.
+    let wants_password = target.user.is_some();
+    let (password, tls_files) = credentials(
+        "etcd",
+        file.etcd.as_ref(),
+        file,
+        target.user.is_some(),
+        target.password.take(),
+        wants_password,
+    )?;
+    target.password = password;
+    target.tls_files = tls_files;
+    if target.tls {
+        check_tls_files(&target.tls_files)?;
+    }
+    Ok(())
+}
+
+/// Fill in what a URL did not say, for one backend's config table: the password (URL, else
+/// DLOCK_PASSWORD, else the table's `password_file`, else the top-level one) and the TLS files.
+/// A user without a password is a usage error.
+fn credentials(
+    backend: &str,
+    section: Option<&BackendFileConfig>,
+    file: &FileConfig,
+    has_user: bool,
+    password: Option<Secret>,
+    look_up: bool,
+) -> Result<(Option<Secret>, TlsFiles), Error> {
+    let section = section.cloned().unwrap_or_default();
+    let mut password = password;
+    if password.is_none() && look_up {
+        if let Some(from_env) = std::env::var("DLOCK_PASSWORD")
             .ok()
             .filter(|p| !p.is_empty())
         {
-            target.password = Some(Secret(password));
+            password = Some(Secret(from_env));
         } else if let Some(path) = section
             .password_file
             .as_ref()
             .or(file.password_file.as_ref())
         {
-            target.password = Some(read_password_file(path)?);
+            password = Some(read_password_file(path)?);
         }
     }
-    if target.user.is_some() && target.password.is_none() {
-        return Err(Error::Usage(
-            "the etcd URL names a user but no password is given (URL, DLOCK_PASSWORD or password_file)".into(),
-        ));
+    if has_user && password.is_none() {
+        return Err(Error::Usage(format!(
+            "the {backend} URL names a user but no password is given (URL, DLOCK_PASSWORD or password_file)"
+        )));
     }
-    target.tls_files = TlsFiles {
+    let tls = TlsFiles {
         ca_file: section.ca_file,
         cert_file: section.cert_file,
         key_file: section.key_file,
     };
-    if target.tls {
-        check_tls_files(&target.tls_files)?;
-    }
-    Ok(())
+    Ok((password, tls))
 }
 
 fn parse_db(text: &str) -> Result<i64, String> {
@@ -682,34 +709,18 @@ fn split_host_port(text: &str, default_port: u16) -> Result<(String, u16), Strin
     Ok((host, port))
 }
 
-/// Fill in what the URL did not say: the password from DLOCK_PASSWORD or a password file,
-/// and the TLS files, all checked before anything is sent.
+/// Password and TLS files for Redis, from the `[redis]` table (see [`credentials`]).
 fn complete_redis(target: &mut RedisTarget, file: &FileConfig) -> Result<(), Error> {
-    let section = file.redis.clone().unwrap_or_default();
-    if target.password.is_none() {
-        if let Some(password) = std::env::var("DLOCK_PASSWORD")
-            .ok()
-            .filter(|p| !p.is_empty())
-        {
-            target.password = Some(Secret(password));
-        } else if let Some(path) = section
-            .password_file
-            .as_ref()
-            .or(file.password_file.as_ref())
-        {
-            target.password = Some(read_password_file(path)?);
-        }
-    }
-    if target.user.is_some() && target.password.is_none() {
-        return Err(Error::Usage(
-            "the Redis URL names a user but no password is given (URL, DLOCK_PASSWORD or password_file)".into(),
-        ));
-    }
-    target.tls = TlsFiles {
-        ca_file: section.ca_file,
-        cert_file: section.cert_file,
-        key_file: section.key_file,
-    };
+    let (password, tls) = credentials(
+        "Redis",
+        file.redis.as_ref(),
+        file,
+        target.user.is_some(),
+        target.password.take(),
+        true,
+    )?;
+    target.password = password;
+    target.tls = tls;
     if matches!(target.addr, RedisAddr::Tls { .. }) {
         check_tls_files(&target.tls)?;
     }

@@ -31,6 +31,15 @@ pub trait LockServer: Send + Sync {
     }
 }
 
+/// A server that expires the lease of a holder that goes silent (Redis, etcd).
+pub trait LeaseServer: LockServer {
+    /// The client port of the (first) server, for a proxy in front of it.
+    fn port(&self) -> u16;
+    /// The URL of this server reached through `port` instead.
+    fn url_via(&self, port: u16) -> String;
+    fn as_lock_server(&self) -> &dyn LockServer;
+}
+
 /// The file backend in a private directory.
 pub struct FileServer {
     pub dir: tempfile::TempDir,
@@ -966,5 +975,33 @@ impl LockServer for EtcdServer {
 
     fn ttl(&self) -> Option<&'static str> {
         Some("3s")
+    }
+}
+
+impl LeaseServer for RedisServer {
+    fn port(&self) -> u16 {
+        self.port
+    }
+
+    fn url_via(&self, port: u16) -> String {
+        format!("redis://127.0.0.1:{port}/0")
+    }
+
+    fn as_lock_server(&self) -> &dyn LockServer {
+        self
+    }
+}
+
+impl LeaseServer for EtcdServer {
+    fn port(&self) -> u16 {
+        self.members[0].client_port
+    }
+
+    fn url_via(&self, port: u16) -> String {
+        format!("etcd://127.0.0.1:{port}")
+    }
+
+    fn as_lock_server(&self) -> &dyn LockServer {
+        self
     }
 }

@@ -45,6 +45,15 @@ macro_rules! contract_tests {
             );
         }
     };
+    (@lease $start:expr; $($test:ident),* $(,)?) => {
+        $(
+            #[test]
+            fn $test() {
+                let server = $start;
+                $crate::contract::$test(&server);
+            }
+        )*
+    };
     (@tests $start:expr; $($test:ident),* $(,)?) => {
         $(
             #[test]
@@ -625,4 +634,103 @@ pub fn check_reports_ok(server: &dyn LockServer) {
     let json: serde_json::Value =
         serde_json::from_slice(&env.run(["check", "--json"]).stdout).expect("json");
     assert_eq!(json["backend"], server.scheme());
+}
+
+// ---- Lease backends (a server that expires a silent holder's lease) ----------------------
+
+/// Expand the lease-backend promises into `#[test]`s for one backend.
+#[macro_export]
+macro_rules! lease_contract_tests {
+    ($module:ident, $start:expr) => {
+        mod $module {
+            use super::*;
+            $crate::contract_tests!(@lease $start;
+                blackholed_holder_is_stopped_before_a_contender_gets_the_lock,
+                killed_holder_frees_the_lock_within_ttl_plus_one_second,
+            );
+        }
+    };
+}
+
+/// Number of waiters `status` reports (0 when unknown).
+fn waiters_of(env: &TestEnv, lock: &str) -> u64 {
+    waiters(env, lock)
+}
+
+pub fn blackholed_holder_is_stopped_before_a_contender_gets_the_lock(server: &dyn LeaseServer) {
+    let proxy = Proxy::start(server.port());
+    let env = TestEnv::new(server.as_lock_server());
+    let lock = name();
+    let log = env.path("log");
+    let ready = env.path("ready");
+    // The holder talks to Redis through the proxy; on SIGTERM it records that it stopped.
+    let script = format!(
+        "trap 'echo holder-stopped >> {log}; exit 0' TERM; echo ok > {ready}; while :; do sleep 0.05; done",
+        log = log.display(),
+        ready = ready.display()
+    );
+    let mut holder = env
+        .dlock([
+            "run",
+            "--url",
+            &server.url_via(proxy.port),
+            "--kill-after",
+            "5s",
+            &lock,
+            "sh",
+            "-c",
+            &script,
+        ])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn holder");
+    wait_until("holder ready", PATIENCE, || ready.exists());
+    let mut contender = env
+        .dlock([
+            "run",
+            &lock,
+            "sh",
+            "-c",
+            &format!("echo contender-started >> {}", log.display()),
+        ])
+        .spawn()
+        .expect("spawn contender");
+    wait_until("contender queued", PATIENCE, || {
+        waiters_of(&env, &lock) == 1
+    });
+    proxy.blackhole();
+    let status = wait_within(&mut holder, PATIENCE);
+    assert_eq!(
+        status.code(),
+        Some(124),
+        "the holder must report the lost lock"
+    );
+    assert!(wait_within(&mut contender, PATIENCE).success());
+    let order = std::fs::read_to_string(&log).expect("log");
+    assert_eq!(
+        order, "holder-stopped\ncontender-started\n",
+        "the contender got in before the holder stopped"
+    );
+}
+
+pub fn killed_holder_frees_the_lock_within_ttl_plus_one_second(server: &dyn LeaseServer) {
+    let env = TestEnv::new(server.as_lock_server());
+    let lock = name();
+    let mut holder = env.hold(&lock, &[]);
+    let entered = env.path("entered");
+    let mut waiter = env
+        .dlock(["run", &lock, "touch", entered.to_str().expect("utf-8")])
+        .spawn()
+        .expect("spawn waiter");
+    wait_until("waiter queued", PATIENCE, || waiters_of(&env, &lock) == 1);
+    let killed = Instant::now();
+    holder.signal(Signal::SIGKILL);
+    holder.wait();
+    wait_until("waiter entered", PATIENCE, || entered.exists());
+    let took = killed.elapsed();
+    assert!(
+        took <= Duration::from_secs(3 + 1),
+        "next waiter got the lock after {took:?} (TTL 3s)"
+    );
+    assert!(wait_within(&mut waiter, PATIENCE).success());
 }

@@ -9,6 +9,7 @@ use nix::sys::signal::Signal;
 use crate::common::*;
 
 crate::contract_tests!(etcd_contract, EtcdServer::start());
+crate::lease_contract_tests!(etcd_lease_contract, EtcdServer::start());
 
 fn name() -> String {
     format!("e-{}", unique())
@@ -171,30 +172,6 @@ fn etcdctl_lock_and_dlock_exclude_each_other() {
 }
 
 #[test]
-fn killed_holder_frees_the_lock_within_ttl_plus_one_second() {
-    let server = EtcdServer::start();
-    let env = TestEnv::new(&server);
-    let lock = name();
-    let mut holder = env.hold(&lock, &[]);
-    let entered = env.path("entered");
-    let mut waiter = env
-        .dlock(["run", &lock, "touch", entered.to_str().expect("utf-8")])
-        .spawn()
-        .expect("spawn waiter");
-    wait_until("waiter queued", PATIENCE, || waiters(&env, &lock) == 1);
-    let killed = Instant::now();
-    holder.signal(Signal::SIGKILL);
-    holder.wait();
-    wait_until("waiter entered", PATIENCE, || entered.exists());
-    let took = killed.elapsed();
-    assert!(
-        took <= Duration::from_secs(3 + 1),
-        "next waiter got the lock after {took:?} (TTL 3s)"
-    );
-    assert!(wait_within(&mut waiter, PATIENCE).success());
-}
-
-#[test]
 fn a_signal_while_waiting_leaves_no_key_and_no_lease() {
     let server = EtcdServer::start();
     let env = TestEnv::new(&server);
@@ -262,56 +239,6 @@ fn a_waiter_whose_lease_died_never_starts_its_command() {
     assert!(
         !env.path("ran").exists(),
         "a waiter without a lease started its command"
-    );
-}
-
-#[test]
-fn blackholed_holder_is_stopped_before_a_contender_gets_the_lock() {
-    let server = EtcdServer::start();
-    let proxy = Proxy::start(server.members[0].client_port);
-    let env = TestEnv::new(&server);
-    let lock = name();
-    let log = env.path("log");
-    let ready = env.path("ready");
-    let script = format!(
-        "trap 'echo holder-stopped >> {log}; exit 0' TERM; echo ok > {ready}; while :; do sleep 0.05; done",
-        log = log.display(),
-        ready = ready.display()
-    );
-    let mut holder = env
-        .dlock([
-            "run",
-            "--url",
-            &format!("etcd://127.0.0.1:{}", proxy.port),
-            "--kill-after",
-            "5s",
-            &lock,
-            "sh",
-            "-c",
-            &script,
-        ])
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn holder");
-    wait_until("holder ready", PATIENCE, || ready.exists());
-    let mut contender = env
-        .dlock([
-            "run",
-            &lock,
-            "sh",
-            "-c",
-            &format!("echo contender-started >> {}", log.display()),
-        ])
-        .spawn()
-        .expect("spawn contender");
-    wait_until("contender queued", PATIENCE, || waiters(&env, &lock) == 1);
-    proxy.blackhole();
-    assert_eq!(wait_within(&mut holder, PATIENCE).code(), Some(124));
-    assert!(wait_within(&mut contender, PATIENCE).success());
-    let order = std::fs::read_to_string(&log).expect("log");
-    assert_eq!(
-        order, "holder-stopped\ncontender-started\n",
-        "the contender got in before the holder stopped"
     );
 }
 

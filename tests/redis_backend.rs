@@ -1,7 +1,6 @@
 //! The Redis backend: the whole contract against a real `redis-server`, plus what only Redis
 //! can get wrong (issue: Redis backend).
 
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
@@ -9,6 +8,7 @@ use nix::sys::signal::Signal;
 use crate::common::*;
 
 crate::contract_tests!(redis_contract, RedisServer::start());
+crate::lease_contract_tests!(redis_lease_contract, RedisServer::start());
 
 fn name() -> String {
     format!("r-{}", unique())
@@ -61,86 +61,6 @@ fn waiters_acquire_in_arrival_order() {
         order, "0\n1\n2\n3\n4\n",
         "acquisition order differs from arrival order"
     );
-}
-
-#[test]
-fn blackholed_holder_is_stopped_before_a_contender_gets_the_lock() {
-    let server = RedisServer::start();
-    let proxy = Proxy::start(server.port);
-    let env = TestEnv::new(&server);
-    let lock = name();
-    let log = env.path("log");
-    let ready = env.path("ready");
-    // The holder talks to Redis through the proxy; on SIGTERM it records that it stopped.
-    let script = format!(
-        "trap 'echo holder-stopped >> {log}; exit 0' TERM; echo ok > {ready}; while :; do sleep 0.05; done",
-        log = log.display(),
-        ready = ready.display()
-    );
-    let mut holder = env
-        .dlock([
-            "run",
-            "--url",
-            &format!("redis://127.0.0.1:{}/0", proxy.port),
-            "--kill-after",
-            "5s",
-            &lock,
-            "sh",
-            "-c",
-            &script,
-        ])
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn holder");
-    wait_until("holder ready", PATIENCE, || ready.exists());
-    let mut contender = env
-        .dlock([
-            "run",
-            &lock,
-            "sh",
-            "-c",
-            &format!("echo contender-started >> {}", log.display()),
-        ])
-        .spawn()
-        .expect("spawn contender");
-    wait_until("contender queued", PATIENCE, || waiters(&env, &lock) == 1);
-    proxy.blackhole();
-    let status = wait_within(&mut holder, PATIENCE);
-    assert_eq!(
-        status.code(),
-        Some(124),
-        "the holder must report the lost lock"
-    );
-    assert!(wait_within(&mut contender, PATIENCE).success());
-    let order = std::fs::read_to_string(&log).expect("log");
-    assert_eq!(
-        order, "holder-stopped\ncontender-started\n",
-        "the contender got in before the holder stopped"
-    );
-}
-
-#[test]
-fn killed_holder_frees_the_lock_within_ttl_plus_one_second() {
-    let server = RedisServer::start();
-    let env = TestEnv::new(&server);
-    let lock = name();
-    let mut holder = env.hold(&lock, &[]);
-    let entered = env.path("entered");
-    let mut waiter = env
-        .dlock(["run", &lock, "touch", entered.to_str().expect("utf-8")])
-        .spawn()
-        .expect("spawn waiter");
-    wait_until("waiter queued", PATIENCE, || waiters(&env, &lock) == 1);
-    let killed = Instant::now();
-    holder.signal(Signal::SIGKILL);
-    holder.wait();
-    wait_until("waiter entered", PATIENCE, || entered.exists());
-    let took = killed.elapsed();
-    assert!(
-        took <= Duration::from_secs(3 + 1),
-        "next waiter got the lock after {took:?} (TTL 3s)"
-    );
-    assert!(wait_within(&mut waiter, PATIENCE).success());
 }
 
 #[test]

@@ -138,23 +138,12 @@ impl EtcdBackend {
         })
     }
 
+    /// " by pid N on host since T" for messages about a held lock.
     async fn describe_holders(&self, conn: &mut Conn, name: &LockName) -> String {
-        match self.status_with(conn, name).await {
-            Ok(status) if status.held => {
-                let who: Vec<String> = status
-                    .holders
-                    .iter()
-                    .map(|h| {
-                        format!(
-                            "pid {} on {} since {}",
-                            h.holder.pid, h.holder.host, h.holder.since
-                        )
-                    })
-                    .collect();
-                format!(" by {}", who.join(", "))
-            }
-            _ => String::new(),
-        }
+        self.status_with(conn, name)
+            .await
+            .map(|status| status.held_by())
+            .unwrap_or_default()
     }
 }
 
