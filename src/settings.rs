@@ -519,25 +519,7 @@ fn parse_redis_url(scheme: &str, rest: &str) -> Result<RedisTarget, String> {
         return Err("Redis URLs take no query or fragment here; put TLS files and passwords in the config file".into());
     }
     let (authority, path) = after.split_at(after.find('/').unwrap_or(after.len()));
-    let (userinfo, hostport) = match authority.rsplit_once('@') {
-        Some((userinfo, hostport)) => (Some(userinfo), hostport),
-        None => (None, authority),
-    };
-    let (user, password) = match userinfo {
-        None => (None, None),
-        Some(info) => {
-            let (user, password) = match info.split_once(':') {
-                Some((u, p)) => (u, Some(p)),
-                None => (info, None),
-            };
-            let user = Some(decode(user, "user name")?).filter(|u| !u.is_empty());
-            let password = match password {
-                Some(p) => Some(Secret(decode(p, "password")?)).filter(|p| !p.0.is_empty()),
-                None => None,
-            };
-            (user, password)
-        }
-    };
+    let (user, password, hostport) = split_userinfo(authority)?;
     let (host, port) = split_host_port(hostport, 6379)?;
     let db = match path.trim_start_matches('/') {
         "" => 0,
@@ -574,29 +556,7 @@ fn parse_etcd_url(scheme: &str, rest: &str) -> Result<EtcdTarget, String> {
             "etcd URLs take no path ('{path}'); use --prefix for a namespace"
         ));
     }
-    let decode = |s: &str, what: &str| {
-        crate::lock::decode_component(s)
-            .ok_or_else(|| format!("bad percent-encoding in the URL's {what}"))
-    };
-    let (userinfo, hosts) = match authority.rsplit_once('@') {
-        Some((userinfo, hosts)) => (Some(userinfo), hosts),
-        None => (None, authority),
-    };
-    let (user, password) = match userinfo {
-        None => (None, None),
-        Some(info) => {
-            let (user, password) = match info.split_once(':') {
-                Some((u, p)) => (u, Some(p)),
-                None => (info, None),
-            };
-            let user = Some(decode(user, "user name")?).filter(|u| !u.is_empty());
-            let password = match password {
-                Some(p) => Some(Secret(decode(p, "password")?)).filter(|p| !p.0.is_empty()),
-                None => None,
-            };
-            (user, password)
-        }
-    };
+    let (user, password, hosts) = split_userinfo(authority)?;
     let endpoints = hosts
         .split(',')
         .map(|h| split_host_port(h, 2379))
@@ -668,6 +628,27 @@ fn credentials(
         key_file: section.key_file,
     };
     Ok((password, tls))
+}
+
+/// `[user[:password]@]rest` → (user, password, rest), percent-decoded; empty parts are absent.
+fn split_userinfo(authority: &str) -> Result<(Option<String>, Option<Secret>, &str), String> {
+    let Some((info, rest)) = authority.rsplit_once('@') else {
+        return Ok((None, None, authority));
+    };
+    let decode = |s: &str, what: &str| {
+        crate::lock::decode_component(s)
+            .ok_or_else(|| format!("bad percent-encoding in the URL's {what}"))
+    };
+    let (user, password) = match info.split_once(':') {
+        Some((u, p)) => (u, Some(p)),
+        None => (info, None),
+    };
+    let user = Some(decode(user, "user name")?).filter(|u| !u.is_empty());
+    let password = match password {
+        Some(p) => Some(Secret(decode(p, "password")?)).filter(|p| !p.0.is_empty()),
+        None => None,
+    };
+    Ok((user, password, rest))
 }
 
 fn parse_db(text: &str) -> Result<i64, String> {
