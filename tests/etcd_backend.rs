@@ -408,3 +408,18 @@ fn a_ttl_below_the_minimum_is_raised_and_reported() {
         describe(&out)
     );
 }
+
+#[test]
+fn holders_must_agree_on_the_limit() {
+    let server = EtcdServer::start();
+    let env = TestEnv::new(&server);
+    let lock = name();
+    let _holder = env.hold(&lock, &["--limit", "2"]);
+    let out = env.run(["run", "--no-wait", "--limit", "3", &lock, "true"]);
+    assert_fails(&out, 64, "--limit 2");
+    assert_eq!(
+        keys(&server, &format!("dlock/{lock}/")).len(),
+        1,
+        "the refused waiter left its key"
+    );
+}

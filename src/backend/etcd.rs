@@ -317,10 +317,19 @@ impl Conn {
                     Code::ResourceExhausted => Error::Unavailable(format!(
                         "{display} is out of space (NOSPACE alarm): compact, defragment, then disarm the alarm: {message}"
                     )),
-                    Code::Cancelled if self.tls && !self.has_client_cert => Error::Config(format!(
+                    // A server that demands a client certificate closes the connection right
+                    // after the handshake; tonic reports that as cancelled or as a bare
+                    // "transport error".
+                    Code::Cancelled | Code::Unknown
+                        if self.tls
+                            && !self.has_client_cert
+                            && (message.contains("canceled") || message.contains("transport error")) =>
+                    {
+                        Error::Config(format!(
                         "{display} closed the TLS connection; it may require a client certificate \
                          (cert_file/key_file in the [etcd] table): {message}"
-                    )),
+                        ))
+                    }
                     _ => Error::Unavailable(format!("cannot use {display}: {message}")),
                 }
             }
@@ -671,6 +680,16 @@ impl EtcdBackend {
                     Some(PutOptions::new().with_lease(id)),
                 ),
                 TxnOp::get(pfx.clone(), Some(older_keys(None, limit + 1))),
+                // The oldest key's value says which --limit the holders use.
+                TxnOp::get(
+                    pfx.clone(),
+                    Some(
+                        GetOptions::new()
+                            .with_prefix()
+                            .with_sort(SortTarget::Create, SortOrder::Ascend)
+                            .with_limit(1),
+                    ),
+                ),
             ])
             .or_else([TxnOp::get(key.clone(), None)]);
         let response = tokio::select! {
@@ -679,6 +698,19 @@ impl EtcdBackend {
         };
         let revision = response.header().map_or(0, |h| h.revision());
         let (my_rev, mut older, mut watch_from) = if response.succeeded() {
+            if let Some(TxnOpResponse::Get(oldest)) = response.op_responses().get(2) {
+                let their_limit = oldest
+                    .kvs()
+                    .first()
+                    .and_then(|kv| serde_json::from_slice::<Meta>(kv.value()).ok())
+                    .map(|m| m.limit);
+                if let Some(theirs) = their_limit.filter(|&l| l != 0 && l != request.limit) {
+                    return Err(Error::Usage(format!(
+                        "lock '{}' is held with --limit {theirs}; all holders must use the same --limit",
+                        request.name
+                    )));
+                }
+            }
             let older: Vec<Vec<u8>> = match response.op_responses().get(1) {
                 Some(TxnOpResponse::Get(range)) => range
                     .kvs()
