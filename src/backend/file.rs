@@ -420,7 +420,7 @@ impl Backend for FileBackend {
         let locks = ProcLocks::read()?;
         let mut names = Vec::new();
         for entry in read_dir(&self.dir)? {
-            let Some((entry_stem, slot)) = split_file_name(&entry) else {
+            let Some((entry_stem, _slot)) = split_file_name(&entry) else {
                 continue;
             };
             let path = self.dir.join(&entry);
@@ -441,7 +441,6 @@ impl Backend for FileBackend {
                     names.push(name);
                 }
             }
-            let _ = slot;
         }
         names.sort_by(|a, b| a.as_str().cmp(b.as_str()));
         names
