@@ -105,10 +105,11 @@ pub enum Command {
 /// Where the locks live.
 #[derive(Debug, Args)]
 pub struct BackendArgs {
-    /// Backend URL: file:///dir, redis://[user[:password]@]host[:port][/db], rediss://…,
-    /// redis+unix:///path, etcd://[user@]host:port[,host:port…], etcds://…. Default: the file
-    /// backend in $XDG_RUNTIME_DIR/dlock, else /tmp/dlock-<uid>.
+    // The help text is an attribute, not a doc comment: its URL syntax would read as links.
     #[arg(
+        help = "Backend URL: file:///dir, redis://[user[:password]@]host[:port][/db], rediss://…, \
+                redis+unix:///path, etcd://[user@]host:port[,host:port…], etcds://…. Default: the \
+                file backend in $XDG_RUNTIME_DIR/dlock, else /tmp/dlock-<uid>.",
         short,
         long,
         value_name = "URL",

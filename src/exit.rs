@@ -1,7 +1,7 @@
 //! The exit statuses of dlock (design.md §6), in one place.
 //!
-//! Everything that decides how dlock ends goes through [`Outcome`]: the command's own status
-//! is passed through unchanged, everything dlock causes itself has one code from [`Code`].
+//! The command's own status is passed through unchanged ([`from_child`]); everything dlock
+//! causes itself has one code from [`Code`].
 //! The same table is rendered into `--help`, the man page and the README ([`TABLE`]).
 
 use std::os::unix::process::ExitStatusExt;

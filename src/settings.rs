@@ -188,7 +188,7 @@ impl Common {
 pub struct CommandSpec {
     /// The resolved executable.
     pub program: PathBuf,
-    /// argv[0] as the user wrote it.
+    /// `argv[0]` as the user wrote it.
     pub arg0: OsString,
     pub args: Vec<OsString>,
     /// The command line for messages and holder metadata.

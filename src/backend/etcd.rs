@@ -17,7 +17,7 @@
 //! verifies our own key still exists, so a waiter whose lease died while waiting never starts
 //! the command. Release and cancel revoke the lease, which deletes the key in the same step.
 //!
-//! etcd-client does not fail over between endpoints by itself, so [`Conn`] talks to one
+//! etcd-client does not fail over between endpoints by itself, so `Conn` talks to one
 //! endpoint at a time and moves to the next after a transport failure or a timeout.
 
 use std::future::Future;

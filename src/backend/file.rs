@@ -623,8 +623,8 @@ impl Lease for FileLease {
         self.token
     }
 
-    /// Checked once a second during the first [`WATCH_AFTER`], then watched with inotify (and
-    /// re-checked every [`RECHECK_EVERY`]). The watch is not set up at once because closing an
+    /// Checked once a second during the first `WATCH_AFTER`, then watched with inotify (and
+    /// re-checked every `RECHECK_EVERY`). The watch is not set up at once because closing an
     /// inotify descriptor waits for a kernel grace period (≈10 ms), which would double the cost
     /// of a short command.
     async fn lost(&mut self) -> Lost {
