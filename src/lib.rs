@@ -27,6 +27,7 @@ use anyhow::Context;
 
 use crate::backend::etcd::EtcdBackend;
 use crate::backend::file::FileBackend;
+use crate::backend::postgres::PgBackend;
 use crate::backend::redis::RedisBackend;
 use crate::cli::{Cli, Command, OnLost};
 use crate::error::Error;
@@ -85,6 +86,10 @@ macro_rules! with_backend {
             }
             Location::Etcd(target) => {
                 let $backend = EtcdBackend::new(target, &$common.prefix, &$common.display_url);
+                $body
+            }
+            Location::Postgres(target) => {
+                let $backend = PgBackend::new(target, &$common.prefix, &$common.display_url);
                 $body
             }
         }

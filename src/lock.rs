@@ -142,7 +142,7 @@ impl Holder {
     }
 }
 
-fn user_name() -> String {
+pub fn user_name() -> String {
     // $USER is what the login set up; looking the uid up in the user database costs a parse of
     // nsswitch.conf and /etc/passwd on every run, so it is only the fallback.
     if let Some(user) = std::env::var("USER").ok().filter(|u| !u.is_empty()) {
@@ -238,6 +238,10 @@ pub struct HolderStatus {
     pub holder: Holder,
     /// Lease time left in milliseconds, where the backend knows it.
     pub ttl_left_ms: Option<u64>,
+    /// The holder's server session, where the backend has one to show (PostgreSQL: backend
+    /// pid, client address, application_name).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub session: Option<String>,
 }
 
 /// The state of one lock.

@@ -107,12 +107,15 @@ fn write_holder(out: &mut impl Write, status: &HolderStatus) -> std::io::Result<
         )?,
         None if h.ttl_ms == 0 => writeln!(
             out,
-            "ttl:        none (kernel lock, freed when the holder exits)"
+            "ttl:        none (freed when the holder exits)"
         )?,
         None => {}
     }
     if !h.version.is_empty() {
         writeln!(out, "dlock:      {}", h.version)?;
+    }
+    if let Some(session) = &status.session {
+        writeln!(out, "session:    {session}")?;
     }
     Ok(())
 }

@@ -15,6 +15,7 @@ use serde::Deserialize;
 
 use crate::cli::{self, OnLost};
 use crate::error::Error;
+use crate::backend::postgres::{self, PgTarget};
 use crate::lock::{LockName, Wait};
 
 pub const DEFAULT_TTL: Duration = Duration::from_secs(15);
@@ -72,6 +73,8 @@ pub enum Location {
     Redis(RedisTarget),
     /// `etcd://h:p[,h:p…]`, `etcds://…`.
     Etcd(EtcdTarget),
+    /// `postgres://…`, `postgresql://…`, or libpq's `key=value …` form.
+    Postgres(PgTarget),
 }
 
 /// An etcd cluster: its client endpoints and credentials.
@@ -115,6 +118,10 @@ pub struct TlsFiles {
 pub struct Secret(String);
 
 impl Secret {
+    pub fn new(secret: String) -> Secret {
+        Secret(secret)
+    }
+
     pub fn expose(&self) -> &str {
         &self.0
     }
@@ -153,6 +160,7 @@ impl Common {
                     "etcd"
                 }
             }
+            Location::Postgres(_) => "postgres",
         }
     }
 
@@ -179,6 +187,7 @@ impl Common {
                 endpoints.sort();
                 format!("etcd://{}|{prefix}", endpoints.join(","))
             }
+            Location::Postgres(target) => format!("{}|{prefix}", target.identity()),
         }
     }
 }
@@ -398,6 +407,7 @@ pub fn common(
             match &mut location {
                 Location::Redis(target) => complete_redis(target, file)?,
                 Location::Etcd(target) => complete_etcd(target, file)?,
+                Location::Postgres(target) => complete_postgres(target, file)?,
                 Location::File { .. } => {}
             }
             (location, display)
@@ -425,6 +435,9 @@ pub fn default_file_dir() -> PathBuf {
 }
 
 fn parse_url(url: &str) -> Result<Location, String> {
+    if postgres::is_key_value(url) {
+        return postgres::parse_key_value(url).map(Location::Postgres);
+    }
     let Some((scheme, rest)) = url.split_once(':') else {
         return Err(format!(
             "'{}' is not a URL; expected e.g. file:///var/lock/dlock",
@@ -435,8 +448,9 @@ fn parse_url(url: &str) -> Result<Location, String> {
         "file" => parse_file_url(rest),
         "redis" | "rediss" | "redis+unix" => parse_redis_url(&scheme.to_ascii_lowercase(), rest).map(Location::Redis),
         "etcd" | "etcds" => parse_etcd_url(&scheme.to_ascii_lowercase(), rest).map(Location::Etcd),
-        "zk" | "postgres" | "postgresql" => Err(format!(
-            "the {scheme} backend is not part of this build of dlock yet; this build supports file://, redis:// and etcd:// URLs"
+        "postgres" | "postgresql" => postgres::parse_url(url).map(Location::Postgres),
+        "zk" => Err(format!(
+            "the {scheme} backend is not part of this build of dlock yet; this build supports file://, redis://, etcd:// and postgres:// URLs"
         )),
         _ => Err(format!(
             "unknown URL scheme '{scheme}'; expected file, redis, rediss, etcd, etcds, zk, postgres or postgresql"
@@ -708,6 +722,76 @@ fn complete_redis(target: &mut RedisTarget, file: &FileConfig) -> Result<(), Err
     Ok(())
 }
 
+/// Password and TLS files for PostgreSQL: the URL's password, DLOCK_PASSWORD, the
+/// `[postgres]` table's or the top-level `password_file`, then `.pgpass` (see
+/// [`credentials`]). No password is required: trust, peer and certificate authentication
+/// need none, and the server asks when it wants one.
+fn complete_postgres(target: &mut PgTarget, file: &FileConfig) -> Result<(), Error> {
+    let (password, tls) = credentials(
+        "PostgreSQL",
+        file.postgres.as_ref(),
+        file,
+        false,
+        target.password.take(),
+        true,
+    )?;
+    target.password = match password {
+        Some(password) => Some(password),
+        None => postgres::pgpass_password(target)?,
+    };
+    // Files named in the URL win over the config table's.
+    let files = &mut target.tls_files;
+    files.ca_file = files.ca_file.take().or(tls.ca_file);
+    files.cert_file = files.cert_file.take().or(tls.cert_file);
+    files.key_file = files.key_file.take().or(tls.key_file);
+    if files.ca_file.is_none() && target.sslmode.requires_tls() {
+        files.ca_file = postgres::default_root_cert();
+    }
+    if target.sslmode != postgres::SslMode::Disable {
+        check_tls_files(&target.tls_files)?;
+    }
+    Ok(())
+}
+
+/// `password=…` in a query string or a libpq `key=value` string becomes `password=***`.
+fn redact_password_parameter(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find("password") {
+        let (before, after) = rest.split_at(at);
+        out.push_str(before);
+        let starts_word = before.is_empty() || before.ends_with([' ', '?', '&', '\t']);
+        let value = after["password".len()..].trim_start();
+        match value.strip_prefix('=').filter(|_| starts_word) {
+            Some(value) => {
+                let value = value.trim_start();
+                let end = if let Some(quoted) = value.strip_prefix('\'') {
+                    let mut escaped = false;
+                    let close = quoted
+                        .char_indices()
+                        .find(|&(_, c)| {
+                            let end = c == '\'' && !escaped;
+                            escaped = c == '\\' && !escaped;
+                            end
+                        })
+                        .map_or(quoted.len(), |(i, _)| i + 1);
+                    1 + close
+                } else {
+                    value.find([' ', '&', '#', '\t']).unwrap_or(value.len())
+                };
+                out.push_str("password=***");
+                rest = &value[end..];
+            }
+            None => {
+                out.push_str("password");
+                rest = &after["password".len()..];
+            }
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
 /// A password file must not be readable by group or others (like ~/.pgpass).
 pub fn read_password_file(path: &Path) -> Result<Secret, Error> {
     let meta = std::fs::metadata(path)
@@ -769,6 +853,10 @@ fn check_tls_files(tls: &TlsFiles) -> Result<(), Error> {
 
 /// Replace the password in a URL's user info with `***`.
 pub fn redact_url(url: &str) -> String {
+    redact_password_parameter(&redact_userinfo(url))
+}
+
+fn redact_userinfo(url: &str) -> String {
     let Some(scheme_end) = url.find("://") else {
         return url.to_owned();
     };

@@ -8,5 +8,7 @@ mod cli;
 mod docs;
 mod etcd_backend;
 mod file_backend;
+mod pg_backend;
+mod pg_server;
 mod redis_backend;
 mod terminal;

@@ -108,6 +108,7 @@ impl EtcdBackend {
                 queue.push(HolderStatus {
                     holder,
                     ttl_left_ms: None,
+                    session: None,
                 });
                 continue;
             }
@@ -126,6 +127,7 @@ impl EtcdBackend {
             holders.push(HolderStatus {
                 holder,
                 ttl_left_ms,
+                session: None,
             });
         }
         Ok(LockStatus {

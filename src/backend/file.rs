@@ -153,6 +153,7 @@ impl FileBackend {
                 holders.push(HolderStatus {
                     holder,
                     ttl_left_ms: None,
+                    session: None,
                 });
             }
         }

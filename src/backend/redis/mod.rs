@@ -583,6 +583,7 @@ fn parse_status(name: &LockName, reply: Value) -> Result<LockStatus, Error> {
             HolderStatus {
                 holder,
                 ttl_left_ms: u64::try_from(pttl).ok(),
+                session: None,
             }
         })
         .collect();

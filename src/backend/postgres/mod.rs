@@ -1,0 +1,1303 @@
+//! The PostgreSQL backend: a session advisory lock on a connection of dlock's own.
+//!
+//! Key: `key(prefix, name)` is the first 8 bytes, big-endian, of
+//! `SHA-256("dlock\0v1\0" ‖ prefix ‖ "\0" ‖ name)` as a signed 64-bit integer: one bigint
+//! advisory key, stable across versions (pinned by tests), so SQL can take the same lock (see
+//! the README). With `--limit N` the slots are the keys of `name ‖ "\0slot\0" ‖ i` for
+//! `1 ≤ i < N` (slot 0 is the plain key) and waiters queue on a turnstile key,
+//! `name ‖ "\0queue"`.
+//!
+//! One connection per dlock process. Session settings travel in the start-up packet (no extra
+//! round trip): no statement/idle timeouts, `lock_timeout` = `--wait`, server-side TCP
+//! keepalives that notice a silent client only after `--ttl`, and
+//! `client_connection_check_interval` so a killed waiter leaves the queue. Acquiring is one
+//! pipelined round trip after connecting: the lock call (the server's own FIFO lock queue) and
+//! the statement that reads the fencing token (`pg_current_xact_id()`, which only grows),
+//! checks that the lock shows up for our own backend (a transaction-pooling proxy would route
+//! the two statements to different backends) and labels the session in `pg_stat_activity`.
+//!
+//! A session lock has no lease: it lives as long as the session. The [`Keeper`] heartbeats
+//! every TTL/3 (the lock must still show up for our backend), and the end of the connection
+//! is noticed at once; either ends the hold (design §4).
+
+mod target;
+mod tls;
+
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures_util::future::poll_fn;
+use sha2::{Digest, Sha256};
+use tokio::sync::{mpsc, watch};
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::{AsyncMessage, CancelToken, Client, Config};
+use tokio_postgres_rustls::MakeRustlsConnect;
+
+pub use target::{
+    default_root_cert, is_key_value, parse_key_value, parse_url, pgpass_password, PgHost,
+    PgTarget, SslMode,
+};
+
+use crate::clock::{sleep_until, BootInstant};
+use crate::error::Error;
+use crate::keeper::{Keeper, Renew, RenewError, Schedule};
+use crate::lock::{
+    AcquireRequest, Backend, Cancel, CheckReport, Holder, HolderStatus, Lease, LockName,
+    LockStatus, Lost, Wait,
+};
+use crate::settings::MAX_LIMIT;
+
+/// Bound for connecting (TCP, TLS, authentication) when the URL sets no `connect_timeout`.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Bound for one statement outside the keeper.
+const OP_TIMEOUT: Duration = Duration::from_secs(5);
+/// Bound for a cancel request and for the cancelled statement to answer.
+const CANCEL_TIMEOUT: Duration = Duration::from_secs(2);
+/// Longest `application_name` the server keeps (NAMEDATALEN − 1).
+const MAX_APPLICATION_NAME: usize = 63;
+
+/// The advisory-lock key of `name` in the namespace `prefix`. Never change this function:
+/// holders running different dlock versions must compute the same key.
+pub fn key(prefix: &str, name: &str) -> i64 {
+    key_with(prefix, name, b"")
+}
+
+fn key_with(prefix: &str, name: &str, suffix: &[u8]) -> i64 {
+    let mut hash = Sha256::new();
+    hash.update(b"dlock\0v1\0");
+    hash.update(prefix.as_bytes());
+    hash.update(b"\0");
+    hash.update(name.as_bytes());
+    hash.update(suffix);
+    let digest = hash.finalize();
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&digest[..8]);
+    i64::from_be_bytes(first)
+}
+
+/// Slot `i` of a `--limit N` lock (slot 0 is the plain key).
+fn slot_key(prefix: &str, name: &str, slot: u32) -> i64 {
+    if slot == 0 {
+        key(prefix, name)
+    } else {
+        key_with(prefix, name, format!("\0slot\0{slot}").as_bytes())
+    }
+}
+
+/// The key `--limit N > 1` waiters queue on.
+fn turnstile_key(prefix: &str, name: &str) -> i64 {
+    key_with(prefix, name, b"\0queue")
+}
+
+/// The NOTIFY channel a released slot wakes (`dlock_` and the slot-0 key in hex).
+fn channel(prefix: &str, name: &str) -> String {
+    format!("dlock_{:016x}", key(prefix, name))
+}
+
+pub struct PgBackend {
+    target: PgTarget,
+    prefix: String,
+    display: String,
+}
+
+impl PgBackend {
+    pub fn new(target: &PgTarget, prefix: &str, display: &str) -> PgBackend {
+        PgBackend {
+            target: target.clone(),
+            prefix: prefix.to_owned(),
+            display: display.to_owned(),
+        }
+    }
+
+    /// Connect with dlock's session settings; `lock_timeout` bounds lock waits.
+    async fn connect(
+        &self,
+        label: &str,
+        ttl: Duration,
+        lock_timeout: Option<Duration>,
+    ) -> Result<Session, Error> {
+        let tls = tls::connector(&self.target)?;
+        match self.connect_with(&tls, label, ttl, lock_timeout, true).await {
+            // A server older than 14 does not know two of the settings.
+            Err(e) if e.to_string().contains("unrecognized configuration parameter") => {
+                self.connect_with(&tls, label, ttl, lock_timeout, false)
+                    .await
+            }
+            other => other,
+        }
+    }
+
+    async fn connect_with(
+        &self,
+        tls: &MakeRustlsConnect,
+        label: &str,
+        ttl: Duration,
+        lock_timeout: Option<Duration>,
+        modern: bool,
+    ) -> Result<Session, Error> {
+        let target = &self.target;
+        let mut config = Config::new();
+        for host in &target.hosts {
+            match host {
+                PgHost::Tcp { host, port } => config.host(host).port(*port),
+                PgHost::Unix { dir, port } => config.host_path(dir).port(*port),
+            };
+        }
+        config.user(target.user()).dbname(target.dbname());
+        if let Some(password) = &target.password {
+            config.password(password.expose());
+        }
+        let app = match &target.application_name {
+            Some(name) => format!("{name} {label}"),
+            None => label.to_owned(),
+        };
+        config.application_name(truncate(&app, MAX_APPLICATION_NAME));
+        let mut options = session_options(ttl, lock_timeout, modern);
+        if let Some(theirs) = &target.options {
+            options = format!("{theirs} {options}");
+        }
+        config.options(&options);
+        config.ssl_mode(match target.sslmode {
+            SslMode::Disable => tokio_postgres::config::SslMode::Disable,
+            SslMode::Allow | SslMode::Prefer => tokio_postgres::config::SslMode::Prefer,
+            SslMode::Require | SslMode::VerifyCa | SslMode::VerifyFull => {
+                tokio_postgres::config::SslMode::Require
+            }
+        });
+        let timeout = target.connect_timeout.unwrap_or(CONNECT_TIMEOUT);
+        config
+            .connect_timeout(timeout)
+            .keepalives(true)
+            .keepalives_idle((ttl / 6).max(Duration::from_secs(1)))
+            .keepalives_interval(Duration::from_secs(1))
+            .keepalives_retries(3)
+            .tcp_user_timeout((ttl / 3).max(Duration::from_secs(1)));
+        let hosts = u32::try_from(target.hosts.len()).unwrap_or(1).max(1);
+        let (client, mut connection) =
+            match tokio::time::timeout(timeout * hosts, config.connect(tls.clone())).await {
+                Err(_) => {
+                    return Err(Error::Unavailable(format!(
+                        "cannot reach {}: no answer within {}",
+                        self.display,
+                        humantime::format_duration(timeout * hosts)
+                    )))
+                }
+                Ok(Err(e)) => return Err(classify(&e, &self.display)),
+                Ok(Ok(pair)) => pair,
+            };
+        let version = connection
+            .parameter("server_version")
+            .map(str::to_owned)
+            .unwrap_or_default();
+        let (end_tx, ended) = watch::channel(None);
+        let (note_tx, notes) = mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            loop {
+                match poll_fn(|cx| connection.poll_message(cx)).await {
+                    Some(Ok(AsyncMessage::Notification(note))) => {
+                        let _ = note_tx.send(note.channel().to_owned());
+                    }
+                    Some(Ok(AsyncMessage::Notice(notice))) => {
+                        tracing::debug!("server notice: {}", notice.message());
+                    }
+                    Some(Ok(_)) => {}
+                    None => {
+                        end_tx.send_replace(Some(End {
+                            reason: "the server closed the connection".into(),
+                            server_ended: true,
+                        }));
+                        return;
+                    }
+                    Some(Err(e)) => {
+                        end_tx.send_replace(Some(End {
+                            reason: describe(&e),
+                            server_ended: e.as_db_error().is_some(),
+                        }));
+                        return;
+                    }
+                }
+            }
+        });
+        let cancel = client.cancel_token();
+        Ok(Session {
+            client: Arc::new(client),
+            ended,
+            notes,
+            cancel,
+            tls: tls.clone(),
+            version,
+        })
+    }
+
+    fn holder_label(&self, holder: &Holder) -> (String, String) {
+        let since = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs());
+        (
+            format!("dlock {} {since} t", holder.pid),
+            format!(" {}", holder.host),
+        )
+    }
+
+    /// `--limit 1`: the server's lock queue. Returns the token and when the grant arrived.
+    async fn acquire_single(
+        &self,
+        session: &mut Session,
+        request: &AcquireRequest,
+        key: i64,
+        cancel: &mut Cancel,
+    ) -> Result<Granted, Error> {
+        let client = session.client.clone();
+        let try_only = request.wait == Wait::No;
+        // The waiter's metadata rides along, so `status` can list the queue.
+        let lock_sql = format!(
+            "SELECT {} {}",
+            if try_only {
+                "pg_try_advisory_lock($1)"
+            } else {
+                "pg_advisory_lock($1)::text = ''"
+            },
+            metadata_comment(&request.holder)
+        );
+        let (label, host) = self.holder_label(&request.holder);
+        let token_sql = token_sql(&request.holder);
+        let lock_params: [(&(dyn ToSql + Sync), Type); 1] = [(&key, Type::INT8)];
+        let token_params: [(&(dyn ToSql + Sync), Type); 3] =
+            [(&key, Type::INT8), (&label, Type::TEXT), (&host, Type::TEXT)];
+        let lock = client.query_typed(&lock_sql, &lock_params);
+        let token = client.query_typed(&token_sql, &token_params);
+        let lock = async {
+            let lock = lock.await;
+            (lock, BootInstant::now())
+        };
+        // Both requests go out at once, in the order `join` first polls them: the lock call,
+        // then the token statement, which the server runs as soon as the lock is granted.
+        let work = async { tokio::join!(lock, token) };
+        tokio::pin!(work);
+        let backstop = async {
+            match request.wait {
+                Wait::For(d) => tokio::time::sleep(d + Duration::from_secs(1)).await,
+                _ => std::future::pending().await,
+            }
+        };
+        tokio::pin!(backstop);
+        let mut ended = session.ended.clone();
+        let ((lock, at), token) = tokio::select! {
+            done = &mut work => done,
+            () = cancel.cancelled() => {
+                return Err(self.abandon(session, work.as_mut(), key, Error::Cancelled).await);
+            }
+            () = &mut backstop => {
+                let busy = Error::Busy(format!("{} is held; waited {}", request.name, wait_text(request.wait)));
+                return Err(self.abandon(session, work.as_mut(), key, busy).await);
+            }
+            _ = ended.wait_for(Option::is_some) => {
+                return Err(Error::Unavailable(format!("lost the connection to {} while waiting: {}", self.display, session.end_reason())));
+            }
+        };
+        let granted = match lock {
+            Ok(rows) => rows
+                .first()
+                .and_then(|row| row.try_get::<_, bool>(0).ok())
+                .unwrap_or(false),
+            Err(e) => return Err(self.busy_or(&e, request, session).await),
+        };
+        if !granted {
+            let who = self.describe_holders(session, &request.name).await;
+            return Err(Error::Busy(format!("{} is held{who}", request.name)));
+        }
+        let token = self.check_token(token, &client, key).await?;
+        Ok(Granted { token, at })
+    }
+
+    /// `--limit N > 1`: queue on the turnstile, then take the first free slot; a released slot
+    /// wakes the head of the queue by NOTIFY.
+    async fn acquire_slot(
+        &self,
+        session: &mut Session,
+        request: &AcquireRequest,
+        cancel: &mut Cancel,
+    ) -> Result<(Granted, i64), Error> {
+        let client = session.client.clone();
+        let name = request.name.as_str();
+        let slots: Vec<i64> = (0..request.limit)
+            .map(|i| slot_key(&self.prefix, name, i))
+            .collect();
+        let try_sql = format!(
+            "{} {}",
+            try_slots_sql(&slots),
+            metadata_comment(&request.holder)
+        );
+        let deadline = match request.wait {
+            Wait::For(d) => Some(BootInstant::now() + d),
+            _ => None,
+        };
+        if request.wait != Wait::No {
+            let turnstile = turnstile_key(&self.prefix, name);
+            let listen = format!("LISTEN {}", channel(&self.prefix, name));
+            client
+                .batch_execute(&listen)
+                .await
+                .map_err(|e| classify(&e, &self.display))?;
+            let params: [(&(dyn ToSql + Sync), Type); 1] = [(&turnstile, Type::INT8)];
+            let lock_sql = format!(
+                "SELECT pg_advisory_lock($1)::text = '' {}",
+                metadata_comment(&request.holder)
+            );
+            let lock = client.query_typed(&lock_sql, &params);
+            tokio::pin!(lock);
+            let backstop = async {
+                match deadline {
+                    Some(at) => sleep_until(at + Duration::from_secs(1)).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::pin!(backstop);
+            let mut ended = session.ended.clone();
+            tokio::select! {
+                done = &mut lock => {
+                    if let Err(e) = done {
+                        return Err(self.busy_or(&e, request, session).await);
+                    }
+                }
+                () = cancel.cancelled() => {
+                    return Err(self.abandon(session, lock.as_mut(), turnstile, Error::Cancelled).await);
+                }
+                () = &mut backstop => {
+                    let busy = Error::Busy(format!("{} is held by {} holders; waited {}", request.name, request.limit, wait_text(request.wait)));
+                    return Err(self.abandon(session, lock.as_mut(), turnstile, busy).await);
+                }
+                _ = ended.wait_for(Option::is_some) => {
+                    return Err(Error::Unavailable(format!("lost the connection to {} while waiting: {}", self.display, session.end_reason())));
+                }
+            }
+        }
+        let recheck = (request.ttl / 3).min(Duration::from_secs(1));
+        for _ in 0..u32::MAX {
+            let rows = client
+                .query_typed(&try_sql, &[])
+                .await
+                .map_err(|e| classify(&e, &self.display))?;
+            let slot = rows.first().and_then(|r| r.try_get::<_, i32>(0).ok());
+            if let Some(slot) = slot.and_then(|s| usize::try_from(s).ok()) {
+                let key = slots.get(slot).copied().unwrap_or(slots[0]);
+                let at = BootInstant::now();
+                let (label, host) = self.holder_label(&request.holder);
+                let token_sql = token_sql(&request.holder);
+                let token_params: [(&(dyn ToSql + Sync), Type); 3] =
+                    [(&key, Type::INT8), (&label, Type::TEXT), (&host, Type::TEXT)];
+                // Leave the queue and read the token in one round trip; the token statement
+                // goes last so its metadata comment is what pg_stat_activity shows.
+                let leave = async {
+                    if request.wait == Wait::No {
+                        return Ok(());
+                    }
+                    let turnstile = turnstile_key(&self.prefix, name);
+                    client
+                        .batch_execute(&format!(
+                            "SELECT pg_advisory_unlock({turnstile}); UNLISTEN *"
+                        ))
+                        .await
+                };
+                let (left, token) =
+                    tokio::join!(leave, client.query_typed(&token_sql, &token_params));
+                left.map_err(|e| classify(&e, &self.display))?;
+                let token = self.check_token(token, &client, key).await?;
+                return Ok((Granted { token, at }, key));
+            }
+            if request.wait == Wait::No {
+                let who = self.describe_holders(session, &request.name).await;
+                return Err(Error::Busy(format!(
+                    "{} is held by {} holders{who}",
+                    request.name, request.limit
+                )));
+            }
+            let mut ended = session.ended.clone();
+            let next_check = BootInstant::now() + recheck;
+            let wake = match deadline {
+                Some(d) if d < next_check => d,
+                _ => next_check,
+            };
+            tokio::select! {
+                _ = session.notes.recv() => {}
+                () = sleep_until(wake) => {
+                    if deadline.is_some_and(|d| BootInstant::now() >= d) {
+                        return Err(Error::Busy(format!("{} is held by {} holders; waited {}", request.name, request.limit, wait_text(request.wait))));
+                    }
+                }
+                () = cancel.cancelled() => {
+                    let turnstile = turnstile_key(&self.prefix, name);
+                    let _ = tokio::time::timeout(CANCEL_TIMEOUT, client.query_typed("SELECT pg_advisory_unlock($1)", &[(&turnstile, Type::INT8)])).await;
+                    return Err(Error::Cancelled);
+                }
+                _ = ended.wait_for(Option::is_some) => {
+                    return Err(Error::Unavailable(format!("lost the connection to {} while waiting: {}", self.display, session.end_reason())));
+                }
+            }
+        }
+        Err(Error::Internal("slot wait loop ended".into()))
+    }
+
+    /// Read the token statement's answer: a standby or a pooler is refused.
+    async fn check_token(
+        &self,
+        token: Result<Vec<tokio_postgres::Row>, tokio_postgres::Error>,
+        client: &Client,
+        key: i64,
+    ) -> Result<u64, Error> {
+        let rows = token.map_err(|e| classify(&e, &self.display))?;
+        let row = rows
+            .first()
+            .ok_or_else(|| Error::Internal("the token statement returned no row".into()))?;
+        let standby: bool = row.try_get(0).unwrap_or(false);
+        let mine: bool = row.try_get(2).unwrap_or(false);
+        let refuse = |message: String| async {
+            let _ = client
+                .query_typed("SELECT pg_advisory_unlock($1)", &[(&key, Type::INT8)])
+                .await;
+            Err(Error::Config(message))
+        };
+        if standby {
+            return refuse(format!(
+                "{} is a hot standby (pg_is_in_recovery() is true); locks must be taken on the primary",
+                self.display
+            ))
+            .await;
+        }
+        if !mine {
+            return refuse(format!(
+                "the lock taken on {} does not show up for our own session: the connection goes through a transaction-pooling proxy (pgbouncer pool_mode=transaction?); use a direct or session-pooled connection",
+                self.display
+            ))
+            .await;
+        }
+        let token: Option<i64> = row.try_get(1).unwrap_or(None);
+        token
+            .and_then(|t| u64::try_from(t).ok())
+            .ok_or_else(|| Error::Internal("the server gave no transaction id".into()))
+    }
+
+    /// A lock statement failed: 55P03 is the `--wait` deadline (lock_timeout); the rest is
+    /// classified.
+    async fn busy_or(
+        &self,
+        e: &tokio_postgres::Error,
+        request: &AcquireRequest,
+        session: &Session,
+    ) -> Error {
+        match e.code().map(|c| c.code()) {
+            Some("55P03") => {
+                let who = self.describe_holders(session, &request.name).await;
+                Error::Busy(format!(
+                    "{} is held{who}; waited {}",
+                    request.name,
+                    wait_text(request.wait)
+                ))
+            }
+            _ => classify(e, &self.display),
+        }
+    }
+
+    /// Give up a waiting lock call: cancel it on the server and wait for the answer, so no lock
+    /// request stays queued; a grant that won the race is given back.
+    async fn abandon<F>(
+        &self,
+        session: &Session,
+        lock: std::pin::Pin<&mut F>,
+        key: i64,
+        outcome: Error,
+    ) -> Error
+    where
+        F: Future,
+    {
+        let cancelled = tokio::time::timeout(
+            CANCEL_TIMEOUT,
+            session.cancel.cancel_query(session.tls.clone()),
+        )
+        .await;
+        if !matches!(cancelled, Ok(Ok(()))) {
+            tracing::warn!("could not cancel the waiting lock request; closing the connection instead (the server drops it within a second)");
+            return outcome;
+        }
+        if tokio::time::timeout(CANCEL_TIMEOUT, lock).await.is_err() {
+            tracing::warn!("the cancelled lock request did not answer; closing the connection");
+            return outcome;
+        }
+        // Granted before the cancel arrived (or cancelled): unlocking is harmless either way.
+        let _ = tokio::time::timeout(
+            CANCEL_TIMEOUT,
+            session
+                .client
+                .query_typed("SELECT pg_advisory_unlock($1)", &[(&key, Type::INT8)]),
+        )
+        .await;
+        outcome
+    }
+
+    /// Connect for `status`, `list`, `release --force` and `check`.
+    async fn admin(&self) -> Result<Session, Error> {
+        let label = format!("dlock {} admin", std::process::id());
+        self.connect(&label, Duration::from_secs(30), None).await
+    }
+
+    async fn status_with(&self, session: &Session, name: &LockName) -> Result<LockStatus, Error> {
+        let slots: Vec<i64> = (0..MAX_LIMIT)
+            .map(|i| slot_key(&self.prefix, name.as_str(), i))
+            .collect();
+        let turnstile = turnstile_key(&self.prefix, name.as_str());
+        let mut keys = slots.clone();
+        keys.push(turnstile);
+        let rows = query(session, STATUS_SQL, &[(&keys, Type::INT8_ARRAY)], &self.display).await?;
+        let mut holders = Vec::new();
+        let mut queue = Vec::new();
+        let mut turnstile_head = Vec::new();
+        for row in &rows {
+            let seen = Seen::from_row(row);
+            if seen.key == turnstile {
+                if seen.granted {
+                    turnstile_head.push(seen.status(name));
+                } else {
+                    queue.push(seen.status(name));
+                }
+            } else if seen.granted {
+                holders.push(seen.status(name));
+            } else {
+                queue.push(seen.status(name));
+            }
+        }
+        turnstile_head.extend(queue);
+        let queue = turnstile_head;
+        Ok(LockStatus {
+            name: name.as_str().to_owned(),
+            held: !holders.is_empty(),
+            holders,
+            waiters: Some(queue.len() as u64),
+            queue,
+            last_token: None,
+        })
+    }
+
+    async fn describe_holders(&self, session: &Session, name: &LockName) -> String {
+        match self.status_with(session, name).await {
+            Ok(status) => status.held_by(),
+            Err(_) => String::new(),
+        }
+    }
+}
+
+/// `-c name=value` start-up options: no timeouts that could end a hold, `--wait` as the
+/// server's own lock wait limit, and keepalives that give a silent client `ttl` before its
+/// session (and lock) is dropped.
+fn session_options(ttl: Duration, lock_timeout: Option<Duration>, modern: bool) -> String {
+    let ttl_s = ttl.as_secs().max(2);
+    let idle = ttl_s.div_ceil(2);
+    let count = ttl_s - idle + 1;
+    let lock_ms = lock_timeout.map_or(0, |d| d.as_millis().max(1));
+    let mut options = format!(
+        "-c statement_timeout=0 -c idle_in_transaction_session_timeout=0 -c lock_timeout={lock_ms} \
+         -c synchronous_commit=on \
+         -c tcp_keepalives_idle={idle} -c tcp_keepalives_interval=1 -c tcp_keepalives_count={count} \
+         -c tcp_user_timeout={}",
+        ttl.as_millis().max(1000)
+    );
+    if modern {
+        options.push_str(" -c idle_session_timeout=0 -c client_connection_check_interval=1000");
+    }
+    options
+}
+
+/// The statement run right after a grant: standby?, fencing token, is the lock ours?, and the
+/// session's label (`application_name`). The holder's metadata rides along as a comment, so
+/// `status` can read it from `pg_stat_activity.query` where the role may see it.
+fn token_sql(holder: &Holder) -> String {
+    format!(
+        "SELECT pg_is_in_recovery(), \
+         CASE WHEN pg_is_in_recovery() THEN NULL ELSE txid_current() END, \
+         EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid() \
+         AND granted AND objsubid = 1 AND classid = (($1 >> 32) & 4294967295)::oid \
+         AND objid = ($1 & 4294967295)::oid), \
+         set_config('application_name', \
+         left($2 || coalesce(txid_current_if_assigned()::text, '0') || $3, {MAX_APPLICATION_NAME}), false) {}",
+        metadata_comment(holder)
+    )
+}
+
+/// The heartbeat: does our session still hold the key?
+fn heartbeat_sql(holder: &Holder) -> String {
+    format!(
+        "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' \
+         AND pid = pg_backend_pid() AND granted AND objsubid = 1 \
+         AND classid = (($1 >> 32) & 4294967295)::oid AND objid = ($1 & 4294967295)::oid) {}",
+        metadata_comment(holder)
+    )
+}
+
+/// `/*dlock {json}*/`, with every `/` escaped (`\/` is valid JSON) so the text can neither end
+/// the comment nor open a nested one.
+fn metadata_comment(holder: &Holder) -> String {
+    let json = serde_json::to_string(holder).unwrap_or_default();
+    format!("/*dlock {}*/", json.replace('/', "\\/"))
+}
+
+/// One statement that takes the first free slot, in slot order (`CASE` evaluates its
+/// conditions in order and stops at the first true one), and returns its index or NULL.
+fn try_slots_sql(slots: &[i64]) -> String {
+    let mut sql = String::from("SELECT CASE");
+    for (i, slot) in slots.iter().enumerate() {
+        sql.push_str(&format!(" WHEN pg_try_advisory_lock({slot}) THEN {i}"));
+    }
+    sql.push_str(" END::int4");
+    sql
+}
+
+const STATUS_SQL: &str = "SELECT l.pid, l.granted, \
+     ((l.classid::int8 << 32) | l.objid::int8) AS key, \
+     a.application_name, a.query, host(a.client_addr), a.client_port, \
+     extract(epoch FROM a.backend_start)::int8 \
+     FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
+     WHERE l.locktype = 'advisory' AND l.objsubid = 1 \
+     AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+     AND ((l.classid::int8 << 32) | l.objid::int8) = ANY($1) \
+     ORDER BY l.granted DESC, a.query_start NULLS LAST, l.pid";
+
+/// Every dlock-labelled advisory lock holder in the database.
+const LIST_SQL: &str = "SELECT l.pid, l.granted, \
+     ((l.classid::int8 << 32) | l.objid::int8) AS key, \
+     a.application_name, a.query, host(a.client_addr), a.client_port, \
+     extract(epoch FROM a.backend_start)::int8 \
+     FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
+     WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted \
+     AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+     ORDER BY key, a.query_start NULLS LAST, l.pid";
+
+/// A row of [`STATUS_SQL`] / [`LIST_SQL`].
+struct Seen {
+    backend_pid: i32,
+    granted: bool,
+    key: i64,
+    application_name: String,
+    /// The holder's metadata from its last statement, where our role may read it.
+    metadata: Option<Holder>,
+    client: Option<String>,
+}
+
+impl Seen {
+    fn from_row(row: &tokio_postgres::Row) -> Seen {
+        let query: Option<String> = row.try_get(4).unwrap_or(None);
+        let metadata = query.as_deref().and_then(|q| {
+            let start = q.find("/*dlock ")? + "/*dlock ".len();
+            let end = q[start..].find("*/")? + start;
+            serde_json::from_str::<Holder>(&q[start..end]).ok()
+        });
+        let addr: Option<String> = row.try_get(5).unwrap_or(None);
+        let port: Option<i32> = row.try_get(6).unwrap_or(None);
+        let client = match (addr, port) {
+            (Some(a), Some(p)) if p > 0 => Some(format!("{a}:{p}")),
+            (Some(a), _) => Some(a),
+            (None, Some(-1)) => Some("local socket".into()),
+            _ => None,
+        };
+        Seen {
+            backend_pid: row.try_get(0).unwrap_or(0),
+            granted: row.try_get(1).unwrap_or(false),
+            key: row.try_get(2).unwrap_or(0),
+            application_name: row
+                .try_get::<_, Option<String>>(3)
+                .unwrap_or(None)
+                .unwrap_or_default(),
+            metadata,
+            client,
+        }
+    }
+
+    /// The holder as far as we can see it: the metadata comment where visible, completed and
+    /// corrected from the `application_name` label (`dlock <pid> <since> t<token> <host>`).
+    fn status(&self, name: &LockName) -> HolderStatus {
+        let mut holder = self.metadata.clone().unwrap_or_default();
+        if holder.name.is_empty() {
+            holder.name = name.as_str().to_owned();
+        }
+        let label = self
+            .application_name
+            .find("dlock ")
+            .map(|at| &self.application_name[at + "dlock ".len()..]);
+        if let Some(label) = label {
+            let mut words = label.split(' ');
+            if let Some(pid) = words.next().and_then(|p| p.parse().ok()) {
+                holder.pid = pid;
+            }
+            let since = words.next().unwrap_or("");
+            if since == "wait" || since == "admin" {
+                if holder.host.is_empty() {
+                    holder.host = words.collect::<Vec<_>>().join(" ");
+                }
+            } else if let Ok(secs) = since.parse::<u64>() {
+                if holder.since.is_empty() {
+                    let at = std::time::UNIX_EPOCH + Duration::from_secs(secs);
+                    holder.since = humantime::format_rfc3339_seconds(at).to_string();
+                }
+                if let Some(token) = words.next().and_then(|t| t.strip_prefix('t')) {
+                    holder.token = token.parse().unwrap_or(holder.token);
+                }
+                if holder.host.is_empty() {
+                    holder.host = words.collect::<Vec<_>>().join(" ");
+                }
+            }
+        }
+        let mut session = format!("backend pid {}", self.backend_pid);
+        if let Some(client) = &self.client {
+            session.push_str(&format!(" from {client}"));
+        }
+        if !self.application_name.is_empty() {
+            session.push_str(&format!(", application_name '{}'", self.application_name));
+        }
+        HolderStatus {
+            holder,
+            ttl_left_ms: None,
+            session: Some(session),
+        }
+    }
+}
+
+/// A grant: the token and when its answer arrived (the server notices a silent client no
+/// sooner than `ttl` after that).
+struct Granted {
+    token: u64,
+    at: BootInstant,
+}
+
+/// How a connection ended.
+#[derive(Clone, Debug)]
+struct End {
+    reason: String,
+    /// The server ended the session (terminated, shut down): the lock is already free.
+    server_ended: bool,
+}
+
+/// One connection and what its driver task reports.
+struct Session {
+    client: Arc<Client>,
+    ended: watch::Receiver<Option<End>>,
+    notes: mpsc::UnboundedReceiver<String>,
+    cancel: CancelToken,
+    tls: MakeRustlsConnect,
+    version: String,
+}
+
+impl Session {
+    fn end_reason(&self) -> String {
+        self.ended
+            .borrow()
+            .as_ref()
+            .map_or_else(|| "connection closed".into(), |end| end.reason.clone())
+    }
+}
+
+async fn query(
+    session: &Session,
+    sql: &str,
+    params: &[(&(dyn ToSql + Sync), Type)],
+    display: &str,
+) -> Result<Vec<tokio_postgres::Row>, Error> {
+    match tokio::time::timeout(OP_TIMEOUT, session.client.query_typed(sql, params)).await {
+        Ok(Ok(rows)) => Ok(rows),
+        Ok(Err(e)) => Err(classify(&e, display)),
+        Err(_) => Err(Error::Unavailable(format!(
+            "{display} did not answer within {}",
+            humantime::format_duration(OP_TIMEOUT)
+        ))),
+    }
+}
+
+fn wait_text(wait: Wait) -> String {
+    match wait {
+        Wait::For(d) => humantime::format_duration(d).to_string(),
+        Wait::No => "not at all (--no-wait)".into(),
+        Wait::Forever => "for ever".into(),
+    }
+}
+
+fn truncate(text: &str, max: usize) -> String {
+    let mut cut = text.len().min(max);
+    while !text.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    text[..cut].to_owned()
+}
+
+/// A driver error in words: the server's message and SQLSTATE where there is one
+/// (tokio-postgres's own Display says only "db error").
+fn describe(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!("{} ({})", db.message(), db.code().code()),
+        None => {
+            let mut text = e.to_string();
+            let mut source = std::error::Error::source(e);
+            while let Some(cause) = source {
+                let more = cause.to_string();
+                if !text.contains(&more) {
+                    text.push_str(": ");
+                    text.push_str(&more);
+                }
+                source = cause.source();
+            }
+            text
+        }
+    }
+}
+
+fn is_tls_error(e: &tokio_postgres::Error) -> bool {
+    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(cause) = source {
+        if cause.downcast_ref::<rustls::Error>().is_some() {
+            return true;
+        }
+        if let Some(io) = cause.downcast_ref::<std::io::Error>() {
+            if io
+                .get_ref()
+                .is_some_and(|inner| inner.downcast_ref::<rustls::Error>().is_some())
+            {
+                return true;
+            }
+        }
+        source = cause.source();
+    }
+    e.to_string().contains("TLS")
+}
+
+/// The exit status a driver error stands for (design §6).
+fn classify(e: &tokio_postgres::Error, display: &str) -> Error {
+    let text = describe(e);
+    if let Some(db) = e.as_db_error() {
+        let code = db.code().code();
+        return match code {
+            "28P01" | "28000" | "42501" => Error::Permission(format!("{display}: {text}")),
+            "3D000" => Error::Config(format!("{display}: {text}")),
+            "55P03" => Error::Busy(text),
+            "08P01" if text.contains("startup parameter") => Error::Config(format!(
+                "{display} refused dlock's session settings ({text}); a connection pooler? use a direct connection"
+            )),
+            c if c.starts_with("42") => Error::Internal(format!("{display}: {text}")),
+            _ => Error::Unavailable(format!("{display}: {text}")),
+        };
+    }
+    if is_tls_error(e) {
+        return Error::Config(format!("TLS with {display} failed: {text}"));
+    }
+    if text.contains("password missing") {
+        return Error::Permission(format!(
+            "{display} wants a password; give it in the URL, DLOCK_PASSWORD, password_file or ~/.pgpass"
+        ));
+    }
+    Error::Unavailable(format!("cannot reach {display}: {text}"))
+}
+
+impl Backend for PgBackend {
+    type Lease = PgLease;
+
+    async fn acquire(&self, request: &AcquireRequest, mut cancel: Cancel) -> Result<PgLease, Error> {
+        let lock_timeout = match request.wait {
+            Wait::For(d) if request.limit <= 1 => Some(d),
+            _ => None,
+        };
+        let label = format!("dlock {} wait {}", request.holder.pid, request.holder.host);
+        let mut session = self.connect(&label, request.ttl, lock_timeout).await?;
+        let (granted, key) = if request.limit <= 1 {
+            let key = key(&self.prefix, request.name.as_str());
+            let granted = self
+                .acquire_single(&mut session, request, key, &mut cancel)
+                .await?;
+            (granted, key)
+        } else {
+            self.acquire_slot(&mut session, request, &mut cancel).await?
+        };
+        let last_ack = Arc::new(Mutex::new(granted.at));
+        let renewer = Renewer {
+            client: session.client.clone(),
+            ended: session.ended.clone(),
+            key,
+            ttl: request.ttl,
+            sql: heartbeat_sql(&Holder {
+                token: granted.token,
+                ..request.holder.clone()
+            }),
+            last_ack: last_ack.clone(),
+        };
+        let keeper = Keeper::start(renewer, granted.at, request.ttl, request.kill_after);
+        let notify = (request.limit > 1).then(|| channel(&self.prefix, request.name.as_str()));
+        Ok(PgLease {
+            keeper,
+            session,
+            key,
+            token: granted.token,
+            notify,
+            schedule: Schedule::new(request.ttl, request.kill_after),
+            last_ack,
+        })
+    }
+
+    async fn status(&self, name: &LockName) -> Result<LockStatus, Error> {
+        let session = self.admin().await?;
+        self.status_with(&session, name).await
+    }
+
+    async fn list(&self) -> Result<Vec<LockStatus>, Error> {
+        let session = self.admin().await?;
+        let rows = query(&session, LIST_SQL, &[], &self.display).await?;
+        let mut locks: Vec<LockStatus> = Vec::new();
+        for row in &rows {
+            let seen = Seen::from_row(row);
+            // Only dlock's holders: a label or a metadata comment says so.
+            if seen.metadata.is_none() && !seen.application_name.contains("dlock ") {
+                continue;
+            }
+            let name = seen
+                .metadata
+                .as_ref()
+                .map(|h| h.name.clone())
+                .filter(|n| !n.is_empty())
+                .unwrap_or_else(|| format!("key:{}", seen.key));
+            let Ok(lock_name) = LockName::new(&name) else {
+                continue;
+            };
+            // A name seen in metadata belongs to our namespace only if its key matches.
+            if seen.metadata.is_some()
+                && !(0..MAX_LIMIT).any(|i| slot_key(&self.prefix, &name, i) == seen.key)
+            {
+                continue;
+            }
+            let status = seen.status(&lock_name);
+            match locks.iter_mut().find(|l| l.name == name) {
+                Some(lock) => lock.holders.push(status),
+                None => locks.push(LockStatus {
+                    name,
+                    held: true,
+                    holders: vec![status],
+                    waiters: None,
+                    queue: Vec::new(),
+                    last_token: None,
+                }),
+            }
+        }
+        locks.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(locks)
+    }
+
+    async fn force_release(&self, name: &LockName) -> Result<Vec<Holder>, Error> {
+        let session = self.admin().await?;
+        let status = self.status_with(&session, name).await?;
+        let slots: Vec<i64> = (0..MAX_LIMIT)
+            .map(|i| slot_key(&self.prefix, name.as_str(), i))
+            .collect();
+        let rows = query(&session, STATUS_SQL, &[(&slots, Type::INT8_ARRAY)], &self.display).await?;
+        for row in &rows {
+            let seen = Seen::from_row(row);
+            if !seen.granted {
+                continue;
+            }
+            let pid = seen.backend_pid;
+            match session
+                .client
+                .query_typed("SELECT pg_terminate_backend($1)", &[(&pid, Type::INT4)])
+                .await
+            {
+                Ok(_) => {}
+                Err(e) if e.code().map(|c| c.code()) == Some("42501") => {
+                    return Err(Error::Permission(format!(
+                        "not permitted to end the holder's session (backend pid {pid}): {}; it needs membership in pg_signal_backend or the holder's role",
+                        describe(&e)
+                    )))
+                }
+                Err(e) => return Err(classify(&e, &self.display)),
+            }
+        }
+        Ok(status.holders.into_iter().map(|h| h.holder).collect())
+    }
+
+    async fn check(&self) -> Result<CheckReport, Error> {
+        let started = BootInstant::now();
+        let session = self.admin().await?;
+        let connect_time = BootInstant::now().saturating_since(started);
+        let rows = query(
+            &session,
+            "SELECT version(), pg_is_in_recovery(), current_user::text, current_database()::text, \
+             pg_has_role('pg_signal_backend', 'MEMBER'), \
+             (SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()), \
+             (SELECT version FROM pg_stat_ssl WHERE pid = pg_backend_pid())",
+            &[],
+            &self.display,
+        )
+        .await?;
+        let row = rows
+            .first()
+            .ok_or_else(|| Error::Internal("check: no row".into()))?;
+        let version: String = row.try_get(0).unwrap_or_default();
+        let standby: bool = row.try_get(1).unwrap_or(false);
+        let user: String = row.try_get(2).unwrap_or_default();
+        let database: String = row.try_get(3).unwrap_or_default();
+        let can_signal: bool = row.try_get(4).unwrap_or(false);
+        let ssl: Option<bool> = row.try_get(5).unwrap_or(None);
+        let ssl_version: Option<String> = row.try_get(6).unwrap_or(None);
+        if standby {
+            return Err(Error::Config(format!(
+                "{} is a hot standby (pg_is_in_recovery() is true); locks must be taken on the primary",
+                self.display
+            )));
+        }
+        let mut round_trips = Vec::new();
+        for _ in 0..5 {
+            let sent = BootInstant::now();
+            query(&session, "SELECT 1", &[], &self.display).await?;
+            round_trips.push(BootInstant::now().saturating_since(sent));
+        }
+        round_trips.sort();
+        // Take and give back a test key; it must show up for our own backend (no pooler).
+        let probe = key_with(&self.prefix, "!check", uuid::Uuid::new_v4().as_bytes());
+        let rows = query(
+            &session,
+            "SELECT pg_try_advisory_lock($1)",
+            &[(&probe, Type::INT8)],
+            &self.display,
+        )
+        .await?;
+        let took = rows.first().and_then(|r| r.try_get::<_, bool>(0).ok()) == Some(true);
+        let seen = query(
+            &session,
+            "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid() \
+             AND granted AND objsubid = 1 AND classid = (($1 >> 32) & 4294967295)::oid \
+             AND objid = ($1 & 4294967295)::oid)",
+            &[(&probe, Type::INT8)],
+            &self.display,
+        )
+        .await?;
+        let mine = seen.first().and_then(|r| r.try_get::<_, bool>(0).ok()) == Some(true);
+        query(
+            &session,
+            "SELECT pg_advisory_unlock($1)",
+            &[(&probe, Type::INT8)],
+            &self.display,
+        )
+        .await?;
+        if !took || !mine {
+            return Err(Error::Config(format!(
+                "an advisory lock taken on {} does not show up for our own session: the connection goes through a transaction-pooling proxy; use a direct or session-pooled connection",
+                self.display
+            )));
+        }
+        let mut warnings = Vec::new();
+        if ssl != Some(true) && !matches!(self.target.hosts.first(), Some(PgHost::Unix { .. })) {
+            warnings.push(format!(
+                "the connection is not encrypted (sslmode={})",
+                self.target.sslmode.as_str()
+            ));
+        }
+        if !can_signal {
+            warnings.push(format!(
+                "role {user} is not in pg_signal_backend: 'dlock release --force' can end only its own role's sessions"
+            ));
+        }
+        let median = round_trips
+            .get(round_trips.len() / 2)
+            .copied()
+            .unwrap_or_default();
+        Ok(CheckReport {
+            backend: "postgres".into(),
+            location: self.display.clone(),
+            version: version
+                .split_whitespace()
+                .take(2)
+                .collect::<Vec<_>>()
+                .join(" "),
+            round_trip_us: u64::try_from(median.as_micros()).unwrap_or(u64::MAX),
+            warnings,
+            details: vec![
+                ("server version".into(), session.version.clone()),
+                ("database".into(), database),
+                ("user".into(), user),
+                (
+                    "tls".into(),
+                    match (ssl, ssl_version) {
+                        (Some(true), Some(v)) => v,
+                        _ => "none".into(),
+                    },
+                ),
+                (
+                    "connect".into(),
+                    humantime::format_duration(Duration::from_micros(
+                        connect_time.as_micros() as u64,
+                    ))
+                    .to_string(),
+                ),
+                ("advisory lock".into(), "taken and released a test key".into()),
+            ],
+        })
+    }
+}
+
+/// A held advisory lock on our own connection.
+pub struct PgLease {
+    keeper: Keeper<Renewer>,
+    session: Session,
+    key: i64,
+    token: u64,
+    /// The channel to NOTIFY on release (`--limit N > 1`).
+    notify: Option<String>,
+    schedule: Schedule,
+    last_ack: Arc<Mutex<BootInstant>>,
+}
+
+impl Lease for PgLease {
+    fn token(&self) -> u64 {
+        self.token
+    }
+
+    async fn lost(&mut self) -> Lost {
+        let mut ended = self.session.ended.clone();
+        tokio::select! {
+            lost = self.keeper.lost() => lost,
+            _ = ended.wait_for(Option::is_some) => {
+                let end = self.session.ended.borrow().clone();
+                let end = end.unwrap_or(End { reason: "connection closed".into(), server_ended: false });
+                if end.server_ended {
+                    Lost {
+                        reason: format!("the server ended our session, which frees the lock: {}", end.reason),
+                        kill_by: None,
+                    }
+                } else {
+                    // The server may keep the session until it notices the silence.
+                    let last = self.last_ack.lock().map(|at| *at).unwrap_or_else(|_| BootInstant::now());
+                    Lost {
+                        reason: format!("the connection to the server broke: {}", end.reason),
+                        kill_by: Some(self.schedule.kill_by(last)),
+                    }
+                }
+            }
+        }
+    }
+
+    async fn release(self) -> Result<(), Error> {
+        drop(self.keeper.stop().await);
+        let client = &self.session.client;
+        let unlocked = match &self.notify {
+            Some(channel) => {
+                client
+                    .query_typed(
+                        "SELECT pg_advisory_unlock($1), pg_notify($2, '')",
+                        &[(&self.key, Type::INT8), (channel, Type::TEXT)],
+                    )
+                    .await
+            }
+            None => {
+                client
+                    .query_typed("SELECT pg_advisory_unlock($1)", &[(&self.key, Type::INT8)])
+                    .await
+            }
+        };
+        match unlocked {
+            Ok(rows) if rows.first().and_then(|r| r.try_get::<_, bool>(0).ok()) == Some(true) => {
+                Ok(())
+            }
+            Ok(_) => {
+                tracing::warn!("the lock was no longer held by our session when it was released");
+                Ok(())
+            }
+            // Closing the session frees the lock anyway.
+            Err(e) => {
+                tracing::debug!("unlock failed ({}); closing the session frees the lock", describe(&e));
+                Ok(())
+            }
+        }
+    }
+}
+
+/// Heartbeats for the [`Keeper`]: the lock must still show up for our backend.
+struct Renewer {
+    client: Arc<Client>,
+    ended: watch::Receiver<Option<End>>,
+    key: i64,
+    ttl: Duration,
+    sql: String,
+    last_ack: Arc<Mutex<BootInstant>>,
+}
+
+impl Renew for Renewer {
+    async fn renew(&mut self) -> Result<Duration, RenewError> {
+        if let Some(end) = self.ended.borrow().as_ref() {
+            return Err(RenewError::Gone(format!(
+                "the connection to the server ended: {}",
+                end.reason
+            )));
+        }
+        let sent = BootInstant::now();
+        match self
+            .client
+            .query_typed(&self.sql, &[(&self.key, Type::INT8)])
+            .await
+        {
+            Ok(rows) if rows.first().and_then(|r| r.try_get::<_, bool>(0).ok()) == Some(true) => {
+                if let Ok(mut last) = self.last_ack.lock() {
+                    *last = sent;
+                }
+                Ok(self.ttl)
+            }
+            Ok(_) => Err(RenewError::Gone(
+                "the advisory lock is no longer held by our session".into(),
+            )),
+            Err(e) if e.as_db_error().is_some() => Err(RenewError::Gone(format!(
+                "the heartbeat failed: {}",
+                describe(&e)
+            ))),
+            Err(e) => Err(RenewError::Failed(describe(&e))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// These values are the contract with every other dlock version and with SQL users.
+    #[test]
+    fn keys_never_change() {
+        assert_eq!(key("dlock", "probe"), -707979539756708059);
+        assert_eq!(key("dlock", "probe") as u64, 0xf62cc05c108e8f25);
+        assert_ne!(key("dlock", "a/b"), key("dlock", "ab"));
+        assert_ne!(key("x", "a"), key("dlock", "a"));
+        assert_eq!(slot_key("dlock", "probe", 0), key("dlock", "probe"));
+        assert_ne!(slot_key("dlock", "probe", 1), key("dlock", "probe"));
+    }
+
+    #[test]
+    fn options_give_the_server_a_ttl_of_silence() {
+        let options = session_options(Duration::from_secs(10), Some(Duration::from_millis(300)), true);
+        assert!(options.contains("lock_timeout=300 "), "{options}");
+        assert!(options.contains("tcp_keepalives_idle=5 "), "{options}");
+        assert!(options.contains("tcp_keepalives_count=6 "), "{options}");
+        assert!(options.contains("client_connection_check_interval=1000"), "{options}");
+        assert!(!session_options(Duration::from_secs(10), None, false).contains("client_connection"));
+    }
+
+    #[test]
+    fn metadata_comment_cannot_end_or_nest() {
+        let name = LockName::new("x").unwrap();
+        let holder = Holder::for_this_process(
+            &name,
+            &["sh".into(), "-c".into(), "echo */ /* done".into()],
+            Duration::from_secs(1),
+        );
+        let comment = metadata_comment(&holder);
+        let inner = &comment["/*dlock ".len()..comment.len() - 2];
+        assert!(!inner.contains("*/") && !inner.contains("/*"), "{comment}");
+        let back: Holder = serde_json::from_str(inner).unwrap();
+        assert_eq!(back.command, holder.command);
+    }
+
+    #[test]
+    fn slot_statement_tries_in_order() {
+        assert_eq!(
+            try_slots_sql(&[5, -7]),
+            "SELECT CASE WHEN pg_try_advisory_lock(5) THEN 0 WHEN pg_try_advisory_lock(-7) THEN 1 END::int4"
+        );
+    }
+}
