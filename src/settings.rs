@@ -13,9 +13,9 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::backend::postgres::{self, PgTarget};
 use crate::cli::{self, OnLost};
 use crate::error::Error;
-use crate::backend::postgres::{self, PgTarget};
 use crate::lock::{LockName, Wait};
 
 pub const DEFAULT_TTL: Duration = Duration::from_secs(15);

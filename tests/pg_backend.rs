@@ -24,7 +24,11 @@ fn waiters(env: &TestEnv, lock: &str) -> u64 {
 }
 
 /// A holder whose command records SIGTERM in `log` and otherwise loops.
-fn stoppable_holder(env: &TestEnv, url: &str, lock: &str) -> (std::process::Child, std::path::PathBuf) {
+fn stoppable_holder(
+    env: &TestEnv,
+    url: &str,
+    lock: &str,
+) -> (std::process::Child, std::path::PathBuf) {
     let log = env.path("log");
     let ready = env.path("ready");
     let script = format!(
@@ -33,7 +37,17 @@ fn stoppable_holder(env: &TestEnv, url: &str, lock: &str) -> (std::process::Chil
         ready = ready.display()
     );
     let holder = env
-        .dlock(["run", "--url", url, "--kill-after", "5s", lock, "sh", "-c", &script])
+        .dlock([
+            "run",
+            "--url",
+            url,
+            "--kill-after",
+            "5s",
+            lock,
+            "sh",
+            "-c",
+            &script,
+        ])
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn holder");
@@ -104,10 +118,17 @@ fn terminated_session_stops_the_command_within_a_heartbeat() {
     assert_eq!(ended, "1", "exactly the holder's session is a dlock holder");
     let status = wait_within(&mut holder, PATIENCE);
     let took = terminated.elapsed();
-    assert_eq!(status.code(), Some(124), "the holder must report the lost lock");
+    assert_eq!(
+        status.code(),
+        Some(124),
+        "the holder must report the lost lock"
+    );
     // TTL 3s: one heartbeat interval is 1s; allow it plus 1s.
     assert!(took <= Duration::from_secs(2), "stopped after {took:?}");
-    assert_eq!(std::fs::read_to_string(&log).expect("log"), "holder-stopped\n");
+    assert_eq!(
+        std::fs::read_to_string(&log).expect("log"),
+        "holder-stopped\n"
+    );
     assert!(env.is_free(&lock));
 }
 
@@ -134,9 +155,14 @@ fn blackholed_holder_stops_its_command_within_the_heartbeat_bound() {
     proxy.blackhole();
     let status = wait_within(&mut holder, PATIENCE);
     let took = cut.elapsed();
-    assert_eq!(status.code(), Some(124), "the holder must report the lost lock");
-    // TTL 3s: the hold is given up before 0.99·TTL − 0.5s after the last heartbeat.
-    assert!(took <= Duration::from_secs(3), "stopped after {took:?}");
+    assert_eq!(
+        status.code(),
+        Some(124),
+        "the holder must report the lost lock"
+    );
+    // TTL 3s: the hold is given up before 0.99·TTL − 0.5s after the last heartbeat, and the
+    // unlock that cannot get through is abandoned quickly.
+    assert!(took <= Duration::from_secs(4), "stopped after {took:?}");
     // The proxy keeps the server's side of the connection open (and acknowledges its
     // keepalives), so the session lives on until the link really goes away.
     drop(proxy);
@@ -156,7 +182,10 @@ fn server_crash_restart_stops_the_command_and_frees_the_lock() {
     let (mut holder, log) = stoppable_holder(&env, &server.url(), &lock);
     server.restart_immediate();
     assert_eq!(wait_within(&mut holder, PATIENCE).code(), Some(124));
-    assert_eq!(std::fs::read_to_string(&log).expect("log"), "holder-stopped\n");
+    assert_eq!(
+        std::fs::read_to_string(&log).expect("log"),
+        "holder-stopped\n"
+    );
     assert!(env.is_free(&lock));
 }
 
@@ -177,7 +206,10 @@ fn killed_holder_frees_the_lock_within_one_second() {
     holder.wait();
     wait_until("waiter entered", PATIENCE, || entered.exists());
     let took = killed.elapsed();
-    assert!(took <= Duration::from_secs(1), "next waiter got the lock after {took:?}");
+    assert!(
+        took <= Duration::from_secs(1),
+        "next waiter got the lock after {took:?}"
+    );
     assert!(wait_within(&mut waiter, PATIENCE).success());
 }
 
@@ -187,7 +219,10 @@ fn killed_waiter_leaves_the_queue() {
     let env = TestEnv::new(&server);
     let lock = name();
     let _holder = env.hold(&lock, &[]);
-    let mut waiter = env.dlock(["run", &lock, "true"]).spawn().expect("spawn waiter");
+    let mut waiter = env
+        .dlock(["run", &lock, "true"])
+        .spawn()
+        .expect("spawn waiter");
     wait_until("waiter queued", PATIENCE, || server.pending_requests() == 1);
     waiter.kill().expect("kill waiter");
     let _ = waiter.wait();
@@ -205,10 +240,16 @@ fn cancelled_waits_leave_no_lock_request_behind() {
     assert_fails(&out, 75, "held");
     assert_eq!(server.pending_requests(), 0, "--wait expiry left a request");
 
-    let mut waiter = env.dlock(["run", &lock, "true"]).spawn().expect("spawn waiter");
+    let mut waiter = env
+        .dlock(["run", &lock, "true"])
+        .spawn()
+        .expect("spawn waiter");
     wait_until("waiter queued", PATIENCE, || server.pending_requests() == 1);
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(waiter.id() as i32), Signal::SIGTERM)
-        .expect("signal waiter");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(waiter.id() as i32),
+        Signal::SIGTERM,
+    )
+    .expect("signal waiter");
     assert_eq!(wait_within(&mut waiter, PATIENCE).code(), Some(128 + 15));
     // The cancel was acknowledged before dlock exited: nothing is queued any more.
     assert_eq!(server.pending_requests(), 0, "SIGTERM left a request");
@@ -223,7 +264,14 @@ fn semaphore_waiter_is_woken_by_a_release() {
     let _second = env.hold(&lock, &["--limit", "2"]);
     let entered = env.path("entered");
     let mut third = env
-        .dlock(["run", "--limit", "2", &lock, "touch", entered.to_str().expect("utf-8")])
+        .dlock([
+            "run",
+            "--limit",
+            "2",
+            &lock,
+            "touch",
+            entered.to_str().expect("utf-8"),
+        ])
         .spawn()
         .expect("spawn third");
     wait_until("third queued", PATIENCE, || waiters(&env, &lock) == 1);
@@ -269,24 +317,32 @@ fn password_comes_from_pgpassfile_and_never_reaches_the_command() {
     let server = PgServer::start();
     let env = TestEnv::new(&server);
     let pgpass = env.path("pgpass");
-    std::fs::write(&pgpass, format!("127.0.0.1:{}:*:app:{APP_PASSWORD}\n", server.port))
-        .expect("pgpass");
+    std::fs::write(
+        &pgpass,
+        format!("127.0.0.1:{}:*:app:{APP_PASSWORD}\n", server.port),
+    )
+    .expect("pgpass");
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&pgpass, std::fs::Permissions::from_mode(0o600)).expect("chmod");
     let out = output_within(
         {
-            let mut command = env.dlock(["run", "--url", &server.url_as("app", None), &name(), "env"]);
+            let mut command =
+                env.dlock(["run", "--url", &server.url_as("app", None), &name(), "env"]);
             command.env("PGPASSFILE", &pgpass);
             command
         },
         PATIENCE,
     );
     assert!(out.status.success(), "{}", describe(&out));
-    assert!(!stdout_of(&out).contains(APP_PASSWORD), "password passed on");
+    assert!(
+        !stdout_of(&out).contains(APP_PASSWORD),
+        "password passed on"
+    );
     std::fs::set_permissions(&pgpass, std::fs::Permissions::from_mode(0o644)).expect("chmod");
     let out = output_within(
         {
-            let mut command = env.dlock(["run", "--url", &server.url_as("app", None), &name(), "true"]);
+            let mut command =
+                env.dlock(["run", "--url", &server.url_as("app", None), &name(), "true"]);
             command.env("PGPASSFILE", &pgpass);
             command
         },
@@ -316,7 +372,10 @@ fn force_release_without_the_privilege_is_77() {
 fn tls_require_never_falls_back_to_plaintext() {
     let server = PgServer::start();
     let env = TestEnv::new(&server);
-    let url = format!("postgres://postgres@127.0.0.1:{}/postgres?sslmode=require", server.port);
+    let url = format!(
+        "postgres://postgres@127.0.0.1:{}/postgres?sslmode=require",
+        server.port
+    );
     let out = env.run(["run", "--url", &url, &name(), "true"]);
     assert_fails(&out, 78, "TLS");
 }
@@ -326,22 +385,26 @@ fn tls_verify_full_works_and_a_wrong_ca_is_78() {
     let certs = TestCerts::make();
     // The server's key must belong to the server's user and be private.
     let dir = tempfile::tempdir().expect("temp dir");
-    for file in ["server.pem", "server-key.pem"] {
+    for file in ["server.crt", "server.key"] {
         let to = dir.path().join(file);
         std::fs::copy(certs.path(file), &to).expect("copy cert");
         use std::os::unix::fs::PermissionsExt;
         std::fs::set_permissions(&to, std::fs::Permissions::from_mode(0o600)).expect("chmod");
         if nix::unistd::geteuid().is_root() {
-            let user = nix::unistd::User::from_name("postgres").ok().flatten().expect("postgres user");
+            let user = nix::unistd::User::from_name("postgres")
+                .ok()
+                .flatten()
+                .expect("postgres user");
             nix::unistd::chown(&to, Some(user.uid), Some(user.gid)).expect("chown");
         }
     }
     {
         use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))
+            .expect("chmod");
     }
-    let cert = dir.path().join("server.pem").display().to_string();
-    let key = dir.path().join("server-key.pem").display().to_string();
+    let cert = dir.path().join("server.crt").display().to_string();
+    let key = dir.path().join("server.key").display().to_string();
     let server = PgServer::start_with(&[
         "-c",
         "ssl=on",
@@ -354,7 +417,7 @@ fn tls_verify_full_works_and_a_wrong_ca_is_78() {
     let url = format!(
         "postgres://postgres@127.0.0.1:{}/postgres?sslmode=verify-full&sslrootcert={}",
         server.port,
-        certs.path("ca.pem")
+        certs.path("ca.crt")
     );
     let out = env.run(["run", "--url", &url, &name(), "true"]);
     assert!(out.status.success(), "{}", describe(&out));
@@ -362,11 +425,10 @@ fn tls_verify_full_works_and_a_wrong_ca_is_78() {
     assert!(out.status.success(), "{}", describe(&out));
     assert!(stdout_of(&out).contains("TLSv1"), "{}", describe(&out));
     // A CA that did not sign the server's certificate.
-    let other = TestCerts::make();
     let url = format!(
         "postgres://postgres@127.0.0.1:{}/postgres?sslmode=verify-full&sslrootcert={}",
         server.port,
-        other.path("ca.pem")
+        certs.path("other.crt")
     );
     let out = env.run(["run", "--url", &url, &name(), "true"]);
     assert_fails(&out, 78, "TLS");
@@ -404,10 +466,25 @@ fn sql_takes_the_same_lock(server: &PgServer, env: &TestEnv, lock: &str) -> Resu
     let mut args: Vec<&std::ffi::OsStr> = vec!["run".as_ref(), lock.as_ref(), "--".as_ref()];
     let psql = psql_binary();
     args.push(psql.as_os_str());
-    for arg in ["-X", "-At", "-U", "postgres", "-d", "postgres", "-v", "prefix=dlock", "-p"] {
+    for arg in [
+        "-X",
+        "-At",
+        "-U",
+        "postgres",
+        "-d",
+        "postgres",
+        "-v",
+        "prefix=dlock",
+        "-p",
+    ] {
         args.push(arg.as_ref());
     }
-    args.extend([port.as_ref(), "-h".as_ref(), server.dir().as_os_str(), "-v".as_ref()]);
+    args.extend([
+        port.as_ref(),
+        "-h".as_ref(),
+        server.dir().as_os_str(),
+        "-v".as_ref(),
+    ]);
     args.extend([name_var.as_ref(), "-f".as_ref(), script.as_os_str()]);
     let out = env.run(args);
     if !out.status.success() {
@@ -415,7 +492,9 @@ fn sql_takes_the_same_lock(server: &PgServer, env: &TestEnv, lock: &str) -> Resu
     }
     match stdout_of(&out).trim() {
         "f" => Ok(()),
-        other => Err(format!("SQL took the lock dlock holds ({other:?}) for {lock:?}")),
+        other => Err(format!(
+            "SQL took the lock dlock holds ({other:?}) for {lock:?}"
+        )),
     }
 }
 
@@ -437,5 +516,8 @@ fn documented_sql_formula_names_the_same_key() {
         panic!("{e}");
     }
     // And a fixed name, so the formula is pinned even if the generator changes.
-    assert_eq!(sql_takes_the_same_lock(&server, &env, "deploy-prod"), Ok(()));
+    assert_eq!(
+        sql_takes_the_same_lock(&server, &env, "deploy-prod"),
+        Ok(())
+    );
 }

@@ -86,7 +86,10 @@ fn template() -> &'static Path {
     TEMPLATE.get_or_init(|| {
         let bin = bin_dir();
         let mut hash = std::collections::hash_map::DefaultHasher::new();
-        std::hash::Hash::hash(&(bin.display().to_string(), HBA, SUPERUSER_PASSWORD), &mut hash);
+        std::hash::Hash::hash(
+            &(bin.display().to_string(), HBA, SUPERUSER_PASSWORD),
+            &mut hash,
+        );
         let path = std::env::temp_dir().join(format!(
             "dlock-test-pg-template-{:016x}",
             std::hash::Hasher::finish(&hash)
@@ -104,7 +107,14 @@ fn template() -> &'static Path {
         initdb
             .arg("-D")
             .arg(&data)
-            .args(["-U", "postgres", "-E", "UTF8", "--no-sync", "--auth-local=trust"])
+            .args([
+                "-U",
+                "postgres",
+                "-E",
+                "UTF8",
+                "--no-sync",
+                "--auth-local=trust",
+            ])
             .arg(format!("--pwfile={}", pwfile.display()));
         run_ok(initdb, "initdb");
         std::fs::write(data.join("pg_hba.conf"), HBA).expect("pg_hba.conf");
@@ -218,13 +228,22 @@ impl PgServer {
     /// Run SQL as the superuser over the socket; returns psql's unaligned output.
     pub fn psql(&self, sql: &str) -> String {
         let mut psql = Command::new(bin_dir().join("psql"));
-        psql.args(["-X", "-At", "-v", "ON_ERROR_STOP=1", "-U", "postgres", "-d", "postgres"])
-            .arg("-h")
-            .arg(self.dir.path())
-            .arg("-p")
-            .arg(self.port.to_string())
-            .arg("-c")
-            .arg(sql);
+        psql.args([
+            "-X",
+            "-At",
+            "-v",
+            "ON_ERROR_STOP=1",
+            "-U",
+            "postgres",
+            "-d",
+            "postgres",
+        ])
+        .arg("-h")
+        .arg(self.dir.path())
+        .arg("-p")
+        .arg(self.port.to_string())
+        .arg("-c")
+        .arg(sql);
         let out = run_ok(psql, "psql");
         String::from_utf8_lossy(&out.stdout).trim().to_owned()
     }

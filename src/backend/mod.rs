@@ -2,6 +2,6 @@
 //! by the URL's scheme and runs the subcommand generically over it.
 
 pub mod etcd;
-pub mod postgres;
 pub mod file;
+pub mod postgres;
 pub mod redis;

@@ -35,8 +35,8 @@ use tokio_postgres::{AsyncMessage, CancelToken, Client, Config};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
 pub use target::{
-    default_root_cert, is_key_value, parse_key_value, parse_url, pgpass_password, PgHost,
-    PgTarget, SslMode,
+    default_root_cert, is_key_value, parse_key_value, parse_url, pgpass_password, PgHost, PgTarget,
+    SslMode,
 };
 
 use crate::clock::{sleep_until, BootInstant};
@@ -118,9 +118,15 @@ impl PgBackend {
         lock_timeout: Option<Duration>,
     ) -> Result<Session, Error> {
         let tls = tls::connector(&self.target)?;
-        match self.connect_with(&tls, label, ttl, lock_timeout, true).await {
+        match self
+            .connect_with(&tls, label, ttl, lock_timeout, true)
+            .await
+        {
             // A server older than 14 does not know two of the settings.
-            Err(e) if e.to_string().contains("unrecognized configuration parameter") => {
+            Err(e)
+                if e.to_string()
+                    .contains("unrecognized configuration parameter") =>
+            {
                 self.connect_with(&tls, label, ttl, lock_timeout, false)
                     .await
             }
@@ -263,8 +269,11 @@ impl PgBackend {
         let (label, host) = self.holder_label(&request.holder);
         let token_sql = token_sql(&request.holder);
         let lock_params: [(&(dyn ToSql + Sync), Type); 1] = [(&key, Type::INT8)];
-        let token_params: [(&(dyn ToSql + Sync), Type); 3] =
-            [(&key, Type::INT8), (&label, Type::TEXT), (&host, Type::TEXT)];
+        let token_params: [(&(dyn ToSql + Sync), Type); 3] = [
+            (&key, Type::INT8),
+            (&label, Type::TEXT),
+            (&host, Type::TEXT),
+        ];
         let lock = client.query_typed(&lock_sql, &lock_params);
         let token = client.query_typed(&token_sql, &token_params);
         let lock = async {
@@ -385,8 +394,11 @@ impl PgBackend {
                 let at = BootInstant::now();
                 let (label, host) = self.holder_label(&request.holder);
                 let token_sql = token_sql(&request.holder);
-                let token_params: [(&(dyn ToSql + Sync), Type); 3] =
-                    [(&key, Type::INT8), (&label, Type::TEXT), (&host, Type::TEXT)];
+                let token_params: [(&(dyn ToSql + Sync), Type); 3] = [
+                    (&key, Type::INT8),
+                    (&label, Type::TEXT),
+                    (&host, Type::TEXT),
+                ];
                 // Leave the queue and read the token in one round trip; the token statement
                 // goes last so its metadata comment is what pg_stat_activity shows.
                 let leave = async {
@@ -548,7 +560,13 @@ impl PgBackend {
         let turnstile = turnstile_key(&self.prefix, name.as_str());
         let mut keys = slots.clone();
         keys.push(turnstile);
-        let rows = query(session, STATUS_SQL, &[(&keys, Type::INT8_ARRAY)], &self.display).await?;
+        let rows = query(
+            session,
+            STATUS_SQL,
+            &[(&keys, Type::INT8_ARRAY)],
+            &self.display,
+        )
+        .await?;
         let mut holders = Vec::new();
         let mut queue = Vec::new();
         let mut turnstile_head = Vec::new();
@@ -896,7 +914,11 @@ fn classify(e: &tokio_postgres::Error, display: &str) -> Error {
 impl Backend for PgBackend {
     type Lease = PgLease;
 
-    async fn acquire(&self, request: &AcquireRequest, mut cancel: Cancel) -> Result<PgLease, Error> {
+    async fn acquire(
+        &self,
+        request: &AcquireRequest,
+        mut cancel: Cancel,
+    ) -> Result<PgLease, Error> {
         let lock_timeout = match request.wait {
             Wait::For(d) if request.limit <= 1 => Some(d),
             _ => None,
@@ -910,7 +932,8 @@ impl Backend for PgBackend {
                 .await?;
             (granted, key)
         } else {
-            self.acquire_slot(&mut session, request, &mut cancel).await?
+            self.acquire_slot(&mut session, request, &mut cancel)
+                .await?
         };
         let last_ack = Arc::new(Mutex::new(granted.at));
         let renewer = Renewer {
@@ -990,7 +1013,13 @@ impl Backend for PgBackend {
         let slots: Vec<i64> = (0..MAX_LIMIT)
             .map(|i| slot_key(&self.prefix, name.as_str(), i))
             .collect();
-        let rows = query(&session, STATUS_SQL, &[(&slots, Type::INT8_ARRAY)], &self.display).await?;
+        let rows = query(
+            &session,
+            STATUS_SQL,
+            &[(&slots, Type::INT8_ARRAY)],
+            &self.display,
+        )
+        .await?;
         for row in &rows {
             let seen = Seen::from_row(row);
             if !seen.granted {
@@ -1125,11 +1154,14 @@ impl Backend for PgBackend {
                 (
                     "connect".into(),
                     humantime::format_duration(Duration::from_micros(
-                        connect_time.as_micros() as u64,
+                        connect_time.as_micros() as u64
                     ))
                     .to_string(),
                 ),
-                ("advisory lock".into(), "taken and released a test key".into()),
+                (
+                    "advisory lock".into(),
+                    "taken and released a test key".into(),
+                ),
             ],
         })
     }
@@ -1179,20 +1211,30 @@ impl Lease for PgLease {
     async fn release(self) -> Result<(), Error> {
         drop(self.keeper.stop().await);
         let client = &self.session.client;
-        let unlocked = match &self.notify {
-            Some(channel) => {
-                client
-                    .query_typed(
-                        "SELECT pg_advisory_unlock($1), pg_notify($2, '')",
-                        &[(&self.key, Type::INT8), (channel, Type::TEXT)],
-                    )
-                    .await
+        // Bounded: after a lost hold the connection may be a black hole.
+        let bound = (self.schedule.ttl / 3).min(CANCEL_TIMEOUT);
+        let unlock = async {
+            match &self.notify {
+                Some(channel) => {
+                    client
+                        .query_typed(
+                            "SELECT pg_advisory_unlock($1), pg_notify($2, '')",
+                            &[(&self.key, Type::INT8), (channel, Type::TEXT)],
+                        )
+                        .await
+                }
+                None => {
+                    client
+                        .query_typed("SELECT pg_advisory_unlock($1)", &[(&self.key, Type::INT8)])
+                        .await
+                }
             }
-            None => {
-                client
-                    .query_typed("SELECT pg_advisory_unlock($1)", &[(&self.key, Type::INT8)])
-                    .await
-            }
+        };
+        let Ok(unlocked) = tokio::time::timeout(bound, unlock).await else {
+            tracing::warn!(
+                "the server did not answer the unlock; closing the session frees the lock"
+            );
+            return Ok(());
         };
         match unlocked {
             Ok(rows) if rows.first().and_then(|r| r.try_get::<_, bool>(0).ok()) == Some(true) => {
@@ -1204,7 +1246,10 @@ impl Lease for PgLease {
             }
             // Closing the session frees the lock anyway.
             Err(e) => {
-                tracing::debug!("unlock failed ({}); closing the session frees the lock", describe(&e));
+                tracing::debug!(
+                    "unlock failed ({}); closing the session frees the lock",
+                    describe(&e)
+                );
                 Ok(())
             }
         }
@@ -1270,12 +1315,21 @@ mod tests {
 
     #[test]
     fn options_give_the_server_a_ttl_of_silence() {
-        let options = session_options(Duration::from_secs(10), Some(Duration::from_millis(300)), true);
+        let options = session_options(
+            Duration::from_secs(10),
+            Some(Duration::from_millis(300)),
+            true,
+        );
         assert!(options.contains("lock_timeout=300 "), "{options}");
         assert!(options.contains("tcp_keepalives_idle=5 "), "{options}");
         assert!(options.contains("tcp_keepalives_count=6 "), "{options}");
-        assert!(options.contains("client_connection_check_interval=1000"), "{options}");
-        assert!(!session_options(Duration::from_secs(10), None, false).contains("client_connection"));
+        assert!(
+            options.contains("client_connection_check_interval=1000"),
+            "{options}"
+        );
+        assert!(
+            !session_options(Duration::from_secs(10), None, false).contains("client_connection")
+        );
     }
 
     #[test]

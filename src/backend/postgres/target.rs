@@ -17,9 +17,15 @@ pub const DEFAULT_SOCKET_DIR: &str = "/var/run/postgresql";
 /// One server address.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum PgHost {
-    Tcp { host: String, port: u16 },
+    Tcp {
+        host: String,
+        port: u16,
+    },
     /// A Unix socket directory (a host that starts with `/`).
-    Unix { dir: PathBuf, port: u16 },
+    Unix {
+        dir: PathBuf,
+        port: u16,
+    },
 }
 
 impl PgHost {
@@ -118,9 +124,7 @@ pub struct PgTarget {
 
 impl PgTarget {
     pub fn user(&self) -> String {
-        self.user
-            .clone()
-            .unwrap_or_else(crate::lock::user_name)
+        self.user.clone().unwrap_or_else(crate::lock::user_name)
     }
 
     pub fn dbname(&self) -> String {
@@ -160,7 +164,10 @@ pub fn is_key_value(url: &str) -> bool {
 /// `postgres[ql]://[user[:password]@][host][:port][,host[:port]…][/dbname][?key=value&…]`.
 pub fn parse_url(url: &str) -> Result<PgTarget, String> {
     let (scheme, rest) = url.split_once("://").ok_or("expected postgres://…")?;
-    if !matches!(scheme.to_ascii_lowercase().as_str(), "postgres" | "postgresql") {
+    if !matches!(
+        scheme.to_ascii_lowercase().as_str(),
+        "postgres" | "postgresql"
+    ) {
         return Err(format!("'{scheme}' is not a PostgreSQL URL scheme"));
     }
     let rest = rest.split_once('#').map_or(rest, |(r, _)| r);
@@ -215,7 +222,11 @@ fn split_url_host(entry: &str) -> Result<(String, Option<String>), String> {
         let (host, after) = rest.split_once(']').ok_or("unclosed [ in the host")?;
         let port = match after {
             "" => None,
-            p => Some(p.strip_prefix(':').ok_or("expected :port after ]")?.to_owned()),
+            p => Some(
+                p.strip_prefix(':')
+                    .ok_or("expected :port after ]")?
+                    .to_owned(),
+            ),
         };
         return Ok((host.to_owned(), port));
     }
@@ -241,7 +252,9 @@ pub fn parse_key_value(text: &str) -> Result<PgTarget, String> {
         }
         while chars.next_if(|c| c.is_whitespace()).is_some() {}
         if chars.next() != Some('=') {
-            return Err(format!("missing '=' after '{key}' in the connection string"));
+            return Err(format!(
+                "missing '=' after '{key}' in the connection string"
+            ));
         }
         while chars.next_if(|c| c.is_whitespace()).is_some() {}
         let mut value = String::new();

@@ -57,7 +57,10 @@ pub fn connector(target: &PgTarget) -> Result<MakeRustlsConnect, Error> {
             let chain = CertificateDer::pem_file_iter(cert)
                 .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
                 .map_err(|e| {
-                    Error::Config(format!("cannot read TLS certificate {}: {e}", cert.display()))
+                    Error::Config(format!(
+                        "cannot read TLS certificate {}: {e}",
+                        cert.display()
+                    ))
                 })?;
             let key = PrivateKeyDer::from_pem_file(key).map_err(|e| {
                 Error::Config(format!("cannot read TLS key {}: {e}", key.display()))
