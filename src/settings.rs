@@ -1094,6 +1094,30 @@ mod tests {
         );
         assert_eq!(redact_url("etcd://u@h:2379"), "etcd://u@h:2379");
         assert_eq!(redact_url("file:///tmp/x"), "file:///tmp/x");
+        assert_eq!(
+            redact_url("postgres://db/app?sslmode=require&password=s3cret&x=1"),
+            "postgres://db/app?sslmode=require&password=***&x=1"
+        );
+        assert_eq!(
+            redact_url("host=db password = 'a \\'b' dbname=app passwordless=1"),
+            "host=db password=*** dbname=app passwordless=1"
+        );
+        assert_eq!(redact_url("host=db password=x"), "host=db password=***");
+    }
+
+    #[test]
+    fn postgres_urls_in_both_forms() {
+        let Ok(Location::Postgres(t)) = parse_url("postgresql://u@db:6432/app?sslmode=disable")
+        else {
+            panic!("not a postgres URL");
+        };
+        assert_eq!(t.dbname.as_deref(), Some("app"));
+        assert_eq!(t.sslmode, postgres::SslMode::Disable);
+        let Ok(Location::Postgres(t)) = parse_url("host=/run/pg dbname=app") else {
+            panic!("not a key=value string");
+        };
+        assert_eq!(t.dbname.as_deref(), Some("app"));
+        assert!(parse_url("host=db bogus=1").is_err());
     }
 
     #[test]

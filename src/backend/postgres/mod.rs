@@ -651,11 +651,11 @@ fn heartbeat_sql(holder: &Holder) -> String {
     )
 }
 
-/// `/*dlock {json}*/`, with every `/` escaped (`\/` is valid JSON) so the text can neither end
-/// the comment nor open a nested one.
+/// `/*dlock {json}*/`, with every `*` written as `\u002a` (valid JSON; `*` only occurs in
+/// strings) so the text can neither end the comment nor open a nested one.
 fn metadata_comment(holder: &Holder) -> String {
     let json = serde_json::to_string(holder).unwrap_or_default();
-    format!("/*dlock {}*/", json.replace('/', "\\/"))
+    format!("/*dlock {}*/", json.replace('*', "\\u002a"))
 }
 
 /// One statement that takes the first free slot, in slot order (`CASE` evaluates its
