@@ -369,6 +369,24 @@ fn force_release_without_the_privilege_is_77() {
 }
 
 #[test]
+fn hot_standby_is_refused_with_78() {
+    let primary = PgServer::start();
+    let standby = PgServer::standby_of(&primary);
+    assert_eq!(standby.psql("SELECT pg_is_in_recovery()"), "t");
+    let env = TestEnv::new(&standby);
+    let lock = name();
+    let out = env.run(["run", &lock, "true"]);
+    assert_fails(&out, 78, "hot standby");
+    let out = env.run(["check"]);
+    assert_fails(&out, 78, "hot standby");
+    // Nothing was left held on the standby.
+    assert_eq!(
+        standby.psql("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"),
+        "0"
+    );
+}
+
+#[test]
 fn tls_require_never_falls_back_to_plaintext() {
     let server = PgServer::start();
     let env = TestEnv::new(&server);

@@ -74,6 +74,7 @@ fn give_away(path: &Path) {
 /// `pg_hba.conf` of every test cluster: the `app` role authenticates with a password, everyone
 /// else is trusted (fast connections for the contract tests). Lines are matched in order.
 const HBA: &str = "local all all trust\n\
+                   local replication all trust\n\
                    host all app 127.0.0.1/32 scram-sha-256\n\
                    host all app ::1/128 scram-sha-256\n\
                    host all all 127.0.0.1/32 trust\n\
@@ -164,6 +165,27 @@ impl PgServer {
         server.psql(&format!(
             "CREATE ROLE app LOGIN PASSWORD '{APP_PASSWORD}'; GRANT ALL ON DATABASE postgres TO app"
         ));
+        server
+    }
+
+    /// A hot standby of `primary`, streaming from it (`pg_basebackup -R`).
+    pub fn standby_of(primary: &PgServer) -> PgServer {
+        let dir = tempfile::tempdir().expect("temp dir");
+        make_accessible(dir.path());
+        let mut backup = pg_command(&bin_dir().join("pg_basebackup"));
+        backup
+            .arg("-D")
+            .arg(dir.path().join("data"))
+            .args(["-R", "-N", "-X", "stream", "-U", "postgres", "-h"])
+            .arg(primary.dir())
+            .args(["-p", &primary.port.to_string()]);
+        run_ok(backup, "pg_basebackup");
+        let server = PgServer {
+            port: free_port(),
+            dir,
+            extra: Vec::new(),
+        };
+        server.launch();
         server
     }
 
