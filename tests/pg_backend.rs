@@ -369,6 +369,38 @@ fn force_release_without_the_privilege_is_77() {
 }
 
 #[test]
+fn a_session_shared_through_a_transaction_pooler_is_refused_with_78() {
+    let server = PgServer::start();
+    let pooler = Pooler::start(&server);
+    let env = TestEnv::new(&server);
+    let lock = name();
+    let url = pooler.url();
+    // One server session for everyone: the second client's statements run on the holder's
+    // session, where the lock would simply be taken again.
+    let mut holder = env
+        .dlock([
+            "run",
+            "--url",
+            &url,
+            &lock,
+            "sh",
+            "-c",
+            "echo $$ > held; while [ ! -e go ]; do sleep 0.02; done",
+        ])
+        .spawn()
+        .expect("spawn holder");
+    wait_until("holder holds", PATIENCE, || env.path("held").exists());
+    let out = env.run(["run", "--url", &url, &lock, "true"]);
+    assert_fails(&out, 78, "transaction-pooling proxy");
+    std::fs::write(env.path("go"), b"").expect("go");
+    assert!(
+        wait_within(&mut holder, PATIENCE).success(),
+        "the refused client must not disturb the holder"
+    );
+    assert!(env.is_free(&lock));
+}
+
+#[test]
 fn hot_standby_is_refused_with_78() {
     let primary = PgServer::start();
     let standby = PgServer::standby_of(&primary);

@@ -333,3 +333,66 @@ impl LeaseServer for PgServer {
         self
     }
 }
+
+/// pgbouncer in front of a [`PgServer`], in transaction-pooling mode with one server
+/// connection (so two clients share a server session); stopped by its pid on drop.
+pub struct Pooler {
+    pub port: u16,
+    dir: tempfile::TempDir,
+}
+
+impl Pooler {
+    pub fn start(server: &PgServer) -> Pooler {
+        let binary = crate::common::server_binary("pgbouncer", "pgbouncer");
+        let dir = tempfile::tempdir().expect("temp dir");
+        make_accessible(dir.path());
+        let port = free_port();
+        let d = dir.path().display();
+        let config = format!(
+            "[databases]\npostgres = host=127.0.0.1 port={}\n\
+             [pgbouncer]\nlisten_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\n\
+             auth_type = trust\nauth_file = {d}/users.txt\npool_mode = transaction\n\
+             default_pool_size = 1\nignore_startup_parameters = options\n\
+             logfile = {d}/pgbouncer.log\npidfile = {d}/pgbouncer.pid\n",
+            server.port
+        );
+        std::fs::write(dir.path().join("pgbouncer.ini"), config).expect("pgbouncer.ini");
+        std::fs::write(dir.path().join("users.txt"), "\"postgres\" \"\"\n").expect("users");
+        // pgbouncer refuses to run as root.
+        let mut start = pg_command(&binary);
+        start.arg("-d").arg(dir.path().join("pgbouncer.ini"));
+        run_ok(start, "pgbouncer");
+        let pooler = Pooler { port, dir };
+        wait_until("pgbouncer listening", PATIENCE, || {
+            std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
+        });
+        pooler
+    }
+
+    pub fn url(&self) -> String {
+        format!(
+            "postgres://postgres@127.0.0.1:{}/postgres?sslmode=disable",
+            self.port
+        )
+    }
+
+    fn pid(&self) -> Option<i32> {
+        std::fs::read_to_string(self.dir.path().join("pgbouncer.pid"))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    }
+}
+
+impl Drop for Pooler {
+    fn drop(&mut self) {
+        if let Some(pid) = self.pid() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+            wait_until("pgbouncer stopped", PATIENCE, || !is_alive(pid));
+        }
+    }
+}

@@ -227,6 +227,7 @@ impl PgBackend {
         });
         let cancel = client.cancel_token();
         Ok(Session {
+            marker: uuid::Uuid::new_v4().simple().to_string(),
             client: Arc::new(client),
             ended,
             notes,
@@ -269,20 +270,24 @@ impl PgBackend {
         let (label, host) = self.holder_label(&request.holder);
         let token_sql = token_sql(&request.holder);
         let lock_params: [(&(dyn ToSql + Sync), Type); 1] = [(&key, Type::INT8)];
-        let token_params: [(&(dyn ToSql + Sync), Type); 3] = [
+        let token_params: [(&(dyn ToSql + Sync), Type); 4] = [
             (&key, Type::INT8),
             (&label, Type::TEXT),
             (&host, Type::TEXT),
+            (&session.marker, Type::TEXT),
         ];
+        let claim_params: [(&(dyn ToSql + Sync), Type); 1] = [(&session.marker, Type::TEXT)];
+        let claim = client.query_typed(CLAIM_SQL, &claim_params);
         let lock = client.query_typed(&lock_sql, &lock_params);
         let token = client.query_typed(&token_sql, &token_params);
         let lock = async {
             let lock = lock.await;
             (lock, BootInstant::now())
         };
-        // Both requests go out at once, in the order `join` first polls them: the lock call,
-        // then the token statement, which the server runs as soon as the lock is granted.
-        let work = async { tokio::join!(lock, token) };
+        // The three requests go out at once, in the order `join` first polls them: the claim
+        // of the session, the lock call, then the token statement, which the server runs as
+        // soon as the lock is granted.
+        let work = async { tokio::join!(claim, lock, token) };
         tokio::pin!(work);
         let backstop = async {
             match request.wait {
@@ -292,7 +297,7 @@ impl PgBackend {
         };
         tokio::pin!(backstop);
         let mut ended = session.ended.clone();
-        let ((lock, at), token) = tokio::select! {
+        let (claim, (lock, at), token) = tokio::select! {
             done = &mut work => done,
             () = cancel.cancelled() => {
                 return Err(self.abandon(session, work.as_mut(), key, Error::Cancelled).await);
@@ -305,6 +310,8 @@ impl PgBackend {
                 return Err(Error::Unavailable(format!("lost the connection to {} while waiting: {}", self.display, session.end_reason())));
             }
         };
+        self.check_claim(claim, &client, key, &session.marker)
+            .await?;
         let granted = match lock {
             Ok(rows) => rows
                 .first()
@@ -316,7 +323,9 @@ impl PgBackend {
             let who = self.describe_holders(session, &request.name).await;
             return Err(Error::Busy(format!("{} is held{who}", request.name)));
         }
-        let token = self.check_token(token, &client, key).await?;
+        let token = self
+            .check_token(token, &client, key, &session.marker)
+            .await?;
         Ok(Granted { token, at })
     }
 
@@ -342,6 +351,11 @@ impl PgBackend {
             Wait::For(d) => Some(BootInstant::now() + d),
             _ => None,
         };
+        let claim = client
+            .query_typed(CLAIM_SQL, &[(&session.marker, Type::TEXT)])
+            .await;
+        self.check_claim(claim, &client, slots[0], &session.marker)
+            .await?;
         if request.wait != Wait::No {
             let turnstile = turnstile_key(&self.prefix, name);
             let listen = format!("LISTEN {}", channel(&self.prefix, name));
@@ -394,10 +408,11 @@ impl PgBackend {
                 let at = BootInstant::now();
                 let (label, host) = self.holder_label(&request.holder);
                 let token_sql = token_sql(&request.holder);
-                let token_params: [(&(dyn ToSql + Sync), Type); 3] = [
+                let token_params: [(&(dyn ToSql + Sync), Type); 4] = [
                     (&key, Type::INT8),
                     (&label, Type::TEXT),
                     (&host, Type::TEXT),
+                    (&session.marker, Type::TEXT),
                 ];
                 // Leave the queue and read the token in one round trip; the token statement
                 // goes last so its metadata comment is what pg_stat_activity shows.
@@ -415,7 +430,9 @@ impl PgBackend {
                 let (left, token) =
                     tokio::join!(leave, client.query_typed(&token_sql, &token_params));
                 left.map_err(|e| classify(&e, &self.display))?;
-                let token = self.check_token(token, &client, key).await?;
+                let token = self
+                    .check_token(token, &client, key, &session.marker)
+                    .await?;
                 return Ok((Granted { token, at }, key));
             }
             if request.wait == Wait::No {
@@ -457,17 +474,16 @@ impl PgBackend {
         token: Result<Vec<tokio_postgres::Row>, tokio_postgres::Error>,
         client: &Client,
         key: i64,
+        marker: &str,
     ) -> Result<u64, Error> {
         let rows = token.map_err(|e| classify(&e, &self.display))?;
         let row = rows
             .first()
             .ok_or_else(|| Error::Internal("the token statement returned no row".into()))?;
         let standby: bool = row.try_get(0).unwrap_or(false);
-        let mine: bool = row.try_get(2).unwrap_or(false);
-        let refuse = |message: String| async {
-            let _ = client
-                .query_typed("SELECT pg_advisory_unlock($1)", &[(&key, Type::INT8)])
-                .await;
+        let mine = row.try_get(2).unwrap_or(false) && row.try_get(4).unwrap_or(false);
+        let refuse = |message: String| async move {
+            give_back(client, key, marker).await;
             Err(Error::Config(message))
         };
         if standby {
@@ -488,6 +504,29 @@ impl PgBackend {
         token
             .and_then(|t| u64::try_from(t).ok())
             .ok_or_else(|| Error::Internal("the server gave no transaction id".into()))
+    }
+
+    /// Read the claim's answer: a server session another dlock marked is shared with it.
+    async fn check_claim(
+        &self,
+        claim: Result<Vec<tokio_postgres::Row>, tokio_postgres::Error>,
+        client: &Client,
+        key: i64,
+        marker: &str,
+    ) -> Result<(), Error> {
+        let rows = claim.map_err(|e| classify(&e, &self.display))?;
+        let previous: String = rows
+            .first()
+            .and_then(|row| row.try_get(0).ok())
+            .unwrap_or_default();
+        if previous.is_empty() || previous == marker {
+            return Ok(());
+        }
+        give_back(client, key, marker).await;
+        Err(Error::Config(format!(
+            "the server session behind {} is shared with another dlock client: the connection goes through a transaction-pooling proxy (pgbouncer pool_mode=transaction?); use a direct or session-pooled connection",
+            self.display
+        )))
     }
 
     /// A lock statement failed: 55P03 is the `--wait` deadline (lock_timeout); the rest is
@@ -604,6 +643,20 @@ impl PgBackend {
     }
 }
 
+/// Undo what an acquisition did on a session it must not keep: one unlock (a lock taken
+/// again on a shared session only raised its count) and our mark, if it is ours.
+async fn give_back(client: &Client, key: i64, marker: &str) {
+    let _ = tokio::time::timeout(
+        CANCEL_TIMEOUT,
+        client.query_typed(
+            "SELECT pg_advisory_unlock($1), CASE WHEN current_setting('dlock.owner', true) = $2 \
+             THEN set_config('dlock.owner', '', false) END",
+            &[(&key, Type::INT8), (&marker, Type::TEXT)],
+        ),
+    )
+    .await;
+}
+
 /// `-c name=value` start-up options: no timeouts that could end a hold, `--wait` as the
 /// server's own lock wait limit, and keepalives that give a silent client `ttl` before its
 /// session (and lock) is dropped.
@@ -636,17 +689,27 @@ fn token_sql(holder: &Holder) -> String {
          AND granted AND objsubid = 1 AND classid = (($1 >> 32) & 4294967295)::oid \
          AND objid = ($1 & 4294967295)::oid), \
          set_config('application_name', \
-         left($2 || coalesce(txid_current_if_assigned()::text, '0') || $3, {MAX_APPLICATION_NAME}), false) {}",
+         left($2 || coalesce(txid_current_if_assigned()::text, '0') || $3, {MAX_APPLICATION_NAME}), false), \
+         coalesce(current_setting('dlock.owner', true), '') = $4 {}",
         metadata_comment(holder)
     )
 }
 
-/// The heartbeat: does our session still hold the key?
+/// Mark the server session as ours (`dlock.owner`, a custom session setting) unless another
+/// client marked it first; returns the previous mark. A direct connection always starts
+/// unmarked. Through a transaction-pooling proxy, a server session still marked by another
+/// dlock is shared with it: refused, so the lock is never taken twice on one session.
+const CLAIM_SQL: &str = "SELECT coalesce(current_setting('dlock.owner', true), ''), \
+     CASE WHEN coalesce(current_setting('dlock.owner', true), '') = '' \
+     THEN set_config('dlock.owner', $1, false) END";
+
+/// The heartbeat: does our session still hold the key, and is it still our session?
 fn heartbeat_sql(holder: &Holder) -> String {
     format!(
         "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' \
          AND pid = pg_backend_pid() AND granted AND objsubid = 1 \
-         AND classid = (($1 >> 32) & 4294967295)::oid AND objid = ($1 & 4294967295)::oid) {}",
+         AND classid = (($1 >> 32) & 4294967295)::oid AND objid = ($1 & 4294967295)::oid) \
+         AND coalesce(current_setting('dlock.owner', true), '') = $2 {}",
         metadata_comment(holder)
     )
 }
@@ -801,6 +864,8 @@ struct Session {
     cancel: CancelToken,
     tls: MakeRustlsConnect,
     version: String,
+    /// This session's `dlock.owner` mark.
+    marker: String,
 }
 
 impl Session {
@@ -938,6 +1003,7 @@ impl Backend for PgBackend {
         let last_ack = Arc::new(Mutex::new(granted.at));
         let renewer = Renewer {
             client: session.client.clone(),
+            marker: session.marker.clone(),
             ended: session.ended.clone(),
             key,
             ttl: request.ttl,
@@ -1213,23 +1279,26 @@ impl Lease for PgLease {
         let client = &self.session.client;
         // Bounded: after a lost hold the connection may be a black hole.
         let bound = (self.schedule.ttl / 3).min(CANCEL_TIMEOUT);
-        let unlock = async {
-            match &self.notify {
-                Some(channel) => {
-                    client
+        let unlock =
+            async {
+                match &self.notify {
+                    Some(channel) => {
+                        client
+                            .query_typed(
+                                "SELECT pg_advisory_unlock($1), pg_notify($2, ''), \
+                             set_config('dlock.owner', '', false)",
+                                &[(&self.key, Type::INT8), (channel, Type::TEXT)],
+                            )
+                            .await
+                    }
+                    None => client
                         .query_typed(
-                            "SELECT pg_advisory_unlock($1), pg_notify($2, '')",
-                            &[(&self.key, Type::INT8), (channel, Type::TEXT)],
+                            "SELECT pg_advisory_unlock($1), set_config('dlock.owner', '', false)",
+                            &[(&self.key, Type::INT8)],
                         )
-                        .await
+                        .await,
                 }
-                None => {
-                    client
-                        .query_typed("SELECT pg_advisory_unlock($1)", &[(&self.key, Type::INT8)])
-                        .await
-                }
-            }
-        };
+            };
         let Ok(unlocked) = tokio::time::timeout(bound, unlock).await else {
             tracing::warn!(
                 "the server did not answer the unlock; closing the session frees the lock"
@@ -1259,6 +1328,7 @@ impl Lease for PgLease {
 /// Heartbeats for the [`Keeper`]: the lock must still show up for our backend.
 struct Renewer {
     client: Arc<Client>,
+    marker: String,
     ended: watch::Receiver<Option<End>>,
     key: i64,
     ttl: Duration,
@@ -1277,7 +1347,10 @@ impl Renew for Renewer {
         let sent = BootInstant::now();
         match self
             .client
-            .query_typed(&self.sql, &[(&self.key, Type::INT8)])
+            .query_typed(
+                &self.sql,
+                &[(&self.key, Type::INT8), (&self.marker, Type::TEXT)],
+            )
             .await
         {
             Ok(rows) if rows.first().and_then(|r| r.try_get::<_, bool>(0).ok()) == Some(true) => {
@@ -1287,7 +1360,7 @@ impl Renew for Renewer {
                 Ok(self.ttl)
             }
             Ok(_) => Err(RenewError::Gone(
-                "the advisory lock is no longer held by our session".into(),
+                "the advisory lock is no longer held by our session (or the session is no longer ours)".into(),
             )),
             Err(e) if e.as_db_error().is_some() => Err(RenewError::Gone(format!(
                 "the heartbeat failed: {}",
