@@ -257,37 +257,36 @@ impl PgBackend {
     ) -> Result<Granted, Error> {
         let client = session.client.clone();
         let try_only = request.wait == Wait::No;
-        // The waiter's metadata rides along, so `status` can list the queue.
+        // One statement claims the session and takes the lock, so both happen on the same
+        // server session; the waiter's metadata rides along, so `status` can list the queue.
         let lock_sql = format!(
-            "SELECT {} {}",
+            "SELECT {}, {} {}",
+            claim_sql("$2"),
             if try_only {
                 "pg_try_advisory_lock($1)"
             } else {
-                "pg_advisory_lock($1)::text = ''"
+                "pg_advisory_lock($1)"
             },
             metadata_comment(&request.holder)
         );
         let (label, host) = self.holder_label(&request.holder);
         let token_sql = token_sql(&request.holder);
-        let lock_params: [(&(dyn ToSql + Sync), Type); 1] = [(&key, Type::INT8)];
-        let token_params: [(&(dyn ToSql + Sync), Type); 4] = [
-            (&key, Type::INT8),
+        let lock_params: [(&(dyn ToSql + Sync), Type); 2] =
+            [(&key, Type::INT8), (&session.marker, Type::TEXT)];
+        let token_params: [(&(dyn ToSql + Sync), Type); 3] = [
             (&label, Type::TEXT),
             (&host, Type::TEXT),
             (&session.marker, Type::TEXT),
         ];
-        let claim_params: [(&(dyn ToSql + Sync), Type); 1] = [(&session.marker, Type::TEXT)];
-        let claim = client.query_typed(CLAIM_SQL, &claim_params);
         let lock = client.query_typed(&lock_sql, &lock_params);
         let token = client.query_typed(&token_sql, &token_params);
         let lock = async {
             let lock = lock.await;
             (lock, BootInstant::now())
         };
-        // The three requests go out at once, in the order `join` first polls them: the claim
-        // of the session, the lock call, then the token statement, which the server runs as
-        // soon as the lock is granted.
-        let work = async { tokio::join!(claim, lock, token) };
+        // Both requests go out at once, in the order `join` first polls them: the lock call,
+        // then the token statement, which the server runs as soon as the lock is granted.
+        let work = async { tokio::join!(lock, token) };
         tokio::pin!(work);
         let backstop = async {
             match request.wait {
@@ -297,7 +296,7 @@ impl PgBackend {
         };
         tokio::pin!(backstop);
         let mut ended = session.ended.clone();
-        let (claim, (lock, at), token) = tokio::select! {
+        let ((lock, at), token) = tokio::select! {
             done = &mut work => done,
             () = cancel.cancelled() => {
                 return Err(self.abandon(session, work.as_mut(), key, Error::Cancelled).await);
@@ -310,15 +309,18 @@ impl PgBackend {
                 return Err(Error::Unavailable(format!("lost the connection to {} while waiting: {}", self.display, session.end_reason())));
             }
         };
-        self.check_claim(claim, &client, key, &session.marker)
-            .await?;
-        let granted = match lock {
-            Ok(rows) => rows
-                .first()
-                .and_then(|row| row.try_get::<_, bool>(0).ok())
-                .unwrap_or(false),
+        let rows = match lock {
+            Ok(rows) => rows,
             Err(e) => return Err(self.busy_or(&e, request, session).await),
         };
+        // pg_advisory_lock returns void: an answer is a grant.
+        let granted = !try_only
+            || rows
+                .first()
+                .and_then(|row| row.try_get::<_, bool>(2).ok())
+                .unwrap_or(false);
+        self.check_claim(&rows, &client, granted.then_some(key), &session.marker)
+            .await?;
         if !granted {
             let who = self.describe_holders(session, &request.name).await;
             return Err(Error::Busy(format!("{} is held{who}", request.name)));
@@ -343,7 +345,8 @@ impl PgBackend {
             .map(|i| slot_key(&self.prefix, name, i))
             .collect();
         let try_sql = format!(
-            "{} {}",
+            "SELECT {}, {} {}",
+            claim_sql("$1"),
             try_slots_sql(&slots),
             metadata_comment(&request.holder)
         );
@@ -351,11 +354,6 @@ impl PgBackend {
             Wait::For(d) => Some(BootInstant::now() + d),
             _ => None,
         };
-        let claim = client
-            .query_typed(CLAIM_SQL, &[(&session.marker, Type::TEXT)])
-            .await;
-        self.check_claim(claim, &client, slots[0], &session.marker)
-            .await?;
         if request.wait != Wait::No {
             let turnstile = turnstile_key(&self.prefix, name);
             let listen = format!("LISTEN {}", channel(&self.prefix, name));
@@ -365,7 +363,7 @@ impl PgBackend {
                 .map_err(|e| classify(&e, &self.display))?;
             let params: [(&(dyn ToSql + Sync), Type); 1] = [(&turnstile, Type::INT8)];
             let lock_sql = format!(
-                "SELECT pg_advisory_lock($1)::text = '' {}",
+                "SELECT pg_advisory_lock($1) {}",
                 metadata_comment(&request.holder)
             );
             let lock = client.query_typed(&lock_sql, &params);
@@ -399,17 +397,21 @@ impl PgBackend {
         let recheck = (request.ttl / 3).min(Duration::from_secs(1));
         for _ in 0..u32::MAX {
             let rows = client
-                .query_typed(&try_sql, &[])
+                .query_typed(&try_sql, &[(&session.marker, Type::TEXT)])
                 .await
                 .map_err(|e| classify(&e, &self.display))?;
-            let slot = rows.first().and_then(|r| r.try_get::<_, i32>(0).ok());
-            if let Some(slot) = slot.and_then(|s| usize::try_from(s).ok()) {
-                let key = slots.get(slot).copied().unwrap_or(slots[0]);
+            let slot = rows
+                .first()
+                .and_then(|r| r.try_get::<_, i32>(2).ok())
+                .and_then(|s| usize::try_from(s).ok());
+            let won = slot.and_then(|s| slots.get(s).copied());
+            self.check_claim(&rows, &client, won, &session.marker)
+                .await?;
+            if let Some(key) = won {
                 let at = BootInstant::now();
                 let (label, host) = self.holder_label(&request.holder);
                 let token_sql = token_sql(&request.holder);
-                let token_params: [(&(dyn ToSql + Sync), Type); 4] = [
-                    (&key, Type::INT8),
+                let token_params: [(&(dyn ToSql + Sync), Type); 3] = [
                     (&label, Type::TEXT),
                     (&host, Type::TEXT),
                     (&session.marker, Type::TEXT),
@@ -481,7 +483,7 @@ impl PgBackend {
             .first()
             .ok_or_else(|| Error::Internal("the token statement returned no row".into()))?;
         let standby: bool = row.try_get(0).unwrap_or(false);
-        let mine = row.try_get(2).unwrap_or(false) && row.try_get(4).unwrap_or(false);
+        let mine: bool = row.try_get(2).unwrap_or(false);
         let refuse = |message: String| async move {
             give_back(client, key, marker).await;
             Err(Error::Config(message))
@@ -506,15 +508,15 @@ impl PgBackend {
             .ok_or_else(|| Error::Internal("the server gave no transaction id".into()))
     }
 
-    /// Read the claim's answer: a server session another dlock marked is shared with it.
+    /// Read the claim's answer (the first column of the lock statement): a server session
+    /// another dlock marked is shared with it.
     async fn check_claim(
         &self,
-        claim: Result<Vec<tokio_postgres::Row>, tokio_postgres::Error>,
+        rows: &[tokio_postgres::Row],
         client: &Client,
-        key: i64,
+        taken: Option<i64>,
         marker: &str,
     ) -> Result<(), Error> {
-        let rows = claim.map_err(|e| classify(&e, &self.display))?;
         let previous: String = rows
             .first()
             .and_then(|row| row.try_get(0).ok())
@@ -522,7 +524,10 @@ impl PgBackend {
         if previous.is_empty() || previous == marker {
             return Ok(());
         }
-        give_back(client, key, marker).await;
+        // Taken on a shared session, the lock only had its count raised: one unlock undoes it.
+        if let Some(key) = taken {
+            give_back(client, key, marker).await;
+        }
         Err(Error::Config(format!(
             "the server session behind {} is shared with another dlock client: the connection goes through a transaction-pooling proxy (pgbouncer pool_mode=transaction?); use a direct or session-pooled connection",
             self.display
@@ -678,30 +683,34 @@ fn session_options(ttl: Duration, lock_timeout: Option<Duration>, modern: bool) 
     options
 }
 
-/// The statement run right after a grant: standby?, fencing token, is the lock ours?, and the
-/// session's label (`application_name`). The holder's metadata rides along as a comment, so
-/// `status` can read it from `pg_stat_activity.query` where the role may see it.
+/// The statement run right after a grant: standby?, fencing token, is it still our session
+/// (the mark set by the lock statement: statements that a pooler spreads over several server
+/// sessions do not all see it), and the session's label (`application_name`). The holder's
+/// metadata rides along as a comment, so `status` can read it from `pg_stat_activity.query`
+/// where the role may see it.
 fn token_sql(holder: &Holder) -> String {
     format!(
         "SELECT pg_is_in_recovery(), \
          CASE WHEN pg_is_in_recovery() THEN NULL ELSE txid_current() END, \
-         EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid() \
-         AND granted AND objsubid = 1 AND classid = (($1 >> 32) & 4294967295)::oid \
-         AND objid = ($1 & 4294967295)::oid), \
+         coalesce(current_setting('dlock.owner', true), '') = $3, \
          set_config('application_name', \
-         left($2 || coalesce(txid_current_if_assigned()::text, '0') || $3, {MAX_APPLICATION_NAME}), false), \
-         coalesce(current_setting('dlock.owner', true), '') = $4 {}",
+         left($1 || coalesce(txid_current_if_assigned()::text, '0') || $2, {MAX_APPLICATION_NAME}), false) {}",
         metadata_comment(holder)
     )
 }
 
-/// Mark the server session as ours (`dlock.owner`, a custom session setting) unless another
-/// client marked it first; returns the previous mark. A direct connection always starts
-/// unmarked. Through a transaction-pooling proxy, a server session still marked by another
-/// dlock is shared with it: refused, so the lock is never taken twice on one session.
-const CLAIM_SQL: &str = "SELECT coalesce(current_setting('dlock.owner', true), ''), \
-     CASE WHEN coalesce(current_setting('dlock.owner', true), '') = '' \
-     THEN set_config('dlock.owner', $1, false) END";
+/// Select-list items that mark the server session as ours (`dlock.owner`, a custom session
+/// setting, set to the parameter `marker`) unless another client marked it first, and return
+/// the previous mark. A direct connection always starts unmarked. Through a
+/// transaction-pooling proxy, a server session still marked by another dlock is shared with
+/// it: refused, so the lock is never taken twice on one session.
+fn claim_sql(marker: &str) -> String {
+    format!(
+        "coalesce(current_setting('dlock.owner', true), ''), \
+         CASE WHEN coalesce(current_setting('dlock.owner', true), '') = '' \
+         THEN set_config('dlock.owner', {marker}, false) END"
+    )
+}
 
 /// The heartbeat: does our session still hold the key, and is it still our session?
 fn heartbeat_sql(holder: &Holder) -> String {
@@ -721,10 +730,10 @@ fn metadata_comment(holder: &Holder) -> String {
     format!("/*dlock {}*/", json.replace('*', "\\u002a"))
 }
 
-/// One statement that takes the first free slot, in slot order (`CASE` evaluates its
+/// An expression that takes the first free slot, in slot order (`CASE` evaluates its
 /// conditions in order and stops at the first true one), and returns its index or NULL.
 fn try_slots_sql(slots: &[i64]) -> String {
-    let mut sql = String::from("SELECT CASE");
+    let mut sql = String::from("CASE");
     for (i, slot) in slots.iter().enumerate() {
         sql.push_str(&format!(" WHEN pg_try_advisory_lock({slot}) THEN {i}"));
     }
@@ -1424,7 +1433,7 @@ mod tests {
     fn slot_statement_tries_in_order() {
         assert_eq!(
             try_slots_sql(&[5, -7]),
-            "SELECT CASE WHEN pg_try_advisory_lock(5) THEN 0 WHEN pg_try_advisory_lock(-7) THEN 1 END::int4"
+            "CASE WHEN pg_try_advisory_lock(5) THEN 0 WHEN pg_try_advisory_lock(-7) THEN 1 END::int4"
         );
     }
 }
