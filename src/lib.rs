@@ -28,6 +28,7 @@ use anyhow::Context;
 use crate::backend::etcd::EtcdBackend;
 use crate::backend::file::FileBackend;
 use crate::backend::redis::RedisBackend;
+use crate::backend::zk::ZkBackend;
 use crate::cli::{Cli, Command, OnLost};
 use crate::error::Error;
 use crate::exit::Code;
@@ -85,6 +86,11 @@ macro_rules! with_backend {
             }
             Location::Etcd(target) => {
                 let $backend = EtcdBackend::new(target, &$common.prefix, &$common.display_url);
+                $body
+            }
+            Location::Zk(target) => {
+                let $backend =
+                    ZkBackend::new(target, &$common.prefix, &$common.display_url, $common.ttl);
                 $body
             }
         }

@@ -4,3 +4,4 @@
 pub mod etcd;
 pub mod file;
 pub mod redis;
+pub mod zk;
