@@ -10,3 +10,4 @@ mod etcd_backend;
 mod file_backend;
 mod redis_backend;
 mod terminal;
+mod zk_backend;
