@@ -381,6 +381,12 @@ impl ZkBackend {
             let Some(index) = children.iter().position(|c| *c == own) else {
                 return Err(lost_place());
             };
+            // Anyone ahead of us must use the same --limit (checked once, before any wait).
+            if index > 0 && !limit_checked {
+                self.check_limit(&client, &dir, &children[0], request)
+                    .await?;
+                limit_checked = true;
+            }
             if index < limit {
                 if limit > 1 {
                     // Rewrite our data: the waiter behind us watches it (see the module docs).
@@ -389,11 +395,6 @@ impl ZkBackend {
                         .map_err(|e| self.classify(&e, &format!("writing {own_path}")))?;
                 }
                 return Ok((token, listed_sent));
-            }
-            if !limit_checked {
-                self.check_limit(&client, &dir, &children[0], request)
-                    .await?;
-                limit_checked = true;
             }
             if request.wait == Wait::No {
                 let holders = self.describe_holders(&client, &request.name).await;
