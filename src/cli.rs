@@ -47,8 +47,8 @@ defaults.";
         the command with the lock held, keeps the lease alive while it runs, releases the lock \
         when the command exits or dlock is signalled, and exits with the command's status.\n\n\
         Backends in this build: file:///dir (default: $XDG_RUNTIME_DIR/dlock, else \
-        /tmp/dlock-<uid>), redis:// (rediss://, redis+unix://) and etcd:// (etcds://). zk:// and \
-        postgres:// are planned and rejected for now.",
+        /tmp/dlock-<uid>), redis:// (rediss://, redis+unix://), etcd:// (etcds://) and zk://. \
+        postgres:// is planned and rejected for now.",
     after_long_help = exit::TABLE,
     disable_help_subcommand = true,
     propagate_version = true
@@ -108,7 +108,8 @@ pub struct BackendArgs {
     // The help text is an attribute, not a doc comment: its URL syntax would read as links.
     #[arg(
         help = "Backend URL: file:///dir, redis://[user[:password]@]host[:port][/db], rediss://…, \
-                redis+unix:///path, etcd://[user@]host:port[,host:port…], etcds://…. Default: the \
+                redis+unix:///path, etcd://[user@]host:port[,host:port…], etcds://…, \
+                zk://[user@]host:port[,host:port…][/chroot]. Default: the \
                 file backend in $XDG_RUNTIME_DIR/dlock, else /tmp/dlock-<uid>.",
         short,
         long,

@@ -1054,7 +1054,7 @@ pub struct ZkMember {
 
 impl ZkMember {
     fn launch(&mut self) {
-        let java = server_binary("java", "default-jre-headless");
+        let java = server_binary("java", "openjdk-17-jre-headless");
         let classpath = zookeeper_classpath();
         let log = std::fs::OpenOptions::new()
             .create(true)

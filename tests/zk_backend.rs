@@ -328,11 +328,11 @@ fn curator_classpath() -> String {
         for jar in CURATOR_JARS {
             assert!(
                 std::path::Path::new(jar).is_file(),
-                "{jar} is missing: run `apt-get install -y libcurator-recipes-java zookeeper libslf4j-java` \
+                "{jar} is missing: run `apt-get install -y libcurator-recipes-java zookeeper libslf4j-java openjdk-17-jdk-headless` \
                  (or `bash .ci/run`)"
             );
         }
-        let javac = server_binary("javac", "default-jdk-headless");
+        let javac = server_binary("javac", "openjdk-17-jdk-headless");
         let dir = tempfile::tempdir().expect("temp dir");
         let jars = CURATOR_JARS.join(":");
         let source = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/java/CuratorLock.java");
@@ -358,7 +358,7 @@ struct Curator {
 
 impl Curator {
     fn start(server: &ZkServer, path: &str, timeout_ms: i64) -> Curator {
-        let java = server_binary("java", "default-jre-headless");
+        let java = server_binary("java", "openjdk-17-jre-headless");
         let mut child = Command::new(java)
             .args([
                 "-XX:TieredStopAtLevel=1",
