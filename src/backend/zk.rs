@@ -235,13 +235,13 @@ impl ZkBackend {
                 .map(|m| m.holder)
                 .unwrap_or_else(|_| Holder {
                     name: name.to_string(),
-                    command: format!(
-                        "(foreign holder: Curator or another client; data '{}')",
-                        String::from_utf8_lossy(data)
-                            .chars()
-                            .take(80)
-                            .collect::<String>()
-                    ),
+                    // Curator stores the client's IP address as the node's data.
+                    host: String::from_utf8_lossy(data)
+                        .chars()
+                        .filter(|c| !c.is_control())
+                        .take(64)
+                        .collect(),
+                    command: "(foreign holder: Curator or another client)".into(),
                     ..Holder::default()
                 });
             holder.token = u64::try_from(stat.czxid).unwrap_or(0);
@@ -405,7 +405,7 @@ impl ZkBackend {
             }
             let watcher = if limit == 1 || index > limit {
                 let predecessor = format!("{dir}/{}", children[index - 1]);
-                match timed(client.get_and_watch_data(&predecessor)).await {
+                match reread(|| client.get_and_watch_data(&predecessor)).await {
                     // For --limit > 1, a predecessor that already rewrote its data holds the
                     // lock: we are the head of the queue now, which watches differently.
                     Ok((_, stat, _)) if limit > 1 && stat.version > 0 => None,
@@ -415,7 +415,7 @@ impl ZkBackend {
                     Err(e) => return Err(self.waiting_failed(&e, &predecessor)),
                 }
             } else {
-                match timed(client.get_and_watch_children(&dir)).await {
+                match reread(|| client.get_and_watch_children(&dir)).await {
                     Ok((now, _, watcher)) => {
                         let mut now = now;
                         sort_queue(&mut now);
@@ -473,7 +473,7 @@ impl ZkBackend {
             }
             listed_sent = BootInstant::now();
             children = tokio::select! {
-                r = timed(client.list_children(&dir)) => match r {
+                r = reread(|| client.list_children(&dir)) => match r {
                     Ok(children) => children,
                     Err(zk::Error::NoNode) => return Err(lost_place()),
                     Err(e) => return Err(self.waiting_failed(&e, &dir)),
@@ -529,6 +529,27 @@ async fn timed<T>(request: impl Future<Output = Result<T, zk::Error>>) -> Result
     tokio::time::timeout(OP_TIMEOUT, request)
         .await
         .unwrap_or(Err(zk::Error::Timeout))
+}
+
+/// A read while waiting: after a connection loss (a member stopped, a leader election) the
+/// client reconnects to another member and the session lives on, so ask again a few times
+/// before giving up. An expired session ends this at once (`SessionExpired`).
+async fn reread<T, F, Fut>(read: F) -> Result<T, zk::Error>
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Result<T, zk::Error>>,
+{
+    let mut result = timed(read()).await;
+    for attempt in 1..=3u64 {
+        match result {
+            Err(zk::Error::ConnectionLoss | zk::Error::Timeout) => {
+                tokio::time::sleep(Duration::from_millis(50 * attempt)).await;
+                result = timed(read()).await;
+            }
+            _ => break,
+        }
+    }
+    result
 }
 
 /// Close the session (which also removes any ephemeral node left) and wait, bounded, until
