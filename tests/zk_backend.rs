@@ -196,6 +196,11 @@ fn holders_must_agree_on_the_limit() {
     let _second = env.hold(&lock, &["--limit", "2"]);
     let out = env.run(["run", "--limit", "3", &lock, "true"]);
     assert_fails(&out, 64, "--limit 2");
+    // A --limit 1 waiter finds out from its predecessor's data.
+    let out = env.run(["run", &lock, "true"]);
+    assert_fails(&out, 64, "--limit 2");
+    let out = env.run(["run", "--no-wait", &lock, "true"]);
+    assert_fails(&out, 64, "--limit 2");
 }
 
 #[test]

@@ -381,8 +381,10 @@ impl ZkBackend {
             let Some(index) = children.iter().position(|c| *c == own) else {
                 return Err(lost_place());
             };
-            // Anyone ahead of us must use the same --limit (checked once, before any wait).
-            if index > 0 && !limit_checked {
+            // Anyone ahead of us must use the same --limit (checked once, before any wait). A
+            // --limit 1 waiter reads its predecessor's data anyway when it sets its watch, and
+            // checks that instead of asking for the first node's.
+            if index > 0 && !limit_checked && (limit > 1 || request.wait == Wait::No) {
                 self.check_limit(&client, &dir, &children[0], request)
                     .await?;
                 limit_checked = true;
@@ -409,7 +411,13 @@ impl ZkBackend {
                     // For --limit > 1, a predecessor that already rewrote its data holds the
                     // lock: we are the head of the queue now, which watches differently.
                     Ok((_, stat, _)) if limit > 1 && stat.version > 0 => None,
-                    Ok((_, _, watcher)) => Some(watcher),
+                    Ok((data, _, watcher)) => {
+                        if !limit_checked {
+                            same_limit(&data, request)?;
+                            limit_checked = true;
+                        }
+                        Some(watcher)
+                    }
                     // Gone already: look again at once.
                     Err(zk::Error::NoNode) => None,
                     Err(e) => return Err(self.waiting_failed(&e, &predecessor)),
@@ -492,17 +500,10 @@ impl ZkBackend {
         request: &AcquireRequest,
     ) -> Result<(), Error> {
         let path = format!("{dir}/{first}");
-        let theirs = match timed(client.get_data(&path)).await {
-            Ok((data, _)) => serde_json::from_slice::<Meta>(&data).ok().map(|m| m.limit),
-            Err(zk::Error::NoNode) => None,
-            Err(e) => return Err(self.classify(&e, &format!("reading {path}"))),
-        };
-        match theirs {
-            Some(theirs) if theirs != 0 && theirs != request.limit => Err(Error::Usage(format!(
-                "lock '{}' is held with --limit {theirs}; all holders must use the same --limit",
-                request.name
-            ))),
-            _ => Ok(()),
+        match timed(client.get_data(&path)).await {
+            Ok((data, _)) => same_limit(&data, request),
+            Err(zk::Error::NoNode) => Ok(()),
+            Err(e) => Err(self.classify(&e, &format!("reading {path}"))),
         }
     }
 
@@ -513,6 +514,18 @@ impl ZkBackend {
             )),
             _ => self.classify(e, &format!("watching {path}")),
         }
+    }
+}
+
+/// A usage error when a node's data says it uses another `--limit` than ours (foreign data,
+/// or none recorded, says nothing).
+fn same_limit(data: &[u8], request: &AcquireRequest) -> Result<(), Error> {
+    match serde_json::from_slice::<Meta>(data).ok().map(|m| m.limit) {
+        Some(theirs) if theirs != 0 && theirs != request.limit => Err(Error::Usage(format!(
+            "lock '{}' is held with --limit {theirs}; all holders must use the same --limit",
+            request.name
+        ))),
+        _ => Ok(()),
     }
 }
 
