@@ -226,8 +226,15 @@ fn wrong_password_is_77() {
         describe(&out)
     );
     env.url = format!("zk://u:right@127.0.0.1:{port}");
-    let out = env.run(["run", &name(), "true"]);
+    let out = env.run(["run", &name(), "env"]);
     assert!(out.status.success(), "{}", describe(&out));
+    // The command sees the URL without its password.
+    let seen = stdout_of(&out);
+    assert!(
+        seen.contains(&format!("DLOCK_URL=zk://u:***@127.0.0.1:{port}\n"))
+            && !seen.contains("right"),
+        "{seen}"
+    );
     // From the environment instead of the URL.
     env.url = format!("zk://u@127.0.0.1:{port}");
     let out = output_within(

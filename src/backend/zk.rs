@@ -568,8 +568,13 @@ where
 /// Close the session (which also removes any ephemeral node left) and wait, bounded, until
 /// the server confirmed it.
 async fn close(client: Client) {
-    let mut states = client.state_watcher();
+    let states = client.state_watcher();
     drop(client);
+    closed(states).await;
+}
+
+/// Wait, bounded, until the session of a dropped client is closed.
+async fn closed(mut states: zk::StateWatcher) {
     let closed = async {
         while !states.peek_state().is_terminated() {
             states.changed().await;
@@ -878,7 +883,12 @@ async fn server_info(endpoints: &[(String, u16)]) -> (String, String) {
                 .map(|v| v.trim().to_owned())
         };
         if let Some(version) = field("Zookeeper version:") {
-            let version = version.split(',').next().unwrap_or(&version).to_owned();
+            // "3.8.0-<git id>, built on …": the release is what matters.
+            let version = version
+                .split([',', '-'])
+                .next()
+                .unwrap_or(&version)
+                .to_owned();
             let mode = field("Mode:").unwrap_or_else(|| "unknown".into());
             return (version, format!("{mode} ({host}:{port})"));
         }
@@ -988,8 +998,11 @@ impl Lease for ZkLease {
         drop(keeper.stop().await);
         monitor.abort();
         let _ = monitor.await;
-        // The delete and the close go out back to back: the next waiter wakes on the delete.
+        // The delete and the close go out back to back (one round trip; the server handles
+        // them in order): the next waiter wakes on the delete.
         let delete = client.delete(&path, None);
+        let states = client.state_watcher();
+        drop(client);
         let result = match tokio::time::timeout(ttl.min(OP_TIMEOUT), delete).await {
             Ok(Ok(())) => Ok(()),
             Ok(Err(zk::Error::NoNode)) => {
@@ -1003,7 +1016,7 @@ impl Lease for ZkLease {
                 "deleting {path} timed out; it goes away when the session expires"
             ))),
         };
-        close(client).await;
+        closed(states).await;
         result
     }
 }
