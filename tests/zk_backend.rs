@@ -265,10 +265,11 @@ fn nothing_listening_is_69() {
 
 #[test]
 fn a_three_member_ensemble_keeps_the_hold_through_one_failure_and_stops_at_quorum_loss() {
-    // tickTime 500 ms: sessions up to 10 s, room for a leader election inside --ttl 6s.
+    // tickTime 500 ms: sessions up to 10 s; --ttl 8s leaves about 4 s for a leader election
+    // and the reconnection before the keeper would give up.
     let mut server = ZkServer::ensemble(3, 500);
     let mut env = TestEnv::new(&server);
-    env.ttl = Some("6s");
+    env.ttl = Some("8s");
     let lock = name();
     let ready = env.path("ready");
     let mut holder = env
