@@ -35,7 +35,7 @@ complete -c dlock -n "__fish_dlock_needs_command" -f -a "list" -d 'List held loc
 complete -c dlock -n "__fish_dlock_needs_command" -f -a "release" -d 'Break a lock held by someone else (admin; needs --force)'
 complete -c dlock -n "__fish_dlock_needs_command" -f -a "check" -d 'Check that the backend can be reached and used: latency, version, permissions'
 complete -c dlock -n "__fish_dlock_needs_command" -f -a "generate" -d 'Generate the man pages or shell completions (for packagers)'
-complete -c dlock -n "__fish_dlock_using_subcommand run" -s u -l url -d 'Backend URL: file:///dir, redis://[user[:password]@]host[:port][/db], rediss://…, redis+unix:///path, etcd://[user@]host:port[,host:port…], etcds://…, postgres://[user@][host][:port][/dbname][?sslmode=…] (or libpq\'s key=value form). Default: the file backend in $XDG_RUNTIME_DIR/dlock, else /tmp/dlock-<uid>.' -r
+complete -c dlock -n "__fish_dlock_using_subcommand run" -s u -l url -d 'Backend URL: file:///dir, redis://[user[:password]@]host[:port][/db], rediss://…, redis+unix:///path, etcd://[user@]host:port[,host:port…], etcds://…, zk://[user@]host:port[,host:port…][/chroot], postgres://[user@][host][:port][/dbname][?sslmode=…] (or libpq\'s key=value form). Default: the file backend in $XDG_RUNTIME_DIR/dlock, else /tmp/dlock-<uid>.' -r
 complete -c dlock -n "__fish_dlock_using_subcommand run" -l prefix -d 'Namespace for keys and paths [default: dlock]' -r
 complete -c dlock -n "__fish_dlock_using_subcommand run" -s w -l wait -d 'Give up after waiting this long (500ms, 30s, 5m) [default: wait forever]' -r
 complete -c dlock -n "__fish_dlock_using_subcommand run" -s E -l conflict-exit-code -d 'Exit status when the lock was not acquired [default: 75]' -r
@@ -52,7 +52,7 @@ complete -c dlock -n "__fish_dlock_using_subcommand run" -s v -l verbose -d 'Mor
 complete -c dlock -n "__fish_dlock_using_subcommand run" -s q -l quiet -d 'Fewer messages on stderr (repeat for none): `run -q` does not report a lock that was not acquired; `status -q` prints nothing on stdout'
 complete -c dlock -n "__fish_dlock_using_subcommand run" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c dlock -n "__fish_dlock_using_subcommand run" -s V -l version -d 'Print version'
-complete -c dlock -n "__fish_dlock_using_subcommand status" -s u -l url -d 'Backend URL: file:///dir, redis://[user[:password]@]host[:port][/db], rediss://…, redis+unix:///path, etcd://[user@]host:port[,host:port…], etcds://…, postgres://[user@][host][:port][/dbname][?sslmode=…] (or libpq\'s key=value form). Default: the file backend in $XDG_RUNTIME_DIR/dlock, else /tmp/dlock-<uid>.' -r
+complete -c dlock -n "__fish_dlock_using_subcommand status" -s u -l url -d 'Backend URL: file:///dir, redis://[user[:password]@]host[:port][/db], rediss://…, redis+unix:///path, etcd://[user@]host:port[,host:port…], etcds://…, zk://[user@]host:port[,host:port…][/chroot], postgres://[user@][host][:port][/dbname][?sslmode=…] (or libpq\'s key=value form). Default: the file backend in $XDG_RUNTIME_DIR/dlock, else /tmp/dlock-<uid>.' -r
 complete -c dlock -n "__fish_dlock_using_subcommand status" -l prefix -d 'Namespace for keys and paths [default: dlock]' -r
 complete -c dlock -n "__fish_dlock_using_subcommand status" -l config -d 'Config file (TOML). Default: $XDG_CONFIG_HOME/dlock/config.toml, then /etc/dlock/config.toml' -r -F
 complete -c dlock -n "__fish_dlock_using_subcommand status" -l json -d 'Print JSON instead of text'
@@ -60,7 +60,7 @@ complete -c dlock -n "__fish_dlock_using_subcommand status" -s v -l verbose -d '
 complete -c dlock -n "__fish_dlock_using_subcommand status" -s q -l quiet -d 'Fewer messages on stderr (repeat for none): `run -q` does not report a lock that was not acquired; `status -q` prints nothing on stdout'
 complete -c dlock -n "__fish_dlock_using_subcommand status" -s h -l help -d 'Print help'
 complete -c dlock -n "__fish_dlock_using_subcommand status" -s V -l version -d 'Print version'
-complete -c dlock -n "__fish_dlock_using_subcommand list" -s u -l url -d 'Backend URL: file:///dir, redis://[user[:password]@]host[:port][/db], rediss://…, redis+unix:///path, etcd://[user@]host:port[,host:port…], etcds://…, postgres://[user@][host][:port][/dbname][?sslmode=…] (or libpq\'s key=value form). Default: the file backend in $XDG_RUNTIME_DIR/dlock, else /tmp/dlock-<uid>.' -r
+complete -c dlock -n "__fish_dlock_using_subcommand list" -s u -l url -d 'Backend URL: file:///dir, redis://[user[:password]@]host[:port][/db], rediss://…, redis+unix:///path, etcd://[user@]host:port[,host:port…], etcds://…, zk://[user@]host:port[,host:port…][/chroot], postgres://[user@][host][:port][/dbname][?sslmode=…] (or libpq\'s key=value form). Default: the file backend in $XDG_RUNTIME_DIR/dlock, else /tmp/dlock-<uid>.' -r
 complete -c dlock -n "__fish_dlock_using_subcommand list" -l prefix -d 'Namespace for keys and paths [default: dlock]' -r
 complete -c dlock -n "__fish_dlock_using_subcommand list" -l config -d 'Config file (TOML). Default: $XDG_CONFIG_HOME/dlock/config.toml, then /etc/dlock/config.toml' -r -F
 complete -c dlock -n "__fish_dlock_using_subcommand list" -l json -d 'Print JSON instead of text'
@@ -68,7 +68,7 @@ complete -c dlock -n "__fish_dlock_using_subcommand list" -s v -l verbose -d 'Mo
 complete -c dlock -n "__fish_dlock_using_subcommand list" -s q -l quiet -d 'Fewer messages on stderr (repeat for none): `run -q` does not report a lock that was not acquired; `status -q` prints nothing on stdout'
 complete -c dlock -n "__fish_dlock_using_subcommand list" -s h -l help -d 'Print help'
 complete -c dlock -n "__fish_dlock_using_subcommand list" -s V -l version -d 'Print version'
-complete -c dlock -n "__fish_dlock_using_subcommand release" -s u -l url -d 'Backend URL: file:///dir, redis://[user[:password]@]host[:port][/db], rediss://…, redis+unix:///path, etcd://[user@]host:port[,host:port…], etcds://…, postgres://[user@][host][:port][/dbname][?sslmode=…] (or libpq\'s key=value form). Default: the file backend in $XDG_RUNTIME_DIR/dlock, else /tmp/dlock-<uid>.' -r
+complete -c dlock -n "__fish_dlock_using_subcommand release" -s u -l url -d 'Backend URL: file:///dir, redis://[user[:password]@]host[:port][/db], rediss://…, redis+unix:///path, etcd://[user@]host:port[,host:port…], etcds://…, zk://[user@]host:port[,host:port…][/chroot], postgres://[user@][host][:port][/dbname][?sslmode=…] (or libpq\'s key=value form). Default: the file backend in $XDG_RUNTIME_DIR/dlock, else /tmp/dlock-<uid>.' -r
 complete -c dlock -n "__fish_dlock_using_subcommand release" -l prefix -d 'Namespace for keys and paths [default: dlock]' -r
 complete -c dlock -n "__fish_dlock_using_subcommand release" -l config -d 'Config file (TOML). Default: $XDG_CONFIG_HOME/dlock/config.toml, then /etc/dlock/config.toml' -r -F
 complete -c dlock -n "__fish_dlock_using_subcommand release" -l force -d 'Required: this breaks a lock that someone else holds; the holder then detects the loss and stops its command. The file backend refuses and names the holder\'s pid'
@@ -76,7 +76,7 @@ complete -c dlock -n "__fish_dlock_using_subcommand release" -s v -l verbose -d 
 complete -c dlock -n "__fish_dlock_using_subcommand release" -s q -l quiet -d 'Fewer messages on stderr (repeat for none): `run -q` does not report a lock that was not acquired; `status -q` prints nothing on stdout'
 complete -c dlock -n "__fish_dlock_using_subcommand release" -s h -l help -d 'Print help'
 complete -c dlock -n "__fish_dlock_using_subcommand release" -s V -l version -d 'Print version'
-complete -c dlock -n "__fish_dlock_using_subcommand check" -s u -l url -d 'Backend URL: file:///dir, redis://[user[:password]@]host[:port][/db], rediss://…, redis+unix:///path, etcd://[user@]host:port[,host:port…], etcds://…, postgres://[user@][host][:port][/dbname][?sslmode=…] (or libpq\'s key=value form). Default: the file backend in $XDG_RUNTIME_DIR/dlock, else /tmp/dlock-<uid>.' -r
+complete -c dlock -n "__fish_dlock_using_subcommand check" -s u -l url -d 'Backend URL: file:///dir, redis://[user[:password]@]host[:port][/db], rediss://…, redis+unix:///path, etcd://[user@]host:port[,host:port…], etcds://…, zk://[user@]host:port[,host:port…][/chroot], postgres://[user@][host][:port][/dbname][?sslmode=…] (or libpq\'s key=value form). Default: the file backend in $XDG_RUNTIME_DIR/dlock, else /tmp/dlock-<uid>.' -r
 complete -c dlock -n "__fish_dlock_using_subcommand check" -l prefix -d 'Namespace for keys and paths [default: dlock]' -r
 complete -c dlock -n "__fish_dlock_using_subcommand check" -s t -l ttl -d 'Lease length to check against the backend\'s bounds [default: 15s]' -r
 complete -c dlock -n "__fish_dlock_using_subcommand check" -l config -d 'Config file (TOML). Default: $XDG_CONFIG_HOME/dlock/config.toml, then /etc/dlock/config.toml' -r -F

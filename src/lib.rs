@@ -29,6 +29,7 @@ use crate::backend::etcd::EtcdBackend;
 use crate::backend::file::FileBackend;
 use crate::backend::postgres::PgBackend;
 use crate::backend::redis::RedisBackend;
+use crate::backend::zk::ZkBackend;
 use crate::cli::{Cli, Command, OnLost};
 use crate::error::Error;
 use crate::exit::Code;
@@ -90,6 +91,11 @@ macro_rules! with_backend {
             }
             Location::Postgres(target) => {
                 let $backend = PgBackend::new(target, &$common.prefix, &$common.display_url);
+                $body
+            }
+            Location::Zk(target) => {
+                let $backend =
+                    ZkBackend::new(target, &$common.prefix, &$common.display_url, $common.ttl);
                 $body
             }
         }

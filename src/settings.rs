@@ -75,6 +75,18 @@ pub enum Location {
     Etcd(EtcdTarget),
     /// `postgres://…`, `postgresql://…`, or libpq's `key=value …` form.
     Postgres(PgTarget),
+    /// `zk://h:p[,h:p…][/chroot]`.
+    Zk(ZkTarget),
+}
+
+/// A ZooKeeper ensemble: its members, the chroot and the digest credentials.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ZkTarget {
+    pub endpoints: Vec<(String, u16)>,
+    /// Absolute, without a trailing `/`; `None` for the root.
+    pub chroot: Option<String>,
+    pub user: Option<String>,
+    pub password: Option<Secret>,
 }
 
 /// An etcd cluster: its client endpoints and credentials.
@@ -161,6 +173,7 @@ impl Common {
                 }
             }
             Location::Postgres(_) => "postgres",
+            Location::Zk(_) => "zk",
         }
     }
 
@@ -188,6 +201,19 @@ impl Common {
                 format!("etcd://{}|{prefix}", endpoints.join(","))
             }
             Location::Postgres(target) => format!("{}|{prefix}", target.identity()),
+            Location::Zk(target) => {
+                let mut endpoints: Vec<String> = target
+                    .endpoints
+                    .iter()
+                    .map(|(h, p)| format!("{h}:{p}"))
+                    .collect();
+                endpoints.sort();
+                format!(
+                    "zk://{}{}|{prefix}",
+                    endpoints.join(","),
+                    target.chroot.as_deref().unwrap_or("")
+                )
+            }
         }
     }
 }
@@ -408,6 +434,7 @@ pub fn common(
                 Location::Redis(target) => complete_redis(target, file)?,
                 Location::Etcd(target) => complete_etcd(target, file)?,
                 Location::Postgres(target) => complete_postgres(target, file)?,
+                Location::Zk(target) => complete_zk(target, file)?,
                 Location::File { .. } => {}
             }
             (location, display)
@@ -449,9 +476,7 @@ fn parse_url(url: &str) -> Result<Location, String> {
         "redis" | "rediss" | "redis+unix" => parse_redis_url(&scheme.to_ascii_lowercase(), rest).map(Location::Redis),
         "etcd" | "etcds" => parse_etcd_url(&scheme.to_ascii_lowercase(), rest).map(Location::Etcd),
         "postgres" | "postgresql" => postgres::parse_url(url).map(Location::Postgres),
-        "zk" => Err(format!(
-            "the {scheme} backend is not part of this build of dlock yet; this build supports file://, redis://, etcd:// and postgres:// URLs"
-        )),
+        "zk" => parse_zk_url(rest).map(Location::Zk),
         _ => Err(format!(
             "unknown URL scheme '{scheme}'; expected file, redis, rediss, etcd, etcds, zk, postgres or postgresql"
         )),
@@ -582,6 +607,70 @@ fn parse_etcd_url(scheme: &str, rest: &str) -> Result<EtcdTarget, String> {
         password,
         tls_files: TlsFiles::default(),
     })
+}
+
+/// `zk://[user[:password]@]host[:port][,host[:port]…][/chroot]`.
+fn parse_zk_url(rest: &str) -> Result<ZkTarget, String> {
+    let after = rest
+        .strip_prefix("//")
+        .ok_or("expected zk://host[:port][,host[:port]…][/chroot]")?;
+    if after.contains(['?', '#']) {
+        return Err(
+            "ZooKeeper URLs take no query or fragment; put passwords in the config file".into(),
+        );
+    }
+    let (authority, path) = after.split_at(after.find('/').unwrap_or(after.len()));
+    let (user, password, hosts) = split_userinfo(authority)?;
+    let endpoints = hosts
+        .split(',')
+        .map(|h| split_host_port(h, 2181))
+        .collect::<Result<Vec<_>, _>>()?;
+    let chroot = match path {
+        "" | "/" => None,
+        chroot => {
+            let chroot = chroot.strip_suffix('/').unwrap_or(chroot);
+            if chroot
+                .split('/')
+                .skip(1)
+                .any(|c| c.is_empty() || c == "." || c == "..")
+            {
+                return Err(format!(
+                    "'{chroot}' is not a ZooKeeper chroot (empty, '.' and '..' components are not allowed)"
+                ));
+            }
+            Some(chroot.to_owned())
+        }
+    };
+    if password.is_some() && user.is_none() {
+        return Err("ZooKeeper digest authentication needs a user: zk://user:password@host".into());
+    }
+    Ok(ZkTarget {
+        endpoints,
+        chroot,
+        user,
+        password,
+    })
+}
+
+/// The digest password for ZooKeeper, from the `[zookeeper]` table (see [`credentials`]).
+fn complete_zk(target: &mut ZkTarget, file: &FileConfig) -> Result<(), Error> {
+    // Without a user there is no digest authentication: no password is looked up then.
+    let wants_password = target.user.is_some();
+    let (password, tls_files) = credentials(
+        "ZooKeeper",
+        file.zookeeper.as_ref(),
+        file,
+        target.user.is_some(),
+        target.password.take(),
+        wants_password,
+    )?;
+    target.password = password;
+    if tls_files != TlsFiles::default() {
+        return Err(Error::Config(
+            "TLS to ZooKeeper is not supported by this build; remove ca_file/cert_file/key_file from the [zookeeper] table".into(),
+        ));
+    }
+    Ok(())
 }
 
 /// Password and TLS files for etcd, from the `[etcd]` table (see [`credentials`]).
@@ -1229,6 +1318,42 @@ mod tests {
         ] {
             assert!(parse_url(bad).is_err(), "{bad} was accepted");
         }
+    }
+
+    #[test]
+    fn zk_urls() {
+        let Ok(Location::Zk(t)) = parse_url("zk://u:p%40w@127.0.0.1:2182,[::1],h:1/app/locks/")
+        else {
+            panic!("zk URL rejected");
+        };
+        assert_eq!(
+            t.endpoints,
+            vec![
+                ("127.0.0.1".to_owned(), 2182),
+                ("::1".to_owned(), 2181),
+                ("h".to_owned(), 1)
+            ]
+        );
+        assert_eq!(t.chroot.as_deref(), Some("/app/locks"));
+        assert_eq!(t.user.as_deref(), Some("u"));
+        assert_eq!(t.password.as_ref().map(Secret::expose), Some("p@w"));
+        let Ok(Location::Zk(t)) = parse_url("zk://h/") else {
+            panic!("zk URL rejected");
+        };
+        assert_eq!((t.chroot, t.user, t.password), (None, None, None));
+        for bad in [
+            "zk://",
+            "zk://h,",
+            "zk://h?x",
+            "zk://h:0",
+            "zk://h//x",
+            "zk://h/a/../b",
+            "zk://:pw@h",
+            "zk:h",
+        ] {
+            assert!(parse_url(bad).is_err(), "{bad} accepted");
+        }
+        assert_eq!(redact_url("zk://u:pw@h:2181/x"), "zk://u:***@h:2181/x");
     }
 
     #[test]

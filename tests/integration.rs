@@ -12,3 +12,4 @@ mod pg_backend;
 mod pg_server;
 mod redis_backend;
 mod terminal;
+mod zk_backend;

@@ -5,3 +5,4 @@ pub mod etcd;
 pub mod file;
 pub mod postgres;
 pub mod redis;
+pub mod zk;
