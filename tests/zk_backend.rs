@@ -249,6 +249,15 @@ fn wrong_password_is_77() {
 }
 
 #[test]
+fn the_reserved_zookeeper_prefix_is_refused_with_64() {
+    let server = ZkServer::start();
+    let env = TestEnv::new(&server);
+    let out = env.run(["run", "--prefix", "zookeeper/x", &name(), "touch", "ran"]);
+    assert_fails(&out, 64, "reserves");
+    assert!(!env.path("ran").exists());
+}
+
+#[test]
 fn nothing_listening_is_69() {
     let port = free_port();
     let env = TestEnv {

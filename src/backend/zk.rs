@@ -139,6 +139,12 @@ impl ZkBackend {
                 self.prefix
             )));
         }
+        if parts[0] == "zookeeper" {
+            return Err(Error::Usage(format!(
+                "--prefix: '{}' would put locks under /zookeeper, which ZooKeeper reserves for itself",
+                self.prefix
+            )));
+        }
         Ok(format!("/{}", parts.join("/")))
     }
 
