@@ -773,7 +773,8 @@ fn split_host_port(text: &str, default_port: u16) -> Result<(String, u16), Strin
     } else {
         match text.rsplit_once(':') {
             Some((h, _)) if h.contains(':') => {
-                return Err(format!("IPv6 addresses need brackets: [{text}]"))
+                // Never echo URL text: a malformed URL may carry part of a password there.
+                return Err("IPv6 addresses in the URL need brackets, e.g. [::1]:2379".into());
             }
             Some((h, p)) => (h.to_owned(), Some(p)),
             None => (text.to_owned(), None),
@@ -788,7 +789,7 @@ fn split_host_port(text: &str, default_port: u16) -> Result<(String, u16), Strin
             .parse::<u16>()
             .ok()
             .filter(|&p| p != 0)
-            .ok_or_else(|| format!("'{p}' is not a port number (1-65535)"))?,
+            .ok_or_else(|| "a port in the URL is not a number from 1 to 65535".to_owned())?,
     };
     Ok((host, port))
 }
@@ -844,6 +845,9 @@ fn complete_postgres(target: &mut PgTarget, file: &FileConfig) -> Result<(), Err
 
 /// `password=…` in a query string or a libpq `key=value` string becomes `password=***`.
 fn redact_password_parameter(text: &str) -> String {
+    // In a URL's query a value ends at `&` or `#`; in libpq's key=value form only whitespace
+    // ends an unquoted value, and a backslash escapes the next character.
+    let url = text.contains("://");
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
     while let Some(at) = rest.find("password") {
@@ -853,23 +857,9 @@ fn redact_password_parameter(text: &str) -> String {
         let value = after["password".len()..].trim_start();
         match value.strip_prefix('=').filter(|_| starts_word) {
             Some(value) => {
-                let value = value.trim_start();
-                let end = if let Some(quoted) = value.strip_prefix('\'') {
-                    let mut escaped = false;
-                    let close = quoted
-                        .char_indices()
-                        .find(|&(_, c)| {
-                            let end = c == '\'' && !escaped;
-                            escaped = c == '\\' && !escaped;
-                            end
-                        })
-                        .map_or(quoted.len(), |(i, _)| i + 1);
-                    1 + close
-                } else {
-                    value.find([' ', '&', '#', '\t']).unwrap_or(value.len())
-                };
+                let value = if url { value } else { value.trim_start() };
                 out.push_str("password=***");
-                rest = &value[end..];
+                rest = &value[value_end(value, url)..];
             }
             None => {
                 out.push_str("password");
@@ -879,6 +869,27 @@ fn redact_password_parameter(text: &str) -> String {
     }
     out.push_str(rest);
     out
+}
+
+/// Where a `password=` value that starts `value` ends (see [`redact_password_parameter`]).
+fn value_end(value: &str, url: bool) -> usize {
+    if url {
+        return value.find(['&', '#', ' ', '\t']).unwrap_or(value.len());
+    }
+    let quoted = value.starts_with('\'');
+    let mut escaped = false;
+    for (i, c) in value.char_indices().skip(usize::from(quoted)) {
+        if escaped {
+            escaped = false;
+        } else if c == '\\' {
+            escaped = true;
+        } else if quoted && c == '\'' {
+            return i + 1;
+        } else if !quoted && c.is_whitespace() {
+            return i;
+        }
+    }
+    value.len()
 }
 
 /// A password file must not be readable by group or others (like ~/.pgpass).
@@ -949,26 +960,15 @@ fn redact_userinfo(url: &str) -> String {
     let Some(scheme_end) = url.find("://") else {
         return url.to_owned();
     };
-    let authority_start = scheme_end + 3;
-    let authority_end = url[authority_start..]
-        .find(['/', '?', '#'])
-        .map_or(url.len(), |i| authority_start + i);
-    let authority = &url[authority_start..authority_end];
-    match authority.rfind('@') {
-        Some(at) => {
-            let userinfo = &authority[..at];
-            let user = userinfo.split(':').next().unwrap_or("");
-            let masked = if userinfo.contains(':') {
-                format!("{user}:***")
-            } else {
-                user.to_owned()
-            };
-            format!(
-                "{}{masked}{}",
-                &url[..authority_start],
-                &url[authority_start + at..]
-            )
-        }
+    let start = scheme_end + 3;
+    // The last `@` anywhere, not only in the authority: a password with an unencoded `/`, `?`
+    // or `#` would otherwise end the authority early and be shown. Over-masking a URL whose
+    // query contains `@` is the safe mistake.
+    let Some(at) = url[start..].rfind('@').map(|i| start + i) else {
+        return url.to_owned();
+    };
+    match url[start..at].find(':') {
+        Some(colon) => format!("{}:***{}", &url[..start + colon], &url[at..]),
         None => url.to_owned(),
     }
 }
@@ -1192,6 +1192,18 @@ mod tests {
             "host=db password=*** dbname=app passwordless=1"
         );
         assert_eq!(redact_url("host=db password=x"), "host=db password=***");
+        assert_eq!(
+            redact_url("host=db password=ab&cd#x\\ y dbname=app"),
+            "host=db password=*** dbname=app"
+        );
+        assert_eq!(
+            redact_url("postgres://u:p#ss@db/app"),
+            "postgres://u:***@db/app"
+        );
+        assert_eq!(
+            redact_url("postgres://u:pa/ss@db/app"),
+            "postgres://u:***@db/app"
+        );
     }
 
     #[test]

@@ -369,8 +369,22 @@ fn force_release_without_the_privilege_is_77() {
 }
 
 #[test]
+fn a_pooler_that_drops_the_session_settings_is_refused_with_78() {
+    let server = PgServer::start();
+    let pooler = Pooler::start(&server);
+    let env = TestEnv::new(&server);
+    let lock = name();
+    // pgbouncer ignores the start-up options that carry dlock's keepalives and timeouts.
+    let out = env.run(["run", "--url", &pooler.url(), &lock, "true"]);
+    assert_fails(&out, 78, "did not reach the server");
+    assert!(env.is_free(&lock));
+}
+
+#[test]
 fn a_session_shared_through_a_transaction_pooler_is_refused_with_78() {
     let server = PgServer::start();
+    // Stand in for a pooler that passes dlock's settings on: the database supplies them.
+    server.psql("ALTER DATABASE postgres SET dlock.session = 'on'");
     let pooler = Pooler::start(&server);
     let env = TestEnv::new(&server);
     let lock = name();
@@ -416,6 +430,28 @@ fn hot_standby_is_refused_with_78() {
         standby.psql("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'"),
         "0"
     );
+}
+
+#[test]
+fn key_value_form_over_the_unix_socket_where_sslmode_does_not_apply() {
+    let server = PgServer::start();
+    let env = TestEnv::new(&server);
+    let url = format!(
+        "host={} port={} user=postgres dbname=postgres sslmode=require",
+        server.dir().display(),
+        server.port
+    );
+    let out = env.run([
+        "run",
+        "--url",
+        &url,
+        &name(),
+        "sh",
+        "-c",
+        "echo \"$DLOCK_BACKEND\"",
+    ]);
+    assert!(out.status.success(), "{}", describe(&out));
+    assert_eq!(stdout_of(&out).trim(), "postgres");
 }
 
 #[test]

@@ -11,10 +11,12 @@
 //! round trip): no statement/idle timeouts, `lock_timeout` = `--wait`, server-side TCP
 //! keepalives that notice a silent client only after `--ttl`, and
 //! `client_connection_check_interval` so a killed waiter leaves the queue. Acquiring is one
-//! pipelined round trip after connecting: the lock call (the server's own FIFO lock queue) and
-//! the statement that reads the fencing token (`pg_current_xact_id()`, which only grows),
-//! checks that the lock shows up for our own backend (a transaction-pooling proxy would route
-//! the two statements to different backends) and labels the session in `pg_stat_activity`.
+//! pipelined round trip after connecting: the lock call (the server's own FIFO lock queue),
+//! which also marks the server session as ours (`dlock.owner`), and the statement that reads
+//! the fencing token (`txid_current()`, which only grows), checks the mark and that the
+//! start-up settings arrived (a pooler could route the statements to different server
+//! sessions, share one between clients, or drop the settings) and labels the session in
+//! `pg_stat_activity`.
 //!
 //! A session lock has no lease: it lives as long as the session. The [`Keeper`] heartbeats
 //! every TTL/3 (the lock must still show up for our backend), and the end of the connection
@@ -122,10 +124,15 @@ impl PgBackend {
             .connect_with(&tls, label, ttl, lock_timeout, true)
             .await
         {
-            // A server older than 14 does not know two of the settings.
+            // A server older than 14 does not know two of the settings, and a server on a
+            // platform that cannot watch client sockets refuses client_connection_check_interval.
             Err(e)
-                if e.to_string()
-                    .contains("unrecognized configuration parameter") =>
+                if [
+                    "unrecognized configuration parameter",
+                    "client_connection_check_interval",
+                ]
+                .iter()
+                .any(|needle| e.to_string().contains(needle)) =>
             {
                 self.connect_with(&tls, label, ttl, lock_timeout, false)
                     .await
@@ -164,7 +171,17 @@ impl PgBackend {
             options = format!("{theirs} {options}");
         }
         config.options(&options);
+        let only_sockets = target
+            .hosts
+            .iter()
+            .all(|h| matches!(h, PgHost::Unix { .. }));
+        if target.hosts.len() > 1 {
+            // After a failover the first host may be the new standby: go on to the primary.
+            config.target_session_attrs(tokio_postgres::config::TargetSessionAttrs::ReadWrite);
+        }
+        // libpq ignores sslmode on Unix sockets (there is no TLS over them).
         config.ssl_mode(match target.sslmode {
+            _ if only_sockets => tokio_postgres::config::SslMode::Disable,
             SslMode::Disable => tokio_postgres::config::SslMode::Disable,
             SslMode::Allow | SslMode::Prefer => tokio_postgres::config::SslMode::Prefer,
             SslMode::Require | SslMode::VerifyCa | SslMode::VerifyFull => {
@@ -180,13 +197,14 @@ impl PgBackend {
             .keepalives_retries(3)
             .tcp_user_timeout((ttl / 3).max(Duration::from_secs(1)));
         let hosts = u32::try_from(target.hosts.len()).unwrap_or(1).max(1);
+        let budget = timeout.saturating_mul(hosts);
         let (client, mut connection) =
-            match tokio::time::timeout(timeout * hosts, config.connect(tls.clone())).await {
+            match tokio::time::timeout(budget, config.connect(tls.clone())).await {
                 Err(_) => {
                     return Err(Error::Unavailable(format!(
                         "cannot reach {}: no answer within {}",
                         self.display,
-                        humantime::format_duration(timeout * hosts)
+                        humantime::format_duration(budget)
                     )))
                 }
                 Ok(Err(e)) => return Err(classify(&e, &self.display)),
@@ -209,9 +227,11 @@ impl PgBackend {
                     }
                     Some(Ok(_)) => {}
                     None => {
+                        // Not proof that the server ended the session: assume it may still
+                        // hold the lock until it notices.
                         end_tx.send_replace(Some(End {
-                            reason: "the server closed the connection".into(),
-                            server_ended: true,
+                            reason: "the connection was closed".into(),
+                            server_ended: false,
                         }));
                         return;
                     }
@@ -290,13 +310,16 @@ impl PgBackend {
         tokio::pin!(work);
         let backstop = async {
             match request.wait {
-                Wait::For(d) => tokio::time::sleep(d + Duration::from_secs(1)).await,
+                Wait::For(d) => tokio::time::sleep(d.saturating_add(Duration::from_secs(1))).await,
                 _ => std::future::pending().await,
             }
         };
         tokio::pin!(backstop);
         let mut ended = session.ended.clone();
+        // Biased, work first: its first poll puts the requests on the wire, so a cancel that
+        // is already set finds something to cancel on the server.
         let ((lock, at), token) = tokio::select! {
+            biased;
             done = &mut work => done,
             () = cancel.cancelled() => {
                 return Err(self.abandon(session, work.as_mut(), key, Error::Cancelled).await);
@@ -377,6 +400,7 @@ impl PgBackend {
             tokio::pin!(backstop);
             let mut ended = session.ended.clone();
             tokio::select! {
+                biased;
                 done = &mut lock => {
                     if let Err(e) = done {
                         return Err(self.busy_or(&e, request, session).await);
@@ -454,6 +478,8 @@ impl PgBackend {
                 _ = session.notes.recv() => {}
                 () = sleep_until(wake) => {
                     if deadline.is_some_and(|d| BootInstant::now() >= d) {
+                        let turnstile = turnstile_key(&self.prefix, name);
+                        let _ = tokio::time::timeout(CANCEL_TIMEOUT, client.query_typed("SELECT pg_advisory_unlock($1)", &[(&turnstile, Type::INT8)])).await;
                         return Err(Error::Busy(format!("{} is held by {} holders; waited {}", request.name, request.limit, wait_text(request.wait))));
                     }
                 }
@@ -484,6 +510,7 @@ impl PgBackend {
             .ok_or_else(|| Error::Internal("the token statement returned no row".into()))?;
         let standby: bool = row.try_get(0).unwrap_or(false);
         let mine: bool = row.try_get(2).unwrap_or(false);
+        let settings_arrived: bool = row.try_get(3).unwrap_or(false);
         let refuse = |message: String| async move {
             give_back(client, key, marker).await;
             Err(Error::Config(message))
@@ -491,6 +518,13 @@ impl PgBackend {
         if standby {
             return refuse(format!(
                 "{} is a hot standby (pg_is_in_recovery() is true); locks must be taken on the primary",
+                self.display
+            ))
+            .await;
+        }
+        if !settings_arrived {
+            return refuse(format!(
+                "dlock's session settings (keepalives, timeouts) did not reach the server behind {}: a connection pooler that drops start-up options (pgbouncer ignore_startup_parameters = options?); use a direct connection",
                 self.display
             ))
             .await;
@@ -573,7 +607,7 @@ impl PgBackend {
         )
         .await;
         if !matches!(cancelled, Ok(Ok(()))) {
-            tracing::warn!("could not cancel the waiting lock request; closing the connection instead (the server drops it within a second)");
+            tracing::warn!("could not cancel the waiting lock request; closing the connection instead (a server ≥ 14 drops the request within a second)");
             return outcome;
         }
         if tokio::time::timeout(CANCEL_TIMEOUT, lock).await.is_err() {
@@ -669,9 +703,13 @@ fn session_options(ttl: Duration, lock_timeout: Option<Duration>, modern: bool) 
     let ttl_s = ttl.as_secs().max(2);
     let idle = ttl_s.div_ceil(2);
     let count = ttl_s - idle + 1;
-    let lock_ms = lock_timeout.map_or(0, |d| d.as_millis().max(1));
+    // Beyond the server's range (~24.8 days) the client-side backstop ends the wait instead.
+    let lock_ms = match lock_timeout {
+        Some(d) if d.as_millis() <= i32::MAX as u128 => d.as_millis().max(1),
+        _ => 0,
+    };
     let mut options = format!(
-        "-c statement_timeout=0 -c idle_in_transaction_session_timeout=0 -c lock_timeout={lock_ms} \
+        "-c dlock.session=on -c statement_timeout=0 -c idle_in_transaction_session_timeout=0 -c lock_timeout={lock_ms} \
          -c synchronous_commit=on \
          -c tcp_keepalives_idle={idle} -c tcp_keepalives_interval=1 -c tcp_keepalives_count={count} \
          -c tcp_user_timeout={}",
@@ -693,6 +731,7 @@ fn token_sql(holder: &Holder) -> String {
         "SELECT pg_is_in_recovery(), \
          CASE WHEN pg_is_in_recovery() THEN NULL ELSE txid_current() END, \
          coalesce(current_setting('dlock.owner', true), '') = $3, \
+         coalesce(current_setting('dlock.session', true), '') = 'on', \
          set_config('application_name', \
          left($1 || coalesce(txid_current_if_assigned()::text, '0') || $2, {MAX_APPLICATION_NAME}), false) {}",
         metadata_comment(holder)
@@ -998,7 +1037,11 @@ impl Backend for PgBackend {
             _ => None,
         };
         let label = format!("dlock {} wait {}", request.holder.pid, request.holder.host);
-        let mut session = self.connect(&label, request.ttl, lock_timeout).await?;
+        // Nothing is queued on the server yet: a cancel during connect just drops it.
+        let mut session = tokio::select! {
+            session = self.connect(&label, request.ttl, lock_timeout) => session?,
+            () = cancel.cancelled() => return Err(Error::Cancelled),
+        };
         let (granted, key) = if request.limit <= 1 {
             let key = key(&self.prefix, request.name.as_str());
             let granted = self
@@ -1261,8 +1304,10 @@ impl Lease for PgLease {
 
     async fn lost(&mut self) -> Lost {
         let mut ended = self.session.ended.clone();
+        // Biased: when the connection ended, that (with its deadline) is the truth, not the
+        // keeper's reading of the same event.
         tokio::select! {
-            lost = self.keeper.lost() => lost,
+            biased;
             _ = ended.wait_for(Option::is_some) => {
                 let end = self.session.ended.borrow().clone();
                 let end = end.unwrap_or(End { reason: "connection closed".into(), server_ended: false });
@@ -1280,6 +1325,7 @@ impl Lease for PgLease {
                     }
                 }
             }
+            lost = self.keeper.lost() => lost,
         }
     }
 
@@ -1347,11 +1393,16 @@ struct Renewer {
 
 impl Renew for Renewer {
     async fn renew(&mut self) -> Result<Duration, RenewError> {
-        if let Some(end) = self.ended.borrow().as_ref() {
-            return Err(RenewError::Gone(format!(
-                "the connection to the server ended: {}",
-                end.reason
-            )));
+        let ended = self.ended.borrow().clone();
+        if let Some(end) = ended {
+            // A session the server ended is gone; a broken connection may still hold the
+            // lock on the server until it notices, so the deadline applies.
+            let reason = format!("the connection to the server ended: {}", end.reason);
+            return Err(if end.server_ended {
+                RenewError::Gone(reason)
+            } else {
+                RenewError::Failed(reason)
+            });
         }
         let sent = BootInstant::now();
         match self

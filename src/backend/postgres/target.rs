@@ -231,7 +231,9 @@ fn split_url_host(entry: &str) -> Result<(String, Option<String>), String> {
         return Ok((host.to_owned(), port));
     }
     match entry.rsplit_once(':') {
-        Some((h, _)) if h.contains(':') => Err(format!("IPv6 addresses need brackets: [{entry}]")),
+        Some((h, _)) if h.contains(':') => {
+            Err("IPv6 addresses in the URL need brackets, e.g. [::1]:5432".into())
+        }
         Some((h, p)) => Ok((h.to_owned(), Some(p.to_owned()))),
         None => Ok((entry.to_owned(), None)),
     }
@@ -335,7 +337,7 @@ fn from_pairs(pairs: Vec<(String, String)>) -> Result<PgTarget, String> {
         text.parse::<u16>()
             .ok()
             .filter(|p| *p != 0)
-            .ok_or_else(|| format!("'{text}' is not a port number"))
+            .ok_or_else(|| "a port in the URL is not a number from 1 to 65535".to_owned())
     };
     if hosts.is_empty() {
         hosts.push(String::new());
@@ -371,7 +373,8 @@ pub fn default_root_cert() -> Option<PathBuf> {
 }
 
 /// The password for `target` from a `.pgpass` file: `passfile` from the URL, else
-/// `$PGPASSFILE`, else `~/.pgpass`. Like libpq, a file readable by group or others is refused.
+/// `$PGPASSFILE`, else `~/.pgpass`. A file readable by group or others is refused (78) when it
+/// was named, and skipped with a warning when it is the default `~/.pgpass` (as libpq does).
 pub fn pgpass_password(target: &PgTarget) -> Result<Option<Secret>, Error> {
     let (path, explicit) = match target
         .passfile
@@ -387,6 +390,10 @@ pub fn pgpass_password(target: &PgTarget) -> Result<Option<Secret>, Error> {
     let text = match std::fs::read_to_string(&path) {
         Ok(text) => text,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound && !explicit => return Ok(None),
+        Err(e) if !explicit => {
+            tracing::warn!("ignoring {}: {e}", path.display());
+            return Ok(None);
+        }
         Err(e) => {
             return Err(Error::Config(format!(
                 "cannot read password file {}: {e}",
@@ -398,6 +405,15 @@ pub fn pgpass_password(target: &PgTarget) -> Result<Option<Secret>, Error> {
     let mode = std::fs::metadata(&path)
         .map(|m| m.permissions().mode())
         .unwrap_or(0);
+    if mode & 0o077 != 0 && !explicit {
+        // Like libpq: the default file is skipped with a warning (no password may be needed).
+        tracing::warn!(
+            "ignoring {}: it is readable by group or others (mode {:o}); chmod 600 it",
+            path.display(),
+            mode & 0o777
+        );
+        return Ok(None);
+    }
     if mode & 0o077 != 0 {
         return Err(Error::Config(format!(
             "password file {} is readable by group or others (mode {:o}); chmod 600 it",
