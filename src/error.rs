@@ -67,6 +67,28 @@ impl Error {
     }
 }
 
+/// Whether a TLS failure (a `rustls::Error`) is somewhere in `err`'s chain of causes, also
+/// where a client wrapped it in an `io::Error`, or shared it behind an `Arc`, on the way up.
+pub fn caused_by_tls(err: &(dyn std::error::Error + 'static)) -> bool {
+    let in_io = |io: &std::io::Error| {
+        io.get_ref()
+            .is_some_and(|inner| inner.downcast_ref::<rustls::Error>().is_some())
+    };
+    let mut cause = Some(err);
+    while let Some(e) = cause {
+        if e.downcast_ref::<rustls::Error>().is_some()
+            || e.downcast_ref::<std::io::Error>().is_some_and(in_io)
+            || e.downcast_ref::<std::sync::Arc<dyn std::error::Error + Send + Sync>>()
+                .and_then(|shared| (**shared).downcast_ref::<std::io::Error>())
+                .is_some_and(in_io)
+        {
+            return true;
+        }
+        cause = e.source();
+    }
+    false
+}
+
 /// The exit status for an error chain: the first [`Error`] in it decides.
 pub fn code_of(err: &anyhow::Error) -> Code {
     err.chain()

@@ -362,12 +362,8 @@ fn is_transport(e: &etcd_client::Error) -> bool {
 }
 
 fn is_tls_error(e: &etcd_client::Error) -> bool {
-    let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
-    while let Some(cause) = source {
-        if cause.downcast_ref::<rustls::Error>().is_some() {
-            return true;
-        }
-        source = cause.source();
+    if crate::error::caused_by_tls(e) {
+        return true;
     }
     let text = format!("{e} {e:?}");
     text.contains("invalid peer certificate")

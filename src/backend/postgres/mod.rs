@@ -979,22 +979,7 @@ fn describe(e: &tokio_postgres::Error) -> String {
 }
 
 fn is_tls_error(e: &tokio_postgres::Error) -> bool {
-    let mut source: Option<&(dyn std::error::Error + 'static)> = Some(e);
-    while let Some(cause) = source {
-        if cause.downcast_ref::<rustls::Error>().is_some() {
-            return true;
-        }
-        if let Some(io) = cause.downcast_ref::<std::io::Error>() {
-            if io
-                .get_ref()
-                .is_some_and(|inner| inner.downcast_ref::<rustls::Error>().is_some())
-            {
-                return true;
-            }
-        }
-        source = cause.source();
-    }
-    e.to_string().contains("TLS")
+    crate::error::caused_by_tls(e) || e.to_string().contains("TLS")
 }
 
 /// The exit status a driver error stands for (design §6).

@@ -767,35 +767,7 @@ fn classify(e: &RedisError, display: &str) -> Error {
 }
 
 fn is_tls_error(e: &RedisError) -> bool {
-    let mut source: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(e);
-    while let Some(cause) = source {
-        if cause.downcast_ref::<rustls::Error>().is_some() {
-            return true;
-        }
-        if let Some(io) = cause.downcast_ref::<std::io::Error>() {
-            if io
-                .get_ref()
-                .is_some_and(|inner| inner.downcast_ref::<rustls::Error>().is_some())
-            {
-                return true;
-            }
-        }
-        if let Some(shared) =
-            cause.downcast_ref::<std::sync::Arc<dyn std::error::Error + Send + Sync>>()
-        {
-            if let Some(io) = (**shared).downcast_ref::<std::io::Error>() {
-                if io
-                    .get_ref()
-                    .is_some_and(|inner| inner.downcast_ref::<rustls::Error>().is_some())
-                {
-                    return true;
-                }
-            }
-        }
-        source = cause.source();
-    }
-    let text = e.to_string();
-    text.contains("invalid peer certificate") || text.contains("received fatal alert")
+    crate::error::caused_by_tls(e)
 }
 
 /// Connect into `slot` unless a connection is there already.
