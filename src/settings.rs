@@ -761,6 +761,15 @@ fn parse_db(text: &str) -> Result<i64, String> {
         .ok_or_else(|| format!("'{text}' is not a database number"))
 }
 
+/// `host:port`, with brackets around an IPv6 address: the inverse of [`split_host_port`].
+pub fn join_host_port(host: &str, port: u16) -> String {
+    if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    }
+}
+
 /// `host`, `host:port`, `[v6]`, `[v6]:port`.
 fn split_host_port(text: &str, default_port: u16) -> Result<(String, u16), String> {
     let (host, port) = if let Some(rest) = text.strip_prefix('[') {

@@ -36,7 +36,7 @@ use crate::lock::{
     AcquireRequest, Backend, Cancel, CheckReport, Holder, HolderStatus, Lease, LockName,
     LockStatus, Lost, Wait,
 };
-use crate::settings::EtcdTarget;
+use crate::settings::{join_host_port, EtcdTarget};
 
 /// Bound for reaching the cluster and for one operation outside the keeper.
 const OP_TIMEOUT: Duration = Duration::from_secs(5);
@@ -181,13 +181,7 @@ impl Conn {
         let urls = target
             .endpoints
             .iter()
-            .map(|(host, port)| {
-                if host.contains(':') {
-                    format!("{scheme}://[{host}]:{port}")
-                } else {
-                    format!("{scheme}://{host}:{port}")
-                }
-            })
+            .map(|(host, port)| format!("{scheme}://{}", join_host_port(host, *port)))
             .collect();
         let mut options = ConnectOptions::new()
             .with_connect_timeout(ATTEMPT_TIMEOUT)

@@ -43,7 +43,7 @@ use crate::lock::{
     AcquireRequest, Backend, Cancel, CheckReport, Holder, HolderStatus, Lease, LockName,
     LockStatus, Lost, Wait,
 };
-use crate::settings::ZkTarget;
+use crate::settings::{join_host_port, ZkTarget};
 
 /// Bound for reaching the ensemble and for one operation outside the keeper.
 const OP_TIMEOUT: Duration = Duration::from_secs(5);
@@ -115,13 +115,7 @@ impl ZkBackend {
             .target
             .endpoints
             .iter()
-            .map(|(host, port)| {
-                if host.contains(':') {
-                    format!("[{host}]:{port}")
-                } else {
-                    format!("{host}:{port}")
-                }
-            })
+            .map(|(host, port)| join_host_port(host, *port))
             .collect();
         format!(
             "{}{}",

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use crate::error::Error;
 use crate::lock::decode_component;
-use crate::settings::{Secret, TlsFiles};
+use crate::settings::{join_host_port, Secret, TlsFiles};
 
 /// libpq's default port.
 pub const DEFAULT_PORT: u16 = 5432;
@@ -47,8 +47,7 @@ impl PgHost {
 impl std::fmt::Display for PgHost {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            PgHost::Tcp { host, port } if host.contains(':') => write!(f, "[{host}]:{port}"),
-            PgHost::Tcp { host, port } => write!(f, "{host}:{port}"),
+            PgHost::Tcp { host, port } => f.write_str(&join_host_port(host, *port)),
             PgHost::Unix { dir, port } => write!(f, "{}/.s.PGSQL.{port}", dir.display()),
         }
     }
