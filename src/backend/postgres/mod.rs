@@ -631,13 +631,13 @@ impl PgBackend {
         self.connect(&label, Duration::from_secs(30), None).await
     }
 
-    async fn status_with(&self, session: &Session, name: &LockName) -> Result<LockStatus, Error> {
-        let slots: Vec<i64> = (0..MAX_LIMIT)
-            .map(|i| slot_key(&self.prefix, name.as_str(), i))
-            .collect();
+    /// The sessions holding or waiting for `name`'s keys (any slot, and the turnstile).
+    async fn seen(&self, session: &Session, name: &LockName) -> Result<(Vec<Seen>, i64), Error> {
         let turnstile = turnstile_key(&self.prefix, name.as_str());
-        let mut keys = slots.clone();
-        keys.push(turnstile);
+        let keys: Vec<i64> = (0..MAX_LIMIT)
+            .map(|i| slot_key(&self.prefix, name.as_str(), i))
+            .chain([turnstile])
+            .collect();
         let rows = query(
             session,
             STATUS_SQL,
@@ -645,11 +645,15 @@ impl PgBackend {
             &self.display,
         )
         .await?;
+        Ok((rows.iter().map(Seen::from_row).collect(), turnstile))
+    }
+
+    async fn status_with(&self, session: &Session, name: &LockName) -> Result<LockStatus, Error> {
+        let (seen, turnstile) = self.seen(session, name).await?;
         let mut holders = Vec::new();
         let mut queue = Vec::new();
         let mut turnstile_head = Vec::new();
-        for row in &rows {
-            let seen = Seen::from_row(row);
+        for seen in &seen {
             if seen.key == turnstile {
                 if seen.granted {
                     turnstile_head.push(seen.status(name));
@@ -1112,29 +1116,16 @@ impl Backend for PgBackend {
 
     async fn force_release(&self, name: &LockName) -> Result<Vec<Holder>, Error> {
         let session = self.admin().await?;
-        let status = self.status_with(&session, name).await?;
-        let slots: Vec<i64> = (0..MAX_LIMIT)
-            .map(|i| slot_key(&self.prefix, name.as_str(), i))
-            .collect();
-        let rows = query(
-            &session,
-            STATUS_SQL,
-            &[(&slots, Type::INT8_ARRAY)],
-            &self.display,
-        )
-        .await?;
-        for row in &rows {
-            let seen = Seen::from_row(row);
-            if !seen.granted {
-                continue;
-            }
-            let pid = seen.backend_pid;
+        let (seen, turnstile) = self.seen(&session, name).await?;
+        let mut removed = Vec::new();
+        for holder in seen.iter().filter(|s| s.granted && s.key != turnstile) {
+            let pid = holder.backend_pid;
             match session
                 .client
                 .query_typed("SELECT pg_terminate_backend($1)", &[(&pid, Type::INT4)])
                 .await
             {
-                Ok(_) => {}
+                Ok(_) => removed.push(holder.status(name).holder),
                 Err(e) if e.code().map(|c| c.code()) == Some("42501") => {
                     return Err(Error::Permission(format!(
                         "not permitted to end the holder's session (backend pid {pid}): {}; it needs membership in pg_signal_backend or the holder's role",
@@ -1144,7 +1135,7 @@ impl Backend for PgBackend {
                 Err(e) => return Err(classify(&e, &self.display)),
             }
         }
-        Ok(status.holders.into_iter().map(|h| h.holder).collect())
+        Ok(removed)
     }
 
     async fn check(&self) -> Result<CheckReport, Error> {
