@@ -23,8 +23,15 @@ pub trait LockServer: Send + Sync {
     /// DLOCK_BACKEND as the command sees it.
     fn scheme(&self) -> &'static str;
     /// Take the lock away from its current holder behind dlock's back (the holder must then
-    /// detect the loss).
-    fn break_hold(&self, env: &TestEnv, name: &str);
+    /// detect the loss). By default `dlock release --force`.
+    fn break_hold(&self, env: &TestEnv, name: &str) {
+        let out = env.run(["release", "--force", name]);
+        assert!(
+            out.status.success(),
+            "release --force failed: {}",
+            describe(&out)
+        );
+    }
     /// The `--ttl` the tests use (short, so that renewals and loss detection are quick).
     fn ttl(&self) -> Option<&'static str> {
         None
@@ -141,6 +148,42 @@ impl TestEnv {
         let mut holding = Holding { child, ready };
         holding.wait_ready();
         holding
+    }
+
+    /// Number of waiters `status` reports for `name` (0 when unknown).
+    pub fn waiters(&self, name: &str) -> u64 {
+        let out = self.run(["status", "--json", name]);
+        let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        json["waiters"].as_u64().unwrap_or(0)
+    }
+
+    /// Start `dlock run --url URL NAME` whose command records a SIGTERM in the returned log
+    /// (`holder-stopped`) and otherwise loops; returns once the command runs.
+    pub fn stoppable_holder(&self, url: &str, name: &str) -> (Child, PathBuf) {
+        let log = self.path("log");
+        let ready = self.path("ready");
+        let script = format!(
+            "trap 'echo holder-stopped >> {log}; exit 0' TERM; echo ok > {ready}; while :; do sleep 0.05; done",
+            log = log.display(),
+            ready = ready.display()
+        );
+        let holder = self
+            .dlock([
+                "run",
+                "--url",
+                url,
+                "--kill-after",
+                "5s",
+                name,
+                "sh",
+                "-c",
+                &script,
+            ])
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn holder");
+        wait_until("holder ready", PATIENCE, || ready.exists());
+        (holder, log)
     }
 
     /// Whether `name` can be taken right now (a `--no-wait` run succeeds).
@@ -485,15 +528,6 @@ impl LockServer for RedisServer {
 
     fn scheme(&self) -> &'static str {
         "redis"
-    }
-
-    fn break_hold(&self, env: &TestEnv, name: &str) {
-        let out = env.run(["release", "--force", name]);
-        assert!(
-            out.status.success(),
-            "release --force failed: {}",
-            describe(&out)
-        );
     }
 
     fn ttl(&self) -> Option<&'static str> {
@@ -964,15 +998,6 @@ impl LockServer for EtcdServer {
         }
     }
 
-    fn break_hold(&self, env: &TestEnv, name: &str) {
-        let out = env.run(["release", "--force", name]);
-        assert!(
-            out.status.success(),
-            "release --force failed: {}",
-            describe(&out)
-        );
-    }
-
     fn ttl(&self) -> Option<&'static str> {
         Some("3s")
     }
@@ -1261,15 +1286,6 @@ impl LockServer for ZkServer {
 
     fn scheme(&self) -> &'static str {
         "zk"
-    }
-
-    fn break_hold(&self, env: &TestEnv, name: &str) {
-        let out = env.run(["release", "--force", name]);
-        assert!(
-            out.status.success(),
-            "release --force failed: {}",
-            describe(&out)
-        );
     }
 
     fn ttl(&self) -> Option<&'static str> {

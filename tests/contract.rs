@@ -216,23 +216,17 @@ pub fn signal_while_waiting_exits_128_plus_n_without_running(server: &dyn LockSe
             .stderr(Stdio::piped())
             .spawn()
             .expect("spawn");
-        wait_until("waiter queued", PATIENCE, || waiters(&env, &lock) >= 1);
+        wait_until("waiter queued", PATIENCE, || env.waiters(&lock) >= 1);
         nix::sys::signal::kill(nix::unistd::Pid::from_raw(waiter.id() as i32), signal)
             .expect("kill");
         let status = wait_within(&mut waiter, PATIENCE);
         assert_eq!(status.code(), Some(128 + signal as i32), "{signal}");
         assert!(!env.path("ran").exists(), "the command ran after {signal}");
-        wait_until("waiter gone", PATIENCE, || waiters(&env, &lock) == 0);
+        wait_until("waiter gone", PATIENCE, || env.waiters(&lock) == 0);
     }
 }
 
 /// Number of waiters `status` reports (0 when unknown).
-fn waiters(env: &TestEnv, lock: &str) -> u64 {
-    let out = env.run(["status", "--json", lock]);
-    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
-    json["waiters"].as_u64().unwrap_or(0)
-}
-
 pub fn second_terminating_signal_kills_at_once(server: &dyn LockServer) {
     let env = TestEnv::new(server);
     let lock = name();
@@ -652,39 +646,12 @@ macro_rules! lease_contract_tests {
     };
 }
 
-/// Number of waiters `status` reports (0 when unknown).
-fn waiters_of(env: &TestEnv, lock: &str) -> u64 {
-    waiters(env, lock)
-}
-
 pub fn blackholed_holder_is_stopped_before_a_contender_gets_the_lock(server: &dyn LeaseServer) {
     let proxy = Proxy::start(server.port());
     let env = TestEnv::new(server.as_lock_server());
     let lock = name();
-    let log = env.path("log");
-    let ready = env.path("ready");
-    // The holder talks to Redis through the proxy; on SIGTERM it records that it stopped.
-    let script = format!(
-        "trap 'echo holder-stopped >> {log}; exit 0' TERM; echo ok > {ready}; while :; do sleep 0.05; done",
-        log = log.display(),
-        ready = ready.display()
-    );
-    let mut holder = env
-        .dlock([
-            "run",
-            "--url",
-            &server.url_via(proxy.port),
-            "--kill-after",
-            "5s",
-            &lock,
-            "sh",
-            "-c",
-            &script,
-        ])
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn holder");
-    wait_until("holder ready", PATIENCE, || ready.exists());
+    // The holder talks to the server through the proxy; on SIGTERM it records that it stopped.
+    let (mut holder, log) = env.stoppable_holder(&server.url_via(proxy.port), &lock);
     let mut contender = env
         .dlock([
             "run",
@@ -695,9 +662,7 @@ pub fn blackholed_holder_is_stopped_before_a_contender_gets_the_lock(server: &dy
         ])
         .spawn()
         .expect("spawn contender");
-    wait_until("contender queued", PATIENCE, || {
-        waiters_of(&env, &lock) == 1
-    });
+    wait_until("contender queued", PATIENCE, || env.waiters(&lock) == 1);
     proxy.blackhole();
     let status = wait_within(&mut holder, PATIENCE);
     assert_eq!(
@@ -714,7 +679,13 @@ pub fn blackholed_holder_is_stopped_before_a_contender_gets_the_lock(server: &dy
 }
 
 pub fn killed_holder_frees_the_lock_within_ttl_plus_one_second(server: &dyn LeaseServer) {
-    let env = TestEnv::new(server.as_lock_server());
+    // TTL 3s.
+    killed_holder_frees_the_lock_within(server.as_lock_server(), Duration::from_secs(3 + 1));
+}
+
+/// A SIGKILLed holder's lock reaches the queued waiter within `limit`.
+pub fn killed_holder_frees_the_lock_within(server: &dyn LockServer, limit: Duration) {
+    let env = TestEnv::new(server);
     let lock = name();
     let mut holder = env.hold(&lock, &[]);
     let entered = env.path("entered");
@@ -722,15 +693,63 @@ pub fn killed_holder_frees_the_lock_within_ttl_plus_one_second(server: &dyn Leas
         .dlock(["run", &lock, "touch", entered.to_str().expect("utf-8")])
         .spawn()
         .expect("spawn waiter");
-    wait_until("waiter queued", PATIENCE, || waiters_of(&env, &lock) == 1);
+    wait_until("waiter queued", PATIENCE, || env.waiters(&lock) == 1);
     let killed = Instant::now();
     holder.signal(Signal::SIGKILL);
     holder.wait();
     wait_until("waiter entered", PATIENCE, || entered.exists());
     let took = killed.elapsed();
     assert!(
-        took <= Duration::from_secs(3 + 1),
-        "next waiter got the lock after {took:?} (TTL 3s)"
+        took <= limit,
+        "next waiter got the lock after {took:?} (limit {limit:?})"
     );
     assert!(wait_within(&mut waiter, PATIENCE).success());
+}
+
+/// For backends with a queue: waiters get the lock in arrival order, and `status` lists them
+/// in that order.
+pub fn waiters_acquire_in_arrival_order(server: &dyn LockServer) {
+    let env = TestEnv::new(server);
+    let lock = name();
+    let log = env.path("order");
+    let mut holder = env.hold(&lock, &[]);
+    let mut started = Vec::new();
+    for i in 0..5 {
+        started.push(
+            env.dlock([
+                "run",
+                &lock,
+                "sh",
+                "-c",
+                &format!("echo {i} >> {}", log.display()),
+            ])
+            .spawn()
+            .expect("spawn waiter"),
+        );
+        wait_until("waiter queued", PATIENCE, || env.waiters(&lock) == i + 1);
+    }
+    let json: serde_json::Value =
+        serde_json::from_slice(&env.run(["status", "--json", &lock]).stdout).expect("json");
+    let queue: Vec<String> = json["queue"]
+        .as_array()
+        .expect("queue")
+        .iter()
+        .map(|w| w["command"].as_str().unwrap_or_default().to_owned())
+        .collect();
+    assert_eq!(queue.len(), 5, "{json}");
+    for (i, command) in queue.iter().enumerate() {
+        assert!(
+            command.contains(&format!("echo {i} ")),
+            "queue out of order: {queue:?}"
+        );
+    }
+    holder.signal(Signal::SIGTERM);
+    holder.wait();
+    for mut waiter in started {
+        assert!(wait_within(&mut waiter, PATIENCE).success());
+    }
+    assert_eq!(
+        std::fs::read_to_string(&log).expect("log"),
+        "0\n1\n2\n3\n4\n"
+    );
 }

@@ -11,14 +11,13 @@ use crate::common::*;
 crate::contract_tests!(etcd_contract, EtcdServer::start());
 crate::lease_contract_tests!(etcd_lease_contract, EtcdServer::start());
 
-fn name() -> String {
-    format!("e-{}", unique())
+#[test]
+fn waiters_acquire_in_arrival_order() {
+    crate::contract::waiters_acquire_in_arrival_order(&EtcdServer::start());
 }
 
-fn waiters(env: &TestEnv, lock: &str) -> u64 {
-    let out = env.run(["status", "--json", lock]);
-    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
-    json["waiters"].as_u64().unwrap_or(0)
+fn name() -> String {
+    format!("e-{}", unique())
 }
 
 /// Keys under `prefix` (etcdctl, keys only).
@@ -36,55 +35,6 @@ fn leases(server: &EtcdServer) -> Vec<String> {
     let out = server.etcdctl(&["lease", "list"]);
     assert!(out.status.success(), "{}", describe(&out));
     stdout_of(&out).lines().skip(1).map(str::to_owned).collect()
-}
-
-#[test]
-fn waiters_acquire_in_arrival_order() {
-    let server = EtcdServer::start();
-    let env = TestEnv::new(&server);
-    let lock = name();
-    let log = env.path("order");
-    let mut holder = env.hold(&lock, &[]);
-    let mut started = Vec::new();
-    for i in 0..5 {
-        started.push(
-            env.dlock([
-                "run",
-                &lock,
-                "sh",
-                "-c",
-                &format!("echo {i} >> {}", log.display()),
-            ])
-            .spawn()
-            .expect("spawn waiter"),
-        );
-        wait_until("waiter queued", PATIENCE, || waiters(&env, &lock) == i + 1);
-    }
-    // status lists the waiters in the order they will get the lock.
-    let json: serde_json::Value =
-        serde_json::from_slice(&env.run(["status", "--json", &lock]).stdout).expect("json");
-    let queue: Vec<String> = json["queue"]
-        .as_array()
-        .expect("queue")
-        .iter()
-        .map(|w| w["command"].as_str().unwrap_or_default().to_owned())
-        .collect();
-    assert_eq!(queue.len(), 5, "{json}");
-    for (i, command) in queue.iter().enumerate() {
-        assert!(
-            command.contains(&format!("echo {i} ")),
-            "queue out of order: {queue:?}"
-        );
-    }
-    holder.signal(Signal::SIGTERM);
-    holder.wait();
-    for mut waiter in started {
-        assert!(wait_within(&mut waiter, PATIENCE).success());
-    }
-    assert_eq!(
-        std::fs::read_to_string(&log).expect("log"),
-        "0\n1\n2\n3\n4\n"
-    );
 }
 
 #[test]

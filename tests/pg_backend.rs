@@ -2,7 +2,6 @@
 //! the session (terminated, black-holed, server restart), clean cancellation, the key's SQL
 //! formula, TLS and authentication (issue: PostgreSQL backend).
 
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
@@ -13,95 +12,13 @@ use crate::pg_server::*;
 
 crate::contract_tests!(pg_contract, PgServer::start());
 
-fn name() -> String {
-    format!("p-{}", unique())
-}
-
-fn waiters(env: &TestEnv, lock: &str) -> u64 {
-    let out = env.run(["status", "--json", lock]);
-    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
-    json["waiters"].as_u64().unwrap_or(0)
-}
-
-/// A holder whose command records SIGTERM in `log` and otherwise loops.
-fn stoppable_holder(
-    env: &TestEnv,
-    url: &str,
-    lock: &str,
-) -> (std::process::Child, std::path::PathBuf) {
-    let log = env.path("log");
-    let ready = env.path("ready");
-    let script = format!(
-        "trap 'echo holder-stopped >> {log}; exit 0' TERM; echo ok > {ready}; while :; do sleep 0.05; done",
-        log = log.display(),
-        ready = ready.display()
-    );
-    let holder = env
-        .dlock([
-            "run",
-            "--url",
-            url,
-            "--kill-after",
-            "5s",
-            lock,
-            "sh",
-            "-c",
-            &script,
-        ])
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn holder");
-    wait_until("holder ready", PATIENCE, || ready.exists());
-    (holder, log)
-}
-
 #[test]
 fn waiters_acquire_in_arrival_order() {
-    let server = PgServer::start();
-    let env = TestEnv::new(&server);
-    let lock = name();
-    let log = env.path("order");
-    let mut holder = env.hold(&lock, &[]);
-    let mut started = Vec::new();
-    for i in 0..5 {
-        started.push(
-            env.dlock([
-                "run",
-                &lock,
-                "sh",
-                "-c",
-                &format!("echo {i} >> {}", log.display()),
-            ])
-            .spawn()
-            .expect("spawn waiter"),
-        );
-        wait_until("waiter queued", PATIENCE, || waiters(&env, &lock) == i + 1);
-    }
-    // status lists the waiters in the order they will get the lock.
-    let json: serde_json::Value =
-        serde_json::from_slice(&env.run(["status", "--json", &lock]).stdout).expect("json");
-    let queue: Vec<String> = json["queue"]
-        .as_array()
-        .expect("queue")
-        .iter()
-        .map(|w| w["command"].as_str().unwrap_or_default().to_owned())
-        .collect();
-    assert_eq!(queue.len(), 5, "{json}");
-    for (i, command) in queue.iter().enumerate() {
-        assert!(
-            command.contains(&format!("echo {i} ")),
-            "queue out of order: {queue:?}"
-        );
-    }
-    holder.signal(Signal::SIGTERM);
-    holder.wait();
-    for mut waiter in started {
-        assert!(wait_within(&mut waiter, PATIENCE).success());
-    }
-    assert_eq!(
-        std::fs::read_to_string(&log).expect("log"),
-        "0\n1\n2\n3\n4\n"
-    );
+    crate::contract::waiters_acquire_in_arrival_order(&PgServer::start());
+}
+
+fn name() -> String {
+    format!("p-{}", unique())
 }
 
 #[test]
@@ -109,7 +26,7 @@ fn terminated_session_stops_the_command_within_a_heartbeat() {
     let server = PgServer::start();
     let env = TestEnv::new(&server);
     let lock = name();
-    let (mut holder, log) = stoppable_holder(&env, &server.url(), &lock);
+    let (mut holder, log) = env.stoppable_holder(&server.url(), &lock);
     let terminated = Instant::now();
     let ended = server.psql(
         "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
@@ -139,7 +56,7 @@ fn blackholed_holder_stops_its_command_within_the_heartbeat_bound() {
     let lock = name();
     let proxy = Proxy::start(server.port);
     let url = server.url_via(proxy.port);
-    let (mut holder, log) = stoppable_holder(&env, &url, &lock);
+    let (mut holder, log) = env.stoppable_holder(&url, &lock);
     let mut contender = env
         .dlock([
             "run",
@@ -150,7 +67,7 @@ fn blackholed_holder_stops_its_command_within_the_heartbeat_bound() {
         ])
         .spawn()
         .expect("spawn contender");
-    wait_until("contender queued", PATIENCE, || waiters(&env, &lock) == 1);
+    wait_until("contender queued", PATIENCE, || env.waiters(&lock) == 1);
     let cut = Instant::now();
     proxy.blackhole();
     let status = wait_within(&mut holder, PATIENCE);
@@ -179,7 +96,7 @@ fn server_crash_restart_stops_the_command_and_frees_the_lock() {
     let server = PgServer::start();
     let env = TestEnv::new(&server);
     let lock = name();
-    let (mut holder, log) = stoppable_holder(&env, &server.url(), &lock);
+    let (mut holder, log) = env.stoppable_holder(&server.url(), &lock);
     server.restart_immediate();
     assert_eq!(wait_within(&mut holder, PATIENCE).code(), Some(124));
     assert_eq!(
@@ -191,26 +108,10 @@ fn server_crash_restart_stops_the_command_and_frees_the_lock() {
 
 #[test]
 fn killed_holder_frees_the_lock_within_one_second() {
-    let server = PgServer::start();
-    let env = TestEnv::new(&server);
-    let lock = name();
-    let mut holder = env.hold(&lock, &[]);
-    let entered = env.path("entered");
-    let mut waiter = env
-        .dlock(["run", &lock, "touch", entered.to_str().expect("utf-8")])
-        .spawn()
-        .expect("spawn waiter");
-    wait_until("waiter queued", PATIENCE, || waiters(&env, &lock) == 1);
-    let killed = Instant::now();
-    holder.signal(Signal::SIGKILL);
-    holder.wait();
-    wait_until("waiter entered", PATIENCE, || entered.exists());
-    let took = killed.elapsed();
-    assert!(
-        took <= Duration::from_secs(1),
-        "next waiter got the lock after {took:?}"
+    crate::contract::killed_holder_frees_the_lock_within(
+        &PgServer::start(),
+        Duration::from_secs(1),
     );
-    assert!(wait_within(&mut waiter, PATIENCE).success());
 }
 
 #[test]
@@ -274,7 +175,7 @@ fn semaphore_waiter_is_woken_by_a_release() {
         ])
         .spawn()
         .expect("spawn third");
-    wait_until("third queued", PATIENCE, || waiters(&env, &lock) == 1);
+    wait_until("third queued", PATIENCE, || env.waiters(&lock) == 1);
     assert!(!entered.exists());
     first.signal(Signal::SIGTERM);
     first.wait();

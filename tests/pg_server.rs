@@ -6,9 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
 
-use crate::common::{
-    describe, free_port, is_alive, wait_until, LeaseServer, LockServer, TestEnv, PATIENCE,
-};
+use crate::common::{describe, free_port, is_alive, wait_until, LeaseServer, LockServer, PATIENCE};
 
 /// The superuser's and the `app` role's passwords.
 pub const SUPERUSER_PASSWORD: &str = "super-secret";
@@ -304,15 +302,6 @@ impl LockServer for PgServer {
 
     fn scheme(&self) -> &'static str {
         "postgres"
-    }
-
-    fn break_hold(&self, env: &TestEnv, name: &str) {
-        let out = env.run(["release", "--force", name]);
-        assert!(
-            out.status.success(),
-            "release --force failed: {}",
-            describe(&out)
-        );
     }
 
     fn ttl(&self) -> Option<&'static str> {

@@ -32,12 +32,6 @@ fn queued_waiter(
     .expect("spawn waiter")
 }
 
-fn waiters(env: &TestEnv, lock: &str) -> u64 {
-    let out = env.run(["status", "--json", lock]);
-    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
-    json["waiters"].as_u64().unwrap_or(0)
-}
-
 #[test]
 fn waiters_acquire_in_arrival_order() {
     let server = RedisServer::start();
@@ -49,7 +43,7 @@ fn waiters_acquire_in_arrival_order() {
     for i in 0..5 {
         waiters_started.push(queued_waiter(&env, &lock, &i.to_string(), &log));
         // Each waiter is in the queue before the next one arrives.
-        wait_until("waiter queued", PATIENCE, || waiters(&env, &lock) == i + 1);
+        wait_until("waiter queued", PATIENCE, || env.waiters(&lock) == i + 1);
     }
     holder.signal(Signal::SIGTERM);
     holder.wait();
@@ -378,17 +372,13 @@ fn a_dead_waiter_drops_out_of_the_queue() {
         .dlock(["run", &lock, "touch", "dead-ran"])
         .spawn()
         .expect("spawn waiter");
-    wait_until("first waiter queued", PATIENCE, || {
-        waiters(&env, &lock) == 1
-    });
+    wait_until("first waiter queued", PATIENCE, || env.waiters(&lock) == 1);
     let entered = env.path("entered");
     let mut alive = env
         .dlock(["run", &lock, "touch", entered.to_str().expect("utf-8")])
         .spawn()
         .expect("spawn waiter");
-    wait_until("second waiter queued", PATIENCE, || {
-        waiters(&env, &lock) == 2
-    });
+    wait_until("second waiter queued", PATIENCE, || env.waiters(&lock) == 2);
     // The first waiter dies without leaving the queue; the release wakes it, in vain.
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(dead.id() as i32),

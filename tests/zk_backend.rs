@@ -20,12 +20,6 @@ fn name() -> String {
     format!("z-{}", unique())
 }
 
-fn waiters(env: &TestEnv, lock: &str) -> u64 {
-    let out = env.run(["status", "--json", lock]);
-    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
-    json["waiters"].as_u64().unwrap_or(0)
-}
-
 /// `wchc`: the paths each session watches.
 fn watches_by_session(server: &ZkServer) -> HashMap<String, Vec<String>> {
     let text = zk_four_letter(server.members[0].client_port, "wchc").expect("wchc");
@@ -81,7 +75,7 @@ fn waiters_acquire_in_arrival_order_and_each_watches_only_its_predecessor() {
             .spawn()
             .expect("spawn waiter"),
         );
-        wait_until("waiter queued", PATIENCE, || waiters(&env, &lock) == i + 1);
+        wait_until("waiter queued", PATIENCE, || env.waiters(&lock) == i + 1);
     }
     // No herd: apart from a node's owner (which watches its own node once it holds the
     // lock), each node is watched by at most one session, and each session watches at most
