@@ -157,6 +157,21 @@ impl ZkBackend {
         }
     }
 
+    /// Create `path` and its missing parents as container nodes (ZooKeeper removes them once
+    /// empty). A missing chroot is the user's to create.
+    async fn make_parents(&self, client: &Client, path: &str) -> Result<(), Error> {
+        let options = CreateMode::Container.with_acls(self.acls());
+        match timed(client.mkdir(path, &options)).await {
+            Ok(()) => Ok(()),
+            Err(zk::Error::NoNode) => Err(Error::Config(format!(
+                "the chroot {} does not exist on {}; create it first",
+                self.target.chroot.as_deref().unwrap_or("/"),
+                self.display
+            ))),
+            Err(e) => Err(self.classify(&e, &format!("creating {path}"))),
+        }
+    }
+
     /// Open a session, bounded by [`OP_TIMEOUT`].
     async fn connect(&self, session_timeout: Duration) -> Result<Client, Error> {
         let mut connector = Client::connector()
@@ -286,7 +301,6 @@ impl ZkBackend {
         let base = format!("{dir}/{guid_prefix}lock-");
         let acls = self.acls();
         let options = CreateMode::EphemeralSequential.with_acls(acls);
-        let parent_options = CreateMode::Container.with_acls(acls);
         for _ in 0..MAX_PARENT_RETRIES {
             let sent = BootInstant::now();
             let create = client.create(&base, meta, &options);
@@ -304,17 +318,7 @@ impl ZkBackend {
                 Err(zk::Error::NoNode) => {
                     // The lock's node (or the prefix) does not exist yet, or was an empty
                     // container that ZooKeeper removed: make it and try again.
-                    match timed(client.mkdir(dir, &parent_options)).await {
-                        Ok(()) => {}
-                        Err(zk::Error::NoNode) => {
-                            return Err(Error::Config(format!(
-                                "the chroot {} does not exist on {}; create it first",
-                                self.target.chroot.as_deref().unwrap_or("/"),
-                                self.display
-                            )))
-                        }
-                        Err(e) => return Err(self.classify(&e, &format!("creating {dir}"))),
-                    }
+                    self.make_parents(client, dir).await?;
                 }
                 Err(zk::Error::ConnectionLoss) => {
                     // The create may have happened with its reply lost: look for our GUID
@@ -772,18 +776,7 @@ impl ZkBackend {
         round_trips.sort();
         // Create and delete a test node under the prefix (`!` never starts a lock's component).
         let acls = self.acls();
-        let parent_options = CreateMode::Container.with_acls(acls);
-        match timed(client.mkdir(root, &parent_options)).await {
-            Ok(()) => {}
-            Err(zk::Error::NoNode) => {
-                return Err(Error::Config(format!(
-                    "the chroot {} does not exist on {}; create it first",
-                    self.target.chroot.as_deref().unwrap_or("/"),
-                    self.display
-                )))
-            }
-            Err(e) => return Err(self.classify(&e, &format!("creating {root}"))),
-        }
+        self.make_parents(client, root).await?;
         let probe = format!("{root}/!check-{}", uuid::Uuid::new_v4());
         let probe_options = CreateMode::Ephemeral.with_acls(acls);
         timed(client.create(&probe, b"check", &probe_options))
