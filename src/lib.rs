@@ -14,6 +14,7 @@ pub mod keeper;
 pub mod lock;
 pub mod settings;
 pub mod signals;
+mod spawn;
 pub mod supervise;
 
 mod generate;

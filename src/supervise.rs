@@ -11,7 +11,8 @@
 //! the command.
 //!
 //! In the child, before `exec`: `setpgid(0, 0)`, the terminal hand-over, and
-//! `PR_SET_PDEATHSIG(SIGKILL)`, so that if dlock is killed with SIGKILL the command dies too.
+//! `PR_SET_PDEATHSIG(SIGKILL)`, so that if dlock is killed with SIGKILL the command dies too
+//! ([`crate::spawn`] starts it without copying dlock's memory).
 //! (The death signal follows the thread that forked; dlock forks from its only runtime thread.)
 //!
 //! Then one loop waits for whichever comes first:
@@ -26,10 +27,10 @@
 //!   SIGKILL at once; `ignore` only warns. After a loss, when the command itself exits, anything
 //!   left in its group is killed, so nothing keeps running unprotected.
 
-use std::ffi::OsString;
+use std::ffi::{OsStr, OsString};
 use std::io;
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
-use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::os::unix::process::ExitStatusExt;
 use std::process::ExitStatus;
 use std::time::Duration;
 
@@ -108,64 +109,29 @@ pub struct Child {
 }
 
 /// Start the command in its own process group with `env` changes applied (`None` removes).
+/// Returns once the command has been exec'd (see [`crate::spawn`]).
 pub fn spawn(
     spec: &CommandSpec,
     env: &[(OsString, Option<OsString>)],
     terminal: Option<&Terminal>,
 ) -> io::Result<Child> {
-    let mut command = std::process::Command::new(&spec.program);
-    command.arg0(&spec.arg0).args(&spec.args);
-    for (key, value) in env {
-        match value {
-            Some(value) => command.env(key, value),
-            None => command.env_remove(key),
-        };
-    }
-    let parent = std::process::id();
+    let mut environment: Vec<(OsString, OsString)> = std::env::vars_os()
+        .filter(|(key, _)| !env.iter().any(|(changed, _)| changed == key))
+        .collect();
+    environment.extend(
+        env.iter()
+            .filter_map(|(key, value)| Some((key.clone(), value.clone()?))),
+    );
+    let argv: Vec<&OsStr> = std::iter::once(spec.arg0.as_os_str())
+        .chain(spec.args.iter().map(OsString::as_os_str))
+        .collect();
     let tty = terminal.map(|t| t.tty.as_raw_fd());
-    // SAFETY: the closure runs between fork and exec and only makes async-signal-safe calls
-    // (setpgid, sigprocmask, tcsetpgrp, prctl, getppid) on plain integers.
-    unsafe {
-        command.pre_exec(move || {
-            if libc::setpgid(0, 0) != 0 {
-                return Err(io::Error::last_os_error());
-            }
-            if let Some(tty) = tty {
-                let mut block: libc::sigset_t = std::mem::zeroed();
-                let mut old: libc::sigset_t = std::mem::zeroed();
-                libc::sigemptyset(&mut block);
-                libc::sigaddset(&mut block, libc::SIGTTOU);
-                libc::sigprocmask(libc::SIG_BLOCK, &block, &mut old);
-                libc::tcsetpgrp(tty, libc::getpid());
-                libc::sigprocmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
-            }
-            if libc::prctl(
-                libc::PR_SET_PDEATHSIG,
-                libc::SIGKILL as libc::c_ulong,
-                0,
-                0,
-                0,
-            ) != 0
-            {
-                return Err(io::Error::last_os_error());
-            }
-            // dlock died before prctl took effect: do not run the command orphaned.
-            if libc::getppid() as u32 != parent {
-                return Err(io::Error::from_raw_os_error(libc::ESRCH));
-            }
-            Ok(())
-        });
-    }
-    let child = command.spawn()?;
-    let pid = Pid::from_raw(child.id() as i32);
-    // Also from the parent, so the group exists before dlock signals it (classic race fix).
-    let _ = nix::unistd::setpgid(pid, pid);
-    if let Some(terminal) = terminal {
-        terminal.give_to(pid);
-    }
-    // The child is reaped with waitid below; std's handle is not needed.
-    drop(child);
-    Ok(Child { pid })
+    let pid = crate::spawn::spawn(&spec.program, &argv, &environment, tty)?;
+    // The child made its own group (and took the terminal) before exec, and the parent
+    // resumes only after that exec: the group exists before dlock could signal it.
+    Ok(Child {
+        pid: Pid::from_raw(pid),
+    })
 }
 
 impl Child {

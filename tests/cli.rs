@@ -1,6 +1,8 @@
 //! The command line: bad input, option parsing, configuration precedence, command lookup.
 //! None of these depend on a backend beyond the default file backend.
 
+use std::process::Stdio;
+
 use crate::common::*;
 
 fn env() -> (FileServer, TestEnv) {
@@ -145,6 +147,50 @@ fn shell_command_runs_with_sh_before_or_after_name() {
         );
         assert_eq!(stdout_of(&out), "3\n", "{args:?}: {}", describe(&out));
     }
+}
+
+/// One signal set from a `/proc/PID/status` line such as `SigIgn:\t0000000000001000`.
+fn signal_set(status: &str, field: &str) -> u64 {
+    let line = status
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .unwrap_or_else(|| panic!("no {field} in {status}"));
+    u64::from_str_radix(line.trim(), 16).expect("a hex signal set")
+}
+
+#[test]
+fn command_starts_with_no_blocked_signals_and_default_sigpipe() {
+    let bit = |signal: i32| 1u64 << (signal - 1);
+    let (_server, env) = env();
+    // dlock blocks every signal around starting the command and Rust ignores SIGPIPE: neither
+    // may reach the command. A signal that dlock's own parent ignored, and dlock does not
+    // handle, stays ignored.
+    let out = output_within(
+        {
+            let mut c = std::process::Command::new("sh");
+            c.args(["-c", "trap '' ALRM; exec \"$0\" \"$@\"", DLOCK])
+                .args(["run", "x", "cat", "/proc/self/status"]);
+            for (key, value) in env.dlock(["x"]).get_envs() {
+                match value {
+                    Some(value) => c.env(key, value),
+                    None => c.env_remove(key),
+                };
+            }
+            c.current_dir(env.path("")).stdin(Stdio::null());
+            c
+        },
+        PATIENCE,
+    );
+    assert!(out.status.success(), "{}", describe(&out));
+    let status = stdout_of(&out);
+    assert_eq!(signal_set(&status, "SigBlk:"), 0, "{status}");
+    let ignored = signal_set(&status, "SigIgn:");
+    assert_eq!(ignored & bit(libc::SIGPIPE), 0, "SIGPIPE ignored: {status}");
+    assert_ne!(
+        ignored & bit(libc::SIGALRM),
+        0,
+        "inherited SIGALRM ignore lost: {status}"
+    );
 }
 
 #[test]

@@ -1,0 +1,199 @@
+//! Starting the command: `clone(CLONE_VM | CLONE_VFORK)` and `exec`, the way `posix_spawn`
+//! does it, plus the two steps `posix_spawn` cannot do (`PR_SET_PDEATHSIG` and handing over
+//! the terminal).
+//!
+//! A plain `fork` copies dlock's page tables and then both processes fault on every page
+//! either of them writes until the child calls `exec`. With `CLONE_VM` the child borrows
+//! dlock's memory and dlock is suspended until the child has called `exec` (or exited), so
+//! none of that happens. It is the start-up cost of every critical section, on every backend.
+//!
+//! Borrowing the memory sets the rules for the child (see [`child_main`]): everything it
+//! needs is prepared by the parent beforehand, it allocates nothing, takes no lock and only
+//! makes system calls; it reports a failure by storing `errno` where the parent reads it.
+//! Signals are blocked in dlock around the `clone`, and the child sets every handled signal
+//! back to its default before unblocking, so a signal that arrives before `exec` cannot run one
+//! of dlock's handlers in the child.
+
+use std::ffi::{CString, OsStr, OsString};
+use std::io;
+use std::os::fd::RawFd;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::atomic::{AtomicI32, Ordering};
+
+use libc::c_char;
+
+/// What the child needs between `clone` and `exec`, all of it made before the `clone`.
+struct Plan {
+    program: CString,
+    argv: Vec<*const c_char>,
+    envp: Vec<*const c_char>,
+    tty: Option<RawFd>,
+    /// dlock's pid: the child checks that it is still dlock's child once its death signal is set.
+    parent: libc::pid_t,
+    /// The highest signal number, for resetting handlers.
+    last_signal: libc::c_int,
+    /// `errno` of the step that failed in the child; 0 when `exec` succeeded.
+    error: AtomicI32,
+}
+
+/// The stack the child runs on until `exec`. Its frames are small (a handful of system calls),
+/// so this leaves a wide margin. It is not zeroed: only the pages the child touches are ever
+/// faulted in.
+const CHILD_STACK: usize = 32 * 1024;
+
+/// Start `program` with `argv` (`argv[0]` included) and `env` (the whole environment) in a new
+/// process group, with `PR_SET_PDEATHSIG(SIGKILL)`, and give it the terminal `tty` if set.
+/// Returns once the child has called `exec`; an `exec` failure is returned as its `errno`.
+pub fn spawn(
+    program: &Path,
+    argv: &[&OsStr],
+    env: &[(OsString, OsString)],
+    tty: Option<RawFd>,
+) -> io::Result<libc::pid_t> {
+    let program = c_string(program.as_os_str())?;
+    let argv_strings = argv
+        .iter()
+        .map(|arg| c_string(arg))
+        .collect::<io::Result<Vec<_>>>()?;
+    let env_strings = env
+        .iter()
+        .map(|(key, value)| {
+            let mut entry = Vec::with_capacity(key.len() + 1 + value.len());
+            entry.extend_from_slice(key.as_bytes());
+            entry.push(b'=');
+            entry.extend_from_slice(value.as_bytes());
+            CString::new(entry).map_err(|_| nul_error())
+        })
+        .collect::<io::Result<Vec<_>>>()?;
+    let plan = Plan {
+        program,
+        argv: null_terminated(&argv_strings),
+        envp: null_terminated(&env_strings),
+        tty,
+        parent: std::process::id() as libc::pid_t,
+        last_signal: libc::SIGRTMAX(),
+        error: AtomicI32::new(0),
+    };
+    let mut stack: Vec<u8> = Vec::with_capacity(CHILD_STACK);
+
+    // SAFETY: all signals are blocked for the duration of the clone and restored after it.
+    // The child runs `child_main` on `stack`, which outlives it: with CLONE_VFORK this thread
+    // does not return from `clone` until the child has exec'd or exited, and `plan` and the
+    // strings it points into are not touched by this thread meanwhile.
+    let pid = unsafe {
+        let mut all: libc::sigset_t = std::mem::zeroed();
+        let mut old: libc::sigset_t = std::mem::zeroed();
+        libc::sigfillset(&mut all);
+        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut old);
+        let top = stack.spare_capacity_mut().as_mut_ptr().add(CHILD_STACK);
+        let top = top.sub(top as usize % 16);
+        let pid = libc::clone(
+            child_main,
+            top.cast(),
+            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+            std::ptr::addr_of!(plan) as *mut libc::c_void,
+        );
+        let clone_error = io::Error::last_os_error();
+        libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+        if pid < 0 {
+            return Err(clone_error);
+        }
+        pid
+    };
+    drop(stack);
+    match plan.error.load(Ordering::Acquire) {
+        0 => Ok(pid),
+        errno => {
+            // The child has exited; reap it so it does not linger as a zombie.
+            let mut status = 0;
+            // SAFETY: waiting for our own child, which has already exited.
+            unsafe { libc::waitpid(pid, &mut status, 0) };
+            Err(io::Error::from_raw_os_error(errno))
+        }
+    }
+}
+
+/// The child, between `clone` and `exec`. Only system calls on what `Plan` holds: no
+/// allocation, no locks, nothing that writes memory dlock uses except `plan.error`.
+extern "C" fn child_main(plan: *mut libc::c_void) -> libc::c_int {
+    // SAFETY: `plan` is the parent's `Plan`, alive and unchanged until this child execs or exits.
+    let plan = unsafe { &*(plan as *const Plan) };
+    let fail = |plan: &Plan| {
+        plan.error.store(
+            io::Error::last_os_error()
+                .raw_os_error()
+                .unwrap_or(libc::EINVAL),
+            Ordering::Release,
+        );
+        127
+    };
+    // SAFETY: plain system calls on integers and on the NUL-terminated arrays in `plan`.
+    unsafe {
+        // dlock's handlers must not run here: back to the default for every handled signal,
+        // and SIGPIPE (which Rust's runtime ignores) too, before anything is unblocked.
+        for signal in 1..=plan.last_signal {
+            let mut action: libc::sigaction = std::mem::zeroed();
+            if libc::sigaction(signal, std::ptr::null(), &mut action) != 0 {
+                continue;
+            }
+            let handled =
+                action.sa_sigaction != libc::SIG_DFL && action.sa_sigaction != libc::SIG_IGN;
+            if handled || signal == libc::SIGPIPE {
+                let mut default: libc::sigaction = std::mem::zeroed();
+                default.sa_sigaction = libc::SIG_DFL;
+                libc::sigaction(signal, &default, std::ptr::null_mut());
+            }
+        }
+        if libc::setpgid(0, 0) != 0 {
+            return fail(plan);
+        }
+        if let Some(tty) = plan.tty {
+            // SIGTTOU is blocked (everything is), so this works from the background too.
+            libc::tcsetpgrp(tty, libc::getpid());
+        }
+        if libc::prctl(
+            libc::PR_SET_PDEATHSIG,
+            libc::SIGKILL as libc::c_ulong,
+            0,
+            0,
+            0,
+        ) != 0
+        {
+            return fail(plan);
+        }
+        // dlock died before the death signal was set: do not run the command orphaned.
+        if libc::getppid() != plan.parent {
+            plan.error.store(libc::ESRCH, Ordering::Release);
+            return 127;
+        }
+        let mut empty: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut empty);
+        libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
+        libc::execve(
+            plan.program.as_ptr(),
+            plan.argv.as_ptr(),
+            plan.envp.as_ptr(),
+        );
+    }
+    fail(plan)
+}
+
+fn c_string(text: &OsStr) -> io::Result<CString> {
+    CString::new(text.as_bytes()).map_err(|_| nul_error())
+}
+
+fn nul_error() -> io::Error {
+    io::Error::new(
+        io::ErrorKind::InvalidInput,
+        "an argument or environment variable contains a NUL byte",
+    )
+}
+
+fn null_terminated(strings: &[CString]) -> Vec<*const c_char> {
+    strings
+        .iter()
+        .map(|s| s.as_ptr())
+        .chain(std::iter::once(std::ptr::null()))
+        .collect()
+}
