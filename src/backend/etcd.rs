@@ -689,7 +689,7 @@ impl EtcdBackend {
             _ = cancel.cancelled() => return Err(Error::Cancelled),
         };
         let revision = response.header().map_or(0, |h| h.revision());
-        let (my_rev, mut older, mut watch_from) = if response.succeeded() {
+        let (my_rev, mut older, mut read_at) = if response.succeeded() {
             if let Some(TxnOpResponse::Get(oldest)) = response.op_responses().get(2) {
                 let their_limit = oldest
                     .kvs()
@@ -712,7 +712,7 @@ impl EtcdBackend {
                     .collect(),
                 _ => Vec::new(),
             };
-            (revision, older, revision + 1)
+            (revision, older, revision)
         } else {
             let own = match response.op_responses().first() {
                 Some(TxnOpResponse::Get(range)) => {
@@ -729,7 +729,7 @@ impl EtcdBackend {
             let (older, at) = self
                 .recheck(conn, &key, &pfx, my_rev, limit, cancel)
                 .await?;
-            (my_rev, older, at + 1)
+            (my_rev, older, at)
         };
         loop {
             if older.len() < limit {
@@ -769,7 +769,7 @@ impl EtcdBackend {
             };
             let woken = self
                 .wait_for(
-                    conn, &pfx, target, limit, watch_from, keeper, cancel, deadline, request,
+                    conn, &pfx, target, limit, read_at, keeper, cancel, deadline, request,
                 )
                 .await?;
             if !woken {
@@ -787,7 +787,7 @@ impl EtcdBackend {
                 .recheck(conn, &key, &pfx, my_rev, limit, cancel)
                 .await?;
             older = next_older;
-            watch_from = at + 1;
+            read_at = at;
         }
     }
 
@@ -837,8 +837,14 @@ impl EtcdBackend {
         Ok((older, response.header().map_or(0, |h| h.revision())))
     }
 
-    /// Wait for the target to change. `Ok(true)` to re-check, `Ok(false)` when `--wait` ran
-    /// out; errors for cancel and for a lost waiter lease.
+    /// Wait for the target (as read at revision `read_at`) to change. `Ok(true)` to re-check,
+    /// `Ok(false)` when `--wait` ran out; errors for cancel and for a lost waiter lease.
+    ///
+    /// The watch starts at the current revision, not at `read_at + 1`: etcd serves a watch
+    /// that starts in the past from a catch-up loop that runs every 100 ms, which under
+    /// contention (other waiters writing meanwhile) delayed hand-offs by up to 100 ms. If the
+    /// store moved past `read_at` before the watch was set up, a deletion may have fallen in
+    /// between, so that case returns at once for a re-check (and a new watch).
     #[allow(clippy::too_many_arguments)]
     async fn wait_for(
         &self,
@@ -846,7 +852,7 @@ impl EtcdBackend {
         pfx: &str,
         target: Target,
         limit: usize,
-        from: i64,
+        read_at: i64,
         keeper: &mut Keeper<Renewer>,
         cancel: &mut Cancel,
         deadline: Option<BootInstant>,
@@ -854,7 +860,7 @@ impl EtcdBackend {
     ) -> Result<bool, Error> {
         let (watch_key, options) = match &target {
             Target::Key(key) => {
-                let mut options = WatchOptions::new().with_start_revision(from);
+                let mut options = WatchOptions::new();
                 if limit == 1 {
                     options = options.with_filters([WatchFilterType::NoPut]);
                 }
@@ -863,7 +869,6 @@ impl EtcdBackend {
             Target::AnyDeletion => (
                 pfx.as_bytes().to_vec(),
                 WatchOptions::new()
-                    .with_start_revision(from)
                     .with_prefix()
                     .with_filters([WatchFilterType::NoPut]),
             ),
@@ -897,6 +902,11 @@ impl EtcdBackend {
                             return Ok(true);
                         }
                         if !response.events().is_empty() {
+                            return Ok(true);
+                        }
+                        if response.created()
+                            && response.header().map_or(0, |h| h.revision()) != read_at
+                        {
                             return Ok(true);
                         }
                     }
