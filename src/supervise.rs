@@ -13,7 +13,8 @@
 //! In the child, before `exec`: `setpgid(0, 0)`, the terminal hand-over, and
 //! `PR_SET_PDEATHSIG(SIGKILL)`, so that if dlock is killed with SIGKILL the command dies too
 //! ([`crate::spawn`] starts it without copying dlock's memory).
-//! (The death signal follows the thread that forked; dlock forks from its only runtime thread.)
+//! (The death signal follows the thread that started the child; dlock starts it from its only
+//! runtime thread.)
 //!
 //! Then one loop waits for whichever comes first:
 //!
