@@ -384,7 +384,8 @@ impl Backend for FileBackend {
                             ))
                         }
                     };
-                    blocked.stop();
+                    let won = outcome.as_ref().ok().map(|(slot, _, _)| *slot);
+                    blocked.stop(won);
                     outcome?
                 }
             };
@@ -731,7 +732,7 @@ impl ProcLocks {
 /// won after the first.
 struct BlockedWait {
     stop: Arc<AtomicBool>,
-    threads: Vec<std::thread::JoinHandle<()>>,
+    threads: Vec<(u32, std::thread::JoinHandle<()>)>,
     results: mpsc::UnboundedReceiver<(u32, io::Result<(File, PathBuf)>)>,
 }
 
@@ -766,7 +767,7 @@ impl BlockedWait {
             .map(|(slot, file, path)| {
                 let stop = stop.clone();
                 let tx = tx.clone();
-                std::thread::spawn(move || loop {
+                let thread = std::thread::spawn(move || loop {
                     if stop.load(Ordering::SeqCst) {
                         return;
                     }
@@ -784,7 +785,8 @@ impl BlockedWait {
                             return;
                         }
                     }
-                })
+                });
+                (slot, thread)
             })
             .collect();
         BlockedWait {
@@ -805,19 +807,23 @@ impl BlockedWait {
         }
     }
 
-    /// Interrupt and join every helper thread; slots won meanwhile are released.
-    fn stop(mut self) {
+    /// Interrupt and join every helper thread; slots won meanwhile are released. The thread
+    /// that won slot `won` has nothing left to do but return, so it is just joined: this is
+    /// on the hand-over path.
+    fn stop(mut self, won: Option<u32>) {
         use std::os::unix::thread::JoinHandleExt;
         self.stop.store(true, Ordering::SeqCst);
-        for thread in std::mem::take(&mut self.threads) {
-            // A signal can arrive just before the thread enters flock; keep nudging it.
-            for _ in 0..5000 {
-                if thread.is_finished() {
-                    break;
+        for (slot, thread) in std::mem::take(&mut self.threads) {
+            if Some(slot) != won {
+                // A signal can arrive just before the thread enters flock; keep nudging it.
+                for _ in 0..5000 {
+                    if thread.is_finished() {
+                        break;
+                    }
+                    // SAFETY: the thread is not joined yet, so its pthread_t is valid.
+                    unsafe { libc::pthread_kill(thread.as_pthread_t(), interrupt_signal()) };
+                    std::thread::sleep(Duration::from_micros(200));
                 }
-                // SAFETY: the thread is not joined yet, so its pthread_t is valid.
-                unsafe { libc::pthread_kill(thread.as_pthread_t(), interrupt_signal()) };
-                std::thread::sleep(Duration::from_micros(200));
             }
             let _ = thread.join();
         }
