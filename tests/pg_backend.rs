@@ -2,6 +2,7 @@
 //! the session (terminated, black-holed, server restart), clean cancellation, the key's SQL
 //! formula, TLS and authentication (issue: PostgreSQL backend).
 
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
@@ -104,6 +105,45 @@ fn server_crash_restart_stops_the_command_and_frees_the_lock() {
         "holder-stopped\n"
     );
     assert!(env.is_free(&lock));
+}
+
+#[test]
+fn tokens_keep_increasing_across_a_crash_right_after_the_grant() {
+    // PostgreSQL flushes a commit at once only if the transaction wrote WAL; an XID that
+    // never reached the disk can be handed out again after a crash. The token must not be.
+    let server = PgServer::start();
+    let env = TestEnv::new(&server);
+    let lock = name();
+    let first = env.path("first");
+    let mut holder = env
+        .dlock([
+            "run",
+            &lock,
+            "sh",
+            "-c",
+            &format!(
+                "echo $DLOCK_FENCING_TOKEN > {0}.tmp && mv {0}.tmp {0}; exec sleep 600",
+                first.display()
+            ),
+        ])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn holder");
+    wait_until("holder has its token", PATIENCE, || first.exists());
+    server.restart_immediate();
+    let _ = wait_within(&mut holder, PATIENCE);
+    let first: u64 = std::fs::read_to_string(&first)
+        .expect("first token")
+        .trim()
+        .parse()
+        .expect("a number");
+    let out = env.run(["run", &lock, "sh", "-c", "echo $DLOCK_FENCING_TOKEN"]);
+    assert!(out.status.success(), "{}", describe(&out));
+    let second: u64 = stdout_of(&out).trim().parse().expect("a number");
+    assert!(
+        second > first,
+        "token went from {first} to {second} across the crash"
+    );
 }
 
 #[test]

@@ -13,10 +13,10 @@
 //! `client_connection_check_interval` so a killed waiter leaves the queue. Acquiring is one
 //! pipelined round trip after connecting: the lock call (the server's own FIFO lock queue),
 //! which also marks the server session as ours (`dlock.owner`), and the statement that reads
-//! the fencing token (`txid_current()`, which only grows), checks the mark and that the
-//! start-up settings arrived (a pooler could route the statements to different server
-//! sessions, share one between clients, or drop the settings) and labels the session in
-//! `pg_stat_activity`.
+//! the fencing token (`txid_current()`, which only grows and is on disk before the reply),
+//! checks the mark and that the start-up settings arrived (a pooler could route the
+//! statements to different server sessions, share one between clients, or drop the settings)
+//! and labels the session in `pg_stat_activity`.
 //!
 //! A session lock has no lease: it lives as long as the session. The [`Keeper`] heartbeats
 //! every TTL/3 (the lock must still show up for our backend), and the end of the connection
@@ -730,6 +730,12 @@ fn session_options(ttl: Duration, lock_timeout: Option<Duration>, modern: bool) 
 /// sessions do not all see it), and the session's label (`application_name`). The holder's
 /// metadata rides along as a comment, so `status` can read it from `pg_stat_activity.query`
 /// where the role may see it.
+///
+/// The token is the transaction's XID, and it must survive a crash: PostgreSQL flushes a
+/// commit at once only when the transaction wrote WAL, and an XID whose commit never reached
+/// the disk is handed out again after a crash. A (transactional, empty) logical message is
+/// the cheapest WAL record any role may write, so with `synchronous_commit=on` the reply
+/// comes only after the XID is on disk.
 fn token_sql(holder: &Holder) -> String {
     format!(
         "SELECT pg_is_in_recovery(), \
@@ -737,7 +743,8 @@ fn token_sql(holder: &Holder) -> String {
          coalesce(current_setting('dlock.owner', true), '') = $3, \
          coalesce(current_setting('dlock.session', true), '') = 'on', \
          set_config('application_name', \
-         left($1 || coalesce(txid_current_if_assigned()::text, '0') || $2, {MAX_APPLICATION_NAME}), false) {}",
+         left($1 || coalesce(txid_current_if_assigned()::text, '0') || $2, {MAX_APPLICATION_NAME}), false), \
+         CASE WHEN pg_is_in_recovery() THEN NULL ELSE pg_logical_emit_message(true, 'dlock', '') END {}",
         metadata_comment(holder)
     )
 }
