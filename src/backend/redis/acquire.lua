@@ -14,9 +14,14 @@ local function int(x) return string.format('%.0f', x) end   -- never let Redis f
 local function keep(key, ms)            -- make KEY live at least MS (a decimal string) more milliseconds
   if redis.call('PTTL', key) < tonumber(ms) then redis.call('PEXPIRE', key, ms) end
 end
-local function next_seq()               -- fencing counter, seeded from server time in microseconds
-  redis.call('SET', KEYS[1], int(tonumber(t[1]) * 1000000 + tonumber(t[2])), 'NX')
-  return redis.call('INCR', KEYS[1])
+-- The fencing counter: one more than the last token, and never behind the server's clock in
+-- microseconds. A crash can set the counter back (AOF everysec, snapshots) or lose it (no
+-- persistence); the clock has moved past every token handed out before, so tokens still grow.
+local function next_seq()
+  local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  local seq = math.max(tonumber(redis.call('GET', KEYS[1]) or '0') + 1, now_us)
+  redis.call('SET', KEYS[1], int(seq))
+  return seq
 end
 
 -- 1. a retry after a lost reply finds its own hold

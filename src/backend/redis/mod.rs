@@ -6,7 +6,7 @@
 //!
 //! | key | type | content |
 //! |---|---|---|
-//! | `B:fence` | string, no TTL | fencing/ticket counter, seeded from the server's `TIME` in µs, then `INCR` |
+//! | `B:fence` | string, no TTL | fencing/ticket counter: one more than before, never less than the server's `TIME` in µs |
 //! | `B:holders` | set | owner tokens of the holders (an index; the truth is `B:h:<tok>`) |
 //! | `B:h:<tok>` | hash, TTL = lease | `fence`, `meta` (holder JSON), `since`, `ttl`, `limit` |
 //! | `B:queue` | sorted set | waiter token → ticket (arrival order) |
