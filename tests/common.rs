@@ -133,6 +133,13 @@ impl TestEnv {
         output_within(self.dlock(args), PATIENCE)
     }
 
+    /// Take `name` once and return the fencing token the command saw.
+    pub fn token(&self, name: &str) -> u64 {
+        let out = self.run(["run", name, "sh", "-c", "echo $DLOCK_FENCING_TOKEN"]);
+        assert!(out.status.success(), "{}", describe(&out));
+        stdout_of(&out).trim().parse().expect("a numeric token")
+    }
+
     /// Start a holder of `name` whose command signals readiness and then sleeps.
     pub fn hold(&self, name: &str, extra: &[&str]) -> Holding {
         let ready = self.path(&format!("ready-{}", unique()));

@@ -128,14 +128,10 @@ fn longest_names_work_and_stay_distinct() {
 fn lock_files_are_never_deleted_and_keep_the_counter() {
     let server = FileServer::start();
     let env = TestEnv::new(&server);
-    let token = |env: &TestEnv| -> u64 {
-        let out = env.run(["run", "x", "sh", "-c", "echo $DLOCK_FENCING_TOKEN"]);
-        stdout_of(&out).trim().parse().expect("token")
-    };
-    let first = token(&env);
+    let first = env.token("x");
     let path = server.dir.path().join("x.lock");
     let inode = std::fs::metadata(&path).expect("lock file").ino();
-    let second = token(&env);
+    let second = env.token("x");
     assert!(second > first);
     assert_eq!(
         std::fs::metadata(&path).expect("lock file").ino(),
@@ -144,7 +140,7 @@ fn lock_files_are_never_deleted_and_keep_the_counter() {
     );
     // A crash that lost the counter (file emptied) must not make tokens go backwards.
     std::fs::write(&path, b"").expect("truncate");
-    let third = token(&env);
+    let third = env.token("x");
     assert!(third > second, "token went backwards: {third} <= {second}");
 }
 

@@ -137,9 +137,7 @@ fn tokens_keep_increasing_across_a_crash_right_after_the_grant() {
         .trim()
         .parse()
         .expect("a number");
-    let out = env.run(["run", &lock, "sh", "-c", "echo $DLOCK_FENCING_TOKEN"]);
-    assert!(out.status.success(), "{}", describe(&out));
-    let second: u64 = stdout_of(&out).trim().parse().expect("a number");
+    let second = env.token(&lock);
     assert!(
         second > first,
         "token went from {first} to {second} across the crash"

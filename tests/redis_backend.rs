@@ -62,12 +62,7 @@ fn restart_without_persistence_stops_the_holder_and_tokens_keep_increasing() {
     let mut server = RedisServer::start();
     let env = TestEnv::new(&server);
     let lock = name();
-    let token = |env: &TestEnv| -> u64 {
-        let out = env.run(["run", &lock, "sh", "-c", "echo $DLOCK_FENCING_TOKEN"]);
-        assert!(out.status.success(), "{}", describe(&out));
-        stdout_of(&out).trim().parse().expect("token")
-    };
-    let before = token(&env);
+    let before = env.token(&lock);
     let mut holder = env.hold(&lock, &[]);
     server.restart();
     let status = holder.wait();
@@ -77,7 +72,7 @@ fn restart_without_persistence_stops_the_holder_and_tokens_keep_increasing() {
         "holder must notice the lost entry: {}",
         holder.stderr()
     );
-    let after = token(&env);
+    let after = env.token(&lock);
     assert!(
         after > before,
         "token went backwards after a restart: {after} <= {before}"
@@ -91,18 +86,13 @@ fn tokens_keep_increasing_when_a_crash_loses_recent_writes() {
     let mut server = RedisServer::start();
     let env = TestEnv::new(&server);
     let lock = name();
-    let token = |env: &TestEnv| -> u64 {
-        let out = env.run(["run", &lock, "sh", "-c", "echo $DLOCK_FENCING_TOKEN"]);
-        assert!(out.status.success(), "{}", describe(&out));
-        stdout_of(&out).trim().parse().expect("token")
-    };
-    let first = token(&env);
+    let first = env.token(&lock);
     assert_eq!(server.command("SAVE"), "+OK");
-    let second = token(&env);
+    let second = env.token(&lock);
     assert!(second > first, "{second} <= {first}");
     // SIGKILL, then start again from the snapshot taken before `second`.
     server.restart();
-    let third = token(&env);
+    let third = env.token(&lock);
     assert!(
         third > second,
         "token repeated after a crash that lost writes: {first}, {second}, then {third}"
