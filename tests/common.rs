@@ -543,7 +543,8 @@ impl LockServer for RedisServer {
 }
 
 /// A TCP proxy on a free loopback port that can stop forwarding without closing anything
-/// (a black hole, like a network partition). Its threads end when it is dropped.
+/// (a black hole, like a network partition), or forward everything late (a slow link). Its
+/// threads end when it is dropped.
 pub struct Proxy {
     pub port: u16,
     blackholed: std::sync::Arc<std::sync::atomic::AtomicBool>,
@@ -552,6 +553,11 @@ pub struct Proxy {
 
 impl Proxy {
     pub fn start(target_port: u16) -> Proxy {
+        Proxy::with_delay(target_port, Duration::ZERO)
+    }
+
+    /// A proxy that holds every chunk it reads for `delay` before passing it on.
+    pub fn with_delay(target_port: u16, delay: Duration) -> Proxy {
         use std::sync::atomic::{AtomicBool, Ordering};
         use std::sync::Arc;
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind proxy");
@@ -576,7 +582,7 @@ impl Proxy {
                             (server, client),
                         ] {
                             let (b, s) = (b.clone(), s.clone());
-                            std::thread::spawn(move || pump(from, to, &b, &s));
+                            std::thread::spawn(move || pump(from, to, delay, &b, &s));
                         }
                     }
                     Err(_) => std::thread::sleep(Duration::from_millis(5)),
@@ -606,6 +612,7 @@ impl Drop for Proxy {
 fn pump(
     mut from: std::net::TcpStream,
     mut to: std::net::TcpStream,
+    delay: Duration,
     blackholed: &std::sync::atomic::AtomicBool,
     stop: &std::sync::atomic::AtomicBool,
 ) {
@@ -617,6 +624,7 @@ fn pump(
         match from.read(&mut buf) {
             Ok(0) => break,
             Ok(n) => {
+                std::thread::sleep(delay);
                 if !blackholed.load(Ordering::SeqCst) && to.write_all(&buf[..n]).is_err() {
                     break;
                 }

@@ -159,6 +159,94 @@ fn a_signal_while_waiting_leaves_no_key_and_no_lease() {
     assert!(!env.path("ran").exists());
 }
 
+/// How many `Txn` requests the server has handled (from its `/metrics`).
+fn txn_requests(server: &EtcdServer) -> u64 {
+    use std::io::{Read, Write};
+    let endpoint = server.endpoints();
+    let first = endpoint.split(',').next().expect("an endpoint");
+    let mut stream = std::net::TcpStream::connect(first).expect("connect to etcd");
+    write!(stream, "GET /metrics HTTP/1.0\r\nHost: {first}\r\n\r\n").expect("request");
+    let mut body = String::new();
+    stream.read_to_string(&mut body).expect("metrics");
+    body.lines()
+        .filter(|l| {
+            l.starts_with("grpc_server_msg_received_total{") && l.contains("grpc_method=\"Txn\"")
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
+#[test]
+fn a_waiter_on_a_busy_cluster_keeps_its_watch() {
+    // Revisions are cluster-wide: on a busy cluster the store has always moved on by the
+    // time a waiter's watch exists. The waiter re-checks once and keeps that watch; it must
+    // not go round re-reading and re-watching for as long as other clients write. A slow
+    // link (5 ms each way) makes sure many writes fall between its read and its watch.
+    let server = EtcdServer::start();
+    let env = TestEnv::new(&server);
+    let lock = name();
+    let _holder = env.hold(&lock, &[]);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let puts = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let writer = {
+        let (stop, puts) = (stop.clone(), puts.clone());
+        let endpoint = format!("http://{}", server.endpoints());
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            runtime.block_on(async move {
+                let client = etcd_client::Client::connect([endpoint], None)
+                    .await
+                    .expect("connect");
+                // Several writers at once, so that hardly a millisecond passes without one.
+                let tasks = (0..8).map(|w| {
+                    let (mut client, stop, puts) = (client.clone(), stop.clone(), puts.clone());
+                    tokio::spawn(async move {
+                        let started = Instant::now();
+                        while !stop.load(std::sync::atomic::Ordering::Relaxed)
+                            && started.elapsed() < PATIENCE
+                        {
+                            if client.put(format!("busy/{w}"), "x", None).await.is_ok() {
+                                puts.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            }
+                        }
+                    })
+                });
+                for task in tasks.collect::<Vec<_>>() {
+                    let _ = task.await;
+                }
+            });
+        })
+    };
+    wait_until("the writers are busy", PATIENCE, || {
+        puts.load(std::sync::atomic::Ordering::Relaxed) >= 200
+    });
+    let before = txn_requests(&server);
+    let proxy = Proxy::with_delay(
+        server
+            .endpoints()
+            .rsplit(':')
+            .next()
+            .and_then(|p| p.parse().ok())
+            .expect("port"),
+        Duration::from_millis(5),
+    );
+    let url = format!("etcd://127.0.0.1:{}", proxy.port);
+    let out = env.run(["run", "--url", &url, "--wait", "2s", &lock, "true"]);
+    let txns = txn_requests(&server) - before;
+    let written = puts.load(std::sync::atomic::Ordering::Relaxed);
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let _ = writer.join();
+    assert_fails(&out, 75, "gave up after waiting");
+    // Queueing (1), the re-check once the watch exists (1), leaving (0: a lease revoke).
+    assert!(
+        txns <= 4,
+        "the waiter made {txns} Txn requests in 2 s while {written} unrelated writes went on"
+    );
+}
+
 #[test]
 fn a_waiter_whose_lease_died_never_starts_its_command() {
     let server = EtcdServer::start();

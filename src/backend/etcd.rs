@@ -386,12 +386,45 @@ fn older_keys(before: Option<i64>, n: usize) -> GetOptions {
     options
 }
 
+/// Why a waiter stopped waiting.
+#[derive(Debug, PartialEq, Eq)]
+enum Wake {
+    /// Something before us changed: re-check.
+    Changed,
+    /// Already re-checked (keys before ours, revision read at): nothing to wait for on this
+    /// watch any more.
+    Rechecked(Vec<Vec<u8>>, i64),
+    /// `--wait` ran out.
+    TimedOut,
+}
+
+/// A waiter's place in the queue, for re-checks while it waits.
+struct Place<'a> {
+    key: &'a str,
+    pfx: &'a str,
+    my_rev: i64,
+    limit: usize,
+    /// The revision the keys before ours were read at.
+    read_at: i64,
+}
+
 /// What the waiter waits for.
+#[derive(Debug, PartialEq, Eq)]
 enum Target {
     /// The key just before ours (deletion; for `--limit > 1` also its rewrite).
     Key(Vec<u8>),
     /// Any deletion under the lock's prefix (head of the queue with `--limit > 1`).
     AnyDeletion,
+}
+
+impl Target {
+    /// For a waiter with `older` (newest first, at most limit+1) before it.
+    fn for_waiter(older: &[Vec<u8>], limit: usize) -> Target {
+        match older.first() {
+            Some(key) if limit == 1 || older.len() > limit => Target::Key(key.clone()),
+            _ => Target::AnyDeletion,
+        }
+    }
 }
 
 impl Backend for EtcdBackend {
@@ -762,17 +795,27 @@ impl EtcdBackend {
                     request.name
                 )));
             }
-            let target = if limit == 1 || older.len() > limit {
-                Target::Key(older[0].clone())
-            } else {
-                Target::AnyDeletion
+            let target = Target::for_waiter(&older, limit);
+            let mut place = Place {
+                key: &key,
+                pfx: &pfx,
+                my_rev,
+                limit,
+                read_at,
             };
-            let woken = self
-                .wait_for(
-                    conn, &pfx, target, limit, read_at, keeper, cancel, deadline, request,
-                )
-                .await?;
-            if !woken {
+            // Checked here too: every round of the loop could otherwise end before the timer.
+            let woken = if deadline.is_some_and(|d| BootInstant::now() >= d) {
+                Wake::TimedOut
+            } else {
+                self.wait_for(conn, &mut place, target, keeper, cancel, deadline, request)
+                    .await?
+            };
+            if let Wake::Rechecked(next_older, at) = woken {
+                older = next_older;
+                read_at = at;
+                continue;
+            }
+            if woken == Wake::TimedOut {
                 let holders = self.describe_holders(conn, &request.name).await;
                 let waited = match request.wait {
                     Wait::For(d) => humantime::format_duration(d).to_string(),
@@ -837,27 +880,28 @@ impl EtcdBackend {
         Ok((older, response.header().map_or(0, |h| h.revision())))
     }
 
-    /// Wait for the target (as read at revision `read_at`) to change. `Ok(true)` to re-check,
-    /// `Ok(false)` when `--wait` ran out; errors for cancel and for a lost waiter lease.
+    /// Wait for the target to change.
     ///
-    /// The watch starts at the current revision, not at `read_at + 1`: etcd serves a watch
-    /// that starts in the past from a catch-up loop that runs every 100 ms, which under
+    /// The watch starts at the current revision, not at `place.read_at + 1`: etcd serves a
+    /// watch that starts in the past from a catch-up loop that runs every 100 ms, which under
     /// contention (other waiters writing meanwhile) delayed hand-offs by up to 100 ms. If the
-    /// store moved past `read_at` before the watch was set up, a deletion may have fallen in
-    /// between, so that case returns at once for a re-check (and a new watch).
+    /// store moved past `read_at` before the watch was set up (on a busy cluster it usually
+    /// has: revisions are cluster-wide), a deletion may have fallen in between, so the waiter
+    /// re-checks once, after the watch exists. If the target is unchanged, the watch covers
+    /// everything since and the waiter goes on waiting on it.
     #[allow(clippy::too_many_arguments)]
     async fn wait_for(
         &self,
         conn: &mut Conn,
-        pfx: &str,
+        place: &mut Place<'_>,
         target: Target,
-        limit: usize,
-        read_at: i64,
         keeper: &mut Keeper<Renewer>,
         cancel: &mut Cancel,
         deadline: Option<BootInstant>,
         request: &AcquireRequest,
-    ) -> Result<bool, Error> {
+    ) -> Result<Wake, Error> {
+        let limit = place.limit;
+        let pfx = place.pfx;
         let (watch_key, options) = match &target {
             Target::Key(key) => {
                 let mut options = WatchOptions::new();
@@ -891,7 +935,7 @@ impl EtcdBackend {
                 (None, Some(r)) => r,
                 (None, None) => BootInstant::now() + Duration::from_secs(3600),
             });
-            tokio::select! {
+            let created_at = tokio::select! {
                 message = stream.message() => match message {
                     Ok(Some(response)) => {
                         if response.canceled() {
@@ -899,19 +943,18 @@ impl EtcdBackend {
                             if reason.contains("permission denied") || reason.contains("PermissionDenied") {
                                 return Err(Error::Permission(format!("etcd refused to watch {pfx}: {reason}")));
                             }
-                            return Ok(true);
+                            return Ok(Wake::Changed);
                         }
                         if !response.events().is_empty() {
-                            return Ok(true);
+                            return Ok(Wake::Changed);
                         }
-                        if response.created()
-                            && response.header().map_or(0, |h| h.revision()) != read_at
-                        {
-                            return Ok(true);
+                        if !response.created() {
+                            continue;
                         }
+                        response.header().map_or(0, |h| h.revision())
                     }
                     // The stream broke: re-check and watch again.
-                    Ok(None) | Err(_) => return Ok(true),
+                    Ok(None) | Err(_) => return Ok(Wake::Changed),
                 },
                 lost = keeper.lost() => {
                     return Err(Error::Unavailable(format!(
@@ -922,13 +965,25 @@ impl EtcdBackend {
                 _ = cancel.cancelled() => return Err(Error::Cancelled),
                 _ = wake => {
                     if deadline.is_some_and(|d| BootInstant::now() >= d) {
-                        return Ok(false);
+                        return Ok(Wake::TimedOut);
                     }
                     if recheck_at.is_some_and(|r| BootInstant::now() >= r) {
-                        return Ok(true);
+                        return Ok(Wake::Changed);
                     }
+                    continue;
                 }
+            };
+            if created_at == place.read_at {
+                continue;
             }
+            // The watch started after `read_at`: read again, now that it exists.
+            let (older, at) = self
+                .recheck(conn, place.key, pfx, place.my_rev, limit, cancel)
+                .await?;
+            if older.len() < limit || Target::for_waiter(&older, limit) != target {
+                return Ok(Wake::Rechecked(older, at));
+            }
+            place.read_at = at;
         }
     }
 }
