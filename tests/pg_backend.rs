@@ -145,6 +145,23 @@ fn tokens_keep_increasing_across_a_crash_right_after_the_grant() {
 }
 
 #[test]
+fn a_role_that_may_not_make_the_token_durable_is_77_without_running_the_command() {
+    // The token's transaction writes a logical message so that its commit is flushed; a role
+    // that may not call the function cannot take the lock (README, PostgreSQL).
+    let server = PgServer::start();
+    let env = TestEnv::new(&server);
+    server.psql(
+        "REVOKE EXECUTE ON FUNCTION pg_logical_emit_message(boolean, text, text) FROM PUBLIC",
+    );
+    let url = server.url_as("app", Some(APP_PASSWORD));
+    let lock = name();
+    let out = env.run(["run", "--url", &url, &lock, "touch", "ran"]);
+    assert_fails(&out, 77, "pg_logical_emit_message");
+    assert!(!env.path("ran").exists(), "the command ran");
+    assert!(env.is_free(&lock), "the refused run left the lock held");
+}
+
+#[test]
 fn killed_holder_frees_the_lock_within_one_second() {
     crate::contract::killed_holder_frees_the_lock_within(
         &PgServer::start(),
