@@ -504,7 +504,14 @@ impl PgBackend {
         key: i64,
         marker: &str,
     ) -> Result<u64, Error> {
-        let rows = token.map_err(|e| classify(&e, &self.display))?;
+        let rows = match token {
+            Ok(rows) => rows,
+            Err(e) => {
+                // Granted but unusable (e.g. the role may not write the token's WAL record).
+                give_back(client, key, marker).await;
+                return Err(classify(&e, &self.display));
+            }
+        };
         let row = rows
             .first()
             .ok_or_else(|| Error::Internal("the token statement returned no row".into()))?;
