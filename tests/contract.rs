@@ -6,7 +6,8 @@
 
 use std::collections::HashSet;
 use std::io::Write;
-use std::process::Stdio;
+use std::path::Path;
+use std::process::{Child, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -706,19 +707,16 @@ pub fn killed_holder_frees_the_lock_within(server: &dyn LockServer, limit: Durat
     assert!(wait_within(&mut waiter, PATIENCE).success());
 }
 
-/// For backends with a queue: waiters get the lock in arrival order, and `status` lists them
-/// in that order.
-pub fn waiters_acquire_in_arrival_order(server: &dyn LockServer) {
-    let env = TestEnv::new(server);
-    let lock = name();
-    let log = env.path("order");
-    let mut holder = env.hold(&lock, &[]);
+/// Five waiters queued behind a holder of `lock`, each in the queue before the next arrives;
+/// each appends its number to `log` when it gets the lock.
+pub fn queue_five_waiters(env: &TestEnv, lock: &str, log: &Path) -> (Holding, Vec<Child>) {
+    let holder = env.hold(lock, &[]);
     let mut started = Vec::new();
     for i in 0..5 {
         started.push(
             env.dlock([
                 "run",
-                &lock,
+                lock,
                 "sh",
                 "-c",
                 &format!("echo {i} >> {}", log.display()),
@@ -726,8 +724,33 @@ pub fn waiters_acquire_in_arrival_order(server: &dyn LockServer) {
             .spawn()
             .expect("spawn waiter"),
         );
-        wait_until("waiter queued", PATIENCE, || env.waiters(&lock) == i + 1);
+        wait_until("waiter queued", PATIENCE, || env.waiters(lock) == i + 1);
     }
+    (holder, started)
+}
+
+/// Stop the holder and check that the waiters of [`queue_five_waiters`] got the lock in
+/// arrival order.
+pub fn release_and_expect_arrival_order(mut holder: Holding, started: Vec<Child>, log: &Path) {
+    holder.signal(Signal::SIGTERM);
+    holder.wait();
+    for mut waiter in started {
+        assert!(wait_within(&mut waiter, PATIENCE).success());
+    }
+    assert_eq!(
+        std::fs::read_to_string(log).expect("log"),
+        "0\n1\n2\n3\n4\n",
+        "acquisition order differs from arrival order"
+    );
+}
+
+/// For backends with a queue: waiters get the lock in arrival order, and `status` lists them
+/// in that order.
+pub fn waiters_acquire_in_arrival_order(server: &dyn LockServer) {
+    let env = TestEnv::new(server);
+    let lock = name();
+    let log = env.path("order");
+    let (holder, started) = queue_five_waiters(&env, &lock, &log);
     let json: serde_json::Value =
         serde_json::from_slice(&env.run(["status", "--json", &lock]).stdout).expect("json");
     let queue: Vec<String> = json["queue"]
@@ -743,13 +766,5 @@ pub fn waiters_acquire_in_arrival_order(server: &dyn LockServer) {
             "queue out of order: {queue:?}"
         );
     }
-    holder.signal(Signal::SIGTERM);
-    holder.wait();
-    for mut waiter in started {
-        assert!(wait_within(&mut waiter, PATIENCE).success());
-    }
-    assert_eq!(
-        std::fs::read_to_string(&log).expect("log"),
-        "0\n1\n2\n3\n4\n"
-    );
+    release_and_expect_arrival_order(holder, started, &log);
 }

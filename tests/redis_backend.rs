@@ -15,46 +15,14 @@ fn name() -> String {
 }
 
 /// Start `dlock run` in the background; its command appends `label` to `log` and exits.
-fn queued_waiter(
-    env: &TestEnv,
-    lock: &str,
-    label: &str,
-    log: &std::path::Path,
-) -> std::process::Child {
-    env.dlock([
-        "run",
-        lock,
-        "sh",
-        "-c",
-        &format!("echo {label} >> {}", log.display()),
-    ])
-    .spawn()
-    .expect("spawn waiter")
-}
-
 #[test]
 fn waiters_acquire_in_arrival_order() {
     let server = RedisServer::start();
     let env = TestEnv::new(&server);
     let lock = name();
     let log = env.path("order");
-    let mut holder = env.hold(&lock, &[]);
-    let mut waiters_started = Vec::new();
-    for i in 0..5 {
-        waiters_started.push(queued_waiter(&env, &lock, &i.to_string(), &log));
-        // Each waiter is in the queue before the next one arrives.
-        wait_until("waiter queued", PATIENCE, || env.waiters(&lock) == i + 1);
-    }
-    holder.signal(Signal::SIGTERM);
-    holder.wait();
-    for mut waiter in waiters_started {
-        assert!(wait_within(&mut waiter, PATIENCE).success());
-    }
-    let order = std::fs::read_to_string(&log).expect("log");
-    assert_eq!(
-        order, "0\n1\n2\n3\n4\n",
-        "acquisition order differs from arrival order"
-    );
+    let (holder, started) = crate::contract::queue_five_waiters(&env, &lock, &log);
+    crate::contract::release_and_expect_arrival_order(holder, started, &log);
 }
 
 #[test]

@@ -61,22 +61,7 @@ fn waiters_acquire_in_arrival_order_and_each_watches_only_its_predecessor() {
     let lock = name();
     let dir = format!("/dlock/{lock}");
     let log = env.path("order");
-    let mut holder = env.hold(&lock, &[]);
-    let mut started = Vec::new();
-    for i in 0..5 {
-        started.push(
-            env.dlock([
-                "run",
-                &lock,
-                "sh",
-                "-c",
-                &format!("echo {i} >> {}", log.display()),
-            ])
-            .spawn()
-            .expect("spawn waiter"),
-        );
-        wait_until("waiter queued", PATIENCE, || env.waiters(&lock) == i + 1);
-    }
+    let (holder, started) = crate::contract::queue_five_waiters(&env, &lock, &log);
     // No herd: apart from a node's owner (which watches its own node once it holds the
     // lock), each node is watched by at most one session, and each session watches at most
     // one node it does not own.
@@ -110,16 +95,7 @@ fn waiters_acquire_in_arrival_order_and_each_watches_only_its_predecessor() {
         !watches.values().flatten().any(|p| *p == dir),
         "a children watch on {dir} (herd): {watches:?}"
     );
-    holder.signal(Signal::SIGTERM);
-    holder.wait();
-    for mut waiter in started {
-        assert!(wait_within(&mut waiter, PATIENCE).success());
-    }
-    let order = std::fs::read_to_string(&log).expect("log");
-    assert_eq!(
-        order, "0\n1\n2\n3\n4\n",
-        "acquisition order differs from arrival order"
-    );
+    crate::contract::release_and_expect_arrival_order(holder, started, &log);
 }
 
 #[test]
