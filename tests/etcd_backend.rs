@@ -248,6 +248,73 @@ fn a_waiter_on_a_busy_cluster_keeps_its_watch() {
 }
 
 #[test]
+fn the_waiter_next_in_line_starts_on_the_holders_deletion_without_reading_again() {
+    // Its own key is in the same watch as the holder's: the deletion of the holder's key,
+    // with no deletion of its own before it, is proof enough. So after queueing (one Txn)
+    // the hand-off costs it no request at all.
+    let server = EtcdServer::start();
+    let env = TestEnv::new(&server);
+    let lock = name();
+    let mut holder = env.hold(&lock, &[]);
+    let before = txn_requests(&server);
+    let mut waiter = env
+        .dlock(["run", &lock, "touch", "ran"])
+        .spawn()
+        .expect("spawn waiter");
+    wait_until("waiter queued", PATIENCE, || env.waiters(&lock) == 1);
+    holder.signal(Signal::SIGTERM);
+    holder.wait();
+    assert!(wait_within(&mut waiter, PATIENCE).success());
+    assert!(env.path("ran").exists());
+    let txns = txn_requests(&server) - before;
+    assert_eq!(
+        txns, 1,
+        "the waiter made {txns} Txn requests; 1 (queueing) expected"
+    );
+}
+
+#[test]
+fn a_waiter_whose_predecessor_leaves_the_queue_waits_for_the_holder() {
+    // The third in line watches the second and the holder. The second leaving (a signal
+    // while waiting) is not the holder's release: the third must read again and go on
+    // waiting.
+    let server = EtcdServer::start();
+    let env = TestEnv::new(&server);
+    let lock = name();
+    let mut holder = env.hold(&lock, &[]);
+    let mut second = env
+        .dlock(["run", &lock, "touch", "second-ran"])
+        .spawn()
+        .expect("spawn second");
+    wait_until("second queued", PATIENCE, || env.waiters(&lock) == 1);
+    let mut third = env
+        .dlock(["run", &lock, "touch", "third-ran"])
+        .spawn()
+        .expect("spawn third");
+    wait_until("third queued", PATIENCE, || env.waiters(&lock) == 2);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(second.id() as i32),
+        Signal::SIGTERM,
+    )
+    .expect("signal the second");
+    assert_eq!(wait_within(&mut second, PATIENCE).code(), Some(128 + 15));
+    wait_until("second gone", PATIENCE, || env.waiters(&lock) == 1);
+    assert!(
+        !env.path("third-ran").exists(),
+        "the third in line started while the holder still held the lock"
+    );
+    assert!(
+        matches!(third.try_wait(), Ok(None)),
+        "the third stopped waiting"
+    );
+    holder.signal(Signal::SIGTERM);
+    holder.wait();
+    assert!(wait_within(&mut third, PATIENCE).success());
+    assert!(env.path("third-ran").exists());
+    assert!(!env.path("second-ran").exists());
+}
+
+#[test]
 fn a_waiter_whose_lease_died_never_starts_its_command() {
     let server = EtcdServer::start();
     let env = TestEnv::new(&server);

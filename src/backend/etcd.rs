@@ -7,15 +7,22 @@
 //! exclude each other. An encoded name never contains `/`, so no lock's prefix is a prefix of
 //! another lock's keys (`a` is `dlock/a/`, `a/b` is `dlock/a%2Fb/`).
 //!
-//! Acquire: grant a lease with an id we choose (so a retried grant is recognised), start the
-//! keeper at once (it keeps the waiter's lease alive too), then one transaction creates our key
-//! if absent and reads the newest keys under the prefix. We hold the lock when fewer than
-//! `--limit` keys are older than ours; the fencing token is our key's create revision. A waiter
-//! watches one key — its immediate predecessor — for deletion (for `--limit N > 1`, the head of
-//! the queue watches the prefix for deletions, and every waiter that gets the lock rewrites its
-//! value, which wakes the one behind it). After every wake-up a linearizable re-check that also
-//! verifies our own key still exists, so a waiter whose lease died while waiting never starts
-//! the command. Release and cancel revoke the lease, which deletes the key in the same step.
+//! Acquire: grant a lease (etcd picks its id), start the keeper at once (it keeps the waiter's
+//! lease alive too), then one transaction creates our key if absent and reads the newest keys
+//! under the prefix. We hold the lock when fewer than `--limit` keys are older than ours; the
+//! fencing token is our key's create revision.
+//!
+//! Waiting with `--limit 1`: the waiter watches its predecessor and the key before that, in
+//! one watch that also covers its own key (`Target::Line`). The predecessor's deletion when
+//! it was the holder's means the lock is ours, with no further read: etcd delivers a watch's
+//! events in revision order and drops none, so our own key's deletion (our lease died while we
+//! waited) would have come first. Any other wake-up is followed by a linearizable re-check that
+//! also verifies our own key still exists; the common one — the key before the predecessor
+//! deleted, because the predecessor just took the lock — happens while the predecessor runs
+//! its command, off the hand-off path. With `--limit N > 1`, a waiter watches its predecessor
+//! (the head of the queue watches the prefix for deletions, and every waiter that gets the
+//! lock rewrites its value, which wakes the one behind it) and re-checks after every
+//! wake-up. Release and cancel revoke the lease, which deletes the key in the same step.
 //!
 //! etcd-client does not fail over between endpoints by itself, so `Conn` talks to one
 //! endpoint at a time and moves to the next after a transport failure or a timeout.
@@ -24,9 +31,8 @@ use std::future::Future;
 use std::time::Duration;
 
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, GetOptions, LeaseGrantOptions,
-    LeaseKeepAliveStream, LeaseKeeper, PutOptions, SortOrder, SortTarget, Txn, TxnOp,
-    TxnOpResponse, WatchFilterType, WatchOptions,
+    Client, Compare, CompareOp, ConnectOptions, GetOptions, LeaseKeepAliveStream, LeaseKeeper,
+    PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, WatchFilterType, WatchOptions,
 };
 
 use crate::clock::{sleep_until, BootInstant};
@@ -365,14 +371,6 @@ fn is_tls_error(e: &etcd_client::Error) -> bool {
         || text.contains("InvalidCertificate")
 }
 
-fn lease_id() -> i64 {
-    let bytes = uuid::Uuid::new_v4().into_bytes();
-    let mut raw = [0u8; 8];
-    raw.copy_from_slice(&bytes[..8]);
-    // Positive and non-zero: etcd treats 0 as "pick one for me".
-    (i64::from_le_bytes(raw) & i64::MAX).max(1)
-}
-
 /// The newest `n` keys under `pfx` created before `before` (all keys when `before` is None).
 fn older_keys(before: Option<i64>, n: usize) -> GetOptions {
     let mut options = GetOptions::new()
@@ -394,6 +392,8 @@ enum Wake {
     /// Already re-checked (keys before ours, revision read at): nothing to wait for on this
     /// watch any more.
     Rechecked(Vec<Vec<u8>>, i64),
+    /// The holder's key was deleted while ours still existed: the lock is ours.
+    Head,
     /// `--wait` ran out.
     TimedOut,
 }
@@ -411,20 +411,110 @@ struct Place<'a> {
 /// What the waiter waits for.
 #[derive(Debug, PartialEq, Eq)]
 enum Target {
-    /// The key just before ours (deletion; for `--limit > 1` also its rewrite).
+    /// `--limit 1`: the key just before ours, and the one before that (`ahead`) unless `pred`
+    /// is the holder's. Watched for deletion together with our own key, in one watch; see
+    /// [`Target::watch`] for why that lets the waiter start without a re-check.
+    Line {
+        pred: Vec<u8>,
+        ahead: Option<Vec<u8>>,
+    },
+    /// `--limit > 1`: the key just before ours (its deletion or rewrite).
     Key(Vec<u8>),
-    /// Any deletion under the lock's prefix (head of the queue with `--limit > 1`).
+    /// `--limit > 1`, head of the queue: any deletion under the lock's prefix.
     AnyDeletion,
+}
+
+/// What the deletion of `key` means to a waiter on `target` whose own key is `own`.
+#[derive(Debug, PartialEq, Eq)]
+enum Deletion {
+    /// Our own key: our lease died while we waited.
+    Own,
+    /// The holder's key, ours still there: the lock is ours.
+    Holder,
+    /// A key we wait on, but not known to be the holder's: re-check.
+    Watched,
+    /// Another key that happens to be in the watched range.
+    Other,
 }
 
 impl Target {
     /// For a waiter with `older` (newest first, at most limit+1) before it.
     fn for_waiter(older: &[Vec<u8>], limit: usize) -> Target {
         match older.first() {
-            Some(key) if limit == 1 || older.len() > limit => Target::Key(key.clone()),
+            Some(pred) if limit == 1 => Target::Line {
+                pred: pred.clone(),
+                ahead: older.get(1).cloned(),
+            },
+            Some(key) if older.len() > limit => Target::Key(key.clone()),
             _ => Target::AnyDeletion,
         }
     }
+
+    /// Whether a watch set up for `self` also serves `next`, read later.
+    fn covers(&self, next: &Target) -> bool {
+        match (self, next) {
+            (
+                Target::Line { pred, ahead },
+                Target::Line {
+                    pred: next_pred,
+                    ahead: next_ahead,
+                },
+            ) => pred == next_pred && (next_ahead.is_none() || next_ahead == ahead),
+            _ => self == next,
+        }
+    }
+
+    /// The key range to watch and the options, for a waiter whose key is `own`.
+    ///
+    /// A `Line` waiter watches one range, from the smallest to the largest of its own key,
+    /// `pred` and `ahead`. etcd delivers the events of one watch in revision order and drops
+    /// none, so when `pred`'s deletion arrives without our own key's before it, our key
+    /// existed at that revision; if `pred` was the holder (nothing else before us when we last
+    /// read, and no key can be created before ours later), the lock became ours right then,
+    /// with no further read. Keys are named by lease id, and etcd gives out lease ids in
+    /// increasing order, so neighbours in the queue are usually neighbours in the range too;
+    /// other keys that fall in it are ignored. `ahead`'s deletion usually means `pred` just
+    /// took the lock: the waiter re-checks then, while `pred` runs its command, so that the
+    /// re-check is off the hand-off path.
+    fn watch(&self, own: &[u8], pfx: &str) -> (Vec<u8>, WatchOptions) {
+        let deletions = WatchOptions::new().with_filters([WatchFilterType::NoPut]);
+        match self {
+            Target::Line { pred, ahead } => {
+                let keys = [Some(own), Some(pred.as_slice()), ahead.as_deref()];
+                let first = keys.iter().flatten().min().copied().unwrap_or(own);
+                let last = keys.iter().flatten().max().copied().unwrap_or(own);
+                let mut end = last.to_vec();
+                end.push(0);
+                (first.to_vec(), deletions.with_range(end))
+            }
+            Target::Key(key) => (key.clone(), WatchOptions::new()),
+            Target::AnyDeletion => (pfx.as_bytes().to_vec(), deletions.with_prefix()),
+        }
+    }
+
+    /// What the deletion of `key` means (`Line` only; other targets re-check on any event).
+    fn deletion(&self, key: &[u8], own: &[u8]) -> Deletion {
+        match self {
+            _ if key == own => Deletion::Own,
+            Target::Line { pred, ahead: None } if key == pred.as_slice() => Deletion::Holder,
+            Target::Line { pred, ahead }
+                if key == pred.as_slice() || ahead.as_deref() == Some(key) =>
+            {
+                Deletion::Watched
+            }
+            Target::Line { .. } => Deletion::Other,
+            Target::Key(_) | Target::AnyDeletion => Deletion::Watched,
+        }
+    }
+}
+
+/// Our key is gone: the lease that kept our place died while we waited.
+fn place_lost() -> Error {
+    Error::Unavailable(
+        "our place in the etcd queue was lost while waiting (its lease expired or was revoked); \
+         the command was not started"
+            .into(),
+    )
 }
 
 impl Backend for EtcdBackend {
@@ -437,21 +527,17 @@ impl Backend for EtcdBackend {
     ) -> Result<EtcdLease, Error> {
         let mut conn = self.conn()?;
         let limit = request.limit.max(1) as usize;
-        let id = lease_id();
         let ttl_s = request.ttl.as_secs_f64().ceil().max(1.0) as i64;
         let sent = BootInstant::now();
+        // etcd picks the id: its ids increase with every grant on a member, which keeps the
+        // keys of neighbours in the queue next to each other (see `Target::Line`). A grant
+        // retried after a lost reply leaves the first lease unused; it expires by its TTL.
         let grant = conn
             .call(OP_TIMEOUT, |mut c| async move {
-                c.lease_grant(ttl_s, Some(LeaseGrantOptions::new().with_id(id)))
-                    .await
+                c.lease_grant(ttl_s, None).await
             })
-            .await;
-        let granted_s = match grant {
-            Ok(response) => response.ttl(),
-            // A retried grant whose first reply was lost: the lease is ours.
-            Err(Error::Unavailable(m)) if m.contains("lease already exists") => ttl_s,
-            Err(e) => return Err(e),
-        };
+            .await?;
+        let (id, granted_s) = (grant.id(), grant.ttl());
         if granted_s != ttl_s {
             tracing::warn!(
                 "etcd granted a {granted_s}s lease for --ttl {ttl_s}s; using {granted_s}s"
@@ -614,13 +700,13 @@ impl Backend for EtcdBackend {
         }
         round_trips.sort();
         // Create and delete a test entry under the prefix (`!` never occurs in a lock's name).
-        let id = lease_id();
         let grant = conn
-            .call(OP_TIMEOUT, |mut c| async move {
-                c.lease_grant(2, Some(LeaseGrantOptions::new().with_id(id)))
-                    .await
-            })
+            .call(
+                OP_TIMEOUT,
+                |mut c| async move { c.lease_grant(2, None).await },
+            )
             .await?;
+        let id = grant.id();
         let key = format!("{probe_root}/{id:x}");
         conn.call(OP_TIMEOUT, |mut c| {
             let key = key.clone();
@@ -695,7 +781,7 @@ impl EtcdBackend {
             Wait::No | Wait::Forever => None,
         };
         // Create our key if absent (a retry after a lost reply finds it) and read the newest
-        // limit+1 keys: ours and those just before it.
+        // limit+2 keys: ours and the limit+1 just before it (as `recheck` reads them).
         let create = Txn::new()
             .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
             .and_then([
@@ -704,7 +790,7 @@ impl EtcdBackend {
                     meta.clone(),
                     Some(PutOptions::new().with_lease(id)),
                 ),
-                TxnOp::get(pfx.clone(), Some(older_keys(None, limit + 1))),
+                TxnOp::get(pfx.clone(), Some(older_keys(None, limit + 2))),
                 // The oldest key's value says which --limit the holders use.
                 TxnOp::get(
                     pfx.clone(),
@@ -815,6 +901,10 @@ impl EtcdBackend {
                 read_at = at;
                 continue;
             }
+            if woken == Wake::Head {
+                older.clear();
+                continue;
+            }
             if woken == Wake::TimedOut {
                 let holders = self.describe_holders(conn, &request.name).await;
                 let waited = match request.wait {
@@ -865,11 +955,7 @@ impl EtcdBackend {
             _ = cancel.cancelled() => return Err(Error::Cancelled),
         };
         if !response.succeeded() {
-            return Err(Error::Unavailable(
-                "our place in the etcd queue expired while waiting (the lease could not be kept alive); \
-                 the command was not started"
-                    .into(),
-            ));
+            return Err(place_lost());
         }
         let older = match response.op_responses().first() {
             Some(TxnOpResponse::Get(range)) => {
@@ -887,14 +973,15 @@ impl EtcdBackend {
     /// contention (other waiters writing meanwhile) delayed hand-offs by up to 100 ms. If the
     /// store moved past `read_at` before the watch was set up (on a busy cluster it usually
     /// has: revisions are cluster-wide), a deletion may have fallen in between, so the waiter
-    /// re-checks once, after the watch exists. If the target is unchanged, the watch covers
-    /// everything since and the waiter goes on waiting on it.
+    /// re-checks once, after the watch exists. If the watch still covers what the waiter
+    /// waits for, it goes on waiting on it; events up to the re-check's revision are already
+    /// counted in, and are skipped.
     #[allow(clippy::too_many_arguments)]
     async fn wait_for(
         &self,
         conn: &mut Conn,
         place: &mut Place<'_>,
-        target: Target,
+        mut target: Target,
         keeper: &mut Keeper<Renewer>,
         cancel: &mut Cancel,
         deadline: Option<BootInstant>,
@@ -902,21 +989,8 @@ impl EtcdBackend {
     ) -> Result<Wake, Error> {
         let limit = place.limit;
         let pfx = place.pfx;
-        let (watch_key, options) = match &target {
-            Target::Key(key) => {
-                let mut options = WatchOptions::new();
-                if limit == 1 {
-                    options = options.with_filters([WatchFilterType::NoPut]);
-                }
-                (key.clone(), options)
-            }
-            Target::AnyDeletion => (
-                pfx.as_bytes().to_vec(),
-                WatchOptions::new()
-                    .with_prefix()
-                    .with_filters([WatchFilterType::NoPut]),
-            ),
-        };
+        let own = place.key.as_bytes();
+        let (watch_key, options) = target.watch(own, pfx);
         // A semaphore waiter also re-checks every TTL, in case a wake-up was lost.
         let recheck_at = (limit > 1).then(|| BootInstant::now() + request.ttl);
         let open = conn.call(OP_TIMEOUT, |mut c| {
@@ -928,6 +1002,7 @@ impl EtcdBackend {
             s = open => s?,
             _ = cancel.cancelled() => return Err(Error::Cancelled),
         };
+        let mut created = false;
         loop {
             let wake = sleep_until(match (deadline, recheck_at) {
                 (Some(d), Some(r)) => d.min(r),
@@ -935,24 +1010,9 @@ impl EtcdBackend {
                 (None, Some(r)) => r,
                 (None, None) => BootInstant::now() + Duration::from_secs(3600),
             });
-            let created_at = tokio::select! {
+            let response = tokio::select! {
                 message = stream.message() => match message {
-                    Ok(Some(response)) => {
-                        if response.canceled() {
-                            let reason = response.cancel_reason();
-                            if reason.contains("permission denied") || reason.contains("PermissionDenied") {
-                                return Err(Error::Permission(format!("etcd refused to watch {pfx}: {reason}")));
-                            }
-                            return Ok(Wake::Changed);
-                        }
-                        if !response.events().is_empty() {
-                            return Ok(Wake::Changed);
-                        }
-                        if !response.created() {
-                            continue;
-                        }
-                        response.header().map_or(0, |h| h.revision())
-                    }
+                    Ok(Some(response)) => response,
                     // The stream broke: re-check and watch again.
                     Ok(None) | Err(_) => return Ok(Wake::Changed),
                 },
@@ -973,16 +1033,58 @@ impl EtcdBackend {
                     continue;
                 }
             };
-            if created_at == place.read_at {
+            if response.canceled() {
+                let reason = response.cancel_reason();
+                if reason.contains("permission denied") || reason.contains("PermissionDenied") {
+                    return Err(Error::Permission(format!(
+                        "etcd refused to watch {pfx}: {reason}"
+                    )));
+                }
+                return Ok(Wake::Changed);
+            }
+            let recheck = if response.created() {
+                created = true;
+                // The watch started after `read_at`: read again, now that it exists.
+                response.header().map_or(0, |h| h.revision()) != place.read_at
+            } else if !created {
+                // etcd announces a watch before its events; anything else: start over.
+                return Ok(Wake::Changed);
+            } else {
+                let mut seen = Deletion::Other;
+                for event in response.events() {
+                    let Some(kv) = event.kv() else { continue };
+                    if kv.mod_revision() <= place.read_at {
+                        continue;
+                    }
+                    seen = target.deletion(kv.key(), own);
+                    tracing::debug!(
+                        "{} deleted at revision {}: {seen:?}",
+                        String::from_utf8_lossy(kv.key()),
+                        kv.mod_revision()
+                    );
+                    if seen != Deletion::Other {
+                        break;
+                    }
+                }
+                match seen {
+                    Deletion::Own => return Err(place_lost()),
+                    Deletion::Holder => return Ok(Wake::Head),
+                    Deletion::Watched if limit > 1 => return Ok(Wake::Changed),
+                    Deletion::Watched => true,
+                    Deletion::Other => false,
+                }
+            };
+            if !recheck {
                 continue;
             }
-            // The watch started after `read_at`: read again, now that it exists.
             let (older, at) = self
                 .recheck(conn, place.key, pfx, place.my_rev, limit, cancel)
                 .await?;
-            if older.len() < limit || Target::for_waiter(&older, limit) != target {
+            let next = Target::for_waiter(&older, limit);
+            if older.len() < limit || !target.covers(&next) {
                 return Ok(Wake::Rechecked(older, at));
             }
+            target = next;
             place.read_at = at;
         }
     }
