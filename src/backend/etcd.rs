@@ -1109,16 +1109,21 @@ impl Lease for EtcdLease {
         self.keeper.lost().await
     }
 
-    async fn release(mut self) -> Result<(), Error> {
-        drop(self.keeper.stop().await);
-        let id = self.id;
-        match self
-            .conn
-            .call(self.ttl.min(OP_TIMEOUT), |mut c| async move {
-                c.lease_revoke(id).await
-            })
-            .await
-        {
+    async fn release(self) -> Result<(), Error> {
+        let EtcdLease {
+            keeper,
+            id,
+            mut conn,
+            ttl,
+            ..
+        } = self;
+        // The revoke goes out first: the next waiter is waiting for it. A keep-alive that
+        // crosses it is harmless.
+        let revoke = conn.call(ttl.min(OP_TIMEOUT), |mut c| async move {
+            c.lease_revoke(id).await
+        });
+        let (revoked, _) = tokio::join!(revoke, keeper.stop());
+        match revoked {
             Ok(_) => Ok(()),
             Err(e) if e.to_string().contains("not found") => {
                 tracing::warn!(
