@@ -170,6 +170,8 @@ async fn run(cli: Cli) -> anyhow::Result<u8> {
 /// `dlock run`: acquire, supervise, release (design §4).
 async fn run_command<B: Backend>(backend: B, settings: RunSettings) -> anyhow::Result<u8> {
     let mut signals = Signals::install().context("cannot install signal handlers")?;
+    // Installed before acquiring, so that the hand-off does not wait for it.
+    let sigchld = supervise::child_listener().context("cannot watch for the command's exit")?;
     let held_entry = held_entry(&settings.common, &settings.name);
     let inherited_held = std::env::var("DLOCK_HELD").unwrap_or_default();
     if inherited_held.split(' ').any(|entry| entry == held_entry) {
@@ -177,7 +179,8 @@ async fn run_command<B: Backend>(backend: B, settings: RunSettings) -> anyhow::R
             "'{}' is already held by an ancestor; running the command at once",
             settings.name
         );
-        return supervise_command(&settings, &mut signals, &mut Reentrant, Vec::new()).await;
+        return supervise_command(&settings, &mut signals, sigchld, &mut Reentrant, Vec::new())
+            .await;
     }
 
     let request = AcquireRequest {
@@ -192,6 +195,7 @@ async fn run_command<B: Backend>(backend: B, settings: RunSettings) -> anyhow::R
             settings.common.ttl,
         ),
     };
+    let mut env = child_environment(&settings);
     let started = clock::BootInstant::now();
     let (canceller, cancel) = lock::cancellation();
     let acquire = backend.acquire(&request, cancel);
@@ -243,7 +247,6 @@ async fn run_command<B: Backend>(backend: B, settings: RunSettings) -> anyhow::R
         );
         return Ok(exit::signal_status(signal));
     }
-    let mut env = child_environment(&settings);
     env.push((
         "DLOCK_FENCING_TOKEN".into(),
         Some(lease.token().to_string().into()),
@@ -254,7 +257,7 @@ async fn run_command<B: Backend>(backend: B, settings: RunSettings) -> anyhow::R
         format!("{inherited_held} {held_entry}")
     };
     env.push(("DLOCK_HELD".into(), Some(held.into())));
-    let outcome = supervise_command(&settings, &mut signals, &mut lease, env).await;
+    let outcome = supervise_command(&settings, &mut signals, sigchld, &mut lease, env).await;
     release(lease, &settings).await;
     outcome
 }
@@ -263,10 +266,10 @@ async fn run_command<B: Backend>(backend: B, settings: RunSettings) -> anyhow::R
 async fn supervise_command<L: Lease>(
     settings: &RunSettings,
     signals: &mut Signals,
+    sigchld: tokio::signal::unix::Signal,
     lease: &mut L,
     env: Vec<(OsString, Option<OsString>)>,
 ) -> anyhow::Result<u8> {
-    let sigchld = supervise::child_listener().context("cannot watch for the command's exit")?;
     let terminal = supervise::Terminal::foreground();
     let child = match supervise::spawn(&settings.command, &env, terminal.as_ref()) {
         Ok(child) => child,
