@@ -424,9 +424,9 @@ enum Target {
     AnyDeletion,
 }
 
-/// What the deletion of `key` means to a waiter on `target` whose own key is `own`.
+/// What an event on `key` (a deletion; with `Target::Key` also a rewrite) means to a waiter.
 #[derive(Debug, PartialEq, Eq)]
-enum Deletion {
+enum Seen {
     /// Our own key: our lease died while we waited.
     Own,
     /// The holder's key, ours still there: the lock is ours.
@@ -492,18 +492,19 @@ impl Target {
         }
     }
 
-    /// What the deletion of `key` means (`Line` only; other targets re-check on any event).
-    fn deletion(&self, key: &[u8], own: &[u8]) -> Deletion {
+    /// What an event on `key` means to a waiter whose own key is `own` (`Line` tells them
+    /// apart; a semaphore waiter re-checks on any event).
+    fn seen(&self, key: &[u8], own: &[u8]) -> Seen {
         match self {
-            _ if key == own => Deletion::Own,
-            Target::Line { pred, ahead: None } if key == pred.as_slice() => Deletion::Holder,
+            _ if key == own => Seen::Own,
+            Target::Line { pred, ahead: None } if key == pred.as_slice() => Seen::Holder,
             Target::Line { pred, ahead }
                 if key == pred.as_slice() || ahead.as_deref() == Some(key) =>
             {
-                Deletion::Watched
+                Seen::Watched
             }
-            Target::Line { .. } => Deletion::Other,
-            Target::Key(_) | Target::AnyDeletion => Deletion::Watched,
+            Target::Line { .. } => Seen::Other,
+            Target::Key(_) | Target::AnyDeletion => Seen::Watched,
         }
     }
 }
@@ -1050,28 +1051,28 @@ impl EtcdBackend {
                 // etcd announces a watch before its events; anything else: start over.
                 return Ok(Wake::Changed);
             } else {
-                let mut seen = Deletion::Other;
+                let mut seen = Seen::Other;
                 for event in response.events() {
                     let Some(kv) = event.kv() else { continue };
                     if kv.mod_revision() <= place.read_at {
                         continue;
                     }
-                    seen = target.deletion(kv.key(), own);
+                    seen = target.seen(kv.key(), own);
                     tracing::debug!(
                         "{} deleted at revision {}: {seen:?}",
                         String::from_utf8_lossy(kv.key()),
                         kv.mod_revision()
                     );
-                    if seen != Deletion::Other {
+                    if seen != Seen::Other {
                         break;
                     }
                 }
                 match seen {
-                    Deletion::Own => return Err(place_lost()),
-                    Deletion::Holder => return Ok(Wake::Head),
-                    Deletion::Watched if limit > 1 => return Ok(Wake::Changed),
-                    Deletion::Watched => true,
-                    Deletion::Other => false,
+                    Seen::Own => return Err(place_lost()),
+                    Seen::Holder => return Ok(Wake::Head),
+                    Seen::Watched if limit > 1 => return Ok(Wake::Changed),
+                    Seen::Watched => true,
+                    Seen::Other => false,
                 }
             };
             if !recheck {
