@@ -315,6 +315,34 @@ fn a_waiter_whose_predecessor_leaves_the_queue_waits_for_the_holder() {
 }
 
 #[test]
+fn a_waiter_whose_key_goes_in_the_same_deletion_as_the_holders_does_not_start() {
+    // One DeleteRange over the lock's prefix removes the holder's key and the waiter's in
+    // one revision; etcd lists the holder's (older lease id) first. The waiter must not take
+    // that as the holder's release.
+    let server = EtcdServer::start();
+    let env = TestEnv::new(&server);
+    let lock = name();
+    let mut holder = env.hold(&lock, &[]);
+    let mut waiter = env
+        .dlock(["run", &lock, "touch", "ran"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn waiter");
+    wait_until("waiter queued", PATIENCE, || env.waiters(&lock) == 1);
+    let out = server.etcdctl(&["del", "--prefix", &format!("dlock/{lock}/")]);
+    assert!(out.status.success(), "{}", describe(&out));
+    assert_eq!(stdout_of(&out).trim(), "2", "both keys deleted at once");
+    let status = wait_within(&mut waiter, PATIENCE);
+    assert!(!status.success(), "the waiter must not report success");
+    assert!(
+        !env.path("ran").exists(),
+        "a waiter whose key was deleted started its command"
+    );
+    holder.signal(Signal::SIGTERM);
+    holder.wait();
+}
+
+#[test]
 fn a_waiter_whose_lease_died_never_starts_its_command() {
     let server = EtcdServer::start();
     let env = TestEnv::new(&server);

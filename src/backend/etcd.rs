@@ -16,13 +16,14 @@
 //! one watch that also covers its own key (`Target::Line`). The predecessor's deletion when
 //! it was the holder's means the lock is ours, with no further read: etcd delivers a watch's
 //! events in revision order and drops none, so our own key's deletion (our lease died while we
-//! waited) would have come first. Any other wake-up is followed by a linearizable re-check that
-//! also verifies our own key still exists; the common one — the key before the predecessor
-//! deleted, because the predecessor just took the lock — happens while the predecessor runs
-//! its command, off the hand-off path. With `--limit N > 1`, a waiter watches its predecessor
-//! (the head of the queue watches the prefix for deletions, and every waiter that gets the
-//! lock rewrites its value, which wakes the one behind it) and re-checks after every
-//! wake-up. Release and cancel revoke the lease, which deletes the key in the same step.
+//! waited) would have come first, or in the same response (a DeleteRange that removed both).
+//! Any other wake-up is followed by a linearizable re-check that also verifies our own key
+//! still exists; the common one — the key before the predecessor deleted, because the
+//! predecessor just took the lock — happens while the predecessor runs its command, off the
+//! hand-off path. With `--limit N > 1`, a waiter watches its predecessor (the head of the
+//! queue watches the prefix for deletions, and every waiter that gets the lock rewrites its
+//! value, which wakes the one behind it) and re-checks after every wake-up. Release and
+//! cancel revoke the lease, which deletes the key in the same step.
 //!
 //! etcd-client does not fail over between endpoints by itself, so `Conn` talks to one
 //! endpoint at a time and moves to the next after a transport failure or a timeout.
@@ -468,8 +469,8 @@ impl Target {
     ///
     /// A `Line` waiter watches one range, from the smallest to the largest of its own key,
     /// `pred` and `ahead`. etcd delivers the events of one watch in revision order and drops
-    /// none, so when `pred`'s deletion arrives without our own key's before it, our key
-    /// existed at that revision; if `pred` was the holder (nothing else before us when we last
+    /// none, so when `pred`'s deletion arrives without our own key's before it or in the same
+    /// response (see `wait_for`), our key existed at that revision; if `pred` was the holder (nothing else before us when we last
     /// read, and no key can be created before ours later), the lock became ours right then,
     /// with no further read. Keys are named by lease id, and etcd gives out lease ids in
     /// increasing order, so neighbours in the queue are usually neighbours in the range too;
@@ -1012,17 +1013,19 @@ impl EtcdBackend {
                 (None, None) => BootInstant::now() + Duration::from_secs(3600),
             });
             let response = tokio::select! {
-                message = stream.message() => match message {
-                    Ok(Some(response)) => response,
-                    // The stream broke: re-check and watch again.
-                    Ok(None) | Err(_) => return Ok(Wake::Changed),
-                },
+                // A lease the keeper has given up on wins over an event that came with it.
+                biased;
                 lost = keeper.lost() => {
                     return Err(Error::Unavailable(format!(
                         "our place in the etcd queue could not be kept ({}); the command was not started",
                         lost.reason
                     )));
                 }
+                message = stream.message() => match message {
+                    Ok(Some(response)) => response,
+                    // The stream broke: re-check and watch again.
+                    Ok(None) | Err(_) => return Ok(Wake::Changed),
+                },
                 _ = cancel.cancelled() => return Err(Error::Cancelled),
                 _ = wake => {
                     if deadline.is_some_and(|d| BootInstant::now() >= d) {
@@ -1051,20 +1054,27 @@ impl EtcdBackend {
                 // etcd announces a watch before its events; anything else: start over.
                 return Ok(Wake::Changed);
             } else {
+                // Every event counts, and our own key's deletion wins: one revision can delete
+                // `pred` and ours together (a DeleteRange over the lock's prefix), and etcd lists
+                // its events in key order, so ours may come after `pred`'s.
                 let mut seen = Seen::Other;
                 for event in response.events() {
                     let Some(kv) = event.kv() else { continue };
                     if kv.mod_revision() <= place.read_at {
                         continue;
                     }
-                    seen = target.seen(kv.key(), own);
+                    let this = target.seen(kv.key(), own);
                     tracing::debug!(
-                        "{} deleted at revision {}: {seen:?}",
+                        "{} deleted at revision {}: {this:?}",
                         String::from_utf8_lossy(kv.key()),
                         kv.mod_revision()
                     );
-                    if seen != Seen::Other {
+                    if this == Seen::Own {
+                        seen = Seen::Own;
                         break;
+                    }
+                    if seen == Seen::Other {
+                        seen = this;
                     }
                 }
                 match seen {
