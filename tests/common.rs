@@ -821,6 +821,13 @@ impl EtcdMember {
     pub fn is_running(&self) -> bool {
         self.child.is_some()
     }
+
+    /// Whether the member's process has ended by itself.
+    fn exited(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|child| matches!(child.try_wait(), Ok(Some(_))))
+    }
 }
 
 impl Drop for EtcdMember {
@@ -862,7 +869,20 @@ impl EtcdServer {
         EtcdServer::build(1, &extra, Some(()))
     }
 
+    /// Start the members; when one of them exits before serving (a port taken by someone
+    /// else between `free_port` and etcd's bind), start over on new ports, up to three times.
     fn build(size: usize, extra: &[&str], tls: Option<()>) -> EtcdServer {
+        let mut failures = Vec::new();
+        for _ in 0..3 {
+            match EtcdServer::try_build(size, extra, tls) {
+                Ok(server) => return server,
+                Err(failure) => failures.push(failure),
+            }
+        }
+        panic!("etcd did not start:\n{}", failures.join("\n---\n"));
+    }
+
+    fn try_build(size: usize, extra: &[&str], tls: Option<()>) -> Result<EtcdServer, String> {
         let client_scheme = if tls.is_some() { "https" } else { "http" };
         // Data on tmpfs when there is one: etcd fsyncs every write.
         let base = if Path::new("/dev/shm").is_dir() {
@@ -927,25 +947,37 @@ impl EtcdServer {
         for member in &mut members {
             member.launch();
         }
-        for member in &members {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        for member in &mut members {
             let port = member.client_port;
-            if tls.is_some() {
-                let log = member.log.clone();
-                wait_until("etcd serving TLS", Duration::from_secs(60), || {
+            let log = member.log.clone();
+            let serving = || {
+                if tls.is_some() {
                     std::fs::read_to_string(&log)
                         .is_ok_and(|l| l.contains("serving client traffic securely"))
-                });
-            } else {
-                wait_until("etcd healthy", Duration::from_secs(60), || {
+                } else {
                     etcd_healthy(port)
-                });
+                }
+            };
+            while !serving() {
+                if member.exited() || Instant::now() >= deadline {
+                    let text = std::fs::read_to_string(&log).unwrap_or_default();
+                    let tail: Vec<&str> = text.lines().rev().take(15).collect();
+                    let tail: Vec<&str> = tail.into_iter().rev().collect();
+                    return Err(format!(
+                        "member {} (client port {port}) is not serving; its log ends:\n{}",
+                        member.name,
+                        tail.join("\n")
+                    ));
+                }
+                std::thread::sleep(Duration::from_millis(20));
             }
         }
-        EtcdServer {
+        Ok(EtcdServer {
             members,
             _dir: dir,
             tls: tls.is_some(),
-        }
+        })
     }
 
     pub fn endpoints(&self) -> String {
