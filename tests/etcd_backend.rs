@@ -343,6 +343,52 @@ fn a_waiter_whose_key_goes_in_the_same_deletion_as_the_holders_does_not_start() 
 }
 
 #[test]
+fn a_holder_whose_key_is_deleted_stops_its_command_at_once() {
+    // The lease lives on, so keep-alives succeed: only the holder's watch on its own key can
+    // tell. A 60 s TTL keeps renewals out of the test. Checked for a holder that got the
+    // lock at once and for one that waited (whose waiting watch carries on).
+    let server = EtcdServer::start();
+    let env = TestEnv::new(&server);
+    let lock = name();
+    let prefix = format!("dlock/{lock}/");
+    let ttl = ["--ttl", "60s"];
+    let mut first = env.hold(&lock, &ttl);
+    let ready = env.path("second-ready");
+    let script = format!("echo $$ > '{}'; exec sleep 1000", ready.display());
+    let mut second = env
+        .dlock(["run", "--ttl", "60s", &lock, "sh", "-c", &script])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn second");
+    wait_until("second queued", PATIENCE, || env.waiters(&lock) == 1);
+    let first_key = keys(&server, &prefix).into_iter().min().expect("two keys");
+    let first_command = read_pid(&first.ready);
+    let out = server.etcdctl(&["del", &first_key]);
+    assert!(out.status.success(), "{}", describe(&out));
+    let code = first.wait().code();
+    let stderr = first.stderr();
+    assert_eq!(code, Some(124), "{stderr}");
+    assert!(stderr.contains("was deleted"), "{stderr}");
+    assert!(
+        !is_alive(first_command),
+        "the first holder's command ran on"
+    );
+    // The deletion freed the lock: the second holds it now.
+    wait_until("second holds", PATIENCE, || {
+        std::fs::read_to_string(&ready).is_ok_and(|s| s.ends_with('\n'))
+    });
+    let second_command = read_pid(&ready);
+    let second_key = keys(&server, &prefix).pop().expect("the second's key");
+    let out = server.etcdctl(&["del", &second_key]);
+    assert!(out.status.success(), "{}", describe(&out));
+    assert_eq!(wait_within(&mut second, PATIENCE).code(), Some(124));
+    assert!(
+        !is_alive(second_command),
+        "the second holder's command ran on"
+    );
+}
+
+#[test]
 fn a_waiter_whose_lease_died_never_starts_its_command() {
     let server = EtcdServer::start();
     let env = TestEnv::new(&server);

@@ -34,6 +34,7 @@ use std::time::Duration;
 use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, GetOptions, LeaseKeepAliveStream, LeaseKeeper,
     PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, WatchFilterType, WatchOptions,
+    WatchStream,
 };
 
 use crate::clock::{sleep_until, BootInstant};
@@ -386,15 +387,15 @@ fn older_keys(before: Option<i64>, n: usize) -> GetOptions {
 }
 
 /// Why a waiter stopped waiting.
-#[derive(Debug, PartialEq, Eq)]
 enum Wake {
     /// Something before us changed: re-check.
     Changed,
     /// Already re-checked (keys before ours, revision read at): nothing to wait for on this
     /// watch any more.
     Rechecked(Vec<Vec<u8>>, i64),
-    /// The holder's key was deleted while ours still existed: the lock is ours.
-    Head,
+    /// The holder's key was deleted (at this revision) while ours still existed: the lock is
+    /// ours. The watch, which covers our own key, goes on with the lease.
+    Head(Box<WatchStream>, i64),
     /// `--wait` ran out.
     TimedOut,
 }
@@ -558,12 +559,14 @@ impl Backend for EtcdBackend {
             .queue_and_wait(&mut conn, request, id, limit, &mut keeper, &mut cancel)
             .await;
         match outcome {
-            Ok(token) => Ok(EtcdLease {
+            Ok((token, own)) => Ok(EtcdLease {
                 keeper,
                 token,
                 id,
                 conn,
                 ttl: granted,
+                key: format!("{}{id:x}", self.lock_prefix(&request.name)),
+                own,
             }),
             Err(error) => {
                 // Revoking the lease deletes our key too: nothing is left behind.
@@ -761,7 +764,7 @@ impl Backend for EtcdBackend {
 
 impl EtcdBackend {
     /// Put our key in the queue and wait until it is among the first `limit`. Returns the
-    /// fencing token (our key's create revision).
+    /// fencing token (our key's create revision) and the watch on our key for the holder.
     async fn queue_and_wait(
         &self,
         conn: &mut Conn,
@@ -770,7 +773,7 @@ impl EtcdBackend {
         limit: usize,
         keeper: &mut Keeper<Renewer>,
         cancel: &mut Cancel,
-    ) -> Result<u64, Error> {
+    ) -> Result<(u64, OwnKey), Error> {
         let pfx = self.lock_prefix(&request.name);
         let key = format!("{pfx}{id:x}");
         let meta = serde_json::to_string(&Meta {
@@ -852,6 +855,7 @@ impl EtcdBackend {
                 .await?;
             (my_rev, older, at)
         };
+        let mut watching = None;
         loop {
             if older.len() < limit {
                 if limit > 1 {
@@ -873,8 +877,15 @@ impl EtcdBackend {
                     })
                     .await?;
                 }
-                return u64::try_from(my_rev)
-                    .map_err(|_| Error::Internal(format!("negative revision {my_rev}")));
+                let token = u64::try_from(my_rev)
+                    .map_err(|_| Error::Internal(format!("negative revision {my_rev}")))?;
+                let own = OwnKey {
+                    stream: watching,
+                    seen: read_at,
+                    created: my_rev,
+                    retry_at: None,
+                };
+                return Ok((token, own));
             }
             if request.wait == Wait::No {
                 let holders = self.describe_holders(conn, &request.name).await;
@@ -903,11 +914,13 @@ impl EtcdBackend {
                 read_at = at;
                 continue;
             }
-            if woken == Wake::Head {
+            if let Wake::Head(stream, at) = woken {
                 older.clear();
+                read_at = at;
+                watching = Some(*stream);
                 continue;
             }
-            if woken == Wake::TimedOut {
+            if matches!(woken, Wake::TimedOut) {
                 let holders = self.describe_holders(conn, &request.name).await;
                 let waited = match request.wait {
                     Wait::For(d) => humantime::format_duration(d).to_string(),
@@ -1079,7 +1092,10 @@ impl EtcdBackend {
                 }
                 match seen {
                     Seen::Own => return Err(place_lost()),
-                    Seen::Holder => return Ok(Wake::Head),
+                    Seen::Holder => {
+                        let at = response.header().map_or(place.read_at, |h| h.revision());
+                        return Ok(Wake::Head(Box::new(stream), at));
+                    }
                     Seen::Watched if limit > 1 => return Ok(Wake::Changed),
                     Seen::Watched => true,
                     Seen::Other => false,
@@ -1109,6 +1125,100 @@ pub struct EtcdLease {
     id: i64,
     conn: Conn,
     ttl: Duration,
+    /// Our key; its deletion ends the lock at once.
+    key: String,
+    own: OwnKey,
+}
+
+/// The holder's watch on its own key. The lease keeper notices a lease that expires, but not
+/// a key deleted while its lease lives (`etcdctl del`), and a revoked lease only at the next
+/// keep-alive: without this watch the command would run on while another holder has the lock.
+pub struct OwnKey {
+    /// A watch that covers our key; `None` until (re)opened.
+    stream: Option<WatchStream>,
+    /// Events up to this revision are accounted for.
+    seen: i64,
+    /// Our key's create revision (the fencing token).
+    created: i64,
+    /// After a failed attempt to open the watch, when to try again.
+    retry_at: Option<BootInstant>,
+}
+
+impl OwnKey {
+    /// Wait until our key is deleted; returns why. Cancel-safe: the supervisor polls this
+    /// afresh on every turn of its loop.
+    async fn deleted(&mut self, conn: &mut Conn, key: &str) -> String {
+        let gone = || {
+            format!("our etcd key {key} was deleted (by `etcdctl del`, or its lease was revoked)")
+        };
+        loop {
+            let Some(stream) = self.stream.as_mut() else {
+                if let Some(at) = self.retry_at {
+                    sleep_until(at).await;
+                }
+                // Our key was there at `seen`: a watch from the next revision misses nothing.
+                let start = self.seen + 1;
+                let options = WatchOptions::new()
+                    .with_start_revision(start)
+                    .with_filters([WatchFilterType::NoPut]);
+                let open = conn.call(OP_TIMEOUT, |mut c| {
+                    let options = options.clone();
+                    async move { c.watch(key, Some(options)).await }
+                });
+                match open.await {
+                    Ok(stream) => {
+                        self.stream = Some(stream);
+                        self.retry_at = None;
+                    }
+                    Err(e) => {
+                        tracing::debug!("cannot watch our etcd key: {e}");
+                        self.retry_at = Some(BootInstant::now() + Duration::from_secs(1));
+                    }
+                }
+                continue;
+            };
+            let response = match stream.message().await {
+                Ok(Some(response)) => response,
+                Ok(None) | Err(_) => {
+                    self.stream = None;
+                    self.retry_at = Some(BootInstant::now() + Duration::from_secs(1));
+                    continue;
+                }
+            };
+            if response.canceled() {
+                self.stream = None;
+                self.retry_at = Some(BootInstant::now() + Duration::from_secs(1));
+                if response.compact_revision() > 0 {
+                    // History from `seen` on is gone: look at the key itself instead.
+                    match key_revision(conn, key).await {
+                        Ok((Some(created), at)) if created == self.created => self.seen = at,
+                        Ok(_) => return gone(),
+                        Err(e) => tracing::debug!("cannot read our etcd key: {e}"),
+                    }
+                }
+                continue;
+            }
+            let deleted = response
+                .events()
+                .iter()
+                .filter_map(|event| event.kv())
+                .any(|kv| kv.key() == key.as_bytes() && kv.mod_revision() > self.seen);
+            if deleted {
+                return gone();
+            }
+        }
+    }
+}
+
+/// Our key's create revision (None when it does not exist) and the revision read at.
+async fn key_revision(conn: &mut Conn, key: &str) -> Result<(Option<i64>, i64), Error> {
+    let response = conn
+        .call(OP_TIMEOUT, |mut c| async move {
+            c.get(key, Some(GetOptions::new().with_keys_only())).await
+        })
+        .await?;
+    let at = response.header().map_or(0, |h| h.revision());
+    Ok((response.kvs().first().map(|kv| kv.create_revision()), at))
 }
 
 impl Lease for EtcdLease {
@@ -1117,7 +1227,15 @@ impl Lease for EtcdLease {
     }
 
     async fn lost(&mut self) -> Lost {
-        self.keeper.lost().await
+        tokio::select! {
+            biased;
+            lost = self.keeper.lost() => lost,
+            reason = self.own.deleted(&mut self.conn, &self.key) => Lost {
+                reason,
+                // The lock is gone already: there is no later moment to protect.
+                kill_by: None,
+            },
+        }
     }
 
     async fn release(self) -> Result<(), Error> {
@@ -1126,8 +1244,10 @@ impl Lease for EtcdLease {
             id,
             mut conn,
             ttl,
+            own,
             ..
         } = self;
+        drop(own);
         // The revoke goes out first: the next waiter is waiting for it. A keep-alive that
         // crosses it is harmless.
         let revoke = conn.call(ttl.min(OP_TIMEOUT), |mut c| async move {
