@@ -32,9 +32,9 @@ use std::future::Future;
 use std::time::Duration;
 
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, GetOptions, LeaseKeepAliveStream, LeaseKeeper,
-    PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, WatchFilterType, WatchOptions,
-    WatchStream,
+    Client, Compare, CompareOp, ConnectOptions, EventType, GetOptions, LeaseKeepAliveStream,
+    LeaseKeeper, PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, WatchFilterType,
+    WatchOptions, WatchStream,
 };
 
 use crate::clock::{sleep_until, BootInstant};
@@ -883,6 +883,7 @@ impl EtcdBackend {
                     stream: watching,
                     seen: read_at,
                     created: my_rev,
+                    failures: 0,
                     retry_at: None,
                 };
                 return Ok((token, own));
@@ -1071,6 +1072,8 @@ impl EtcdBackend {
                 // `pred` and ours together (a DeleteRange over the lock's prefix), and etcd lists
                 // its events in key order, so ours may come after `pred`'s.
                 let mut seen = Seen::Other;
+                // The revision of the first event that counts (the holder's deletion).
+                let mut at = place.read_at;
                 for event in response.events() {
                     let Some(kv) = event.kv() else { continue };
                     if kv.mod_revision() <= place.read_at {
@@ -1088,14 +1091,14 @@ impl EtcdBackend {
                     }
                     if seen == Seen::Other {
                         seen = this;
+                        at = kv.mod_revision();
                     }
                 }
                 match seen {
                     Seen::Own => return Err(place_lost()),
-                    Seen::Holder => {
-                        let at = response.header().map_or(place.read_at, |h| h.revision());
-                        return Ok(Wake::Head(Box::new(stream), at));
-                    }
+                    // Our key existed at the holder's deletion (not necessarily at the
+                    // response's header revision, which can be later).
+                    Seen::Holder => return Ok(Wake::Head(Box::new(stream), at)),
                     Seen::Watched if limit > 1 => return Ok(Wake::Changed),
                     Seen::Watched => true,
                     Seen::Other => false,
@@ -1136,17 +1139,19 @@ pub struct EtcdLease {
 pub struct OwnKey {
     /// A watch that covers our key; `None` until (re)opened.
     stream: Option<WatchStream>,
-    /// Events up to this revision are accounted for.
+    /// Our key existed at this revision; events up to it are accounted for.
     seen: i64,
     /// Our key's create revision (the fencing token).
     created: i64,
-    /// After a failed attempt to open the watch, when to try again.
+    /// Failed attempts to watch in a row, for the back-off; a stream that broke counts too.
+    failures: u32,
+    /// When to try again after a failure.
     retry_at: Option<BootInstant>,
 }
 
 impl OwnKey {
     /// Wait until our key is deleted; returns why. Cancel-safe: the supervisor polls this
-    /// afresh on every turn of its loop.
+    /// afresh on every turn of its loop, and all state lives in `self`.
     async fn deleted(&mut self, conn: &mut Conn, key: &str) -> String {
         let gone = || {
             format!("our etcd key {key} was deleted (by `etcdctl del`, or its lease was revoked)")
@@ -1156,10 +1161,21 @@ impl OwnKey {
                 if let Some(at) = self.retry_at {
                     sleep_until(at).await;
                 }
-                // Our key was there at `seen`: a watch from the next revision misses nothing.
-                let start = self.seen + 1;
+                if self.failures > 0 {
+                    // Watch from now on, not from `seen`: etcd would replay every revision
+                    // since, of the whole cluster, and history may be compacted. So first make
+                    // sure the key is still ours.
+                    match key_revision(conn, key).await {
+                        Ok((Some(created), at)) if created == self.created => self.seen = at,
+                        Ok(_) => return gone(),
+                        Err(e) => {
+                            self.failed(&format!("cannot read our etcd key: {e}"));
+                            continue;
+                        }
+                    }
+                }
                 let options = WatchOptions::new()
-                    .with_start_revision(start)
+                    .with_start_revision(self.seen + 1)
                     .with_filters([WatchFilterType::NoPut]);
                 let open = conn.call(OP_TIMEOUT, |mut c| {
                     let options = options.clone();
@@ -1170,43 +1186,57 @@ impl OwnKey {
                         self.stream = Some(stream);
                         self.retry_at = None;
                     }
-                    Err(e) => {
-                        tracing::debug!("cannot watch our etcd key: {e}");
-                        self.retry_at = Some(BootInstant::now() + Duration::from_secs(1));
-                    }
+                    Err(e) => self.failed(&format!("cannot watch our etcd key: {e}")),
                 }
                 continue;
             };
             let response = match stream.message().await {
-                Ok(Some(response)) => response,
-                Ok(None) | Err(_) => {
-                    self.stream = None;
-                    self.retry_at = Some(BootInstant::now() + Duration::from_secs(1));
+                Ok(Some(response)) if !response.canceled() => response,
+                Ok(Some(response)) => {
+                    let reason = response.cancel_reason().to_owned();
+                    self.failed(&format!("etcd ended the watch on our key ({reason})"));
+                    continue;
+                }
+                Ok(None) => {
+                    self.failed("the watch on our etcd key ended");
+                    continue;
+                }
+                Err(e) => {
+                    self.failed(&format!("the watch on our etcd key broke: {e}"));
                     continue;
                 }
             };
-            if response.canceled() {
-                self.stream = None;
-                self.retry_at = Some(BootInstant::now() + Duration::from_secs(1));
-                if response.compact_revision() > 0 {
-                    // History from `seen` on is gone: look at the key itself instead.
-                    match key_revision(conn, key).await {
-                        Ok((Some(created), at)) if created == self.created => self.seen = at,
-                        Ok(_) => return gone(),
-                        Err(e) => tracing::debug!("cannot read our etcd key: {e}"),
-                    }
-                }
-                continue;
+            if response.created() {
+                // A watch that works again: the back-off starts over next time.
+                self.failures = self.failures.min(1);
             }
-            let deleted = response
-                .events()
-                .iter()
-                .filter_map(|event| event.kv())
-                .any(|kv| kv.key() == key.as_bytes() && kv.mod_revision() > self.seen);
+            let deleted = response.events().iter().any(|event| {
+                event.event_type() == EventType::Delete
+                    && event.kv().is_some_and(|kv| {
+                        kv.key() == key.as_bytes() && kv.mod_revision() > self.seen
+                    })
+            });
             if deleted {
                 return gone();
             }
         }
+    }
+
+    /// Note a failure: drop the stream, wait 1 s, doubling up to 30 s while failures go on.
+    /// The keeper still stops the command if the lease itself cannot be kept.
+    fn failed(&mut self, what: &str) {
+        self.stream = None;
+        self.failures = self.failures.saturating_add(1);
+        let delay = Duration::from_secs(1 << self.failures.min(6).saturating_sub(1))
+            .min(Duration::from_secs(30));
+        if self.failures == 3 {
+            tracing::warn!(
+                "{what}; a deletion of our key may go unnoticed until the watch works again"
+            );
+        } else {
+            tracing::debug!("{what}");
+        }
+        self.retry_at = Some(BootInstant::now() + delay);
     }
 }
 
