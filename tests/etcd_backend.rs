@@ -31,6 +31,16 @@ fn keys(server: &EtcdServer, prefix: &str) -> Vec<String> {
         .collect()
 }
 
+/// `dlock run LOCK touch FILE`, returned once it is the `place`-th waiter in the queue.
+fn queue_toucher(env: &TestEnv, lock: &str, file: &str, place: u64) -> std::process::Child {
+    let waiter = env
+        .dlock(["run", lock, "touch", file])
+        .spawn()
+        .expect("spawn waiter");
+    wait_until("waiter queued", PATIENCE, || env.waiters(lock) == place);
+    waiter
+}
+
 fn leases(server: &EtcdServer) -> Vec<String> {
     let out = server.etcdctl(&["lease", "list"]);
     assert!(out.status.success(), "{}", describe(&out));
@@ -257,11 +267,7 @@ fn the_waiter_next_in_line_starts_on_the_holders_deletion_without_reading_again(
     let lock = name();
     let mut holder = env.hold(&lock, &[]);
     let before = txn_requests(&server);
-    let mut waiter = env
-        .dlock(["run", &lock, "touch", "ran"])
-        .spawn()
-        .expect("spawn waiter");
-    wait_until("waiter queued", PATIENCE, || env.waiters(&lock) == 1);
+    let mut waiter = queue_toucher(&env, &lock, "ran", 1);
     holder.signal(Signal::SIGTERM);
     holder.wait();
     assert!(wait_within(&mut waiter, PATIENCE).success());
@@ -282,16 +288,8 @@ fn a_waiter_whose_predecessor_leaves_the_queue_waits_for_the_holder() {
     let env = TestEnv::new(&server);
     let lock = name();
     let mut holder = env.hold(&lock, &[]);
-    let mut second = env
-        .dlock(["run", &lock, "touch", "second-ran"])
-        .spawn()
-        .expect("spawn second");
-    wait_until("second queued", PATIENCE, || env.waiters(&lock) == 1);
-    let mut third = env
-        .dlock(["run", &lock, "touch", "third-ran"])
-        .spawn()
-        .expect("spawn third");
-    wait_until("third queued", PATIENCE, || env.waiters(&lock) == 2);
+    let mut second = queue_toucher(&env, &lock, "second-ran", 1);
+    let mut third = queue_toucher(&env, &lock, "third-ran", 2);
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(second.id() as i32),
         Signal::SIGTERM,
@@ -323,12 +321,7 @@ fn a_waiter_whose_key_goes_in_the_same_deletion_as_the_holders_does_not_start() 
     let env = TestEnv::new(&server);
     let lock = name();
     let mut holder = env.hold(&lock, &[]);
-    let mut waiter = env
-        .dlock(["run", &lock, "touch", "ran"])
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn waiter");
-    wait_until("waiter queued", PATIENCE, || env.waiters(&lock) == 1);
+    let mut waiter = queue_toucher(&env, &lock, "ran", 1);
     let out = server.etcdctl(&["del", "--prefix", &format!("dlock/{lock}/")]);
     assert!(out.status.success(), "{}", describe(&out));
     assert_eq!(stdout_of(&out).trim(), "2", "both keys deleted at once");

@@ -471,9 +471,9 @@ impl Target {
     /// A `Line` waiter watches one range, from the smallest to the largest of its own key,
     /// `pred` and `ahead`. etcd delivers the events of one watch in revision order and drops
     /// none, so when `pred`'s deletion arrives without our own key's before it or in the same
-    /// response (see `wait_for`), our key existed at that revision; if `pred` was the holder (nothing else before us when we last
-    /// read, and no key can be created before ours later), the lock became ours right then,
-    /// with no further read. Keys are named by lease id, and etcd gives out lease ids in
+    /// response (see `wait_for`), our key existed at that revision; if `pred` was the holder
+    /// (nothing else before us when we last read, and no key can be created before ours
+    /// later), the lock became ours right then, with no further read. Keys are named by lease id, and etcd gives out lease ids in
     /// increasing order, so neighbours in the queue are usually neighbours in the range too;
     /// other keys that fall in it are ignored. `ahead`'s deletion usually means `pred` just
     /// took the lock: the waiter re-checks then, while `pred` runs its command, so that the
@@ -565,7 +565,6 @@ impl Backend for EtcdBackend {
                 id,
                 conn,
                 ttl: granted,
-                key: format!("{}{id:x}", self.lock_prefix(&request.name)),
                 own,
             }),
             Err(error) => {
@@ -880,6 +879,7 @@ impl EtcdBackend {
                 let token = u64::try_from(my_rev)
                     .map_err(|_| Error::Internal(format!("negative revision {my_rev}")))?;
                 let own = OwnKey {
+                    key,
                     stream: watching,
                     seen: read_at,
                     created: my_rev,
@@ -1081,7 +1081,7 @@ impl EtcdBackend {
                     }
                     let this = target.seen(kv.key(), own);
                     tracing::debug!(
-                        "{} deleted at revision {}: {this:?}",
+                        "event on {} at revision {}: {this:?}",
                         String::from_utf8_lossy(kv.key()),
                         kv.mod_revision()
                     );
@@ -1128,15 +1128,15 @@ pub struct EtcdLease {
     id: i64,
     conn: Conn,
     ttl: Duration,
-    /// Our key; its deletion ends the lock at once.
-    key: String,
     own: OwnKey,
 }
 
 /// The holder's watch on its own key. The lease keeper notices a lease that expires, but not
 /// a key deleted while its lease lives (`etcdctl del`), and a revoked lease only at the next
 /// keep-alive: without this watch the command would run on while another holder has the lock.
-pub struct OwnKey {
+struct OwnKey {
+    /// Our key; its deletion ends the lock at once.
+    key: String,
     /// A watch that covers our key; `None` until (re)opened.
     stream: Option<WatchStream>,
     /// Our key existed at this revision; events up to it are accounted for.
@@ -1152,7 +1152,9 @@ pub struct OwnKey {
 impl OwnKey {
     /// Wait until our key is deleted; returns why. Cancel-safe: the supervisor polls this
     /// afresh on every turn of its loop, and all state lives in `self`.
-    async fn deleted(&mut self, conn: &mut Conn, key: &str) -> String {
+    async fn deleted(&mut self, conn: &mut Conn) -> String {
+        let key = self.key.clone();
+        let key = key.as_str();
         let gone = || {
             format!("our etcd key {key} was deleted (by `etcdctl del`, or its lease was revoked)")
         };
@@ -1260,7 +1262,7 @@ impl Lease for EtcdLease {
         tokio::select! {
             biased;
             lost = self.keeper.lost() => lost,
-            reason = self.own.deleted(&mut self.conn, &self.key) => Lost {
+            reason = self.own.deleted(&mut self.conn) => Lost {
                 reason,
                 // The lock is gone already: there is no later moment to protect.
                 kill_by: None,
