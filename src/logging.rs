@@ -3,13 +3,56 @@
 //! Default level: warnings. `-v` info, `-vv` debug, `-vvv` trace; `-q` errors only, `-qq`
 //! nothing. `DLOCK_LOG` takes a tracing filter (e.g. `dlock=debug`) and overrides both.
 
+use std::borrow::Cow;
 use std::fmt;
+use std::io::Write;
 
 use tracing::{span, Event, Level, Subscriber};
 use tracing_subscriber::filter::{EnvFilter, LevelFilter};
 use tracing_subscriber::fmt::format::Writer;
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
 use tracing_subscriber::registry::LookupSpan;
+
+/// Print `dlock: MESSAGE` on stderr: control characters escaped (see [`printable`]), and a
+/// closed or broken stderr ignored, so that reporting can never panic or abort dlock.
+#[macro_export]
+macro_rules! say {
+    ($($arg:tt)*) => {
+        $crate::logging::say(format_args!($($arg)*))
+    };
+}
+
+/// See [`say!`].
+pub fn say(message: fmt::Arguments<'_>) {
+    let text = message.to_string();
+    let _ = writeln!(std::io::stderr().lock(), "dlock: {}", printable(&text));
+}
+
+/// `text` with every control character (C0, DEL, C1) and every bidirectional-formatting
+/// character written as `\u{..}` (`\n`, `\t`, `\r` for those three), so that text from a lock's
+/// metadata or a server (a user name, a command line, a host) cannot move the cursor, retitle
+/// the terminal or reorder what is shown.
+pub fn printable(text: &str) -> Cow<'_, str> {
+    if !text.chars().any(needs_escape) {
+        return Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        match c {
+            '\n' => out.push_str("\\n"),
+            '\t' => out.push_str("\\t"),
+            '\r' => out.push_str("\\r"),
+            c if needs_escape(c) => out.push_str(&format!("\\u{{{:x}}}", u32::from(c))),
+            c => out.push(c),
+        }
+    }
+    Cow::Owned(out)
+}
+
+fn needs_escape(c: char) -> bool {
+    c.is_control()
+        || matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+}
 
 static QUIET: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
@@ -77,7 +120,11 @@ impl Subscriber for Stderr {
     fn event(&self, event: &Event<'_>) {
         let mut line = Line(String::new());
         event.record(&mut line);
-        eprintln!("dlock: {}{}", label(*event.metadata().level()), line.0);
+        say(format_args!(
+            "{}{}",
+            label(*event.metadata().level()),
+            line.0
+        ));
     }
 
     fn enter(&self, _: &span::Id) {}
@@ -129,8 +176,14 @@ where
         mut writer: Writer<'_>,
         event: &Event<'_>,
     ) -> fmt::Result {
-        write!(writer, "dlock: {}", label(*event.metadata().level()))?;
-        ctx.field_format().format_fields(writer.by_ref(), event)?;
-        writeln!(writer)
+        let mut fields = String::new();
+        ctx.field_format()
+            .format_fields(Writer::new(&mut fields), event)?;
+        writeln!(
+            writer,
+            "dlock: {}{}",
+            label(*event.metadata().level()),
+            printable(&fields)
+        )
     }
 }

@@ -4,10 +4,9 @@
 use std::io::Write;
 use std::time::{Duration, SystemTime};
 
-use anyhow::Context;
-
 use crate::exit::Code;
 use crate::lock::{CheckReport, HolderStatus, LockStatus};
+use crate::logging::printable;
 use crate::settings::Common;
 
 /// Report a command-line error as one `dlock:` line (help and version go to stdout, exit 0).
@@ -32,9 +31,21 @@ pub fn clap_error(err: clap::Error) -> u8 {
                 .find_map(|l| l.strip_prefix("tip: "))
                 .map(|t| format!("; {t}"))
                 .unwrap_or_default();
-            eprintln!("dlock: {message}{tip} (see 'dlock --help')");
+            say!("{message}{tip} (see 'dlock --help')");
             Code::Usage.value()
         }
+    }
+}
+
+/// What to make of a failed write of a report: a reader that went away (`dlock status x |
+/// head -1`) is not an error, and dlock ends with the status it would have had.
+pub fn unless_closed(result: std::io::Result<()>) -> anyhow::Result<()> {
+    match result {
+        Err(err) if err.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        other => Ok(anyhow::Context::context(
+            other,
+            "cannot write to standard output",
+        )?),
     }
 }
 
@@ -42,14 +53,14 @@ fn out() -> std::io::StdoutLock<'static> {
     std::io::stdout().lock()
 }
 
-pub fn print_status(status: &LockStatus, json: bool) -> anyhow::Result<()> {
+pub fn print_status(status: &LockStatus, json: bool) -> std::io::Result<()> {
     let mut out = out();
     if json {
-        serde_json::to_writer_pretty(&mut out, status).context("cannot write JSON")?;
+        serde_json::to_writer_pretty(&mut out, status)?;
         writeln!(out)?;
         return Ok(());
     }
-    writeln!(out, "lock:       {}", status.name)?;
+    writeln!(out, "lock:       {}", printable(&status.name))?;
     writeln!(
         out,
         "state:      {}",
@@ -68,9 +79,13 @@ pub fn print_status(status: &LockStatus, json: bool) -> anyhow::Result<()> {
             "  {}. pid {} on {} since {}: {}",
             position + 1,
             h.pid,
-            if h.host.is_empty() { "?" } else { &h.host },
-            h.since,
-            h.command
+            if h.host.is_empty() {
+                "?".into()
+            } else {
+                printable(&h.host)
+            },
+            printable(&h.since),
+            printable(&h.command)
         )?;
     }
     if !status.held {
@@ -83,18 +98,22 @@ pub fn print_status(status: &LockStatus, json: bool) -> anyhow::Result<()> {
 
 fn write_holder(out: &mut impl Write, status: &HolderStatus) -> std::io::Result<()> {
     let h = &status.holder;
-    let host = if h.host.is_empty() { "?" } else { &h.host };
+    let host = if h.host.is_empty() {
+        "?".into()
+    } else {
+        printable(&h.host)
+    };
     let user = if h.user.is_empty() {
         String::new()
     } else {
-        format!(", user {}", h.user)
+        format!(", user {}", printable(&h.user))
     };
     writeln!(out, "holder:     pid {} on {host}{user}", h.pid)?;
     if !h.command.is_empty() {
-        writeln!(out, "command:    {}", h.command)?;
+        writeln!(out, "command:    {}", printable(&h.command))?;
     }
     if !h.since.is_empty() {
-        writeln!(out, "since:      {}{}", h.since, ago(&h.since))?;
+        writeln!(out, "since:      {}{}", printable(&h.since), ago(&h.since))?;
     }
     if h.token > 0 {
         writeln!(out, "token:      {}", h.token)?;
@@ -109,10 +128,10 @@ fn write_holder(out: &mut impl Write, status: &HolderStatus) -> std::io::Result<
         None => {}
     }
     if !h.version.is_empty() {
-        writeln!(out, "dlock:      {}", h.version)?;
+        writeln!(out, "dlock:      {}", printable(&h.version))?;
     }
     if let Some(session) = &status.session {
-        writeln!(out, "session:    {session}")?;
+        writeln!(out, "session:    {}", printable(session))?;
     }
     Ok(())
 }
@@ -131,10 +150,10 @@ fn ago(since: &str) -> String {
     }
 }
 
-pub fn print_list(locks: &[LockStatus], json: bool) -> anyhow::Result<()> {
+pub fn print_list(locks: &[LockStatus], json: bool) -> std::io::Result<()> {
     let mut out = out();
     if json {
-        serde_json::to_writer_pretty(&mut out, locks).context("cannot write JSON")?;
+        serde_json::to_writer_pretty(&mut out, locks)?;
         writeln!(out)?;
         return Ok(());
     }
@@ -154,29 +173,34 @@ pub fn print_list(locks: &[LockStatus], json: bool) -> anyhow::Result<()> {
             writeln!(
                 out,
                 "{:<24} {:>8} {:<16} {:<21} {:>7} {}",
-                lock.name, h.pid, h.host, h.since, waiting, h.command
+                printable(&lock.name),
+                h.pid,
+                printable(&h.host),
+                printable(&h.since),
+                waiting,
+                printable(&h.command)
             )?;
         }
     }
     Ok(())
 }
 
-pub fn print_check(check: &CheckReport, common: &Common, json: bool) -> anyhow::Result<()> {
+pub fn print_check(check: &CheckReport, common: &Common, json: bool) -> std::io::Result<()> {
     let mut out = out();
     if json {
-        serde_json::to_writer_pretty(&mut out, check).context("cannot write JSON")?;
+        serde_json::to_writer_pretty(&mut out, check)?;
         writeln!(out)?;
         return Ok(());
     }
     writeln!(out, "backend:    {} ({})", check.backend, check.location)?;
-    writeln!(out, "version:    {}", check.version)?;
+    writeln!(out, "version:    {}", printable(&check.version))?;
     writeln!(
         out,
         "round trip: {}",
         humantime::format_duration(Duration::from_micros(check.round_trip_us))
     )?;
     for (key, value) in &check.details {
-        writeln!(out, "{:<11} {value}", format!("{key}:"))?;
+        writeln!(out, "{:<11} {}", format!("{key}:"), printable(value))?;
     }
     writeln!(
         out,
@@ -186,7 +210,7 @@ pub fn print_check(check: &CheckReport, common: &Common, json: bool) -> anyhow::
         humantime::format_duration(common.ttl)
     )?;
     for warning in &check.warnings {
-        writeln!(out, "warning:    {warning}")?;
+        writeln!(out, "warning:    {}", printable(warning))?;
     }
     writeln!(out, "ok")?;
     Ok(())
