@@ -5,20 +5,24 @@
 //! signal listeners, acquire (cancellable), start the command under [`supervise`], release,
 //! and exit with the command's status (design.md §4, §6).
 
+#[macro_use]
+mod logging;
+
 pub mod backend;
 pub mod cli;
 pub mod clock;
 pub mod error;
 pub mod exit;
+pub mod files;
 pub mod keeper;
 pub mod lock;
+mod reentry;
 pub mod settings;
 pub mod signals;
 mod spawn;
 pub mod supervise;
 
 mod generate;
-mod logging;
 mod report;
 
 use std::ffi::OsString;
@@ -34,14 +38,14 @@ use crate::backend::zk::ZkBackend;
 use crate::cli::{Cli, Command, OnLost};
 use crate::error::Error;
 use crate::exit::Code;
-use crate::lock::{AcquireRequest, Backend, Holder, Lease, LockName, Lost};
-use crate::settings::{Common, Location, RunSettings};
+use crate::lock::{AcquireRequest, Backend, Holder, Lease, LockName, Lost, Wait};
+use crate::settings::{Location, RunSettings};
 use crate::signals::Signals;
 
 /// Run dlock with these arguments (including argv\[0\]) and return its exit status.
 pub fn main_entry(args: Vec<OsString>) -> u8 {
     std::panic::set_hook(Box::new(|info| {
-        eprintln!("dlock: internal error (this is a bug in dlock): {info}");
+        say!("internal error (this is a bug in dlock): {info}");
     }));
     match std::panic::catch_unwind(|| main_inner(args)) {
         Ok(code) => code,
@@ -61,14 +65,14 @@ fn main_inner(args: Vec<OsString>) -> u8 {
     {
         Ok(runtime) => runtime,
         Err(err) => {
-            eprintln!("dlock: cannot start: {err}");
+            say!("cannot start: {err}");
             return Code::Internal.value();
         }
     };
     match runtime.block_on(run(cli)) {
         Ok(code) => code,
         Err(err) => {
-            eprintln!("dlock: {err:#}");
+            say!("{err:#}");
             error::code_of(&err).value()
         }
     }
@@ -121,7 +125,7 @@ async fn run(cli: Cli) -> anyhow::Result<u8> {
             let status = with_backend!(common, backend => backend.status(&name).await)
                 .with_context(|| format!("cannot read the status of '{name}'"))?;
             if !quiet {
-                report::print_status(&status, args.json)?;
+                report::unless_closed(report::print_status(&status, args.json))?;
             }
             Ok(if status.held { 0 } else { 1 })
         }
@@ -130,7 +134,7 @@ async fn run(cli: Cli) -> anyhow::Result<u8> {
             let locks = with_backend!(common, backend => backend.list().await)
                 .context("cannot list locks")?;
             if !quiet {
-                report::print_list(&locks, args.json)?;
+                report::unless_closed(report::print_list(&locks, args.json))?;
             }
             Ok(0)
         }
@@ -145,13 +149,15 @@ async fn run(cli: Cli) -> anyhow::Result<u8> {
             let common = settings::common(&args.backend, None, &config)?;
             let released = with_backend!(common, backend => backend.force_release(&name).await)?;
             if released.is_empty() {
-                eprintln!("dlock: '{name}' is not held");
+                say!("'{name}' is not held");
                 return Ok(1);
             }
             for holder in &released {
-                eprintln!(
-                    "dlock: released '{name}' (was held by pid {} on {}, token {})",
-                    holder.pid, holder.host, holder.token
+                say!(
+                    "released '{name}' (was held by pid {} on {}, token {})",
+                    holder.pid,
+                    holder.host,
+                    holder.token
                 );
             }
             Ok(0)
@@ -160,11 +166,34 @@ async fn run(cli: Cli) -> anyhow::Result<u8> {
             let common = settings::common(&args.backend, args.ttl, &config)?;
             let check =
                 with_backend!(common, backend => backend.check().await).context("check failed")?;
-            report::print_check(&check, &common, args.json)?;
+            report::unless_closed(report::print_check(&check, &common, args.json))?;
             Ok(0)
         }
         Command::Generate(_) => Ok(0),
     }
+}
+
+/// How long past `--wait` a backend may take to report that the wait is over.
+const WAIT_BACKSTOP_SLACK: Duration = Duration::from_millis(500);
+/// How long a backend that missed the `--wait` deadline gets to clean up after a cancel.
+const WAIT_BACKSTOP_CLEANUP: Duration = Duration::from_secs(2);
+
+async fn sleep_until_some(deadline: Option<tokio::time::Instant>) {
+    match deadline {
+        Some(deadline) => tokio::time::sleep_until(deadline).await,
+        None => std::future::pending().await,
+    }
+}
+
+fn no_answer_within(settings: &RunSettings) -> Error {
+    let wait = match settings.wait {
+        Wait::For(wait) => humantime::format_duration(wait).to_string(),
+        Wait::No | Wait::Forever => "the wait".to_owned(),
+    };
+    Error::Unavailable(format!(
+        "no answer from {} within --wait {wait}; the command did not run",
+        settings.common.display_url
+    ))
 }
 
 /// `dlock run`: acquire, supervise, release (design §4).
@@ -172,15 +201,24 @@ async fn run_command<B: Backend>(backend: B, settings: RunSettings) -> anyhow::R
     let mut signals = Signals::install().context("cannot install signal handlers")?;
     // Installed before acquiring, so that the hand-off does not wait for it.
     let sigchld = supervise::child_listener().context("cannot watch for the command's exit")?;
-    let held_entry = held_entry(&settings.common, &settings.name);
+    let identity = settings.common.identity();
+    let lock_key = reentry::lock_key(&identity, &settings.name);
     let inherited_held = std::env::var("DLOCK_HELD").unwrap_or_default();
-    if inherited_held.split(' ').any(|entry| entry == held_entry) {
+    if let Some(entry) = reentry::ancestor_entry(&inherited_held, &lock_key) {
+        if ancestor_holds(&backend, &settings.name, &entry).await {
+            tracing::info!(
+                "'{}' is held by dlock pid {}, an ancestor; running the command at once",
+                settings.name,
+                entry.pid
+            );
+            return supervise_command(&settings, &mut signals, sigchld, &mut Reentrant, Vec::new())
+                .await;
+        }
         tracing::info!(
-            "'{}' is already held by an ancestor; running the command at once",
+            "DLOCK_HELD names pid {} as the holder of '{}', but the backend does not show it holding; acquiring",
+            entry.pid,
             settings.name
         );
-        return supervise_command(&settings, &mut signals, sigchld, &mut Reentrant, Vec::new())
-            .await;
     }
 
     let request = AcquireRequest {
@@ -200,16 +238,34 @@ async fn run_command<B: Backend>(backend: B, settings: RunSettings) -> anyhow::R
     let (canceller, cancel) = lock::cancellation();
     let acquire = backend.acquire(&request, cancel);
     tokio::pin!(acquire);
+    // `--wait` bounds everything before the command starts, connecting included. Backends
+    // honour the deadline themselves; this backstop catches a server that accepted the
+    // connection and then never answered.
+    let backstop = match settings.wait {
+        Wait::For(wait) => Some(tokio::time::Instant::now() + wait + WAIT_BACKSTOP_SLACK),
+        Wait::No | Wait::Forever => None,
+    };
     let acquired = tokio::select! {
         result = &mut acquire => result,
+        () = sleep_until_some(backstop) => {
+            canceller.cancel();
+            match tokio::time::timeout(WAIT_BACKSTOP_CLEANUP, &mut acquire).await {
+                Ok(Ok(lease)) => {
+                    release(lease, &settings).await;
+                    Err(no_answer_within(&settings))
+                }
+                Ok(Err(Error::Cancelled)) | Err(_) => Err(no_answer_within(&settings)),
+                Ok(Err(err)) => Err(err),
+            }
+        }
         signal = signals.recv() => {
             canceller.cancel();
             // Let the backend remove its waiter; if it won the race, give the lock back.
             if let Ok(Ok(lease)) = tokio::time::timeout(Duration::from_secs(10), &mut acquire).await {
                 release(lease, &settings).await;
             }
-            eprintln!(
-                "dlock: got {} while waiting for lock '{}'; the command did not run",
+            say!(
+                "got {} while waiting for lock '{}'; the command did not run",
                 signals::name(signal),
                 settings.name
             );
@@ -222,7 +278,7 @@ async fn run_command<B: Backend>(backend: B, settings: RunSettings) -> anyhow::R
             // `-q` silences this one: `dlock run -q -n job -- …` in cron mails nothing when an
             // earlier run still holds the lock.
             if !logging::quiet() {
-                eprintln!("dlock: {message}");
+                say!("{message}");
             }
             return Ok(settings.conflict_exit_code);
         }
@@ -240,8 +296,8 @@ async fn run_command<B: Backend>(backend: B, settings: RunSettings) -> anyhow::R
     // A signal that arrived while acquiring counts as "while waiting": nothing runs.
     if let Some(signal) = signals.try_recv() {
         release(lease, &settings).await;
-        eprintln!(
-            "dlock: got {} while acquiring lock '{}'; the command did not run",
+        say!(
+            "got {} while acquiring lock '{}'; the command did not run",
             signals::name(signal),
             settings.name
         );
@@ -251,12 +307,12 @@ async fn run_command<B: Backend>(backend: B, settings: RunSettings) -> anyhow::R
         "DLOCK_FENCING_TOKEN".into(),
         Some(lease.token().to_string().into()),
     ));
-    let held = if inherited_held.is_empty() {
-        held_entry
-    } else {
-        format!("{inherited_held} {held_entry}")
-    };
-    env.push(("DLOCK_HELD".into(), Some(held.into())));
+    // Without our own /proc entry no nested run could prove it is ours: it acquires normally.
+    if let Some(entry) = reentry::Entry::for_this_process(&identity, &settings.name, lease.token())
+    {
+        let held = reentry::with_entry(&inherited_held, &entry);
+        env.push(("DLOCK_HELD".into(), Some(held.into())));
+    }
     let outcome = supervise_command(&settings, &mut signals, sigchld, &mut lease, env).await;
     release(lease, &settings).await;
     outcome
@@ -299,9 +355,10 @@ async fn supervise_command<L: Lease>(
         .context("lost track of the command")?;
     match ending.lost {
         Some(lost) if settings.on_lost != OnLost::Ignore => {
-            eprintln!(
-                "dlock: lock '{}' was lost while the command ran ({}); the command was stopped",
-                settings.name, lost.reason
+            say!(
+                "lock '{}' was lost while the command ran ({}); the command was stopped",
+                settings.name,
+                lost.reason
             );
             Ok(Code::Lost.value())
         }
@@ -347,24 +404,23 @@ fn child_environment(settings: &RunSettings) -> Vec<(OsString, Option<OsString>)
     env
 }
 
-/// This lock's entry in DLOCK_HELD: backend identity, prefix and name, escaped so that entries
-/// can be separated by spaces and compared as strings.
-fn held_entry(common: &Common, name: &LockName) -> String {
-    format!("{}|{}", escape_held(&common.identity()), name.encoded())
-}
-
-fn escape_held(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        if c == '%' || c == ' ' || c.is_control() {
-            for byte in c.to_string().bytes() {
-                out.push_str(&format!("%{byte:02X}"));
-            }
-        } else {
-            out.push(c);
+/// Whether the backend shows `entry`'s process (an ancestor of ours) holding `name` with the
+/// entry's token, on this host (see [`reentry`]). Any doubt means no.
+async fn ancestor_holds<B: Backend>(backend: &B, name: &LockName, entry: &reentry::Entry) -> bool {
+    let host = nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .unwrap_or_default();
+    match tokio::time::timeout(Duration::from_secs(10), backend.status(name)).await {
+        Ok(Ok(status)) => status.holders.iter().any(|h| {
+            h.holder.pid == entry.pid && h.holder.token == entry.token && h.holder.host == host
+        }),
+        Ok(Err(err)) => {
+            tracing::info!("cannot confirm the ancestor's hold of '{name}': {err}");
+            false
         }
+        Err(_) => false,
     }
-    out
 }
 
 /// The lease of a reentrant run: the ancestor holds the lock, so there is nothing to lose here.

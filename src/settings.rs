@@ -25,6 +25,8 @@ pub const DEFAULT_PREFIX: &str = "dlock";
 /// A crashed holder blocks everyone for up to one TTL; beyond a week is surely a mistake.
 pub const MAX_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
 pub const MAX_LIMIT: u32 = 1024;
+/// The shortest lease a remote backend accepts (see [`minimum_ttl`]).
+pub const MIN_LEASE_TTL: Duration = Duration::from_secs(2);
 
 /// The config file (TOML). Unknown keys are an error.
 #[derive(Debug, Default, Deserialize)]
@@ -252,7 +254,7 @@ pub fn load_config(explicit: Option<&Path>) -> Result<FileConfig, Error> {
             None => return Ok(FileConfig::default()),
         },
     };
-    let text = std::fs::read_to_string(&path)
+    let text = crate::files::read_small_file(&path, crate::files::MAX_CONFIG_BYTES)
         .map_err(|e| Error::Config(format!("cannot read config file {}: {e}", path.display())))?;
     toml::from_str(&text).map_err(|e| {
         let detail = e.message().trim().to_owned();
@@ -403,13 +405,18 @@ pub fn common(
             p.value
         }
     };
+    let ttl_from_file = ttl.is_none() && file.ttl.is_some();
     let ttl = duration_setting(ttl, file.ttl.clone(), "--ttl", false)?.unwrap_or(DEFAULT_TTL);
     if ttl > MAX_TTL {
-        return Err(Error::Usage(format!(
-            "--ttl: {} is longer than the limit of {}",
-            humantime::format_duration(ttl),
-            humantime::format_duration(MAX_TTL)
-        )));
+        return Err(bad(
+            ttl_from_file,
+            "--ttl",
+            format!(
+                "{} is longer than the limit of {}",
+                humantime::format_duration(ttl),
+                humantime::format_duration(MAX_TTL)
+            ),
+        ));
     }
     let (location, display_url) = match urls {
         None => (
@@ -440,6 +447,19 @@ pub fn common(
             (location, display)
         }
     };
+    if let Some(minimum) = minimum_ttl(&location) {
+        if ttl < minimum {
+            return Err(bad(
+                ttl_from_file,
+                "--ttl",
+                format!(
+                    "{} is shorter than a lease can be kept; the minimum is {}",
+                    humantime::format_duration(ttl),
+                    humantime::format_duration(minimum)
+                ),
+            ));
+        }
+    }
     if matches!(location, Location::Redis(_)) && prefix.contains(['{', '}']) {
         return Err(Error::Usage(format!(
             "--prefix: '{prefix}' must not contain {{ or }} (they delimit the Redis hash tag)"
@@ -451,6 +471,21 @@ pub fn common(
         ttl,
         display_url,
     })
+}
+
+/// The shortest `--ttl` a backend can keep, where it has one.
+///
+/// A lease is renewed every TTL/3 and the command is stopped a safety margin of at least
+/// 500 ms before the lease can expire (see `keeper`): below 2 s that leaves no time for one
+/// renewal and a retry, and etcd itself grants no lease under 2 s. PostgreSQL's holder
+/// heartbeat follows the same schedule. The file backend has no lease, so any TTL does.
+fn minimum_ttl(location: &Location) -> Option<Duration> {
+    match location {
+        Location::File { .. } => None,
+        Location::Redis(_) | Location::Etcd(_) | Location::Zk(_) | Location::Postgres(_) => {
+            Some(MIN_LEASE_TTL)
+        }
+    }
 }
 
 /// The default directory of the file backend (design §1).
@@ -466,20 +501,33 @@ fn parse_url(url: &str) -> Result<Location, String> {
         return postgres::parse_key_value(url).map(Location::Postgres);
     }
     let Some((scheme, rest)) = url.split_once(':') else {
-        return Err(format!(
-            "'{}' is not a URL; expected e.g. file:///var/lock/dlock",
-            redact_url(url)
-        ));
+        // Never echo text that is not a URL: it may be a password pasted in the wrong place.
+        return Err("this is not a URL; expected e.g. file:///var/lock/dlock".into());
     };
     match scheme.to_ascii_lowercase().as_str() {
         "file" => parse_file_url(rest),
-        "redis" | "rediss" | "redis+unix" => parse_redis_url(&scheme.to_ascii_lowercase(), rest).map(Location::Redis),
+        "redis" | "rediss" | "redis+unix" => {
+            parse_redis_url(&scheme.to_ascii_lowercase(), rest).map(Location::Redis)
+        }
         "etcd" | "etcds" => parse_etcd_url(&scheme.to_ascii_lowercase(), rest).map(Location::Etcd),
         "postgres" | "postgresql" => postgres::parse_url(url).map(Location::Postgres),
         "zk" => parse_zk_url(rest).map(Location::Zk),
-        _ => Err(format!(
-            "unknown URL scheme '{scheme}'; expected file, redis, rediss, etcd, etcds, zk, postgres or postgresql"
-        )),
+        _ => {
+            // A scheme is letters, digits, `+`, `-` and `.`; anything else before the first `:`
+            // is part of something else (perhaps `user:password@host` without a scheme).
+            let shown = if !scheme.is_empty()
+                && scheme
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'-' | b'.'))
+            {
+                format!(" '{scheme}'")
+            } else {
+                String::new()
+            };
+            Err(format!(
+                "unknown URL scheme{shown}; expected file, redis, rediss, etcd, etcds, zk, postgres or postgresql"
+            ))
+        }
     }
 }
 
@@ -538,9 +586,10 @@ fn parse_redis_url(scheme: &str, rest: &str) -> Result<RedisTarget, String> {
             match pair.split_once('=') {
                 Some(("db", n)) => db = parse_db(n)?,
                 _ => {
-                    return Err(format!(
-                        "unknown URL parameter '{pair}' (only db=N is accepted)"
-                    ))
+                    return Err(
+                        "unknown URL parameter (only db=N is accepted after the socket path)"
+                            .into(),
+                    )
                 }
             }
         }
@@ -591,9 +640,11 @@ fn parse_etcd_url(scheme: &str, rest: &str) -> Result<EtcdTarget, String> {
     }
     let (authority, path) = after.split_at(after.find('/').unwrap_or(after.len()));
     if !path.is_empty() && path != "/" {
-        return Err(format!(
-            "etcd URLs take no path ('{path}'); use --prefix for a namespace"
-        ));
+        // The path is not shown: a password with an unencoded `/` ends up here.
+        return Err(
+            "etcd URLs take no path; use --prefix for a namespace (a '/' in a password must be written %2F)"
+                .into(),
+        );
     }
     let (user, password, hosts) = split_userinfo(authority)?;
     let endpoints = hosts
@@ -634,9 +685,10 @@ fn parse_zk_url(rest: &str) -> Result<ZkTarget, String> {
                 .skip(1)
                 .any(|c| c.is_empty() || c == "." || c == "..")
             {
-                return Err(format!(
-                    "'{chroot}' is not a ZooKeeper chroot (empty, '.' and '..' components are not allowed)"
-                ));
+                return Err(
+                    "the URL's path is not a ZooKeeper chroot (empty, '.' and '..' components are not allowed)"
+                        .into(),
+                );
             }
             Some(chroot.to_owned())
         }
@@ -758,7 +810,11 @@ fn parse_db(text: &str) -> Result<i64, String> {
     text.parse::<i64>()
         .ok()
         .filter(|n| (0..=i64::from(i32::MAX)).contains(n))
-        .ok_or_else(|| format!("'{text}' is not a database number"))
+        // Not shown: a password with an unencoded `/` ends up in the path.
+        .ok_or_else(|| {
+            "the URL's path is not a database number (a '/' in a password must be written %2F)"
+                .to_owned()
+        })
 }
 
 /// `host:port`, with brackets around an IPv6 address: the inverse of [`split_host_port`].
@@ -853,27 +909,44 @@ fn complete_postgres(target: &mut PgTarget, file: &FileConfig) -> Result<(), Err
 }
 
 /// `password=…` in a query string or a libpq `key=value` string becomes `password=***`.
+///
+/// A key counts as `password` exactly when the parsers would take it for one: in a URL's
+/// query the key is percent-decoded first (`pass%77ord=`), and in the key=value form any
+/// Unicode white space separates pairs (a newline, `\u{b}`, U+3000), as in
+/// `postgres::parse_key_value`.
 fn redact_password_parameter(text: &str) -> String {
     // In a URL's query a value ends at `&` or `#`; in libpq's key=value form only whitespace
     // ends an unquoted value, and a backslash escapes the next character.
     let url = text.contains("://");
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
-    while let Some(at) = rest.find("password") {
-        let (before, after) = rest.split_at(at);
-        out.push_str(before);
-        let starts_word = before.is_empty() || before.ends_with([' ', '?', '&', '\t']);
-        let value = after["password".len()..].trim_start();
-        match value.strip_prefix('=').filter(|_| starts_word) {
-            Some(value) => {
-                let value = if url { value } else { value.trim_start() };
-                out.push_str("password=***");
-                rest = &value[value_end(value, url)..];
-            }
-            None => {
-                out.push_str("password");
-                rest = &after["password".len()..];
-            }
+    while let Some(eq) = rest.find('=') {
+        let (before, after) = rest.split_at(eq);
+        let key_start = if url {
+            before.rfind(['?', '&', ' ', '\t']).map_or(0, |i| i + 1)
+        } else {
+            before.trim_end().rfind(char::is_whitespace).map_or(0, |i| {
+                i + before[i..].chars().next().map_or(1, char::len_utf8)
+            })
+        };
+        let key = before[key_start..].trim();
+        let is_password = if url {
+            // Only parameters of a query: `?` must come before the key.
+            (out.contains('?') || before[..key_start].contains('?'))
+                && crate::lock::decode_component(key).is_none_or(|k| k == "password")
+        } else {
+            key == "password"
+        };
+        let value = &after[1..];
+        if is_password {
+            out.push_str(if url { before } else { before.trim_end() });
+            let value = if url { value } else { value.trim_start() };
+            out.push_str("=***");
+            rest = &value[value_end(value, url)..];
+        } else {
+            out.push_str(before);
+            out.push('=');
+            rest = value;
         }
     }
     out.push_str(rest);
@@ -912,7 +985,7 @@ pub fn read_password_file(path: &Path) -> Result<Secret, Error> {
             meta.permissions().mode() & 0o777
         )));
     }
-    let text = std::fs::read_to_string(path)
+    let text = crate::files::read_small_file(path, crate::files::MAX_SECRET_BYTES)
         .map_err(|e| Error::Config(format!("cannot read password file {}: {e}", path.display())))?;
     let password = text.trim_end_matches(['\n', '\r']).to_owned();
     if password.is_empty() {
@@ -926,7 +999,7 @@ pub fn read_password_file(path: &Path) -> Result<Secret, Error> {
 
 fn check_tls_files(tls: &TlsFiles) -> Result<(), Error> {
     let read = |path: &PathBuf, what: &str| {
-        std::fs::read_to_string(path)
+        crate::files::read_small_file(path, crate::files::MAX_CONFIG_BYTES)
             .map_err(|e| Error::Config(format!("cannot read TLS {what} {}: {e}", path.display())))
     };
     if let Some(ca) = &tls.ca_file {
@@ -1213,6 +1286,34 @@ mod tests {
             redact_url("postgres://u:pa/ss@db/app"),
             "postgres://u:***@db/app"
         );
+    }
+
+    #[test]
+    fn passwords_the_parsers_would_find_are_redacted() {
+        // A percent-encoded key is still `password` to the URL parser.
+        assert_eq!(
+            redact_url("postgres://db/app?pass%77ord=s3cret&x=1"),
+            "postgres://db/app?pass%77ord=***&x=1"
+        );
+        assert_eq!(
+            redact_url("postgres://db/app?options=-c%20a=b&password=s3cret"),
+            "postgres://db/app?options=-c%20a=b&password=***"
+        );
+        // Any white space separates key=value pairs.
+        for sep in ["\n", "\u{b}", "\u{3000}", "\r\n", "\u{c}"] {
+            let text = format!("host=db{sep}password=s3cret dbname=app");
+            let shown = redact_url(&text);
+            assert!(!shown.contains("s3cret"), "{text:?} -> {shown:?}");
+            let Ok(Location::Postgres(target)) = parse_url(&text) else {
+                panic!("{text:?} does not parse");
+            };
+            assert_eq!(
+                target.password.map(|p| p.expose().to_owned()).as_deref(),
+                Some("s3cret")
+            );
+        }
+        // Keys that merely contain the word stay as they are.
+        assert_eq!(redact_url("host=db xpassword=1"), "host=db xpassword=1");
     }
 
     #[test]

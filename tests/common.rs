@@ -36,6 +36,20 @@ pub trait LockServer: Send + Sync {
     fn ttl(&self) -> Option<&'static str> {
         None
     }
+    /// Everything the backend stores, as text, where a test can read it raw (lock files,
+    /// Redis keys); `None` where only dlock's own `status` can show it.
+    fn stored_text(&self) -> Option<String> {
+        None
+    }
+    /// Fail if `needle` is stored anywhere [`LockServer::stored_text`] can see.
+    fn assert_nothing_stored_contains(&self, needle: &str) {
+        if let Some(text) = self.stored_text() {
+            assert!(
+                !text.contains(needle),
+                "'{needle}' is stored on the backend: {text}"
+            );
+        }
+    }
 }
 
 /// A server that expires the lease of a holder that goes silent (Redis, etcd).
@@ -67,6 +81,22 @@ impl LockServer for FileServer {
 
     fn scheme(&self) -> &'static str {
         "file"
+    }
+
+    fn stored_text(&self) -> Option<String> {
+        let mut text = String::new();
+        let mut dirs = vec![self.dir.path().to_owned()];
+        while let Some(dir) = dirs.pop() {
+            for entry in std::fs::read_dir(&dir).expect("read lock dir").flatten() {
+                let path = entry.path();
+                if path.is_dir() {
+                    dirs.push(path);
+                } else if let Ok(bytes) = std::fs::read(&path) {
+                    text.push_str(&String::from_utf8_lossy(&bytes));
+                }
+            }
+        }
+        Some(text)
     }
 
     /// Replace the lock file with a new one, as a careless admin would.
@@ -539,6 +569,36 @@ impl LockServer for RedisServer {
 
     fn ttl(&self) -> Option<&'static str> {
         Some("3s")
+    }
+
+    fn stored_text(&self) -> Option<String> {
+        let cli = |args: &[&str]| {
+            let out = Command::new("redis-cli")
+                .args(["-h", "127.0.0.1", "-p", &self.port.to_string(), "--no-raw"])
+                .args(args)
+                .output()
+                .expect("redis-cli (apt-get install redis-tools)");
+            String::from_utf8_lossy(&out.stdout).into_owned()
+        };
+        let mut text = String::new();
+        for key in cli(&["--scan"]).lines().take(10_000) {
+            let key = key.trim().trim_matches('"');
+            let read: &[&str] = match cli(&["TYPE", key]).trim() {
+                "string" => &["GET"],
+                "hash" => &["HGETALL"],
+                "list" => &["LRANGE"],
+                "zset" => &["ZRANGE"],
+                "set" => &["SMEMBERS"],
+                _ => continue,
+            };
+            let mut args = vec![read[0], key];
+            if matches!(read[0], "LRANGE" | "ZRANGE") {
+                args.extend(["0", "-1"]);
+            }
+            text.push_str(key);
+            text.push_str(&cli(&args));
+        }
+        Some(text)
     }
 }
 

@@ -39,6 +39,10 @@ macro_rules! contract_tests {
                 names_are_opaque_and_isolated,
                 command_sees_lock_variables_and_no_credentials,
                 nested_run_of_a_held_lock_is_reentrant,
+                a_copied_held_environment_is_not_reentrant,
+                an_orphan_of_a_past_holder_acquires_normally,
+                holder_metadata_reaches_terminals_escaped,
+                passwords_in_the_holders_command_line_are_not_stored,
                 stdin_and_stdout_pass_through_untouched,
                 status_reports_holder_and_exits_0_held_1_free,
                 list_shows_held_locks,
@@ -541,6 +545,158 @@ pub fn nested_run_of_a_held_lock_is_reentrant(server: &dyn LockServer) {
     };
     assert_eq!(token("inner:"), token("outer:"), "{text}");
     assert_eq!(token("other:").as_deref(), Some(other.as_str()), "{text}");
+}
+
+/// Reentrancy needs proof, not an environment: a process that copies a holder's DLOCK_HELD
+/// (it is no descendant of the holder) acquires normally, so it finds the lock held.
+pub fn a_copied_held_environment_is_not_reentrant(server: &dyn LockServer) {
+    let env = TestEnv::new(server);
+    let lock = name();
+    let copied = env.path("held");
+    let ready = env.path("ready");
+    let script = format!(
+        "printf %s \"$DLOCK_HELD\" > {held}; echo $$ > {ready}; exec sleep 1000",
+        held = copied.display(),
+        ready = ready.display()
+    );
+    let mut holder = env
+        .dlock(["run", &lock, "sh", "-c", &script])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn holder");
+    wait_until("holder ready", PATIENCE, || {
+        std::fs::read_to_string(&ready).is_ok_and(|s| s.ends_with('\n'))
+    });
+    let held = std::fs::read_to_string(&copied).expect("the holder's DLOCK_HELD");
+    assert!(!held.is_empty(), "the holder's command saw no DLOCK_HELD");
+    let out = output_within(
+        {
+            let mut command = env.dlock(["run", "--no-wait", &lock, "touch", "ran"]);
+            command.env("DLOCK_HELD", &held);
+            command
+        },
+        PATIENCE,
+    );
+    assert_eq!(out.status.code(), Some(75), "{}", describe(&out));
+    assert!(
+        !env.path("ran").exists(),
+        "the copied environment ran under the lock"
+    );
+    let _ = holder.kill();
+    let _ = holder.wait();
+}
+
+/// A background process left behind by a holder's command, run after that holder is gone
+/// and someone else holds the lock, acquires normally (and so finds the lock held).
+pub fn an_orphan_of_a_past_holder_acquires_normally(server: &dyn LockServer) {
+    let env = TestEnv::new(server);
+    let lock = name();
+    let go = env.path("go");
+    let result = env.path("result");
+    let dlock = DLOCK;
+    // The orphan waits (bounded) for the go file, then tries the lock without waiting.
+    let script = format!(
+        "( i=0; while [ ! -e {go} ] && [ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); done; \
+           {dlock} run --no-wait {lock} touch {ran}; echo $? > {result}.tmp; mv {result}.tmp {result} ) \
+           </dev/null >/dev/null 2>&1 &",
+        go = go.display(),
+        ran = env.path("ran").display(),
+        result = result.display(),
+    );
+    let out = env.run(["run", &lock, "sh", "-c", &script]);
+    assert!(out.status.success(), "{}", describe(&out));
+    let _next = env.hold(&lock, &[]);
+    std::fs::write(&go, "").expect("go file");
+    wait_until("the orphan's attempt", PATIENCE, || result.exists());
+    let status = std::fs::read_to_string(&result).expect("result");
+    assert_eq!(
+        status.trim(),
+        "75",
+        "the orphan ran under someone else's lock"
+    );
+    assert!(!env.path("ran").exists());
+}
+
+/// A user name or command line with terminal escape sequences is shown escaped by `status`,
+/// `list` and the conflict message.
+pub fn holder_metadata_reaches_terminals_escaped(server: &dyn LockServer) {
+    let env = TestEnv::new(server);
+    let lock = name();
+    let ready = env.path("ready");
+    let script = format!(
+        ": '\u{1b}[2J'; echo $$ > {}; exec sleep 1000",
+        ready.display()
+    );
+    let mut holder = env
+        .dlock(["run", &lock, "sh", "-c", &script])
+        .env("USER", "evil\u{1b}]0;pwned\u{7}\u{9b}31m")
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn holder");
+    wait_until("holder ready", PATIENCE, || {
+        std::fs::read_to_string(&ready).is_ok_and(|s| s.ends_with('\n'))
+    });
+    let status = env.run(["status", &lock]);
+    let list = env.run(["list"]);
+    let busy = env.run(["run", "--no-wait", &lock, "true"]);
+    let _ = holder.kill();
+    let _ = holder.wait();
+    assert_eq!(status.status.code(), Some(0), "{}", describe(&status));
+    assert!(stdout_of(&status).contains("evil"), "{}", describe(&status));
+    assert_eq!(busy.status.code(), Some(75), "{}", describe(&busy));
+    for (what, out) in [
+        ("status", &status),
+        ("list", &list),
+        ("run --no-wait", &busy),
+    ] {
+        for byte in [0x1b_u8, 0x07] {
+            assert!(
+                !out.stdout.contains(&byte) && !out.stderr.contains(&byte),
+                "{what} printed a raw control character {byte:#x}: {}",
+                describe(out)
+            );
+        }
+        let text = format!("{}{}", stdout_of(out), stderr_of(out));
+        assert!(!text.contains('\u{9b}'), "{what} printed a raw CSI: {text}");
+    }
+}
+
+/// A nested `dlock run --url …://user:password@…` in a holder's command line is recorded
+/// with the password masked: the metadata is stored on the backend and shown by `status`.
+pub fn passwords_in_the_holders_command_line_are_not_stored(server: &dyn LockServer) {
+    let env = TestEnv::new(server);
+    let lock = name();
+    let ready = env.path("ready");
+    let script = format!(
+        ": dlock run --url redis://:Hunter2Secret@h x -- y; echo $$ > {}; exec sleep 1000",
+        ready.display()
+    );
+    let mut holder = env
+        .dlock(["run", &lock, "sh", "-c", &script])
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn holder");
+    wait_until("holder ready", PATIENCE, || {
+        std::fs::read_to_string(&ready).is_ok_and(|s| s.ends_with('\n'))
+    });
+    let status = env.run(["status", "--json", &lock]);
+    let list = env.run(["list", "--json"]);
+    let _ = holder.kill();
+    let _ = holder.wait();
+    assert_eq!(status.status.code(), Some(0), "{}", describe(&status));
+    assert!(
+        stdout_of(&status).contains("redis://:***@h"),
+        "{}",
+        describe(&status)
+    );
+    for out in [&status, &list] {
+        assert!(
+            !stdout_of(out).contains("Hunter2Secret"),
+            "{}",
+            describe(out)
+        );
+    }
+    server.assert_nothing_stored_contains("Hunter2Secret");
 }
 
 pub fn stdin_and_stdout_pass_through_untouched(server: &dyn LockServer) {

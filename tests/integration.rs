@@ -11,5 +11,6 @@ mod file_backend;
 mod pg_backend;
 mod pg_server;
 mod redis_backend;
+mod safety;
 mod terminal;
 mod zk_backend;

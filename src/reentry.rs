@@ -1,0 +1,218 @@
+//! Reentrancy: when a nested `dlock run NAME` may skip acquiring (design §3).
+//!
+//! A holder adds an entry to `DLOCK_HELD` in its command's environment:
+//! `BACKEND|NAME|PID|START|TOKEN` — the backend identity and the encoded lock name, the
+//! holding dlock's pid and start time (field 22 of `/proc/PID/stat`, in clock ticks since
+//! boot), and the fencing token of the hold. An environment can be copied and a background
+//! process can outlive the hold, so an entry alone proves nothing. A nested run trusts an
+//! entry only when
+//!
+//! 1. the pid is one of its own ancestors (the parent chain in `/proc`), so the entry was not
+//!    copied by an unrelated process and the process that has it was not orphaned by the
+//!    command that held the lock (an orphan is re-parented away from the holder);
+//! 2. that ancestor is the process the entry names, not a later one with the same pid (its
+//!    start time matches);
+//! 3. the backend still shows that holder — same pid, host and token — holding the lock
+//!    ([`crate::run`] asks it), so the ancestor really holds this lock and has not lost it.
+//!
+//! Anything else acquires normally.
+
+use crate::lock::LockName;
+
+/// Bound on the walk up the parent chain (process trees are never this deep).
+const MAX_DEPTH: usize = 4096;
+
+/// One entry of `DLOCK_HELD`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Entry {
+    /// `BACKEND|NAME`: which lock.
+    pub lock: String,
+    pub pid: u32,
+    pub start: u64,
+    pub token: u64,
+}
+
+impl Entry {
+    /// The entry for this process holding `name` on the backend `identity` with `token`.
+    pub fn for_this_process(identity: &str, name: &LockName, token: u64) -> Option<Entry> {
+        let pid = std::process::id();
+        Some(Entry {
+            lock: lock_key(identity, name),
+            pid,
+            start: start_time(pid)?,
+            token,
+        })
+    }
+
+    fn parse(text: &str) -> Option<Entry> {
+        let mut fields = text.rsplitn(4, '|');
+        let token = fields.next()?.parse().ok()?;
+        let start = fields.next()?.parse().ok()?;
+        let pid = fields.next()?.parse().ok()?;
+        let lock = fields.next()?;
+        lock.contains('|').then(|| Entry {
+            lock: lock.to_owned(),
+            pid,
+            start,
+            token,
+        })
+    }
+}
+
+impl std::fmt::Display for Entry {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}|{}|{}|{}",
+            self.lock, self.pid, self.start, self.token
+        )
+    }
+}
+
+/// `BACKEND|NAME` for `name` on the backend `identity`, escaped so that entries can be
+/// separated by spaces and split at `|`.
+pub fn lock_key(identity: &str, name: &LockName) -> String {
+    format!("{}|{}", escape(identity), name.encoded())
+}
+
+fn escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if matches!(c, '%' | ' ' | '|') || c.is_control() {
+            for byte in c.to_string().bytes() {
+                out.push_str(&format!("%{byte:02X}"));
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// The entry of `held` (a `DLOCK_HELD` value) for `lock` whose holder is a live ancestor of
+/// this process (conditions 1 and 2 of the module doc). The backend check is the caller's.
+pub fn ancestor_entry(held: &str, lock: &str) -> Option<Entry> {
+    let candidates: Vec<Entry> = held
+        .split(' ')
+        .filter_map(Entry::parse)
+        .filter(|entry| entry.lock == lock)
+        .collect();
+    if candidates.is_empty() {
+        return None;
+    }
+    let mut pid = parent_of(std::process::id())?;
+    for _ in 0..MAX_DEPTH {
+        if pid <= 1 {
+            return None;
+        }
+        if let Some(entry) = candidates.iter().find(|entry| entry.pid == pid) {
+            return (start_time(pid) == Some(entry.start)).then(|| entry.clone());
+        }
+        pid = parent_of(pid)?;
+    }
+    None
+}
+
+/// `held` without entries for `lock`, with `entry` added: the value for the command.
+pub fn with_entry(held: &str, entry: &Entry) -> String {
+    let mut kept: Vec<&str> = held
+        .split(' ')
+        .filter(|text| !text.is_empty())
+        .filter(|text| Entry::parse(text).is_none_or(|e| e.lock != entry.lock))
+        // Entries in the old `BACKEND|NAME` form name no holder; they are dropped too.
+        .filter(|text| *text != entry.lock)
+        .collect();
+    let entry = entry.to_string();
+    kept.push(&entry);
+    kept.join(" ")
+}
+
+/// The fields of `/proc/PID/stat` after the command name (which may contain spaces and
+/// parentheses, so the split is at the last `)`): field 3 (state) is index 0.
+fn stat_fields(pid: u32) -> Option<Vec<String>> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, after) = stat.rsplit_once(')')?;
+    Some(after.split_whitespace().map(str::to_owned).collect())
+}
+
+fn parent_of(pid: u32) -> Option<u32> {
+    stat_fields(pid)?.get(1)?.parse().ok()
+}
+
+/// Field 22 of `/proc/PID/stat`: when the process started, in clock ticks since boot.
+fn start_time(pid: u32) -> Option<u64> {
+    stat_fields(pid)?.get(19)?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn name(text: &str) -> LockName {
+        LockName::new(text).expect("a valid name")
+    }
+
+    #[test]
+    fn entries_round_trip_through_the_environment_form() {
+        let entry = Entry {
+            lock: lock_key("redis://h:6379/0|dlock", &name("a b|c")),
+            pid: 42,
+            start: 7,
+            token: 9,
+        };
+        assert_eq!(Entry::parse(&entry.to_string()), Some(entry.clone()));
+        assert!(!entry.to_string().contains(' '));
+    }
+
+    #[test]
+    fn this_process_is_not_its_own_ancestor() {
+        let entry =
+            Entry::for_this_process("file:///x|dlock", &name("job"), 1).expect("own /proc entry");
+        assert_eq!(ancestor_entry(&entry.to_string(), &entry.lock), None);
+    }
+
+    #[test]
+    fn the_parent_with_its_start_time_is_an_ancestor_and_a_wrong_start_time_is_not() {
+        let parent = parent_of(std::process::id()).expect("a parent");
+        let lock = lock_key("file:///x|dlock", &name("job"));
+        let start = start_time(parent).expect("the parent's start time");
+        let good = Entry {
+            lock: lock.clone(),
+            pid: parent,
+            start,
+            token: 3,
+        };
+        let held = format!("junk {good}");
+        assert_eq!(ancestor_entry(&held, &lock), Some(good.clone()));
+        let reused = Entry {
+            start: start + 1,
+            ..good.clone()
+        };
+        assert_eq!(ancestor_entry(&reused.to_string(), &lock), None);
+        let other_lock = lock_key("file:///x|dlock", &name("other"));
+        assert_eq!(ancestor_entry(&held, &other_lock), None);
+    }
+
+    #[test]
+    fn with_entry_replaces_the_entry_for_the_same_lock() {
+        let lock = lock_key("file:///x|dlock", &name("job"));
+        let old = Entry {
+            lock: lock.clone(),
+            pid: 5,
+            start: 6,
+            token: 7,
+        };
+        let other = Entry {
+            lock: lock_key("file:///x|dlock", &name("other")),
+            pid: 5,
+            start: 6,
+            token: 1,
+        };
+        let new = Entry {
+            pid: 8,
+            ..old.clone()
+        };
+        let held = with_entry(&format!("{old} {other}"), &new);
+        assert_eq!(held, format!("{other} {new}"));
+    }
+}

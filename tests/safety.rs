@@ -1,0 +1,266 @@
+//! What a careless or hostile local user can do with the command line, the configuration and
+//! the output streams, whatever the backend: closed pipes, devices and FIFOs for files, silent
+//! servers, durations no backend can keep, passwords in the wrong place.
+
+use std::net::TcpListener;
+use std::os::unix::fs::PermissionsExt;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use crate::common::*;
+
+fn env() -> (FileServer, TestEnv) {
+    let server = FileServer::start();
+    let env = TestEnv::new(&server);
+    (server, env)
+}
+
+/// A TCP server on 127.0.0.1 that accepts connections and never answers; its thread keeps
+/// the accepted sockets open until the listener is dropped (bounded in count and time).
+struct SilentServer {
+    port: u16,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl SilentServer {
+    fn start() -> SilentServer {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let port = listener.local_addr().expect("local addr").port();
+        listener.set_nonblocking(true).expect("nonblocking");
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stopped = stop.clone();
+        std::thread::spawn(move || {
+            let mut held = Vec::new();
+            let deadline = Instant::now() + Duration::from_secs(120);
+            while !stopped.load(std::sync::atomic::Ordering::Relaxed) && Instant::now() < deadline {
+                match listener.accept() {
+                    Ok((socket, _)) if held.len() < 1000 => held.push(socket),
+                    Ok(_) => {}
+                    Err(_) => std::thread::sleep(Duration::from_millis(10)),
+                }
+            }
+        });
+        SilentServer { port, stop }
+    }
+}
+
+impl Drop for SilentServer {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+#[test]
+fn wait_bounds_connecting_to_a_server_that_never_answers() {
+    let (_server, env) = env();
+    let silent = SilentServer::start();
+    let port = silent.port;
+    for url in [
+        format!("redis://127.0.0.1:{port}"),
+        format!("etcd://127.0.0.1:{port}"),
+        format!("zk://127.0.0.1:{port}"),
+        format!("postgres://127.0.0.1:{port}/x?sslmode=disable"),
+    ] {
+        let started = Instant::now();
+        let out = env.run(["run", "--wait", "2s", "--url", &url, "job", "touch", "ran"]);
+        let took = started.elapsed();
+        assert!(
+            took < Duration::from_secs(8),
+            "{url}: --wait 2s took {took:?}: {}",
+            describe(&out)
+        );
+        assert!(
+            matches!(out.status.code(), Some(69 | 75)),
+            "{url}: {}",
+            describe(&out)
+        );
+        assert!(!env.path("ran").exists(), "{url}: the command ran");
+    }
+}
+
+#[test]
+fn config_and_secrets_are_read_only_from_regular_files() {
+    let (_server, env) = env();
+    let fifo = env.path("fifo");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).expect("mkfifo");
+    let fifo = fifo.display().to_string();
+    let password_config = env.path("password.toml");
+    std::fs::write(&password_config, format!("password_file = \"{fifo}\"\n")).expect("write");
+    std::fs::set_permissions(&password_config, std::fs::Permissions::from_mode(0o600))
+        .expect("chmod");
+    let password_config = password_config.display().to_string();
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (vec!["--config", "/dev/zero", "list"], "a device"),
+        (vec!["--config", &fifo, "list"], "a FIFO"),
+        (
+            vec![
+                "--config",
+                &password_config,
+                "run",
+                "--url",
+                "redis://user@127.0.0.1:1",
+                "x",
+                "true",
+            ],
+            "a FIFO",
+        ),
+    ];
+    for (args, needle) in cases {
+        let started = Instant::now();
+        let out = env.run(&args);
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{args:?} took {:?}",
+            started.elapsed()
+        );
+        assert_fails(&out, 78, needle);
+    }
+}
+
+#[test]
+fn a_large_config_file_is_refused_with_78() {
+    let (_server, env) = env();
+    let big = env.path("big.toml");
+    let mut text = String::from("# padding\n");
+    while text.len() <= 1024 * 1024 {
+        text.push_str("# ..............................................................\n");
+    }
+    std::fs::write(&big, text).expect("write");
+    let out = env.run(["--config", &big.display().to_string(), "list"]);
+    assert_fails(&out, 78, "larger than");
+}
+
+#[test]
+fn a_ttl_below_what_a_lease_can_keep_is_a_usage_error() {
+    let (_server, env) = env();
+    for url in [
+        "redis://127.0.0.1:1",
+        "etcd://127.0.0.1:1",
+        "zk://127.0.0.1:1",
+        "postgres://127.0.0.1:1/x",
+    ] {
+        for ttl in ["1ms", "1s", "1999ms"] {
+            let out = env.run(["run", "--ttl", ttl, "--url", url, "x", "touch", "ran"]);
+            assert_fails(&out, 64, "the minimum is 2s");
+        }
+    }
+    assert!(!env.path("ran").exists());
+    // The file backend has no lease: any TTL is kept.
+    let out = env.run(["run", "--ttl", "1ms", "x", "true"]);
+    assert!(out.status.success(), "{}", describe(&out));
+}
+
+#[test]
+fn an_out_of_range_ttl_in_the_config_file_is_78() {
+    let (_server, env) = env();
+    for ttl in ["99999999999d", "8days", "1ms"] {
+        let config = env.path("config.toml");
+        std::fs::write(&config, format!("ttl = \"{ttl}\"\n")).expect("write");
+        let out = env.run([
+            "--config",
+            &config.display().to_string(),
+            "run",
+            "--url",
+            "redis://127.0.0.1:1",
+            "x",
+            "true",
+        ]);
+        assert_fails(&out, 78, "ttl");
+    }
+}
+
+/// `dlock` with stdout (and maybe stderr) connected to a pipe whose reader is gone.
+fn run_with_closed_output(env: &TestEnv, args: &[&str], close_stderr: bool) -> Option<i32> {
+    let (reader, writer) = nix::unistd::pipe().expect("pipe");
+    drop(reader);
+    let writer = std::fs::File::from(writer);
+    let mut command = env.dlock(args);
+    command.stdout(writer.try_clone().expect("dup"));
+    if close_stderr {
+        command.stderr(writer);
+    } else {
+        command.stderr(Stdio::null());
+    }
+    let mut child = command.spawn().expect("spawn");
+    let status = wait_within(&mut child, PATIENCE);
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(status.signal(), None, "{args:?} died of a signal: {status}");
+    status.code()
+}
+
+#[test]
+fn closed_output_ends_quietly_with_the_status_it_would_have_had() {
+    let (_server, env) = env();
+    let _holder = env.hold("busy", &[]);
+    for close_stderr in [false, true] {
+        assert_eq!(
+            run_with_closed_output(&env, &["status", "busy"], close_stderr),
+            Some(0)
+        );
+        assert_eq!(
+            run_with_closed_output(&env, &["status", "--json", "busy"], close_stderr),
+            Some(0)
+        );
+        assert_eq!(
+            run_with_closed_output(&env, &["status", "free"], close_stderr),
+            Some(1)
+        );
+        assert_eq!(
+            run_with_closed_output(&env, &["list"], close_stderr),
+            Some(0)
+        );
+        assert_eq!(
+            run_with_closed_output(&env, &["list", "--json"], close_stderr),
+            Some(0)
+        );
+        assert_eq!(
+            run_with_closed_output(&env, &["--bogus"], close_stderr),
+            Some(64)
+        );
+        assert_eq!(
+            run_with_closed_output(&env, &["run", "--no-wait", "busy", "true"], close_stderr),
+            Some(75)
+        );
+    }
+}
+
+#[test]
+fn url_errors_never_show_what_may_be_a_password() {
+    let (_server, env) = env();
+    for url in [
+        "etcd://user:S3c/retPW@127.0.0.1:2379",
+        "redis://user:S3c/retPW@127.0.0.1",
+        "zk://user:S3c/./retPW@127.0.0.1",
+        "S3cretPW",
+        "S3cretPW@host:1",
+        "redis+unix:///tmp/sock?password=S3cretPW",
+    ] {
+        let out = env.run(["run", "--url", url, "x", "true"]);
+        assert_ne!(out.status.code(), Some(0), "{url}: {}", describe(&out));
+        for secret in ["S3c", "retPW"] {
+            assert!(
+                !stderr_of(&out).contains(secret),
+                "{url}: {}",
+                describe(&out)
+            );
+        }
+    }
+}
+
+#[test]
+fn the_commands_dlock_url_has_a_percent_encoded_password_key_redacted() {
+    let (_server, env) = env();
+    // The password reaches the command's DLOCK_URL only redacted, whichever way the key is
+    // spelled (the connection itself fails: nothing listens on port 1).
+    let url = "postgres://127.0.0.1:1/x?pass%77ord=S3cretPW&connect_timeout=1";
+    let out = output_within(
+        {
+            let mut c = env.dlock(["check"]);
+            c.env("DLOCK_URL", url);
+            c
+        },
+        PATIENCE,
+    );
+    assert!(!stderr_of(&out).contains("S3cretPW"), "{}", describe(&out));
+    assert!(!stdout_of(&out).contains("S3cretPW"), "{}", describe(&out));
+}
