@@ -37,9 +37,9 @@ complete -c dlock -n "__fish_dlock_needs_command" -f -a "check" -d 'Check that t
 complete -c dlock -n "__fish_dlock_needs_command" -f -a "generate" -d 'Generate the man pages or shell completions (for packagers)'
 complete -c dlock -n "__fish_dlock_using_subcommand run" -s u -l url -d 'Backend URL: file:///dir, redis://[user[:password]@]host[:port][/db], rediss://…, redis+unix:///path, etcd://[user@]host:port[,host:port…], etcds://…, zk://[user@]host:port[,host:port…][/chroot], postgres://[user@][host][:port][/dbname][?sslmode=…] (or libpq\'s key=value form). Default: the file backend in $XDG_RUNTIME_DIR/dlock, else /tmp/dlock-<uid>.' -r
 complete -c dlock -n "__fish_dlock_using_subcommand run" -l prefix -d 'Namespace for keys and paths [default: dlock]' -r
-complete -c dlock -n "__fish_dlock_using_subcommand run" -s w -l wait -d 'Give up after waiting this long (500ms, 30s, 5m) [default: wait forever]' -r
+complete -c dlock -n "__fish_dlock_using_subcommand run" -s w -l wait -d 'Give up after waiting this long, connecting to the backend included (500ms, 30s, 5m) [default: wait forever]' -r
 complete -c dlock -n "__fish_dlock_using_subcommand run" -s E -l conflict-exit-code -d 'Exit status when the lock was not acquired [default: 75]' -r
-complete -c dlock -n "__fish_dlock_using_subcommand run" -s t -l ttl -d 'Lease length; renewed every TTL/3 while the command runs [default: 15s]' -r
+complete -c dlock -n "__fish_dlock_using_subcommand run" -s t -l ttl -d 'Lease length; renewed every TTL/3 while the command runs; 2s to 7 days on the lease backends [default: 15s]' -r
 complete -c dlock -n "__fish_dlock_using_subcommand run" -s l -l limit -d 'Semaphore: up to N holders at once; all holders must agree on N [default: 1]' -r
 complete -c dlock -n "__fish_dlock_using_subcommand run" -l on-lost -d 'What to do when the lock is lost while the command runs [default: term]' -r -f -a "term\t'SIGTERM the command\'s process group, SIGKILL after --kill-after'
 kill\t'SIGKILL the command\'s process group at once'

@@ -141,7 +141,8 @@ pub struct RunArgs {
     #[command(flatten)]
     pub backend: BackendArgs,
 
-    /// Give up after waiting this long (500ms, 30s, 5m) [default: wait forever].
+    /// Give up after waiting this long, connecting to the backend included (500ms, 30s, 5m)
+    /// [default: wait forever].
     #[arg(
         short,
         long,
@@ -172,7 +173,8 @@ pub struct RunArgs {
     )]
     pub conflict_exit_code: Option<String>,
 
-    /// Lease length; renewed every TTL/3 while the command runs [default: 15s].
+    /// Lease length; renewed every TTL/3 while the command runs; 2s to 7 days on the lease
+    /// backends [default: 15s].
     #[arg(
         short,
         long,
