@@ -1,9 +1,9 @@
 //! dlock: run a command while holding a named lock.
 //!
 //! [`main_entry`] parses the command line, builds a current-thread tokio runtime and
-//! dispatches to one subcommand. `dlock run` is the heart: validate everything, install
-//! signal listeners, acquire (cancellable), start the command under [`supervise`], release,
-//! and exit with the command's status (design.md §4, §6).
+//! dispatches to one subcommand. `dlock run` is the heart (`run.rs`): validate everything,
+//! install signal listeners, acquire (cancellable, bounded by `--wait`), start the command
+//! under [`supervise`], release, and exit with the command's status.
 
 #[macro_use]
 mod logging;
@@ -17,6 +17,7 @@ pub mod files;
 pub mod keeper;
 pub mod lock;
 mod reentry;
+mod run;
 pub mod settings;
 pub mod signals;
 mod spawn;
@@ -26,7 +27,6 @@ mod generate;
 mod report;
 
 use std::ffi::OsString;
-use std::time::Duration;
 
 use anyhow::Context;
 
@@ -35,12 +35,11 @@ use crate::backend::file::FileBackend;
 use crate::backend::postgres::PgBackend;
 use crate::backend::redis::RedisBackend;
 use crate::backend::zk::ZkBackend;
-use crate::cli::{Cli, Command, OnLost};
+use crate::cli::{Cli, Command};
 use crate::error::Error;
 use crate::exit::Code;
-use crate::lock::{AcquireRequest, Backend, Holder, Lease, LockName, Lost, Wait};
-use crate::settings::{Location, RunSettings};
-use crate::signals::Signals;
+use crate::lock::Backend;
+use crate::settings::Location;
 
 /// Run dlock with these arguments (including argv\[0\]) and return its exit status.
 pub fn main_entry(args: Vec<OsString>) -> u8 {
@@ -117,7 +116,8 @@ async fn run(cli: Cli) -> anyhow::Result<u8> {
     match cli.command {
         Command::Run(args) => {
             let settings = settings::run(args, &config)?;
-            with_backend!(settings.common, backend => run_command(backend, settings).await)
+            let held = std::env::var("DLOCK_HELD").unwrap_or_default();
+            with_backend!(settings.common, backend => run::run(backend, settings, &held).await)
         }
         Command::Status(args) => {
             let name = settings::lock_name(&args.name)?;
@@ -170,272 +170,5 @@ async fn run(cli: Cli) -> anyhow::Result<u8> {
             Ok(0)
         }
         Command::Generate(_) => Ok(0),
-    }
-}
-
-/// How long past `--wait` a backend may take to report that the wait is over.
-const WAIT_BACKSTOP_SLACK: Duration = Duration::from_millis(500);
-/// How long a backend that missed the `--wait` deadline gets to clean up after a cancel.
-const WAIT_BACKSTOP_CLEANUP: Duration = Duration::from_secs(2);
-
-async fn sleep_until_some(deadline: Option<tokio::time::Instant>) {
-    match deadline {
-        Some(deadline) => tokio::time::sleep_until(deadline).await,
-        None => std::future::pending().await,
-    }
-}
-
-fn no_answer_within(settings: &RunSettings) -> Error {
-    let wait = match settings.wait {
-        Wait::For(wait) => humantime::format_duration(wait).to_string(),
-        Wait::No | Wait::Forever => "the wait".to_owned(),
-    };
-    Error::Unavailable(format!(
-        "no answer from {} within --wait {wait}; the command did not run",
-        settings.common.display_url
-    ))
-}
-
-/// `dlock run`: acquire, supervise, release (design §4).
-async fn run_command<B: Backend>(backend: B, settings: RunSettings) -> anyhow::Result<u8> {
-    let mut signals = Signals::install().context("cannot install signal handlers")?;
-    // Installed before acquiring, so that the hand-off does not wait for it.
-    let sigchld = supervise::child_listener().context("cannot watch for the command's exit")?;
-    let identity = settings.common.identity();
-    let lock_key = reentry::lock_key(&identity, &settings.name);
-    let inherited_held = std::env::var("DLOCK_HELD").unwrap_or_default();
-    if let Some(entry) = reentry::ancestor_entry(&inherited_held, &lock_key) {
-        if ancestor_holds(&backend, &settings.name, &entry).await {
-            tracing::info!(
-                "'{}' is held by dlock pid {}, an ancestor; running the command at once",
-                settings.name,
-                entry.pid
-            );
-            return supervise_command(&settings, &mut signals, sigchld, &mut Reentrant, Vec::new())
-                .await;
-        }
-        tracing::info!(
-            "DLOCK_HELD names pid {} as the holder of '{}', but the backend does not show it holding; acquiring",
-            entry.pid,
-            settings.name
-        );
-    }
-
-    let request = AcquireRequest {
-        name: settings.name.clone(),
-        limit: settings.limit,
-        ttl: settings.common.ttl,
-        wait: settings.wait,
-        kill_after: settings.kill_after,
-        holder: Holder::for_this_process(
-            &settings.name,
-            &settings.command.display,
-            settings.common.ttl,
-        ),
-    };
-    let mut env = child_environment(&settings);
-    let started = clock::BootInstant::now();
-    let (canceller, cancel) = lock::cancellation();
-    let acquire = backend.acquire(&request, cancel);
-    tokio::pin!(acquire);
-    // `--wait` bounds everything before the command starts, connecting included. Backends
-    // honour the deadline themselves; this backstop catches a server that accepted the
-    // connection and then never answered.
-    let backstop = match settings.wait {
-        Wait::For(wait) => Some(tokio::time::Instant::now() + wait + WAIT_BACKSTOP_SLACK),
-        Wait::No | Wait::Forever => None,
-    };
-    let acquired = tokio::select! {
-        result = &mut acquire => result,
-        () = sleep_until_some(backstop) => {
-            canceller.cancel();
-            match tokio::time::timeout(WAIT_BACKSTOP_CLEANUP, &mut acquire).await {
-                Ok(Ok(lease)) => {
-                    release(lease, &settings).await;
-                    Err(no_answer_within(&settings))
-                }
-                Ok(Err(Error::Cancelled)) | Err(_) => Err(no_answer_within(&settings)),
-                Ok(Err(err)) => Err(err),
-            }
-        }
-        signal = signals.recv() => {
-            canceller.cancel();
-            // Let the backend remove its waiter; if it won the race, give the lock back.
-            if let Ok(Ok(lease)) = tokio::time::timeout(Duration::from_secs(10), &mut acquire).await {
-                release(lease, &settings).await;
-            }
-            say!(
-                "got {} while waiting for lock '{}'; the command did not run",
-                signals::name(signal),
-                settings.name
-            );
-            return Ok(exit::signal_status(signal));
-        }
-    };
-    let mut lease = match acquired {
-        Ok(lease) => lease,
-        Err(Error::Busy(message)) => {
-            // `-q` silences this one: `dlock run -q -n job -- …` in cron mails nothing when an
-            // earlier run still holds the lock.
-            if !logging::quiet() {
-                say!("{message}");
-            }
-            return Ok(settings.conflict_exit_code);
-        }
-        Err(err) => {
-            return Err(anyhow::Error::new(err))
-                .with_context(|| format!("cannot acquire '{}'", settings.name))
-        }
-    };
-    tracing::info!(
-        "acquired '{}' (token {}) in {:?}",
-        settings.name,
-        lease.token(),
-        clock::BootInstant::now().saturating_since(started)
-    );
-    // A signal that arrived while acquiring counts as "while waiting": nothing runs.
-    if let Some(signal) = signals.try_recv() {
-        release(lease, &settings).await;
-        say!(
-            "got {} while acquiring lock '{}'; the command did not run",
-            signals::name(signal),
-            settings.name
-        );
-        return Ok(exit::signal_status(signal));
-    }
-    env.push((
-        "DLOCK_FENCING_TOKEN".into(),
-        Some(lease.token().to_string().into()),
-    ));
-    // Without our own /proc entry no nested run could prove it is ours: it acquires normally.
-    if let Some(entry) = reentry::Entry::for_this_process(&identity, &settings.name, lease.token())
-    {
-        let held = reentry::with_entry(&inherited_held, &entry);
-        env.push(("DLOCK_HELD".into(), Some(held.into())));
-    }
-    let outcome = supervise_command(&settings, &mut signals, sigchld, &mut lease, env).await;
-    release(lease, &settings).await;
-    outcome
-}
-
-/// Start the command and wait for it; map how it ended to dlock's exit status.
-async fn supervise_command<L: Lease>(
-    settings: &RunSettings,
-    signals: &mut Signals,
-    sigchld: tokio::signal::unix::Signal,
-    lease: &mut L,
-    env: Vec<(OsString, Option<OsString>)>,
-) -> anyhow::Result<u8> {
-    let terminal = supervise::Terminal::foreground();
-    let child = match supervise::spawn(&settings.command, &env, terminal.as_ref()) {
-        Ok(child) => child,
-        Err(err) => {
-            let shown = settings.command.arg0.to_string_lossy();
-            let error = match err.raw_os_error() {
-                Some(libc::ENOENT) => Error::NotFound(format!("command not found: {shown}")),
-                Some(
-                    libc::EACCES
-                    | libc::ENOEXEC
-                    | libc::EISDIR
-                    | libc::ENOTDIR
-                    | libc::ETXTBSY
-                    | libc::EPERM,
-                ) => Error::NotExecutable(format!("cannot execute {shown}: {err}")),
-                _ => Error::Internal(format!("cannot start {shown}: {err}")),
-            };
-            return Err(error.into());
-        }
-    };
-    let policy = supervise::Policy {
-        on_lost: settings.on_lost,
-        kill_after: settings.kill_after,
-    };
-    let ending = supervise::supervise(child, lease, signals, policy, terminal.as_ref(), sigchld)
-        .await
-        .context("lost track of the command")?;
-    match ending.lost {
-        Some(lost) if settings.on_lost != OnLost::Ignore => {
-            say!(
-                "lock '{}' was lost while the command ran ({}); the command was stopped",
-                settings.name,
-                lost.reason
-            );
-            Ok(Code::Lost.value())
-        }
-        _ => Ok(exit::from_child(ending.status)),
-    }
-}
-
-async fn release<L: Lease>(lease: L, settings: &RunSettings) {
-    let budget = settings.common.ttl.min(Duration::from_secs(10));
-    match tokio::time::timeout(budget, lease.release()).await {
-        Ok(Ok(())) => {}
-        Ok(Err(err)) => tracing::warn!("could not release '{}': {err}", settings.name),
-        Err(_) => tracing::warn!(
-            "releasing '{}' timed out; the lease expires by itself within {}",
-            settings.name,
-            humantime::format_duration(settings.common.ttl)
-        ),
-    }
-}
-
-/// The environment changes for the command (design §3): the lock's variables in, consumed
-/// credentials out.
-fn child_environment(settings: &RunSettings) -> Vec<(OsString, Option<OsString>)> {
-    let mut env: Vec<(OsString, Option<OsString>)> = vec![
-        ("DLOCK_NAME".into(), Some(settings.name.as_str().into())),
-        (
-            "DLOCK_BACKEND".into(),
-            Some(settings.common.scheme().into()),
-        ),
-    ];
-    for (key, _) in std::env::vars_os() {
-        let upper = key.to_string_lossy().to_ascii_uppercase();
-        if upper.starts_with("DLOCK_") && upper.contains("PASSWORD") {
-            env.push((key, None));
-        }
-    }
-    if let Some(url) = std::env::var_os("DLOCK_URL") {
-        let redacted = settings::redact_url(&url.to_string_lossy());
-        if redacted != url.to_string_lossy() {
-            env.push(("DLOCK_URL".into(), Some(redacted.into())));
-        }
-    }
-    env
-}
-
-/// Whether the backend shows `entry`'s process (an ancestor of ours) holding `name` with the
-/// entry's token, on this host (see [`reentry`]). Any doubt means no.
-async fn ancestor_holds<B: Backend>(backend: &B, name: &LockName, entry: &reentry::Entry) -> bool {
-    let host = nix::unistd::gethostname()
-        .ok()
-        .and_then(|h| h.into_string().ok())
-        .unwrap_or_default();
-    match tokio::time::timeout(Duration::from_secs(10), backend.status(name)).await {
-        Ok(Ok(status)) => status.holders.iter().any(|h| {
-            h.holder.pid == entry.pid && h.holder.token == entry.token && h.holder.host == host
-        }),
-        Ok(Err(err)) => {
-            tracing::info!("cannot confirm the ancestor's hold of '{name}': {err}");
-            false
-        }
-        Err(_) => false,
-    }
-}
-
-/// The lease of a reentrant run: the ancestor holds the lock, so there is nothing to lose here.
-struct Reentrant;
-
-impl Lease for Reentrant {
-    fn token(&self) -> u64 {
-        0
-    }
-
-    async fn lost(&mut self) -> Lost {
-        std::future::pending().await
-    }
-
-    async fn release(self) -> Result<(), Error> {
-        Ok(())
     }
 }
