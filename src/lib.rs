@@ -8,6 +8,7 @@
 #[macro_use]
 mod logging;
 
+#[macro_use]
 pub mod backend;
 pub mod cli;
 pub mod clock;
@@ -30,16 +31,10 @@ use std::ffi::OsString;
 
 use anyhow::Context;
 
-use crate::backend::etcd::EtcdBackend;
-use crate::backend::file::FileBackend;
-use crate::backend::postgres::PgBackend;
-use crate::backend::redis::RedisBackend;
-use crate::backend::zk::ZkBackend;
 use crate::cli::{Cli, Command};
 use crate::error::Error;
 use crate::exit::Code;
 use crate::lock::Backend;
-use crate::settings::Location;
 
 /// Run dlock with these arguments (including argv\[0\]) and return its exit status.
 pub fn main_entry(args: Vec<OsString>) -> u8 {
@@ -75,35 +70,6 @@ fn main_inner(args: Vec<OsString>) -> u8 {
             error::code_of(&err).value()
         }
     }
-}
-
-/// Expand `$body` once per backend, with `$backend` bound to the backend `$common` selects.
-macro_rules! with_backend {
-    ($common:expr, $backend:ident => $body:expr) => {
-        match &$common.location {
-            Location::File { dir, default } => {
-                let $backend = FileBackend::new(dir, *default, &$common.prefix);
-                $body
-            }
-            Location::Redis(target) => {
-                let $backend = RedisBackend::new(target, &$common.prefix, &$common.display_url);
-                $body
-            }
-            Location::Etcd(target) => {
-                let $backend = EtcdBackend::new(target, &$common.prefix, &$common.display_url);
-                $body
-            }
-            Location::Postgres(target) => {
-                let $backend = PgBackend::new(target, &$common.prefix, &$common.display_url);
-                $body
-            }
-            Location::Zk(target) => {
-                let $backend =
-                    ZkBackend::new(target, &$common.prefix, &$common.display_url, $common.ttl);
-                $body
-            }
-        }
-    };
 }
 
 async fn run(cli: Cli) -> anyhow::Result<u8> {

@@ -44,7 +44,11 @@ use crate::lock::{
     AcquireRequest, Backend, Cancel, CheckReport, Holder, HolderStatus, Lease, LockName,
     LockStatus, Lost, Wait,
 };
-use crate::settings::{join_host_port, EtcdTarget};
+pub mod target;
+
+pub use target::EtcdTarget;
+
+use crate::backend::url::join_host_port;
 
 /// Bound for reaching the cluster and for one operation outside the keeper.
 const OP_TIMEOUT: Duration = Duration::from_secs(5);

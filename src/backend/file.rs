@@ -39,6 +39,10 @@ use sha2::{Digest, Sha256};
 use tokio::io::unix::AsyncFd;
 use tokio::sync::mpsc;
 
+pub mod target;
+
+pub use target::FileTarget;
+
 use crate::clock::{sleep_until, BootInstant, Readable};
 use crate::error::Error;
 use crate::lock::{

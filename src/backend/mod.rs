@@ -1,8 +1,211 @@
-//! The backends, one module each. They implement [`crate::lock::Backend`]; `lib.rs` picks one
-//! by the URL's scheme and runs the subcommand generically over it.
+//! The backends, and the one registry that knows them all.
+//!
+//! Each backend lives in `backend/<name>/` and implements [`crate::lock::Backend`]. Nothing
+//! outside this folder names a backend's types: settings hand a URL to [`Target::parse`] and
+//! get a [`Target`] back, and [`with_backend!`] runs a subcommand generically over the
+//! backend a target selects.
+//!
+//! # Adding a backend
+//!
+//! 1. `backend/<name>/target.rs`: the target type (what the URL and the config table say:
+//!    hosts, credentials, TLS files), `parse` for its URL, `complete` to fill in passwords and
+//!    TLS files from the config file ([`crate::settings::credentials`]), `identity` (the same
+//!    server whatever the spelling, for reentrancy) and its tests.
+//! 2. `backend/<name>/mod.rs`: the backend type and its [`crate::lock::Backend`] impl; the
+//!    lease renews through [`crate::keeper`] where the backend has a lease.
+//! 3. Here: a [`Target`] variant, its schemes in [`Target::parse`], its arms in the `match`es
+//!    of [`Target`]'s methods (scheme, identity, minimum TTL, prefix rules, completion), its
+//!    config table in [`CONFIG_TABLES`], and its arm in [`with_backend!`].
+//! 4. Tests: `contract_tests!(<name>, <Server>::start())` runs the whole contract against a
+//!    real server that the test harness starts; what is particular to the backend goes in its
+//!    own test file. `.ci/run` installs the server's Debian package.
+//! 5. README (its section, the backends table, the `--url` help), and `dlock generate`.
 
 pub mod etcd;
 pub mod file;
 pub mod postgres;
 pub mod redis;
+pub mod url;
 pub mod zk;
+
+use std::time::Duration;
+
+use crate::error::Error;
+use crate::settings::{FileConfig, MIN_LEASE_TTL};
+
+pub use etcd::EtcdTarget;
+pub use file::FileTarget;
+pub use postgres::PgTarget;
+pub use redis::RedisTarget;
+pub use zk::ZkTarget;
+
+/// The config file's per-backend tables (secrets and TLS material).
+pub const CONFIG_TABLES: &[&str] = &["redis", "etcd", "zookeeper", "postgres"];
+
+/// Where the locks live: a backend and everything needed to reach it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Target {
+    /// `file:///dir`, or the default directory.
+    File(FileTarget),
+    /// `redis://`, `rediss://`, `redis+unix://`.
+    Redis(RedisTarget),
+    /// `etcd://h:p[,h:p…]`, `etcds://…`.
+    Etcd(EtcdTarget),
+    /// `postgres://…`, `postgresql://…`, or libpq's `key=value …` form.
+    Postgres(PgTarget),
+    /// `zk://h:p[,h:p…][/chroot]`.
+    Zk(ZkTarget),
+}
+
+impl Target {
+    /// The file backend in its default directory (no URL given).
+    pub fn default_file() -> Target {
+        Target::File(FileTarget::default_dir())
+    }
+
+    /// Parse a `--url`. Messages never quote text that may be part of a password.
+    pub fn parse(url: &str) -> Result<Target, String> {
+        if postgres::target::is_key_value(url) {
+            return postgres::target::parse_key_value(url).map(Target::Postgres);
+        }
+        let Some((scheme, rest)) = url.split_once(':') else {
+            // Never echo text that is not a URL: it may be a password pasted in the wrong place.
+            return Err("this is not a URL; expected e.g. file:///var/lock/dlock".into());
+        };
+        match scheme.to_ascii_lowercase().as_str() {
+            "file" => file::target::parse(rest).map(Target::File),
+            "redis" | "rediss" | "redis+unix" => {
+                redis::target::parse(&scheme.to_ascii_lowercase(), rest).map(Target::Redis)
+            }
+            "etcd" | "etcds" => {
+                etcd::target::parse(&scheme.to_ascii_lowercase(), rest).map(Target::Etcd)
+            }
+            "postgres" | "postgresql" => postgres::target::parse_url(url).map(Target::Postgres),
+            "zk" => zk::target::parse(rest).map(Target::Zk),
+            _ => {
+                // A scheme is letters, digits, `+`, `-` and `.`; anything else before the first `:`
+                // is part of something else (perhaps `user:password@host` without a scheme).
+                let shown = if !scheme.is_empty()
+                    && scheme
+                        .bytes()
+                        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'-' | b'.'))
+                {
+                    format!(" '{scheme}'")
+                } else {
+                    String::new()
+                };
+                Err(format!(
+                    "unknown URL scheme{shown}; expected file, redis, rediss, etcd, etcds, zk, postgres or postgresql"
+                ))
+            }
+        }
+    }
+
+    /// Fill in what the URL did not say from the config file and the environment: passwords,
+    /// TLS files (checked here, before any backend is contacted).
+    pub fn complete(&mut self, file: &FileConfig) -> Result<(), Error> {
+        match self {
+            Target::File(_) => Ok(()),
+            Target::Redis(target) => redis::target::complete(target, file),
+            Target::Etcd(target) => etcd::target::complete(target, file),
+            Target::Postgres(target) => postgres::target::complete(target, file),
+            Target::Zk(target) => zk::target::complete(target, file),
+        }
+    }
+
+    /// The scheme name shown in DLOCK_BACKEND.
+    pub fn scheme(&self) -> &'static str {
+        match self {
+            Target::File(_) => "file",
+            Target::Redis(target) => target.scheme(),
+            Target::Etcd(target) => target.scheme(),
+            Target::Postgres(_) => "postgres",
+            Target::Zk(_) => "zk",
+        }
+    }
+
+    /// The same server (and database or chroot) however the URL spelled it.
+    pub fn identity(&self) -> String {
+        match self {
+            Target::File(target) => target.identity(),
+            Target::Redis(target) => target.identity(),
+            Target::Etcd(target) => target.identity(),
+            Target::Postgres(target) => target.identity(),
+            Target::Zk(target) => target.identity(),
+        }
+    }
+
+    /// The shortest `--ttl` the backend can keep, where it has one.
+    ///
+    /// A lease is renewed every TTL/3 and the command is stopped a safety margin of at least
+    /// 500 ms before the lease can expire (see `keeper`): below 2 s that leaves no time for
+    /// one renewal and a retry, and etcd itself grants no lease under 2 s. PostgreSQL's holder
+    /// heartbeat follows the same schedule. The file backend has no lease, so any TTL does.
+    pub fn minimum_ttl(&self) -> Option<Duration> {
+        match self {
+            Target::File(_) => None,
+            Target::Redis(_) | Target::Etcd(_) | Target::Zk(_) | Target::Postgres(_) => {
+                Some(MIN_LEASE_TTL)
+            }
+        }
+    }
+
+    /// Whether `prefix` can name this backend's namespace.
+    pub fn check_prefix(&self, prefix: &str) -> Result<(), String> {
+        match self {
+            Target::Redis(target) => target.check_prefix(prefix),
+            Target::File(_) | Target::Etcd(_) | Target::Postgres(_) | Target::Zk(_) => Ok(()),
+        }
+    }
+}
+
+/// Expand `$body` once per backend, with `$backend` bound to the backend `$common`
+/// (a [`crate::settings::Common`]) selects.
+#[macro_export]
+macro_rules! with_backend {
+    ($common:expr, $backend:ident => $body:expr) => {
+        match &$common.target {
+            $crate::backend::Target::File(target) => {
+                let $backend = $crate::backend::file::FileBackend::new(
+                    &target.dir,
+                    target.default,
+                    &$common.prefix,
+                );
+                $body
+            }
+            $crate::backend::Target::Redis(target) => {
+                let $backend = $crate::backend::redis::RedisBackend::new(
+                    target,
+                    &$common.prefix,
+                    &$common.display_url,
+                );
+                $body
+            }
+            $crate::backend::Target::Etcd(target) => {
+                let $backend = $crate::backend::etcd::EtcdBackend::new(
+                    target,
+                    &$common.prefix,
+                    &$common.display_url,
+                );
+                $body
+            }
+            $crate::backend::Target::Postgres(target) => {
+                let $backend = $crate::backend::postgres::PgBackend::new(
+                    target,
+                    &$common.prefix,
+                    &$common.display_url,
+                );
+                $body
+            }
+            $crate::backend::Target::Zk(target) => {
+                let $backend = $crate::backend::zk::ZkBackend::new(
+                    target,
+                    &$common.prefix,
+                    &$common.display_url,
+                    $common.ttl,
+                );
+                $body
+            }
+        }
+    };
+}

@@ -43,7 +43,11 @@ use crate::lock::{
     AcquireRequest, Backend, Cancel, CheckReport, Holder, HolderStatus, Lease, LockName,
     LockStatus, Lost, Wait,
 };
-use crate::settings::{join_host_port, ZkTarget};
+pub mod target;
+
+pub use target::ZkTarget;
+
+use crate::backend::url::join_host_port;
 
 /// Bound for reaching the ensemble and for one operation outside the keeper.
 const OP_TIMEOUT: Duration = Duration::from_secs(5);

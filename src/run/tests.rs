@@ -7,8 +7,9 @@ use std::rc::Rc;
 use std::sync::Mutex;
 
 use super::*;
+use crate::backend::{FileTarget, Target};
 use crate::lock::{Cancel, CheckReport, HolderStatus, LockStatus};
-use crate::settings::{CommandSpec, Common, Location};
+use crate::settings::{CommandSpec, Common};
 
 /// Signals go to the whole test process: runs that listen for them take turns.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
@@ -122,10 +123,10 @@ fn settings(dir: &std::path::Path, script: &str, wait: Wait) -> RunSettings {
     let words = ["sh", "-c", script];
     RunSettings {
         common: Common {
-            location: Location::File {
+            target: Target::File(FileTarget {
                 dir: dir.to_owned(),
                 default: false,
-            },
+            }),
             prefix: "dlock".into(),
             ttl: Duration::from_secs(15),
             display_url: format!("file://{}", dir.display()),

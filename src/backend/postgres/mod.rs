@@ -22,7 +22,7 @@
 //! every TTL/3 (the lock must still show up for our backend), and the end of the connection
 //! is noticed at once; either ends the hold (design §4).
 
-mod target;
+pub mod target;
 mod tls;
 
 use std::future::Future;
@@ -36,10 +36,7 @@ use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{AsyncMessage, CancelToken, Client, Config};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
-pub use target::{
-    default_root_cert, is_key_value, parse_key_value, parse_url, pgpass_password, PgHost, PgTarget,
-    SslMode,
-};
+pub use target::{PgHost, PgTarget, SslMode};
 
 use crate::clock::{sleep_until, BootInstant};
 use crate::error::Error;

@@ -5,9 +5,10 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::backend::url::join_host_port;
 use crate::error::Error;
 use crate::lock::decode_component;
-use crate::settings::{join_host_port, Secret, TlsFiles};
+use crate::settings::{check_tls_files, credentials, FileConfig, Secret, TlsFiles};
 
 /// libpq's default port.
 pub const DEFAULT_PORT: u16 = 5432;
@@ -456,6 +457,37 @@ fn split_pgpass_line(line: &str) -> Option<[String; 5]> {
     fields.try_into().ok()
 }
 
+/// Password and TLS files for PostgreSQL: the URL's password, DLOCK_PASSWORD, the
+/// `[postgres]` table's or the top-level `password_file`, then `.pgpass` (see
+/// [`credentials`]). No password is required: trust, peer and certificate authentication
+/// need none, and the server asks when it wants one.
+pub fn complete(target: &mut PgTarget, file: &FileConfig) -> Result<(), Error> {
+    let (password, tls) = credentials(
+        "PostgreSQL",
+        file.table("postgres"),
+        file,
+        false,
+        target.password.take(),
+        true,
+    )?;
+    target.password = match password {
+        Some(password) => Some(password),
+        None => pgpass_password(target)?,
+    };
+    // Files named in the URL win over the config table's.
+    let files = &mut target.tls_files;
+    files.ca_file = files.ca_file.take().or(tls.ca_file);
+    files.cert_file = files.cert_file.take().or(tls.cert_file);
+    files.key_file = files.key_file.take().or(tls.key_file);
+    if files.ca_file.is_none() && target.sslmode.requires_tls() {
+        files.ca_file = default_root_cert();
+    }
+    if target.sslmode != SslMode::Disable {
+        check_tls_files(&target.tls_files)?;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -547,5 +579,21 @@ mod tests {
         assert_eq!(fields[1], "*");
         assert_eq!(fields[4], r"pa:ss\");
         assert!(split_pgpass_line("too:few:fields").is_none());
+    }
+
+    #[test]
+    fn postgres_urls_in_both_forms() {
+        use crate::backend::Target;
+        let Ok(Target::Postgres(t)) = Target::parse("postgresql://u@db:6432/app?sslmode=disable")
+        else {
+            panic!("not a postgres URL");
+        };
+        assert_eq!(t.dbname.as_deref(), Some("app"));
+        assert_eq!(t.sslmode, SslMode::Disable);
+        let Ok(Target::Postgres(t)) = Target::parse("host=/run/pg dbname=app") else {
+            panic!("not a key=value string");
+        };
+        assert_eq!(t.dbname.as_deref(), Some("app"));
+        assert!(Target::parse("host=db bogus=1").is_err());
     }
 }

@@ -38,7 +38,9 @@ use crate::lock::{
     AcquireRequest, Backend, Cancel, CheckReport, Holder, HolderStatus, Lease, LockName,
     LockStatus, Lost, Wait,
 };
-use crate::settings::{RedisAddr, RedisTarget};
+pub mod target;
+
+pub use target::{RedisAddr, RedisTarget};
 
 static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("acquire.lua")));
 static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("release.lua")));

@@ -1,0 +1,208 @@
+//! Where a Redis server is: `redis://`, `rediss://` and `redis+unix://` URLs, and the
+//! password and TLS files of the config file's `[redis]` table.
+
+use std::path::PathBuf;
+
+use crate::backend::url::{split_host_port, split_userinfo};
+use crate::error::Error;
+use crate::settings::{check_tls_files, credentials, FileConfig, Secret, TlsFiles};
+
+/// How to reach a Redis server.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum RedisAddr {
+    Tcp { host: String, port: u16 },
+    Tls { host: String, port: u16 },
+    Unix { path: PathBuf },
+}
+
+/// A Redis server, database and credentials.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RedisTarget {
+    pub addr: RedisAddr,
+    pub db: i64,
+    pub user: Option<String>,
+    pub password: Option<Secret>,
+    pub tls: TlsFiles,
+}
+
+impl RedisTarget {
+    /// The scheme name shown in DLOCK_BACKEND.
+    pub fn scheme(&self) -> &'static str {
+        match self.addr {
+            RedisAddr::Tcp { .. } => "redis",
+            RedisAddr::Tls { .. } => "rediss",
+            RedisAddr::Unix { .. } => "redis+unix",
+        }
+    }
+
+    /// The server and database, for reentrancy (DLOCK_HELD).
+    pub fn identity(&self) -> String {
+        match &self.addr {
+            RedisAddr::Tcp { host, port } | RedisAddr::Tls { host, port } => {
+                format!("redis://{host}:{port}/{}", self.db)
+            }
+            RedisAddr::Unix { path } => format!("redis+unix://{}/{}", path.display(), self.db),
+        }
+    }
+
+    /// `{` and `}` would make the prefix a hash tag of its own.
+    pub fn check_prefix(&self, prefix: &str) -> Result<(), String> {
+        if prefix.contains(['{', '}']) {
+            return Err(format!(
+                "'{prefix}' must not contain {{ or }} (they delimit the Redis hash tag)"
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// `redis://[user[:password]@]host[:port][/db]`, `rediss://…`, `redis+unix:///path[?db=N]`.
+pub fn parse(scheme: &str, rest: &str) -> Result<RedisTarget, String> {
+    let after = rest
+        .strip_prefix("//")
+        .ok_or_else(|| format!("expected {scheme}://host[:port][/db]"))?;
+    let decode = |s: &str, what: &str| {
+        crate::lock::decode_component(s)
+            .ok_or_else(|| format!("bad percent-encoding in the URL's {what}"))
+    };
+    if scheme == "redis+unix" {
+        let (path, query) = after.split_once('?').unwrap_or((after, ""));
+        if !path.starts_with('/') {
+            return Err("expected redis+unix:///path/to/socket[?db=N]".into());
+        }
+        let mut db = 0;
+        for pair in query.split('&').filter(|p| !p.is_empty()) {
+            match pair.split_once('=') {
+                Some(("db", n)) => db = parse_db(n)?,
+                _ => {
+                    return Err(
+                        "unknown URL parameter (only db=N is accepted after the socket path)"
+                            .into(),
+                    )
+                }
+            }
+        }
+        return Ok(RedisTarget {
+            addr: RedisAddr::Unix {
+                path: PathBuf::from(decode(path, "path")?),
+            },
+            db,
+            user: None,
+            password: None,
+            tls: TlsFiles::default(),
+        });
+    }
+    if after.contains(['?', '#']) {
+        return Err("Redis URLs take no query or fragment here; put TLS files and passwords in the config file".into());
+    }
+    let (authority, path) = after.split_at(after.find('/').unwrap_or(after.len()));
+    let (user, password, hostport) = split_userinfo(authority)?;
+    let (host, port) = split_host_port(hostport, 6379)?;
+    let db = match path.trim_start_matches('/') {
+        "" => 0,
+        n => parse_db(n)?,
+    };
+    let addr = if scheme == "rediss" {
+        RedisAddr::Tls { host, port }
+    } else {
+        RedisAddr::Tcp { host, port }
+    };
+    Ok(RedisTarget {
+        addr,
+        db,
+        user,
+        password,
+        tls: TlsFiles::default(),
+    })
+}
+
+fn parse_db(text: &str) -> Result<i64, String> {
+    text.parse::<i64>()
+        .ok()
+        .filter(|n| (0..=i64::from(i32::MAX)).contains(n))
+        // Not shown: a password with an unencoded `/` ends up in the path.
+        .ok_or_else(|| {
+            "the URL's path is not a database number (a '/' in a password must be written %2F)"
+                .to_owned()
+        })
+}
+
+/// Password and TLS files for Redis, from the `[redis]` table (see [`credentials`]).
+pub fn complete(target: &mut RedisTarget, file: &FileConfig) -> Result<(), Error> {
+    let (password, tls) = credentials(
+        "Redis",
+        file.table("redis"),
+        file,
+        target.user.is_some(),
+        target.password.take(),
+        true,
+    )?;
+    target.password = password;
+    target.tls = tls;
+    if matches!(target.addr, RedisAddr::Tls { .. }) {
+        check_tls_files(&target.tls)?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::Target;
+
+    #[test]
+    fn redis_urls() {
+        let Ok(Target::Redis(t)) = Target::parse("redis://u:p%40ss@127.0.0.1:6380/2") else {
+            panic!()
+        };
+        assert_eq!(
+            t.addr,
+            RedisAddr::Tcp {
+                host: "127.0.0.1".into(),
+                port: 6380
+            }
+        );
+        assert_eq!(
+            (
+                t.db,
+                t.user.as_deref(),
+                t.password.as_ref().map(Secret::expose)
+            ),
+            (2, Some("u"), Some("p@ss"))
+        );
+        let Ok(Target::Redis(t)) = Target::parse("rediss://[::1]") else {
+            panic!()
+        };
+        assert_eq!(
+            t.addr,
+            RedisAddr::Tls {
+                host: "::1".into(),
+                port: 6379
+            }
+        );
+        let Ok(Target::Redis(t)) = Target::parse("redis+unix:///run/redis.sock?db=3") else {
+            panic!()
+        };
+        assert_eq!(
+            (t.addr.clone(), t.db),
+            (
+                RedisAddr::Unix {
+                    path: "/run/redis.sock".into()
+                },
+                3
+            )
+        );
+        for bad in [
+            "redis://",
+            "redis://h:0",
+            "redis://h:70000",
+            "redis://h/x",
+            "redis://::1",
+            "redis://h?x=1",
+            "redis+unix://rel",
+        ] {
+            assert!(Target::parse(bad).is_err(), "{bad} was accepted");
+        }
+        assert!(!format!("{t:?}").contains("p@ss"));
+    }
+}

@@ -1,0 +1,132 @@
+//! The command to run: `COMMAND [ARGS]…` or `-c SHELL-COMMAND`, resolved on `PATH` the way
+//! `execvp` would, so that a missing or non-executable command is reported (127 / 126) before
+//! the lock is taken.
+
+use std::ffi::OsString;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+
+use crate::error::Error;
+
+/// The program to run.
+#[derive(Clone, Debug)]
+pub struct CommandSpec {
+    /// The resolved executable.
+    pub program: PathBuf,
+    /// `argv[0]` as the user wrote it.
+    pub arg0: OsString,
+    pub args: Vec<OsString>,
+    /// The command line for messages and holder metadata.
+    pub display: Vec<String>,
+}
+
+pub(super) fn command_spec(
+    shell_command: Option<OsString>,
+    command: Vec<OsString>,
+) -> Result<CommandSpec, Error> {
+    let (arg0, args) = match shell_command {
+        Some(script) => {
+            if !command.is_empty() {
+                return Err(Error::Usage(format!(
+                    "-c takes one shell command and no further arguments (got '{}' after it); quote the whole command",
+                    command[0].to_string_lossy()
+                )));
+            }
+            let shell = std::env::var_os("SHELL")
+                .filter(|s| !s.is_empty())
+                .unwrap_or_else(|| OsString::from("/bin/sh"));
+            (shell, vec![OsString::from("-c"), script])
+        }
+        None => {
+            let mut words = command.into_iter();
+            let Some(program) = words.next() else {
+                return Err(Error::Usage("no command given: dlock run NAME [--] COMMAND [ARGS]... or dlock run NAME -c 'SHELL COMMAND'".into()));
+            };
+            (program, words.collect())
+        }
+    };
+    let program = resolve_program(&arg0)?;
+    let display = std::iter::once(&arg0)
+        .chain(args.iter())
+        .map(|w| w.to_string_lossy().into_owned())
+        .collect();
+    Ok(CommandSpec {
+        program,
+        arg0,
+        args,
+        display,
+    })
+}
+
+/// Find `program` the way `execvp` would, so a missing or non-executable command is reported
+/// (127 / 126) before the lock is taken.
+pub fn resolve_program(program: &std::ffi::OsStr) -> Result<PathBuf, Error> {
+    let shown = program.to_string_lossy();
+    if program.is_empty() {
+        return Err(Error::NotFound(
+            "command not found: '' (empty command name)".into(),
+        ));
+    }
+    if program.as_bytes().contains(&b'/') {
+        let path = PathBuf::from(program);
+        return match check_executable(&path) {
+            Ok(()) => Ok(path),
+            Err(Problem::Missing) => Err(Error::NotFound(format!("command not found: {shown}"))),
+            Err(Problem::NotExecutable(why)) => Err(Error::NotExecutable(format!(
+                "cannot execute {shown}: {why}"
+            ))),
+        };
+    }
+    let search =
+        std::env::var_os("PATH").unwrap_or_else(|| OsString::from("/usr/local/bin:/usr/bin:/bin"));
+    let mut first_problem = None;
+    for dir in std::env::split_paths(&search) {
+        let dir = if dir.as_os_str().is_empty() {
+            PathBuf::from(".")
+        } else {
+            dir
+        };
+        let candidate = dir.join(program);
+        match check_executable(&candidate) {
+            Ok(()) => return Ok(candidate),
+            Err(Problem::Missing) => {}
+            Err(Problem::NotExecutable(why)) => {
+                first_problem
+                    .get_or_insert(format!("cannot execute {}: {why}", candidate.display()));
+            }
+        }
+    }
+    match first_problem {
+        Some(message) => Err(Error::NotExecutable(message)),
+        None => Err(Error::NotFound(format!(
+            "command not found: {shown} (searched PATH)"
+        ))),
+    }
+}
+
+enum Problem {
+    Missing,
+    NotExecutable(String),
+}
+
+fn check_executable(path: &Path) -> Result<(), Problem> {
+    let meta = match std::fs::metadata(path) {
+        Ok(meta) => meta,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(Problem::Missing),
+        Err(e) if e.raw_os_error() == Some(libc::ENOTDIR) => return Err(Problem::Missing),
+        Err(e) => return Err(Problem::NotExecutable(e.to_string())),
+    };
+    if meta.is_dir() {
+        return Err(Problem::NotExecutable("is a directory".into()));
+    }
+    if meta.permissions().mode() & 0o111 == 0 {
+        return Err(Problem::NotExecutable(
+            "permission denied (not executable)".into(),
+        ));
+    }
+    if nix::unistd::access(path, nix::unistd::AccessFlags::X_OK).is_err() {
+        return Err(Problem::NotExecutable("permission denied".into()));
+    }
+    Ok(())
+}

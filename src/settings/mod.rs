@@ -1,0 +1,341 @@
+//! Flags > `DLOCK_*` environment > config file > defaults, merged once into validated settings.
+//!
+//! clap already folds the environment into the flag values, so this module only has to fill
+//! what is still missing from the config file (design §8) and the defaults, and to validate
+//! everything before any backend is contacted (design §4.1). Config file problems are 78,
+//! bad flag or environment values 64. It knows no backend: a URL becomes a
+//! [`crate::backend::Target`] in the backend registry.
+//!
+//! - `config`: which config file, and its TOML;
+//! - `secrets`: passwords, password files, TLS files, redaction;
+//! - `command`: the command to run and its lookup on `PATH`.
+
+mod command;
+mod config;
+mod secrets;
+
+use std::time::Duration;
+
+use command::command_spec;
+pub use command::{resolve_program, CommandSpec};
+use config::OneOrMany;
+pub use config::{load_config, BackendFileConfig, FileConfig};
+pub use secrets::{check_tls_files, credentials, read_password_file, redact_url, Secret, TlsFiles};
+
+use crate::backend::Target;
+use crate::cli::{self, OnLost};
+use crate::error::Error;
+use crate::lock::{LockName, Wait};
+
+pub const DEFAULT_TTL: Duration = Duration::from_secs(15);
+pub const DEFAULT_KILL_AFTER: Duration = Duration::from_secs(10);
+pub const DEFAULT_CONFLICT_EXIT_CODE: u8 = 75;
+pub const DEFAULT_PREFIX: &str = "dlock";
+/// A crashed holder blocks everyone for up to one TTL; beyond a week is surely a mistake.
+pub const MAX_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
+pub const MAX_LIMIT: u32 = 1024;
+/// The shortest lease a remote backend accepts (see `Target::minimum_ttl`).
+pub const MIN_LEASE_TTL: Duration = Duration::from_secs(2);
+
+/// Settings every subcommand shares.
+#[derive(Clone, Debug)]
+pub struct Common {
+    pub target: Target,
+    pub prefix: String,
+    pub ttl: Duration,
+    /// The URL as given, with any password replaced by `***` (safe to print or pass on).
+    pub display_url: String,
+}
+
+impl Common {
+    /// The scheme name shown in DLOCK_BACKEND.
+    pub fn scheme(&self) -> &'static str {
+        self.target.scheme()
+    }
+
+    /// Identifies "the same backend and namespace" for reentrancy (DLOCK_HELD).
+    pub fn identity(&self) -> String {
+        let prefix = crate::lock::encode_component(&self.prefix);
+        format!("{}|{prefix}", self.target.identity())
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct RunSettings {
+    pub common: Common,
+    pub name: LockName,
+    pub command: CommandSpec,
+    pub wait: Wait,
+    pub conflict_exit_code: u8,
+    pub limit: u32,
+    pub on_lost: OnLost,
+    pub kill_after: Duration,
+}
+
+/// A value with the place it came from, so errors can say which setting was wrong.
+struct Sourced<T> {
+    value: T,
+    from_file: bool,
+}
+
+fn pick<T>(flag: Option<T>, file: Option<T>) -> Option<Sourced<T>> {
+    match (flag, file) {
+        (Some(value), _) => Some(Sourced {
+            value,
+            from_file: false,
+        }),
+        (None, Some(value)) => Some(Sourced {
+            value,
+            from_file: true,
+        }),
+        (None, None) => None,
+    }
+}
+
+/// A bad value: 64 when it came from a flag or the environment, 78 from the config file.
+fn bad(from_file: bool, what: &str, message: String) -> Error {
+    if from_file {
+        Error::Config(format!("config file: {what}: {message}"))
+    } else {
+        Error::Usage(format!("{what}: {message}"))
+    }
+}
+
+/// Parse a duration that must carry a unit (`500ms`, `30s`, `5m`). `0` only where allowed.
+pub fn parse_duration(text: &str, zero_allowed: bool) -> Result<Duration, String> {
+    let text = text.trim();
+    if text == "0" && zero_allowed {
+        return Ok(Duration::ZERO);
+    }
+    if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit() || b == b'.') {
+        return Err(format!(
+            "'{text}' has no unit; write e.g. {text}s or {text}ms"
+        ));
+    }
+    let duration =
+        humantime::parse_duration(text).map_err(|e| format!("'{text}' is not a duration ({e})"))?;
+    if duration.is_zero() && !zero_allowed {
+        return Err(format!("'{text}' must be greater than zero"));
+    }
+    Ok(duration)
+}
+
+fn duration_setting(
+    flag: Option<String>,
+    file: Option<String>,
+    what: &str,
+    zero_allowed: bool,
+) -> Result<Option<Duration>, Error> {
+    match pick(flag, file) {
+        None => Ok(None),
+        Some(s) => parse_duration(&s.value, zero_allowed)
+            .map(Some)
+            .map_err(|m| bad(s.from_file, what, m)),
+    }
+}
+
+fn integer_setting(
+    flag: Option<String>,
+    file: Option<i64>,
+    what: &str,
+    range: (i64, i64),
+) -> Result<Option<i64>, Error> {
+    let check = |n: i64, from_file: bool| {
+        if n < range.0 || n > range.1 {
+            Err(bad(
+                from_file,
+                what,
+                format!("{n} is out of range {}..={}", range.0, range.1),
+            ))
+        } else {
+            Ok(Some(n))
+        }
+    };
+    match (flag, file) {
+        (Some(text), _) => match text.trim().parse::<i64>() {
+            Ok(n) => check(n, false),
+            Err(_) => Err(bad(false, what, format!("'{text}' is not a whole number"))),
+        },
+        (None, Some(n)) => check(n, true),
+        (None, None) => Ok(None),
+    }
+}
+
+/// Resolve the backend options shared by every subcommand.
+pub fn common(
+    backend: &cli::BackendArgs,
+    ttl: Option<String>,
+    file: &FileConfig,
+) -> Result<Common, Error> {
+    let file_urls = match &file.values.url {
+        None => None,
+        Some(OneOrMany::One(u)) => Some(vec![u.clone()]),
+        Some(OneOrMany::Many(us)) => Some(us.clone()),
+    };
+    let urls = pick(
+        (!backend.url.is_empty()).then(|| backend.url.clone()),
+        file_urls,
+    );
+    let prefix = pick(backend.prefix.clone(), file.values.prefix.clone());
+    let prefix_from_file = prefix.as_ref().is_some_and(|p| p.from_file);
+    let prefix = match prefix {
+        None => DEFAULT_PREFIX.to_owned(),
+        Some(p) => {
+            LockName::new(&p.value).map_err(|e| {
+                bad(
+                    p.from_file,
+                    "--prefix",
+                    e.to_string().replace("lock name", "prefix"),
+                )
+            })?;
+            p.value
+        }
+    };
+    let ttl_from_file = ttl.is_none() && file.values.ttl.is_some();
+    let ttl =
+        duration_setting(ttl, file.values.ttl.clone(), "--ttl", false)?.unwrap_or(DEFAULT_TTL);
+    if ttl > MAX_TTL {
+        return Err(bad(
+            ttl_from_file,
+            "--ttl",
+            format!(
+                "{} is longer than the limit of {}",
+                humantime::format_duration(ttl),
+                humantime::format_duration(MAX_TTL)
+            ),
+        ));
+    }
+    let (target, display_url) = match urls {
+        None => (Target::default_file(), "file://".to_owned()),
+        Some(s) => {
+            if s.value.len() > 1 {
+                return Err(bad(
+                    s.from_file,
+                    "--url",
+                    "several URLs mean Redlock across independent Redis masters, which this build does not support yet; give one URL".into(),
+                ));
+            }
+            let url = &s.value[0];
+            let display = redact_url(url);
+            let mut target = Target::parse(url).map_err(|m| bad(s.from_file, "--url", m))?;
+            target.complete(file)?;
+            (target, display)
+        }
+    };
+    if let Some(minimum) = target.minimum_ttl() {
+        if ttl < minimum {
+            return Err(bad(
+                ttl_from_file,
+                "--ttl",
+                format!(
+                    "{} is shorter than a lease can be kept; the minimum is {}",
+                    humantime::format_duration(ttl),
+                    humantime::format_duration(minimum)
+                ),
+            ));
+        }
+    }
+    target
+        .check_prefix(&prefix)
+        .map_err(|m| bad(prefix_from_file, "--prefix", m))?;
+    Ok(Common {
+        target,
+        prefix,
+        ttl,
+        display_url,
+    })
+}
+
+/// Resolve everything `dlock run` needs, validating it all before the backend is contacted.
+pub fn run(args: cli::RunArgs, file: &FileConfig) -> Result<RunSettings, Error> {
+    let name = lock_name(&args.name)?;
+    let common = common(&args.backend, args.ttl, file)?;
+    let no_wait = args.no_wait
+        || (args.wait.is_none() && file.values.wait.is_none() && file.values.no_wait == Some(true));
+    let wait = if no_wait {
+        Wait::No
+    } else {
+        match duration_setting(args.wait, file.values.wait.clone(), "--wait", true)? {
+            None => Wait::Forever,
+            Some(d) if d.is_zero() => Wait::No,
+            Some(d) => Wait::For(d),
+        }
+    };
+    let conflict_exit_code = integer_setting(
+        args.conflict_exit_code,
+        file.values.conflict_exit_code,
+        "--conflict-exit-code",
+        (0, 255),
+    )?
+    .map_or(DEFAULT_CONFLICT_EXIT_CODE, |n| n as u8);
+    let limit = integer_setting(
+        args.limit,
+        file.values.limit,
+        "--limit",
+        (1, i64::from(MAX_LIMIT)),
+    )?
+    .map_or(1, |n| n as u32);
+    let on_lost = match (args.on_lost, &file.values.on_lost) {
+        (Some(v), _) => v,
+        (None, Some(text)) => match text.as_str() {
+            "term" => OnLost::Term,
+            "kill" => OnLost::Kill,
+            "ignore" => OnLost::Ignore,
+            other => {
+                return Err(bad(
+                    true,
+                    "on_lost",
+                    format!("'{other}' is not one of term, kill, ignore"),
+                ))
+            }
+        },
+        (None, None) => OnLost::Term,
+    };
+    let kill_after = duration_setting(
+        args.kill_after,
+        file.values.kill_after.clone(),
+        "--kill-after",
+        false,
+    )?
+    .unwrap_or(DEFAULT_KILL_AFTER);
+    let command = command_spec(args.shell_command, args.command)?;
+    Ok(RunSettings {
+        common,
+        name,
+        command,
+        wait,
+        conflict_exit_code,
+        limit,
+        on_lost,
+        kill_after,
+    })
+}
+
+/// Validate a lock name given on the command line.
+pub fn lock_name(raw: &std::ffi::OsStr) -> Result<LockName, Error> {
+    let text = raw
+        .to_str()
+        .ok_or_else(|| Error::Usage("lock name must be valid UTF-8".into()))?;
+    LockName::new(text)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_need_units() {
+        assert_eq!(
+            parse_duration("500ms", false),
+            Ok(Duration::from_millis(500))
+        );
+        assert_eq!(parse_duration("5m", false), Ok(Duration::from_secs(300)));
+        assert!(parse_duration("5", false).is_err());
+        assert!(parse_duration("0", false).is_err());
+        assert_eq!(parse_duration("0", true), Ok(Duration::ZERO));
+        assert!(parse_duration("-5s", false).is_err());
+        assert!(parse_duration("5x", false).is_err());
+        assert!(parse_duration("0s", false).is_err());
+        assert!(parse_duration("", false).is_err());
+    }
+}
