@@ -12,6 +12,7 @@ mod logging;
 pub mod backend;
 pub mod cli;
 pub mod clock;
+pub mod config;
 pub mod error;
 pub mod exit;
 pub mod files;
@@ -19,6 +20,7 @@ pub mod keeper;
 pub mod lock;
 mod reentry;
 mod run;
+pub mod secrets;
 pub mod settings;
 pub mod signals;
 mod spawn;
@@ -78,7 +80,7 @@ async fn run(cli: Cli) -> anyhow::Result<u8> {
         generate::run(args.what)?;
         return Ok(0);
     }
-    let config = settings::load_config(cli.global.config.as_deref())?;
+    let config = config::load(cli.global.config.as_deref(), backend::CONFIG_TABLES)?;
     match cli.command {
         Command::Run(args) => {
             let settings = settings::run(args, &config)?;

@@ -13,7 +13,7 @@
 //! 2. that ancestor is the process the entry names, not a later one with the same pid (its
 //!    start time matches);
 //! 3. the backend still shows that holder — same pid, host and token — holding the lock
-//!    ([`crate::run`] asks it), so the ancestor really holds this lock and has not lost it.
+//!    (the run path asks it), so the ancestor really holds this lock and has not lost it.
 //!
 //! Anything else acquires normally.
 

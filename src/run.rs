@@ -16,7 +16,7 @@ use crate::cli::OnLost;
 use crate::error::Error;
 use crate::exit::{self, Code};
 use crate::lock::{self, AcquireRequest, Backend, Holder, Lease, LockName, Lost, Wait};
-use crate::settings::{self, RunSettings};
+use crate::settings::RunSettings;
 use crate::signals::{self, Signals};
 use crate::{clock, logging, reentry, supervise};
 
@@ -248,7 +248,7 @@ fn child_environment(settings: &RunSettings) -> Vec<(OsString, Option<OsString>)
         }
     }
     if let Some(url) = std::env::var_os("DLOCK_URL") {
-        let redacted = settings::redact_url(&url.to_string_lossy());
+        let redacted = crate::secrets::redact_url(&url.to_string_lossy());
         if redacted != url.to_string_lossy() {
             env.push(("DLOCK_URL".into(), Some(redacted.into())));
         }

@@ -66,7 +66,7 @@ pub struct FileBackend {
 
 impl FileBackend {
     pub fn new(base: &Path, default_dir: bool, prefix: &str) -> FileBackend {
-        let dir = if prefix == crate::settings::DEFAULT_PREFIX {
+        let dir = if prefix == crate::lock::DEFAULT_PREFIX {
             base.to_owned()
         } else {
             base.join(format!("{}.d", crate::lock::encode_component(prefix)))

@@ -9,7 +9,7 @@
 //!
 //! 1. `backend/<name>/target.rs`: the target type (what the URL and the config table say:
 //!    hosts, credentials, TLS files), `parse` for its URL, `complete` to fill in passwords and
-//!    TLS files from the config file ([`crate::settings::credentials`]), `identity` (the same
+//!    TLS files from the config file ([`crate::secrets::credentials`]), `identity` (the same
 //!    server whatever the spelling, for reentrancy) and its tests.
 //! 2. `backend/<name>/mod.rs`: the backend type and its [`crate::lock::Backend`] impl; the
 //!    lease renews through [`crate::keeper`] where the backend has a lease.
@@ -30,14 +30,17 @@ pub mod zk;
 
 use std::time::Duration;
 
+use crate::config::FileConfig;
 use crate::error::Error;
-use crate::settings::{FileConfig, MIN_LEASE_TTL};
 
 pub use etcd::EtcdTarget;
 pub use file::FileTarget;
 pub use postgres::PgTarget;
 pub use redis::RedisTarget;
 pub use zk::ZkTarget;
+
+/// The shortest lease a remote backend accepts (see [`Target::minimum_ttl`]).
+pub const MIN_LEASE_TTL: Duration = Duration::from_secs(2);
 
 /// The config file's per-backend tables (secrets and TLS material).
 pub const CONFIG_TABLES: &[&str] = &["redis", "etcd", "zookeeper", "postgres"];
@@ -160,7 +163,7 @@ impl Target {
 }
 
 /// Expand `$body` once per backend, with `$backend` bound to the backend `$common`
-/// (a [`crate::settings::Common`]) selects.
+/// (the settings' `Common`) selects.
 #[macro_export]
 macro_rules! with_backend {
     ($common:expr, $backend:ident => $body:expr) => {

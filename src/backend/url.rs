@@ -2,7 +2,7 @@
 //! IPv6 hosts, and percent-decoding. Messages never quote URL text: a malformed URL may carry
 //! part of a password there.
 
-use crate::settings::Secret;
+use crate::secrets::Secret;
 
 /// `[user[:password]@]rest` → (user, password, rest), percent-decoded; empty parts are absent.
 pub fn split_userinfo(authority: &str) -> Result<(Option<String>, Option<Secret>, &str), String> {

@@ -8,6 +8,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use crate::error::Error;
+use crate::secrets::redact_url;
 
 /// The program to run.
 #[derive(Clone, Debug)]
@@ -17,7 +18,7 @@ pub struct CommandSpec {
     /// `argv[0]` as the user wrote it.
     pub arg0: OsString,
     pub args: Vec<OsString>,
-    /// The command line for messages and holder metadata.
+    /// The command line for messages and holder metadata, passwords masked.
     pub display: Vec<String>,
 }
 
@@ -47,9 +48,12 @@ pub(super) fn command_spec(
         }
     };
     let program = resolve_program(&arg0)?;
+    // Passwords in the command line (a nested `dlock run --url redis://:pw@…`, a libpq
+    // `password=…`) are masked: the display form is recorded in the lock's metadata, stored
+    // on the backend and shown to anyone who runs `status`.
     let display = std::iter::once(&arg0)
         .chain(args.iter())
-        .map(|w| w.to_string_lossy().into_owned())
+        .map(|w| redact_url(&w.to_string_lossy()))
         .collect();
     Ok(CommandSpec {
         program,
@@ -129,4 +133,32 @@ fn check_executable(path: &Path) -> Result<(), Problem> {
         return Err(Problem::NotExecutable("permission denied".into()));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_in_the_command_line_are_masked_in_its_display_form() {
+        let words: Vec<OsString> = [
+            "sh",
+            "-c",
+            "dlock run --url redis://:S3cret@h:6379 job -- true",
+            "--url=postgres://u:S3cret@db/app?password=S3cret",
+            "host=db password=S3cret",
+        ]
+        .iter()
+        .map(OsString::from)
+        .collect();
+        let spec = command_spec(None, words).expect("sh resolves");
+        let line = spec.display.join(" ");
+        assert!(!line.contains("S3cret"), "{line}");
+        assert!(line.contains("redis://:***@h:6379"), "{line}");
+        // What runs is what was given.
+        assert_eq!(
+            spec.args[1],
+            OsString::from("dlock run --url redis://:S3cret@h:6379 job -- true")
+        );
+    }
 }

@@ -6,21 +6,18 @@
 //! bad flag or environment values 64. It knows no backend: a URL becomes a
 //! [`crate::backend::Target`] in the backend registry.
 //!
-//! - `config`: which config file, and its TOML;
-//! - `secrets`: passwords, password files, TLS files, redaction;
-//! - `command`: the command to run and its lookup on `PATH`.
+//! The config file itself is [`crate::config`], credentials and redaction
+//! [`crate::secrets`], and the command to run and its lookup on `PATH` `command`.
 
 mod command;
-mod config;
-mod secrets;
 
 use std::time::Duration;
 
 use command::command_spec;
 pub use command::{resolve_program, CommandSpec};
-use config::OneOrMany;
-pub use config::{load_config, BackendFileConfig, FileConfig};
-pub use secrets::{check_tls_files, credentials, read_password_file, redact_url, Secret, TlsFiles};
+
+use crate::config::{FileConfig, OneOrMany};
+use crate::secrets::redact_url;
 
 use crate::backend::Target;
 use crate::cli::{self, OnLost};
@@ -30,12 +27,9 @@ use crate::lock::{LockName, Wait};
 pub const DEFAULT_TTL: Duration = Duration::from_secs(15);
 pub const DEFAULT_KILL_AFTER: Duration = Duration::from_secs(10);
 pub const DEFAULT_CONFLICT_EXIT_CODE: u8 = 75;
-pub const DEFAULT_PREFIX: &str = "dlock";
+use crate::lock::{DEFAULT_PREFIX, MAX_LIMIT};
 /// A crashed holder blocks everyone for up to one TTL; beyond a week is surely a mistake.
 pub const MAX_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
-pub const MAX_LIMIT: u32 = 1024;
-/// The shortest lease a remote backend accepts (see `Target::minimum_ttl`).
-pub const MIN_LEASE_TTL: Duration = Duration::from_secs(2);
 
 /// Settings every subcommand shares.
 #[derive(Clone, Debug)]

@@ -2,8 +2,9 @@
 //! the password and TLS files of the config file's `[etcd]` table.
 
 use crate::backend::url::{sorted_endpoints, split_host_port, split_userinfo};
+use crate::config::FileConfig;
 use crate::error::Error;
-use crate::settings::{check_tls_files, credentials, FileConfig, Secret, TlsFiles};
+use crate::secrets::{check_tls_files, credentials, Secret, TlsFiles};
 
 /// An etcd cluster: its client endpoints and credentials.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -41,11 +41,11 @@ pub use target::{PgHost, PgTarget, SslMode};
 use crate::clock::{sleep_until, BootInstant};
 use crate::error::Error;
 use crate::keeper::{Keeper, Renew, RenewError, Schedule};
+use crate::lock::MAX_LIMIT;
 use crate::lock::{
     AcquireRequest, Backend, Cancel, CheckReport, Holder, HolderStatus, Lease, LockName,
     LockStatus, Lost, Wait,
 };
-use crate::settings::MAX_LIMIT;
 
 /// Bound for connecting (TCP, TLS, authentication) when the URL sets no `connect_timeout`.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);

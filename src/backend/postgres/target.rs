@@ -6,9 +6,10 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use crate::backend::url::join_host_port;
+use crate::config::FileConfig;
 use crate::error::Error;
 use crate::lock::decode_component;
-use crate::settings::{check_tls_files, credentials, FileConfig, Secret, TlsFiles};
+use crate::secrets::{check_tls_files, credentials, Secret, TlsFiles};
 
 /// libpq's default port.
 pub const DEFAULT_PORT: u16 = 5432;

@@ -4,8 +4,9 @@
 use std::path::PathBuf;
 
 use crate::backend::url::{split_host_port, split_userinfo};
+use crate::config::FileConfig;
 use crate::error::Error;
-use crate::settings::{check_tls_files, credentials, FileConfig, Secret, TlsFiles};
+use crate::secrets::{check_tls_files, credentials, Secret, TlsFiles};
 
 /// How to reach a Redis server.
 #[derive(Clone, Debug, PartialEq, Eq)]

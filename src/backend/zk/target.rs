@@ -2,8 +2,9 @@
 //! password of the config file's `[zookeeper]` table.
 
 use crate::backend::url::{sorted_endpoints, split_host_port, split_userinfo};
+use crate::config::FileConfig;
 use crate::error::Error;
-use crate::settings::{credentials, FileConfig, Secret, TlsFiles};
+use crate::secrets::{credentials, Secret, TlsFiles};
 
 /// A ZooKeeper ensemble: its members, the chroot and the digest credentials.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -130,7 +131,7 @@ mod tests {
             assert!(Target::parse(bad).is_err(), "{bad} accepted");
         }
         assert_eq!(
-            crate::settings::redact_url("zk://u:pw@h:2181/x"),
+            crate::secrets::redact_url("zk://u:pw@h:2181/x"),
             "zk://u:***@h:2181/x"
         );
     }

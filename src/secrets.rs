@@ -5,7 +5,7 @@
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
-use super::config::{BackendFileConfig, FileConfig};
+use crate::config::{BackendFileConfig, FileConfig};
 use crate::error::Error;
 
 /// A credential: never printed.

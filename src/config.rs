@@ -2,7 +2,7 @@
 //!
 //! The top level holds `run`'s settings; each backend may have a table of its own for secrets
 //! and TLS material (`[redis]`, `[etcd]`, …). Which tables exist is the backend registry's
-//! business ([`crate::backend::CONFIG_TABLES`]), not this module's.
+//! business: the caller names them.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -14,7 +14,7 @@ use crate::error::Error;
 /// The config file.
 #[derive(Debug, Default)]
 pub struct FileConfig {
-    pub(super) values: Values,
+    pub(crate) values: Values,
     /// The backends' tables, by name.
     tables: BTreeMap<String, BackendFileConfig>,
 }
@@ -22,23 +22,23 @@ pub struct FileConfig {
 /// The top-level keys.
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(super) struct Values {
-    pub(super) url: Option<OneOrMany>,
-    pub(super) wait: Option<String>,
-    pub(super) no_wait: Option<bool>,
-    pub(super) conflict_exit_code: Option<i64>,
-    pub(super) ttl: Option<String>,
-    pub(super) limit: Option<i64>,
-    pub(super) on_lost: Option<String>,
-    pub(super) kill_after: Option<String>,
-    pub(super) prefix: Option<String>,
+pub(crate) struct Values {
+    pub(crate) url: Option<OneOrMany>,
+    pub(crate) wait: Option<String>,
+    pub(crate) no_wait: Option<bool>,
+    pub(crate) conflict_exit_code: Option<i64>,
+    pub(crate) ttl: Option<String>,
+    pub(crate) limit: Option<i64>,
+    pub(crate) on_lost: Option<String>,
+    pub(crate) kill_after: Option<String>,
+    pub(crate) prefix: Option<String>,
     /// Read by the remote backends (not needed by the file backend).
-    pub(super) password_file: Option<PathBuf>,
+    pub(crate) password_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Deserialize)]
 #[serde(untagged)]
-pub(super) enum OneOrMany {
+pub(crate) enum OneOrMany {
     One(String),
     Many(Vec<String>),
 }
@@ -54,8 +54,9 @@ pub struct BackendFileConfig {
 }
 
 impl FileConfig {
-    /// Parse the text of a config file. The error says what is wrong, without the path.
-    pub fn parse(text: &str) -> Result<FileConfig, String> {
+    /// Parse the text of a config file whose backend tables may be `table_names`. The error says
+    /// what is wrong, without the path.
+    pub fn parse(text: &str, table_names: &[&str]) -> Result<FileConfig, String> {
         let mut table: toml::Table = toml::from_str(text).map_err(|e| {
             let line = e
                 .span()
@@ -69,7 +70,7 @@ impl FileConfig {
             format!("{}{line}", e.message().trim())
         })?;
         let mut tables = BTreeMap::new();
-        for name in crate::backend::CONFIG_TABLES {
+        for name in table_names {
             if let Some(value) = table.remove(*name) {
                 let section = BackendFileConfig::deserialize(value)
                     .map_err(|e| format!("[{name}]: {}", e.message().trim()))?;
@@ -93,8 +94,9 @@ impl FileConfig {
 }
 
 /// Load the config file named by `--config` / `DLOCK_CONFIG`, else the first of
-/// `$XDG_CONFIG_HOME/dlock/config.toml` and `/etc/dlock/config.toml` that exists.
-pub fn load_config(explicit: Option<&Path>) -> Result<FileConfig, Error> {
+/// `$XDG_CONFIG_HOME/dlock/config.toml` and `/etc/dlock/config.toml` that exists; its backend
+/// tables may be `tables`.
+pub fn load(explicit: Option<&Path>, tables: &[&str]) -> Result<FileConfig, Error> {
     let path = match explicit {
         Some(path) => path.to_owned(),
         None => match default_config_paths().into_iter().find(|p| p.exists()) {
@@ -104,7 +106,7 @@ pub fn load_config(explicit: Option<&Path>) -> Result<FileConfig, Error> {
     };
     let text = crate::files::read_small_file(&path, crate::files::MAX_CONFIG_BYTES)
         .map_err(|e| Error::Config(format!("cannot read config file {}: {e}", path.display())))?;
-    FileConfig::parse(&text)
+    FileConfig::parse(&text, tables)
         .map_err(|e| Error::Config(format!("bad config file {}: {e}", path.display())))
 }
 
@@ -125,18 +127,20 @@ fn default_config_paths() -> Vec<PathBuf> {
 mod tests {
     use super::*;
 
+    const TABLES: &[&str] = &["redis", "etcd"];
+
     #[test]
     fn unknown_config_keys_are_rejected() {
-        let parsed = FileConfig::parse("ttl = '5s'\ncolour = 'red'\n");
+        let parsed = FileConfig::parse("ttl = '5s'\ncolour = 'red'\n", TABLES);
         assert!(parsed.is_err());
-        let parsed = FileConfig::parse("ttl = '5s'\n[redis]\nca_file = '/x'\n");
+        let parsed = FileConfig::parse("ttl = '5s'\n[redis]\nca_file = '/x'\n", TABLES);
         assert!(parsed.is_ok());
     }
 
     #[test]
     fn backend_tables_are_read_by_name() {
-        let config =
-            FileConfig::parse("ttl = '5s'\n[etcd]\npassword_file = '/p'\n").expect("parses");
+        let config = FileConfig::parse("ttl = '5s'\n[etcd]\npassword_file = '/p'\n", TABLES)
+            .expect("parses");
         assert_eq!(
             config
                 .table("etcd")
@@ -144,7 +148,7 @@ mod tests {
             Some(Path::new("/p"))
         );
         assert!(config.table("redis").is_none());
-        assert!(FileConfig::parse("[etcd]\ncolour = 'red'\n").is_err());
-        assert!(FileConfig::parse("[gopher]\nca_file = '/x'\n").is_err());
+        assert!(FileConfig::parse("[etcd]\ncolour = 'red'\n", TABLES).is_err());
+        assert!(FileConfig::parse("[gopher]\nca_file = '/x'\n", TABLES).is_err());
     }
 }
