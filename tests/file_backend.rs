@@ -1,6 +1,7 @@
 //! Promises specific to the file backend (design §1, issue: file backend).
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::PathBuf;
 
 use crate::common::*;
 
@@ -151,4 +152,52 @@ fn prefix_is_a_separate_namespace() {
     let _holder = env.hold("x", &[]);
     let out = env.run(["run", "--no-wait", "--prefix", "other", "x", "true"]);
     assert!(out.status.success(), "{}", describe(&out));
+}
+
+/// Write the fencing counter of `name` (its slot-0 header) by hand.
+fn set_counter(server: &FileServer, name: &str, header: &[u8]) -> PathBuf {
+    let path = server.dir.path().join(format!("{name}.lock"));
+    std::fs::write(&path, header).expect("write lock file");
+    path
+}
+
+#[test]
+fn fencing_tokens_never_repeat_at_the_top_of_the_range() {
+    let server = FileServer::start();
+    let env = TestEnv::new(&server);
+    let path = set_counter(&server, "x", format!("fence {:020}\n", u64::MAX - 1).as_bytes());
+    assert_eq!(env.token("x"), u64::MAX);
+    for _ in 0..2 {
+        let out = env.run(["run", "x", "touch", "ran"]);
+        assert_fails(&out, 73, &path.display().to_string());
+        assert!(stderr_of(&out).contains("fencing"), "{}", describe(&out));
+        assert!(!env.path("ran").exists(), "ran with a repeated token");
+    }
+    let path = set_counter(&server, "y", format!("fence {}\n", u64::MAX).as_bytes());
+    let out = env.run(["run", "y", "touch", "ran"]);
+    assert_fails(&out, 73, &path.display().to_string());
+    assert!(!env.path("ran").exists(), "ran with a repeated token");
+}
+
+#[test]
+fn unreadable_fencing_counter_is_refused() {
+    let server = FileServer::start();
+    let env = TestEnv::new(&server);
+    let headers: [&[u8]; 4] = [
+        b"fence garbage-garbage-garb\n",
+        &[0u8; 27],
+        b"fence 99999999999999999999\n", // beyond u64
+        b"fen",
+    ];
+    for header in headers {
+        let path = set_counter(&server, "x", header);
+        let out = env.run(["run", "x", "touch", "ran"]);
+        assert_fails(&out, 73, &path.display().to_string());
+        assert!(stderr_of(&out).contains("fencing counter"), "{}", describe(&out));
+        assert!(!env.path("ran").exists(), "ran with an unknown counter");
+        assert_eq!(std::fs::read(&path).expect("read"), header, "counter rewritten");
+    }
+    // An empty file is a fresh counter, not garbage.
+    set_counter(&server, "x", b"");
+    assert!(env.token("x") > 0);
 }

@@ -275,9 +275,14 @@ fn read_lock_file(path: &Path) -> (Option<u64>, Option<Holder>) {
     (header, holder)
 }
 
+/// The token in a header: exactly `fence `, 20 decimal digits and a newline.
 fn parse_header(bytes: &[u8]) -> Option<u64> {
-    let header = std::str::from_utf8(bytes.get(..HEADER_LEN)?).ok()?;
-    header.strip_prefix("fence ")?.trim_end().parse().ok()
+    let digits = bytes.get(..HEADER_LEN)?.strip_prefix(b"fence ")?.strip_suffix(b"\n")?;
+    if !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    // 20 digits can exceed u64::MAX; parse refuses that.
+    std::str::from_utf8(digits).ok()?.parse().ok()
 }
 
 fn header(token: u64) -> String {
@@ -549,10 +554,13 @@ impl FileBackend {
         };
         let counter = counter_file.as_ref().unwrap_or(&file);
         header_lock(counter, true).map_err(|e| io_err("cannot lock the header of", e))?;
-        let token = next_token(counter);
-        let written = write_at(counter, 0, header(token).as_bytes());
+        let counted = next_token(counter, &self.slot_path(&request.name, 0)).and_then(|token| {
+            write_at(counter, 0, header(token).as_bytes())
+                .map(|()| token)
+                .map_err(|e| io_err("cannot write", e))
+        });
         let _ = header_lock(counter, false);
-        written.map_err(|e| io_err("cannot write", e))?;
+        let token = counted?;
 
         let mut holder = request.holder.clone();
         holder.token = token;
@@ -576,17 +584,51 @@ impl FileBackend {
     }
 }
 
-fn next_token(counter: &File) -> u64 {
+/// The token after the one in the counter (slot 0's header): `max(counter + 1, µs since the
+/// epoch)`. An empty file is a fresh counter. Tokens must strictly increase, so a counter that
+/// cannot be read, or that has reached `u64::MAX`, is refused rather than guessed at.
+fn next_token(counter: &File, path: &Path) -> Result<u64, Error> {
     use std::os::unix::fs::FileExt;
     let mut buf = [0u8; HEADER_LEN];
-    let stored = match counter.read_at(&mut buf, 0) {
-        Ok(n) if n == HEADER_LEN => parse_header(&buf).unwrap_or(0),
-        _ => 0,
+    let mut read = 0;
+    while read < HEADER_LEN {
+        match counter.read_at(&mut buf[read..], read as u64) {
+            Ok(0) => break,
+            Ok(n) => read += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                return Err(Error::from_lock_io(
+                    format!("cannot read the fencing counter in {}", path.display()),
+                    &e,
+                ))
+            }
+        }
+    }
+    let stored = match (read, parse_header(&buf)) {
+        (0, _) => 0,
+        (_, Some(stored)) => stored,
+        (_, None) => {
+            return Err(Error::CantCreate(format!(
+                "the fencing counter in {} is unreadable (it starts {:?}, not 'fence' and 20 digits), \
+                 so the next token could repeat an old one; if nothing relies on this lock's tokens, \
+                 empty the file (: > FILE) to restart the counter from the clock",
+                path.display(),
+                String::from_utf8_lossy(&buf[..read])
+            )))
+        }
+    };
+    let Some(next) = stored.checked_add(1) else {
+        return Err(Error::CantCreate(format!(
+            "the fencing counter in {} is at its maximum ({stored}): no larger token can be issued \
+             and tokens must never repeat; to use the name again, empty the file (: > FILE) once \
+             nothing relies on its old tokens",
+            path.display()
+        )));
     };
     let clock = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
-    stored.saturating_add(1).max(clock)
+    Ok(next.max(clock))
 }
 
 fn watch_file(path: &Path) -> io::Result<AsyncFd<Readable<Inotify>>> {
@@ -878,5 +920,8 @@ mod tests {
         assert_eq!(parse_header(header(42).as_bytes()), Some(42));
         assert_eq!(parse_header(header(u64::MAX).as_bytes()), Some(u64::MAX));
         assert_eq!(parse_header(b"garbage"), None);
+        assert_eq!(parse_header(b"fence +0000000000000000042\n"), None);
+        assert_eq!(parse_header(b"fence 99999999999999999999\n"), None);
+        assert_eq!(parse_header(&[0; HEADER_LEN]), None);
     }
 }
