@@ -1,7 +1,7 @@
 //! Promises specific to the file backend (design §1, issue: file backend).
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use crate::common::*;
 
@@ -154,6 +154,43 @@ fn prefix_is_a_separate_namespace() {
     assert!(out.status.success(), "{}", describe(&out));
 }
 
+/// `file://` URL of a directory.
+fn url_of(dir: &Path) -> String {
+    format!("file://{}", dir.display())
+}
+
+/// A directory with exactly `mode` (set after creation, so the umask does not interfere).
+fn dir_with_mode(path: &Path, mode: u32) -> PathBuf {
+    std::fs::create_dir_all(path).expect("mkdir");
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod");
+    path.to_owned()
+}
+
+/// The uid of "nobody", standing in for another user (the tests run as root).
+const OTHER_UID: u32 = 65534;
+
+fn give_to_other_user(path: &Path) {
+    nix::unistd::chown(path, Some(nix::unistd::Uid::from_raw(OTHER_UID)), None)
+        .expect("chown (these tests run as root)");
+}
+
+/// Hold an exclusive flock on `path` from the test process itself, as someone else would; the
+/// file is opened without blocking (it may be a FIFO).
+fn flock_from_here(path: &Path) -> std::fs::File {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .expect("open");
+    // SAFETY: flock on a descriptor we own; no memory is passed.
+    let locked = unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) };
+    assert_eq!(locked, 0, "flock {}", path.display());
+    file
+}
+
 /// Write the fencing counter of `name` (its slot-0 header) by hand.
 fn set_counter(server: &FileServer, name: &str, header: &[u8]) -> PathBuf {
     let path = server.dir.path().join(format!("{name}.lock"));
@@ -165,7 +202,11 @@ fn set_counter(server: &FileServer, name: &str, header: &[u8]) -> PathBuf {
 fn fencing_tokens_never_repeat_at_the_top_of_the_range() {
     let server = FileServer::start();
     let env = TestEnv::new(&server);
-    let path = set_counter(&server, "x", format!("fence {:020}\n", u64::MAX - 1).as_bytes());
+    let path = set_counter(
+        &server,
+        "x",
+        format!("fence {:020}\n", u64::MAX - 1).as_bytes(),
+    );
     assert_eq!(env.token("x"), u64::MAX);
     for _ in 0..2 {
         let out = env.run(["run", "x", "touch", "ran"]);
@@ -193,11 +234,214 @@ fn unreadable_fencing_counter_is_refused() {
         let path = set_counter(&server, "x", header);
         let out = env.run(["run", "x", "touch", "ran"]);
         assert_fails(&out, 73, &path.display().to_string());
-        assert!(stderr_of(&out).contains("fencing counter"), "{}", describe(&out));
+        assert!(
+            stderr_of(&out).contains("fencing counter"),
+            "{}",
+            describe(&out)
+        );
         assert!(!env.path("ran").exists(), "ran with an unknown counter");
-        assert_eq!(std::fs::read(&path).expect("read"), header, "counter rewritten");
+        assert_eq!(
+            std::fs::read(&path).expect("read"),
+            header,
+            "counter rewritten"
+        );
     }
     // An empty file is a fresh counter, not garbage.
     set_counter(&server, "x", b"");
     assert!(env.token("x") > 0);
+}
+
+#[test]
+fn fifo_in_place_of_a_lock_file_is_refused_without_hanging() {
+    let server = FileServer::start();
+    let env = TestEnv::new(&server);
+    let fifo = server.dir.path().join("x.lock");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o666)).expect("mkfifo");
+    let where_ = fifo.display().to_string();
+    // First with nobody holding it, then with someone holding a flock on it.
+    for held in [false, true] {
+        let _flock = held.then(|| flock_from_here(&fifo));
+        for args in [
+            &["run", "--no-wait", "x", "touch", "ran"][..],
+            &["run", "x", "touch", "ran"],
+        ] {
+            let out = env.run(args);
+            assert_fails(&out, 73, &where_);
+            assert!(stderr_of(&out).contains("FIFO"), "{}", describe(&out));
+            assert!(!env.path("ran").exists());
+        }
+        let out = env.run(["status", "x"]);
+        assert_fails(&out, 73, &where_);
+    }
+}
+
+#[test]
+fn list_skips_a_fifo_and_lists_the_other_locks() {
+    let server = FileServer::start();
+    let env = TestEnv::new(&server);
+    let _holder = env.hold("y", &[]);
+    let fifo = server.dir.path().join("x.lock");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o666)).expect("mkfifo");
+    let _flock = flock_from_here(&fifo);
+    let out = env.run(["list"]);
+    assert!(out.status.success(), "{}", describe(&out));
+    assert!(stdout_of(&out).contains('y'), "{}", describe(&out));
+    assert!(
+        stderr_of(&out).contains(&fifo.display().to_string()),
+        "the bad entry is not reported: {}",
+        describe(&out)
+    );
+}
+
+#[test]
+fn directory_or_socket_in_place_of_a_lock_file_is_refused() {
+    let server = FileServer::start();
+    let env = TestEnv::new(&server);
+    std::fs::create_dir(server.dir.path().join("d.lock")).expect("mkdir");
+    let _socket = std::os::unix::net::UnixListener::bind(server.dir.path().join("s.lock"))
+        .expect("bind socket");
+    for (name, kind) in [("d", "directory"), ("s", "socket")] {
+        let out = env.run(["run", name, "touch", "ran"]);
+        assert_fails(&out, 73, kind);
+        assert!(!env.path("ran").exists());
+        let out = env.run(["status", name]);
+        assert_fails(&out, 73, kind);
+    }
+}
+
+/// `run`, `status` and `list` of lock `x` with `flags` (the flags go before the name).
+fn run_status_list(flags: &[&str]) -> [Vec<String>; 3] {
+    let with = |sub: &str, rest: &[&str]| -> Vec<String> {
+        std::iter::once(sub)
+            .chain(flags.iter().copied())
+            .chain(rest.iter().copied())
+            .map(str::to_owned)
+            .collect()
+    };
+    [
+        with("run", &["x", "touch", "ran"]),
+        with("status", &["x"]),
+        with("list", &[]),
+    ]
+}
+
+#[test]
+fn prefix_directory_swapped_for_a_symlink_is_refused() {
+    let server = FileServer::start();
+    let env = TestEnv::new(&server);
+    // The victim: a directory of root's with a file where the lock file would be.
+    let victim_dir = dir_with_mode(&env.path("victim"), 0o755);
+    let victim = victim_dir.join("x.lock");
+    std::fs::write(&victim, b"root's data\n").expect("write victim");
+    // A base directory others can write to, world-writable with and without the sticky bit,
+    // where someone made team.d a symbolic link to the victim directory.
+    for (mode, complaint) in [(0o777, "sticky bit"), (0o1777, "symbolic link")] {
+        let base = dir_with_mode(&env.path(&format!("base-{mode:o}")), mode);
+        let team = base.join("team.d");
+        std::os::unix::fs::symlink(&victim_dir, &team).expect("symlink");
+        let url = url_of(&base);
+        for args in run_status_list(&["--url", &url, "--prefix", "team"]) {
+            let out = env.run(&args);
+            assert_fails(&out, 73, complaint);
+            assert!(stderr_of(&out).contains(&base.display().to_string()));
+            assert!(!env.path("ran").exists(), "{args:?} ran its command");
+            assert_eq!(
+                std::fs::read(&victim).expect("victim"),
+                b"root's data\n",
+                "{args:?} wrote through the symlink"
+            );
+        }
+    }
+}
+
+#[test]
+fn base_directory_owned_by_another_user_is_refused() {
+    let server = FileServer::start();
+    let env = TestEnv::new(&server);
+    let base = dir_with_mode(&env.path("theirs"), 0o755);
+    give_to_other_user(&base);
+    let url = url_of(&base);
+    for flags in [&["--url", &url][..], &["--url", &url, "--prefix", "team"]] {
+        for args in run_status_list(flags) {
+            let out = env.run(&args);
+            assert_fails(&out, 73, &format!("owned by uid {OTHER_UID}"));
+            assert!(stderr_of(&out).contains(&base.display().to_string()));
+            assert!(!env.path("ran").exists(), "{args:?} ran its command");
+        }
+    }
+    assert_eq!(
+        std::fs::read_dir(&base).expect("read_dir").count(),
+        0,
+        "dlock created something in the other user's directory"
+    );
+    // The same for a prefix directory of theirs in a directory of ours.
+    let ours = dir_with_mode(&env.path("ours"), 0o755);
+    give_to_other_user(&dir_with_mode(&ours.join("team.d"), 0o755));
+    let url = url_of(&ours);
+    for args in run_status_list(&["--url", &url, "--prefix", "team"]) {
+        let out = env.run(&args);
+        assert_fails(&out, 73, &format!("owned by uid {OTHER_UID}"));
+        assert!(stderr_of(&out).contains("team.d"));
+    }
+}
+
+#[test]
+fn sticky_shared_directory_works_and_prefix_directories_are_private() {
+    let server = FileServer::start();
+    let env = TestEnv::new(&server);
+    let base = dir_with_mode(&env.path("shared"), 0o1777);
+    let url = url_of(&base);
+    let out = env.run(["run", "--url", &url, "x", "true"]);
+    assert!(out.status.success(), "{}", describe(&out));
+    let out = env.run(["run", "--url", &url, "--prefix", "team", "x", "true"]);
+    assert!(out.status.success(), "{}", describe(&out));
+    let team = std::fs::symlink_metadata(base.join("team.d")).expect("team.d");
+    assert!(team.is_dir());
+    assert_eq!(team.mode() & 0o7777, 0o700);
+    assert!(base.join("team.d").join("x.lock").exists());
+}
+
+#[test]
+fn lock_file_planted_in_a_shared_directory_is_not_trusted() {
+    let server = FileServer::start();
+    let env = TestEnv::new(&server);
+    let base = dir_with_mode(&env.path("shared"), 0o1777);
+    let url = url_of(&base);
+    // Another user's file, and a file of root's that anyone can write.
+    let theirs = base.join("x.lock");
+    std::fs::write(&theirs, format!("fence {:020}\n", 1)).expect("write");
+    give_to_other_user(&theirs);
+    let open = base.join("y.lock");
+    std::fs::write(&open, format!("fence {:020}\n", 1)).expect("write");
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o666)).expect("chmod");
+    for (name, path) in [("x", &theirs), ("y", &open)] {
+        let commands = [
+            vec!["run", "--url", &url, name, "touch", "ran"],
+            vec!["status", "--url", &url, name],
+        ];
+        for args in commands {
+            let out = env.run(&args);
+            assert_fails(&out, 73, &path.display().to_string());
+            assert!(!env.path("ran").exists(), "ran on a planted lock file");
+        }
+    }
+    assert_eq!(
+        std::fs::read(&theirs).expect("read"),
+        format!("fence {:020}\n", 1).as_bytes()
+    );
+}
+
+#[test]
+fn hard_link_in_a_shared_directory_is_refused() {
+    let server = FileServer::start();
+    let env = TestEnv::new(&server);
+    let base = dir_with_mode(&env.path("shared"), 0o1777);
+    let victim = env.path("victim");
+    std::fs::write(&victim, b"root's data\n").expect("write victim");
+    std::fs::hard_link(&victim, base.join("x.lock")).expect("link");
+    let url = url_of(&base);
+    let out = env.run(["run", "--url", &url, "x", "touch", "ran"]);
+    assert_fails(&out, 73, "link");
+    assert!(!env.path("ran").exists());
+    assert_eq!(std::fs::read(&victim).expect("victim"), b"root's data\n");
 }
