@@ -191,6 +191,84 @@ fn flock_from_here(path: &Path) -> std::fs::File {
     file
 }
 
+#[test]
+fn holders_must_agree_on_the_limit() {
+    let server = FileServer::start();
+    let env = TestEnv::new(&server);
+    let _semaphore = env.hold("x", &["--limit", "2"]);
+    for limit in ["3", "1"] {
+        let out = env.run(["run", "--no-wait", "--limit", limit, "x", "touch", "ran"]);
+        assert_fails(&out, 64, "--limit 2");
+        assert!(
+            stderr_of(&out).contains("same --limit"),
+            "{}",
+            describe(&out)
+        );
+        assert!(!env.path("ran").exists(), "ran beside a --limit 2 holder");
+    }
+    // A waiting run is refused too, at once rather than after the wait.
+    let out = env.run(["run", "--limit", "1", "x", "touch", "ran"]);
+    assert_fails(&out, 64, "--limit 2");
+    assert!(!env.path("ran").exists());
+    // The same limit is fine: a second holder of the semaphore.
+    let out = env.run(["run", "--no-wait", "--limit", "2", "x", "true"]);
+    assert!(out.status.success(), "{}", describe(&out));
+
+    // A plain lock (--limit 1) does not let a --limit 2 run in beside it.
+    let _mutex = env.hold("y", &[]);
+    let out = env.run(["run", "--no-wait", "--limit", "2", "y", "touch", "ran"]);
+    assert_fails(&out, 64, "--limit 1");
+    assert!(!env.path("ran").exists(), "ran beside a --limit 1 holder");
+}
+
+#[test]
+fn holders_with_different_limits_never_overlap() {
+    let server = FileServer::start();
+    let env = TestEnv::new(&server);
+    let log = env.path("log");
+    // Started together, so that some reach the lock at the same moment.
+    let children: Vec<_> = (0..8)
+        .map(|i| {
+            let limit = if i % 2 == 0 { "1" } else { "2" };
+            let script = format!(
+                "echo start {limit} >> '{log}'; sleep 0.1; echo end {limit} >> '{log}'",
+                log = log.display()
+            );
+            env.dlock([
+                "run", "--wait", "20s", "--limit", limit, "x", "sh", "-c", &script,
+            ])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("spawn dlock")
+        })
+        .collect();
+    for mut child in children {
+        let status = wait_within(&mut child, PATIENCE);
+        assert!(matches!(status.code(), Some(0 | 64)), "{status}");
+    }
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    let mut running: Vec<&str> = Vec::new();
+    for line in text.lines() {
+        match line.split_once(' ') {
+            Some(("start", limit)) => {
+                assert!(
+                    running.iter().all(|r| *r == limit),
+                    "--limit {limit} ran beside --limit {running:?}:\n{text}"
+                );
+                running.push(limit);
+                let most: usize = limit.parse().expect("limit");
+                assert!(running.len() <= most, "too many holders:\n{text}");
+            }
+            Some(("end", limit)) => {
+                let at = running.iter().position(|r| *r == limit).expect("started");
+                running.remove(at);
+            }
+            _ => panic!("bad log line {line:?}"),
+        }
+    }
+}
+
 /// Write the fencing counter of `name` (its slot-0 header) by hand.
 fn set_counter(server: &FileServer, name: &str, header: &[u8]) -> PathBuf {
     let path = server.dir.path().join(format!("{name}.lock"));

@@ -39,6 +39,7 @@ use std::sync::{Arc, Once};
 use std::time::Duration;
 
 use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
+use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use tokio::io::unix::AsyncFd;
 use tokio::sync::mpsc;
@@ -63,6 +64,16 @@ const MAX_INODE_RETRIES: u32 = 64;
 const RECHECK_EVERY: Duration = Duration::from_secs(5);
 /// How long a hold is checked by polling before an inotify watch is set up.
 const WATCH_AFTER: Duration = Duration::from_secs(2);
+
+/// What a holder writes after the header of its slot file.
+#[derive(Serialize, Deserialize)]
+struct Meta {
+    #[serde(flatten)]
+    holder: Holder,
+    /// The `--limit` it holds with (0: not recorded, by an older dlock).
+    #[serde(default)]
+    limit: u32,
+}
 
 pub struct FileBackend {
     base: PathBuf,
@@ -129,14 +140,15 @@ impl FileBackend {
             let Some(file) = dir.read_lock_file(&file_name)? else {
                 continue;
             };
-            let Ok(meta) = file.metadata() else {
+            let Ok(stat) = file.metadata() else {
                 continue;
             };
-            let (header, holder) = read_lock_file(file);
+            let key = (stat.dev(), stat.ino());
+            let (header, meta) = read_contents(file);
+            let holder = meta.map(|m| m.holder);
             if slot == 0 {
                 last_token = header.filter(|t| *t > 0);
             }
-            let key = (meta.dev(), meta.ino());
             waiters += locks.waiters.get(&key).copied().unwrap_or(0);
             if let Some(&pid) = locks.holders.get(&key) {
                 let holder = holder.filter(|h| h.pid == pid).unwrap_or_else(|| Holder {
@@ -196,9 +208,8 @@ fn stem(name: &LockName) -> String {
     format!("{}~{hex}", &encoded[..120])
 }
 
-/// The file name of slot `slot` of `name`.
-fn slot_file_name(name: &LockName, slot: u32) -> String {
-    let stem = stem(name);
+/// The file name of slot `slot` of the lock whose file-name stem is `stem`.
+fn slot_file_name(stem: &str, slot: u32) -> String {
     if slot == 0 {
         format!("{stem}.lock")
     } else {
@@ -219,7 +230,7 @@ fn split_file_name(file_name: &str) -> Option<(&str, u32)> {
 }
 
 /// Read the header token and the holder metadata of an open lock file (either may be missing).
-fn read_lock_file(file: File) -> (Option<u64>, Option<Holder>) {
+fn read_contents(file: File) -> (Option<u64>, Option<Meta>) {
     let mut text = String::new();
     if file.take(64 * 1024).read_to_string(&mut text).is_err() {
         return (None, None);
@@ -227,7 +238,7 @@ fn read_lock_file(file: File) -> (Option<u64>, Option<Holder>) {
     let header = parse_header(text.as_bytes());
     let holder = text
         .get(HEADER_LEN..)
-        .and_then(|rest| serde_json::from_str::<Holder>(rest.trim()).ok());
+        .and_then(|rest| serde_json::from_str::<Meta>(rest.trim()).ok());
     (header, holder)
 }
 
@@ -309,11 +320,12 @@ impl Backend for FileBackend {
             Wait::For(d) => Some(BootInstant::now() + d),
             Wait::Forever => None,
         };
+        let stem = stem(&request.name);
         for _ in 0..MAX_INODE_RETRIES {
             let mut files = Vec::with_capacity(request.limit as usize);
             let mut taken = None;
             for slot in 0..request.limit {
-                let file_name = slot_file_name(&request.name, slot);
+                let file_name = slot_file_name(&stem, slot);
                 let file = dir.open_lock_file(&file_name)?;
                 match flock(&file, libc::LOCK_EX | libc::LOCK_NB) {
                     Ok(()) => {
@@ -334,6 +346,8 @@ impl Backend for FileBackend {
             let (slot, file, file_name) = match taken {
                 Some(taken) => taken,
                 None => {
+                    // Refuse a mismatched --limit at once rather than after the wait.
+                    check_limits(&dir, request, &stem, None)?;
                     if request.wait == Wait::No {
                         return Err(busy(
                             request,
@@ -360,7 +374,7 @@ impl Backend for FileBackend {
                 }
             };
             match dir.is_current(&file, &file_name) {
-                Ok(true) => return Self::start_hold(&dir, request, slot, file, &file_name),
+                Ok(true) => return Self::start_hold(&dir, request, &stem, slot, file, &file_name),
                 Ok(false) => {
                     tracing::debug!(
                         "{} was replaced while we locked it; retrying",
@@ -422,8 +436,8 @@ impl Backend for FileBackend {
                 .read_lock_file(&entry)
                 .ok()
                 .flatten()
-                .and_then(|file| read_lock_file(file).1)
-                .map(|h| h.name)
+                .and_then(|file| read_contents(file).1)
+                .map(|m| m.holder.name)
                 .or_else(|| crate::lock::decode_component(entry_stem));
             if let Some(name) = name.and_then(|n| LockName::new(&n).ok()) {
                 if !names.contains(&name) {
@@ -521,9 +535,14 @@ fn busy(request: &AcquireRequest, holders: &str, what: &str) -> Error {
 }
 
 impl FileBackend {
+    /// Make the slot just locked a hold: under the lock on the counter's header, check the
+    /// other holders' `--limit`, take the next token and write our metadata. Doing all three
+    /// under that one lock means that of two holders that start together, the second sees the
+    /// first's metadata.
     fn start_hold(
         dir: &LockDir,
         request: &AcquireRequest,
+        stem: &str,
         slot: u32,
         file: File,
         file_name: &str,
@@ -533,7 +552,7 @@ impl FileBackend {
             Error::from_lock_io(format!("{what} {}", path.display()), &e)
         };
         // The fencing counter lives in slot 0's header, guarded by an OFD lock on it.
-        let counter_name = slot_file_name(&request.name, 0);
+        let counter_name = slot_file_name(stem, 0);
         let counter_file = if slot == 0 {
             None
         } else {
@@ -541,26 +560,33 @@ impl FileBackend {
         };
         let counter = counter_file.as_ref().unwrap_or(&file);
         header_lock(counter, true).map_err(|e| io_err("cannot lock the header of", e))?;
-        let counted = next_token(counter, &dir.path_of(&counter_name)).and_then(|token| {
-            write_at(counter, 0, header(token).as_bytes())
-                .map(|()| token)
-                .map_err(|e| io_err("cannot write", e))
-        });
+        let held = check_limits(dir, request, stem, Some(slot))
+            .and_then(|()| next_token(counter, &dir.path_of(&counter_name)))
+            .and_then(|token| {
+                write_at(counter, 0, header(token).as_bytes())
+                    .map_err(|e| io_err("cannot write", e))?;
+                let mut holder = request.holder.clone();
+                holder.token = token;
+                // A kernel lock has no lease.
+                holder.ttl_ms = 0;
+                let meta = Meta {
+                    holder,
+                    limit: request.limit,
+                };
+                let mut body = if slot == 0 { String::new() } else { header(0) };
+                let body_offset = if slot == 0 { HEADER_LEN as u64 } else { 0 };
+                body.push_str(
+                    &serde_json::to_string(&meta).map_err(|e| Error::Internal(e.to_string()))?,
+                );
+                body.push('\n');
+                write_at(&file, body_offset, body.as_bytes())
+                    .map_err(|e| io_err("cannot write", e))?;
+                file.set_len(body_offset + body.len() as u64)
+                    .map_err(|e| io_err("cannot truncate", e))?;
+                Ok(token)
+            });
         let _ = header_lock(counter, false);
-        let token = counted?;
-
-        let mut holder = request.holder.clone();
-        holder.token = token;
-        // A kernel lock has no lease.
-        holder.ttl_ms = 0;
-        let mut body = if slot == 0 { String::new() } else { header(0) };
-        let body_offset = if slot == 0 { HEADER_LEN as u64 } else { 0 };
-        body.push_str(&serde_json::to_string(&holder).map_err(|e| Error::Internal(e.to_string()))?);
-        body.push('\n');
-        write_at(&file, body_offset, body.as_bytes()).map_err(|e| io_err("cannot write", e))?;
-        file.set_len(body_offset + body.len() as u64)
-            .map_err(|e| io_err("cannot truncate", e))?;
-
+        let token = held?;
         Ok(FileLease {
             file,
             path,
@@ -569,6 +595,57 @@ impl FileBackend {
             acquired: BootInstant::now(),
         })
     }
+}
+
+/// Refuse to hold a lock beside holders that use another `--limit` (design: all holders must
+/// agree on N), as the other backends do. Each holder records its limit in its metadata,
+/// believed while `/proc/locks` shows its pid holding the file. Slot files are created in
+/// order and never removed, so the probe stops at the first missing one: for a plain lock it
+/// costs one `stat`. `own`: the slot we hold, if any.
+fn check_limits(
+    dir: &LockDir,
+    request: &AcquireRequest,
+    stem: &str,
+    own: Option<u32>,
+) -> Result<(), Error> {
+    let mut others = Vec::new();
+    for slot in (0..crate::settings::MAX_LIMIT).filter(|s| Some(*s) != own) {
+        let file_name = slot_file_name(stem, slot);
+        match dir.identity(&file_name) {
+            Ok(Some(key)) => others.push((file_name, key)),
+            _ => break,
+        }
+    }
+    if others.is_empty() {
+        return Ok(());
+    }
+    let locks = match ProcLocks::read() {
+        Ok(locks) => locks,
+        Err(e) => {
+            tracing::debug!("cannot compare --limit with the other holders: {e}");
+            return Ok(());
+        }
+    };
+    for (file_name, key) in others {
+        let Some(&pid) = locks.holders.get(&key) else {
+            continue;
+        };
+        // A file that cannot be read or trusted says nothing about a limit.
+        let meta = dir
+            .read_lock_file(&file_name)
+            .ok()
+            .flatten()
+            .and_then(|file| read_contents(file).1);
+        if let Some(meta) = meta.filter(|m| m.holder.pid == pid) {
+            if meta.limit != 0 && meta.limit != request.limit {
+                return Err(Error::Usage(format!(
+                    "lock '{}' is held with --limit {}; all holders must use the same --limit",
+                    request.name, meta.limit
+                )));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The token after the one in the counter (slot 0's header): `max(counter + 1, µs since the
