@@ -452,8 +452,18 @@ fn base_directory_owned_by_another_user_is_refused() {
         0,
         "dlock created something in the other user's directory"
     );
-    // The same for a prefix directory of theirs in a directory of ours.
+    // The same for a symbolic link of theirs as the directory, even to a directory of ours.
     let ours = dir_with_mode(&env.path("ours"), 0o755);
+    let link = env.path("their-link");
+    std::os::unix::fs::symlink(&ours, &link).expect("symlink");
+    std::os::unix::fs::lchown(&link, Some(OTHER_UID), None).expect("lchown");
+    let url = url_of(&link);
+    for args in run_status_list(&["--url", &url]) {
+        let out = env.run(&args);
+        assert_fails(&out, 73, "symbolic link");
+        assert!(!env.path("ran").exists(), "{args:?} ran its command");
+    }
+    // And for a prefix directory of theirs in a directory of ours.
     give_to_other_user(&dir_with_mode(&ours.join("team.d"), 0o755));
     let url = url_of(&ours);
     for args in run_status_list(&["--url", &url, "--prefix", "team"]) {

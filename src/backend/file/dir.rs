@@ -151,13 +151,15 @@ impl LockDir {
                 )))
             }
             Err(e) => {
-                // EISDIR, ENXIO (a socket) and the like: say what is in the way.
+                // EISDIR, ENXIO (a socket), or EACCES for another user's file in a sticky
+                // directory (fs.protected_regular, protected_fifos): say what is in the way.
                 if let Ok(stat) =
                     nix::sys::stat::fstatat(&self.fd, name, AtFlags::AT_SYMLINK_NOFOLLOW)
                 {
                     if file_type(&stat) != SFlag::S_IFREG {
                         return Err(not_regular(&path, &stat));
                     }
+                    self.check_trusted(&stat, &path)?;
                 }
                 return Err(Error::from_lock_io(
                     format!("cannot open lock file {}", path.display()),
