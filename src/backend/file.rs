@@ -7,15 +7,19 @@
 //!   the file system allows are shortened and made unique with a SHA-256 suffix). Slot `i > 0`
 //!   of a `--limit N` semaphore is `<stem>#i.lock`; `#` never occurs in an encoded name. A
 //!   non-default `--prefix P` is the sub-directory `<dir>/<P>.d/`.
-//! - Lock files are opened `O_NOFOLLOW | O_CLOEXEC` and never unlinked (unlink-and-recreate
-//!   lets two holders lock two different inodes). After locking, the (dev, inode) of the
-//!   descriptor is compared with the path; if the file was replaced meanwhile, we retry.
+//! - Directories and lock files are opened as [`dir`] describes: relative to the checked
+//!   directory, never following a link, never blocking on a FIFO, and only if nobody else
+//!   could have planted them.
+//! - Lock files are never unlinked (unlink-and-recreate lets two holders lock two different
+//!   inodes). After locking, the (dev, inode) of the descriptor is compared with the directory
+//!   entry; if the file was replaced meanwhile, we retry.
 //! - Each file starts with a fixed-width header `fence NNNNNNNNNNNNNNNNNNNN\n`; in slot 0 it is
 //!   the fencing counter of the name (design §5), updated under an OFD record lock on the
 //!   header so that holders of different slots serialize. The next token is
 //!   `max(counter + 1, microseconds since the epoch)`, so tokens keep increasing even if a
-//!   crash lost the last update of the file. The holder's metadata (JSON) follows the header;
-//!   it is only believed while `/proc/locks` shows the same pid holding the file.
+//!   crash lost the last update of the file; a counter that is unreadable or at `u64::MAX` is
+//!   refused. The holder's metadata (JSON) follows the header; it is only believed while
+//!   `/proc/locks` shows the same pid holding the file.
 //! - Waiting blocks in the kernel (`flock(LOCK_EX)`) on helper threads, one per slot, so a
 //!   release hands over without polling. The wait is cancelled by interrupting those threads
 //!   with a private real-time signal.
@@ -25,24 +29,27 @@
 //!   first, then watched with inotify (see [`FileLease::lost`]).
 
 use std::collections::HashMap;
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{self, Read};
 use std::os::fd::AsRawFd;
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Once};
 use std::time::Duration;
 
 use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
+use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use tokio::io::unix::AsyncFd;
 use tokio::sync::mpsc;
 
+mod dir;
 pub mod target;
 
 pub use target::FileTarget;
 
+use self::dir::LockDir;
 use crate::clock::{sleep_until, BootInstant, Readable};
 use crate::error::Error;
 use crate::lock::{
@@ -58,75 +65,66 @@ const RECHECK_EVERY: Duration = Duration::from_secs(5);
 /// How long a hold is checked by polling before an inotify watch is set up.
 const WATCH_AFTER: Duration = Duration::from_secs(2);
 
+/// What a holder writes after the header of its slot file.
+#[derive(Serialize, Deserialize)]
+struct Meta {
+    #[serde(flatten)]
+    holder: Holder,
+    /// The `--limit` it holds with (0: not recorded, by an older dlock).
+    #[serde(default)]
+    limit: u32,
+}
+
 pub struct FileBackend {
-    dir: PathBuf,
-    /// dlock chose the directory itself (so it must be ours and private).
+    base: PathBuf,
+    /// dlock chose the base directory itself (so it must be ours and private).
     default_dir: bool,
+    /// The `--prefix` sub-directory (`<P>.d`) in `base`, unless the prefix is the default.
+    sub: Option<String>,
+    /// Where the lock files are, for messages.
+    dir: PathBuf,
 }
 
 impl FileBackend {
     pub fn new(base: &Path, default_dir: bool, prefix: &str) -> FileBackend {
-        let dir = if prefix == crate::lock::DEFAULT_PREFIX {
-            base.to_owned()
-        } else {
-            base.join(format!("{}.d", crate::lock::encode_component(prefix)))
+        let sub = (prefix != crate::lock::DEFAULT_PREFIX)
+            .then(|| format!("{}.d", crate::lock::encode_component(prefix)));
+        let dir = match &sub {
+            Some(sub) => base.join(sub),
+            None => base.to_owned(),
         };
-        FileBackend { dir, default_dir }
-    }
-
-    /// Create the directory (mode 0700) if missing; refuse a default directory that someone
-    /// else owns or can write to, since they could then control our locks.
-    fn prepare_dir(&self) -> Result<(), Error> {
-        if let Err(err) = std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o700)
-            .create(&self.dir)
-        {
-            return Err(Error::from_lock_io(
-                format!("cannot create lock directory {}", self.dir.display()),
-                &err,
-            ));
-        }
-        if self.default_dir {
-            let meta = std::fs::symlink_metadata(&self.dir).map_err(|e| {
-                Error::from_lock_io(format!("cannot inspect {}", self.dir.display()), &e)
-            })?;
-            let uid = nix::unistd::getuid().as_raw();
-            if !meta.is_dir() || meta.uid() != uid || meta.mode() & 0o022 != 0 {
-                return Err(Error::CantCreate(format!(
-                    "refusing to use lock directory {}: it must be a directory owned by uid {uid} and writable only by it \
-                     (owner uid {}, mode {:o}); remove it or choose another with --url file:///dir",
-                    self.dir.display(),
-                    meta.uid(),
-                    meta.mode() & 0o7777
-                )));
-            }
-        }
-        Ok(())
-    }
-
-    fn slot_path(&self, name: &LockName, slot: u32) -> PathBuf {
-        let stem = stem(name);
-        if slot == 0 {
-            self.dir.join(format!("{stem}.lock"))
-        } else {
-            self.dir.join(format!("{stem}#{slot}.lock"))
+        FileBackend {
+            base: base.to_owned(),
+            default_dir,
+            sub,
+            dir,
         }
     }
 
-    fn open_slot(&self, name: &LockName, slot: u32) -> Result<(File, PathBuf), Error> {
-        let path = self.slot_path(name, slot);
-        open_lock_file(&path).map(|file| (file, path))
+    /// Open the lock directory, creating it (mode 0700) if missing, after checking that
+    /// nobody else controls it (see [`dir`]).
+    fn prepare_dir(&self) -> Result<LockDir, Error> {
+        LockDir::open(&self.base, self.default_dir, self.sub.as_deref(), true)?.ok_or_else(|| {
+            Error::CantCreate(format!(
+                "lock directory {} vanished as it was created",
+                self.dir.display()
+            ))
+        })
+    }
+
+    /// Open the lock directory if it exists (checked as in [`FileBackend::prepare_dir`]).
+    fn existing_dir(&self) -> Result<Option<LockDir>, Error> {
+        LockDir::open(&self.base, self.default_dir, self.sub.as_deref(), false)
     }
 
     /// Slot files of `name` that exist, with their slot numbers.
-    fn existing_slots(&self, name: &LockName) -> Result<Vec<(u32, PathBuf)>, Error> {
+    fn existing_slots(dir: &LockDir, name: &LockName) -> Result<Vec<(u32, String)>, Error> {
         let stem = stem(name);
         let mut slots = Vec::new();
-        for entry in read_dir(&self.dir)? {
+        for entry in dir.entries()? {
             if let Some((entry_stem, slot)) = split_file_name(&entry) {
                 if entry_stem == stem {
-                    slots.push((slot, self.dir.join(&entry)));
+                    slots.push((slot, entry.clone()));
                 }
             }
         }
@@ -134,19 +132,23 @@ impl FileBackend {
         Ok(slots)
     }
 
-    fn status_of(&self, name: &LockName, locks: &ProcLocks) -> Result<LockStatus, Error> {
+    fn status_of(dir: &LockDir, name: &LockName, locks: &ProcLocks) -> Result<LockStatus, Error> {
         let mut holders = Vec::new();
         let mut waiters = 0;
         let mut last_token = None;
-        for (slot, path) in self.existing_slots(name)? {
-            let Ok(meta) = std::fs::symlink_metadata(&path) else {
+        for (slot, file_name) in Self::existing_slots(dir, name)? {
+            let Some(file) = dir.read_lock_file(&file_name)? else {
                 continue;
             };
-            let (header, holder) = read_lock_file(&path);
+            let Ok(stat) = file.metadata() else {
+                continue;
+            };
+            let key = (stat.dev(), stat.ino());
+            let (header, meta) = read_contents(file);
+            let holder = meta.map(|m| m.holder);
             if slot == 0 {
                 last_token = header.filter(|t| *t > 0);
             }
-            let key = (meta.dev(), meta.ino());
             waiters += locks.waiters.get(&key).copied().unwrap_or(0);
             if let Some(&pid) = locks.holders.get(&key) {
                 let holder = holder.filter(|h| h.pid == pid).unwrap_or_else(|| Holder {
@@ -171,8 +173,8 @@ impl FileBackend {
         })
     }
 
-    fn describe_holders(&self, name: &LockName) -> String {
-        match ProcLocks::read().and_then(|locks| self.status_of(name, &locks)) {
+    fn describe_holders(dir: &LockDir, name: &LockName) -> String {
+        match ProcLocks::read().and_then(|locks| Self::status_of(dir, name, &locks)) {
             Ok(status) if status.held => {
                 let who: Vec<String> = status
                     .holders
@@ -206,6 +208,15 @@ fn stem(name: &LockName) -> String {
     format!("{}~{hex}", &encoded[..120])
 }
 
+/// The file name of slot `slot` of the lock whose file-name stem is `stem`.
+fn slot_file_name(stem: &str, slot: u32) -> String {
+    if slot == 0 {
+        format!("{stem}.lock")
+    } else {
+        format!("{stem}#{slot}.lock")
+    }
+}
+
 /// `<stem>.lock` → (stem, 0); `<stem>#N.lock` → (stem, N).
 fn split_file_name(file_name: &str) -> Option<(&str, u32)> {
     let base = file_name.strip_suffix(".lock")?;
@@ -218,72 +229,37 @@ fn split_file_name(file_name: &str) -> Option<(&str, u32)> {
     }
 }
 
-fn read_dir(dir: &Path) -> Result<Vec<String>, Error> {
-    let entries = match std::fs::read_dir(dir) {
-        Ok(entries) => entries,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => {
-            return Err(Error::from_lock_io(
-                format!("cannot read {}", dir.display()),
-                &e,
-            ))
-        }
-    };
-    Ok(entries
-        .filter_map(|e| e.ok())
-        .filter_map(|e| e.file_name().into_string().ok())
-        .collect())
-}
-
-fn open_lock_file(path: &Path) -> Result<File, Error> {
-    OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .mode(0o666)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(path)
-        .map_err(|e| {
-            if e.raw_os_error() == Some(libc::ELOOP) {
-                Error::CantCreate(format!(
-                    "refusing to follow a symbolic link at {}",
-                    path.display()
-                ))
-            } else {
-                Error::from_lock_io(format!("cannot open lock file {}", path.display()), &e)
-            }
-        })
-}
-
-/// Read the header token and the holder metadata of a lock file (either may be missing).
-fn read_lock_file(path: &Path) -> (Option<u64>, Option<Holder>) {
+/// Read the header token and the holder metadata of an open lock file (either may be missing).
+fn read_contents(file: File) -> (Option<u64>, Option<Meta>) {
     let mut text = String::new();
-    let Ok(file) = OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(path)
-    else {
-        return (None, None);
-    };
     if file.take(64 * 1024).read_to_string(&mut text).is_err() {
         return (None, None);
     }
     let header = parse_header(text.as_bytes());
     let holder = text
         .get(HEADER_LEN..)
-        .and_then(|rest| serde_json::from_str::<Holder>(rest.trim()).ok());
+        .and_then(|rest| serde_json::from_str::<Meta>(rest.trim()).ok());
     (header, holder)
 }
 
+/// The token in a header: exactly `fence `, 20 decimal digits and a newline.
 fn parse_header(bytes: &[u8]) -> Option<u64> {
-    let header = std::str::from_utf8(bytes.get(..HEADER_LEN)?).ok()?;
-    header.strip_prefix("fence ")?.trim_end().parse().ok()
+    let digits = bytes
+        .get(..HEADER_LEN)?
+        .strip_prefix(b"fence ")?
+        .strip_suffix(b"\n")?;
+    if !digits.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    // 20 digits can exceed u64::MAX; parse refuses that.
+    std::str::from_utf8(digits).ok()?.parse().ok()
 }
 
 fn header(token: u64) -> String {
     format!("fence {token:020}\n")
 }
 
+/// Whether `file` is still the file at `path`, as a new run would find it.
 fn same_file(file: &File, path: &Path) -> io::Result<bool> {
     let held = file.metadata()?;
     if held.nlink() == 0 {
@@ -338,40 +314,44 @@ impl Backend for FileBackend {
         request: &AcquireRequest,
         mut cancel: Cancel,
     ) -> Result<FileLease, Error> {
-        self.prepare_dir()?;
+        let dir = self.prepare_dir()?;
         let deadline = match request.wait {
             Wait::No => None,
             Wait::For(d) => Some(BootInstant::now() + d),
             Wait::Forever => None,
         };
+        let stem = stem(&request.name);
         for _ in 0..MAX_INODE_RETRIES {
             let mut files = Vec::with_capacity(request.limit as usize);
             let mut taken = None;
             for slot in 0..request.limit {
-                let (file, path) = self.open_slot(&request.name, slot)?;
+                let file_name = slot_file_name(&stem, slot);
+                let file = dir.open_lock_file(&file_name)?;
                 match flock(&file, libc::LOCK_EX | libc::LOCK_NB) {
                     Ok(()) => {
-                        taken = Some((slot, file, path));
+                        taken = Some((slot, file, file_name));
                         break;
                     }
                     Err(e) if e.raw_os_error() == Some(libc::EWOULDBLOCK) => {
-                        files.push((slot, file, path))
+                        files.push((slot, file, file_name))
                     }
                     Err(e) => {
                         return Err(Error::from_lock_io(
-                            format!("cannot lock {}", path.display()),
+                            format!("cannot lock {}", dir.path_of(&file_name).display()),
                             &e,
                         ))
                     }
                 }
             }
-            let (slot, file, path) = match taken {
+            let (slot, file, file_name) = match taken {
                 Some(taken) => taken,
                 None => {
+                    // Refuse a mismatched --limit at once rather than after the wait.
+                    check_limits(&dir, request, &stem, None)?;
                     if request.wait == Wait::No {
                         return Err(busy(
                             request,
-                            &self.describe_holders(&request.name),
+                            &Self::describe_holders(&dir, &request.name),
                             "not waiting (--no-wait)",
                         ));
                     }
@@ -383,7 +363,7 @@ impl Backend for FileBackend {
                             let waited = match request.wait { Wait::For(d) => d, _ => Duration::ZERO };
                             Err(busy(
                                 request,
-                                &self.describe_holders(&request.name),
+                                &Self::describe_holders(&dir, &request.name),
                                 &format!("gave up after waiting {} (--wait)", humantime::format_duration(waited)),
                             ))
                         }
@@ -393,18 +373,18 @@ impl Backend for FileBackend {
                     outcome?
                 }
             };
-            match same_file(&file, &path) {
-                Ok(true) => return self.start_hold(request, slot, file, path),
+            match dir.is_current(&file, &file_name) {
+                Ok(true) => return Self::start_hold(&dir, request, &stem, slot, file, &file_name),
                 Ok(false) => {
                     tracing::debug!(
                         "{} was replaced while we locked it; retrying",
-                        path.display()
+                        dir.path_of(&file_name).display()
                     );
                     continue;
                 }
                 Err(e) => {
                     return Err(Error::from_lock_io(
-                        format!("cannot inspect {}", path.display()),
+                        format!("cannot inspect {}", dir.path_of(&file_name).display()),
                         &e,
                     ))
                 }
@@ -419,28 +399,45 @@ impl Backend for FileBackend {
 
     async fn status(&self, name: &LockName) -> Result<LockStatus, Error> {
         let locks = ProcLocks::read()?;
-        self.status_of(name, &locks)
+        match self.existing_dir()? {
+            Some(dir) => Self::status_of(&dir, name, &locks),
+            None => Ok(LockStatus {
+                name: name.to_string(),
+                held: false,
+                holders: Vec::new(),
+                waiters: Some(0),
+                queue: Vec::new(),
+                last_token: None,
+            }),
+        }
     }
 
+    /// Held locks, by name. A lock whose files cannot be trusted is reported on stderr and left
+    /// out, so that one planted file cannot hide the others.
     async fn list(&self) -> Result<Vec<LockStatus>, Error> {
         let locks = ProcLocks::read()?;
+        let Some(dir) = self.existing_dir()? else {
+            return Ok(Vec::new());
+        };
         let mut names = Vec::new();
-        for entry in read_dir(&self.dir)? {
+        for entry in dir.entries()? {
             let Some((entry_stem, _slot)) = split_file_name(&entry) else {
                 continue;
             };
-            let path = self.dir.join(&entry);
-            let Ok(meta) = std::fs::symlink_metadata(&path) else {
+            let Ok(Some(key)) = dir.identity(&entry) else {
                 continue;
             };
-            if !locks.holders.contains_key(&(meta.dev(), meta.ino())) {
+            if !locks.holders.contains_key(&key) {
                 continue;
             }
             // The name is in the metadata; decode the file name when the holder has not
-            // written it yet.
-            let name = read_lock_file(&path)
-                .1
-                .map(|h| h.name)
+            // written it yet (or the file is not one to read: status_of reports that).
+            let name = dir
+                .read_lock_file(&entry)
+                .ok()
+                .flatten()
+                .and_then(|file| read_contents(file).1)
+                .map(|m| m.holder.name)
                 .or_else(|| crate::lock::decode_component(entry_stem));
             if let Some(name) = name.and_then(|n| LockName::new(&n).ok()) {
                 if !names.contains(&name) {
@@ -449,10 +446,14 @@ impl Backend for FileBackend {
             }
         }
         names.sort_by(|a, b| a.as_str().cmp(b.as_str()));
-        names
-            .iter()
-            .map(|name| self.status_of(name, &locks))
-            .collect()
+        let mut statuses = Vec::with_capacity(names.len());
+        for name in &names {
+            match Self::status_of(&dir, name, &locks) {
+                Ok(status) => statuses.push(status),
+                Err(e) => tracing::warn!("not listing '{name}': {e}"),
+            }
+        }
+        Ok(statuses)
     }
 
     async fn force_release(&self, name: &LockName) -> Result<Vec<Holder>, Error> {
@@ -475,19 +476,22 @@ impl Backend for FileBackend {
 
     async fn check(&self) -> Result<CheckReport, Error> {
         let started = BootInstant::now();
-        self.prepare_dir()?;
-        let probe = self.dir.join(format!("#check-{}.lock", std::process::id()));
-        let file = open_lock_file(&probe)?;
+        let dir = self.prepare_dir()?;
+        let probe = format!("#check-{}.lock", std::process::id());
+        let probe_path = dir.path_of(&probe);
+        let file = dir.open_lock_file(&probe)?;
         let locked = flock(&file, libc::LOCK_EX | libc::LOCK_NB);
-        let removed = std::fs::remove_file(&probe);
+        let removed = dir.remove(&probe);
         drop(file);
-        locked.map_err(|e| Error::from_lock_io(format!("cannot flock {}", probe.display()), &e))?;
-        removed
-            .map_err(|e| Error::from_lock_io(format!("cannot remove {}", probe.display()), &e))?;
+        locked.map_err(|e| {
+            Error::from_lock_io(format!("cannot flock {}", probe_path.display()), &e)
+        })?;
+        removed.map_err(|e| {
+            Error::from_lock_io(format!("cannot remove {}", probe_path.display()), &e)
+        })?;
         let round_trip = BootInstant::now().saturating_since(started);
         let mut warnings = Vec::new();
-        let fs = nix::sys::statfs::statfs(&self.dir).ok();
-        let fs_type = fs.map(|s| s.filesystem_type());
+        let fs_type = dir.statfs().map(|s| s.filesystem_type());
         let fs_name = match fs_type {
             Some(t) if t == nix::sys::statfs::NFS_SUPER_MAGIC => {
                 warnings.push(
@@ -531,41 +535,58 @@ fn busy(request: &AcquireRequest, holders: &str, what: &str) -> Error {
 }
 
 impl FileBackend {
+    /// Make the slot just locked a hold: under the lock on the counter's header, check the
+    /// other holders' `--limit`, take the next token and write our metadata. Doing all three
+    /// under that one lock means that of two holders that start together, the second sees the
+    /// first's metadata.
     fn start_hold(
-        &self,
+        dir: &LockDir,
         request: &AcquireRequest,
+        stem: &str,
         slot: u32,
         file: File,
-        path: PathBuf,
+        file_name: &str,
     ) -> Result<FileLease, Error> {
+        let path = dir.path_of(file_name);
         let io_err = |what: &str, e: io::Error| {
             Error::from_lock_io(format!("{what} {}", path.display()), &e)
         };
         // The fencing counter lives in slot 0's header, guarded by an OFD lock on it.
+        let counter_name = slot_file_name(stem, 0);
         let counter_file = if slot == 0 {
             None
         } else {
-            Some(self.open_slot(&request.name, 0)?.0)
+            Some(dir.open_lock_file(&counter_name)?)
         };
         let counter = counter_file.as_ref().unwrap_or(&file);
         header_lock(counter, true).map_err(|e| io_err("cannot lock the header of", e))?;
-        let token = next_token(counter);
-        let written = write_at(counter, 0, header(token).as_bytes());
+        let held = check_limits(dir, request, stem, Some(slot))
+            .and_then(|()| next_token(counter, &dir.path_of(&counter_name)))
+            .and_then(|token| {
+                write_at(counter, 0, header(token).as_bytes())
+                    .map_err(|e| io_err("cannot write", e))?;
+                let mut holder = request.holder.clone();
+                holder.token = token;
+                // A kernel lock has no lease.
+                holder.ttl_ms = 0;
+                let meta = Meta {
+                    holder,
+                    limit: request.limit,
+                };
+                let mut body = if slot == 0 { String::new() } else { header(0) };
+                let body_offset = if slot == 0 { HEADER_LEN as u64 } else { 0 };
+                body.push_str(
+                    &serde_json::to_string(&meta).map_err(|e| Error::Internal(e.to_string()))?,
+                );
+                body.push('\n');
+                write_at(&file, body_offset, body.as_bytes())
+                    .map_err(|e| io_err("cannot write", e))?;
+                file.set_len(body_offset + body.len() as u64)
+                    .map_err(|e| io_err("cannot truncate", e))?;
+                Ok(token)
+            });
         let _ = header_lock(counter, false);
-        written.map_err(|e| io_err("cannot write", e))?;
-
-        let mut holder = request.holder.clone();
-        holder.token = token;
-        // A kernel lock has no lease.
-        holder.ttl_ms = 0;
-        let mut body = if slot == 0 { String::new() } else { header(0) };
-        let body_offset = if slot == 0 { HEADER_LEN as u64 } else { 0 };
-        body.push_str(&serde_json::to_string(&holder).map_err(|e| Error::Internal(e.to_string()))?);
-        body.push('\n');
-        write_at(&file, body_offset, body.as_bytes()).map_err(|e| io_err("cannot write", e))?;
-        file.set_len(body_offset + body.len() as u64)
-            .map_err(|e| io_err("cannot truncate", e))?;
-
+        let token = held?;
         Ok(FileLease {
             file,
             path,
@@ -576,17 +597,102 @@ impl FileBackend {
     }
 }
 
-fn next_token(counter: &File) -> u64 {
+/// Refuse to hold a lock beside holders that use another `--limit` (design: all holders must
+/// agree on N), as the other backends do. Each holder records its limit in its metadata,
+/// believed while `/proc/locks` shows its pid holding the file. Slot files are created in
+/// order and never removed, so the probe stops at the first missing one: for a plain lock it
+/// costs one `stat`. `own`: the slot we hold, if any.
+fn check_limits(
+    dir: &LockDir,
+    request: &AcquireRequest,
+    stem: &str,
+    own: Option<u32>,
+) -> Result<(), Error> {
+    let mut others = Vec::new();
+    for slot in (0..crate::lock::MAX_LIMIT).filter(|s| Some(*s) != own) {
+        let file_name = slot_file_name(stem, slot);
+        match dir.identity(&file_name) {
+            Ok(Some(key)) => others.push((file_name, key)),
+            _ => break,
+        }
+    }
+    if others.is_empty() {
+        return Ok(());
+    }
+    let locks = match ProcLocks::read() {
+        Ok(locks) => locks,
+        Err(e) => {
+            tracing::debug!("cannot compare --limit with the other holders: {e}");
+            return Ok(());
+        }
+    };
+    for (file_name, key) in others {
+        let Some(&pid) = locks.holders.get(&key) else {
+            continue;
+        };
+        // A file that cannot be read or trusted says nothing about a limit.
+        let meta = dir
+            .read_lock_file(&file_name)
+            .ok()
+            .flatten()
+            .and_then(|file| read_contents(file).1);
+        if let Some(meta) = meta.filter(|m| m.holder.pid == pid) {
+            if meta.limit != 0 && meta.limit != request.limit {
+                return Err(Error::Usage(format!(
+                    "lock '{}' is held with --limit {}; all holders must use the same --limit",
+                    request.name, meta.limit
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The token after the one in the counter (slot 0's header): `max(counter + 1, µs since the
+/// epoch)`. An empty file is a fresh counter. Tokens must strictly increase, so a counter that
+/// cannot be read, or that has reached `u64::MAX`, is refused rather than guessed at.
+fn next_token(counter: &File, path: &Path) -> Result<u64, Error> {
     use std::os::unix::fs::FileExt;
     let mut buf = [0u8; HEADER_LEN];
-    let stored = match counter.read_at(&mut buf, 0) {
-        Ok(n) if n == HEADER_LEN => parse_header(&buf).unwrap_or(0),
-        _ => 0,
+    let mut read = 0;
+    while read < HEADER_LEN {
+        match counter.read_at(&mut buf[read..], read as u64) {
+            Ok(0) => break,
+            Ok(n) => read += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                return Err(Error::from_lock_io(
+                    format!("cannot read the fencing counter in {}", path.display()),
+                    &e,
+                ))
+            }
+        }
+    }
+    let stored = match (read, parse_header(&buf)) {
+        (0, _) => 0,
+        (_, Some(stored)) => stored,
+        (_, None) => {
+            return Err(Error::CantCreate(format!(
+                "the fencing counter in {} is unreadable (it starts {:?}, not 'fence' and 20 digits), \
+                 so the next token could repeat an old one; if nothing relies on this lock's tokens, \
+                 empty the file (: > FILE) to restart the counter from the clock",
+                path.display(),
+                String::from_utf8_lossy(&buf[..read])
+            )))
+        }
+    };
+    let Some(next) = stored.checked_add(1) else {
+        return Err(Error::CantCreate(format!(
+            "the fencing counter in {} is at its maximum ({stored}): no larger token can be issued \
+             and tokens must never repeat; to use the name again, empty the file (: > FILE) once \
+             nothing relies on its old tokens",
+            path.display()
+        )));
     };
     let clock = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX));
-    stored.saturating_add(1).max(clock)
+    Ok(next.max(clock))
 }
 
 fn watch_file(path: &Path) -> io::Result<AsyncFd<Readable<Inotify>>> {
@@ -737,7 +843,7 @@ impl ProcLocks {
 struct BlockedWait {
     stop: Arc<AtomicBool>,
     threads: Vec<(u32, std::thread::JoinHandle<()>)>,
-    results: mpsc::UnboundedReceiver<(u32, io::Result<(File, PathBuf)>)>,
+    results: mpsc::UnboundedReceiver<(u32, io::Result<(File, String)>)>,
 }
 
 /// The real-time signal used to interrupt blocked `flock` calls in helper threads.
@@ -762,7 +868,7 @@ fn install_interrupt_handler() {
 }
 
 impl BlockedWait {
-    fn start(files: Vec<(u32, File, PathBuf)>) -> BlockedWait {
+    fn start(files: Vec<(u32, File, String)>) -> BlockedWait {
         install_interrupt_handler();
         let stop = Arc::new(AtomicBool::new(false));
         let (tx, results) = mpsc::unbounded_channel();
@@ -801,7 +907,7 @@ impl BlockedWait {
     }
 
     /// The first slot won, with its file.
-    async fn first(&mut self) -> Result<(u32, File, PathBuf), Error> {
+    async fn first(&mut self) -> Result<(u32, File, String), Error> {
         match self.results.recv().await {
             Some((slot, Ok((file, path)))) => Ok((slot, file, path)),
             Some((_, Err(e))) => Err(Error::from_lock_io("cannot lock".into(), &e)),
@@ -878,5 +984,8 @@ mod tests {
         assert_eq!(parse_header(header(42).as_bytes()), Some(42));
         assert_eq!(parse_header(header(u64::MAX).as_bytes()), Some(u64::MAX));
         assert_eq!(parse_header(b"garbage"), None);
+        assert_eq!(parse_header(b"fence +0000000000000000042\n"), None);
+        assert_eq!(parse_header(b"fence 99999999999999999999\n"), None);
+        assert_eq!(parse_header(&[0; HEADER_LEN]), None);
     }
 }
