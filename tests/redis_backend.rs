@@ -500,9 +500,12 @@ fn a_killed_waiter_holds_up_a_freed_lock_only_briefly_whatever_its_ttl() {
     holder.signal(Signal::SIGTERM);
     holder.wait();
     let freed = Instant::now();
-    let out = env.run([
-        "run", "--ttl", "60s", "--wait", "30s", &lock, "touch", "ran",
-    ]);
+    let out = output_within(
+        env.dlock([
+            "run", "--ttl", "60s", "--wait", "30s", &lock, "touch", "ran",
+        ]),
+        Duration::from_secs(40),
+    );
     let took = freed.elapsed();
     assert!(out.status.success(), "{}", describe(&out));
     assert!(env.path("ran").exists());
