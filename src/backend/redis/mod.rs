@@ -189,8 +189,17 @@ impl RedisBackend {
                 Err(f) => Err(f.into_error(&self.display)),
             }
         };
-        if let Err(e) = attempt.await {
-            tracing::warn!("could not leave the queue of '{}': {e}", request.name);
+        match attempt.await {
+            Ok(()) => {}
+            // The server is not answering: that is the error the caller reports anyway, and
+            // what was left behind expires by itself.
+            Err(e @ Error::Unavailable(_)) => tracing::info!(
+                "could not withdraw from '{}' (a place in line expires within {}, a grant \
+                 whose reply was lost within --ttl): {e}",
+                request.name,
+                humantime::format_duration(WAITER_LEASE)
+            ),
+            Err(e) => tracing::warn!("could not withdraw from '{}': {e}", request.name),
         }
     }
 }
