@@ -1308,6 +1308,45 @@ mod tests {
     }
 
     #[test]
+    fn script_replies_keep_big_tokens_exact_and_bytes_readable() {
+        let reply = [
+            Value::Int(1),
+            Value::BulkString(b"9223372036854775807".to_vec()),
+            Value::Int(3000),
+        ];
+        match Step::parse(&reply) {
+            Some(Step::Granted { fence, ttl_ms }) => {
+                assert_eq!(fence.parse::<u64>().ok(), Some(9_223_372_036_854_775_807));
+                assert_eq!(ttl_ms, 3000);
+            }
+            _ => panic!("not a grant"),
+        }
+        let reply = [
+            Value::Int(-3),
+            Value::BulkString(b"dlock:{a}:fence".to_vec()),
+        ];
+        assert!(
+            matches!(Step::parse(&reply), Some(Step::Exhausted { key }) if key == "dlock:{a}:fence")
+        );
+        assert!(Step::parse(&[Value::Int(7)]).is_none());
+        assert_eq!(
+            text_of(&Value::BulkString(b"a\xffb".to_vec())).as_deref(),
+            Some("a\u{FFFD}b")
+        );
+        // A host name with a byte that is not UTF-8 in otherwise valid JSON.
+        let meta = [
+            br#"{"name":"n","host":"h"#.as_slice(),
+            &[0xff],
+            br#"","pid":7,"user":"u","command":"c","since":"s","ttl_ms":1,"token":0,"version":"v"}"#,
+        ]
+        .concat();
+        let meta = Value::BulkString(meta);
+        let holder = holder_of(Some(&meta), Some(&Value::BulkString(b"42".to_vec())));
+        assert_eq!((holder.pid, holder.token), (7, 42));
+        assert_eq!(holder.host, "h\u{FFFD}");
+    }
+
+    #[test]
     fn glob_characters_are_escaped() {
         assert_eq!(glob_escape("a*b?[c]\\"), "a\\*b\\?\\[c\\]\\\\");
     }
