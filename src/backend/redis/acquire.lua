@@ -1,10 +1,14 @@
 -- dlock acquire / re-check / heartbeat.  One call = one attempt.
 -- KEYS[1]=B:fence KEYS[2]=B:holders KEYS[3]=B:queue KEYS[4]=B:qdl KEYS[5]=B:h:<tok> KEYS[6]=B:w:<tok>
--- ARGV[1]=tok ARGV[2]=limit ARGV[3]=ttl_ms ARGV[4]=waiter_ttl_ms ARGV[5]=meta_json
+-- ARGV[1]=tok ARGV[2]=limit ARGV[3]=ttl_ms ARGV[4]=waiter_lease_ms ARGV[5]=meta_json
 -- ARGV[6]=mode ('try' = never enqueue, 'wait' = enqueue/heartbeat) ARGV[7]=ticket (0 = none yet)
--- Returns {-1, their_limit}                 a holder uses another --limit
---         {1, fence, ttl_ms}               granted (or already ours: idempotent retry)
---         {0, hint_ms, rank, ticket, holders} not granted (hint -1 = none)
+-- Returns {-1, their_limit}                    a holder uses another --limit
+--         {1, 'fence', ttl_ms}                 granted (or already ours: idempotent retry);
+--                                              the fence is a decimal string, exact to 2^63-1
+--         {0, hint_ms, ahead, ticket, holders} not granted (hint -1 = none); ahead = waiters
+--                                              in line before me (all of them in 'try' mode)
+--         {-2, key, what}                      KEY holds data dlock did not write
+--         {-3, key}                            the fencing counter KEY is at 2^63-1
 local B = string.sub(KEYS[1], 1, -7)
 local tok, limit, ttl, wttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local t = redis.call('TIME')
@@ -14,29 +18,59 @@ local function int(x) return string.format('%.0f', x) end   -- never let Redis f
 local function keep(key, ms)            -- make KEY live at least MS (a decimal string) more milliseconds
   if redis.call('PTTL', key) < tonumber(ms) then redis.call('PEXPIRE', key, ms) end
 end
--- The fencing counter: one more than the last token, and never behind the server's clock in
--- microseconds. A crash can set the counter back (AOF everysec, snapshots) or lose it (no
--- persistence); the clock has moved past every token handed out before, so tokens still grow.
-local function next_seq()
-  local now_us = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  local seq = math.max(tonumber(redis.call('GET', KEYS[1]) or '0') + 1, now_us)
-  redis.call('SET', KEYS[1], int(seq))
+local function kind(key) return redis.call('TYPE', key)['ok'] end
+local function wake(w)                  -- a mailbox someone broke only costs that waiter a heartbeat
+  local box = B .. ':w:' .. w
+  if type(redis.pcall('LPUSH', box, '1')) == 'number' then redis.call('PEXPIRE', box, ARGV[4]) end
+end
+
+-- 0. every key must hold what dlock keeps there (or nothing)
+for _, e in ipairs({{KEYS[1], 'string'}, {KEYS[2], 'set'}, {KEYS[3], 'zset'}, {KEYS[4], 'zset'},
+                    {KEYS[5], 'hash'}, {KEYS[6], 'list'}}) do
+  local k = kind(e[1])
+  if k ~= 'none' and k ~= e[2] then return {-2, e[1], 'a ' .. k .. ', not a ' .. e[2]} end
+end
+
+-- The fencing counter: one more than the last token (INCR: exact up to 2^63-1, an error rather
+-- than a wrap past it), and never behind the server's clock in microseconds. A crash can set the
+-- counter back (AOF everysec, snapshots) or lose it (no persistence); the clock has moved past
+-- every token handed out before, so tokens still grow. The counter never passes through a Lua
+-- number (a double, exact only to 2^53): it is compared and returned as a decimal string.
+local function next_fence()
+  local r = redis.pcall('INCR', KEYS[1])
+  if type(r) == 'table' and r['err'] then
+    if string.find(r['err'], 'overflow', 1, true) then return nil, {-3, KEYS[1]} end
+    if string.find(r['err'], 'not an integer', 1, true) then
+      local v = redis.call('GET', KEYS[1]) or ''
+      return nil, {-2, KEYS[1], '"' .. string.sub(v, 1, 40) .. '", not a whole number'}
+    end
+    return nil, redis.error_reply(r['err'])                    -- READONLY, OOM, …: as they are
+  end
+  local seq = redis.call('GET', KEYS[1])                      -- canonical: INCR wrote it
+  local floor = t[1] .. string.format('%06d', tonumber(t[2])) -- TIME in µs, exact
+  -- seq < floor for decimal integers (floor is positive, both without leading zeros)
+  if string.sub(seq, 1, 1) == '-' or #seq < #floor or (#seq == #floor and seq < floor) then
+    redis.call('SET', KEYS[1], floor)
+    seq = floor
+  end
   return seq
 end
 
 -- 1. a retry after a lost reply finds its own hold
 if redis.call('SISMEMBER', KEYS[2], tok) == 1 then
   local f = redis.call('HGET', KEYS[5], 'fence')
-  if f then return {1, tonumber(f), redis.call('PTTL', KEYS[5])} end
+  if f then return {1, f, redis.call('PTTL', KEYS[5])} end
 end
 
 -- 2. live holders: drop index entries whose entry expired or was deleted
 local live, soonest = 0, -1
 for _, h in ipairs(redis.call('SMEMBERS', KEYS[2])) do
   local k = B .. ':h:' .. h
-  local p = redis.call('PTTL', k)
-  if p == -2 then redis.call('SREM', KEYS[2], h)
+  local kt = kind(k)
+  if kt == 'none' then redis.call('SREM', KEYS[2], h)
+  elseif kt ~= 'hash' then return {-2, k, 'a ' .. kt .. ', not a hash'}
   else
+    local p = redis.call('PTTL', k)
     local l = tonumber(redis.call('HGET', k, 'limit'))
     if l and l ~= limit then return {-1, l} end       -- holders disagree on --limit
     live = live + 1
@@ -44,7 +78,7 @@ for _, h in ipairs(redis.call('SMEMBERS', KEYS[2])) do
   end
 end
 
--- 3. purge waiters whose heartbeat deadline passed (crashed), at most 100 per call
+-- 3. purge waiters whose heartbeat deadline passed (killed, crashed), at most 100 per call
 local purged = 0
 for _, w in ipairs(redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', '(' .. now, 'LIMIT', 0, 100)) do
   redis.call('ZREM', KEYS[3], w); redis.call('ZREM', KEYS[4], w); redis.call('DEL', B .. ':w:' .. w)
@@ -57,8 +91,9 @@ local queued = rank ~= false
 if not queued then rank = redis.call('ZCARD', KEYS[3]) end
 
 if live + rank < limit then
-  local fence = next_seq()
-  redis.call('HSET', KEYS[5], 'fence', int(fence), 'meta', ARGV[5], 'since', int(now), 'ttl', ARGV[3], 'limit', ARGV[2])
+  local fence, err = next_fence()
+  if not fence then return err end
+  redis.call('HSET', KEYS[5], 'fence', fence, 'meta', ARGV[5], 'since', int(now), 'ttl', ARGV[3], 'limit', ARGV[2])
   redis.call('PEXPIRE', KEYS[5], ARGV[3])
   redis.call('SADD', KEYS[2], tok)
   keep(KEYS[2], ARGV[3])
@@ -70,22 +105,27 @@ end
 -- a purge may have let waiters ahead of me move up: wake those that now fit
 if purged > 0 then
   for _, w in ipairs(redis.call('ZRANGE', KEYS[3], 0, limit - live - 1)) do
-    if w ~= tok then
-      redis.call('LPUSH', B .. ':w:' .. w, '1'); redis.call('PEXPIRE', B .. ':w:' .. w, ARGV[4])
-    end
+    if w ~= tok then wake(w) end
   end
 end
 
-if ARGV[6] ~= 'wait' then return {0, soonest, -1, 0, live} end
+if ARGV[6] ~= 'wait' then return {0, soonest, rank, 0, live} end
 
+-- The ticket orders the queue: later than every ticket in line and than the clock in µs
+-- (exact as a sorted-set score until the year 2255). A purged live waiter keeps its old one.
 local ticket = tonumber(ARGV[7])
 if not queued then
-  if ticket == 0 then ticket = next_seq() end        -- first arrival: take a ticket
-  redis.call('ZADD', KEYS[3], int(ticket), tok)           -- (a purged live waiter keeps its old ticket)
+  if ticket == 0 then
+    ticket = tonumber(t[1]) * 1000000 + tonumber(t[2])
+    local last = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')[2]
+    if last and tonumber(last) >= ticket then ticket = tonumber(last) + 1 end
+  end
+  redis.call('ZADD', KEYS[3], int(ticket), tok)
   rank = redis.call('ZRANK', KEYS[3], tok)
 else
   ticket = tonumber(redis.call('ZSCORE', KEYS[3], tok))
 end
+-- the heartbeat: a waiter that stops calling drops out WAITER_LEASE after its last call
 redis.call('ZADD', KEYS[4], int(now + wttl), tok)
 keep(KEYS[3], ARGV[4]); keep(KEYS[4], ARGV[4])
 local hint = -1

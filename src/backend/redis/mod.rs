@@ -6,7 +6,7 @@
 //!
 //! | key | type | content |
 //! |---|---|---|
-//! | `B:fence` | string, no TTL | fencing/ticket counter: one more than before, never less than the server's `TIME` in µs |
+//! | `B:fence` | string, no TTL | fencing counter: one more than before (`INCR`, exact up to 2^63-1), never less than the server's `TIME` in µs |
 //! | `B:holders` | set | owner tokens of the holders (an index; the truth is `B:h:<tok>`) |
 //! | `B:h:<tok>` | hash, TTL = lease | `fence`, `meta` (holder JSON), `since`, `ttl`, `limit` |
 //! | `B:queue` | sorted set | waiter token → ticket (arrival order) |
@@ -16,11 +16,17 @@
 //! Protocol: `acquire.lua` grants when `live holders + my rank < limit` (no overtaking), else
 //! queues the caller with a ticket. The waiter blocks in `BLPOP` on its own mailbox; a release
 //! (`release.lua`) pushes into exactly the mailbox of the waiter its leaving admits, so one
-//! release wakes one waiter. The `BLPOP` times out every TTL/3 (a heartbeat and a re-check that
-//! covers a missed wake-up), and the head of the queue re-checks when the holder's lease would
-//! expire (a crashed holder). The owner token is random per acquisition, so a retry after a lost
-//! reply finds its own hold, and renew/release only ever touch keys named by their own token.
-//! Renewal (`renew.lua`) goes through [`Keeper`], which owns the deadline arithmetic.
+//! release wakes one waiter. The `BLPOP` times out every [`WAITER_HEARTBEAT`] (at most TTL/3):
+//! a heartbeat that keeps the waiter's place, and a re-check that covers a missed wake-up. A
+//! waiter that stops heartbeating (killed) drops out [`WAITER_LEASE`] after its last one,
+//! whatever `--ttl` is. The head of the queue also re-checks when the holder's lease would
+//! expire (a crashed holder). The owner token is random per acquisition, so a retry after a
+//! lost reply finds its own hold, and renew/release only ever touch keys named by their own
+//! token. Renewal (`renew.lua`) goes through [`Keeper`], which owns the deadline arithmetic.
+//!
+//! Every script first checks that the lock's keys hold what dlock keeps there; a key someone
+//! else overwrote is reported by name (exit 69), never as an internal error, and `list` skips
+//! (and names) such a lock instead of failing for all of them.
 
 use std::sync::LazyLock;
 use std::time::Duration;
@@ -54,6 +60,24 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const OP_TIMEOUT: Duration = Duration::from_secs(5);
 /// Attempts of an acquire step after a lost reply or a dropped connection.
 const ACQUIRE_ATTEMPTS: u32 = 3;
+/// How long a waiter keeps its place in line after its last heartbeat: a waiter killed with
+/// SIGKILL holds up a freed lock at most this long, whatever `--ttl` is.
+const WAITER_LEASE: Duration = Duration::from_secs(2);
+/// How often a waiter heartbeats (and re-checks); well inside [`WAITER_LEASE`].
+const WAITER_HEARTBEAT: Duration = Duration::from_millis(500);
+/// How long a wake-up waits in a waiter's mailbox (a live waiter takes it within a heartbeat).
+const WAKE_TTL: Duration = Duration::from_secs(10);
+/// `release --force` removes waiter entries whose heartbeat deadline is further ahead than
+/// this: no live dlock of this version writes one (older ones heartbeat once per TTL).
+const STALE_WAITER: Duration = Duration::from_secs(60);
+/// With `--no-wait`, the server must have answered within this (connecting included).
+const NO_WAIT_BOUND: Duration = OP_TIMEOUT;
+/// The least time an acquire call gets, also for the last check at the `--wait` deadline.
+const MIN_CALL: Duration = Duration::from_millis(500);
+/// Bound for leaving the queue, connecting included (after a failure, a timeout or a cancel).
+const LEAVE_TIMEOUT: Duration = Duration::from_secs(2);
+/// The largest fencing token: Redis counters are signed 64-bit.
+const FENCE_MAX: i64 = i64::MAX;
 
 pub struct RedisBackend {
     target: RedisTarget,
@@ -86,7 +110,13 @@ impl RedisBackend {
         Keys::new(&self.prefix, name, tok)
     }
 
-    async fn status_with(&self, conn: &mut Conn, name: &LockName) -> Result<LockStatus, Error> {
+    /// The status of `name`, or (in the inner result) why the server's data for it is unusable.
+    async fn status_with(
+        &self,
+        conn: &mut Conn,
+        name: &LockName,
+        budget: Duration,
+    ) -> Result<Result<LockStatus, Error>, Error> {
         let keys = self.keys(name, "");
         let mut invocation = STATUS.prepare_invoke();
         invocation
@@ -94,31 +124,84 @@ impl RedisBackend {
             .key(&keys.holders)
             .key(&keys.qdl);
         let reply: Value = conn
-            .invoke(&invocation, OP_TIMEOUT)
+            .invoke(&invocation, budget)
             .await
             .map_err(|f| f.into_error(&self.display))?;
-        parse_status(name, reply)
+        parse_status(name, reply, &self.display)
     }
 
-    /// " by pid N on host since T" for messages about a held lock.
+    /// " by pid N on host since T" for messages about a held lock (bounded: this only
+    /// decorates a message).
     async fn describe_holders(&self, conn: &mut Conn, name: &LockName) -> String {
-        self.status_with(conn, name)
-            .await
-            .map(|status| status.held_by())
-            .unwrap_or_default()
+        match self.status_with(conn, name, MIN_CALL).await {
+            Ok(Ok(status)) => status.held_by(),
+            _ => String::new(),
+        }
     }
 
-    /// Leave the queue (and give back a grant whose reply we may have missed). A failure only
-    /// costs a waiter slot until its heartbeat deadline passes.
+    /// Why the lock was not ours, from the last acquire reply: held, or free (or not full)
+    /// with waiters ahead of us in line.
+    async fn busy_reason(
+        &self,
+        conn: &mut Conn,
+        request: &AcquireRequest,
+        live: i64,
+        ahead: i64,
+    ) -> String {
+        let name = &request.name;
+        let limit = i64::from(request.limit);
+        let holders = if live > 0 {
+            self.describe_holders(conn, name).await
+        } else {
+            String::new()
+        };
+        if live >= limit {
+            let queue = match ahead {
+                0 => String::new(),
+                1 => ", 1 waiter queued".to_owned(),
+                n => format!(", {n} waiters queued"),
+            };
+            return format!("lock '{name}' is held{holders}{queue}");
+        }
+        let state = if live == 0 {
+            "free".to_owned()
+        } else {
+            format!("not full ({live} of --limit {limit} held{holders})")
+        };
+        let ahead = match ahead {
+            n if n <= 1 => "1 waiter is".to_owned(),
+            n => format!("{n} waiters are"),
+        };
+        format!(
+            "lock '{name}' is {state}, but {ahead} ahead in the queue (a waiter that was killed \
+             drops out within {})",
+            humantime::format_duration(WAITER_LEASE)
+        )
+    }
+
+    /// Leave the queue (and give back a grant whose reply we may have missed). Bounded by
+    /// [`LEAVE_TIMEOUT`]: a failure only costs a waiter slot until its heartbeat deadline
+    /// passes (a lost grant: until its lease runs out).
     async fn leave(&self, keys: &Keys, request: &AcquireRequest) {
         let attempt = async {
-            let mut conn = self.connect().await?;
-            release_call(&mut conn, keys, request.limit, request.ttl, "holder")
-                .await
-                .map_err(|f| f.into_error(&self.display))
+            let mut conn = Conn::new(&self.target, &self.display)?;
+            match release_call(&mut conn, keys, request.limit, "holder", LEAVE_TIMEOUT).await {
+                Ok(Released::BadData { key, what }) => Err(bad_data(&self.display, &key, &what)),
+                Ok(Released::Done { .. }) => Ok(()),
+                Err(f) => Err(f.into_error(&self.display)),
+            }
         };
-        if let Err(e) = attempt.await {
-            tracing::warn!("could not leave the queue of '{}': {e}", request.name);
+        match attempt.await {
+            Ok(()) => {}
+            // The server is not answering: that is the error the caller reports anyway, and
+            // what was left behind expires by itself.
+            Err(e @ Error::Unavailable(_)) => tracing::info!(
+                "could not withdraw from '{}' (a place in line expires within {}, a grant \
+                 whose reply was lost within --ttl): {e}",
+                request.name,
+                humantime::format_duration(WAITER_LEASE)
+            ),
+            Err(e) => tracing::warn!("could not withdraw from '{}': {e}", request.name),
         }
     }
 }
@@ -152,13 +235,21 @@ fn millis(d: Duration) -> String {
     d.as_millis().to_string()
 }
 
+/// What `release.lua` did.
+enum Released {
+    /// `held`: my hold entry still existed.
+    Done { held: bool },
+    /// A key of the lock holds data dlock did not write (my own entries are gone anyway).
+    BadData { key: String, what: String },
+}
+
 async fn release_call(
     conn: &mut Conn,
     keys: &Keys,
     limit: u32,
-    ttl: Duration,
     role: &str,
-) -> Result<(i64, i64), Failure> {
+    budget: Duration,
+) -> Result<Released, Failure> {
     let mut invocation = RELEASE.prepare_invoke();
     invocation
         .key(&keys.holders)
@@ -168,14 +259,139 @@ async fn release_call(
         .key(&keys.wake)
         .arg(owner_token(keys))
         .arg(limit)
-        .arg(millis(ttl))
+        .arg(millis(WAKE_TTL))
         .arg(role);
-    conn.invoke(&invocation, OP_TIMEOUT).await
+    let reply: Vec<Value> = conn.invoke(&invocation, budget).await?;
+    Ok(match reply.first().and_then(int_of) {
+        Some(-2) => Released::BadData {
+            key: reply.get(1).and_then(text_of).unwrap_or_default(),
+            what: reply.get(2).and_then(text_of).unwrap_or_default(),
+        },
+        held => Released::Done {
+            held: held == Some(1),
+        },
+    })
 }
 
 /// The owner token is the last component of the hold key.
 fn owner_token(keys: &Keys) -> &str {
     keys.hold.rsplit(':').next().unwrap_or_default()
+}
+
+/// A key of a lock holds something dlock did not put there (another program, a hand-made
+/// `SET`): dlock cannot use the lock and says which key it is. Exit 69, like any server whose
+/// answers dlock cannot use.
+fn bad_data(display: &str, key: &str, what: &str) -> Error {
+    let remedy = if key.ends_with(":fence") {
+        "repair or delete that key (a deleted fencing counter restarts from the server's clock \
+         in microseconds)"
+    } else {
+        "repair or delete that key (dlock recreates it)"
+    };
+    Error::Unavailable(format!(
+        "{display}: the key '{key}' holds {what}: data dlock did not write; {remedy}"
+    ))
+}
+
+/// The fencing counter reached the largest token: refuse rather than repeat or wrap.
+fn fence_exhausted(display: &str, key: &str) -> Error {
+    Error::Unavailable(format!(
+        "{display}: the fencing counter '{key}' is at its maximum ({FENCE_MAX}); dlock cannot \
+         hand out a larger token and does not take the lock (use another lock name or --prefix; \
+         lowering the counter would let tokens repeat)"
+    ))
+}
+
+/// An integer in a script reply (Lua numbers arrive as integers, counters as strings).
+fn int_of(value: &Value) -> Option<i64> {
+    match value {
+        Value::Int(i) => Some(*i),
+        Value::BulkString(b) => std::str::from_utf8(b).ok()?.parse().ok(),
+        Value::SimpleString(s) => s.parse().ok(),
+        _ => None,
+    }
+}
+
+/// A string in a script reply; bytes that are not UTF-8 become U+FFFD (data from the server
+/// is shown, never trusted to be text).
+fn text_of(value: &Value) -> Option<String> {
+    match value {
+        Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
+        Value::SimpleString(s) => Some(s.clone()),
+        Value::Int(i) => Some(i.to_string()),
+        _ => None,
+    }
+}
+
+/// The holder metadata as stored (JSON), as far as it can be read.
+fn holder_of(meta: Option<&Value>, fence: Option<&Value>) -> Holder {
+    let mut holder: Holder = meta
+        .and_then(text_of)
+        .and_then(|m| serde_json::from_str(&m).ok())
+        .unwrap_or_default();
+    holder.token = fence
+        .and_then(text_of)
+        .and_then(|f| f.parse().ok())
+        .unwrap_or(0);
+    holder
+}
+
+/// What one call of `acquire.lua` said.
+enum Step {
+    Granted {
+        fence: String,
+        ttl_ms: i64,
+    },
+    OtherLimit(i64),
+    Waiting {
+        hint: i64,
+        ahead: i64,
+        ticket: i64,
+        live: i64,
+    },
+    BadData {
+        key: String,
+        what: String,
+    },
+    Exhausted {
+        key: String,
+    },
+}
+
+impl Step {
+    fn parse(reply: &[Value]) -> Option<Step> {
+        let int = |i: usize| reply.get(i).and_then(int_of);
+        let text = |i: usize| reply.get(i).and_then(text_of);
+        Some(match int(0)? {
+            1 => Step::Granted {
+                fence: text(1)?,
+                ttl_ms: int(2).unwrap_or(0),
+            },
+            -1 => Step::OtherLimit(int(1).unwrap_or(0)),
+            0 => Step::Waiting {
+                hint: int(1).unwrap_or(-1),
+                ahead: int(2).unwrap_or(0),
+                ticket: int(3).unwrap_or(0),
+                live: int(4).unwrap_or(0),
+            },
+            -2 => Step::BadData {
+                key: text(1)?,
+                what: text(2).unwrap_or_default(),
+            },
+            -3 => Step::Exhausted { key: text(1)? },
+            _ => return None,
+        })
+    }
+}
+
+/// The time an acquire call may take: up to [`OP_TIMEOUT`], and not past `answer_by` (but at
+/// least [`MIN_CALL`], so the last check at a `--wait` deadline can still be answered).
+fn call_budget(answer_by: Option<BootInstant>) -> Duration {
+    answer_by.map_or(OP_TIMEOUT, |by| by.remaining().clamp(MIN_CALL, OP_TIMEOUT))
+}
+
+fn passed(by: Option<BootInstant>) -> bool {
+    by.is_some_and(|by| by.remaining().is_zero())
 }
 
 impl Backend for RedisBackend {
@@ -188,11 +404,24 @@ impl Backend for RedisBackend {
     ) -> Result<RedisLease, Error> {
         let tok = uuid::Uuid::new_v4().simple().to_string();
         let keys = self.keys(&request.name, &tok);
-        let mut conn = self.connect().await?;
-        let deadline = match request.wait {
-            Wait::For(d) => Some(BootInstant::now() + d),
-            Wait::No | Wait::Forever => None,
+        let started = BootInstant::now();
+        // `deadline` ends the wait for the lock (75); `answer_by` bounds how long dlock waits
+        // for the server itself, connecting included (69).
+        let (deadline, answer_by, within) = match request.wait {
+            Wait::For(d) => (
+                Some(started + d),
+                Some(started + d),
+                format!("--wait {}", humantime::format_duration(d)),
+            ),
+            Wait::No => (
+                None,
+                Some(started + NO_WAIT_BOUND),
+                format!("{} (--no-wait)", humantime::format_duration(NO_WAIT_BOUND)),
+            ),
+            Wait::Forever => (None, None, String::new()),
         };
+        // Connects on the first call, within that call's budget.
+        let mut conn = Conn::new(&self.target, &self.display)?;
         let mode = if request.wait == Wait::No {
             "try"
         } else {
@@ -201,8 +430,11 @@ impl Backend for RedisBackend {
         let meta =
             serde_json::to_string(&request.holder).map_err(|e| Error::Internal(e.to_string()))?;
         let ttl_ms = millis(request.ttl);
-        // Waiters heartbeat (and re-check) every TTL/3 and drop out after a TTL of silence.
-        let recheck = (request.ttl / 3).max(Duration::from_millis(10));
+        // Waiters heartbeat (and re-check) often, whatever the TTL: a killed waiter drops out
+        // of the queue WAITER_LEASE after its last heartbeat.
+        let heartbeat = (request.ttl / 3)
+            .min(WAITER_HEARTBEAT)
+            .max(Duration::from_millis(10));
         let mut ticket: i64 = 0;
         loop {
             let mut invocation = ACQUIRE.prepare_invoke();
@@ -216,15 +448,15 @@ impl Backend for RedisBackend {
                 .arg(&tok)
                 .arg(request.limit)
                 .arg(&ttl_ms)
-                .arg(&ttl_ms)
+                .arg(millis(WAITER_LEASE))
                 .arg(&meta)
                 .arg(mode)
                 .arg(ticket);
             let sent = BootInstant::now();
             let mut attempt = 0;
-            let reply: Vec<i64> = loop {
+            let reply: Vec<Value> = loop {
                 attempt += 1;
-                let call = conn.invoke(&invocation, OP_TIMEOUT);
+                let call = conn.invoke(&invocation, call_budget(answer_by));
                 let result = tokio::select! {
                     result = call => result,
                     _ = cancel.cancelled() => {
@@ -238,7 +470,11 @@ impl Backend for RedisBackend {
                     // The script is idempotent for our token: after a lost reply, ask again.
                     // `sent` stays the first attempt's: a grant whose reply was lost dates from
                     // then, and the earlier time keeps the lease deadline conservative.
-                    Err(failure) if failure.is_transient() && attempt < ACQUIRE_ATTEMPTS => {
+                    Err(failure)
+                        if failure.is_transient()
+                            && attempt < ACQUIRE_ATTEMPTS
+                            && !passed(answer_by) =>
+                    {
                         tracing::debug!(
                             "acquire attempt {attempt} failed: {}; retrying",
                             failure.describe()
@@ -246,7 +482,14 @@ impl Backend for RedisBackend {
                         tokio::time::sleep(Duration::from_millis(50 * u64::from(attempt))).await;
                     }
                     Err(failure) => {
-                        let error = failure.into_error(&self.display);
+                        let error = if failure.is_timeout() && passed(answer_by) {
+                            Error::Unavailable(format!(
+                                "no answer from {} within {within}",
+                                self.display
+                            ))
+                        } else {
+                            failure.into_error(&self.display)
+                        };
                         // The script may have run without us seeing the reply: take back
                         // whatever it created for our token (a place in line or a grant).
                         if failure_may_have_run(&error) || ticket != 0 {
@@ -256,11 +499,31 @@ impl Backend for RedisBackend {
                     }
                 }
             };
-            match reply.first().copied() {
-                Some(1) => {
-                    let fence = reply.get(1).copied().unwrap_or(0);
-                    let granted =
-                        Duration::from_millis(reply.get(2).copied().unwrap_or(0).max(0) as u64);
+            let Some(step) = Step::parse(&reply) else {
+                if ticket != 0 {
+                    self.leave(&keys, request).await;
+                }
+                return Err(Error::Internal(format!(
+                    "unexpected reply from the acquire script: {reply:?}"
+                )));
+            };
+            let (hint, ahead, live) = match step {
+                Step::Granted {
+                    fence,
+                    ttl_ms: granted_ms,
+                } => {
+                    let token = match fence.parse::<u64>() {
+                        Ok(token) if token > 0 => token,
+                        _ => {
+                            self.leave(&keys, request).await;
+                            return Err(bad_data(
+                                &self.display,
+                                &keys.hold,
+                                &format!("the fencing token \"{fence}\""),
+                            ));
+                        }
+                    };
+                    let granted = Duration::from_millis(granted_ms.max(0) as u64);
                     let granted = if granted.is_zero() {
                         request.ttl
                     } else {
@@ -274,40 +537,50 @@ impl Backend for RedisBackend {
                     };
                     return Ok(RedisLease {
                         keeper: Keeper::start(renewer, sent, granted, request.kill_after),
-                        token: u64::try_from(fence).unwrap_or(0),
+                        token,
                         keys,
                         limit: request.limit,
-                        ttl: request.ttl,
                         display: self.display.clone(),
                     });
                 }
-                Some(-1) => {
+                Step::OtherLimit(theirs) => {
                     if ticket != 0 {
                         self.leave(&keys, request).await;
                     }
                     return Err(Error::Usage(format!(
-                        "lock '{}' is held with --limit {}; all holders must use the same --limit",
+                        "lock '{}' is held with --limit {theirs}; all holders must use the same --limit",
                         request.name,
-                        reply.get(1).copied().unwrap_or(0)
                     )));
                 }
-                Some(0) => {}
-                _ => {
-                    return Err(Error::Internal(format!(
-                        "unexpected reply from the acquire script: {reply:?}"
-                    )))
+                Step::BadData { key, what } => {
+                    if ticket != 0 {
+                        self.leave(&keys, request).await;
+                    }
+                    return Err(bad_data(&self.display, &key, &what));
                 }
-            }
+                Step::Exhausted { key } => {
+                    if ticket != 0 {
+                        self.leave(&keys, request).await;
+                    }
+                    return Err(fence_exhausted(&self.display, &key));
+                }
+                Step::Waiting {
+                    hint,
+                    ahead,
+                    ticket: theirs,
+                    live,
+                } => {
+                    if theirs != 0 {
+                        ticket = theirs;
+                    }
+                    (hint, ahead, live)
+                }
+            };
             if request.wait == Wait::No {
-                let holders = self.describe_holders(&mut conn, &request.name).await;
-                return Err(Error::Busy(format!(
-                    "lock '{}' is held{holders}; not waiting (--no-wait)",
-                    request.name
-                )));
+                let reason = self.busy_reason(&mut conn, request, live, ahead).await;
+                return Err(Error::Busy(format!("{reason}; not waiting (--no-wait)")));
             }
-            ticket = reply.get(3).copied().unwrap_or(ticket);
-            let hint = reply.get(1).copied().unwrap_or(-1);
-            let mut block = recheck;
+            let mut block = heartbeat;
             if hint >= 0 {
                 // The head of the queue re-checks when a holder's lease would run out.
                 block = block.min(Duration::from_millis(hint as u64 + 5));
@@ -315,15 +588,11 @@ impl Backend for RedisBackend {
             if let Some(deadline) = deadline {
                 let left = deadline.remaining();
                 if left.is_zero() {
-                    let holders = self.describe_holders(&mut conn, &request.name).await;
+                    let reason = self.busy_reason(&mut conn, request, live, ahead).await;
                     self.leave(&keys, request).await;
-                    let waited = match request.wait {
-                        Wait::For(d) => humantime::format_duration(d).to_string(),
-                        _ => String::new(),
-                    };
                     return Err(Error::Busy(format!(
-                        "lock '{}' is held{holders}; gave up after waiting {waited} (--wait)",
-                        request.name
+                        "{reason}; gave up after waiting {} (--wait)",
+                        within.trim_start_matches("--wait ")
                     )));
                 }
                 block = block.min(left);
@@ -351,7 +620,7 @@ impl Backend for RedisBackend {
 
     async fn status(&self, name: &LockName) -> Result<LockStatus, Error> {
         let mut conn = self.connect().await?;
-        self.status_with(&mut conn, name).await
+        self.status_with(&mut conn, name, OP_TIMEOUT).await?
     }
 
     async fn list(&self) -> Result<Vec<LockStatus>, Error> {
@@ -368,11 +637,15 @@ impl Backend for RedisBackend {
                 .arg(&pattern)
                 .arg("COUNT")
                 .arg(1000);
-            let (next, keys): (u64, Vec<String>) = conn
+            let (next, keys): (u64, Vec<Vec<u8>>) = conn
                 .query(&command, OP_TIMEOUT)
                 .await
                 .map_err(|f| f.into_error(&self.display))?;
             for key in keys {
+                // A key name that is not UTF-8 is not one of dlock's.
+                let Ok(key) = String::from_utf8(key) else {
+                    continue;
+                };
                 let encoded = key
                     .split_once('{')
                     .and_then(|(_, rest)| rest.split_once('}'))
@@ -392,9 +665,11 @@ impl Backend for RedisBackend {
         names.dedup();
         let mut held = Vec::new();
         for name in names {
-            let status = self.status_with(&mut conn, &name).await?;
-            if status.held {
-                held.push(status);
+            // One lock with unusable data must not hide all the others.
+            match self.status_with(&mut conn, &name, OP_TIMEOUT).await? {
+                Ok(status) if status.held => held.push(status),
+                Ok(_) => {}
+                Err(bad) => tracing::warn!("skipping lock '{name}': {bad}"),
             }
         }
         Ok(held)
@@ -404,19 +679,44 @@ impl Backend for RedisBackend {
         let mut conn = self.connect().await?;
         let keys = self.keys(name, "");
         let mut invocation = FORCE.prepare_invoke();
-        invocation.key(&keys.holders).key(&keys.queue).arg(60_000);
-        let removed: Vec<(String, Option<String>, Option<String>)> = conn
+        invocation
+            .key(&keys.holders)
+            .key(&keys.queue)
+            .key(&keys.qdl)
+            .arg(millis(WAKE_TTL))
+            .arg(millis(STALE_WAITER));
+        let reply: Vec<Value> = conn
             .invoke(&invocation, OP_TIMEOUT)
             .await
             .map_err(|f| f.into_error(&self.display))?;
+        let int = |i: usize| reply.get(i).and_then(int_of);
+        let text = |i: usize| reply.get(i).and_then(text_of).unwrap_or_default();
+        match int(0) {
+            Some(1) => {}
+            Some(-2) => return Err(bad_data(&self.display, &text(1), &text(2))),
+            _ => {
+                return Err(Error::Internal(format!(
+                    "unexpected reply from the force-release script: {reply:?}"
+                )))
+            }
+        }
+        match int(2).unwrap_or(0) {
+            0 => {}
+            n => tracing::warn!(
+                "removed {n} waiter{} of '{name}' that no live dlock keeps (killed, or left by an \
+                 older dlock); a live one rejoins in its place",
+                if n == 1 { "" } else { "s" }
+            ),
+        }
+        let removed = match reply.get(1) {
+            Some(Value::Array(entries)) => entries.as_slice(),
+            _ => &[],
+        };
         Ok(removed
-            .into_iter()
-            .map(|(_, fence, meta)| {
-                let mut holder: Holder = meta
-                    .and_then(|m| serde_json::from_str(&m).ok())
-                    .unwrap_or_default();
-                holder.token = fence.and_then(|f| f.parse().ok()).unwrap_or(0);
-                holder
+            .iter()
+            .map(|entry| match entry {
+                Value::Array(fields) => holder_of(fields.get(2), fields.get(1)),
+                _ => Holder::default(),
             })
             .collect())
     }
@@ -563,40 +863,67 @@ fn glob_escape(text: &str) -> String {
     out
 }
 
-fn parse_status(name: &LockName, reply: Value) -> Result<LockStatus, Error> {
+/// The status script's reply; the inner error when a key of the lock holds data dlock did not
+/// write.
+fn parse_status(
+    name: &LockName,
+    reply: Value,
+    display: &str,
+) -> Result<Result<LockStatus, Error>, Error> {
     let bad = || {
         Error::Internal(format!(
-            "unexpected reply from the status script for '{name}'"
+            "unexpected reply from the status script for '{name}': {reply:?}"
         ))
     };
-    type Entry = (String, i64, Option<String>, Option<String>, Option<String>);
-    let (fence, waiters, entries): (Option<String>, i64, Vec<Entry>) =
-        redis::from_redis_value(reply).map_err(|_| bad())?;
+    let Value::Array(fields) = &reply else {
+        return Err(bad());
+    };
+    let int = |i: usize| fields.get(i).and_then(int_of);
+    let text = |i: usize| fields.get(i).and_then(text_of);
+    match int(0) {
+        Some(1) => {}
+        Some(-2) => {
+            return Ok(Err(bad_data(
+                display,
+                &text(1).unwrap_or_default(),
+                &text(2).unwrap_or_default(),
+            )))
+        }
+        _ => return Err(bad()),
+    }
+    let entries = match fields.get(3) {
+        Some(Value::Array(entries)) => entries.as_slice(),
+        _ => return Err(bad()),
+    };
     let holders: Vec<HolderStatus> = entries
-        .into_iter()
-        .map(|(_, pttl, fence, meta, _)| {
-            let mut holder: Holder = meta
-                .and_then(|m| serde_json::from_str(&m).ok())
-                .unwrap_or_default();
-            holder.token = fence.and_then(|f| f.parse().ok()).unwrap_or(0);
+        .iter()
+        .filter_map(|entry| match entry {
+            Value::Array(f) => Some(f),
+            _ => None,
+        })
+        .map(|f| {
+            let mut holder = holder_of(f.get(3), f.get(2));
             if holder.name.is_empty() {
                 holder.name = name.to_string();
             }
             HolderStatus {
                 holder,
-                ttl_left_ms: u64::try_from(pttl).ok(),
+                ttl_left_ms: f
+                    .get(1)
+                    .and_then(int_of)
+                    .and_then(|p| u64::try_from(p).ok()),
                 session: None,
             }
         })
         .collect();
-    Ok(LockStatus {
+    Ok(Ok(LockStatus {
         name: name.to_string(),
         held: !holders.is_empty(),
         holders,
-        waiters: Some(u64::try_from(waiters).unwrap_or(0)),
+        waiters: Some(int(2).and_then(|w| u64::try_from(w).ok()).unwrap_or(0)),
         queue: Vec::new(),
-        last_token: fence.and_then(|f| f.parse().ok()),
-    })
+        last_token: text(1).and_then(|f| f.parse().ok()),
+    }))
 }
 
 /// A held Redis lock: the keeper renews it; release gives it back and wakes the next waiter.
@@ -605,7 +932,6 @@ pub struct RedisLease {
     token: u64,
     keys: Keys,
     limit: u32,
-    ttl: Duration,
     display: String,
 }
 
@@ -632,18 +958,21 @@ impl Lease for RedisLease {
                 &mut renewer.conn,
                 &self.keys,
                 self.limit,
-                self.ttl,
                 "holder",
+                OP_TIMEOUT,
             )
             .await
             {
-                Ok((held, _)) => {
-                    if held == 0 {
+                Ok(Released::Done { held }) => {
+                    if !held {
                         tracing::warn!(
                             "the lock had already expired or been removed before it was released"
                         );
                     }
                     return Ok(());
+                }
+                Ok(Released::BadData { key, what }) => {
+                    return Err(bad_data(&self.display, &key, &what));
                 }
                 Err(failure) => last = Some(failure),
             }
@@ -674,6 +1003,10 @@ impl Renew for Renewer {
         // The keeper bounds the call; no timeout of our own.
         match self.conn.invoke::<i64>(&invocation, Duration::from_secs(3600)).await {
             Ok(ms) if ms >= 0 => Ok(Duration::from_millis(ms as u64)),
+            Ok(-3) => Err(RenewError::Gone(format!(
+                "a key of the lock ('{}' or '{}') was overwritten with data dlock did not write",
+                self.keys.holders, self.keys.hold
+            ))),
             Ok(_) => Err(RenewError::Gone(
                 "the lock entry is gone from Redis: it expired, was deleted (release --force, DEL, FLUSHALL), \
                  was evicted, or the server restarted without persistence"
@@ -696,6 +1029,14 @@ impl Failure {
         match self {
             Failure::Timeout(_) => true,
             Failure::Redis(e) => e.is_io_error() || e.is_connection_dropped() || e.is_timeout(),
+        }
+    }
+
+    /// The call got no answer in time (ours or the client's timeout).
+    fn is_timeout(&self) -> bool {
+        match self {
+            Failure::Timeout(_) => true,
+            Failure::Redis(e) => e.is_timeout(),
         }
     }
 
@@ -966,6 +1307,45 @@ mod tests {
         }
         assert_ne!(a.fence, b.fence);
         assert_eq!(owner_token(&a), "t");
+    }
+
+    #[test]
+    fn script_replies_keep_big_tokens_exact_and_bytes_readable() {
+        let reply = [
+            Value::Int(1),
+            Value::BulkString(b"9223372036854775807".to_vec()),
+            Value::Int(3000),
+        ];
+        match Step::parse(&reply) {
+            Some(Step::Granted { fence, ttl_ms }) => {
+                assert_eq!(fence.parse::<u64>().ok(), Some(9_223_372_036_854_775_807));
+                assert_eq!(ttl_ms, 3000);
+            }
+            _ => panic!("not a grant"),
+        }
+        let reply = [
+            Value::Int(-3),
+            Value::BulkString(b"dlock:{a}:fence".to_vec()),
+        ];
+        assert!(
+            matches!(Step::parse(&reply), Some(Step::Exhausted { key }) if key == "dlock:{a}:fence")
+        );
+        assert!(Step::parse(&[Value::Int(7)]).is_none());
+        assert_eq!(
+            text_of(&Value::BulkString(b"a\xffb".to_vec())).as_deref(),
+            Some("a\u{FFFD}b")
+        );
+        // A host name with a byte that is not UTF-8 in otherwise valid JSON.
+        let meta = [
+            br#"{"name":"n","host":"h"#.as_slice(),
+            &[0xff],
+            br#"","pid":7,"user":"u","command":"c","since":"s","ttl_ms":1,"token":0,"version":"v"}"#,
+        ]
+        .concat();
+        let meta = Value::BulkString(meta);
+        let holder = holder_of(Some(&meta), Some(&Value::BulkString(b"42".to_vec())));
+        assert_eq!((holder.pid, holder.token), (7, 42));
+        assert_eq!(holder.host, "h\u{FFFD}");
     }
 
     #[test]

@@ -2,6 +2,7 @@
 -- KEYS[1]=B:holders KEYS[2]=B:queue KEYS[3]=B:qdl KEYS[4]=B:h:<tok> KEYS[5]=B:w:<tok>
 -- ARGV[1]=tok ARGV[2]=limit ARGV[3]=wake_ttl_ms ARGV[4]='holder'|'waiter' (what the caller believes it is)
 -- Returns {held, woken}: held=1 if my entry still existed (0 = it had expired or been deleted)
+--         {-2, key, what}: KEY holds data dlock did not write (my own entries are gone all the same)
 local B = string.sub(KEYS[1], 1, -9)
 local tok, limit = ARGV[1], tonumber(ARGV[2])
 local t = redis.call('TIME')
@@ -9,9 +10,14 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
 -- only keys named by MY token are touched: a newer holder has another token
 local held = redis.call('DEL', KEYS[4])
+redis.call('DEL', KEYS[5])
+for _, e in ipairs({{KEYS[1], 'set'}, {KEYS[2], 'zset'}, {KEYS[3], 'zset'}}) do
+  local k = redis.call('TYPE', e[1])['ok']
+  if k ~= 'none' and k ~= e[2] then return {-2, e[1], 'a ' .. k .. ', not a ' .. e[2]} end
+end
 redis.call('SREM', KEYS[1], tok)
 local rank = redis.call('ZRANK', KEYS[2], tok)
-redis.call('ZREM', KEYS[2], tok); redis.call('ZREM', KEYS[3], tok); redis.call('DEL', KEYS[5])
+redis.call('ZREM', KEYS[2], tok); redis.call('ZREM', KEYS[3], tok)
 
 local live = 0
 for _, h in ipairs(redis.call('SMEMBERS', KEYS[1])) do
@@ -28,7 +34,8 @@ local woken = 0
 if free > 0 and (held == 1 or ARGV[4] == 'holder' or (rank and rank < free)) then
   local w = redis.call('ZRANGE', KEYS[2], free - 1, free - 1)[1]
   if w then
-    redis.call('LPUSH', B .. ':w:' .. w, '1'); redis.call('PEXPIRE', B .. ':w:' .. w, ARGV[3])
+    local box = B .. ':w:' .. w
+    if type(redis.pcall('LPUSH', box, '1')) == 'number' then redis.call('PEXPIRE', box, ARGV[3]) end
     woken = 1
   end
 end
