@@ -563,3 +563,52 @@ fn documented_sql_formula_names_the_same_key() {
         Ok(())
     );
 }
+
+#[test]
+fn a_stopped_holder_loses_the_lock_within_the_ttl() {
+    // A holder that sends nothing behind a live connection (here: dlock itself stopped; the
+    // kernel still acknowledges keepalives) must not keep the lock for ever.
+    let server = PgServer::start();
+    let env = TestEnv::new(&server);
+    let lock = name();
+    let mut holder = env.hold(&lock, &["--ttl", "3s"]);
+    holder.signal(Signal::SIGSTOP);
+    let stopped = Instant::now();
+    let out = env.run(["run", "--wait", "30s", &lock, "touch", "second-ran"]);
+    let took = stopped.elapsed();
+    // Resume it before any assertion, so a failure does not leave a stopped process behind.
+    holder.signal(Signal::SIGCONT);
+    assert!(out.status.success(), "{}", describe(&out));
+    assert!(env.path("second-ran").exists());
+    // TTL 3s: the server ends the silent session ~3s after its last heartbeat.
+    assert!(
+        took < Duration::from_secs(15),
+        "the second run got the lock after {took:?}"
+    );
+    // Resumed, the old holder finds its hold gone and stops its command.
+    let status = holder.wait();
+    assert_eq!(
+        status.code(),
+        Some(124),
+        "the resumed holder must report the lost lock: {}",
+        holder.stderr()
+    );
+    assert!(
+        !is_alive(holder.command_pid()),
+        "the resumed holder's command still runs"
+    );
+}
+
+#[test]
+fn long_ttls_give_the_server_keepalives_it_accepts() {
+    let server = PgServer::start();
+    let env = TestEnv::new(&server);
+    for ttl in ["10m", "2days", "7days"] {
+        let out = env.run(["run", "--ttl", ttl, &name(), "true"]);
+        assert!(out.status.success(), "--ttl {ttl}: {}", describe(&out));
+    }
+    // A keepalive setting out of the kernel's range is only logged by the server, which then
+    // keeps the OS default (2 hours of silence).
+    let log = server.log();
+    assert!(!log.contains("setsockopt"), "{log}");
+}

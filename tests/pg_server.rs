@@ -216,6 +216,11 @@ impl PgServer {
         self.dir.path()
     }
 
+    /// What the server logged so far (`pg_ctl -l`).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("log")).unwrap_or_default()
+    }
+
     /// The postmaster's pid, from `postmaster.pid`.
     fn postmaster(&self) -> Option<i32> {
         std::fs::read_to_string(self.data().join("postmaster.pid"))

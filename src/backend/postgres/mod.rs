@@ -8,9 +8,11 @@
 //! `name ‖ "\0queue"`.
 //!
 //! One connection per dlock process. Session settings travel in the start-up packet (no extra
-//! round trip): no statement/idle timeouts, `lock_timeout` = `--wait`, server-side TCP
-//! keepalives that notice a silent client only after `--ttl`, and
-//! `client_connection_check_interval` so a killed waiter leaves the queue. Acquiring is one
+//! round trip): no statement or idle-in-transaction timeouts, `lock_timeout` = `--wait`,
+//! `idle_session_timeout` = `--ttl` (14+) so the server ends a session that went silent
+//! behind a live connection, server-side TCP keepalives that notice a silent client only
+//! after `--ttl`, and `client_connection_check_interval` so a killed waiter leaves the
+//! queue. Acquiring is one
 //! pipelined round trip after connecting: the lock call (the server's own FIFO lock queue),
 //! which also marks the server session as ours (`dlock.owner`), and the statement that reads
 //! the fencing token (`txid_current()`, which only grows and is on disk before the reply),
@@ -19,8 +21,9 @@
 //! and labels the session in `pg_stat_activity`.
 //!
 //! A session lock has no lease: it lives as long as the session. The [`Keeper`] heartbeats
-//! every TTL/3 (the lock must still show up for our backend), and the end of the connection
-//! is noticed at once; either ends the hold (design §4).
+//! every TTL/3 (the lock must still show up for our backend; each heartbeat also restarts
+//! the server's idle count, so its deadline arithmetic applies as for a lease), and the end
+//! of the connection is noticed at once; either ends the hold (design §4).
 
 mod target;
 mod tls;
@@ -120,25 +123,32 @@ impl PgBackend {
         lock_timeout: Option<Duration>,
     ) -> Result<Session, Error> {
         let tls = tls::connector(&self.target)?;
-        match self
-            .connect_with(&tls, label, ttl, lock_timeout, true)
-            .await
-        {
-            // A server older than 14 does not know two of the settings, and a server on a
-            // platform that cannot watch client sockets refuses client_connection_check_interval.
-            Err(e)
-                if [
-                    "unrecognized configuration parameter",
-                    "client_connection_check_interval",
-                ]
-                .iter()
-                .any(|needle| e.to_string().contains(needle)) =>
+        let mut features = Features::ALL;
+        // At most one retry per feature the server may not know.
+        for _ in 0..3 {
+            match self
+                .connect_with(&tls, label, ttl, lock_timeout, features)
+                .await
             {
-                self.connect_with(&tls, label, ttl, lock_timeout, false)
-                    .await
+                Err(e) => match features.without(&e.to_string()) {
+                    Some(fewer) => features = fewer,
+                    None => return Err(e),
+                },
+                Ok(session) => {
+                    if !features.idle_timeout {
+                        tracing::warn!(
+                            "{} ({}) has no idle_session_timeout (PostgreSQL 14+): a holder that goes silent behind a live connection (a stopped dlock, a proxy or NAT keeping the connection open) keeps the lock until TCP keepalives notice",
+                            self.display,
+                            if session.version.is_empty() { "version unknown" } else { &session.version }
+                        );
+                    }
+                    return Ok(session);
+                }
             }
-            other => other,
         }
+        Err(Error::Internal(
+            "connecting: the server refused every set of session settings".into(),
+        ))
     }
 
     async fn connect_with(
@@ -147,7 +157,7 @@ impl PgBackend {
         label: &str,
         ttl: Duration,
         lock_timeout: Option<Duration>,
-        modern: bool,
+        features: Features,
     ) -> Result<Session, Error> {
         let target = &self.target;
         let mut config = Config::new();
@@ -166,7 +176,7 @@ impl PgBackend {
             None => label.to_owned(),
         };
         config.application_name(truncate(&app, MAX_APPLICATION_NAME));
-        let mut options = session_options(ttl, lock_timeout, modern);
+        let mut options = session_options(ttl, lock_timeout, features);
         if let Some(theirs) = &target.options {
             options = format!("{theirs} {options}");
         }
@@ -189,13 +199,14 @@ impl PgBackend {
             }
         });
         let timeout = target.connect_timeout.unwrap_or(CONNECT_TIMEOUT);
+        // Linux refuses keepalive times above 32767 s (TCP_KEEPIDLE).
         config
             .connect_timeout(timeout)
             .keepalives(true)
-            .keepalives_idle((ttl / 6).max(Duration::from_secs(1)))
+            .keepalives_idle((ttl / 6).clamp(Duration::from_secs(1), MAX_KEEPALIVE))
             .keepalives_interval(Duration::from_secs(1))
             .keepalives_retries(3)
-            .tcp_user_timeout((ttl / 3).max(Duration::from_secs(1)));
+            .tcp_user_timeout((ttl / 3).clamp(Duration::from_secs(1), MAX_USER_TIMEOUT));
         let hosts = u32::try_from(target.hosts.len()).unwrap_or(1).max(1);
         let budget = timeout.saturating_mul(hosts);
         let (client, mut connection) =
@@ -254,6 +265,7 @@ impl PgBackend {
             cancel,
             tls: tls.clone(),
             version,
+            idle_timeout: features.idle_timeout,
         })
     }
 
@@ -267,7 +279,7 @@ impl PgBackend {
         )
     }
 
-    /// `--limit 1`: the server's lock queue. Returns the token and when the grant arrived.
+    /// `--limit 1`: the server's lock queue. Returns the token and when its request was sent.
     async fn acquire_single(
         &self,
         session: &mut Session,
@@ -298,12 +310,9 @@ impl PgBackend {
             (&host, Type::TEXT),
             (&session.marker, Type::TEXT),
         ];
+        let sent = BootInstant::now();
         let lock = client.query_typed(&lock_sql, &lock_params);
         let token = client.query_typed(&token_sql, &token_params);
-        let lock = async {
-            let lock = lock.await;
-            (lock, BootInstant::now())
-        };
         // Both requests go out at once, in the order `join` first polls them: the lock call,
         // then the token statement, which the server runs as soon as the lock is granted.
         let work = async { tokio::join!(lock, token) };
@@ -318,7 +327,7 @@ impl PgBackend {
         let mut ended = session.ended.clone();
         // Biased, work first: its first poll puts the requests on the wire, so a cancel that
         // is already set finds something to cancel on the server.
-        let ((lock, at), token) = tokio::select! {
+        let (lock, token) = tokio::select! {
             biased;
             done = &mut work => done,
             () = cancel.cancelled() => {
@@ -351,7 +360,7 @@ impl PgBackend {
         let token = self
             .check_token(token, &client, key, &session.marker)
             .await?;
-        Ok(Granted { token, at })
+        Ok(Granted { token, sent })
     }
 
     /// `--limit N > 1`: queue on the turnstile, then take the first free slot; a released slot
@@ -420,6 +429,7 @@ impl PgBackend {
         }
         let recheck = (request.ttl / 3).min(Duration::from_secs(1));
         for _ in 0..u32::MAX {
+            let sent = BootInstant::now();
             let rows = client
                 .query_typed(&try_sql, &[(&session.marker, Type::TEXT)])
                 .await
@@ -432,7 +442,6 @@ impl PgBackend {
             self.check_claim(&rows, &client, won, &session.marker)
                 .await?;
             if let Some(key) = won {
-                let at = BootInstant::now();
                 let (label, host) = self.holder_label(&request.holder);
                 let token_sql = token_sql(&request.holder);
                 let token_params: [(&(dyn ToSql + Sync), Type); 3] = [
@@ -459,7 +468,7 @@ impl PgBackend {
                 let token = self
                     .check_token(token, &client, key, &session.marker)
                     .await?;
-                return Ok((Granted { token, at }, key));
+                return Ok((Granted { token, sent }, key));
             }
             if request.wait == Wait::No {
                 let who = self.describe_holders(session, &request.name).await;
@@ -707,13 +716,13 @@ async fn give_back(client: &Client, key: i64, marker: &str) {
     .await;
 }
 
-/// `-c name=value` start-up options: no timeouts that could end a hold, `--wait` as the
-/// server's own lock wait limit, and keepalives that give a silent client `ttl` before its
-/// session (and lock) is dropped.
-fn session_options(ttl: Duration, lock_timeout: Option<Duration>, modern: bool) -> String {
-    let ttl_s = ttl.as_secs().max(2);
-    let idle = ttl_s.div_ceil(2);
-    let count = ttl_s - idle + 1;
+/// `-c name=value` start-up options: no timeouts that could end a live hold, `--wait` as the
+/// server's own lock wait limit, `idle_session_timeout` = `ttl` so the server ends a session
+/// (and frees its lock) that sent nothing for the TTL (the keeper heartbeats every TTL/3; the
+/// session is idle between statements), and keepalives that give a silent client at least
+/// `ttl` before its session is dropped.
+fn session_options(ttl: Duration, lock_timeout: Option<Duration>, features: Features) -> String {
+    let (idle, interval, count) = keepalives(ttl);
     // Beyond the server's range (~24.8 days) the client-side backstop ends the wait instead.
     let lock_ms = match lock_timeout {
         Some(d) if d.as_millis() <= i32::MAX as u128 => d.as_millis().max(1),
@@ -722,14 +731,84 @@ fn session_options(ttl: Duration, lock_timeout: Option<Duration>, modern: bool) 
     let mut options = format!(
         "-c dlock.session=on -c statement_timeout=0 -c idle_in_transaction_session_timeout=0 -c lock_timeout={lock_ms} \
          -c synchronous_commit=on \
-         -c tcp_keepalives_idle={idle} -c tcp_keepalives_interval=1 -c tcp_keepalives_count={count} \
+         -c tcp_keepalives_idle={idle} -c tcp_keepalives_interval={interval} -c tcp_keepalives_count={count} \
          -c tcp_user_timeout={}",
-        ttl.as_millis().max(1000)
+        server_millis(ttl)
     );
-    if modern {
-        options.push_str(" -c idle_session_timeout=0 -c client_connection_check_interval=1000");
+    if features.idle_timeout {
+        options.push_str(&format!(" -c idle_session_timeout={}", server_millis(ttl)));
+    }
+    if features.check_interval {
+        options.push_str(" -c client_connection_check_interval=1000");
     }
     options
+}
+
+/// `ttl` in milliseconds, at least a second and at most what a server setting holds (i32).
+fn server_millis(ttl: Duration) -> u128 {
+    ttl.as_millis().clamp(1000, i32::MAX as u128)
+}
+
+/// Linux's limits for TCP_KEEPIDLE and TCP_KEEPINTVL (seconds) and TCP_KEEPCNT.
+const MAX_KEEPALIVE: Duration = Duration::from_secs(32767);
+const MAX_KEEPALIVE_COUNT: u64 = 127;
+/// TCP_USER_TIMEOUT is milliseconds in an int.
+const MAX_USER_TIMEOUT: Duration = Duration::from_millis(i32::MAX as u64);
+
+/// Server-side keepalives `(idle, interval, count)` in seconds that notice a silent client no
+/// sooner than `ttl`: `idle + interval·(count − 1) ≥ ttl`, each within Linux's limits (a value
+/// out of range is only logged by the server, which then keeps the OS default of ~2 hours).
+fn keepalives(ttl: Duration) -> (u64, u64, u64) {
+    let max = MAX_KEEPALIVE.as_secs();
+    let ttl_s = ttl.as_secs().max(2);
+    let idle = ttl_s.div_ceil(2).min(max);
+    let rest = ttl_s - idle;
+    let interval = rest.div_ceil(MAX_KEEPALIVE_COUNT - 1).clamp(1, max);
+    let count = (rest.div_ceil(interval) + 1).min(MAX_KEEPALIVE_COUNT);
+    (idle, interval, count)
+}
+
+/// Session settings a server may not know, dropped one at a time when it refuses them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Features {
+    /// `idle_session_timeout` (PostgreSQL 14+).
+    idle_timeout: bool,
+    /// `client_connection_check_interval` (PostgreSQL 14+, and only where the platform can
+    /// watch client sockets).
+    check_interval: bool,
+}
+
+impl Features {
+    const ALL: Features = Features {
+        idle_timeout: true,
+        check_interval: true,
+    };
+
+    /// The settings to try after the server refused the connection with `error`, if one of
+    /// ours is to blame.
+    fn without(self, error: &str) -> Option<Features> {
+        if error.contains("unrecognized configuration parameter") {
+            // Older than 14: neither exists.
+            let fewer = Features {
+                idle_timeout: false,
+                check_interval: false,
+            };
+            return (fewer != self).then_some(fewer);
+        }
+        if self.check_interval && error.contains("client_connection_check_interval") {
+            return Some(Features {
+                check_interval: false,
+                ..self
+            });
+        }
+        if self.idle_timeout && error.contains("idle_session_timeout") {
+            return Some(Features {
+                idle_timeout: false,
+                ..self
+            });
+        }
+        None
+    }
 }
 
 /// The statement run right after a grant: standby?, fencing token, is it still our session
@@ -907,11 +986,11 @@ impl Seen {
     }
 }
 
-/// A grant: the token and when its answer arrived (the server notices a silent client no
-/// sooner than `ttl` after that).
+/// A grant: the token, and when the request that took it was sent (the server ran the token
+/// statement after that, and ends the session no sooner than `ttl` after it went idle).
 struct Granted {
     token: u64,
-    at: BootInstant,
+    sent: BootInstant,
 }
 
 /// How a connection ended.
@@ -932,6 +1011,8 @@ struct Session {
     version: String,
     /// This session's `dlock.owner` mark.
     marker: String,
+    /// The server ends this session when it sends nothing for the TTL (PostgreSQL 14+).
+    idle_timeout: bool,
 }
 
 impl Session {
@@ -1055,8 +1136,9 @@ impl Backend for PgBackend {
             self.acquire_slot(&mut session, request, &mut cancel)
                 .await?
         };
-        let last_ack = Arc::new(Mutex::new(granted.at));
-        let renewer = Renewer {
+        let schedule = Schedule::new(request.ttl, request.kill_after);
+        let last_ack = Arc::new(Mutex::new(granted.sent));
+        let mut renewer = Renewer {
             client: session.client.clone(),
             marker: session.marker.clone(),
             ended: session.ended.clone(),
@@ -1068,7 +1150,31 @@ impl Backend for PgBackend {
             }),
             last_ack: last_ack.clone(),
         };
-        let keeper = Keeper::start(renewer, granted.at, request.ttl, request.kill_after);
+        // The server ends a session that was idle for the TTL, counting from the end of its
+        // last statement, which it ran after we sent it. After a prompt grant that is the
+        // token statement, sent with the lock call; after a wait (or a stopped process)
+        // the grant may be old news, so one heartbeat confirms the hold and restarts the count.
+        let mut since = granted.sent;
+        if BootInstant::now().saturating_since(granted.sent) > schedule.attempt_timeout() {
+            since = BootInstant::now();
+            let confirmed = tokio::time::timeout(schedule.attempt_timeout(), renewer.renew()).await;
+            let failure = match confirmed {
+                Ok(Ok(_)) => None,
+                Ok(Err(RenewError::Gone(why) | RenewError::Failed(why))) => Some(why),
+                Err(_) => Some(format!(
+                    "the server did not confirm it within {}",
+                    humantime::format_duration(schedule.attempt_timeout())
+                )),
+            };
+            if let Some(why) = failure {
+                give_back(&session.client, key, &session.marker).await;
+                return Err(Error::Unavailable(format!(
+                    "'{}' was granted but could not be confirmed: {why}; the command was not started",
+                    request.name
+                )));
+            }
+        }
+        let keeper = Keeper::start(renewer, since, request.ttl, request.kill_after);
         let notify = (request.limit > 1).then(|| channel(&self.prefix, request.name.as_str()));
         Ok(PgLease {
             keeper,
@@ -1076,7 +1182,7 @@ impl Backend for PgBackend {
             key,
             token: granted.token,
             notify,
-            schedule: Schedule::new(request.ttl, request.kill_after),
+            schedule,
             last_ack,
         })
     }
@@ -1223,6 +1329,11 @@ impl Backend for PgBackend {
             )));
         }
         let mut warnings = Vec::new();
+        if !session.idle_timeout {
+            warnings.push(
+                "the server has no idle_session_timeout (PostgreSQL 14+): a holder that goes silent behind a live connection (a stopped dlock, a proxy or NAT keeping it open) keeps the lock until TCP keepalives notice".into(),
+            );
+        }
         if ssl != Some(true) && !matches!(self.target.hosts.first(), Some(PgHost::Unix { .. })) {
             warnings.push(format!(
                 "the connection is not encrypted (sslmode={})",
@@ -1441,18 +1552,71 @@ mod tests {
         let options = session_options(
             Duration::from_secs(10),
             Some(Duration::from_millis(300)),
-            true,
+            Features::ALL,
         );
         assert!(options.contains("lock_timeout=300 "), "{options}");
         assert!(options.contains("tcp_keepalives_idle=5 "), "{options}");
         assert!(options.contains("tcp_keepalives_count=6 "), "{options}");
+        assert!(options.contains("idle_session_timeout=10000"), "{options}");
         assert!(
             options.contains("client_connection_check_interval=1000"),
             "{options}"
         );
-        assert!(
-            !session_options(Duration::from_secs(10), None, false).contains("client_connection")
+        let old = Features {
+            idle_timeout: false,
+            check_interval: false,
+        };
+        let options = session_options(Duration::from_secs(10), None, old);
+        assert!(!options.contains("client_connection"), "{options}");
+        assert!(!options.contains("idle_session"), "{options}");
+    }
+
+    #[test]
+    fn refused_settings_are_dropped_one_at_a_time() {
+        let refused =
+            Features::ALL.without("unrecognized configuration parameter \"idle_session_timeout\"");
+        assert_eq!(
+            refused,
+            Some(Features {
+                idle_timeout: false,
+                check_interval: false
+            })
         );
+        assert_eq!(
+            refused.and_then(|f| f.without("unrecognized configuration parameter")),
+            None
+        );
+        let no_check = Features::ALL
+            .without("client_connection_check_interval must be set to 0 on this platform");
+        assert_eq!(
+            no_check,
+            Some(Features {
+                idle_timeout: true,
+                check_interval: false
+            })
+        );
+        assert_eq!(
+            Features::ALL.without("password authentication failed"),
+            None
+        );
+    }
+
+    #[test]
+    fn keepalives_stay_in_linux_range_and_cover_the_ttl() {
+        for secs in [1, 2, 3, 10, 599, 600, 3600, 86_400, 3 * 86_400, 7 * 86_400] {
+            let (idle, interval, count) = keepalives(Duration::from_secs(secs));
+            assert!((1..=32767).contains(&idle), "{secs}s: idle {idle}");
+            assert!(
+                (1..=32767).contains(&interval),
+                "{secs}s: interval {interval}"
+            );
+            assert!((1..=127).contains(&count), "{secs}s: count {count}");
+            assert!(
+                idle + interval * (count - 1) >= secs,
+                "{secs}s: the server would drop a silent client after {idle}+{interval}·({count}-1)"
+            );
+        }
+        assert!(server_millis(Duration::from_secs(7 * 86_400)) <= i32::MAX as u128);
     }
 
     #[test]
