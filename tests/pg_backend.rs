@@ -564,6 +564,80 @@ fn documented_sql_formula_names_the_same_key() {
     );
 }
 
+/// The documented SQL for a lock's key, with psql variables `prefix` and `name`.
+const KEY_SQL: &str = "('x' || encode(substr(sha256('\\x646c6f636b00763100'::bytea \
+     || convert_to(:'prefix', 'UTF8') || '\\x00'::bytea || convert_to(:'name', 'UTF8')), 1, 8), \
+     'hex'))::bit(64)::bigint";
+
+#[test]
+fn holders_must_agree_on_the_limit() {
+    let server = PgServer::start();
+    let env = TestEnv::new(&server);
+    let lock = name();
+    let _holder = env.hold(&lock, &["--limit", "2"]);
+    // Slot 1 is free, so without the check `--limit 3` would run beside the holder, and a
+    // `--limit 1` would queue behind it.
+    for extra in [
+        &["--no-wait", "--limit", "3"][..],
+        &["--limit", "1"],
+        &["--no-wait"],
+    ] {
+        let mut args = vec!["run"];
+        args.extend(extra);
+        args.extend([lock.as_str(), "touch", "ran"]);
+        let out = env.run(&args);
+        assert_fails(&out, 64, "--limit 2");
+        assert!(!env.path("ran").exists(), "{extra:?}: the command ran");
+    }
+    assert_eq!(server.pending_requests(), 0, "a refused run stayed queued");
+
+    // And the other way round: a `--limit 1` holder refuses `--limit 2`.
+    let other = name();
+    let _single = env.hold(&other, &[]);
+    let out = env.run(["run", "--no-wait", "--limit", "2", &other, "touch", "ran"]);
+    assert_fails(&out, 64, "--limit 1");
+    assert!(!env.path("ran").exists(), "the command ran");
+}
+
+#[test]
+fn a_waiter_that_gets_the_lock_beside_another_limit_refuses() {
+    let server = PgServer::start();
+    let env = TestEnv::new(&server);
+    let lock = name();
+    // SQL (no recorded limit) holds the key that is slot 0 of every limit.
+    let mut sql = server.psql_session(&["prefix=dlock", &format!("name={lock}")]);
+    {
+        use std::io::Write;
+        let stdin = sql.stdin.as_mut().expect("psql stdin");
+        writeln!(stdin, "SELECT pg_advisory_lock({KEY_SQL});").expect("write to psql");
+        stdin.flush().expect("flush psql");
+    }
+    wait_until("psql holds the key", PATIENCE, || {
+        server.granted_advisory_locks() == 1
+    });
+    // A `--limit 1` waiter queues behind it (nobody records another limit yet)…
+    let mut waiter = env
+        .dlock(["run", "--limit", "1", &lock, "touch", "waiter-ran"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn waiter");
+    wait_until("waiter queued", PATIENCE, || server.pending_requests() == 1);
+    // …and a `--limit 2` holder takes slot 1 meanwhile: the waiter holds no slot yet.
+    let _pair = env.hold(&lock, &["--limit", "2"]);
+    // The SQL session ends: the waiter is granted slot 0 beside a --limit 2 holder.
+    drop(sql.stdin.take());
+    let _ = wait_within(&mut sql, PATIENCE);
+    let status = wait_within(&mut waiter, PATIENCE);
+    let mut stderr = String::new();
+    if let Some(mut err) = waiter.stderr.take() {
+        use std::io::Read;
+        let _ = err.read_to_string(&mut stderr);
+    }
+    assert_eq!(status.code(), Some(64), "{stderr}");
+    assert!(stderr.contains("--limit 2"), "{stderr}");
+    assert!(!env.path("waiter-ran").exists(), "the waiter's command ran");
+}
+
 #[test]
 fn a_stopped_holder_loses_the_lock_within_the_ttl() {
     // A holder that sends nothing behind a live connection (here: dlock itself stopped; the

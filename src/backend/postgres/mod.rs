@@ -95,6 +95,45 @@ fn turnstile_key(prefix: &str, name: &str) -> i64 {
     key_with(prefix, name, b"\0queue")
 }
 
+/// The key a holder of `name` with `--limit limit` holds in shared mode, so that others can
+/// see which `--limit` the holders use: the key of `name ‖ "\0limit"` with its low 11 bits
+/// replaced by the limit (at most [`MAX_LIMIT`] < 2048), so SQL can read the limit back.
+fn limit_key(prefix: &str, name: &str, limit: u32) -> i64 {
+    (key_with(prefix, name, b"\0limit") & !LIMIT_MASK) | i64::from(limit) & LIMIT_MASK
+}
+
+/// The low bits of a [`limit_key`] that hold the limit.
+const LIMIT_MASK: i64 = 2047;
+
+/// A scalar subquery: the smallest `--limit` other than `limit` that another session holding
+/// `name` (a granted exclusive key other than the turnstile: one dlock session takes one
+/// lock) records with its [`limit_key`], or NULL.
+fn other_limit_sql(prefix: &str, name: &str, limit: u32) -> String {
+    let base = limit_key(prefix, name, 0) as u64;
+    let high = base >> 32;
+    let low = base & 0xffff_ffff;
+    let turnstile = turnstile_key(prefix, name);
+    format!(
+        "(SELECT min(m.objid::int8 & {LIMIT_MASK})::int4 FROM pg_locks m \
+         WHERE m.locktype = 'advisory' AND m.objsubid = 1 AND m.granted AND m.mode = 'ShareLock' \
+         AND m.pid <> pg_backend_pid() \
+         AND m.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+         AND m.classid = {high}::oid AND (m.objid::int8 & {}) = {low} \
+         AND (m.objid::int8 & {LIMIT_MASK}) <> {limit} \
+         AND EXISTS (SELECT 1 FROM pg_locks s WHERE s.pid = m.pid AND s.locktype = 'advisory' \
+         AND s.objsubid = 1 AND s.granted AND s.mode = 'ExclusiveLock' \
+         AND ((s.classid::int8 << 32) | s.objid::int8) <> {turnstile}))",
+        0xffff_ffff_i64 & !LIMIT_MASK
+    )
+}
+
+/// The usage error for a lock held with another `--limit`.
+fn limit_mismatch(name: &LockName, theirs: i32) -> Error {
+    Error::Usage(format!(
+        "lock '{name}' is held with --limit {theirs}; all holders must use the same --limit"
+    ))
+}
+
 /// The NOTIFY channel a released slot wakes (`dlock_` and the slot-0 key in hex).
 fn channel(prefix: &str, name: &str) -> String {
     format!("dlock_{:016x}", key(prefix, name))
@@ -289,20 +328,26 @@ impl PgBackend {
     ) -> Result<Granted, Error> {
         let client = session.client.clone();
         let try_only = request.wait == Wait::No;
+        let name = request.name.as_str();
+        let other = other_limit_sql(&self.prefix, name, request.limit);
         // One statement claims the session and takes the lock, so both happen on the same
         // server session; the waiter's metadata rides along, so `status` can list the queue.
+        // First (the subquery) it records our --limit and looks for holders with another one,
+        // and only then, if there are none, takes (or queues for) the lock.
         let lock_sql = format!(
-            "SELECT {}, {} {}",
+            "{} SELECT {}, o.other, CASE WHEN o.other IS NULL THEN {} END \
+             FROM (SELECT {other} AS other, pg_advisory_lock_shared({})::text AS mark OFFSET 0) o",
+            metadata_comment(&request.holder),
             claim_sql("$2"),
             if try_only {
                 "pg_try_advisory_lock($1)"
             } else {
-                "pg_advisory_lock($1)"
+                "pg_advisory_lock($1)::text"
             },
-            metadata_comment(&request.holder)
+            limit_key(&self.prefix, name, request.limit),
         );
         let (label, host) = self.holder_label(&request.holder);
-        let token_sql = token_sql(&request.holder);
+        let token_sql = token_sql(&request.holder, &other);
         let lock_params: [(&(dyn ToSql + Sync), Type); 2] =
             [(&key, Type::INT8), (&session.marker, Type::TEXT)];
         let token_params: [(&(dyn ToSql + Sync), Type); 3] = [
@@ -345,20 +390,30 @@ impl PgBackend {
             Ok(rows) => rows,
             Err(e) => return Err(self.busy_or(&e, request, session).await),
         };
-        // pg_advisory_lock returns void: an answer is a grant.
-        let granted = !try_only
-            || rows
-                .first()
-                .and_then(|row| row.try_get::<_, bool>(2).ok())
-                .unwrap_or(false);
+        let row = rows.first();
+        let theirs: Option<i32> = row.and_then(|r| r.try_get(2).ok()).flatten();
+        // pg_advisory_lock returns void (as '' here): an answer is a grant.
+        let granted = theirs.is_none()
+            && if try_only {
+                row.and_then(|r| r.try_get::<_, Option<bool>>(3).ok())
+                    .flatten()
+                    .unwrap_or(false)
+            } else {
+                row.and_then(|r| r.try_get::<_, Option<String>>(3).ok())
+                    .flatten()
+                    .is_some()
+            };
         self.check_claim(&rows, &client, granted.then_some(key), &session.marker)
             .await?;
+        if let Some(theirs) = theirs {
+            return Err(limit_mismatch(&request.name, theirs));
+        }
         if !granted {
             let who = self.describe_holders(session, &request.name).await;
             return Err(Error::Busy(format!("{} is held{who}", request.name)));
         }
         let token = self
-            .check_token(token, &client, key, &session.marker)
+            .check_token(token, &client, key, &session.marker, &request.name)
             .await?;
         Ok(Granted { token, sent })
     }
@@ -376,11 +431,24 @@ impl PgBackend {
         let slots: Vec<i64> = (0..request.limit)
             .map(|i| slot_key(&self.prefix, name, i))
             .collect();
+        let other = other_limit_sql(&self.prefix, name, request.limit);
+        let mark = format!(
+            "pg_advisory_lock_shared({})::text AS mark",
+            limit_key(&self.prefix, name, request.limit)
+        );
+        // Our --limit is recorded (`mark`) before we can take a slot: by the turnstile
+        // statement when we queue, else here.
         let try_sql = format!(
-            "SELECT {}, {} {}",
+            "{} SELECT {}, o.other, CASE WHEN o.other IS NULL THEN {} END \
+             FROM (SELECT {other} AS other{} OFFSET 0) o",
+            metadata_comment(&request.holder),
             claim_sql("$1"),
             try_slots_sql(&slots),
-            metadata_comment(&request.holder)
+            if request.wait == Wait::No {
+                format!(", {mark}")
+            } else {
+                String::new()
+            },
         );
         let deadline = match request.wait {
             Wait::For(d) => Some(BootInstant::now() + d),
@@ -395,8 +463,9 @@ impl PgBackend {
                 .map_err(|e| classify(&e, &self.display))?;
             let params: [(&(dyn ToSql + Sync), Type); 1] = [(&turnstile, Type::INT8)];
             let lock_sql = format!(
-                "SELECT pg_advisory_lock($1) {}",
-                metadata_comment(&request.holder)
+                "{} SELECT o.other, CASE WHEN o.other IS NULL THEN pg_advisory_lock($1)::text END \
+                 FROM (SELECT {other} AS other, {mark} OFFSET 0) o",
+                metadata_comment(&request.holder),
             );
             let lock = client.query_typed(&lock_sql, &params);
             tokio::pin!(lock);
@@ -411,8 +480,13 @@ impl PgBackend {
             tokio::select! {
                 biased;
                 done = &mut lock => {
-                    if let Err(e) = done {
-                        return Err(self.busy_or(&e, request, session).await);
+                    match done {
+                        Err(e) => return Err(self.busy_or(&e, request, session).await),
+                        Ok(rows) => {
+                            if let Some(theirs) = rows.first().and_then(|r| r.try_get::<_, Option<i32>>(0).ok()).flatten() {
+                                return Err(limit_mismatch(&request.name, theirs));
+                            }
+                        }
                     }
                 }
                 () = cancel.cancelled() => {
@@ -434,16 +508,21 @@ impl PgBackend {
                 .query_typed(&try_sql, &[(&session.marker, Type::TEXT)])
                 .await
                 .map_err(|e| classify(&e, &self.display))?;
-            let slot = rows
-                .first()
-                .and_then(|r| r.try_get::<_, i32>(2).ok())
+            let row = rows.first();
+            let theirs: Option<i32> = row.and_then(|r| r.try_get(2).ok()).flatten();
+            let slot = row
+                .and_then(|r| r.try_get::<_, Option<i32>>(3).ok())
+                .flatten()
                 .and_then(|s| usize::try_from(s).ok());
             let won = slot.and_then(|s| slots.get(s).copied());
             self.check_claim(&rows, &client, won, &session.marker)
                 .await?;
+            if let Some(theirs) = theirs {
+                return Err(limit_mismatch(&request.name, theirs));
+            }
             if let Some(key) = won {
                 let (label, host) = self.holder_label(&request.holder);
-                let token_sql = token_sql(&request.holder);
+                let token_sql = token_sql(&request.holder, &other);
                 let token_params: [(&(dyn ToSql + Sync), Type); 3] = [
                     (&label, Type::TEXT),
                     (&host, Type::TEXT),
@@ -466,7 +545,7 @@ impl PgBackend {
                     tokio::join!(leave, client.query_typed(&token_sql, &token_params));
                 left.map_err(|e| classify(&e, &self.display))?;
                 let token = self
-                    .check_token(token, &client, key, &session.marker)
+                    .check_token(token, &client, key, &session.marker, &request.name)
                     .await?;
                 return Ok((Granted { token, sent }, key));
             }
@@ -512,6 +591,7 @@ impl PgBackend {
         client: &Client,
         key: i64,
         marker: &str,
+        name: &LockName,
     ) -> Result<u64, Error> {
         let rows = match token {
             Ok(rows) => rows,
@@ -551,6 +631,12 @@ impl PgBackend {
                 self.display
             ))
             .await;
+        }
+        // Read after our own --limit was recorded and the lock granted: of two holders that
+        // disagree, at least one sees the other.
+        if let Some(theirs) = row.try_get::<_, Option<i32>>(6).ok().flatten() {
+            give_back(client, key, marker).await;
+            return Err(limit_mismatch(name, theirs));
         }
         let token: Option<i64> = row.try_get(1).unwrap_or(None);
         token
@@ -813,24 +899,27 @@ impl Features {
 
 /// The statement run right after a grant: standby?, fencing token, is it still our session
 /// (the mark set by the lock statement: statements that a pooler spreads over several server
-/// sessions do not all see it), and the session's label (`application_name`). The holder's
-/// metadata rides along as a comment, so `status` can read it from `pg_stat_activity.query`
-/// where the role may see it.
+/// sessions do not all see it), the session's label (`application_name`), and `other_limit`
+/// (a holder that records another `--limit`; see [`other_limit_sql`]). The holder's
+/// metadata rides along as a comment, first, so `status` can read it from
+/// `pg_stat_activity.query` where the role may see it (the server keeps only the first
+/// `track_activity_query_size` bytes, 1024 by default).
 ///
 /// The token is the transaction's XID, and it must survive a crash: PostgreSQL flushes a
 /// commit at once only when the transaction wrote WAL, and an XID whose commit never reached
 /// the disk is handed out again after a crash. A (transactional, empty) logical message is
 /// the cheapest WAL record any role may write, so with `synchronous_commit=on` the reply
 /// comes only after the XID is on disk.
-fn token_sql(holder: &Holder) -> String {
+fn token_sql(holder: &Holder, other_limit: &str) -> String {
     format!(
-        "SELECT pg_is_in_recovery(), \
+        "{} SELECT pg_is_in_recovery(), \
          CASE WHEN pg_is_in_recovery() THEN NULL ELSE txid_current() END, \
          coalesce(current_setting('dlock.owner', true), '') = $3, \
          coalesce(current_setting('dlock.session', true), '') = 'on', \
          set_config('application_name', \
          left($1 || coalesce(txid_current_if_assigned()::text, '0') || $2, {MAX_APPLICATION_NAME}), false), \
-         CASE WHEN pg_is_in_recovery() THEN NULL ELSE pg_logical_emit_message(true, 'dlock', '') END {}",
+         CASE WHEN pg_is_in_recovery() THEN NULL ELSE pg_logical_emit_message(true, 'dlock', '') END, \
+         {other_limit}",
         metadata_comment(holder)
     )
 }
@@ -851,10 +940,10 @@ fn claim_sql(marker: &str) -> String {
 /// The heartbeat: does our session still hold the key, and is it still our session?
 fn heartbeat_sql(holder: &Holder) -> String {
     format!(
-        "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' \
+        "{} SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' \
          AND pid = pg_backend_pid() AND granted AND objsubid = 1 \
          AND classid = (($1 >> 32) & 4294967295)::oid AND objid = ($1 & 4294967295)::oid) \
-         AND coalesce(current_setting('dlock.owner', true), '') = $2 {}",
+         AND coalesce(current_setting('dlock.owner', true), '') = $2",
         metadata_comment(holder)
     )
 }
@@ -893,7 +982,7 @@ const LIST_SQL: &str = "SELECT l.pid, l.granted, \
      a.application_name, a.query, host(a.client_addr), a.client_port, \
      extract(epoch FROM a.backend_start)::int8 \
      FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
-     WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted \
+     WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted AND l.mode = 'ExclusiveLock' \
      AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
      ORDER BY key, a.query_start NULLS LAST, l.pid";
 
@@ -1180,6 +1269,7 @@ impl Backend for PgBackend {
             keeper,
             session,
             key,
+            limit_key: limit_key(&self.prefix, request.name.as_str(), request.limit),
             token: granted.token,
             notify,
             schedule,
@@ -1391,6 +1481,8 @@ pub struct PgLease {
     keeper: Keeper<Renewer>,
     session: Session,
     key: i64,
+    /// Our [`limit_key`], held in shared mode.
+    limit_key: i64,
     token: u64,
     /// The channel to NOTIFY on release (`--limit N > 1`).
     notify: Option<String>,
@@ -1442,15 +1534,20 @@ impl Lease for PgLease {
                         client
                             .query_typed(
                                 "SELECT pg_advisory_unlock($1), pg_notify($2, ''), \
-                             set_config('dlock.owner', '', false)",
-                                &[(&self.key, Type::INT8), (channel, Type::TEXT)],
+                             set_config('dlock.owner', '', false), pg_advisory_unlock_shared($3)",
+                                &[
+                                    (&self.key, Type::INT8),
+                                    (channel, Type::TEXT),
+                                    (&self.limit_key, Type::INT8),
+                                ],
                             )
                             .await
                     }
                     None => client
                         .query_typed(
-                            "SELECT pg_advisory_unlock($1), set_config('dlock.owner', '', false)",
-                            &[(&self.key, Type::INT8)],
+                            "SELECT pg_advisory_unlock($1), set_config('dlock.owner', '', false), \
+                             pg_advisory_unlock_shared($2)",
+                            &[(&self.key, Type::INT8), (&self.limit_key, Type::INT8)],
                         )
                         .await,
                 }
@@ -1537,6 +1634,9 @@ mod tests {
     use super::*;
 
     /// These values are the contract with every other dlock version and with SQL users.
+    /// `limit_key("dlock", "probe", 2)`: a contract with every other dlock version.
+    const PINNED_LIMIT_KEY: i64 = 565720361972807682;
+
     #[test]
     fn keys_never_change() {
         assert_eq!(key("dlock", "probe"), -707979539756708059);
@@ -1617,6 +1717,18 @@ mod tests {
             );
         }
         assert!(server_millis(Duration::from_secs(7 * 86_400)) <= i32::MAX as u128);
+    }
+
+    #[test]
+    fn limit_keys_never_change_and_carry_the_limit() {
+        assert_eq!(limit_key("dlock", "probe", 0) & LIMIT_MASK, 0);
+        for limit in [1, 2, 1024] {
+            let key = limit_key("dlock", "probe", limit);
+            assert_eq!(key & LIMIT_MASK, i64::from(limit));
+            assert_eq!(key & !LIMIT_MASK, limit_key("dlock", "probe", 0));
+        }
+        assert_eq!(limit_key("dlock", "probe", 2), PINNED_LIMIT_KEY);
+        assert_ne!(limit_key("dlock", "probe", 1), key("dlock", "probe"));
     }
 
     #[test]
