@@ -686,3 +686,47 @@ fn long_ttls_give_the_server_keepalives_it_accepts() {
     let log = server.log();
     assert!(!log.contains("setsockopt"), "{log}");
 }
+
+#[test]
+fn wait_bounds_connecting_to_a_server_that_never_answers() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = listener.local_addr().expect("address").port();
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop = done.clone();
+    // Accept and hold connections open, never answering; the last connection (ours, below)
+    // only wakes the thread to end it.
+    let silent = std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for stream in listener.incoming().take(8) {
+            if stop.load(std::sync::atomic::Ordering::SeqCst) {
+                break;
+            }
+            held.extend(stream.ok());
+        }
+        held.len()
+    });
+    let server = PgServer::start();
+    let env = TestEnv::new(&server);
+    // connect_timeout=60: only --wait can end this in time.
+    let url = format!("postgres://postgres@127.0.0.1:{port}/x?connect_timeout=60");
+    let started = Instant::now();
+    let out = env.run([
+        "run",
+        "--wait",
+        "2s",
+        "--url",
+        &url,
+        &name(),
+        "touch",
+        "ran",
+    ]);
+    let took = started.elapsed();
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
+    let _ = std::net::TcpStream::connect(("127.0.0.1", port));
+    let accepted = silent.join().expect("silent server thread");
+    assert!(accepted >= 1, "dlock never connected");
+    assert_fails(&out, 69, "within --wait 2s");
+    assert!(!env.path("ran").exists(), "the command ran");
+    assert!(took < Duration::from_secs(10), "gave up after {took:?}");
+    assert!(took >= Duration::from_secs(2), "gave up after {took:?}");
+}

@@ -154,19 +154,21 @@ impl PgBackend {
         }
     }
 
-    /// Connect with dlock's session settings; `lock_timeout` bounds lock waits.
+    /// Connect with dlock's session settings; `lock_timeout` bounds lock waits, and a `--wait`
+    /// deadline bounds connecting.
     async fn connect(
         &self,
         label: &str,
         ttl: Duration,
         lock_timeout: Option<Duration>,
+        deadline: Option<Deadline>,
     ) -> Result<Session, Error> {
         let tls = tls::connector(&self.target)?;
         let mut features = Features::ALL;
         // At most one retry per feature the server may not know.
         for _ in 0..3 {
             match self
-                .connect_with(&tls, label, ttl, lock_timeout, features)
+                .connect_with(&tls, label, ttl, lock_timeout, features, deadline)
                 .await
             {
                 Err(e) => match features.without(&e.to_string()) {
@@ -197,6 +199,7 @@ impl PgBackend {
         ttl: Duration,
         lock_timeout: Option<Duration>,
         features: Features,
+        deadline: Option<Deadline>,
     ) -> Result<Session, Error> {
         let target = &self.target;
         let mut config = Config::new();
@@ -247,15 +250,27 @@ impl PgBackend {
             .keepalives_retries(3)
             .tcp_user_timeout((ttl / 3).clamp(Duration::from_secs(1), MAX_USER_TIMEOUT));
         let hosts = u32::try_from(target.hosts.len()).unwrap_or(1).max(1);
-        let budget = timeout.saturating_mul(hosts);
+        let mut budget = timeout.saturating_mul(hosts);
+        // The whole acquisition ends by the --wait deadline, connecting included.
+        let wait = deadline.filter(|d| d.at.remaining() < budget);
+        if let Some(d) = wait {
+            budget = d.at.remaining();
+        }
         let (client, mut connection) =
             match tokio::time::timeout(budget, config.connect(tls.clone())).await {
                 Err(_) => {
-                    return Err(Error::Unavailable(format!(
-                        "cannot reach {}: no answer within {}",
-                        self.display,
-                        humantime::format_duration(budget)
-                    )))
+                    return Err(Error::Unavailable(match wait {
+                        Some(d) => format!(
+                            "no answer from {} within --wait {}",
+                            self.display,
+                            humantime::format_duration(d.wait)
+                        ),
+                        None => format!(
+                            "cannot reach {}: no answer within {}",
+                            self.display,
+                            humantime::format_duration(budget)
+                        ),
+                    }))
                 }
                 Ok(Err(e)) => return Err(classify(&e, &self.display)),
                 Ok(Ok(pair)) => pair,
@@ -324,6 +339,7 @@ impl PgBackend {
         session: &mut Session,
         request: &AcquireRequest,
         key: i64,
+        deadline: Option<Deadline>,
         cancel: &mut Cancel,
     ) -> Result<Granted, Error> {
         let client = session.client.clone();
@@ -333,12 +349,14 @@ impl PgBackend {
         // One statement claims the session and takes the lock, so both happen on the same
         // server session; the waiter's metadata rides along, so `status` can list the queue.
         // First (the subquery) it records our --limit and looks for holders with another one,
-        // and only then, if there are none, takes (or queues for) the lock.
+        // and only then, if there are none, sets what is left of --wait as the server's lock
+        // wait limit and takes (or queues for) the lock.
         let lock_sql = format!(
-            "{} SELECT {}, o.other, CASE WHEN o.other IS NULL THEN {} END \
+            "{} SELECT {}, o.other, {}, CASE WHEN o.other IS NULL THEN {} END \
              FROM (SELECT {other} AS other, pg_advisory_lock_shared({})::text AS mark OFFSET 0) o",
             metadata_comment(&request.holder),
             claim_sql("$2"),
+            Deadline::lock_timeout_sql(deadline),
             if try_only {
                 "pg_try_advisory_lock($1)"
             } else {
@@ -363,9 +381,9 @@ impl PgBackend {
         let work = async { tokio::join!(lock, token) };
         tokio::pin!(work);
         let backstop = async {
-            match request.wait {
-                Wait::For(d) => tokio::time::sleep(d.saturating_add(Duration::from_secs(1))).await,
-                _ => std::future::pending().await,
+            match deadline {
+                Some(d) => sleep_until(d.at + Duration::from_secs(1)).await,
+                None => std::future::pending().await,
             }
         };
         tokio::pin!(backstop);
@@ -395,11 +413,11 @@ impl PgBackend {
         // pg_advisory_lock returns void (as '' here): an answer is a grant.
         let granted = theirs.is_none()
             && if try_only {
-                row.and_then(|r| r.try_get::<_, Option<bool>>(3).ok())
+                row.and_then(|r| r.try_get::<_, Option<bool>>(4).ok())
                     .flatten()
                     .unwrap_or(false)
             } else {
-                row.and_then(|r| r.try_get::<_, Option<String>>(3).ok())
+                row.and_then(|r| r.try_get::<_, Option<String>>(4).ok())
                     .flatten()
                     .is_some()
             };
@@ -424,6 +442,7 @@ impl PgBackend {
         &self,
         session: &mut Session,
         request: &AcquireRequest,
+        deadline: Option<Deadline>,
         cancel: &mut Cancel,
     ) -> Result<(Granted, i64), Error> {
         let client = session.client.clone();
@@ -450,28 +469,25 @@ impl PgBackend {
                 String::new()
             },
         );
-        let deadline = match request.wait {
-            Wait::For(d) => Some(BootInstant::now() + d),
-            _ => None,
-        };
         if request.wait != Wait::No {
             let turnstile = turnstile_key(&self.prefix, name);
             let listen = format!("LISTEN {}", channel(&self.prefix, name));
-            client
-                .batch_execute(&listen)
+            within(deadline, client.batch_execute(&listen))
                 .await
+                .map_err(|()| self.no_answer(deadline, "LISTEN"))?
                 .map_err(|e| classify(&e, &self.display))?;
             let params: [(&(dyn ToSql + Sync), Type); 1] = [(&turnstile, Type::INT8)];
             let lock_sql = format!(
-                "{} SELECT o.other, CASE WHEN o.other IS NULL THEN pg_advisory_lock($1)::text END \
+                "{} SELECT o.other, {}, CASE WHEN o.other IS NULL THEN pg_advisory_lock($1)::text END \
                  FROM (SELECT {other} AS other, {mark} OFFSET 0) o",
                 metadata_comment(&request.holder),
+                Deadline::lock_timeout_sql(deadline),
             );
             let lock = client.query_typed(&lock_sql, &params);
             tokio::pin!(lock);
             let backstop = async {
                 match deadline {
-                    Some(at) => sleep_until(at + Duration::from_secs(1)).await,
+                    Some(d) => sleep_until(d.at + Duration::from_secs(1)).await,
                     None => std::future::pending().await,
                 }
             };
@@ -504,10 +520,13 @@ impl PgBackend {
         let recheck = (request.ttl / 3).min(Duration::from_secs(1));
         for _ in 0..u32::MAX {
             let sent = BootInstant::now();
-            let rows = client
-                .query_typed(&try_sql, &[(&session.marker, Type::TEXT)])
-                .await
-                .map_err(|e| classify(&e, &self.display))?;
+            let rows = within(
+                deadline,
+                client.query_typed(&try_sql, &[(&session.marker, Type::TEXT)]),
+            )
+            .await
+            .map_err(|()| self.no_answer(deadline, "taking a slot"))?
+            .map_err(|e| classify(&e, &self.display))?;
             let row = rows.first();
             let theirs: Option<i32> = row.and_then(|r| r.try_get(2).ok()).flatten();
             let slot = row
@@ -541,8 +560,11 @@ impl PgBackend {
                         ))
                         .await
                 };
-                let (left, token) =
-                    tokio::join!(leave, client.query_typed(&token_sql, &token_params));
+                let both =
+                    async { tokio::join!(leave, client.query_typed(&token_sql, &token_params)) };
+                let (left, token) = within(deadline, both)
+                    .await
+                    .map_err(|()| self.no_answer(deadline, "reading the token"))?;
                 left.map_err(|e| classify(&e, &self.display))?;
                 let token = self
                     .check_token(token, &client, key, &session.marker, &request.name)
@@ -559,13 +581,13 @@ impl PgBackend {
             let mut ended = session.ended.clone();
             let next_check = BootInstant::now() + recheck;
             let wake = match deadline {
-                Some(d) if d < next_check => d,
+                Some(d) if d.at < next_check => d.at,
                 _ => next_check,
             };
             tokio::select! {
                 _ = session.notes.recv() => {}
                 () = sleep_until(wake) => {
-                    if deadline.is_some_and(|d| BootInstant::now() >= d) {
+                    if deadline.is_some_and(|d| BootInstant::now() >= d.at) {
                         let turnstile = turnstile_key(&self.prefix, name);
                         let _ = tokio::time::timeout(CANCEL_TIMEOUT, client.query_typed("SELECT pg_advisory_unlock($1)", &[(&turnstile, Type::INT8)])).await;
                         return Err(Error::Busy(format!("{} is held by {} holders; waited {}", request.name, request.limit, wait_text(request.wait))));
@@ -582,6 +604,16 @@ impl PgBackend {
             }
         }
         Err(Error::Internal("slot wait loop ended".into()))
+    }
+
+    /// A statement did not answer by the `--wait` deadline (and a second more).
+    fn no_answer(&self, deadline: Option<Deadline>, what: &str) -> Error {
+        let wait = deadline.map_or(Duration::ZERO, |d| d.wait);
+        Error::Unavailable(format!(
+            "no answer from {} ({what}) within --wait {}",
+            self.display,
+            humantime::format_duration(wait)
+        ))
     }
 
     /// Read the token statement's answer: a standby or a pooler is refused.
@@ -730,7 +762,8 @@ impl PgBackend {
     /// Connect for `status`, `list`, `release --force` and `check`.
     async fn admin(&self) -> Result<Session, Error> {
         let label = format!("dlock {} admin", std::process::id());
-        self.connect(&label, Duration::from_secs(30), None).await
+        self.connect(&label, Duration::from_secs(30), None, None)
+            .await
     }
 
     /// The sessions holding or waiting for `name`'s keys (any slot, and the turnstile).
@@ -785,6 +818,17 @@ impl PgBackend {
             Ok(status) => status.held_by(),
             Err(_) => String::new(),
         }
+    }
+}
+
+/// `work`, ended a second after the `--wait` deadline if it has not answered by then.
+async fn within<F: Future>(deadline: Option<Deadline>, work: F) -> Result<F::Output, ()> {
+    match deadline {
+        Some(d) => {
+            let limit = (d.at + Duration::from_secs(1)).remaining();
+            tokio::time::timeout(limit, work).await.map_err(|_| ())
+        }
+        None => Ok(work.await),
     }
 }
 
@@ -894,6 +938,36 @@ impl Features {
             });
         }
         None
+    }
+}
+
+/// When a `--wait` ends, and how long it was (for messages).
+#[derive(Clone, Copy, Debug)]
+struct Deadline {
+    at: BootInstant,
+    wait: Duration,
+}
+
+impl Deadline {
+    fn of(wait: Wait, from: BootInstant) -> Option<Deadline> {
+        match wait {
+            Wait::For(d) => Some(Deadline {
+                at: from + d,
+                wait: d,
+            }),
+            _ => None,
+        }
+    }
+
+    /// `set_config` of `lock_timeout` to what is left (at least 1 ms: 0 would mean none).
+    fn lock_timeout_sql(deadline: Option<Deadline>) -> String {
+        match deadline {
+            Some(d) => format!(
+                "set_config('lock_timeout', '{}', false)",
+                d.at.remaining().as_millis().clamp(1, i32::MAX as u128)
+            ),
+            None => "NULL::text".into(),
+        }
     }
 }
 
@@ -1205,6 +1279,7 @@ impl Backend for PgBackend {
         request: &AcquireRequest,
         mut cancel: Cancel,
     ) -> Result<PgLease, Error> {
+        let deadline = Deadline::of(request.wait, BootInstant::now());
         let lock_timeout = match request.wait {
             Wait::For(d) if request.limit <= 1 => Some(d),
             _ => None,
@@ -1212,17 +1287,17 @@ impl Backend for PgBackend {
         let label = format!("dlock {} wait {}", request.holder.pid, request.holder.host);
         // Nothing is queued on the server yet: a cancel during connect just drops it.
         let mut session = tokio::select! {
-            session = self.connect(&label, request.ttl, lock_timeout) => session?,
+            session = self.connect(&label, request.ttl, lock_timeout, deadline) => session?,
             () = cancel.cancelled() => return Err(Error::Cancelled),
         };
         let (granted, key) = if request.limit <= 1 {
             let key = key(&self.prefix, request.name.as_str());
             let granted = self
-                .acquire_single(&mut session, request, key, &mut cancel)
+                .acquire_single(&mut session, request, key, deadline, &mut cancel)
                 .await?;
             (granted, key)
         } else {
-            self.acquire_slot(&mut session, request, &mut cancel)
+            self.acquire_slot(&mut session, request, deadline, &mut cancel)
                 .await?
         };
         let schedule = Schedule::new(request.ttl, request.kill_after);
