@@ -674,6 +674,61 @@ fn a_stopped_holder_loses_the_lock_within_the_ttl() {
 }
 
 #[test]
+fn a_stopped_waiter_granted_while_stopped_frees_the_lock_and_never_runs() {
+    let server = PgServer::start();
+    let env = TestEnv::new(&server);
+    let lock = name();
+    let mut holder = env.hold(&lock, &["--ttl", "3s"]);
+    let mut waiter = env
+        .dlock(["run", "--ttl", "3s", &lock, "touch", "waiter-ran"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn waiter");
+    wait_until("waiter queued", PATIENCE, || server.pending_requests() == 1);
+    let waiter_pid = nix::unistd::Pid::from_raw(waiter.id() as i32);
+    nix::sys::signal::kill(waiter_pid, Signal::SIGSTOP).expect("stop waiter");
+    holder.signal(Signal::SIGTERM);
+    holder.wait();
+    // Granted while stopped, its session goes idle: the server ends it after the TTL.
+    let stopped = Instant::now();
+    let mut freed = false;
+    for _ in 0..1000 {
+        if freed || stopped.elapsed() >= PATIENCE {
+            break;
+        }
+        freed = env.is_free(&lock);
+    }
+    // Resume it before any assertion, so a failure does not leave a stopped process behind.
+    nix::sys::signal::kill(waiter_pid, Signal::SIGCONT).expect("resume waiter");
+    assert!(freed, "the stopped waiter kept the lock for {PATIENCE:?}");
+    let status = wait_within(&mut waiter, PATIENCE);
+    let mut stderr = String::new();
+    if let Some(mut err) = waiter.stderr.take() {
+        use std::io::Read;
+        let _ = err.read_to_string(&mut stderr);
+    }
+    assert_eq!(status.code(), Some(69), "{stderr}");
+    assert!(!env.path("waiter-ran").exists(), "the waiter's command ran");
+}
+
+#[test]
+fn server_idle_timeouts_do_not_end_a_live_holder() {
+    // dlock's own session settings win over the server's (and the role's, and the
+    // database's): a holder whose heartbeat interval exceeds them keeps its lock.
+    let server = PgServer::start_with(&[
+        "-c",
+        "idle_session_timeout=500",
+        "-c",
+        "idle_in_transaction_session_timeout=500",
+    ]);
+    let env = TestEnv::new(&server);
+    let lock = name();
+    let out = env.run(["run", "--ttl", "3s", &lock, "sleep", "3"]);
+    assert!(out.status.success(), "{}", describe(&out));
+    assert!(env.is_free(&lock));
+}
+
+#[test]
 fn long_ttls_give_the_server_keepalives_it_accepts() {
     let server = PgServer::start();
     let env = TestEnv::new(&server);
