@@ -563,3 +563,225 @@ fn documented_sql_formula_names_the_same_key() {
         Ok(())
     );
 }
+
+/// The documented SQL for a lock's key, with psql variables `prefix` and `name`.
+const KEY_SQL: &str = "('x' || encode(substr(sha256('\\x646c6f636b00763100'::bytea \
+     || convert_to(:'prefix', 'UTF8') || '\\x00'::bytea || convert_to(:'name', 'UTF8')), 1, 8), \
+     'hex'))::bit(64)::bigint";
+
+#[test]
+fn holders_must_agree_on_the_limit() {
+    let server = PgServer::start();
+    let env = TestEnv::new(&server);
+    let lock = name();
+    let _holder = env.hold(&lock, &["--limit", "2"]);
+    // Slot 1 is free, so without the check `--limit 3` would run beside the holder, and a
+    // `--limit 1` would queue behind it.
+    for extra in [
+        &["--no-wait", "--limit", "3"][..],
+        &["--limit", "1"],
+        &["--no-wait"],
+    ] {
+        let mut args = vec!["run"];
+        args.extend(extra);
+        args.extend([lock.as_str(), "touch", "ran"]);
+        let out = env.run(&args);
+        assert_fails(&out, 64, "--limit 2");
+        assert!(!env.path("ran").exists(), "{extra:?}: the command ran");
+    }
+    assert_eq!(server.pending_requests(), 0, "a refused run stayed queued");
+
+    // And the other way round: a `--limit 1` holder refuses `--limit 2`.
+    let other = name();
+    let _single = env.hold(&other, &[]);
+    let out = env.run(["run", "--no-wait", "--limit", "2", &other, "touch", "ran"]);
+    assert_fails(&out, 64, "--limit 1");
+    assert!(!env.path("ran").exists(), "the command ran");
+}
+
+#[test]
+fn a_waiter_that_gets_the_lock_beside_another_limit_refuses() {
+    let server = PgServer::start();
+    let env = TestEnv::new(&server);
+    let lock = name();
+    // SQL (no recorded limit) holds the key that is slot 0 of every limit.
+    let mut sql = server.psql_session(&["prefix=dlock", &format!("name={lock}")]);
+    {
+        use std::io::Write;
+        let stdin = sql.stdin.as_mut().expect("psql stdin");
+        writeln!(stdin, "SELECT pg_advisory_lock({KEY_SQL});").expect("write to psql");
+        stdin.flush().expect("flush psql");
+    }
+    wait_until("psql holds the key", PATIENCE, || {
+        server.granted_advisory_locks() == 1
+    });
+    // A `--limit 1` waiter queues behind it (nobody records another limit yet)…
+    let mut waiter = env
+        .dlock(["run", "--limit", "1", &lock, "touch", "waiter-ran"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn waiter");
+    wait_until("waiter queued", PATIENCE, || server.pending_requests() == 1);
+    // …and a `--limit 2` holder takes slot 1 meanwhile: the waiter holds no slot yet.
+    let _pair = env.hold(&lock, &["--limit", "2"]);
+    // The SQL session ends: the waiter is granted slot 0 beside a --limit 2 holder.
+    drop(sql.stdin.take());
+    let _ = wait_within(&mut sql, PATIENCE);
+    let status = wait_within(&mut waiter, PATIENCE);
+    let mut stderr = String::new();
+    if let Some(mut err) = waiter.stderr.take() {
+        use std::io::Read;
+        let _ = err.read_to_string(&mut stderr);
+    }
+    assert_eq!(status.code(), Some(64), "{stderr}");
+    assert!(stderr.contains("--limit 2"), "{stderr}");
+    assert!(!env.path("waiter-ran").exists(), "the waiter's command ran");
+}
+
+#[test]
+fn a_stopped_holder_loses_the_lock_within_the_ttl() {
+    // A holder that sends nothing behind a live connection (here: dlock itself stopped; the
+    // kernel still acknowledges keepalives) must not keep the lock for ever.
+    let server = PgServer::start();
+    let env = TestEnv::new(&server);
+    let lock = name();
+    let mut holder = env.hold(&lock, &["--ttl", "3s"]);
+    holder.signal(Signal::SIGSTOP);
+    let stopped = Instant::now();
+    let out = env.run(["run", "--wait", "30s", &lock, "touch", "second-ran"]);
+    let took = stopped.elapsed();
+    // Resume it before any assertion, so a failure does not leave a stopped process behind.
+    holder.signal(Signal::SIGCONT);
+    assert!(out.status.success(), "{}", describe(&out));
+    assert!(env.path("second-ran").exists());
+    // TTL 3s: the server ends the silent session ~3s after its last heartbeat.
+    assert!(
+        took < Duration::from_secs(15),
+        "the second run got the lock after {took:?}"
+    );
+    // Resumed, the old holder finds its hold gone and stops its command.
+    let status = holder.wait();
+    assert_eq!(
+        status.code(),
+        Some(124),
+        "the resumed holder must report the lost lock: {}",
+        holder.stderr()
+    );
+    assert!(
+        !is_alive(holder.command_pid()),
+        "the resumed holder's command still runs"
+    );
+}
+
+#[test]
+fn a_stopped_waiter_granted_while_stopped_frees_the_lock_and_never_runs() {
+    let server = PgServer::start();
+    let env = TestEnv::new(&server);
+    let lock = name();
+    let mut holder = env.hold(&lock, &["--ttl", "3s"]);
+    let mut waiter = env
+        .dlock(["run", "--ttl", "3s", &lock, "touch", "waiter-ran"])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn waiter");
+    wait_until("waiter queued", PATIENCE, || server.pending_requests() == 1);
+    let waiter_pid = nix::unistd::Pid::from_raw(waiter.id() as i32);
+    nix::sys::signal::kill(waiter_pid, Signal::SIGSTOP).expect("stop waiter");
+    holder.signal(Signal::SIGTERM);
+    holder.wait();
+    // Granted while stopped, its session goes idle: the server ends it after the TTL.
+    let stopped = Instant::now();
+    let mut freed = false;
+    for _ in 0..1000 {
+        if freed || stopped.elapsed() >= PATIENCE {
+            break;
+        }
+        freed = env.is_free(&lock);
+    }
+    // Resume it before any assertion, so a failure does not leave a stopped process behind.
+    nix::sys::signal::kill(waiter_pid, Signal::SIGCONT).expect("resume waiter");
+    assert!(freed, "the stopped waiter kept the lock for {PATIENCE:?}");
+    let status = wait_within(&mut waiter, PATIENCE);
+    let mut stderr = String::new();
+    if let Some(mut err) = waiter.stderr.take() {
+        use std::io::Read;
+        let _ = err.read_to_string(&mut stderr);
+    }
+    assert_eq!(status.code(), Some(69), "{stderr}");
+    assert!(!env.path("waiter-ran").exists(), "the waiter's command ran");
+}
+
+#[test]
+fn server_idle_timeouts_do_not_end_a_live_holder() {
+    // dlock's own session settings win over the server's (and the role's, and the
+    // database's): a holder whose heartbeat interval exceeds them keeps its lock.
+    let server = PgServer::start_with(&[
+        "-c",
+        "idle_session_timeout=500",
+        "-c",
+        "idle_in_transaction_session_timeout=500",
+    ]);
+    let env = TestEnv::new(&server);
+    let lock = name();
+    let out = env.run(["run", "--ttl", "3s", &lock, "sleep", "3"]);
+    assert!(out.status.success(), "{}", describe(&out));
+    assert!(env.is_free(&lock));
+}
+
+#[test]
+fn long_ttls_give_the_server_keepalives_it_accepts() {
+    let server = PgServer::start();
+    let env = TestEnv::new(&server);
+    for ttl in ["10m", "2days", "7days"] {
+        let out = env.run(["run", "--ttl", ttl, &name(), "true"]);
+        assert!(out.status.success(), "--ttl {ttl}: {}", describe(&out));
+    }
+    // A keepalive setting out of the kernel's range is only logged by the server, which then
+    // keeps the OS default (2 hours of silence).
+    let log = server.log();
+    assert!(!log.contains("setsockopt"), "{log}");
+}
+
+#[test]
+fn wait_bounds_connecting_to_a_server_that_never_answers() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = listener.local_addr().expect("address").port();
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stop = done.clone();
+    // Accept and hold connections open, never answering; the last connection (ours, below)
+    // only wakes the thread to end it.
+    let silent = std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for stream in listener.incoming().take(8) {
+            if stop.load(std::sync::atomic::Ordering::SeqCst) {
+                break;
+            }
+            held.extend(stream.ok());
+        }
+        held.len()
+    });
+    let server = PgServer::start();
+    let env = TestEnv::new(&server);
+    // connect_timeout=60: only --wait can end this in time.
+    let url = format!("postgres://postgres@127.0.0.1:{port}/x?connect_timeout=60");
+    let started = Instant::now();
+    let out = env.run([
+        "run",
+        "--wait",
+        "2s",
+        "--url",
+        &url,
+        &name(),
+        "touch",
+        "ran",
+    ]);
+    let took = started.elapsed();
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
+    let _ = std::net::TcpStream::connect(("127.0.0.1", port));
+    let accepted = silent.join().expect("silent server thread");
+    assert!(accepted >= 1, "dlock never connected");
+    assert_fails(&out, 69, "within --wait 2s");
+    assert!(!env.path("ran").exists(), "the command ran");
+    assert!(took < Duration::from_secs(10), "gave up after {took:?}");
+    assert!(took >= Duration::from_secs(2), "gave up after {took:?}");
+}

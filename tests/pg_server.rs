@@ -216,6 +216,37 @@ impl PgServer {
         self.dir.path()
     }
 
+    /// What the server logged so far (`pg_ctl -l`).
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("log")).unwrap_or_default()
+    }
+
+    /// A `psql` session as the superuser over the socket, reading SQL from its stdin (piped),
+    /// with `-v` variables; end it by dropping its stdin and waiting.
+    pub fn psql_session(&self, vars: &[&str]) -> std::process::Child {
+        let mut psql = Command::new(bin_dir().join("psql"));
+        psql.args(["-X", "-At", "-U", "postgres", "-d", "postgres"])
+            .arg("-h")
+            .arg(self.dir.path())
+            .arg("-p")
+            .arg(self.port.to_string());
+        for var in vars {
+            psql.arg("-v").arg(var);
+        }
+        psql.stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn psql")
+    }
+
+    /// Granted advisory locks in the cluster, in any mode.
+    pub fn granted_advisory_locks(&self) -> u64 {
+        self.psql("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted")
+            .parse()
+            .unwrap_or(u64::MAX)
+    }
+
     /// The postmaster's pid, from `postmaster.pid`.
     fn postmaster(&self) -> Option<i32> {
         std::fs::read_to_string(self.data().join("postmaster.pid"))

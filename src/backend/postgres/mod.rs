@@ -8,9 +8,11 @@
 //! `name ‖ "\0queue"`.
 //!
 //! One connection per dlock process. Session settings travel in the start-up packet (no extra
-//! round trip): no statement/idle timeouts, `lock_timeout` = `--wait`, server-side TCP
-//! keepalives that notice a silent client only after `--ttl`, and
-//! `client_connection_check_interval` so a killed waiter leaves the queue. Acquiring is one
+//! round trip): no statement or idle-in-transaction timeouts, `lock_timeout` = `--wait`,
+//! `idle_session_timeout` = `--ttl` (14+) so the server ends a session that went silent
+//! behind a live connection, server-side TCP keepalives that notice a silent client only
+//! after `--ttl`, and `client_connection_check_interval` so a killed waiter leaves the
+//! queue. Acquiring is one
 //! pipelined round trip after connecting: the lock call (the server's own FIFO lock queue),
 //! which also marks the server session as ours (`dlock.owner`), and the statement that reads
 //! the fencing token (`txid_current()`, which only grows and is on disk before the reply),
@@ -19,8 +21,9 @@
 //! and labels the session in `pg_stat_activity`.
 //!
 //! A session lock has no lease: it lives as long as the session. The [`Keeper`] heartbeats
-//! every TTL/3 (the lock must still show up for our backend), and the end of the connection
-//! is noticed at once; either ends the hold (design §4).
+//! every TTL/3 (the lock must still show up for our backend; each heartbeat also restarts
+//! the server's idle count, so its deadline arithmetic applies as for a lease), and the end
+//! of the connection is noticed at once; either ends the hold (design §4).
 
 pub mod target;
 mod tls;
@@ -89,6 +92,45 @@ fn turnstile_key(prefix: &str, name: &str) -> i64 {
     key_with(prefix, name, b"\0queue")
 }
 
+/// The key a holder of `name` with `--limit limit` holds in shared mode, so that others can
+/// see which `--limit` the holders use: the key of `name ‖ "\0limit"` with its low 11 bits
+/// replaced by the limit (at most [`MAX_LIMIT`] < 2048), so SQL can read the limit back.
+fn limit_key(prefix: &str, name: &str, limit: u32) -> i64 {
+    (key_with(prefix, name, b"\0limit") & !LIMIT_MASK) | i64::from(limit) & LIMIT_MASK
+}
+
+/// The low bits of a [`limit_key`] that hold the limit.
+const LIMIT_MASK: i64 = 2047;
+
+/// A scalar subquery: the smallest `--limit` other than `limit` that another session holding
+/// `name` (a granted exclusive key other than the turnstile: one dlock session takes one
+/// lock) records with its [`limit_key`], or NULL.
+fn other_limit_sql(prefix: &str, name: &str, limit: u32) -> String {
+    let base = limit_key(prefix, name, 0) as u64;
+    let high = base >> 32;
+    let low = base & 0xffff_ffff;
+    let turnstile = turnstile_key(prefix, name);
+    format!(
+        "(SELECT min(m.objid::int8 & {LIMIT_MASK})::int4 FROM pg_locks m \
+         WHERE m.locktype = 'advisory' AND m.objsubid = 1 AND m.granted AND m.mode = 'ShareLock' \
+         AND m.pid <> pg_backend_pid() \
+         AND m.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+         AND m.classid = {high}::oid AND (m.objid::int8 & {}) = {low} \
+         AND (m.objid::int8 & {LIMIT_MASK}) <> {limit} \
+         AND EXISTS (SELECT 1 FROM pg_locks s WHERE s.pid = m.pid AND s.locktype = 'advisory' \
+         AND s.objsubid = 1 AND s.granted AND s.mode = 'ExclusiveLock' \
+         AND ((s.classid::int8 << 32) | s.objid::int8) <> {turnstile}))",
+        0xffff_ffff_i64 & !LIMIT_MASK
+    )
+}
+
+/// The usage error for a lock held with another `--limit`.
+fn limit_mismatch(name: &LockName, theirs: i32) -> Error {
+    Error::Usage(format!(
+        "lock '{name}' is held with --limit {theirs}; all holders must use the same --limit"
+    ))
+}
+
 /// The NOTIFY channel a released slot wakes (`dlock_` and the slot-0 key in hex).
 fn channel(prefix: &str, name: &str) -> String {
     format!("dlock_{:016x}", key(prefix, name))
@@ -109,33 +151,42 @@ impl PgBackend {
         }
     }
 
-    /// Connect with dlock's session settings; `lock_timeout` bounds lock waits.
+    /// Connect with dlock's session settings; `lock_timeout` bounds lock waits, and a `--wait`
+    /// deadline bounds connecting.
     async fn connect(
         &self,
         label: &str,
         ttl: Duration,
         lock_timeout: Option<Duration>,
+        deadline: Option<Deadline>,
     ) -> Result<Session, Error> {
         let tls = tls::connector(&self.target)?;
-        match self
-            .connect_with(&tls, label, ttl, lock_timeout, true)
-            .await
-        {
-            // A server older than 14 does not know two of the settings, and a server on a
-            // platform that cannot watch client sockets refuses client_connection_check_interval.
-            Err(e)
-                if [
-                    "unrecognized configuration parameter",
-                    "client_connection_check_interval",
-                ]
-                .iter()
-                .any(|needle| e.to_string().contains(needle)) =>
+        let mut features = Features::ALL;
+        // At most one retry per feature the server may not know.
+        for _ in 0..3 {
+            match self
+                .connect_with(&tls, label, ttl, lock_timeout, features, deadline)
+                .await
             {
-                self.connect_with(&tls, label, ttl, lock_timeout, false)
-                    .await
+                Err(e) => match features.without(&e.to_string()) {
+                    Some(fewer) => features = fewer,
+                    None => return Err(e),
+                },
+                Ok(session) => {
+                    if !features.idle_timeout {
+                        tracing::warn!(
+                            "{} ({}) has no idle_session_timeout (PostgreSQL 14+): a holder that goes silent behind a live connection (a stopped dlock, a proxy or NAT keeping the connection open) keeps the lock until TCP keepalives notice",
+                            self.display,
+                            if session.version.is_empty() { "version unknown" } else { &session.version }
+                        );
+                    }
+                    return Ok(session);
+                }
             }
-            other => other,
         }
+        Err(Error::Internal(
+            "connecting: the server refused every set of session settings".into(),
+        ))
     }
 
     async fn connect_with(
@@ -144,7 +195,8 @@ impl PgBackend {
         label: &str,
         ttl: Duration,
         lock_timeout: Option<Duration>,
-        modern: bool,
+        features: Features,
+        deadline: Option<Deadline>,
     ) -> Result<Session, Error> {
         let target = &self.target;
         let mut config = Config::new();
@@ -163,7 +215,7 @@ impl PgBackend {
             None => label.to_owned(),
         };
         config.application_name(truncate(&app, MAX_APPLICATION_NAME));
-        let mut options = session_options(ttl, lock_timeout, modern);
+        let mut options = session_options(ttl, lock_timeout, features);
         if let Some(theirs) = &target.options {
             options = format!("{theirs} {options}");
         }
@@ -186,23 +238,36 @@ impl PgBackend {
             }
         });
         let timeout = target.connect_timeout.unwrap_or(CONNECT_TIMEOUT);
+        // Linux refuses keepalive times above 32767 s (TCP_KEEPIDLE).
         config
             .connect_timeout(timeout)
             .keepalives(true)
-            .keepalives_idle((ttl / 6).max(Duration::from_secs(1)))
+            .keepalives_idle((ttl / 6).clamp(Duration::from_secs(1), MAX_KEEPALIVE))
             .keepalives_interval(Duration::from_secs(1))
             .keepalives_retries(3)
-            .tcp_user_timeout((ttl / 3).max(Duration::from_secs(1)));
+            .tcp_user_timeout((ttl / 3).clamp(Duration::from_secs(1), MAX_USER_TIMEOUT));
         let hosts = u32::try_from(target.hosts.len()).unwrap_or(1).max(1);
-        let budget = timeout.saturating_mul(hosts);
+        let mut budget = timeout.saturating_mul(hosts);
+        // The whole acquisition ends by the --wait deadline, connecting included.
+        let wait = deadline.filter(|d| d.at.remaining() < budget);
+        if let Some(d) = wait {
+            budget = d.at.remaining();
+        }
         let (client, mut connection) =
             match tokio::time::timeout(budget, config.connect(tls.clone())).await {
                 Err(_) => {
-                    return Err(Error::Unavailable(format!(
-                        "cannot reach {}: no answer within {}",
-                        self.display,
-                        humantime::format_duration(budget)
-                    )))
+                    return Err(Error::Unavailable(match wait {
+                        Some(d) => format!(
+                            "no answer from {} within --wait {}",
+                            self.display,
+                            humantime::format_duration(d.wait)
+                        ),
+                        None => format!(
+                            "cannot reach {}: no answer within {}",
+                            self.display,
+                            humantime::format_duration(budget)
+                        ),
+                    }))
                 }
                 Ok(Err(e)) => return Err(classify(&e, &self.display)),
                 Ok(Ok(pair)) => pair,
@@ -251,6 +316,7 @@ impl PgBackend {
             cancel,
             tls: tls.clone(),
             version,
+            idle_timeout: features.idle_timeout,
         })
     }
 
@@ -264,30 +330,39 @@ impl PgBackend {
         )
     }
 
-    /// `--limit 1`: the server's lock queue. Returns the token and when the grant arrived.
+    /// `--limit 1`: the server's lock queue. Returns the token and when its request was sent.
     async fn acquire_single(
         &self,
         session: &mut Session,
         request: &AcquireRequest,
         key: i64,
+        deadline: Option<Deadline>,
         cancel: &mut Cancel,
     ) -> Result<Granted, Error> {
         let client = session.client.clone();
         let try_only = request.wait == Wait::No;
+        let name = request.name.as_str();
+        let other = other_limit_sql(&self.prefix, name, request.limit);
         // One statement claims the session and takes the lock, so both happen on the same
         // server session; the waiter's metadata rides along, so `status` can list the queue.
+        // First (the subquery) it records our --limit and looks for holders with another one,
+        // and only then, if there are none, sets what is left of --wait as the server's lock
+        // wait limit and takes (or queues for) the lock.
         let lock_sql = format!(
-            "SELECT {}, {} {}",
+            "{} SELECT {}, o.other, {}, CASE WHEN o.other IS NULL THEN {} END \
+             FROM (SELECT {other} AS other, pg_advisory_lock_shared({})::text AS mark OFFSET 0) o",
+            metadata_comment(&request.holder),
             claim_sql("$2"),
+            Deadline::lock_timeout_sql(deadline),
             if try_only {
                 "pg_try_advisory_lock($1)"
             } else {
-                "pg_advisory_lock($1)"
+                "pg_advisory_lock($1)::text"
             },
-            metadata_comment(&request.holder)
+            limit_key(&self.prefix, name, request.limit),
         );
         let (label, host) = self.holder_label(&request.holder);
-        let token_sql = token_sql(&request.holder);
+        let token_sql = token_sql(&request.holder, &other);
         let lock_params: [(&(dyn ToSql + Sync), Type); 2] =
             [(&key, Type::INT8), (&session.marker, Type::TEXT)];
         let token_params: [(&(dyn ToSql + Sync), Type); 3] = [
@@ -295,27 +370,24 @@ impl PgBackend {
             (&host, Type::TEXT),
             (&session.marker, Type::TEXT),
         ];
+        let sent = BootInstant::now();
         let lock = client.query_typed(&lock_sql, &lock_params);
         let token = client.query_typed(&token_sql, &token_params);
-        let lock = async {
-            let lock = lock.await;
-            (lock, BootInstant::now())
-        };
         // Both requests go out at once, in the order `join` first polls them: the lock call,
         // then the token statement, which the server runs as soon as the lock is granted.
         let work = async { tokio::join!(lock, token) };
         tokio::pin!(work);
         let backstop = async {
-            match request.wait {
-                Wait::For(d) => tokio::time::sleep(d.saturating_add(Duration::from_secs(1))).await,
-                _ => std::future::pending().await,
+            match deadline {
+                Some(d) => sleep_until(d.at + Duration::from_secs(1)).await,
+                None => std::future::pending().await,
             }
         };
         tokio::pin!(backstop);
         let mut ended = session.ended.clone();
         // Biased, work first: its first poll puts the requests on the wire, so a cancel that
         // is already set finds something to cancel on the server.
-        let ((lock, at), token) = tokio::select! {
+        let (lock, token) = tokio::select! {
             biased;
             done = &mut work => done,
             () = cancel.cancelled() => {
@@ -333,22 +405,32 @@ impl PgBackend {
             Ok(rows) => rows,
             Err(e) => return Err(self.busy_or(&e, request, session).await),
         };
-        // pg_advisory_lock returns void: an answer is a grant.
-        let granted = !try_only
-            || rows
-                .first()
-                .and_then(|row| row.try_get::<_, bool>(2).ok())
-                .unwrap_or(false);
+        let row = rows.first();
+        let theirs: Option<i32> = row.and_then(|r| r.try_get(2).ok()).flatten();
+        // pg_advisory_lock returns void (as '' here): an answer is a grant.
+        let granted = theirs.is_none()
+            && if try_only {
+                row.and_then(|r| r.try_get::<_, Option<bool>>(4).ok())
+                    .flatten()
+                    .unwrap_or(false)
+            } else {
+                row.and_then(|r| r.try_get::<_, Option<String>>(4).ok())
+                    .flatten()
+                    .is_some()
+            };
         self.check_claim(&rows, &client, granted.then_some(key), &session.marker)
             .await?;
+        if let Some(theirs) = theirs {
+            return Err(limit_mismatch(&request.name, theirs));
+        }
         if !granted {
             let who = self.describe_holders(session, &request.name).await;
             return Err(Error::Busy(format!("{} is held{who}", request.name)));
         }
         let token = self
-            .check_token(token, &client, key, &session.marker)
+            .check_token(token, &client, key, &session.marker, &request.name)
             .await?;
-        Ok(Granted { token, at })
+        Ok(Granted { token, sent })
     }
 
     /// `--limit N > 1`: queue on the turnstile, then take the first free slot; a released slot
@@ -357,6 +439,7 @@ impl PgBackend {
         &self,
         session: &mut Session,
         request: &AcquireRequest,
+        deadline: Option<Deadline>,
         cancel: &mut Cancel,
     ) -> Result<(Granted, i64), Error> {
         let client = session.client.clone();
@@ -364,33 +447,44 @@ impl PgBackend {
         let slots: Vec<i64> = (0..request.limit)
             .map(|i| slot_key(&self.prefix, name, i))
             .collect();
+        let other = other_limit_sql(&self.prefix, name, request.limit);
+        let mark = format!(
+            "pg_advisory_lock_shared({})::text AS mark",
+            limit_key(&self.prefix, name, request.limit)
+        );
+        // Our --limit is recorded (`mark`) before we can take a slot: by the turnstile
+        // statement when we queue, else here.
         let try_sql = format!(
-            "SELECT {}, {} {}",
+            "{} SELECT {}, o.other, CASE WHEN o.other IS NULL THEN {} END \
+             FROM (SELECT {other} AS other{} OFFSET 0) o",
+            metadata_comment(&request.holder),
             claim_sql("$1"),
             try_slots_sql(&slots),
-            metadata_comment(&request.holder)
+            if request.wait == Wait::No {
+                format!(", {mark}")
+            } else {
+                String::new()
+            },
         );
-        let deadline = match request.wait {
-            Wait::For(d) => Some(BootInstant::now() + d),
-            _ => None,
-        };
         if request.wait != Wait::No {
             let turnstile = turnstile_key(&self.prefix, name);
             let listen = format!("LISTEN {}", channel(&self.prefix, name));
-            client
-                .batch_execute(&listen)
+            within(deadline, client.batch_execute(&listen))
                 .await
+                .map_err(|()| self.no_answer(deadline, "LISTEN"))?
                 .map_err(|e| classify(&e, &self.display))?;
             let params: [(&(dyn ToSql + Sync), Type); 1] = [(&turnstile, Type::INT8)];
             let lock_sql = format!(
-                "SELECT pg_advisory_lock($1) {}",
-                metadata_comment(&request.holder)
+                "{} SELECT o.other, {}, CASE WHEN o.other IS NULL THEN pg_advisory_lock($1)::text END \
+                 FROM (SELECT {other} AS other, {mark} OFFSET 0) o",
+                metadata_comment(&request.holder),
+                Deadline::lock_timeout_sql(deadline),
             );
             let lock = client.query_typed(&lock_sql, &params);
             tokio::pin!(lock);
             let backstop = async {
                 match deadline {
-                    Some(at) => sleep_until(at + Duration::from_secs(1)).await,
+                    Some(d) => sleep_until(d.at + Duration::from_secs(1)).await,
                     None => std::future::pending().await,
                 }
             };
@@ -399,8 +493,13 @@ impl PgBackend {
             tokio::select! {
                 biased;
                 done = &mut lock => {
-                    if let Err(e) = done {
-                        return Err(self.busy_or(&e, request, session).await);
+                    match done {
+                        Err(e) => return Err(self.busy_or(&e, request, session).await),
+                        Ok(rows) => {
+                            if let Some(theirs) = rows.first().and_then(|r| r.try_get::<_, Option<i32>>(0).ok()).flatten() {
+                                return Err(limit_mismatch(&request.name, theirs));
+                            }
+                        }
                     }
                 }
                 () = cancel.cancelled() => {
@@ -417,21 +516,29 @@ impl PgBackend {
         }
         let recheck = (request.ttl / 3).min(Duration::from_secs(1));
         for _ in 0..u32::MAX {
-            let rows = client
-                .query_typed(&try_sql, &[(&session.marker, Type::TEXT)])
-                .await
-                .map_err(|e| classify(&e, &self.display))?;
-            let slot = rows
-                .first()
-                .and_then(|r| r.try_get::<_, i32>(2).ok())
+            let sent = BootInstant::now();
+            let rows = within(
+                deadline,
+                client.query_typed(&try_sql, &[(&session.marker, Type::TEXT)]),
+            )
+            .await
+            .map_err(|()| self.no_answer(deadline, "taking a slot"))?
+            .map_err(|e| classify(&e, &self.display))?;
+            let row = rows.first();
+            let theirs: Option<i32> = row.and_then(|r| r.try_get(2).ok()).flatten();
+            let slot = row
+                .and_then(|r| r.try_get::<_, Option<i32>>(3).ok())
+                .flatten()
                 .and_then(|s| usize::try_from(s).ok());
             let won = slot.and_then(|s| slots.get(s).copied());
             self.check_claim(&rows, &client, won, &session.marker)
                 .await?;
+            if let Some(theirs) = theirs {
+                return Err(limit_mismatch(&request.name, theirs));
+            }
             if let Some(key) = won {
-                let at = BootInstant::now();
                 let (label, host) = self.holder_label(&request.holder);
-                let token_sql = token_sql(&request.holder);
+                let token_sql = token_sql(&request.holder, &other);
                 let token_params: [(&(dyn ToSql + Sync), Type); 3] = [
                     (&label, Type::TEXT),
                     (&host, Type::TEXT),
@@ -450,13 +557,16 @@ impl PgBackend {
                         ))
                         .await
                 };
-                let (left, token) =
-                    tokio::join!(leave, client.query_typed(&token_sql, &token_params));
+                let both =
+                    async { tokio::join!(leave, client.query_typed(&token_sql, &token_params)) };
+                let (left, token) = within(deadline, both)
+                    .await
+                    .map_err(|()| self.no_answer(deadline, "reading the token"))?;
                 left.map_err(|e| classify(&e, &self.display))?;
                 let token = self
-                    .check_token(token, &client, key, &session.marker)
+                    .check_token(token, &client, key, &session.marker, &request.name)
                     .await?;
-                return Ok((Granted { token, at }, key));
+                return Ok((Granted { token, sent }, key));
             }
             if request.wait == Wait::No {
                 let who = self.describe_holders(session, &request.name).await;
@@ -468,13 +578,13 @@ impl PgBackend {
             let mut ended = session.ended.clone();
             let next_check = BootInstant::now() + recheck;
             let wake = match deadline {
-                Some(d) if d < next_check => d,
+                Some(d) if d.at < next_check => d.at,
                 _ => next_check,
             };
             tokio::select! {
                 _ = session.notes.recv() => {}
                 () = sleep_until(wake) => {
-                    if deadline.is_some_and(|d| BootInstant::now() >= d) {
+                    if deadline.is_some_and(|d| BootInstant::now() >= d.at) {
                         let turnstile = turnstile_key(&self.prefix, name);
                         let _ = tokio::time::timeout(CANCEL_TIMEOUT, client.query_typed("SELECT pg_advisory_unlock($1)", &[(&turnstile, Type::INT8)])).await;
                         return Err(Error::Busy(format!("{} is held by {} holders; waited {}", request.name, request.limit, wait_text(request.wait))));
@@ -493,6 +603,16 @@ impl PgBackend {
         Err(Error::Internal("slot wait loop ended".into()))
     }
 
+    /// A statement did not answer by the `--wait` deadline (and a second more).
+    fn no_answer(&self, deadline: Option<Deadline>, what: &str) -> Error {
+        let wait = deadline.map_or(Duration::ZERO, |d| d.wait);
+        Error::Unavailable(format!(
+            "no answer from {} ({what}) within --wait {}",
+            self.display,
+            humantime::format_duration(wait)
+        ))
+    }
+
     /// Read the token statement's answer: a standby or a pooler is refused.
     async fn check_token(
         &self,
@@ -500,6 +620,7 @@ impl PgBackend {
         client: &Client,
         key: i64,
         marker: &str,
+        name: &LockName,
     ) -> Result<u64, Error> {
         let rows = match token {
             Ok(rows) => rows,
@@ -539,6 +660,12 @@ impl PgBackend {
                 self.display
             ))
             .await;
+        }
+        // Read after our own --limit was recorded and the lock granted: of two holders that
+        // disagree, at least one sees the other.
+        if let Some(theirs) = row.try_get::<_, Option<i32>>(6).ok().flatten() {
+            give_back(client, key, marker).await;
+            return Err(limit_mismatch(name, theirs));
         }
         let token: Option<i64> = row.try_get(1).unwrap_or(None);
         token
@@ -632,7 +759,8 @@ impl PgBackend {
     /// Connect for `status`, `list`, `release --force` and `check`.
     async fn admin(&self) -> Result<Session, Error> {
         let label = format!("dlock {} admin", std::process::id());
-        self.connect(&label, Duration::from_secs(30), None).await
+        self.connect(&label, Duration::from_secs(30), None, None)
+            .await
     }
 
     /// The sessions holding or waiting for `name`'s keys (any slot, and the turnstile).
@@ -690,6 +818,17 @@ impl PgBackend {
     }
 }
 
+/// `work`, ended a second after the `--wait` deadline if it has not answered by then.
+async fn within<F: Future>(deadline: Option<Deadline>, work: F) -> Result<F::Output, ()> {
+    match deadline {
+        Some(d) => {
+            let limit = (d.at + Duration::from_secs(1)).remaining();
+            tokio::time::timeout(limit, work).await.map_err(|_| ())
+        }
+        None => Ok(work.await),
+    }
+}
+
 /// Undo what an acquisition did on a session it must not keep: one unlock (a lock taken
 /// again on a shared session only raised its count) and our mark, if it is ours.
 async fn give_back(client: &Client, key: i64, marker: &str) {
@@ -704,13 +843,13 @@ async fn give_back(client: &Client, key: i64, marker: &str) {
     .await;
 }
 
-/// `-c name=value` start-up options: no timeouts that could end a hold, `--wait` as the
-/// server's own lock wait limit, and keepalives that give a silent client `ttl` before its
-/// session (and lock) is dropped.
-fn session_options(ttl: Duration, lock_timeout: Option<Duration>, modern: bool) -> String {
-    let ttl_s = ttl.as_secs().max(2);
-    let idle = ttl_s.div_ceil(2);
-    let count = ttl_s - idle + 1;
+/// `-c name=value` start-up options: no timeouts that could end a live hold, `--wait` as the
+/// server's own lock wait limit, `idle_session_timeout` = `ttl` so the server ends a session
+/// (and frees its lock) that sent nothing for the TTL (the keeper heartbeats every TTL/3; the
+/// session is idle between statements), and keepalives that give a silent client at least
+/// `ttl` before its session is dropped.
+fn session_options(ttl: Duration, lock_timeout: Option<Duration>, features: Features) -> String {
+    let (idle, interval, count) = keepalives(ttl);
     // Beyond the server's range (~24.8 days) the client-side backstop ends the wait instead.
     let lock_ms = match lock_timeout {
         Some(d) if d.as_millis() <= i32::MAX as u128 => d.as_millis().max(1),
@@ -719,36 +858,139 @@ fn session_options(ttl: Duration, lock_timeout: Option<Duration>, modern: bool) 
     let mut options = format!(
         "-c dlock.session=on -c statement_timeout=0 -c idle_in_transaction_session_timeout=0 -c lock_timeout={lock_ms} \
          -c synchronous_commit=on \
-         -c tcp_keepalives_idle={idle} -c tcp_keepalives_interval=1 -c tcp_keepalives_count={count} \
+         -c tcp_keepalives_idle={idle} -c tcp_keepalives_interval={interval} -c tcp_keepalives_count={count} \
          -c tcp_user_timeout={}",
-        ttl.as_millis().max(1000)
+        server_millis(ttl)
     );
-    if modern {
-        options.push_str(" -c idle_session_timeout=0 -c client_connection_check_interval=1000");
+    if features.idle_timeout {
+        options.push_str(&format!(" -c idle_session_timeout={}", server_millis(ttl)));
+    }
+    if features.check_interval {
+        options.push_str(" -c client_connection_check_interval=1000");
     }
     options
 }
 
+/// `ttl` in milliseconds, at least a second and at most what a server setting holds (i32).
+fn server_millis(ttl: Duration) -> u128 {
+    ttl.as_millis().clamp(1000, i32::MAX as u128)
+}
+
+/// Linux's limits for TCP_KEEPIDLE and TCP_KEEPINTVL (seconds) and TCP_KEEPCNT.
+const MAX_KEEPALIVE: Duration = Duration::from_secs(32767);
+const MAX_KEEPALIVE_COUNT: u64 = 127;
+/// TCP_USER_TIMEOUT is milliseconds in an int.
+const MAX_USER_TIMEOUT: Duration = Duration::from_millis(i32::MAX as u64);
+
+/// Server-side keepalives `(idle, interval, count)` in seconds that notice a silent client no
+/// sooner than `ttl`: `idle + interval·(count − 1) ≥ ttl`, each within Linux's limits (a value
+/// out of range is only logged by the server, which then keeps the OS default of ~2 hours).
+fn keepalives(ttl: Duration) -> (u64, u64, u64) {
+    let max = MAX_KEEPALIVE.as_secs();
+    let ttl_s = ttl.as_secs().max(2);
+    let idle = ttl_s.div_ceil(2).min(max);
+    let rest = ttl_s - idle;
+    let interval = rest.div_ceil(MAX_KEEPALIVE_COUNT - 1).clamp(1, max);
+    let count = (rest.div_ceil(interval) + 1).min(MAX_KEEPALIVE_COUNT);
+    (idle, interval, count)
+}
+
+/// Session settings a server may not know, dropped one at a time when it refuses them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Features {
+    /// `idle_session_timeout` (PostgreSQL 14+).
+    idle_timeout: bool,
+    /// `client_connection_check_interval` (PostgreSQL 14+, and only where the platform can
+    /// watch client sockets).
+    check_interval: bool,
+}
+
+impl Features {
+    const ALL: Features = Features {
+        idle_timeout: true,
+        check_interval: true,
+    };
+
+    /// The settings to try after the server refused the connection with `error`, if one of
+    /// ours is to blame.
+    fn without(self, error: &str) -> Option<Features> {
+        if error.contains("unrecognized configuration parameter") {
+            // Older than 14: neither exists.
+            let fewer = Features {
+                idle_timeout: false,
+                check_interval: false,
+            };
+            return (fewer != self).then_some(fewer);
+        }
+        if self.check_interval && error.contains("client_connection_check_interval") {
+            return Some(Features {
+                check_interval: false,
+                ..self
+            });
+        }
+        if self.idle_timeout && error.contains("idle_session_timeout") {
+            return Some(Features {
+                idle_timeout: false,
+                ..self
+            });
+        }
+        None
+    }
+}
+
+/// When a `--wait` ends, and how long it was (for messages).
+#[derive(Clone, Copy, Debug)]
+struct Deadline {
+    at: BootInstant,
+    wait: Duration,
+}
+
+impl Deadline {
+    fn of(wait: Wait, from: BootInstant) -> Option<Deadline> {
+        match wait {
+            Wait::For(d) => Some(Deadline {
+                at: from + d,
+                wait: d,
+            }),
+            _ => None,
+        }
+    }
+
+    /// `set_config` of `lock_timeout` to what is left (at least 1 ms: 0 would mean none).
+    fn lock_timeout_sql(deadline: Option<Deadline>) -> String {
+        match deadline {
+            Some(d) => format!(
+                "set_config('lock_timeout', '{}', false)",
+                d.at.remaining().as_millis().clamp(1, i32::MAX as u128)
+            ),
+            None => "NULL::text".into(),
+        }
+    }
+}
+
 /// The statement run right after a grant: standby?, fencing token, is it still our session
 /// (the mark set by the lock statement: statements that a pooler spreads over several server
-/// sessions do not all see it), and the session's label (`application_name`). The holder's
-/// metadata rides along as a comment, so `status` can read it from `pg_stat_activity.query`
-/// where the role may see it.
+/// sessions do not all see it), the session's label (`application_name`), and `other_limit`
+/// (a holder that records another `--limit`; see [`other_limit_sql`]). The holder's
+/// metadata rides along as a comment, first, so `status` can read it from
+/// `pg_stat_activity.query` where the role may see it (the server keeps only the first
+/// `track_activity_query_size` bytes, 1024 by default).
 ///
 /// The token is the transaction's XID, and it must survive a crash: PostgreSQL flushes a
 /// commit at once only when the transaction wrote WAL, and an XID whose commit never reached
 /// the disk is handed out again after a crash. A (transactional, empty) logical message is
 /// the cheapest WAL record any role may write, so with `synchronous_commit=on` the reply
 /// comes only after the XID is on disk.
-fn token_sql(holder: &Holder) -> String {
+fn token_sql(holder: &Holder, other_limit: &str) -> String {
     format!(
-        "SELECT pg_is_in_recovery(), \
+        "{} SELECT pg_is_in_recovery(), \
          CASE WHEN pg_is_in_recovery() THEN NULL ELSE txid_current() END, \
          coalesce(current_setting('dlock.owner', true), '') = $3, \
          coalesce(current_setting('dlock.session', true), '') = 'on', \
          set_config('application_name', \
          left($1 || coalesce(txid_current_if_assigned()::text, '0') || $2, {MAX_APPLICATION_NAME}), false), \
-         CASE WHEN pg_is_in_recovery() THEN NULL ELSE pg_logical_emit_message(true, 'dlock', '') END {}",
+         CASE WHEN pg_is_in_recovery() THEN NULL ELSE pg_logical_emit_message(true, 'dlock', '') END, \
+         {other_limit}",
         metadata_comment(holder)
     )
 }
@@ -769,10 +1011,10 @@ fn claim_sql(marker: &str) -> String {
 /// The heartbeat: does our session still hold the key, and is it still our session?
 fn heartbeat_sql(holder: &Holder) -> String {
     format!(
-        "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' \
+        "{} SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' \
          AND pid = pg_backend_pid() AND granted AND objsubid = 1 \
          AND classid = (($1 >> 32) & 4294967295)::oid AND objid = ($1 & 4294967295)::oid) \
-         AND coalesce(current_setting('dlock.owner', true), '') = $2 {}",
+         AND coalesce(current_setting('dlock.owner', true), '') = $2",
         metadata_comment(holder)
     )
 }
@@ -811,7 +1053,7 @@ const LIST_SQL: &str = "SELECT l.pid, l.granted, \
      a.application_name, a.query, host(a.client_addr), a.client_port, \
      extract(epoch FROM a.backend_start)::int8 \
      FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
-     WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted \
+     WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted AND l.mode = 'ExclusiveLock' \
      AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
      ORDER BY key, a.query_start NULLS LAST, l.pid";
 
@@ -904,11 +1146,11 @@ impl Seen {
     }
 }
 
-/// A grant: the token and when its answer arrived (the server notices a silent client no
-/// sooner than `ttl` after that).
+/// A grant: the token, and when the request that took it was sent (the server ran the token
+/// statement after that, and ends the session no sooner than `ttl` after it went idle).
 struct Granted {
     token: u64,
-    at: BootInstant,
+    sent: BootInstant,
 }
 
 /// How a connection ended.
@@ -929,6 +1171,8 @@ struct Session {
     version: String,
     /// This session's `dlock.owner` mark.
     marker: String,
+    /// The server ends this session when it sends nothing for the TTL (PostgreSQL 14+).
+    idle_timeout: bool,
 }
 
 impl Session {
@@ -1032,6 +1276,7 @@ impl Backend for PgBackend {
         request: &AcquireRequest,
         mut cancel: Cancel,
     ) -> Result<PgLease, Error> {
+        let deadline = Deadline::of(request.wait, BootInstant::now());
         let lock_timeout = match request.wait {
             Wait::For(d) if request.limit <= 1 => Some(d),
             _ => None,
@@ -1039,21 +1284,22 @@ impl Backend for PgBackend {
         let label = format!("dlock {} wait {}", request.holder.pid, request.holder.host);
         // Nothing is queued on the server yet: a cancel during connect just drops it.
         let mut session = tokio::select! {
-            session = self.connect(&label, request.ttl, lock_timeout) => session?,
+            session = self.connect(&label, request.ttl, lock_timeout, deadline) => session?,
             () = cancel.cancelled() => return Err(Error::Cancelled),
         };
         let (granted, key) = if request.limit <= 1 {
             let key = key(&self.prefix, request.name.as_str());
             let granted = self
-                .acquire_single(&mut session, request, key, &mut cancel)
+                .acquire_single(&mut session, request, key, deadline, &mut cancel)
                 .await?;
             (granted, key)
         } else {
-            self.acquire_slot(&mut session, request, &mut cancel)
+            self.acquire_slot(&mut session, request, deadline, &mut cancel)
                 .await?
         };
-        let last_ack = Arc::new(Mutex::new(granted.at));
-        let renewer = Renewer {
+        let schedule = Schedule::new(request.ttl, request.kill_after);
+        let last_ack = Arc::new(Mutex::new(granted.sent));
+        let mut renewer = Renewer {
             client: session.client.clone(),
             marker: session.marker.clone(),
             ended: session.ended.clone(),
@@ -1065,15 +1311,40 @@ impl Backend for PgBackend {
             }),
             last_ack: last_ack.clone(),
         };
-        let keeper = Keeper::start(renewer, granted.at, request.ttl, request.kill_after);
+        // The server ends a session that was idle for the TTL, counting from the end of its
+        // last statement, which it ran after we sent it. After a prompt grant that is the
+        // token statement, sent with the lock call; after a wait (or a stopped process)
+        // the grant may be old news, so one heartbeat confirms the hold and restarts the count.
+        let mut since = granted.sent;
+        if BootInstant::now().saturating_since(granted.sent) > schedule.attempt_timeout() {
+            since = BootInstant::now();
+            let confirmed = tokio::time::timeout(schedule.attempt_timeout(), renewer.renew()).await;
+            let failure = match confirmed {
+                Ok(Ok(_)) => None,
+                Ok(Err(RenewError::Gone(why) | RenewError::Failed(why))) => Some(why),
+                Err(_) => Some(format!(
+                    "the server did not confirm it within {}",
+                    humantime::format_duration(schedule.attempt_timeout())
+                )),
+            };
+            if let Some(why) = failure {
+                give_back(&session.client, key, &session.marker).await;
+                return Err(Error::Unavailable(format!(
+                    "'{}' was granted but could not be confirmed: {why}; the command was not started",
+                    request.name
+                )));
+            }
+        }
+        let keeper = Keeper::start(renewer, since, request.ttl, request.kill_after);
         let notify = (request.limit > 1).then(|| channel(&self.prefix, request.name.as_str()));
         Ok(PgLease {
             keeper,
             session,
             key,
+            limit_key: limit_key(&self.prefix, request.name.as_str(), request.limit),
             token: granted.token,
             notify,
-            schedule: Schedule::new(request.ttl, request.kill_after),
+            schedule,
             last_ack,
         })
     }
@@ -1220,6 +1491,11 @@ impl Backend for PgBackend {
             )));
         }
         let mut warnings = Vec::new();
+        if !session.idle_timeout {
+            warnings.push(
+                "the server has no idle_session_timeout (PostgreSQL 14+): a holder that goes silent behind a live connection (a stopped dlock, a proxy or NAT keeping it open) keeps the lock until TCP keepalives notice".into(),
+            );
+        }
         if ssl != Some(true) && !matches!(self.target.hosts.first(), Some(PgHost::Unix { .. })) {
             warnings.push(format!(
                 "the connection is not encrypted (sslmode={})",
@@ -1277,6 +1553,8 @@ pub struct PgLease {
     keeper: Keeper<Renewer>,
     session: Session,
     key: i64,
+    /// Our [`limit_key`], held in shared mode.
+    limit_key: i64,
     token: u64,
     /// The channel to NOTIFY on release (`--limit N > 1`).
     notify: Option<String>,
@@ -1328,15 +1606,20 @@ impl Lease for PgLease {
                         client
                             .query_typed(
                                 "SELECT pg_advisory_unlock($1), pg_notify($2, ''), \
-                             set_config('dlock.owner', '', false)",
-                                &[(&self.key, Type::INT8), (channel, Type::TEXT)],
+                             set_config('dlock.owner', '', false), pg_advisory_unlock_shared($3)",
+                                &[
+                                    (&self.key, Type::INT8),
+                                    (channel, Type::TEXT),
+                                    (&self.limit_key, Type::INT8),
+                                ],
                             )
                             .await
                     }
                     None => client
                         .query_typed(
-                            "SELECT pg_advisory_unlock($1), set_config('dlock.owner', '', false)",
-                            &[(&self.key, Type::INT8)],
+                            "SELECT pg_advisory_unlock($1), set_config('dlock.owner', '', false), \
+                             pg_advisory_unlock_shared($2)",
+                            &[(&self.key, Type::INT8), (&self.limit_key, Type::INT8)],
                         )
                         .await,
                 }
@@ -1423,6 +1706,9 @@ mod tests {
     use super::*;
 
     /// These values are the contract with every other dlock version and with SQL users.
+    /// `limit_key("dlock", "probe", 2)`: a contract with every other dlock version.
+    const PINNED_LIMIT_KEY: i64 = 565720361972807682;
+
     #[test]
     fn keys_never_change() {
         assert_eq!(key("dlock", "probe"), -707979539756708059);
@@ -1438,18 +1724,83 @@ mod tests {
         let options = session_options(
             Duration::from_secs(10),
             Some(Duration::from_millis(300)),
-            true,
+            Features::ALL,
         );
         assert!(options.contains("lock_timeout=300 "), "{options}");
         assert!(options.contains("tcp_keepalives_idle=5 "), "{options}");
         assert!(options.contains("tcp_keepalives_count=6 "), "{options}");
+        assert!(options.contains("idle_session_timeout=10000"), "{options}");
         assert!(
             options.contains("client_connection_check_interval=1000"),
             "{options}"
         );
-        assert!(
-            !session_options(Duration::from_secs(10), None, false).contains("client_connection")
+        let old = Features {
+            idle_timeout: false,
+            check_interval: false,
+        };
+        let options = session_options(Duration::from_secs(10), None, old);
+        assert!(!options.contains("client_connection"), "{options}");
+        assert!(!options.contains("idle_session"), "{options}");
+    }
+
+    #[test]
+    fn refused_settings_are_dropped_one_at_a_time() {
+        let refused =
+            Features::ALL.without("unrecognized configuration parameter \"idle_session_timeout\"");
+        assert_eq!(
+            refused,
+            Some(Features {
+                idle_timeout: false,
+                check_interval: false
+            })
         );
+        assert_eq!(
+            refused.and_then(|f| f.without("unrecognized configuration parameter")),
+            None
+        );
+        let no_check = Features::ALL
+            .without("client_connection_check_interval must be set to 0 on this platform");
+        assert_eq!(
+            no_check,
+            Some(Features {
+                idle_timeout: true,
+                check_interval: false
+            })
+        );
+        assert_eq!(
+            Features::ALL.without("password authentication failed"),
+            None
+        );
+    }
+
+    #[test]
+    fn keepalives_stay_in_linux_range_and_cover_the_ttl() {
+        for secs in [1, 2, 3, 10, 599, 600, 3600, 86_400, 3 * 86_400, 7 * 86_400] {
+            let (idle, interval, count) = keepalives(Duration::from_secs(secs));
+            assert!((1..=32767).contains(&idle), "{secs}s: idle {idle}");
+            assert!(
+                (1..=32767).contains(&interval),
+                "{secs}s: interval {interval}"
+            );
+            assert!((1..=127).contains(&count), "{secs}s: count {count}");
+            assert!(
+                idle + interval * (count - 1) >= secs,
+                "{secs}s: the server would drop a silent client after {idle}+{interval}·({count}-1)"
+            );
+        }
+        assert!(server_millis(Duration::from_secs(7 * 86_400)) <= i32::MAX as u128);
+    }
+
+    #[test]
+    fn limit_keys_never_change_and_carry_the_limit() {
+        assert_eq!(limit_key("dlock", "probe", 0) & LIMIT_MASK, 0);
+        for limit in [1, 2, 1024] {
+            let key = limit_key("dlock", "probe", limit);
+            assert_eq!(key & LIMIT_MASK, i64::from(limit));
+            assert_eq!(key & !LIMIT_MASK, limit_key("dlock", "probe", 0));
+        }
+        assert_eq!(limit_key("dlock", "probe", 2), PINNED_LIMIT_KEY);
+        assert_ne!(limit_key("dlock", "probe", 1), key("dlock", "probe"));
     }
 
     #[test]
