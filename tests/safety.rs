@@ -118,6 +118,28 @@ fn config_and_secrets_are_read_only_from_regular_files() {
 }
 
 #[test]
+fn a_postgres_passfile_that_is_not_a_regular_file_is_78_at_once() {
+    let (_server, env) = env();
+    let fifo = env.path("fifo");
+    nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).expect("mkfifo");
+    for (passfile, needle) in [
+        ("/dev/zero", "a device"),
+        (fifo.to_str().expect("UTF-8"), "a FIFO"),
+    ] {
+        let url = format!("postgres://127.0.0.1:1/x?passfile={passfile}");
+        let started = Instant::now();
+        let out = env.run(["run", "--url", &url, "x", "touch", "ran"]);
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{passfile}: took {:?}",
+            started.elapsed()
+        );
+        assert_fails(&out, 78, needle);
+    }
+    assert!(!env.path("ran").exists());
+}
+
+#[test]
 fn a_large_config_file_is_refused_with_78() {
     let (_server, env) = env();
     let big = env.path("big.toml");
@@ -234,6 +256,8 @@ fn url_errors_never_show_what_may_be_a_password() {
         "S3cretPW",
         "S3cretPW@host:1",
         "redis+unix:///tmp/sock?password=S3cretPW",
+        "postgres://127.0.0.1/db?S3cretPW",
+        "host=127.0.0.1 S3cretPW",
     ] {
         let out = env.run(["run", "--url", url, "x", "true"]);
         assert_ne!(out.status.code(), Some(0), "{url}: {}", describe(&out));

@@ -211,7 +211,8 @@ pub fn parse_url(url: &str) -> Result<PgTarget, String> {
     for pair in query.split('&').filter(|p| !p.is_empty()) {
         let (key, value) = pair
             .split_once('=')
-            .ok_or_else(|| format!("URL parameter '{pair}' has no value"))?;
+            // Not shown: a parameter without `=` may be a stray password.
+            .ok_or("a URL parameter has no value (expected key=value)")?;
         pairs.push((decode(key, "parameters")?, decode(value, "parameters")?));
     }
     from_pairs(pairs)
@@ -255,9 +256,8 @@ pub fn parse_key_value(text: &str) -> Result<PgTarget, String> {
         }
         while chars.next_if(|c| c.is_whitespace()).is_some() {}
         if chars.next() != Some('=') {
-            return Err(format!(
-                "missing '=' after '{key}' in the connection string"
-            ));
+            // The word is not shown: it may be a password that lost its `password=`.
+            return Err("a word in the connection string is not key=value".into());
         }
         while chars.next_if(|c| c.is_whitespace()).is_some() {}
         let mut value = String::new();
@@ -388,9 +388,12 @@ pub fn pgpass_password(target: &PgTarget) -> Result<Option<Secret>, Error> {
             None => return Ok(None),
         },
     };
-    let text = match std::fs::read_to_string(&path) {
+    if !explicit && std::fs::symlink_metadata(&path).is_err() {
+        return Ok(None);
+    }
+    // A regular file of bounded size only: `passfile=/dev/zero` or a FIFO is refused at once.
+    let text = match crate::files::read_small_file(&path, crate::files::MAX_CONFIG_BYTES) {
         Ok(text) => text,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound && !explicit => return Ok(None),
         Err(e) if !explicit => {
             tracing::warn!("ignoring {}: {e}", path.display());
             return Ok(None);
