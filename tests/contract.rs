@@ -36,6 +36,7 @@ macro_rules! contract_tests {
                 sigkill_of_dlock_takes_the_command_down,
                 mutual_exclusion_under_contention_with_increasing_tokens,
                 limit_allows_exactly_n_holders,
+                all_holders_must_agree_on_the_limit,
                 names_are_opaque_and_isolated,
                 command_sees_lock_variables_and_no_credentials,
                 nested_run_of_a_held_lock_is_reentrant,
@@ -457,6 +458,29 @@ pub fn limit_allows_exactly_n_holders(server: &dyn LockServer) {
         counts.contains(&3),
         "3 concurrent holders were never reached: {counts:?}"
     );
+}
+
+/// A run whose `--limit` differs from the current holders' is a usage error (64) on every
+/// backend, before it waits, and its command does not run.
+pub fn all_holders_must_agree_on_the_limit(server: &dyn LockServer) {
+    let env = TestEnv::new(server);
+    let lock = name();
+    let _holder = env.hold(&lock, &["--limit", "2"]);
+    for limit in ["3", "1"] {
+        let out = env.run(["run", "--no-wait", "--limit", limit, &lock, "touch", "ran"]);
+        assert_fails(&out, 64, "--limit 2");
+        let out = env.run([
+            "run", "--wait", "30s", "--limit", limit, &lock, "touch", "ran",
+        ]);
+        assert_fails(&out, 64, "--limit 2");
+    }
+    assert!(
+        !env.path("ran").exists(),
+        "a run with another --limit ran its command"
+    );
+    // The same limit is accepted beside the holder.
+    let out = env.run(["run", "--no-wait", "--limit", "2", &lock, "true"]);
+    assert!(out.status.success(), "{}", describe(&out));
 }
 
 pub fn names_are_opaque_and_isolated(server: &dyn LockServer) {

@@ -163,16 +163,6 @@ fn tls_against_a_plaintext_port_fails_and_never_falls_back() {
     );
 }
 
-#[test]
-fn holders_must_agree_on_the_limit() {
-    let server = RedisServer::start();
-    let env = TestEnv::new(&server);
-    let lock = name();
-    let _holder = env.hold(&lock, &["--limit", "2"]);
-    let out = env.run(["run", "--no-wait", "--limit", "3", &lock, "true"]);
-    assert_fails(&out, 64, "--limit 2");
-}
-
 /// A config file with a `[redis]` table.
 fn redis_config(env: &TestEnv, body: &str) -> String {
     let path = env.path("config.toml");
