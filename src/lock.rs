@@ -171,6 +171,43 @@ pub enum Wait {
     Forever,
 }
 
+impl Wait {
+    /// When a wait that starts now gives up (`None`: at once or never; see the variant).
+    pub fn deadline(self) -> Option<BootInstant> {
+        match self {
+            Wait::For(wait) => Some(BootInstant::now() + wait),
+            Wait::No | Wait::Forever => None,
+        }
+    }
+
+    /// How long it waits, for messages: `5s`, `0s` for no wait, `forever`.
+    pub fn describe(self) -> String {
+        match self {
+            Wait::For(wait) => humantime::format_duration(wait).to_string(),
+            Wait::No => "0s".to_owned(),
+            Wait::Forever => "forever".to_owned(),
+        }
+    }
+}
+
+/// What a holder records with its hold where the backend stores JSON (a lock file, an etcd
+/// value, a ZooKeeper node): its metadata and the `--limit` it holds with.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Record {
+    #[serde(flatten)]
+    pub holder: Holder,
+    /// The `--limit` it holds with (0: not recorded, by an older dlock).
+    #[serde(default)]
+    pub limit: u32,
+}
+
+/// The refusal of a run whose `--limit` is not the holders' (all holders must agree).
+pub fn limit_mismatch(name: &LockName, theirs: u32) -> Error {
+    Error::Usage(format!(
+        "lock '{name}' is held with --limit {theirs}; all holders must use the same --limit"
+    ))
+}
+
 /// Everything a backend needs to take a lock.
 #[derive(Clone, Debug)]
 pub struct AcquireRequest {

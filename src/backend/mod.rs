@@ -30,7 +30,9 @@ pub mod zk;
 
 use std::time::Duration;
 
+use crate::clock::BootInstant;
 use crate::config::FileConfig;
+use crate::lock::{LockName, LockStatus};
 use crate::error::Error;
 
 pub use etcd::EtcdTarget;
@@ -160,6 +162,47 @@ impl Target {
             Target::File(_) | Target::Etcd(_) | Target::Postgres(_) | Target::Zk(_) => Ok(()),
         }
     }
+}
+
+/// The held locks among `names` (sorted, each once), as `list` shows them: `status` is asked
+/// for each, and an error ends the listing. (A backend that can tell a lock with bad data from
+/// a failing server reports the bad lock and answers "free" for it, so that one bad lock
+/// never hides the others.)
+pub async fn list_held(
+    mut names: Vec<LockName>,
+    mut status: impl AsyncFnMut(&LockName) -> Result<LockStatus, Error>,
+) -> Result<Vec<LockStatus>, Error> {
+    names.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+    names.dedup();
+    let mut held = Vec::new();
+    for name in &names {
+        let lock = status(name).await?;
+        if lock.held {
+            held.push(lock);
+        }
+    }
+    Ok(held)
+}
+
+/// The median of `count` timed round trips of `probe` (for `check`).
+pub async fn median_round_trip(
+    count: usize,
+    mut probe: impl AsyncFnMut() -> Result<(), Error>,
+) -> Result<Duration, Error> {
+    let mut times = Vec::with_capacity(count);
+    for _ in 0..count.max(1) {
+        let sent = BootInstant::now();
+        probe().await?;
+        times.push(BootInstant::now().saturating_since(sent));
+    }
+    times.sort();
+    Ok(times[times.len() / 2])
+}
+
+/// Make ring rustls's crypto provider: the Redis and etcd clients pick none, and without one
+/// the first TLS connection panics. Installing it twice is harmless.
+pub fn install_tls_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
 /// Expand `$body` once per backend, with `$backend` bound to the backend `$common`
