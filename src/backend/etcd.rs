@@ -2,15 +2,29 @@
 //! revision owns + watch the predecessor), with dlock's own lease keeper.
 //!
 //! Layout: a lock is the key prefix `<prefix>/<encoded name>/`; each waiter or holder is the key
-//! `<prefix>/<encoded name>/<lease id in hex>`, attached to its own lease, valued with the holder
-//! metadata (JSON). This is exactly what `etcdctl lock <prefix>/<encoded name>` uses, so the two
-//! exclude each other. An encoded name never contains `/`, so no lock's prefix is a prefix of
-//! another lock's keys (`a` is `dlock/a/`, `a/b` is `dlock/a%2Fb/`).
+//! `<prefix>/<encoded name>/<hold lease id in hex>`, valued with the holder metadata (JSON).
+//! This is exactly what `etcdctl lock <prefix>/<encoded name>` uses, so the two exclude each
+//! other. An encoded name never contains `/`, so no lock's prefix is a prefix of another
+//! lock's keys (`a` is `dlock/a/`, `a/b` is `dlock/a%2Fb/`).
 //!
-//! Acquire: grant a lease (etcd picks its id), start the keeper at once (it keeps the waiter's
-//! lease alive too), then one transaction creates our key if absent and reads the newest keys
-//! under the prefix. We hold the lock when fewer than `--limit` keys are older than ours; the
-//! fencing token is our key's create revision.
+//! Two leases. The *hold lease* has the `--ttl`; it is granted first (etcd picks its id) and
+//! the keeper keeps it alive from then on, waiting included. A holder's key lives on it. A
+//! waiter's key lives on a *waiter lease* of its own instead (2 s, etcd's minimum, renewed
+//! while it waits), so that a waiter killed with SIGKILL, which cannot clean up, keeps its
+//! place in the queue for 2 s and not for its `--ttl`. Its value says `"waiting": true`, which
+//! is how `status` tells such a key at the head of the queue from a holder.
+//!
+//! Acquire: one transaction takes a lock that has no key at all: our key, on the hold lease.
+//! Otherwise dlock grants the waiter lease, and one transaction creates our key on it (if
+//! absent: a retry after a lost reply finds it) and reads the newest keys under the prefix.
+//! We hold the lock when fewer than `--limit` keys are older than ours. A waiter then moves
+//! its key to the hold lease, before its command starts: a Put with the hold lease on
+//! condition that the key still has its create revision. A Put to an existing key keeps its
+//! create revision, so the place in the queue and the fencing token (our key's create
+//! revision) stay what they were; if the key went (the waiter lease died), the Put does not
+//! happen and the command does not start. The waiter lease is kept alive until that Put is
+//! acknowledged, and revoked after, off the hand-off path. Deletion-only watches do not see
+//! the Put.
 //!
 //! Waiting with `--limit 1`: the waiter watches its predecessor and the key before that, in
 //! one watch that also covers its own key (`Target::Line`). The predecessor's deletion when
@@ -22,8 +36,12 @@
 //! predecessor just took the lock — happens while the predecessor runs its command, off the
 //! hand-off path. With `--limit N > 1`, a waiter watches its predecessor (the head of the
 //! queue watches the prefix for deletions, and every waiter that gets the lock rewrites its
-//! value, which wakes the one behind it) and re-checks after every wake-up. Release and
-//! cancel revoke the lease, which deletes the key in the same step.
+//! value (the Put that moves its key to the hold lease), which wakes the one behind it) and
+//! re-checks after every wake-up. Release and cancel revoke the leases, which deletes the key
+//! in the same step.
+//!
+//! `--wait` bounds every request of an acquisition, connecting included: a cluster that
+//! does not answer in time is unavailable (69), a lock that stays busy is 75.
 //!
 //! etcd-client does not fail over between endpoints by itself, so `Conn` talks to one
 //! endpoint at a time and moves to the next after a transport failure or a timeout.
