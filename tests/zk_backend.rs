@@ -547,3 +547,24 @@ fn an_unanswering_server_ends_at_the_wait_deadline() {
         "gave up after {took:?} with --wait 2s"
     );
 }
+
+#[test]
+fn a_short_wait_still_takes_a_free_lock_over_a_slow_link() {
+    // --wait bounds waiting, not a healthy server's answers: each of them takes 100 ms here.
+    let server = ZkServer::start();
+    let env = TestEnv::new(&server);
+    let proxy = Proxy::with_delay(server.port(), Duration::from_millis(50));
+    let url = format!("zk://127.0.0.1:{}", proxy.port);
+    let out = env.run([
+        "run",
+        "--wait",
+        "1ms",
+        "--url",
+        &url,
+        &name(),
+        "touch",
+        "ran",
+    ]);
+    assert!(out.status.success(), "{}", describe(&out));
+    assert!(env.path("ran").exists());
+}

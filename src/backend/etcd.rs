@@ -74,6 +74,8 @@ const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(2);
 /// TTL of a waiter's lease, in seconds: etcd's minimum with default settings. A waiter
 /// killed while it waits (SIGKILL: no chance to clean up) keeps its place no longer.
 const WAITER_TTL_S: i64 = 2;
+/// The least time a server gets to answer while dlock queues, however short `--wait` is.
+const MIN_ANSWER: Duration = Duration::from_secs(1);
 /// Bound for reading who is ahead, for the message once `--wait` is over.
 const REPORT_TIMEOUT: Duration = Duration::from_secs(1);
 /// Bound for revoking our leases once `--wait` is over; what is left expires by itself.
@@ -667,19 +669,25 @@ fn same_limit(oldest: &[etcd_client::KeyValue], request: &AcquireRequest) -> Res
 /// `--wait` over every request of an acquisition: a server that accepts connections and
 /// never answers must not keep dlock longer than asked.
 struct Before<'a> {
+    /// The end of `--wait`.
     deadline: Option<BootInstant>,
+    /// The end of `--wait`, but at least [`MIN_ANSWER`] from the start: a healthy server gets
+    /// the time to answer, so that a short `--wait` still takes a free lock.
+    answer_by: Option<BootInstant>,
     wait: Wait,
     display: &'a str,
 }
 
 impl<'a> Before<'a> {
     fn new(wait: Wait, display: &'a str) -> Before<'a> {
+        let now = BootInstant::now();
         let deadline = match wait {
-            Wait::For(d) => Some(BootInstant::now() + d),
+            Wait::For(d) => Some(now + d),
             Wait::No | Wait::Forever => None,
         };
         Before {
             deadline,
+            answer_by: deadline.map(|d| d.max(now + MIN_ANSWER)),
             wait,
             display,
         }
@@ -703,8 +711,17 @@ impl<'a> Before<'a> {
         cancel: &mut Cancel,
         step: impl Future<Output = Result<T, Error>>,
     ) -> Result<Option<T>, Error> {
+        self.bounded_by(self.deadline, cancel, step).await
+    }
+
+    async fn bounded_by<T>(
+        &self,
+        deadline: Option<BootInstant>,
+        cancel: &mut Cancel,
+        step: impl Future<Output = Result<T, Error>>,
+    ) -> Result<Option<T>, Error> {
         let over = async {
-            match self.deadline {
+            match deadline {
                 Some(at) => sleep_until(at).await,
                 None => std::future::pending().await,
             }
@@ -724,13 +741,15 @@ impl<'a> Before<'a> {
         cancel: &mut Cancel,
         step: impl Future<Output = Result<T, Error>>,
     ) -> Result<T, Error> {
-        self.bounded(cancel, step).await?.ok_or_else(|| {
-            Error::Unavailable(format!(
-                "no answer from {} within --wait {}",
-                self.display,
-                self.waited()
-            ))
-        })
+        self.bounded_by(self.answer_by, cancel, step)
+            .await?
+            .ok_or_else(|| {
+                Error::Unavailable(format!(
+                    "no answer from {} within --wait {}",
+                    self.display,
+                    self.waited()
+                ))
+            })
     }
 }
 

@@ -58,6 +58,8 @@ const OP_TIMEOUT: Duration = Duration::from_secs(5);
 const MAX_PARENT_RETRIES: usize = 5;
 /// Bound for closing the session after a release or a cancel.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(1);
+/// The least time a server gets to answer while dlock queues, however short `--wait` is.
+const MIN_ANSWER: Duration = Duration::from_secs(1);
 /// Bound for reading who holds a lock for a message, once `--wait` is over.
 const REPORT_TIMEOUT: Duration = Duration::from_secs(1);
 /// How long after the end of `--wait` a waiter may still be finishing (a re-check, the
@@ -70,14 +72,19 @@ const LATE_CLEANUP: Duration = Duration::from_secs(1);
 #[derive(Clone, Copy)]
 struct WaitEnd {
     at: BootInstant,
+    /// `at`, but at least [`MIN_ANSWER`] from the start: a healthy server gets the time to
+    /// answer, so that a short `--wait` still takes a free lock.
+    answer_by: BootInstant,
     wait: Duration,
 }
 
 impl WaitEnd {
     fn of(wait: Wait) -> Option<WaitEnd> {
+        let now = BootInstant::now();
         match wait {
             Wait::For(d) => Some(WaitEnd {
-                at: BootInstant::now() + d,
+                at: now + d,
+                answer_by: (now + d).max(now + MIN_ANSWER),
                 wait: d,
             }),
             Wait::No | Wait::Forever => None,
@@ -227,7 +234,7 @@ impl ZkBackend {
         session_timeout: Duration,
         wait: Option<WaitEnd>,
     ) -> Result<Client, Error> {
-        let budget = wait.map_or(OP_TIMEOUT, |w| w.at.remaining().min(OP_TIMEOUT));
+        let budget = wait.map_or(OP_TIMEOUT, |w| w.answer_by.remaining().min(OP_TIMEOUT));
         let mut connector = Client::connector()
             .with_session_timeout(session_timeout)
             .with_fail_eagerly();
@@ -483,7 +490,7 @@ impl ZkBackend {
         let deadline = wait.map(|w| w.at);
         let guid_prefix = queue.guid_prefix.clone();
         let queued_by = async {
-            match deadline {
+            match wait.map(|w| w.answer_by) {
                 Some(at) => sleep_until(at).await,
                 None => std::future::pending().await,
             }
@@ -786,7 +793,7 @@ impl Backend for ZkBackend {
         // server that stops answering while dlock waits.
         let outcome = match wait {
             Some(w) => {
-                let backstop = sleep_until(w.at + WAIT_BACKSTOP);
+                let backstop = sleep_until(w.answer_by + WAIT_BACKSTOP);
                 tokio::select! {
                     outcome = self.queue_and_wait(&mut queue, request, wait, &mut cancel) => outcome,
                     () = backstop => Err(self.no_answer(wait)),
