@@ -811,13 +811,15 @@ async fn waiter_gone(waiter: &mut Option<WaiterLease>) {
     std::future::pending().await
 }
 
-/// Renew a waiter lease every quarter of its TTL, retrying failures soon, until aborted.
+/// Renew a waiter lease every quarter of its TTL, retrying failures soon, until aborted. A
+/// slow reply gets up to half the TTL: a reply that comes in time still keeps the place.
 async fn keep_waiting(mut renewer: Renewer, gone: watch::Sender<bool>) {
     let every = (renewer.granted / 4).max(Duration::from_millis(250));
+    let attempt = renewer.granted / 2;
     let mut pause = every;
     loop {
         tokio::time::sleep(pause).await;
-        pause = match tokio::time::timeout(every, renewer.renew()).await {
+        pause = match tokio::time::timeout(attempt, renewer.renew()).await {
             Ok(Ok(_)) => every,
             Ok(Err(RenewError::Gone(_))) => {
                 gone.send_replace(true);
