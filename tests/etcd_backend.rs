@@ -260,8 +260,9 @@ fn a_waiter_on_a_busy_cluster_keeps_its_watch() {
 #[test]
 fn the_waiter_next_in_line_starts_on_the_holders_deletion_without_reading_again() {
     // Its own key is in the same watch as the holder's: the deletion of the holder's key,
-    // with no deletion of its own before it, is proof enough. So after queueing (one Txn)
-    // the hand-off costs it no request at all.
+    // with no deletion of its own before it, is proof enough. So after queueing (two Txns:
+    // trying for a free lock, then taking a place) the hand-off costs it no read, only the
+    // write that moves its key to its --ttl lease.
     let server = EtcdServer::start();
     let env = TestEnv::new(&server);
     let lock = name();

@@ -743,12 +743,18 @@ impl<'a> Before<'a> {
     ) -> Result<T, Error> {
         self.bounded_by(self.answer_by, cancel, step)
             .await?
-            .ok_or_else(|| {
-                Error::Unavailable(format!(
+            .ok_or_else(|| match self.wait {
+                Wait::For(d) if d < MIN_ANSWER => Error::Unavailable(format!(
+                    "no answer from {} within {} (--wait {})",
+                    self.display,
+                    humantime::format_duration(MIN_ANSWER),
+                    self.waited()
+                )),
+                _ => Error::Unavailable(format!(
                     "no answer from {} within --wait {}",
                     self.display,
                     self.waited()
-                ))
+                )),
             })
     }
 }

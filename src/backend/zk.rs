@@ -256,12 +256,22 @@ impl ZkBackend {
 
     /// The error for a server that did not answer before `--wait` ran out.
     fn no_answer(&self, wait: Option<WaitEnd>) -> Error {
-        let waited = wait.map_or(OP_TIMEOUT, |w| w.wait);
-        Error::Unavailable(format!(
-            "no answer from {} within --wait {}",
-            self.display,
-            humantime::format_duration(waited)
-        ))
+        let display = &self.display;
+        match wait {
+            Some(w) if w.wait < MIN_ANSWER => Error::Unavailable(format!(
+                "no answer from {display} within {} (--wait {})",
+                humantime::format_duration(MIN_ANSWER),
+                humantime::format_duration(w.wait)
+            )),
+            Some(w) => Error::Unavailable(format!(
+                "no answer from {display} within --wait {}",
+                humantime::format_duration(w.wait)
+            )),
+            None => Error::Unavailable(format!(
+                "no answer from {display} within {}",
+                humantime::format_duration(OP_TIMEOUT)
+            )),
+        }
     }
 
     /// Map a client error to dlock's error kinds (exit statuses); `what` names the operation.
