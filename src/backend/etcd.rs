@@ -1450,7 +1450,7 @@ impl EtcdBackend {
                 biased;
                 lost = keeper.lost() => {
                     return Err(Error::Unavailable(format!(
-                        "the etcd lease for the hold could not be kept alive while waiting ({}); \
+                        "the etcd lease to hold the lock on was lost while waiting ({}); \
                          the command was not started",
                         lost.reason
                     )));
