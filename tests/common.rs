@@ -669,6 +669,41 @@ impl Drop for Proxy {
     }
 }
 
+/// A server on a free loopback port that accepts connections and never answers (keeps them
+/// open, reads nothing), until dropped or for at most two minutes.
+pub struct SilentServer {
+    pub port: u16,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl SilentServer {
+    pub fn start() -> SilentServer {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        listener.set_nonblocking(true).expect("nonblocking");
+        let port = listener.local_addr().expect("addr").port();
+        let stop = std::sync::Arc::new(AtomicBool::new(false));
+        let s = stop.clone();
+        std::thread::spawn(move || {
+            let until = Instant::now() + Duration::from_secs(120);
+            let mut open = Vec::new();
+            while !s.load(Ordering::SeqCst) && Instant::now() < until {
+                match listener.accept() {
+                    Ok((connection, _)) => open.push(connection),
+                    Err(_) => std::thread::sleep(Duration::from_millis(5)),
+                }
+            }
+        });
+        SilentServer { port, stop }
+    }
+}
+
+impl Drop for SilentServer {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
 fn pump(
     mut from: std::net::TcpStream,
     mut to: std::net::TcpStream,

@@ -260,22 +260,30 @@ fn a_waiter_on_a_busy_cluster_keeps_its_watch() {
 #[test]
 fn the_waiter_next_in_line_starts_on_the_holders_deletion_without_reading_again() {
     // Its own key is in the same watch as the holder's: the deletion of the holder's key,
-    // with no deletion of its own before it, is proof enough. So after queueing (one Txn)
-    // the hand-off costs it no request at all.
+    // with no deletion of its own before it, is proof enough. So after queueing (two Txns:
+    // trying for a free lock, then taking a place) the hand-off costs it no read, only the
+    // write that moves its key to its --ttl lease.
     let server = EtcdServer::start();
     let env = TestEnv::new(&server);
     let lock = name();
     let mut holder = env.hold(&lock, &[]);
     let before = txn_requests(&server);
     let mut waiter = queue_toucher(&env, &lock, "ran", 1);
+    let queueing = txn_requests(&server) - before;
+    // Trying for a free lock, then queueing on the waiter lease.
+    assert_eq!(
+        queueing, 2,
+        "the waiter made {queueing} Txn requests to queue"
+    );
+    let queued = txn_requests(&server);
     holder.signal(Signal::SIGTERM);
     holder.wait();
     assert!(wait_within(&mut waiter, PATIENCE).success());
     assert!(env.path("ran").exists());
-    let txns = txn_requests(&server) - before;
+    let txns = txn_requests(&server) - queued;
     assert_eq!(
         txns, 1,
-        "the waiter made {txns} Txn requests; 1 (queueing) expected"
+        "the waiter made {txns} Txn requests at the hand-off; 1 (the re-attach, a write) expected"
     );
 }
 
@@ -383,34 +391,225 @@ fn a_holder_whose_key_is_deleted_stops_its_command_at_once() {
 
 #[test]
 fn a_waiter_whose_lease_died_never_starts_its_command() {
+    // Either lease: the waiter lease that holds its key (the key goes with it), or the lease
+    // it would hold the lock on (named in its key; the re-attach must fail).
+    let server = EtcdServer::start();
+    let env = TestEnv::new(&server);
+    for revoked in ["waiter", "hold"] {
+        let lock = name();
+        let mut holder = env.hold(&lock, &[]);
+        let holder_keys = keys(&server, &format!("dlock/{lock}/"));
+        let mut waiter = env
+            .dlock(["run", &lock, "touch", "ran"])
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn waiter");
+        wait_until("waiter queued", PATIENCE, || {
+            keys(&server, &format!("dlock/{lock}/")).len() == 2
+        });
+        let waiter_key = keys(&server, &format!("dlock/{lock}/"))
+            .into_iter()
+            .find(|k| !holder_keys.contains(k))
+            .expect("the waiter's key");
+        let lease = if revoked == "waiter" {
+            format!("{:x}", key_info(&server, &waiter_key).lease)
+        } else {
+            waiter_key.rsplit('/').next().expect("lease id").to_owned()
+        };
+        let out = server.etcdctl(&["lease", "revoke", &lease]);
+        assert!(out.status.success(), "{}", describe(&out));
+        holder.signal(Signal::SIGTERM);
+        holder.wait();
+        let status = wait_within(&mut waiter, PATIENCE);
+        assert!(
+            !status.success(),
+            "the waiter must not report success ({revoked} lease revoked)"
+        );
+        assert!(
+            !env.path("ran").exists(),
+            "a waiter without its {revoked} lease started its command"
+        );
+    }
+}
+
+/// A key's create revision and lease (`etcdctl get -w json`).
+struct KeyInfo {
+    create_revision: u64,
+    lease: u64,
+}
+
+fn key_info(server: &EtcdServer, key: &str) -> KeyInfo {
+    let out = server.etcdctl(&["get", key, "-w", "json"]);
+    assert!(out.status.success(), "{}", describe(&out));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("etcdctl JSON");
+    let kv = &json["kvs"][0];
+    KeyInfo {
+        create_revision: kv["create_revision"].as_u64().expect("a key"),
+        lease: kv["lease"].as_u64().expect("a lease"),
+    }
+}
+
+/// The TTL a lease was granted with, in seconds.
+fn granted_ttl(server: &EtcdServer, lease: u64) -> i64 {
+    let out = server.etcdctl(&["lease", "timetolive", &format!("{lease:x}"), "-w", "json"]);
+    assert!(out.status.success(), "{}", describe(&out));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("etcdctl JSON");
+    json["granted-ttl"].as_i64().expect("granted-ttl")
+}
+
+#[test]
+fn a_waiters_key_is_on_a_short_lease_until_the_grant_moves_it_to_the_hold_lease() {
+    // While it waits, a waiter's key is on its 2 s waiter lease, not on its --ttl lease; at
+    // the grant the same key moves to the --ttl lease. A Put keeps the key's create revision:
+    // the fencing token and the place in the queue stay what they were.
+    let server = EtcdServer::start();
+    let env = TestEnv::new(&server);
+    let lock = name();
+    let prefix = format!("dlock/{lock}/");
+    let mut holder = env.hold(&lock, &[]);
+    let holder_key = keys(&server, &prefix).pop().expect("the holder's key");
+    let ready = env.path("waiter-ready");
+    let script = format!(
+        "echo $DLOCK_FENCING_TOKEN > '{}'; exec sleep 1000",
+        ready.display()
+    );
+    let mut waiter = env
+        .dlock(["run", "--ttl", "60s", &lock, "sh", "-c", &script])
+        .spawn()
+        .expect("spawn waiter");
+    wait_until("waiter queued", PATIENCE, || env.waiters(&lock) == 1);
+    let waiter_key = keys(&server, &prefix)
+        .into_iter()
+        .find(|k| *k != holder_key)
+        .expect("the waiter's key");
+    let waiting = key_info(&server, &waiter_key);
+    let waiting_ttl = granted_ttl(&server, waiting.lease);
+    assert!(
+        waiting_ttl < 10,
+        "a waiter's key is on a {waiting_ttl}s lease (--ttl 60s); a killed waiter would block the lock that long"
+    );
+    holder.signal(Signal::SIGTERM);
+    holder.wait();
+    wait_until("waiter holds", PATIENCE, || {
+        std::fs::read_to_string(&ready).is_ok_and(|s| s.ends_with('\n'))
+    });
+    let token: u64 = std::fs::read_to_string(&ready)
+        .expect("token")
+        .trim()
+        .parse()
+        .expect("a numeric token");
+    let holding = key_info(&server, &waiter_key);
+    assert_eq!(
+        holding.create_revision, waiting.create_revision,
+        "the re-attach changed the key's create revision"
+    );
+    assert_eq!(token, holding.create_revision, "token != create revision");
+    assert_ne!(holding.lease, waiting.lease);
+    assert_eq!(granted_ttl(&server, holding.lease), 60);
+    // The waiter lease, which holds no key any more, is revoked.
+    let waiter_lease = format!("{:x}", waiting.lease);
+    wait_until("waiter lease revoked", PATIENCE, || {
+        !leases(&server).contains(&waiter_lease)
+    });
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(waiter.id() as i32),
+        Signal::SIGTERM,
+    )
+    .expect("signal the waiter");
+    wait_within(&mut waiter, PATIENCE);
+}
+
+#[test]
+fn a_waiter_killed_while_waiting_does_not_hold_up_the_lock_for_its_ttl() {
+    // CI runners cancel jobs with SIGKILL: a killed waiter cannot clean up. Its key is on its
+    // short waiter lease, so once the holder is done the lock is free within seconds, not
+    // after the killed waiter's --ttl (60 s here).
     let server = EtcdServer::start();
     let env = TestEnv::new(&server);
     let lock = name();
     let mut holder = env.hold(&lock, &[]);
-    let holder_keys = keys(&server, &format!("dlock/{lock}/"));
-    let mut waiter = env
-        .dlock(["run", &lock, "touch", "ran"])
-        .stderr(Stdio::piped())
+    let mut killed = env
+        .dlock(["run", "--ttl", "60s", &lock, "touch", "killed-ran"])
         .spawn()
         .expect("spawn waiter");
-    wait_until("waiter queued", PATIENCE, || {
-        keys(&server, &format!("dlock/{lock}/")).len() == 2
-    });
-    // The waiter's key ends in its lease id: revoke that lease behind its back.
-    let waiter_key = keys(&server, &format!("dlock/{lock}/"))
-        .into_iter()
-        .find(|k| !holder_keys.contains(k))
-        .expect("the waiter's key");
-    let waiter_lease = waiter_key.rsplit('/').next().expect("lease id").to_owned();
-    let out = server.etcdctl(&["lease", "revoke", &waiter_lease]);
-    assert!(out.status.success(), "{}", describe(&out));
+    wait_until("waiter queued", PATIENCE, || env.waiters(&lock) == 1);
+    killed.kill().expect("SIGKILL the waiter");
+    let _ = killed.wait();
     holder.signal(Signal::SIGTERM);
     holder.wait();
-    let status = wait_within(&mut waiter, PATIENCE);
-    assert!(!status.success(), "the waiter must not report success");
+    let started = Instant::now();
+    let out = env.run(["run", "--wait", "30s", &lock, "touch", "ran"]);
+    let took = started.elapsed();
+    assert!(out.status.success(), "{}", describe(&out));
+    assert!(env.path("ran").exists());
     assert!(
-        !env.path("ran").exists(),
-        "a waiter without a lease started its command"
+        took < Duration::from_secs(15),
+        "the lock was free only after {took:?}"
+    );
+    assert!(!env.path("killed-ran").exists());
+}
+
+#[test]
+fn busy_messages_tell_a_free_lock_with_waiters_ahead_from_a_held_one() {
+    // A waiter's key at the head of the queue (here a stand-in on a long lease, as a killed
+    // waiter's key is for up to 2 s) is not a holder: the lock is free, with one waiting.
+    let server = EtcdServer::start();
+    let env = TestEnv::new(&server);
+    let lock = name();
+    let out = server.etcdctl(&["lease", "grant", "60"]);
+    assert!(out.status.success(), "{}", describe(&out));
+    let lease = stdout_of(&out)
+        .split_whitespace()
+        .nth(1)
+        .expect("lease id")
+        .to_owned();
+    let value = r#"{"name":"x","host":"h","pid":4242,"user":"u","command":"c","since":"2026-01-01T00:00:00Z","ttl_ms":60000,"token":0,"version":"0","limit":1,"waiting":true}"#;
+    let key = format!("dlock/{lock}/{lease}");
+    let out = server.etcdctl(&["put", "--lease", &lease, &key, value]);
+    assert!(out.status.success(), "{}", describe(&out));
+    let out = env.run(["run", "--no-wait", &lock, "touch", "ran"]);
+    assert_fails(&out, 75, "is free, 1 waiting ahead");
+    let out = env.run(["run", "--wait", "300ms", &lock, "touch", "ran"]);
+    assert_fails(
+        &out,
+        75,
+        "is free, 1 waiting ahead; gave up after waiting 300ms",
+    );
+    let out = env.run(["status", "--json", &lock]);
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).expect("status JSON");
+    assert_eq!(status["held"], false, "{}", describe(&out));
+    assert_eq!(status["waiters"], 1, "{}", describe(&out));
+    let out = env.run(["release", "--force", &lock]);
+    assert_eq!(out.status.code(), Some(1), "{}", describe(&out));
+    assert!(
+        stderr_of(&out).contains("waiters' keys are left alone"),
+        "{}",
+        describe(&out)
+    );
+    let out = server.etcdctl(&["lease", "revoke", &lease]);
+    assert!(out.status.success(), "{}", describe(&out));
+    // Held: the message names the holder.
+    let _holder = env.hold(&lock, &[]);
+    let out = env.run(["run", "--no-wait", &lock, "touch", "ran"]);
+    assert_fails(&out, 75, "is held by pid");
+    assert!(!env.path("ran").exists());
+}
+
+#[test]
+fn an_unanswering_server_ends_at_the_wait_deadline() {
+    // It accepts connections and never answers: --wait bounds connecting too.
+    let silent = SilentServer::start();
+    let env = TestEnv::new(&FileServer::start());
+    let url = format!("etcd://127.0.0.1:{}", silent.port);
+    let started = Instant::now();
+    let out = env.run(["run", "--wait", "2s", "--url", &url, "x", "touch", "ran"]);
+    let took = started.elapsed();
+    assert_fails(&out, 69, "within --wait 2s");
+    assert!(!env.path("ran").exists());
+    // Before: 4 s (two 2 s attempts on the one endpoint).
+    assert!(
+        took >= Duration::from_millis(1500) && took < Duration::from_millis(3500),
+        "gave up after {took:?} with --wait 2s"
     );
 }
 
@@ -594,4 +793,25 @@ fn holders_must_agree_on_the_limit() {
         1,
         "the refused waiter left its key"
     );
+}
+
+#[test]
+fn a_short_wait_still_takes_a_free_lock_over_a_slow_link() {
+    // --wait bounds waiting, not a healthy server's answers: each of them takes 100 ms here.
+    let server = EtcdServer::start();
+    let env = TestEnv::new(&server);
+    let proxy = Proxy::with_delay(server.port(), Duration::from_millis(50));
+    let url = format!("etcd://127.0.0.1:{}", proxy.port);
+    let out = env.run([
+        "run",
+        "--wait",
+        "1ms",
+        "--url",
+        &url,
+        &name(),
+        "touch",
+        "ran",
+    ]);
+    assert!(out.status.success(), "{}", describe(&out));
+    assert!(env.path("ran").exists());
 }

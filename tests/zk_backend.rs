@@ -459,3 +459,112 @@ fn dlock_holds_and_curator_waits_for_it() {
     curator.expect_line("ACQUIRED");
     curator.release();
 }
+
+/// The data of each child of `dir`, in queue order.
+fn queue_data(server: &ZkServer, dir: &str) -> Vec<String> {
+    let dir = dir.to_owned();
+    server.with_client(None, async move |client| {
+        let mut children = client.list_children(&dir).await.unwrap_or_default();
+        children.sort_by_key(|c| c.rsplit("lock-").next().unwrap_or_default().to_owned());
+        let mut data = Vec::new();
+        for child in children {
+            if let Ok((bytes, _)) = client.get_data(&format!("{dir}/{child}")).await {
+                data.push(String::from_utf8_lossy(&bytes).into_owned());
+            }
+        }
+        data
+    })
+}
+
+#[test]
+fn a_killed_waiter_at_the_head_is_a_waiter_not_a_holder_until_its_session_expires() {
+    // A waiter killed with SIGKILL cannot delete its node: it stays until the server expires
+    // the session (the negotiated session timeout, 4 s at most on this server). When the
+    // holder leaves, that node is at the head of the queue: the lock is free, with one
+    // waiting ahead, and is taken once the session has expired.
+    let server = ZkServer::start();
+    let env = TestEnv::new(&server);
+    let lock = name();
+    let dir = format!("/dlock/{lock}");
+    let mut holder = env.hold(&lock, &[]);
+    let mut killed = env
+        .dlock(["run", "--ttl", "60s", &lock, "touch", "killed-ran"])
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn waiter");
+    wait_until("waiter queued and marked", PATIENCE, || {
+        queue_data(&server, &dir)
+            .get(1)
+            .is_some_and(|d| d.contains("\"waiting\":true"))
+    });
+    killed.kill().expect("SIGKILL the waiter");
+    let _ = killed.wait();
+    holder.signal(Signal::SIGTERM);
+    holder.wait();
+    let out = env.run(["run", "--no-wait", &lock, "touch", "ran"]);
+    assert_fails(&out, 75, "is free, 1 waiting ahead");
+    let started = Instant::now();
+    let out = env.run(["run", "--wait", "30s", &lock, "touch", "ran"]);
+    let took = started.elapsed();
+    assert!(out.status.success(), "{}", describe(&out));
+    assert!(
+        took < Duration::from_secs(15),
+        "the lock was free only after {took:?}"
+    );
+    assert!(!env.path("killed-ran").exists());
+}
+
+#[test]
+fn busy_messages_name_the_holder_of_a_held_lock() {
+    let server = ZkServer::start();
+    let env = TestEnv::new(&server);
+    let lock = name();
+    let _holder = env.hold(&lock, &[]);
+    let out = env.run(["run", "--no-wait", &lock, "touch", "ran"]);
+    assert_fails(&out, 75, "is held by pid");
+    let out = env.run(["run", "--wait", "300ms", &lock, "touch", "ran"]);
+    assert_fails(&out, 75, "is held by pid");
+    assert!(!env.path("ran").exists());
+    let out = env.run(["status", "--json", &lock]);
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).expect("status JSON");
+    assert_eq!(status["held"], true, "{}", describe(&out));
+}
+
+#[test]
+fn an_unanswering_server_ends_at_the_wait_deadline() {
+    // It accepts connections and never answers: --wait bounds connecting too.
+    let silent = SilentServer::start();
+    let env = TestEnv::new(&FileServer::start());
+    let url = format!("zk://127.0.0.1:{}", silent.port);
+    let started = Instant::now();
+    let out = env.run(["run", "--wait", "2s", "--url", &url, "x", "touch", "ran"]);
+    let took = started.elapsed();
+    assert_fails(&out, 69, "within --wait 2s");
+    assert!(!env.path("ran").exists());
+    // Before: 5 s (the connect timeout).
+    assert!(
+        took >= Duration::from_millis(1500) && took < Duration::from_millis(3500),
+        "gave up after {took:?} with --wait 2s"
+    );
+}
+
+#[test]
+fn a_short_wait_still_takes_a_free_lock_over_a_slow_link() {
+    // --wait bounds waiting, not a healthy server's answers: each of them takes 100 ms here.
+    let server = ZkServer::start();
+    let env = TestEnv::new(&server);
+    let proxy = Proxy::with_delay(server.port(), Duration::from_millis(50));
+    let url = format!("zk://127.0.0.1:{}", proxy.port);
+    let out = env.run([
+        "run",
+        "--wait",
+        "1ms",
+        "--url",
+        &url,
+        &name(),
+        "touch",
+        "ran",
+    ]);
+    assert!(out.status.success(), "{}", describe(&out));
+    assert!(env.path("ran").exists());
+}

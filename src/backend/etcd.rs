@@ -2,15 +2,29 @@
 //! revision owns + watch the predecessor), with dlock's own lease keeper.
 //!
 //! Layout: a lock is the key prefix `<prefix>/<encoded name>/`; each waiter or holder is the key
-//! `<prefix>/<encoded name>/<lease id in hex>`, attached to its own lease, valued with the holder
-//! metadata (JSON). This is exactly what `etcdctl lock <prefix>/<encoded name>` uses, so the two
-//! exclude each other. An encoded name never contains `/`, so no lock's prefix is a prefix of
-//! another lock's keys (`a` is `dlock/a/`, `a/b` is `dlock/a%2Fb/`).
+//! `<prefix>/<encoded name>/<hold lease id in hex>`, valued with the holder metadata (JSON).
+//! This is exactly what `etcdctl lock <prefix>/<encoded name>` uses, so the two exclude each
+//! other. An encoded name never contains `/`, so no lock's prefix is a prefix of another
+//! lock's keys (`a` is `dlock/a/`, `a/b` is `dlock/a%2Fb/`).
 //!
-//! Acquire: grant a lease (etcd picks its id), start the keeper at once (it keeps the waiter's
-//! lease alive too), then one transaction creates our key if absent and reads the newest keys
-//! under the prefix. We hold the lock when fewer than `--limit` keys are older than ours; the
-//! fencing token is our key's create revision.
+//! Two leases. The *hold lease* has the `--ttl`; it is granted first (etcd picks its id) and
+//! the keeper keeps it alive from then on, waiting included. A holder's key lives on it. A
+//! waiter's key lives on a *waiter lease* of its own instead (2 s, etcd's minimum, renewed
+//! while it waits), so that a waiter killed with SIGKILL, which cannot clean up, keeps its
+//! place in the queue for 2 s and not for its `--ttl`. Its value says `"waiting": true`, which
+//! is how `status` tells such a key at the head of the queue from a holder.
+//!
+//! Acquire: one transaction takes a lock that has no key at all: our key, on the hold lease.
+//! Otherwise dlock grants the waiter lease, and one transaction creates our key on it (if
+//! absent: a retry after a lost reply finds it) and reads the newest keys under the prefix.
+//! We hold the lock when fewer than `--limit` keys are older than ours. A waiter then moves
+//! its key to the hold lease, before its command starts: a Put with the hold lease on
+//! condition that the key still has its create revision. A Put to an existing key keeps its
+//! create revision, so the place in the queue and the fencing token (our key's create
+//! revision) stay what they were; if the key went (the waiter lease died), the Put does not
+//! happen and the command does not start. The waiter lease is kept alive until that Put is
+//! acknowledged, and revoked after, off the hand-off path. Deletion-only watches do not see
+//! the Put.
 //!
 //! Waiting with `--limit 1`: the waiter watches its predecessor and the key before that, in
 //! one watch that also covers its own key (`Target::Line`). The predecessor's deletion when
@@ -22,8 +36,12 @@
 //! predecessor just took the lock — happens while the predecessor runs its command, off the
 //! hand-off path. With `--limit N > 1`, a waiter watches its predecessor (the head of the
 //! queue watches the prefix for deletions, and every waiter that gets the lock rewrites its
-//! value, which wakes the one behind it) and re-checks after every wake-up. Release and
-//! cancel revoke the lease, which deletes the key in the same step.
+//! value (the Put that moves its key to the hold lease), which wakes the one behind it) and
+//! re-checks after every wake-up. Release and cancel revoke the leases, which deletes the key
+//! in the same step.
+//!
+//! `--wait` bounds every request of an acquisition, connecting included: a cluster that
+//! does not answer in time is unavailable (69), a lock that stays busy is 75.
 //!
 //! etcd-client does not fail over between endpoints by itself, so `Conn` talks to one
 //! endpoint at a time and moves to the next after a transport failure or a timeout.
@@ -36,6 +54,9 @@ use etcd_client::{
     LeaseKeeper, PutOptions, SortOrder, SortTarget, Txn, TxnOp, TxnOpResponse, WatchFilterType,
     WatchOptions, WatchStream,
 };
+
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
 
 use crate::clock::{sleep_until, BootInstant};
 use crate::error::Error;
@@ -54,6 +75,15 @@ use crate::backend::url::join_host_port;
 const OP_TIMEOUT: Duration = Duration::from_secs(5);
 /// Bound for one attempt on one endpoint.
 const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(2);
+/// TTL of a waiter's lease, in seconds: etcd's minimum with default settings. A waiter
+/// killed while it waits (SIGKILL: no chance to clean up) keeps its place no longer.
+const WAITER_TTL_S: i64 = 2;
+/// The least time a server gets to answer while dlock queues, however short `--wait` is.
+const MIN_ANSWER: Duration = Duration::from_secs(1);
+/// Bound for reading who is ahead, for the message once `--wait` is over.
+const REPORT_TIMEOUT: Duration = Duration::from_secs(1);
+/// Bound for revoking our leases once `--wait` is over; what is left expires by itself.
+const LATE_CLEANUP: Duration = Duration::from_secs(1);
 
 pub struct EtcdBackend {
     target: EtcdTarget,
@@ -81,8 +111,8 @@ impl EtcdBackend {
         Conn::new(&self.target, &self.display)
     }
 
-    /// Holders (the first `limit` keys) and waiters of a lock.
-    async fn status_with(&self, conn: &mut Conn, name: &LockName) -> Result<LockStatus, Error> {
+    /// The keys of a lock, oldest first.
+    async fn read_queue(&self, conn: &mut Conn, name: &LockName) -> Result<Queue, Error> {
         let pfx = self.lock_prefix(name);
         let range = conn
             .call(OP_TIMEOUT, |mut c| {
@@ -105,26 +135,46 @@ impl EtcdBackend {
             .first()
             .and_then(|kv| serde_json::from_slice::<Meta>(kv.value()).ok())
             .map_or(1, |m| m.limit.max(1)) as usize;
-        let mut holders = Vec::new();
-        let mut queue = Vec::new();
-        for (position, kv) in kvs.iter().enumerate() {
-            let mut holder = serde_json::from_slice::<Meta>(kv.value())
-                .map(|m| m.holder)
-                .unwrap_or_else(|_| Holder {
+        let entries = kvs
+            .iter()
+            .enumerate()
+            .map(|(position, kv)| {
+                let meta = serde_json::from_slice::<Meta>(kv.value()).ok();
+                let waiting = meta.as_ref().is_some_and(|m| m.waiting);
+                let mut holder = meta.map(|m| m.holder).unwrap_or_else(|| Holder {
                     name: name.to_string(),
                     command: "(foreign holder: etcdctl lock or another client)".into(),
                     ..Holder::default()
                 });
-            holder.token = u64::try_from(kv.create_revision()).unwrap_or(0);
-            if position >= limit {
-                queue.push(HolderStatus {
+                holder.token = u64::try_from(kv.create_revision()).unwrap_or(0);
+                Entry {
+                    key: kv.key().to_vec(),
+                    lease: kv.lease(),
                     holder,
+                    // Among the first `limit`, a key still on its waiter lease is a waiter
+                    // between the grant and the re-attach, or one that died there.
+                    holds: position < limit && !waiting,
+                }
+            })
+            .collect();
+        Ok(Queue { entries })
+    }
+
+    /// Holders and waiters of a lock.
+    async fn status_with(&self, conn: &mut Conn, name: &LockName) -> Result<LockStatus, Error> {
+        let queue = self.read_queue(conn, name).await?;
+        let mut holders = Vec::new();
+        let mut waiting = Vec::new();
+        for entry in queue.entries {
+            if !entry.holds {
+                waiting.push(HolderStatus {
+                    holder: entry.holder,
                     ttl_left_ms: None,
                     session: None,
                 });
                 continue;
             }
-            let lease = kv.lease();
+            let lease = entry.lease;
             let ttl_left_ms = if lease == 0 {
                 None
             } else {
@@ -137,7 +187,7 @@ impl EtcdBackend {
                 .map(|s| s * 1000)
             };
             holders.push(HolderStatus {
-                holder,
+                holder: entry.holder,
                 ttl_left_ms,
                 session: None,
             });
@@ -145,19 +195,78 @@ impl EtcdBackend {
         Ok(LockStatus {
             name: name.to_string(),
             held: !holders.is_empty(),
-            waiters: Some(queue.len() as u64),
-            queue,
+            waiters: Some(waiting.len() as u64),
+            queue: waiting,
             holders,
             last_token: None,
         })
     }
 
-    /// " by pid N on host since T" for messages about a held lock.
-    async fn describe_holders(&self, conn: &mut Conn, name: &LockName) -> String {
-        self.status_with(conn, name)
-            .await
-            .map(|status| status.held_by())
-            .unwrap_or_default()
+    /// Why a waiter whose key is `own` (none: not queued) cannot have the lock, for a
+    /// message: "is held by pid N on host since T" or "is free, N waiting ahead". Bounded:
+    /// it runs after `--wait` is over.
+    async fn why_busy(&self, conn: &mut Conn, name: &LockName, own: Option<&str>) -> String {
+        let read = tokio::time::timeout(REPORT_TIMEOUT, self.read_queue(conn, name)).await;
+        let Ok(Ok(queue)) = read else {
+            return "is held".into();
+        };
+        queue.why_busy(own.map(str::as_bytes))
+    }
+}
+
+/// The keys of a lock, oldest first.
+struct Queue {
+    entries: Vec<Entry>,
+}
+
+/// One key of a lock.
+struct Entry {
+    key: Vec<u8>,
+    lease: i64,
+    holder: Holder,
+    /// Among the first `--limit` keys and on its holder's lease (or foreign): a holder.
+    holds: bool,
+}
+
+impl Queue {
+    /// See [`EtcdBackend::why_busy`].
+    fn why_busy(self, own: Option<&[u8]>) -> String {
+        let ahead = self
+            .entries
+            .into_iter()
+            .take_while(|e| Some(e.key.as_slice()) != own);
+        let (holders, waiting): (Vec<Entry>, Vec<Entry>) = ahead.partition(|e| e.holds);
+        let waiting = waiting.len();
+        if holders.is_empty() {
+            return if waiting > 0 {
+                // The first waiter is taking the lock right now, or it was killed while it
+                // waited and its key goes with its waiter lease.
+                format!("is free, {waiting} waiting ahead")
+            } else {
+                "was held a moment ago".into()
+            };
+        }
+        let held = LockStatus {
+            name: String::new(),
+            held: true,
+            holders: holders
+                .into_iter()
+                .map(|e| HolderStatus {
+                    holder: e.holder,
+                    ttl_left_ms: None,
+                    session: None,
+                })
+                .collect(),
+            waiters: None,
+            queue: Vec::new(),
+            last_token: None,
+        };
+        let more = if waiting > 0 {
+            format!(", {waiting} waiting ahead")
+        } else {
+            String::new()
+        };
+        format!("is held{}{more}", held.held_by())
     }
 }
 
@@ -168,9 +277,13 @@ struct Meta {
     holder: Holder,
     #[serde(default)]
     limit: u32,
+    /// The key is on its waiter's lease: a place in the queue, not (yet) a hold.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    waiting: bool,
 }
 
-/// One connection to the cluster, to one endpoint at a time.
+/// One connection to the cluster, to one endpoint at a time. A clone shares the connection.
+#[derive(Clone)]
 struct Conn {
     urls: Vec<String>,
     index: usize,
@@ -524,6 +637,216 @@ fn place_lost() -> Error {
     )
 }
 
+/// Our key's value: the holder metadata, and whether it is a place in the queue only.
+fn meta_json(request: &AcquireRequest, waiting: bool) -> Result<String, Error> {
+    serde_json::to_string(&Meta {
+        holder: request.holder.clone(),
+        limit: request.limit,
+        waiting,
+    })
+    .map_err(|e| Error::Internal(e.to_string()))
+}
+
+/// The oldest key under a prefix, with its value.
+fn oldest_key() -> GetOptions {
+    GetOptions::new()
+        .with_prefix()
+        .with_sort(SortTarget::Create, SortOrder::Ascend)
+        .with_limit(1)
+}
+
+/// A usage error when the oldest key says its holders use another `--limit` than ours.
+fn same_limit(oldest: &[etcd_client::KeyValue], request: &AcquireRequest) -> Result<(), Error> {
+    let theirs = oldest
+        .first()
+        .and_then(|kv| serde_json::from_slice::<Meta>(kv.value()).ok())
+        .map(|m| m.limit);
+    match theirs {
+        Some(theirs) if theirs != 0 && theirs != request.limit => Err(Error::Usage(format!(
+            "lock '{}' is held with --limit {theirs}; all holders must use the same --limit",
+            request.name
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// `--wait` over every request of an acquisition: a server that accepts connections and
+/// never answers must not keep dlock longer than asked.
+struct Before<'a> {
+    /// The end of `--wait`.
+    deadline: Option<BootInstant>,
+    /// The end of `--wait`, but at least [`MIN_ANSWER`] from the start: a healthy server gets
+    /// the time to answer, so that a short `--wait` still takes a free lock.
+    answer_by: Option<BootInstant>,
+    wait: Wait,
+    display: &'a str,
+}
+
+impl<'a> Before<'a> {
+    fn new(wait: Wait, display: &'a str) -> Before<'a> {
+        let now = BootInstant::now();
+        let deadline = match wait {
+            Wait::For(d) => Some(now + d),
+            Wait::No | Wait::Forever => None,
+        };
+        Before {
+            deadline,
+            answer_by: deadline.map(|d| d.max(now + MIN_ANSWER)),
+            wait,
+            display,
+        }
+    }
+
+    fn is_over(&self) -> bool {
+        self.deadline.is_some_and(|d| BootInstant::now() >= d)
+    }
+
+    /// `--wait`'s duration, for messages.
+    fn waited(&self) -> String {
+        match self.wait {
+            Wait::For(d) => humantime::format_duration(d).to_string(),
+            Wait::No | Wait::Forever => String::new(),
+        }
+    }
+
+    /// `step`, unless a cancel comes first (an error) or `--wait` runs out (`None`).
+    async fn bounded<T>(
+        &self,
+        cancel: &mut Cancel,
+        step: impl Future<Output = Result<T, Error>>,
+    ) -> Result<Option<T>, Error> {
+        self.bounded_by(self.deadline, cancel, step).await
+    }
+
+    async fn bounded_by<T>(
+        &self,
+        deadline: Option<BootInstant>,
+        cancel: &mut Cancel,
+        step: impl Future<Output = Result<T, Error>>,
+    ) -> Result<Option<T>, Error> {
+        let over = async {
+            match deadline {
+                Some(at) => sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            biased;
+            _ = cancel.cancelled() => Err(Error::Cancelled),
+            result = step => result.map(Some),
+            _ = over => Ok(None),
+        }
+    }
+
+    /// A request whose answer dlock needs before it can wait at all: no answer by the end
+    /// of `--wait` means the cluster is unavailable.
+    async fn answer<T>(
+        &self,
+        cancel: &mut Cancel,
+        step: impl Future<Output = Result<T, Error>>,
+    ) -> Result<T, Error> {
+        self.bounded_by(self.answer_by, cancel, step)
+            .await?
+            .ok_or_else(|| match self.wait {
+                Wait::For(d) if d < MIN_ANSWER => Error::Unavailable(format!(
+                    "no answer from {} within {} (--wait {})",
+                    self.display,
+                    humantime::format_duration(MIN_ANSWER),
+                    self.waited()
+                )),
+                _ => Error::Unavailable(format!(
+                    "no answer from {} within --wait {}",
+                    self.display,
+                    self.waited()
+                )),
+            })
+    }
+}
+
+/// A waiter's own short lease, which holds its place in the queue while it waits (module
+/// docs). It is renewed until stopped, and failed renewals are retried with no deadline:
+/// nothing relies on this lease being alive, because the re-attach at the grant only
+/// succeeds while our key (with its create revision) still exists.
+struct WaiterLease {
+    id: i64,
+    /// Turns true when etcd says the lease is gone (and our key with it).
+    gone: watch::Receiver<bool>,
+    task: JoinHandle<()>,
+}
+
+impl WaiterLease {
+    fn start(conn: Conn, id: i64, granted: Duration) -> WaiterLease {
+        let (gone_tx, gone) = watch::channel(false);
+        let renewer = Renewer {
+            conn,
+            id,
+            granted,
+            stream: None,
+            in_flight: false,
+        };
+        let task = tokio::spawn(keep_waiting(renewer, gone_tx));
+        WaiterLease { id, gone, task }
+    }
+
+    /// Stop renewing and revoke the lease, off the hand-off path: it holds no key any more.
+    fn retire(self, conn: &Conn) -> JoinHandle<()> {
+        self.task.abort();
+        let (mut conn, id) = (conn.clone(), self.id);
+        tokio::spawn(async move {
+            let revoke = conn
+                .call(OP_TIMEOUT, |mut c| async move { c.lease_revoke(id).await })
+                .await;
+            if let Err(e) = revoke {
+                tracing::debug!(
+                    "could not revoke the waiter lease {id:x} ({e}); it expires by itself"
+                );
+            }
+        })
+    }
+}
+
+impl Drop for WaiterLease {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Resolves when etcd says the waiter lease is gone; never without one. Cancel-safe.
+async fn waiter_gone(waiter: &mut Option<WaiterLease>) {
+    if let Some(waiter) = waiter {
+        if waiter.gone.wait_for(|gone| *gone).await.is_ok() {
+            return;
+        }
+    }
+    std::future::pending().await
+}
+
+/// Renew a waiter lease every quarter of its TTL, retrying failures soon, until aborted. A
+/// slow reply gets up to half the TTL: a reply that comes in time still keeps the place.
+async fn keep_waiting(mut renewer: Renewer, gone: watch::Sender<bool>) {
+    let every = (renewer.granted / 4).max(Duration::from_millis(250));
+    let attempt = renewer.granted / 2;
+    let mut pause = every;
+    loop {
+        tokio::time::sleep(pause).await;
+        pause = match tokio::time::timeout(attempt, renewer.renew()).await {
+            Ok(Ok(_)) => every,
+            Ok(Err(RenewError::Gone(_))) => {
+                gone.send_replace(true);
+                return;
+            }
+            Ok(Err(RenewError::Failed(reason))) => {
+                tracing::debug!("waiter lease keep-alive failed: {reason}");
+                Duration::from_millis(100)
+            }
+            Err(_) => {
+                tracing::debug!("waiter lease keep-alive timed out");
+                Duration::from_millis(100)
+            }
+        };
+    }
+}
+
 impl Backend for EtcdBackend {
     type Lease = EtcdLease;
 
@@ -532,17 +855,23 @@ impl Backend for EtcdBackend {
         request: &AcquireRequest,
         mut cancel: Cancel,
     ) -> Result<EtcdLease, Error> {
+        let before = Before::new(request.wait, &self.display);
         let mut conn = self.conn()?;
-        let limit = request.limit.max(1) as usize;
         let ttl_s = request.ttl.as_secs_f64().ceil().max(1.0) as i64;
         let sent = BootInstant::now();
+        // The hold's lease, granted up front and kept alive while waiting, so that a grant
+        // costs one write (the re-attach) and the keeper's deadline counts from here. It
+        // holds no key while waiting: a waiter killed now leaves nothing in anyone's way.
         // etcd picks the id: its ids increase with every grant on a member, which keeps the
         // keys of neighbours in the queue next to each other (see `Target::Line`). A grant
         // retried after a lost reply leaves the first lease unused; it expires by its TTL.
-        let grant = conn
-            .call(OP_TIMEOUT, |mut c| async move {
-                c.lease_grant(ttl_s, None).await
-            })
+        let grant = before
+            .answer(
+                &mut cancel,
+                conn.call(OP_TIMEOUT, |mut c| async move {
+                    c.lease_grant(ttl_s, None).await
+                }),
+            )
             .await?;
         let (id, granted_s) = (grant.id(), grant.ttl());
         if granted_s != ttl_s {
@@ -559,26 +888,55 @@ impl Backend for EtcdBackend {
             in_flight: false,
         };
         let mut keeper = Keeper::start(renewer, sent, granted, request.kill_after);
+        let mut waiter = None;
         let outcome = self
-            .queue_and_wait(&mut conn, request, id, limit, &mut keeper, &mut cancel)
+            .queue_and_wait(
+                &mut conn,
+                request,
+                id,
+                &mut keeper,
+                &mut waiter,
+                &mut cancel,
+                &before,
+            )
             .await;
         match outcome {
             Ok((token, own)) => Ok(EtcdLease {
                 keeper,
                 token,
                 id,
+                // Our key is on the hold's lease now; the waiter lease has none left.
+                waiter_revoke: waiter.map(|w| w.retire(&conn)),
                 conn,
                 ttl: granted,
                 own,
             }),
             Err(error) => {
-                // Revoking the lease deletes our key too: nothing is left behind.
                 drop(keeper.stop().await);
-                let revoke = conn
-                    .call(OP_TIMEOUT, |mut c| async move { c.lease_revoke(id).await })
-                    .await;
-                if let Err(e) = revoke {
-                    tracing::warn!("could not revoke lease {id:x} ({e}); it expires by itself within {granted_s}s");
+                // Revoking the leases deletes our key too: nothing is left behind. Once
+                // `--wait` is over, the server gets a short while only: what it does not
+                // revoke expires by itself.
+                let budget = if before.is_over() {
+                    LATE_CLEANUP
+                } else {
+                    OP_TIMEOUT
+                };
+                let mut leases = vec![(id, granted_s)];
+                if let Some(waiter) = waiter {
+                    leases.insert(0, (waiter.id, WAITER_TTL_S));
+                }
+                let cleanup = async {
+                    for (lease, ttl) in leases {
+                        let revoke = conn
+                            .call(budget, |mut c| async move { c.lease_revoke(lease).await })
+                            .await;
+                        if let Err(e) = revoke {
+                            tracing::warn!("could not revoke lease {lease:x} ({e}); it expires by itself within {ttl}s");
+                        }
+                    }
+                };
+                if tokio::time::timeout(budget, cleanup).await.is_err() {
+                    tracing::warn!("etcd did not confirm the clean-up in time; our leases expire by themselves (--ttl)");
                 }
                 Err(error)
             }
@@ -635,32 +993,20 @@ impl Backend for EtcdBackend {
 
     async fn force_release(&self, name: &LockName) -> Result<Vec<Holder>, Error> {
         let mut conn = self.conn()?;
-        let status = self.status_with(&mut conn, name).await?;
-        let pfx = self.lock_prefix(name);
-        let holders = status.holders.len() as i64;
-        if holders == 0 {
-            return Ok(Vec::new());
+        let queue = self.read_queue(&mut conn, name).await?;
+        let (holders, waiting): (Vec<Entry>, Vec<Entry>) =
+            queue.entries.into_iter().partition(|e| e.holds);
+        if holders.is_empty() && !waiting.is_empty() {
+            // Removing a waiter's key would only cost a live waiter its place: a killed
+            // waiter's key goes with its waiter lease within seconds anyway.
+            tracing::warn!(
+                "'{name}' has no holder, but {} waiting; waiters' keys are left alone (a killed \
+                 waiter's key expires with its {WAITER_TTL_S}s waiter lease)",
+                waiting.len()
+            );
         }
-        let range = conn
-            .call(OP_TIMEOUT, |mut c| {
-                let pfx = pfx.clone();
-                async move {
-                    c.get(
-                        pfx,
-                        Some(
-                            GetOptions::new()
-                                .with_prefix()
-                                .with_sort(SortTarget::Create, SortOrder::Ascend)
-                                .with_limit(holders),
-                        ),
-                    )
-                    .await
-                }
-            })
-            .await?;
-        for kv in range.kvs() {
-            let lease = kv.lease();
-            let key = kv.key().to_vec();
+        for entry in &holders {
+            let lease = entry.lease;
             if lease != 0 {
                 // Revoke, not delete: the holder then finds its lease gone at its next renewal.
                 let revoked = conn
@@ -676,13 +1022,13 @@ impl Backend for EtcdBackend {
                 }
             } else {
                 conn.call(OP_TIMEOUT, |mut c| {
-                    let key = key.clone();
+                    let key = entry.key.clone();
                     async move { c.delete(key, None).await }
                 })
                 .await?;
             }
         }
-        Ok(status.holders.into_iter().map(|h| h.holder).collect())
+        Ok(holders.into_iter().map(|e| e.holder).collect())
     }
 
     async fn check(&self) -> Result<CheckReport, Error> {
@@ -768,102 +1114,86 @@ impl Backend for EtcdBackend {
 impl EtcdBackend {
     /// Put our key in the queue and wait until it is among the first `limit`. Returns the
     /// fencing token (our key's create revision) and the watch on our key for the holder.
+    /// `waiter` is the waiter lease, once there is one (for the caller to clean up).
+    #[allow(clippy::too_many_arguments)]
     async fn queue_and_wait(
         &self,
         conn: &mut Conn,
         request: &AcquireRequest,
         id: i64,
-        limit: usize,
         keeper: &mut Keeper<Renewer>,
+        waiter: &mut Option<WaiterLease>,
         cancel: &mut Cancel,
+        before: &Before<'_>,
     ) -> Result<(u64, OwnKey), Error> {
+        let limit = request.limit.max(1) as usize;
         let pfx = self.lock_prefix(&request.name);
         let key = format!("{pfx}{id:x}");
-        let meta = serde_json::to_string(&Meta {
-            holder: request.holder.clone(),
-            limit: request.limit,
-        })
-        .map_err(|e| Error::Internal(e.to_string()))?;
-        let deadline = match request.wait {
-            Wait::For(d) => Some(BootInstant::now() + d),
-            Wait::No | Wait::Forever => None,
-        };
-        // Create our key if absent (a retry after a lost reply finds it) and read the newest
-        // limit+2 keys: ours and the limit+1 just before it (as `recheck` reads them).
-        let create = Txn::new()
-            .when([Compare::create_revision(key.clone(), CompareOp::Equal, 0)])
-            .and_then([
-                TxnOp::put(
-                    key.clone(),
-                    meta.clone(),
-                    Some(PutOptions::new().with_lease(id)),
-                ),
-                TxnOp::get(pfx.clone(), Some(older_keys(None, limit + 2))),
-                // The oldest key's value says which --limit the holders use.
-                TxnOp::get(
-                    pfx.clone(),
-                    Some(
-                        GetOptions::new()
-                            .with_prefix()
-                            .with_sort(SortTarget::Create, SortOrder::Ascend)
-                            .with_limit(1),
-                    ),
-                ),
-            ])
-            .or_else([TxnOp::get(key.clone(), None)]);
-        let response = tokio::select! {
-            r = conn.call(OP_TIMEOUT, |mut c| { let t = create.clone(); async move { c.txn(t).await } }) => r?,
-            _ = cancel.cancelled() => return Err(Error::Cancelled),
-        };
+        let held_meta = meta_json(request, false)?;
+        // A lock without any key is taken in one step, with our key on the hold's lease.
+        // (etcd compares every key of a range; an empty range compares as create revision 0.)
+        let take_free = Txn::new()
+            .when([Compare::create_revision(pfx.clone(), CompareOp::Equal, 0).with_prefix()])
+            .and_then([TxnOp::put(
+                key.clone(),
+                held_meta.clone(),
+                Some(PutOptions::new().with_lease(id)),
+            )])
+            .or_else([
+                // A retry after a lost reply finds our key.
+                TxnOp::get(key.clone(), Some(GetOptions::new().with_keys_only())),
+                TxnOp::get(pfx.clone(), Some(oldest_key())),
+            ]);
+        let response = before
+            .answer(
+                cancel,
+                conn.call(OP_TIMEOUT, |mut c| {
+                    let t = take_free.clone();
+                    async move { c.txn(t).await }
+                }),
+            )
+            .await?;
         let revision = response.header().map_or(0, |h| h.revision());
+        let ours = match response.op_responses().first() {
+            Some(TxnOpResponse::Get(range)) => range
+                .kvs()
+                .first()
+                .map(|kv| (kv.create_revision(), kv.lease() == id)),
+            _ => None,
+        };
+        if let Some(TxnOpResponse::Get(oldest)) = response.op_responses().get(1) {
+            same_limit(oldest.kvs(), request)?;
+        }
+        // Whether our key is on the hold's lease (else on the waiter lease).
+        let attached;
         let (my_rev, mut older, mut read_at) = if response.succeeded() {
-            if let Some(TxnOpResponse::Get(oldest)) = response.op_responses().get(2) {
-                let their_limit = oldest
-                    .kvs()
-                    .first()
-                    .and_then(|kv| serde_json::from_slice::<Meta>(kv.value()).ok())
-                    .map(|m| m.limit);
-                if let Some(theirs) = their_limit.filter(|&l| l != 0 && l != request.limit) {
-                    return Err(Error::Usage(format!(
-                        "lock '{}' is held with --limit {theirs}; all holders must use the same --limit",
-                        request.name
-                    )));
-                }
-            }
-            let older: Vec<Vec<u8>> = match response.op_responses().get(1) {
-                Some(TxnOpResponse::Get(range)) => range
-                    .kvs()
-                    .iter()
-                    .filter(|kv| kv.create_revision() < revision)
-                    .map(|kv| kv.key().to_vec())
-                    .collect(),
-                _ => Vec::new(),
-            };
-            (revision, older, revision)
-        } else {
-            let own = match response.op_responses().first() {
-                Some(TxnOpResponse::Get(range)) => {
-                    range.kvs().first().map(|kv| kv.create_revision())
-                }
-                _ => None,
-            };
-            let Some(my_rev) = own else {
-                return Err(Error::Internal(
-                    "our etcd key vanished right after it was created".into(),
-                ));
-            };
-            // Re-read what is before us.
-            let (older, at) = self
-                .recheck(conn, &key, &pfx, my_rev, limit, cancel)
+            attached = true;
+            (revision, Vec::new(), revision)
+        } else if let Some((my_rev, on_hold_lease)) = ours {
+            attached = on_hold_lease;
+            let (older, at) = before
+                .answer(cancel, self.recheck(conn, &key, &pfx, my_rev, limit))
                 .await?;
             (my_rev, older, at)
+        } else if request.wait == Wait::No && limit == 1 {
+            // Someone is ahead: no need to queue to know that.
+            let why = self.why_busy(conn, &request.name, None).await;
+            return Err(Error::Busy(format!(
+                "lock '{}' {why}; not waiting (--no-wait)",
+                request.name
+            )));
+        } else {
+            attached = false;
+            self.enqueue(conn, request, &key, waiter, cancel, before)
+                .await?
         };
         let mut watching = None;
         loop {
             if older.len() < limit {
-                if limit > 1 {
-                    // Rewrite our value: the waiter behind us watches for it (see module docs).
-                    let put = Txn::new()
+                if !attached {
+                    // The waiter lease is kept alive until this is acknowledged. For
+                    // --limit > 1 the rewrite also wakes the waiter behind us (module docs).
+                    let reattach = Txn::new()
                         .when([Compare::create_revision(
                             key.clone(),
                             CompareOp::Equal,
@@ -871,14 +1201,21 @@ impl EtcdBackend {
                         )])
                         .and_then([TxnOp::put(
                             key.clone(),
-                            meta.clone(),
-                            Some(PutOptions::new().with_ignore_lease()),
+                            held_meta.clone(),
+                            Some(PutOptions::new().with_lease(id)),
                         )]);
-                    conn.call(OP_TIMEOUT, |mut c| {
-                        let t = put.clone();
-                        async move { c.txn(t).await }
-                    })
-                    .await?;
+                    let response = before
+                        .answer(
+                            cancel,
+                            conn.call(OP_TIMEOUT, |mut c| {
+                                let t = reattach.clone();
+                                async move { c.txn(t).await }
+                            }),
+                        )
+                        .await?;
+                    if !response.succeeded() {
+                        return Err(place_lost());
+                    }
                 }
                 let token = u64::try_from(my_rev)
                     .map_err(|_| Error::Internal(format!("negative revision {my_rev}")))?;
@@ -893,9 +1230,9 @@ impl EtcdBackend {
                 return Ok((token, own));
             }
             if request.wait == Wait::No {
-                let holders = self.describe_holders(conn, &request.name).await;
+                let why = self.why_busy(conn, &request.name, Some(&key)).await;
                 return Err(Error::Busy(format!(
-                    "lock '{}' is held{holders}; not waiting (--no-wait)",
+                    "lock '{}' {why}; not waiting (--no-wait)",
                     request.name
                 )));
             }
@@ -908,40 +1245,120 @@ impl EtcdBackend {
                 read_at,
             };
             // Checked here too: every round of the loop could otherwise end before the timer.
-            let woken = if deadline.is_some_and(|d| BootInstant::now() >= d) {
+            let woken = if before.is_over() {
                 Wake::TimedOut
             } else {
-                self.wait_for(conn, &mut place, target, keeper, cancel, deadline, request)
-                    .await?
+                self.wait_for(
+                    conn, &mut place, target, keeper, waiter, cancel, before, request,
+                )
+                .await?
             };
-            if let Wake::Rechecked(next_older, at) = woken {
-                older = next_older;
-                read_at = at;
-                continue;
-            }
-            if let Wake::Head(stream, at) = woken {
-                older.clear();
-                read_at = at;
-                watching = Some(*stream);
-                continue;
-            }
-            if matches!(woken, Wake::TimedOut) {
-                let holders = self.describe_holders(conn, &request.name).await;
-                let waited = match request.wait {
-                    Wait::For(d) => humantime::format_duration(d).to_string(),
-                    _ => String::new(),
-                };
+            let checked = match woken {
+                Wake::Rechecked(next_older, at) => Some((next_older, at)),
+                Wake::Head(stream, at) => {
+                    older.clear();
+                    read_at = at;
+                    watching = Some(*stream);
+                    continue;
+                }
+                Wake::TimedOut => None,
+                Wake::Changed => {
+                    before
+                        .bounded(cancel, self.recheck(conn, &key, &pfx, my_rev, limit))
+                        .await?
+                }
+            };
+            let Some((next_older, at)) = checked else {
+                let why = self.why_busy(conn, &request.name, Some(&key)).await;
                 return Err(Error::Busy(format!(
-                    "lock '{}' is held{holders}; gave up after waiting {waited} (--wait)",
-                    request.name
+                    "lock '{}' {why}; gave up after waiting {} (--wait)",
+                    request.name,
+                    before.waited()
                 )));
-            }
-            let (next_older, at) = self
-                .recheck(conn, &key, &pfx, my_rev, limit, cancel)
-                .await?;
+            };
             older = next_older;
             read_at = at;
         }
+    }
+
+    /// Take a place in the queue: our key on a short waiter lease of its own (module docs).
+    /// Returns our key's create revision, the keys before it (newest first, at most
+    /// limit+1) and the revision they were read at.
+    async fn enqueue(
+        &self,
+        conn: &mut Conn,
+        request: &AcquireRequest,
+        key: &str,
+        waiter: &mut Option<WaiterLease>,
+        cancel: &mut Cancel,
+        before: &Before<'_>,
+    ) -> Result<(i64, Vec<Vec<u8>>, i64), Error> {
+        let limit = request.limit.max(1) as usize;
+        let pfx = self.lock_prefix(&request.name);
+        let grant = before
+            .answer(
+                cancel,
+                conn.call(OP_TIMEOUT, |mut c| async move {
+                    c.lease_grant(WAITER_TTL_S, None).await
+                }),
+            )
+            .await?;
+        let granted = Duration::from_secs(u64::try_from(grant.ttl()).unwrap_or(1));
+        let lease = waiter.insert(WaiterLease::start(conn.clone(), grant.id(), granted));
+        // Create our key if absent (a retry after a lost reply finds it) and read the newest
+        // limit+2 keys: ours and the limit+1 just before it (as `recheck` reads them).
+        let create = Txn::new()
+            .when([Compare::create_revision(key, CompareOp::Equal, 0)])
+            .and_then([
+                TxnOp::put(
+                    key,
+                    meta_json(request, true)?,
+                    Some(PutOptions::new().with_lease(lease.id)),
+                ),
+                TxnOp::get(pfx.clone(), Some(older_keys(None, limit + 2))),
+                // The oldest key's value says which --limit the holders use.
+                TxnOp::get(pfx.clone(), Some(oldest_key())),
+            ])
+            .or_else([TxnOp::get(key, None)]);
+        let response = before
+            .answer(
+                cancel,
+                conn.call(OP_TIMEOUT, |mut c| {
+                    let t = create.clone();
+                    async move { c.txn(t).await }
+                }),
+            )
+            .await?;
+        let revision = response.header().map_or(0, |h| h.revision());
+        if response.succeeded() {
+            if let Some(TxnOpResponse::Get(oldest)) = response.op_responses().get(2) {
+                same_limit(oldest.kvs(), request)?;
+            }
+            let older = match response.op_responses().get(1) {
+                Some(TxnOpResponse::Get(range)) => range
+                    .kvs()
+                    .iter()
+                    .filter(|kv| kv.create_revision() < revision)
+                    .map(|kv| kv.key().to_vec())
+                    .collect(),
+                _ => Vec::new(),
+            };
+            return Ok((revision, older, revision));
+        }
+        let own = match response.op_responses().first() {
+            Some(TxnOpResponse::Get(range)) => range.kvs().first().map(|kv| kv.create_revision()),
+            _ => None,
+        };
+        let Some(my_rev) = own else {
+            return Err(Error::Internal(
+                "our etcd key vanished right after it was created".into(),
+            ));
+        };
+        // Re-read what is before us.
+        let (older, at) = before
+            .answer(cancel, self.recheck(conn, key, &pfx, my_rev, limit))
+            .await?;
+        Ok((my_rev, older, at))
     }
 
     /// Linearizable re-check: our key must still be there (else our lease died while waiting:
@@ -954,7 +1371,6 @@ impl EtcdBackend {
         pfx: &str,
         my_rev: i64,
         limit: usize,
-        cancel: &mut Cancel,
     ) -> Result<(Vec<Vec<u8>>, i64), Error> {
         let check = Txn::new()
             .when([Compare::create_revision(
@@ -970,10 +1386,12 @@ impl EtcdBackend {
                 key.to_owned(),
                 Some(GetOptions::new().with_keys_only()),
             )]);
-        let response = tokio::select! {
-            r = conn.call(OP_TIMEOUT, |mut c| { let t = check.clone(); async move { c.txn(t).await } }) => r?,
-            _ = cancel.cancelled() => return Err(Error::Cancelled),
-        };
+        let response = conn
+            .call(OP_TIMEOUT, |mut c| {
+                let t = check.clone();
+                async move { c.txn(t).await }
+            })
+            .await?;
         if !response.succeeded() {
             return Err(place_lost());
         }
@@ -1003,10 +1421,12 @@ impl EtcdBackend {
         place: &mut Place<'_>,
         mut target: Target,
         keeper: &mut Keeper<Renewer>,
+        waiter: &mut Option<WaiterLease>,
         cancel: &mut Cancel,
-        deadline: Option<BootInstant>,
+        before: &Before<'_>,
         request: &AcquireRequest,
     ) -> Result<Wake, Error> {
+        let deadline = before.deadline;
         let limit = place.limit;
         let pfx = place.pfx;
         let own = place.key.as_bytes();
@@ -1018,9 +1438,8 @@ impl EtcdBackend {
             let options = options.clone();
             async move { c.watch(key, Some(options)).await }
         });
-        let mut stream = tokio::select! {
-            s = open => s?,
-            _ = cancel.cancelled() => return Err(Error::Cancelled),
+        let Some(mut stream) = before.bounded(cancel, open).await? else {
+            return Ok(Wake::TimedOut);
         };
         let mut created = false;
         loop {
@@ -1035,10 +1454,13 @@ impl EtcdBackend {
                 biased;
                 lost = keeper.lost() => {
                     return Err(Error::Unavailable(format!(
-                        "our place in the etcd queue could not be kept ({}); the command was not started",
+                        "the etcd lease to hold the lock on was lost while waiting ({}); \
+                         the command was not started",
                         lost.reason
                     )));
                 }
+                // Our key went with it.
+                () = waiter_gone(waiter) => return Err(place_lost()),
                 message = stream.message() => match message {
                     Ok(Some(response)) => response,
                     // The stream broke: re-check and watch again.
@@ -1111,9 +1533,15 @@ impl EtcdBackend {
             if !recheck {
                 continue;
             }
-            let (older, at) = self
-                .recheck(conn, place.key, pfx, place.my_rev, limit, cancel)
+            let checked = before
+                .bounded(
+                    cancel,
+                    self.recheck(conn, place.key, pfx, place.my_rev, limit),
+                )
                 .await?;
+            let Some((older, at)) = checked else {
+                return Ok(Wake::TimedOut);
+            };
             let next = Target::for_waiter(&older, limit);
             if older.len() < limit || !target.covers(&next) {
                 return Ok(Wake::Rechecked(older, at));
@@ -1130,6 +1558,8 @@ pub struct EtcdLease {
     keeper: Keeper<Renewer>,
     token: u64,
     id: i64,
+    /// The revoke of the waiter lease we waited on, if we did.
+    waiter_revoke: Option<JoinHandle<()>>,
     conn: Conn,
     ttl: Duration,
     own: OwnKey,
@@ -1281,9 +1711,19 @@ impl Lease for EtcdLease {
             mut conn,
             ttl,
             own,
+            waiter_revoke,
             ..
         } = self;
         drop(own);
+        if let Some(revoke) = waiter_revoke {
+            // Done long ago unless the command was very short; else it expires by itself.
+            if tokio::time::timeout(Duration::from_millis(200), revoke)
+                .await
+                .is_err()
+            {
+                tracing::debug!("the waiter lease was not revoked yet; it expires by itself");
+            }
+        }
         // The revoke goes out first: the next waiter is waiting for it. A keep-alive that
         // crosses it is harmless.
         let revoke = conn.call(ttl.min(OP_TIMEOUT), |mut c| async move {

@@ -23,6 +23,13 @@
 //! every wake-up it lists again instead of assuming, and a waiter whose own node is gone never
 //! starts the command. Cancel and release delete our node before the session is closed.
 //!
+//! A waiter killed with SIGKILL cannot delete its node, which then lives as long as its
+//! session: up to the negotiated session timeout. With `--limit 1` a waiter marks its node
+//! (`"waiting": true` in its data) before it waits and unmarks it when it takes the lock (that
+//! write is sent without waiting for its reply), so that a killed waiter's node at the head of
+//! the queue shows as a waiter, not as a holder: the lock is "free, N waiting ahead". `--wait`
+//! bounds connecting and queueing too: a server that does not answer in time is 69.
+//!
 //! The lease: the session. A connection loss is not an expiry: the [`Keeper`] keeps
 //! re-verifying our node (`exists`, which also touches the session) and only declares the hold
 //! lost when that has failed for long enough that the server might expire the session (design
@@ -55,6 +62,39 @@ const OP_TIMEOUT: Duration = Duration::from_secs(5);
 const MAX_PARENT_RETRIES: usize = 5;
 /// Bound for closing the session after a release or a cancel.
 const CLOSE_TIMEOUT: Duration = Duration::from_secs(1);
+/// The least time a server gets to answer while dlock queues, however short `--wait` is.
+const MIN_ANSWER: Duration = Duration::from_secs(1);
+/// Bound for reading who holds a lock for a message, once `--wait` is over.
+const REPORT_TIMEOUT: Duration = Duration::from_secs(1);
+/// How long after the end of `--wait` a waiter may still be finishing (a re-check, the
+/// report of who is ahead) before it counts as a server that stopped answering.
+const WAIT_BACKSTOP: Duration = Duration::from_secs(2);
+/// Bound for cleaning up once `--wait` is over; what is left goes with the session.
+const LATE_CLEANUP: Duration = Duration::from_secs(1);
+
+/// The end of `--wait`: when, and the duration asked for (for messages).
+#[derive(Clone, Copy)]
+struct WaitEnd {
+    at: BootInstant,
+    /// `at`, but at least [`MIN_ANSWER`] from the start: a healthy server gets the time to
+    /// answer, so that a short `--wait` still takes a free lock.
+    answer_by: BootInstant,
+    wait: Duration,
+}
+
+impl WaitEnd {
+    fn of(wait: Wait) -> Option<WaitEnd> {
+        let now = BootInstant::now();
+        match wait {
+            Wait::For(d) => Some(WaitEnd {
+                at: now + d,
+                answer_by: (now + d).max(now + MIN_ANSWER),
+                wait: d,
+            }),
+            Wait::No | Wait::Forever => None,
+        }
+    }
+}
 
 pub struct ZkBackend {
     target: ZkTarget,
@@ -70,6 +110,17 @@ struct Meta {
     holder: Holder,
     #[serde(default)]
     limit: u32,
+    /// A waiter's mark (`--limit 1`): a place in the queue, not (yet) a hold.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    waiting: bool,
+}
+
+/// One child of a lock's node.
+struct Entry {
+    child: String,
+    status: HolderStatus,
+    /// Among the first `--limit` and not marked waiting (or foreign): a holder.
+    holds: bool,
 }
 
 /// The path component of a lock name.
@@ -178,6 +229,16 @@ impl ZkBackend {
 
     /// Open a session, bounded by [`OP_TIMEOUT`].
     async fn connect(&self, session_timeout: Duration) -> Result<Client, Error> {
+        self.connect_by(session_timeout, None).await
+    }
+
+    /// Open a session, bounded by [`OP_TIMEOUT`] and by the end of `--wait`, if any.
+    async fn connect_by(
+        &self,
+        session_timeout: Duration,
+        wait: Option<WaitEnd>,
+    ) -> Result<Client, Error> {
+        let budget = wait.map_or(OP_TIMEOUT, |w| w.answer_by.remaining().min(OP_TIMEOUT));
         let mut connector = Client::connector()
             .with_session_timeout(session_timeout)
             .with_fail_eagerly();
@@ -185,14 +246,35 @@ impl ZkBackend {
             connector =
                 connector.with_auth("digest", format!("{user}:{}", password.expose()).as_bytes());
         }
-        match tokio::time::timeout(OP_TIMEOUT, connector.connect(&self.connect_string())).await {
+        match tokio::time::timeout(budget, connector.connect(&self.connect_string())).await {
             Ok(Ok(client)) => Ok(client),
             Ok(Err(e)) => Err(self.classify(&e, "connecting")),
+            Err(_) if budget < OP_TIMEOUT => Err(self.no_answer(wait)),
             Err(_) => Err(Error::Unavailable(format!(
                 "no ZooKeeper server of {} answered within {}",
                 self.display,
                 humantime::format_duration(OP_TIMEOUT)
             ))),
+        }
+    }
+
+    /// The error for a server that did not answer before `--wait` ran out.
+    fn no_answer(&self, wait: Option<WaitEnd>) -> Error {
+        let display = &self.display;
+        match wait {
+            Some(w) if w.wait < MIN_ANSWER => Error::Unavailable(format!(
+                "no answer from {display} within {} (--wait {})",
+                humantime::format_duration(MIN_ANSWER),
+                humantime::format_duration(w.wait)
+            )),
+            Some(w) => Error::Unavailable(format!(
+                "no answer from {display} within --wait {}",
+                humantime::format_duration(w.wait)
+            )),
+            None => Error::Unavailable(format!(
+                "no answer from {display} within {}",
+                humantime::format_duration(OP_TIMEOUT)
+            )),
         }
     }
 
@@ -220,8 +302,8 @@ impl ZkBackend {
         }
     }
 
-    /// Holders (the first `limit` children) and waiters of a lock.
-    async fn status_with(&self, client: &Client, name: &LockName) -> Result<LockStatus, Error> {
+    /// The children of a lock in queue order, with their data; `holds` marks the holders.
+    async fn read_queue(&self, client: &Client, name: &LockName) -> Result<Vec<Entry>, Error> {
         let dir = self.dir(name)?;
         let mut children = match timed(client.list_children(&dir)).await {
             Ok(children) => children,
@@ -235,9 +317,9 @@ impl ZkBackend {
             .map(|child| client.get_data(&format!("{dir}/{child}")))
             .collect();
         let mut nodes = Vec::new();
-        for read in reads {
+        for (child, read) in children.into_iter().zip(reads) {
             match timed(read).await {
-                Ok((data, stat)) => nodes.push((data, stat)),
+                Ok((data, stat)) => nodes.push((child, data, stat)),
                 // Released between the listing and the read.
                 Err(zk::Error::NoNode) => {}
                 Err(e) => return Err(self.classify(&e, &format!("reading {dir}"))),
@@ -245,17 +327,18 @@ impl ZkBackend {
         }
         let limit = nodes
             .first()
-            .and_then(|(data, _)| serde_json::from_slice::<Meta>(data).ok())
+            .and_then(|(_, data, _)| serde_json::from_slice::<Meta>(data).ok())
             .map_or(1, |m| m.limit.max(1)) as usize;
-        let mut holders = Vec::new();
-        let mut queue = Vec::new();
-        for (position, (data, stat)) in nodes.iter().enumerate() {
-            let mut holder = serde_json::from_slice::<Meta>(data)
-                .map(|m| m.holder)
-                .unwrap_or_else(|_| Holder {
+        let entries = nodes
+            .into_iter()
+            .enumerate()
+            .map(|(position, (child, data, stat))| {
+                let meta = serde_json::from_slice::<Meta>(&data).ok();
+                let waiting = meta.as_ref().is_some_and(|m| m.waiting);
+                let mut holder = meta.map(|m| m.holder).unwrap_or_else(|| Holder {
                     name: name.to_string(),
                     // Curator stores the client's IP address as the node's data.
-                    host: String::from_utf8_lossy(data)
+                    host: String::from_utf8_lossy(&data)
                         .chars()
                         .filter(|c| !c.is_control())
                         .take(64)
@@ -263,34 +346,74 @@ impl ZkBackend {
                     command: "(foreign holder: Curator or another client)".into(),
                     ..Holder::default()
                 });
-            holder.token = u64::try_from(stat.czxid).unwrap_or(0);
-            let entry = HolderStatus {
-                holder,
-                ttl_left_ms: None,
-                session: Some(format!("ZooKeeper session 0x{:x}", stat.ephemeral_owner)),
-            };
-            if position < limit {
-                holders.push(entry);
-            } else {
-                queue.push(entry);
-            }
-        }
+                holder.token = u64::try_from(stat.czxid).unwrap_or(0);
+                Entry {
+                    child,
+                    status: HolderStatus {
+                        holder,
+                        ttl_left_ms: None,
+                        session: Some(format!("ZooKeeper session 0x{:x}", stat.ephemeral_owner)),
+                    },
+                    // At the head, a node still marked waiting is a waiter between the grant
+                    // and its rewrite, or one that died there (its session not expired yet).
+                    holds: position < limit && !waiting,
+                }
+            })
+            .collect();
+        Ok(entries)
+    }
+
+    /// Holders and waiters of a lock.
+    async fn status_with(&self, client: &Client, name: &LockName) -> Result<LockStatus, Error> {
+        let (holders, queue): (Vec<Entry>, Vec<Entry>) = self
+            .read_queue(client, name)
+            .await?
+            .into_iter()
+            .partition(|e| e.holds);
         Ok(LockStatus {
             name: name.to_string(),
             held: !holders.is_empty(),
             waiters: Some(queue.len() as u64),
-            queue,
-            holders,
+            queue: queue.into_iter().map(|e| e.status).collect(),
+            holders: holders.into_iter().map(|e| e.status).collect(),
             last_token: None,
         })
     }
 
-    /// " by pid N on host since T" for messages about a held lock.
-    async fn describe_holders(&self, client: &Client, name: &LockName) -> String {
-        self.status_with(client, name)
-            .await
-            .map(|status| status.held_by())
-            .unwrap_or_default()
+    /// Why a waiter whose node is `own` (none: not queued) cannot have the lock, for a
+    /// message: "is held by pid N on host since T" or "is free, N waiting ahead". Bounded:
+    /// it may run after `--wait` is over.
+    async fn why_busy(&self, client: &Client, name: &LockName, own: Option<&str>) -> String {
+        let read = tokio::time::timeout(REPORT_TIMEOUT, self.read_queue(client, name)).await;
+        let Ok(Ok(entries)) = read else {
+            return "is held".into();
+        };
+        let ahead = entries
+            .into_iter()
+            .take_while(|e| Some(e.child.as_str()) != own);
+        let (holders, waiting): (Vec<Entry>, Vec<Entry>) = ahead.partition(|e| e.holds);
+        let waiting = waiting.len();
+        if holders.is_empty() {
+            return if waiting > 0 {
+                format!("is free, {waiting} waiting ahead")
+            } else {
+                "was held a moment ago".into()
+            };
+        }
+        let held = LockStatus {
+            name: name.to_string(),
+            held: true,
+            holders: holders.into_iter().map(|e| e.status).collect(),
+            waiters: None,
+            queue: Vec::new(),
+            last_token: None,
+        };
+        let more = if waiting > 0 {
+            format!(", {waiting} waiting ahead")
+        } else {
+            String::new()
+        };
+        format!("is held{}{more}", held.held_by())
     }
 
     /// Create our node (making the parents as needed) and list the queue in the same round
@@ -361,24 +484,35 @@ impl ZkBackend {
         &self,
         queue: &mut Queue,
         request: &AcquireRequest,
+        wait: Option<WaitEnd>,
         cancel: &mut Cancel,
     ) -> Result<(u64, BootInstant), Error> {
         let client = queue.client.clone();
         let dir = queue.dir.clone();
         let limit = request.limit.max(1) as usize;
-        let meta = serde_json::to_vec(&Meta {
-            holder: request.holder.clone(),
-            limit: request.limit,
-        })
-        .map_err(|e| Error::Internal(e.to_string()))?;
-        let deadline = match request.wait {
-            Wait::For(d) => Some(BootInstant::now() + d),
-            Wait::No | Wait::Forever => None,
+        let meta_of = |waiting| {
+            serde_json::to_vec(&Meta {
+                holder: request.holder.clone(),
+                limit: request.limit,
+                waiting,
+            })
+            .map_err(|e| Error::Internal(e.to_string()))
         };
+        let (meta, waiting_meta) = (meta_of(false)?, meta_of(true)?);
+        // Whether our node's data marks it as a waiter's (`--limit 1`).
+        let mut marked = false;
+        let deadline = wait.map(|w| w.at);
         let guid_prefix = queue.guid_prefix.clone();
+        let queued_by = async {
+            match wait.map(|w| w.answer_by) {
+                Some(at) => sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
         let (own, stat, mut children, mut listed_sent) = tokio::select! {
             r = self.enqueue(&client, &dir, &guid_prefix, &meta) => r?,
             _ = cancel.cancelled() => return Err(Error::Cancelled),
+            () = queued_by => return Err(self.no_answer(wait)),
         };
         let own_path = format!("{dir}/{own}");
         queue.own = Some(own_path.clone());
@@ -404,15 +538,29 @@ impl ZkBackend {
                     timed(client.set_data(&own_path, &meta, None))
                         .await
                         .map_err(|e| self.classify(&e, &format!("writing {own_path}")))?;
+                } else if marked {
+                    // Our node is a hold now, for `status`. The request goes out as it is
+                    // made; nothing waits for its reply (the command starts at once).
+                    drop(client.set_data(&own_path, &meta, None));
                 }
                 return Ok((token, listed_sent));
             }
             if request.wait == Wait::No {
-                let holders = self.describe_holders(&client, &request.name).await;
+                let why = self.why_busy(&client, &request.name, Some(&own)).await;
                 return Err(Error::Busy(format!(
-                    "lock '{}' is held{holders}; not waiting (--no-wait)",
+                    "lock '{}' {why}; not waiting (--no-wait)",
                     request.name
                 )));
+            }
+            if limit == 1 && !marked {
+                // Mark our node as a waiter's: should it reach the head of the queue with us
+                // killed (its session lives on until it expires), `status` and the others'
+                // messages say the lock is free with a waiter ahead, not held.
+                match timed(client.set_data(&own_path, &waiting_meta, None)).await {
+                    Ok(_) => marked = true,
+                    Err(zk::Error::NoNode) => return Err(lost_place()),
+                    Err(e) => return Err(self.waiting_failed(&e, &own_path)),
+                }
             }
             let watcher = if limit == 1 || index > limit {
                 let predecessor = format!("{dir}/{}", children[index - 1]);
@@ -475,13 +623,13 @@ impl ZkBackend {
                     _ = cancel.cancelled() => return Err(Error::Cancelled),
                     _ = wake => {
                         if deadline.is_some_and(|d| BootInstant::now() >= d) {
-                            let holders = self.describe_holders(&client, &request.name).await;
+                            let why = self.why_busy(&client, &request.name, Some(&own)).await;
                             let waited = match request.wait {
                                 Wait::For(d) => humantime::format_duration(d).to_string(),
                                 _ => String::new(),
                             };
                             return Err(Error::Busy(format!(
-                                "lock '{}' is held{holders}; gave up after waiting {waited} (--wait)",
+                                "lock '{}' {why}; gave up after waiting {waited} (--wait)",
                                 request.name
                             )));
                         }
@@ -635,8 +783,9 @@ impl Backend for ZkBackend {
         mut cancel: Cancel,
     ) -> Result<ZkLease, Error> {
         let dir = self.dir(&request.name)?;
+        let wait = WaitEnd::of(request.wait);
         let client = tokio::select! {
-            c = self.connect(request.ttl) => c?,
+            c = self.connect_by(request.ttl, wait) => c?,
             _ = cancel.cancelled() => return Err(Error::Cancelled),
         };
         let granted = client.session_timeout();
@@ -654,7 +803,21 @@ impl Backend for ZkBackend {
             guid_prefix: format!("_c_{}-", uuid::Uuid::new_v4()),
             own: None,
         };
-        let outcome = self.queue_and_wait(&mut queue, request, &mut cancel).await;
+        // `--wait` bounds queueing (in `queue_and_wait`) and waiting; this is the backstop for a
+        // server that stops answering while dlock waits.
+        let outcome = match wait {
+            Some(w) => {
+                let backstop = sleep_until(w.answer_by + WAIT_BACKSTOP);
+                tokio::select! {
+                    outcome = self.queue_and_wait(&mut queue, request, wait, &mut cancel) => outcome,
+                    () = backstop => Err(self.no_answer(wait)),
+                }
+            }
+            None => {
+                self.queue_and_wait(&mut queue, request, wait, &mut cancel)
+                    .await
+            }
+        };
         match outcome {
             Ok((token, acquired_sent)) => {
                 let path = queue.own.clone().unwrap_or_default();
@@ -681,7 +844,18 @@ impl Backend for ZkBackend {
             }
             Err(error) => {
                 drop(client);
-                queue.cleanup().await;
+                // Once `--wait` is over, the server gets a short while only: our node goes
+                // with the session anyway.
+                if wait.is_some_and(|w| w.at.remaining().is_zero()) {
+                    if tokio::time::timeout(LATE_CLEANUP, queue.cleanup())
+                        .await
+                        .is_err()
+                    {
+                        tracing::warn!("ZooKeeper did not confirm the clean-up in time; our node goes when the session expires");
+                    }
+                } else {
+                    queue.cleanup().await;
+                }
                 Err(error)
             }
         }
@@ -727,24 +901,24 @@ impl Backend for ZkBackend {
         let dir = self.dir(name)?;
         let client = self.connect(self.ttl).await?;
         let result = async {
-            let status = self.status_with(&client, name).await?;
-            if status.holders.is_empty() {
-                return Ok(Vec::new());
+            let entries = self.read_queue(&client, name).await?;
+            let (holders, waiting): (Vec<Entry>, Vec<Entry>) =
+                entries.into_iter().partition(|e| e.holds);
+            if holders.is_empty() && !waiting.is_empty() {
+                tracing::warn!(
+                    "'{name}' has no holder, but {} waiting; waiters' nodes are left alone (a \
+                     killed waiter's node goes when its session expires)",
+                    waiting.len()
+                );
             }
-            let mut children = match timed(client.list_children(&dir)).await {
-                Ok(children) => children,
-                Err(zk::Error::NoNode) => Vec::new(),
-                Err(e) => return Err(self.classify(&e, &format!("listing {dir}"))),
-            };
-            sort_queue(&mut children);
-            for child in children.iter().take(status.holders.len()) {
-                let path = format!("{dir}/{child}");
+            for entry in &holders {
+                let path = format!("{dir}/{}", entry.child);
                 match timed(client.delete(&path, None)).await {
                     Ok(()) | Err(zk::Error::NoNode) => {}
                     Err(e) => return Err(self.classify(&e, &format!("deleting {path}"))),
                 }
             }
-            Ok(status.holders.into_iter().map(|h| h.holder).collect())
+            Ok(holders.into_iter().map(|e| e.status.holder).collect())
         }
         .await;
         close(client).await;
