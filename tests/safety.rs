@@ -2,7 +2,6 @@
 //! the output streams, whatever the backend: closed pipes, devices and FIFOs for files, silent
 //! servers, durations no backend can keep, passwords in the wrong place.
 
-use std::net::TcpListener;
 use std::os::unix::fs::PermissionsExt;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -13,41 +12,6 @@ fn env() -> (FileServer, TestEnv) {
     let server = FileServer::start();
     let env = TestEnv::new(&server);
     (server, env)
-}
-
-/// A TCP server on 127.0.0.1 that accepts connections and never answers; its thread keeps
-/// the accepted sockets open until the listener is dropped (bounded in count and time).
-struct SilentServer {
-    port: u16,
-    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
-}
-
-impl SilentServer {
-    fn start() -> SilentServer {
-        let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
-        let port = listener.local_addr().expect("local addr").port();
-        listener.set_nonblocking(true).expect("nonblocking");
-        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let stopped = stop.clone();
-        std::thread::spawn(move || {
-            let mut held = Vec::new();
-            let deadline = Instant::now() + Duration::from_secs(120);
-            while !stopped.load(std::sync::atomic::Ordering::Relaxed) && Instant::now() < deadline {
-                match listener.accept() {
-                    Ok((socket, _)) if held.len() < 1000 => held.push(socket),
-                    Ok(_) => {}
-                    Err(_) => std::thread::sleep(Duration::from_millis(10)),
-                }
-            }
-        });
-        SilentServer { port, stop }
-    }
-}
-
-impl Drop for SilentServer {
-    fn drop(&mut self) {
-        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    }
 }
 
 #[test]

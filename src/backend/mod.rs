@@ -32,8 +32,8 @@ use std::time::Duration;
 
 use crate::clock::BootInstant;
 use crate::config::FileConfig;
-use crate::lock::{LockName, LockStatus};
 use crate::error::Error;
+use crate::lock::{LockName, LockStatus};
 
 pub use etcd::EtcdTarget;
 pub use file::FileTarget;
