@@ -124,7 +124,10 @@ fn write_holder(out: &mut impl Write, status: &HolderStatus) -> std::io::Result<
             "ttl left:   {}",
             humantime::format_duration(Duration::from_millis(ms))
         )?,
-        None if h.ttl_ms == 0 => writeln!(out, "ttl:        none (freed when the holder exits)")?,
+        None if h.ttl_ms == 0 => writeln!(
+            out,
+            "ttl:        no lease (freed when the holder exits or its connection ends)"
+        )?,
         None => {}
     }
     if !h.version.is_empty() {
