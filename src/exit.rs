@@ -1,4 +1,4 @@
-//! The exit statuses of dlock (design.md §6), in one place.
+//! The exit statuses of dlock (README: "Exit status"), in one place.
 //!
 //! The command's own status is passed through unchanged ([`from_child`]); everything dlock
 //! causes itself has one code from [`Code`].

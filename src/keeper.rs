@@ -2,7 +2,7 @@
 //!
 //! A remote backend only implements [`Renew`]: one round trip that either confirms the hold
 //! with a granted TTL, reports it gone, or fails. [`Keeper`] runs the schedule and owns the
-//! arithmetic of design.md §4 / safety.md §1.1, so every backend gets it right the same way:
+//! arithmetic (ARCHITECTURE.md, "The seam"), so every backend gets it right the same way:
 //!
 //! - the server starts a lease period no earlier than the moment our request left, so after an
 //!   acknowledged renewal sent at `t_send` the server cannot expire it before

@@ -99,7 +99,7 @@ pub fn decode_component(encoded: &str) -> Option<String> {
     String::from_utf8(out).ok()
 }
 
-/// What a holder records with its hold (design §7).
+/// What a holder records with its hold (README: "Looking at locks").
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Holder {
     pub name: String,
@@ -363,7 +363,7 @@ pub trait Backend {
 /// A held lock.
 #[allow(async_fn_in_trait)]
 pub trait Lease {
-    /// The fencing token of this acquisition (design §5).
+    /// The fencing token of this acquisition (README: "Guarantees and limits").
     fn token(&self) -> u64;
 
     /// Resolves when the hold is gone (lease expiring, session lost, entry deleted, lock file

@@ -1,5 +1,5 @@
 //! `dlock run`: validate, acquire (cancellable, bounded by `--wait`), start the command under
-//! [`crate::supervise`], release, and exit with the command's status (design.md §4, §6).
+//! [`crate::supervise`], release, and exit with the command's status (ARCHITECTURE.md: "The data path of one `dlock run`").
 //!
 //! The path of one run: signal listeners first (a signal while waiting must cancel the wait,
 //! never kill dlock with a waiter left behind); then reentrancy ([`crate::reentry`]: an
@@ -43,7 +43,7 @@ fn no_answer_within(settings: &RunSettings) -> Error {
     ))
 }
 
-/// `dlock run`: acquire, supervise, release (design §4).
+/// `dlock run`: acquire, supervise, release.
 ///
 /// `inherited_held` is the `DLOCK_HELD` this process was started with.
 pub async fn run<B: Backend>(
@@ -231,7 +231,7 @@ async fn release<L: Lease>(lease: L, settings: &RunSettings) {
     }
 }
 
-/// The environment changes for the command (design §3): the lock's variables in, consumed
+/// The environment changes for the command (README: "What the command sees"): the lock's variables in, consumed
 /// credentials out.
 fn child_environment(settings: &RunSettings) -> Vec<(OsString, Option<OsString>)> {
     let mut env: Vec<(OsString, Option<OsString>)> = vec![

@@ -1,8 +1,8 @@
 //! Flags > `DLOCK_*` environment > config file > defaults, merged once into validated settings.
 //!
 //! clap already folds the environment into the flag values, so this module only has to fill
-//! what is still missing from the config file (design §8) and the defaults, and to validate
-//! everything before any backend is contacted (design §4.1). Config file problems are 78,
+//! what is still missing from the config file (README: "Configuration") and the defaults, and to validate
+//! everything before any backend is contacted. Config file problems are 78,
 //! bad flag or environment values 64. It knows no backend: a URL becomes a
 //! [`crate::backend::Target`] in the backend registry.
 //!
