@@ -1,26 +1,26 @@
 //! The file backend: `flock(2)` on `<dir>/<encoded-name>.lock`. No server; the kernel frees
 //! the lock the moment the holding dlock dies.
 //!
-//! Layout and invariants:
+//! Layout and invariants (each part in its own file):
 //!
 //! - A lock is one file per slot: `<stem>.lock`, and `<stem>#i.lock` for slot `i > 0` of a
-//!   `--limit N` semaphore ([`slot`]). A non-default `--prefix P` is the sub-directory
+//!   `--limit N` semaphore (`slot.rs`). A non-default `--prefix P` is the sub-directory
 //!   `<dir>/<P>.d/`.
-//! - Directories and lock files are opened as [`dir`] describes: relative to the checked
+//! - Directories and lock files are opened as `dir.rs` describes: relative to the checked
 //!   directory, never following a link, never blocking on a FIFO, and only if nobody else
 //!   could have planted them.
 //! - Lock files are never unlinked (unlink-and-recreate lets two holders lock two different
 //!   inodes). After locking, the (dev, inode) of the descriptor is compared with the directory
 //!   entry; if the file was replaced meanwhile, we retry.
 //! - Each file starts with a fixed-width header; in slot 0 it is the fencing counter of the
-//!   name (design §5), updated under an OFD record lock on the header
-//!   so that holders of different slots serialize ([`slot::next_token`]). The holder's
-//!   [`Record`] (JSON) follows the header; it is only believed while `/proc/locks` shows the
-//!   same pid holding the file ([`proc_locks`]).
+//!   name (design §5), updated under an OFD record lock on the header so that holders of
+//!   different slots serialize (`slot.rs`). The holder's [`Record`] (JSON) follows the header;
+//!   it is only believed while `/proc/locks` shows the same pid holding the file
+//!   (`proc_locks.rs`).
 //! - Waiting blocks in the kernel on helper threads, one per slot, so a release hands over
-//!   without polling ([`wait`]).
-//! - A held lock counts as lost when its file is deleted or replaced ([`lease`]).
-//! - `status`, `list`, `release --force` and `check` are in [`admin`].
+//!   without polling (`wait.rs`).
+//! - A held lock counts as lost when its file is deleted or replaced (`lease.rs`).
+//! - `status`, `list`, `release --force` and `check` are in `admin.rs`.
 
 use std::fs::File;
 use std::io;
