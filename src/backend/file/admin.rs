@@ -1,0 +1,223 @@
+//! What the file backend can tell and do besides holding: `status`, `list`, `release --force`
+//! (which it cannot: a kernel lock is broken only by ending its holder) and `check`. Holders
+//! are read from `/proc/locks`; their recorded metadata is believed only while the same pid
+//! holds the file.
+
+use std::os::unix::fs::MetadataExt;
+
+use super::dir::LockDir;
+use super::proc_locks::ProcLocks;
+use super::slot::{existing_slots, read_contents, split_file_name};
+use super::wait::flock;
+use super::FileBackend;
+use crate::backend::list_held;
+use crate::clock::BootInstant;
+use crate::error::Error;
+use crate::lock::{CheckReport, Holder, HolderStatus, LockName, LockStatus};
+
+/// The holders and waiters of `name`, and the last token handed out for it.
+pub(super) fn status(backend: &FileBackend, name: &LockName) -> Result<LockStatus, Error> {
+    let locks = ProcLocks::read()?;
+    match backend.existing_dir()? {
+        Some(dir) => status_of(&dir, name, &locks),
+        None => Ok(free(name)),
+    }
+}
+
+/// Held locks, by name. A lock whose files cannot be trusted is reported on stderr and left
+/// out, so that one planted file cannot hide the others.
+pub(super) async fn list(backend: &FileBackend) -> Result<Vec<LockStatus>, Error> {
+    let locks = ProcLocks::read()?;
+    let Some(dir) = backend.existing_dir()? else {
+        return Ok(Vec::new());
+    };
+    let names = held_names(&dir, &locks)?;
+    list_held(names, async |name: &LockName| {
+        match status_of(&dir, name, &locks) {
+            Ok(status) => Ok(status),
+            Err(e) => {
+                tracing::warn!("not listing '{name}': {e}");
+                Ok(free(name))
+            }
+        }
+    })
+    .await
+}
+
+/// The names of the locks with a slot file that `locks` shows held.
+fn held_names(dir: &LockDir, locks: &ProcLocks) -> Result<Vec<LockName>, Error> {
+    let mut names = Vec::new();
+    for entry in dir.entries()? {
+        let Some((entry_stem, _slot)) = split_file_name(&entry) else {
+            continue;
+        };
+        let Ok(Some(key)) = dir.identity(&entry) else {
+            continue;
+        };
+        if !locks.holders.contains_key(&key) {
+            continue;
+        }
+        // The name is in the metadata; decode the file name when the holder has not
+        // written it yet (or the file is not one to read: status_of reports that).
+        let name = dir
+            .read_lock_file(&entry)
+            .ok()
+            .flatten()
+            .and_then(|file| read_contents(file).1)
+            .map(|record| record.holder.name)
+            .or_else(|| crate::lock::decode_component(entry_stem));
+        if let Some(name) = name.and_then(|n| LockName::new(&n).ok()) {
+            names.push(name);
+        }
+    }
+    Ok(names)
+}
+
+/// A kernel lock cannot be broken from outside: name the holders to stop instead.
+pub(super) fn force_release(backend: &FileBackend, name: &LockName) -> Result<Vec<Holder>, Error> {
+    let status = status(backend, name)?;
+    if !status.held {
+        return Ok(Vec::new());
+    }
+    let pids: Vec<String> = status
+        .holders
+        .iter()
+        .map(|h| h.holder.pid.to_string())
+        .collect();
+    Err(Error::Permission(format!(
+        "the file backend cannot break a kernel lock: '{name}' is held by pid {} on this host; \
+         stop that process (kill {}) to free it",
+        pids.join(", pid "),
+        pids.join(" ")
+    )))
+}
+
+/// Create, lock and remove a probe file in the lock directory; report the file system.
+pub(super) fn check(backend: &FileBackend) -> Result<CheckReport, Error> {
+    let started = BootInstant::now();
+    let dir = backend.prepare_dir()?;
+    let probe = format!("#check-{}.lock", std::process::id());
+    let probe_path = dir.path_of(&probe);
+    let file = dir.open_lock_file(&probe)?;
+    let locked = flock(&file, libc::LOCK_EX | libc::LOCK_NB);
+    let removed = dir.remove(&probe);
+    drop(file);
+    locked
+        .map_err(|e| Error::from_lock_io(format!("cannot flock {}", probe_path.display()), &e))?;
+    removed
+        .map_err(|e| Error::from_lock_io(format!("cannot remove {}", probe_path.display()), &e))?;
+    let round_trip = BootInstant::now().saturating_since(started);
+    let mut warnings = Vec::new();
+    let fs_type = dir.statfs().map(|s| s.filesystem_type());
+    let fs_name = match fs_type {
+        Some(t) if t == nix::sys::statfs::NFS_SUPER_MAGIC => {
+            warnings.push(
+                "the lock directory is on NFS, where flock(2) may be emulated and unreliable"
+                    .to_owned(),
+            );
+            "nfs".to_owned()
+        }
+        Some(t) if t == nix::sys::statfs::TMPFS_MAGIC => "tmpfs".to_owned(),
+        Some(t) if t == nix::sys::statfs::EXT4_SUPER_MAGIC => "ext4 (or ext2/ext3)".to_owned(),
+        Some(t) => format!("0x{:x}", t.0),
+        None => "unknown".to_owned(),
+    };
+    if ProcLocks::read().is_err() {
+        warnings.push("/proc/locks is not readable: status and list cannot see holders".to_owned());
+    }
+    let kernel = nix::sys::utsname::uname()
+        .map(|u| format!("Linux {}", u.release().to_string_lossy()))
+        .unwrap_or_else(|_| "Linux".to_owned());
+    Ok(CheckReport {
+        backend: "file".into(),
+        location: backend.dir.display().to_string(),
+        version: kernel,
+        round_trip_us: u64::try_from(round_trip.as_micros()).unwrap_or(u64::MAX),
+        warnings,
+        details: vec![
+            ("directory".into(), backend.dir.display().to_string()),
+            ("file system".into(), fs_name),
+            (
+                "lease".into(),
+                "none: the kernel frees the lock when the holder exits".into(),
+            ),
+        ],
+    })
+}
+
+/// " by pid N since T, …" for the message of a busy lock ("" when it cannot tell).
+pub(super) fn describe_holders(dir: &LockDir, name: &LockName) -> String {
+    match ProcLocks::read().and_then(|locks| status_of(dir, name, &locks)) {
+        Ok(status) if status.held => {
+            let who: Vec<String> = status
+                .holders
+                .iter()
+                .map(|h| format!("pid {}{}", h.holder.pid, since_suffix(&h.holder)))
+                .collect();
+            format!(" by {}", who.join(", "))
+        }
+        _ => String::new(),
+    }
+}
+
+fn since_suffix(holder: &Holder) -> String {
+    if holder.since.is_empty() {
+        String::new()
+    } else {
+        format!(" since {}", holder.since)
+    }
+}
+
+/// The state of `name` in `dir`, as `locks` shows its slot files held and waited for.
+fn status_of(dir: &LockDir, name: &LockName, locks: &ProcLocks) -> Result<LockStatus, Error> {
+    let mut holders = Vec::new();
+    let mut waiters = 0;
+    let mut last_token = None;
+    for (slot, file_name) in existing_slots(dir, name)? {
+        let Some(file) = dir.read_lock_file(&file_name)? else {
+            continue;
+        };
+        let Ok(stat) = file.metadata() else {
+            continue;
+        };
+        let key = (stat.dev(), stat.ino());
+        let (header, record) = read_contents(file);
+        let holder = record.map(|r| r.holder);
+        if slot == 0 {
+            last_token = header.filter(|t| *t > 0);
+        }
+        waiters += locks.waiters.get(&key).copied().unwrap_or(0);
+        if let Some(&pid) = locks.holders.get(&key) {
+            let holder = holder.filter(|h| h.pid == pid).unwrap_or_else(|| Holder {
+                name: name.to_string(),
+                pid,
+                ..Holder::default()
+            });
+            holders.push(HolderStatus {
+                holder,
+                ttl_left_ms: None,
+                session: None,
+            });
+        }
+    }
+    Ok(LockStatus {
+        name: name.to_string(),
+        held: !holders.is_empty(),
+        holders,
+        waiters: Some(waiters),
+        queue: Vec::new(),
+        last_token,
+    })
+}
+
+/// A lock nobody holds or waits for.
+fn free(name: &LockName) -> LockStatus {
+    LockStatus {
+        name: name.to_string(),
+        held: false,
+        holders: Vec::new(),
+        waiters: Some(0),
+        queue: Vec::new(),
+        last_token: None,
+    }
+}

@@ -1,0 +1,132 @@
+//! The hold on a lock file, and how its loss is noticed. A kernel lock has no lease to renew:
+//! the hold lasts as long as the descriptor is open, and it counts as lost when the file is
+//! deleted or replaced (a new run would lock another inode). That is checked once a second
+//! at first, then watched with inotify (see [`FileLease::lost`]).
+
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use nix::sys::inotify::{AddWatchFlags, InitFlags, Inotify};
+use tokio::io::unix::AsyncFd;
+
+use crate::clock::{sleep_until, BootInstant, Readable};
+use crate::error::Error;
+use crate::lock::{Lease, Lost};
+
+const RECHECK_EVERY: Duration = Duration::from_secs(5);
+/// How long a hold is checked by polling before an inotify watch is set up.
+const WATCH_AFTER: Duration = Duration::from_secs(2);
+
+/// A held file lock. Dropping it (or dlock dying) releases it.
+pub struct FileLease {
+    file: File,
+    path: PathBuf,
+    token: u64,
+    /// Set up lazily: see [`FileLease::lost`].
+    watch: Option<AsyncFd<Readable<Inotify>>>,
+    acquired: BootInstant,
+}
+
+impl FileLease {
+    /// The hold on `file` (locked, at `path`) with fencing token `token`, starting now.
+    pub(super) fn new(file: File, path: PathBuf, token: u64) -> FileLease {
+        FileLease {
+            file,
+            path,
+            token,
+            watch: None,
+            acquired: BootInstant::now(),
+        }
+    }
+
+    fn check(&self) -> Option<Lost> {
+        match same_file(&self.file, &self.path) {
+            Ok(true) => None,
+            Ok(false) => Some(Lost {
+                reason: format!("lock file {} was deleted or replaced", self.path.display()),
+                kill_by: None,
+            }),
+            Err(e) => {
+                tracing::debug!("cannot check {}: {e}", self.path.display());
+                None
+            }
+        }
+    }
+}
+
+impl Lease for FileLease {
+    fn token(&self) -> u64 {
+        self.token
+    }
+
+    /// Checked once a second during the first `WATCH_AFTER`, then watched with inotify (and
+    /// re-checked every `RECHECK_EVERY`). The watch is not set up at once because closing an
+    /// inotify descriptor waits for a kernel grace period (≈10 ms), which would double the cost
+    /// of a short command.
+    async fn lost(&mut self) -> Lost {
+        loop {
+            if let Some(lost) = self.check() {
+                return lost;
+            }
+            let now = BootInstant::now();
+            if self.watch.is_none() && now >= self.acquired + WATCH_AFTER {
+                self.watch = watch_file(&self.path)
+                    .map_err(|e| {
+                        tracing::debug!(
+                            "cannot watch {} ({e}); checking it periodically",
+                            self.path.display()
+                        )
+                    })
+                    .ok();
+                // A change between the check above and the watch would be missed: check again.
+                continue;
+            }
+            match &self.watch {
+                Some(watch) => {
+                    tokio::select! {
+                        ready = watch.readable() => {
+                            if let Ok(mut guard) = ready {
+                                let _ = guard.get_inner().0.read_events();
+                                guard.clear_ready();
+                            }
+                        }
+                        _ = sleep_until(now + RECHECK_EVERY) => {}
+                    }
+                }
+                None => sleep_until(now + Duration::from_secs(1)).await,
+            }
+        }
+    }
+
+    async fn release(self) -> Result<(), Error> {
+        // Closing drops the flock. The metadata stays behind: `status` shows a holder only when
+        // /proc/locks confirms its pid still holds the file.
+        drop(self.file);
+        Ok(())
+    }
+}
+
+/// Whether `file` is still the file at `path`, as a new run would find it.
+fn same_file(file: &File, path: &Path) -> io::Result<bool> {
+    let held = file.metadata()?;
+    if held.nlink() == 0 {
+        return Ok(false);
+    }
+    match std::fs::symlink_metadata(path) {
+        Ok(on_disk) => Ok(on_disk.dev() == held.dev() && on_disk.ino() == held.ino()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+fn watch_file(path: &Path) -> io::Result<AsyncFd<Readable<Inotify>>> {
+    let inotify = Inotify::init(InitFlags::IN_NONBLOCK | InitFlags::IN_CLOEXEC)?;
+    inotify.add_watch(
+        path,
+        AddWatchFlags::IN_ATTRIB | AddWatchFlags::IN_DELETE_SELF | AddWatchFlags::IN_MOVE_SELF,
+    )?;
+    Readable::register(inotify)
+}

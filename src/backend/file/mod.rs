@@ -1,0 +1,330 @@
+//! The file backend: `flock(2)` on `<dir>/<encoded-name>.lock`. No server; the kernel frees
+//! the lock the moment the holding dlock dies.
+//!
+//! Layout and invariants (each part in its own file):
+//!
+//! - A lock is one file per slot: `<stem>.lock`, and `<stem>#i.lock` for slot `i > 0` of a
+//!   `--limit N` semaphore (`slot.rs`). A non-default `--prefix P` is the sub-directory
+//!   `<dir>/<P>.d/`.
+//! - Directories and lock files are opened as `dir.rs` describes: relative to the checked
+//!   directory, never following a link, never blocking on a FIFO, and only if nobody else
+//!   could have planted them.
+//! - Lock files are never unlinked (unlink-and-recreate lets two holders lock two different
+//!   inodes). After locking, the (dev, inode) of the descriptor is compared with the directory
+//!   entry; if the file was replaced meanwhile, we retry.
+//! - Each file starts with a fixed-width header; in slot 0 it is the fencing counter of the
+//!   name (design §5), updated under an OFD record lock on the header so that holders of
+//!   different slots serialize (`slot.rs`). The holder's [`Record`] (JSON) follows the header;
+//!   it is only believed while `/proc/locks` shows the same pid holding the file
+//!   (`proc_locks.rs`).
+//! - Waiting blocks in the kernel on helper threads, one per slot, so a release hands over
+//!   without polling (`wait.rs`).
+//! - A held lock counts as lost when its file is deleted or replaced (`lease.rs`).
+//! - `status`, `list`, `release --force` and `check` are in `admin.rs`.
+
+use std::fs::File;
+use std::io;
+use std::path::{Path, PathBuf};
+
+mod admin;
+mod dir;
+mod lease;
+mod proc_locks;
+mod slot;
+pub mod target;
+mod wait;
+
+pub use lease::FileLease;
+pub use target::FileTarget;
+
+use self::dir::LockDir;
+use self::proc_locks::ProcLocks;
+use self::slot::{header, header_lock, read_contents, slot_file_name, stem, write_at, HEADER_LEN};
+use self::wait::{flock, BlockedWait};
+use crate::clock::{sleep_until, BootInstant};
+use crate::error::Error;
+use crate::lock::{
+    limit_mismatch, AcquireRequest, Backend, Cancel, CheckReport, Holder, LockName, LockStatus,
+    Record, Wait,
+};
+
+/// Replacing the file under us repeatedly is an attack, not a race; give up after this many.
+const MAX_INODE_RETRIES: u32 = 64;
+
+pub struct FileBackend {
+    base: PathBuf,
+    /// dlock chose the base directory itself (so it must be ours and private).
+    default_dir: bool,
+    /// The `--prefix` sub-directory (`<P>.d`) in `base`, unless the prefix is the default.
+    sub: Option<String>,
+    /// Where the lock files are, for messages.
+    dir: PathBuf,
+}
+
+impl FileBackend {
+    pub fn new(base: &Path, default_dir: bool, prefix: &str) -> FileBackend {
+        let sub = (prefix != crate::lock::DEFAULT_PREFIX)
+            .then(|| format!("{}.d", crate::lock::encode_component(prefix)));
+        let dir = match &sub {
+            Some(sub) => base.join(sub),
+            None => base.to_owned(),
+        };
+        FileBackend {
+            base: base.to_owned(),
+            default_dir,
+            sub,
+            dir,
+        }
+    }
+
+    /// Open the lock directory, creating it (mode 0700) if missing, after checking that
+    /// nobody else controls it (see [`dir`]).
+    fn prepare_dir(&self) -> Result<LockDir, Error> {
+        LockDir::open(&self.base, self.default_dir, self.sub.as_deref(), true)?.ok_or_else(|| {
+            Error::CantCreate(format!(
+                "lock directory {} vanished as it was created",
+                self.dir.display()
+            ))
+        })
+    }
+
+    /// Open the lock directory if it exists (checked as in [`FileBackend::prepare_dir`]).
+    fn existing_dir(&self) -> Result<Option<LockDir>, Error> {
+        LockDir::open(&self.base, self.default_dir, self.sub.as_deref(), false)
+    }
+}
+
+impl Backend for FileBackend {
+    type Lease = FileLease;
+
+    /// Lock the first free slot file, or wait in the kernel for any of them; then check that
+    /// the file locked is still the one in the directory, and make it a hold.
+    async fn acquire(
+        &self,
+        request: &AcquireRequest,
+        mut cancel: Cancel,
+    ) -> Result<FileLease, Error> {
+        let dir = self.prepare_dir()?;
+        // One deadline for the whole call, however often a replaced file makes us retry.
+        let deadline = request.wait.deadline();
+        let stem = stem(&request.name);
+        for _ in 0..MAX_INODE_RETRIES {
+            let (slot, file, file_name) = match try_slots(&dir, &stem, request.limit)? {
+                Attempt::Taken(taken) => taken,
+                Attempt::AllHeld(files) => {
+                    wait_for_slot(&dir, request, &stem, files, deadline, &mut cancel).await?
+                }
+            };
+            match dir.is_current(&file, &file_name) {
+                Ok(true) => return start_hold(&dir, request, &stem, slot, file, &file_name),
+                Ok(false) => {
+                    tracing::debug!(
+                        "{} was replaced while we locked it; retrying",
+                        dir.path_of(&file_name).display()
+                    );
+                    continue;
+                }
+                Err(e) => {
+                    return Err(Error::from_lock_io(
+                        format!("cannot inspect {}", dir.path_of(&file_name).display()),
+                        &e,
+                    ))
+                }
+            }
+        }
+        Err(Error::CantCreate(format!(
+            "the lock file for '{}' in {} keeps being replaced; giving up",
+            request.name,
+            self.dir.display()
+        )))
+    }
+
+    async fn status(&self, name: &LockName) -> Result<LockStatus, Error> {
+        admin::status(self, name)
+    }
+
+    async fn list(&self) -> Result<Vec<LockStatus>, Error> {
+        admin::list(self).await
+    }
+
+    async fn force_release(&self, name: &LockName) -> Result<Vec<Holder>, Error> {
+        admin::force_release(self, name)
+    }
+
+    async fn check(&self) -> Result<CheckReport, Error> {
+        admin::check(self)
+    }
+}
+
+/// A slot file: its slot number, the open file and its file name.
+type SlotFile = (u32, File, String);
+
+/// What trying every slot without blocking found.
+enum Attempt {
+    /// The first free slot, now locked by us.
+    Taken(SlotFile),
+    /// Every slot is held by others: their files, to wait for.
+    AllHeld(Vec<SlotFile>),
+}
+
+/// Lock the first slot file that is free, without blocking.
+fn try_slots(dir: &LockDir, stem: &str, limit: u32) -> Result<Attempt, Error> {
+    let mut files = Vec::with_capacity(limit as usize);
+    for slot in 0..limit {
+        let file_name = slot_file_name(stem, slot);
+        let file = dir.open_lock_file(&file_name)?;
+        match flock(&file, libc::LOCK_EX | libc::LOCK_NB) {
+            Ok(()) => return Ok(Attempt::Taken((slot, file, file_name))),
+            Err(e) if e.raw_os_error() == Some(libc::EWOULDBLOCK) => {
+                files.push((slot, file, file_name))
+            }
+            Err(e) => {
+                return Err(Error::from_lock_io(
+                    format!("cannot lock {}", dir.path_of(&file_name).display()),
+                    &e,
+                ))
+            }
+        }
+    }
+    Ok(Attempt::AllHeld(files))
+}
+
+/// Every slot is held: wait as `request.wait` says for the first of `files` to be freed.
+async fn wait_for_slot(
+    dir: &LockDir,
+    request: &AcquireRequest,
+    stem: &str,
+    files: Vec<SlotFile>,
+    deadline: Option<BootInstant>,
+    cancel: &mut Cancel,
+) -> Result<SlotFile, Error> {
+    // Refuse a mismatched --limit at once rather than after the wait.
+    check_limits(dir, request, stem, None)?;
+    if request.wait == Wait::No {
+        return Err(busy(
+            request,
+            &admin::describe_holders(dir, &request.name),
+            "not waiting (--no-wait)",
+        ));
+    }
+    let mut blocked = BlockedWait::start(files);
+    let outcome = tokio::select! {
+        got = blocked.first() => got,
+        _ = cancel.cancelled() => Err(Error::Cancelled),
+        _ = sleep_until(deadline.unwrap_or(BootInstant::now())), if deadline.is_some() => {
+            Err(busy(
+                request,
+                &admin::describe_holders(dir, &request.name),
+                &format!("gave up after waiting {} (--wait)", request.wait.describe()),
+            ))
+        }
+    };
+    let won = outcome.as_ref().ok().map(|(slot, _, _)| *slot);
+    blocked.stop(won);
+    outcome
+}
+
+fn busy(request: &AcquireRequest, holders: &str, what: &str) -> Error {
+    Error::Busy(format!("lock '{}' is held{holders}; {what}", request.name))
+}
+
+/// Make the slot just locked a hold: under the lock on the counter's header, check the
+/// other holders' `--limit`, take the next token and write our record. Doing all three
+/// under that one lock means that of two holders that start together, the second sees the
+/// first's record.
+fn start_hold(
+    dir: &LockDir,
+    request: &AcquireRequest,
+    stem: &str,
+    slot: u32,
+    file: File,
+    file_name: &str,
+) -> Result<FileLease, Error> {
+    let path = dir.path_of(file_name);
+    let io_err =
+        |what: &str, e: io::Error| Error::from_lock_io(format!("{what} {}", path.display()), &e);
+    // The fencing counter lives in slot 0's header, guarded by an OFD lock on it.
+    let counter_name = slot_file_name(stem, 0);
+    let counter_file = if slot == 0 {
+        None
+    } else {
+        Some(dir.open_lock_file(&counter_name)?)
+    };
+    let counter = counter_file.as_ref().unwrap_or(&file);
+    header_lock(counter, true).map_err(|e| io_err("cannot lock the header of", e))?;
+    let held = check_limits(dir, request, stem, Some(slot))
+        .and_then(|()| slot::next_token(counter, &dir.path_of(&counter_name)))
+        .and_then(|token| {
+            write_at(counter, 0, header(token).as_bytes())
+                .map_err(|e| io_err("cannot write", e))?;
+            let mut holder = request.holder.clone();
+            holder.token = token;
+            // A kernel lock has no lease.
+            holder.ttl_ms = 0;
+            let record = Record {
+                holder,
+                limit: request.limit,
+            };
+            let mut body = if slot == 0 { String::new() } else { header(0) };
+            let body_offset = if slot == 0 { HEADER_LEN as u64 } else { 0 };
+            body.push_str(
+                &serde_json::to_string(&record).map_err(|e| Error::Internal(e.to_string()))?,
+            );
+            body.push('\n');
+            write_at(&file, body_offset, body.as_bytes()).map_err(|e| io_err("cannot write", e))?;
+            file.set_len(body_offset + body.len() as u64)
+                .map_err(|e| io_err("cannot truncate", e))?;
+            Ok(token)
+        });
+    let _ = header_lock(counter, false);
+    let token = held?;
+    Ok(FileLease::new(file, path, token))
+}
+
+/// Refuse to hold a lock beside holders that use another `--limit` (all holders must agree
+/// on N), as the other backends do. Each holder records its limit in its record, believed
+/// while `/proc/locks` shows its pid holding the file. Slot files are created in order and
+/// never removed, so the probe stops at the first missing one: for a plain lock it costs one
+/// `stat`. `own`: the slot we hold, if any.
+fn check_limits(
+    dir: &LockDir,
+    request: &AcquireRequest,
+    stem: &str,
+    own: Option<u32>,
+) -> Result<(), Error> {
+    let mut others = Vec::new();
+    for slot in (0..crate::lock::MAX_LIMIT).filter(|s| Some(*s) != own) {
+        let file_name = slot_file_name(stem, slot);
+        match dir.identity(&file_name) {
+            Ok(Some(key)) => others.push((file_name, key)),
+            _ => break,
+        }
+    }
+    if others.is_empty() {
+        return Ok(());
+    }
+    let locks = match ProcLocks::read() {
+        Ok(locks) => locks,
+        Err(e) => {
+            tracing::debug!("cannot compare --limit with the other holders: {e}");
+            return Ok(());
+        }
+    };
+    for (file_name, key) in others {
+        let Some(&pid) = locks.holders.get(&key) else {
+            continue;
+        };
+        // A file that cannot be read or trusted says nothing about a limit.
+        let record = dir
+            .read_lock_file(&file_name)
+            .ok()
+            .flatten()
+            .and_then(|file| read_contents(file).1);
+        if let Some(record) = record.filter(|r| r.holder.pid == pid) {
+            if record.limit != 0 && record.limit != request.limit {
+                return Err(limit_mismatch(&request.name, record.limit));
+            }
+        }
+    }
+    Ok(())
+}
