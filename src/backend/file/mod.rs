@@ -13,7 +13,7 @@
 //!   inodes). After locking, the (dev, inode) of the descriptor is compared with the directory
 //!   entry; if the file was replaced meanwhile, we retry.
 //! - Each file starts with a fixed-width header; in slot 0 it is the fencing counter of the
-//!   name (design §5), updated under an OFD record lock on the header so that holders of
+//!   name (README: "Guarantees and limits"), updated under an OFD record lock on the header so that holders of
 //!   different slots serialize (`slot.rs`). The holder's [`Record`] (JSON) follows the header;
 //!   it is only believed while `/proc/locks` shows the same pid holding the file
 //!   (`proc_locks.rs`).

@@ -11,7 +11,7 @@ pub struct FileTarget {
 }
 
 impl FileTarget {
-    /// `$XDG_RUNTIME_DIR/dlock` when set, else `/tmp/dlock-<uid>` (design §1).
+    /// `$XDG_RUNTIME_DIR/dlock` when set, else `/tmp/dlock-<uid>` (README: "The file backend's lock files").
     pub fn default_dir() -> FileTarget {
         let dir = match std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from) {
             Some(dir) if dir.is_absolute() => dir.join("dlock"),
