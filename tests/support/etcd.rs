@@ -64,6 +64,35 @@ impl EtcdMember {
         self.child.is_some()
     }
 
+    /// Wait until the member serves clients (bounded by `deadline`); when it exits first or
+    /// the deadline passes, say so with the end of its log.
+    fn wait_serving(&mut self, tls: bool, deadline: Instant) -> Result<(), String> {
+        let port = self.client_port;
+        let log = self.log.clone();
+        let serving = || {
+            if tls {
+                std::fs::read_to_string(&log)
+                    .is_ok_and(|l| l.contains("serving client traffic securely"))
+            } else {
+                etcd_healthy(port)
+            }
+        };
+        while !serving() {
+            if self.exited() || Instant::now() >= deadline {
+                let text = std::fs::read_to_string(&log).unwrap_or_default();
+                let tail: Vec<&str> = text.lines().rev().take(15).collect();
+                let tail: Vec<&str> = tail.into_iter().rev().collect();
+                return Err(format!(
+                    "member {} (client port {port}) is not serving; its log ends:\n{}",
+                    self.name,
+                    tail.join("\n")
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Ok(())
+    }
+
     /// Whether the member's process has ended by itself.
     fn exited(&mut self) -> bool {
         self.child
@@ -191,29 +220,7 @@ impl EtcdServer {
         }
         let deadline = Instant::now() + Duration::from_secs(60);
         for member in &mut members {
-            let port = member.client_port;
-            let log = member.log.clone();
-            let serving = || {
-                if tls.is_some() {
-                    std::fs::read_to_string(&log)
-                        .is_ok_and(|l| l.contains("serving client traffic securely"))
-                } else {
-                    etcd_healthy(port)
-                }
-            };
-            while !serving() {
-                if member.exited() || Instant::now() >= deadline {
-                    let text = std::fs::read_to_string(&log).unwrap_or_default();
-                    let tail: Vec<&str> = text.lines().rev().take(15).collect();
-                    let tail: Vec<&str> = tail.into_iter().rev().collect();
-                    return Err(format!(
-                        "member {} (client port {port}) is not serving; its log ends:\n{}",
-                        member.name,
-                        tail.join("\n")
-                    ));
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
+            member.wait_serving(tls.is_some(), deadline)?;
         }
         Ok(EtcdServer {
             members,
