@@ -3,17 +3,11 @@
 
 use std::process::Stdio;
 
-use crate::common::*;
-
-fn env() -> (FileServer, TestEnv) {
-    let server = FileServer::start();
-    let env = TestEnv::new(&server);
-    (server, env)
-}
+use crate::support::*;
 
 #[test]
 fn bad_input_gives_its_status_and_one_clear_line() {
-    let (_server, env) = env();
+    let (_server, env) = file_env();
     let long = "x".repeat(256);
     let cases: Vec<(Vec<&str>, i32, &str)> = vec![
         (vec!["run", "", "true"], 64, "must not be empty"),
@@ -96,7 +90,7 @@ fn bad_input_gives_its_status_and_one_clear_line() {
 
 #[test]
 fn non_executable_command_is_126_before_locking() {
-    let (_server, env) = env();
+    let (_server, env) = file_env();
     let script = env.path("script.sh");
     std::fs::write(&script, "#!/bin/sh\necho hi\n").expect("write");
     let out = env.run(["run", "x", script.to_str().expect("utf-8")]);
@@ -106,7 +100,7 @@ fn non_executable_command_is_126_before_locking() {
 #[test]
 fn non_utf8_name_is_a_usage_error() {
     use std::os::unix::ffi::OsStrExt;
-    let (_server, env) = env();
+    let (_server, env) = file_env();
     let name = std::ffi::OsStr::from_bytes(b"\xff\xfe");
     let out = output_within(
         {
@@ -121,7 +115,7 @@ fn non_utf8_name_is_a_usage_error() {
 
 #[test]
 fn options_after_name_belong_to_the_command() {
-    let (_server, env) = env();
+    let (_server, env) = file_env();
     let out = env.run(["run", "x", "echo", "--ttl", "5"]);
     assert!(out.status.success(), "{}", describe(&out));
     assert_eq!(stdout_of(&out), "--ttl 5\n");
@@ -132,7 +126,7 @@ fn options_after_name_belong_to_the_command() {
 
 #[test]
 fn shell_command_runs_with_sh_before_or_after_name() {
-    let (_server, env) = env();
+    let (_server, env) = file_env();
     for args in [
         ["run", "-c", "echo $((1+2))", "x"],
         ["run", "x", "-c", "echo $((1+2))"],
@@ -161,7 +155,7 @@ fn signal_set(status: &str, field: &str) -> u64 {
 #[test]
 fn command_starts_with_no_blocked_signals_and_default_sigpipe() {
     let bit = |signal: i32| 1u64 << (signal - 1);
-    let (_server, env) = env();
+    let (_server, env) = file_env();
     // dlock blocks every signal around starting the command and Rust ignores SIGPIPE: neither
     // may reach the command. A signal that dlock's own parent ignored, and dlock does not
     // handle, stays ignored.
@@ -195,7 +189,7 @@ fn command_starts_with_no_blocked_signals_and_default_sigpipe() {
 
 #[test]
 fn arguments_are_passed_verbatim_without_a_shell() {
-    let (_server, env) = env();
+    let (_server, env) = file_env();
     let tricky = ["a b", "$(touch pwned)", "*", "'\"", ""];
     let mut args = vec!["run", "x", "printf", "[%s]"];
     args.extend(tricky);
@@ -211,7 +205,7 @@ fn arguments_are_passed_verbatim_without_a_shell() {
 
 #[test]
 fn unknown_config_key_is_78() {
-    let (_server, env) = env();
+    let (_server, env) = file_env();
     let config = env.path("config.toml");
     std::fs::write(&config, "ttl = \"5s\"\ncolour = \"red\"\n").expect("write");
     let out = env.run([
@@ -235,7 +229,7 @@ fn unknown_config_key_is_78() {
 
 #[test]
 fn missing_or_malformed_config_file_is_78() {
-    let (_server, env) = env();
+    let (_server, env) = file_env();
     let out = env.run(["--config", "/nonexistent/dlock.toml", "run", "x", "true"]);
     assert_fails(&out, 78, "/nonexistent/dlock.toml");
     let config = env.path("bad.toml");
@@ -261,7 +255,7 @@ fn missing_or_malformed_config_file_is_78() {
 
 #[test]
 fn flags_beat_environment_beat_config_file() {
-    let (_server, env) = env();
+    let (_server, env) = file_env();
     let holder = env.hold("busy", &[]);
     let config_dir = env.path("xdg");
     std::fs::create_dir_all(config_dir.join("dlock")).expect("mkdir");
@@ -296,7 +290,7 @@ fn flags_beat_environment_beat_config_file() {
 
 #[test]
 fn help_and_version_exit_0() {
-    let (_server, env) = env();
+    let (_server, env) = file_env();
     for args in [
         vec!["--help"],
         vec!["run", "--help"],
@@ -311,7 +305,7 @@ fn help_and_version_exit_0() {
 
 #[test]
 fn password_in_url_never_appears_in_messages() {
-    let (_server, env) = env();
+    let (_server, env) = file_env();
     let out = env.run([
         "run",
         "--url",
@@ -325,7 +319,7 @@ fn password_in_url_never_appears_in_messages() {
 
 #[test]
 fn no_wait_from_the_environment_accepts_the_usual_spellings() {
-    let (_server, env) = env();
+    let (_server, env) = file_env();
     let _holder = env.hold("busy", &[]);
     for value in ["1", "true", "yes", "on"] {
         let out = output_within(
@@ -348,7 +342,7 @@ fn no_wait_from_the_environment_accepts_the_usual_spellings() {
 
 #[test]
 fn quiet_run_does_not_report_a_lock_that_was_not_acquired() {
-    let (_server, env) = env();
+    let (_server, env) = file_env();
     let _holder = env.hold("busy", &[]);
     let out = env.run(["run", "-q", "--no-wait", "-E", "0", "busy", "true"]);
     assert_eq!(out.status.code(), Some(0), "{}", describe(&out));

@@ -1,16 +1,16 @@
 //! Integration tests against the real `dlock` binary, in one test binary.
+//!
+//! - `support`: the harness and one test server per backend;
+//! - `contract`: the promises every backend keeps, expanded per backend by `contract_tests!`;
+//! - `backends`: what is particular to each backend;
+//! - `cli`, `docs`, `safety`, `terminal`: what does not depend on a backend.
 
-mod common;
+mod support;
 #[macro_use]
 mod contract;
 
+mod backends;
 mod cli;
 mod docs;
-mod etcd_backend;
-mod file_backend;
-mod pg_backend;
-mod pg_server;
-mod redis_backend;
 mod safety;
 mod terminal;
-mod zk_backend;

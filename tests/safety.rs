@@ -6,17 +6,11 @@ use std::os::unix::fs::PermissionsExt;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use crate::common::*;
-
-fn env() -> (FileServer, TestEnv) {
-    let server = FileServer::start();
-    let env = TestEnv::new(&server);
-    (server, env)
-}
+use crate::support::*;
 
 #[test]
 fn wait_bounds_connecting_to_a_server_that_never_answers() {
-    let (_server, env) = env();
+    let (_server, env) = file_env();
     let silent = SilentServer::start();
     let port = silent.port;
     for url in [
@@ -44,7 +38,7 @@ fn wait_bounds_connecting_to_a_server_that_never_answers() {
 
 #[test]
 fn config_and_secrets_are_read_only_from_regular_files() {
-    let (_server, env) = env();
+    let (_server, env) = file_env();
     let fifo = env.path("fifo");
     nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).expect("mkfifo");
     let fifo = fifo.display().to_string();
@@ -83,7 +77,7 @@ fn config_and_secrets_are_read_only_from_regular_files() {
 
 #[test]
 fn a_postgres_passfile_that_is_not_a_regular_file_is_78_at_once() {
-    let (_server, env) = env();
+    let (_server, env) = file_env();
     let fifo = env.path("fifo");
     nix::unistd::mkfifo(&fifo, nix::sys::stat::Mode::from_bits_truncate(0o600)).expect("mkfifo");
     for (passfile, needle) in [
@@ -105,7 +99,7 @@ fn a_postgres_passfile_that_is_not_a_regular_file_is_78_at_once() {
 
 #[test]
 fn a_large_config_file_is_refused_with_78() {
-    let (_server, env) = env();
+    let (_server, env) = file_env();
     let big = env.path("big.toml");
     let mut text = String::from("# padding\n");
     while text.len() <= 1024 * 1024 {
@@ -118,7 +112,7 @@ fn a_large_config_file_is_refused_with_78() {
 
 #[test]
 fn a_ttl_below_what_a_lease_can_keep_is_a_usage_error() {
-    let (_server, env) = env();
+    let (_server, env) = file_env();
     for url in [
         "redis://127.0.0.1:1",
         "etcd://127.0.0.1:1",
@@ -138,7 +132,7 @@ fn a_ttl_below_what_a_lease_can_keep_is_a_usage_error() {
 
 #[test]
 fn an_out_of_range_ttl_in_the_config_file_is_78() {
-    let (_server, env) = env();
+    let (_server, env) = file_env();
     for ttl in ["99999999999d", "8days", "1ms"] {
         let config = env.path("config.toml");
         std::fs::write(&config, format!("ttl = \"{ttl}\"\n")).expect("write");
@@ -176,7 +170,7 @@ fn run_with_closed_output(env: &TestEnv, args: &[&str], close_stderr: bool) -> O
 
 #[test]
 fn closed_output_ends_quietly_with_the_status_it_would_have_had() {
-    let (_server, env) = env();
+    let (_server, env) = file_env();
     let _holder = env.hold("busy", &[]);
     for close_stderr in [false, true] {
         assert_eq!(
@@ -212,7 +206,7 @@ fn closed_output_ends_quietly_with_the_status_it_would_have_had() {
 
 #[test]
 fn url_errors_never_show_what_may_be_a_password() {
-    let (_server, env) = env();
+    let (_server, env) = file_env();
     for url in [
         "etcd://user:S3c/retPW@127.0.0.1:2379",
         "redis://user:S3c/retPW@127.0.0.1",
@@ -237,7 +231,7 @@ fn url_errors_never_show_what_may_be_a_password() {
 
 #[test]
 fn the_commands_dlock_url_has_a_percent_encoded_password_key_redacted() {
-    let (_server, env) = env();
+    let (_server, env) = file_env();
     // The password reaches the command's DLOCK_URL only redacted, whichever way the key is
     // spelled (the connection itself fails: nothing listens on port 1).
     let url = "postgres://127.0.0.1:1/x?pass%77ord=S3cretPW&connect_timeout=1";

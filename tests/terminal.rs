@@ -6,7 +6,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::process::Stdio;
 
-use crate::common::*;
+use crate::support::*;
 
 /// Keep reading the terminal's output so the command never blocks on a full buffer.
 fn drain(master: &OwnedFd) -> std::thread::JoinHandle<Vec<u8>> {

@@ -1,12 +1,13 @@
 //! A private PostgreSQL cluster per test: `initdb` once per test run into a template, copied
 //! for each server, started by `pg_ctl` on a free loopback port with its socket in its own
-//! temp dir. As root, everything runs as the `postgres` user (initdb refuses root).
+//! temp dir. As root, everything runs as the `postgres` user (initdb refuses root). Also
+//! pgbouncer in front of one (`Pooler`).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
 
-use crate::common::{describe, free_port, is_alive, wait_until, LeaseServer, LockServer, PATIENCE};
+use super::*;
 
 /// The superuser's and the `app` role's passwords.
 pub const SUPERUSER_PASSWORD: &str = "super-secret";
@@ -48,7 +49,7 @@ fn pg_command(program: &Path) -> Command {
 
 fn run_ok(mut command: Command, what: &str) -> Output {
     command.stdin(Stdio::null());
-    let out = crate::common::output_within(command, PATIENCE);
+    let out = crate::support::output_within(command, PATIENCE);
     assert!(out.status.success(), "{what} failed: {}", describe(&out));
     out
 }
@@ -58,8 +59,8 @@ pub fn psql_binary() -> PathBuf {
     bin_dir().join("psql")
 }
 
-/// Hand a directory to the `postgres` user when we are root.
-fn give_away(path: &Path) {
+/// Hand a file or directory to the `postgres` user when we are root.
+pub fn give_away(path: &Path) {
     if is_root() {
         let user = nix::unistd::User::from_name("postgres")
             .ok()
@@ -363,7 +364,7 @@ pub struct Pooler {
 
 impl Pooler {
     pub fn start(server: &PgServer) -> Pooler {
-        let binary = crate::common::server_binary("pgbouncer", "pgbouncer");
+        let binary = crate::support::server_binary("pgbouncer", "pgbouncer");
         let dir = tempfile::tempdir().expect("temp dir");
         make_accessible(dir.path());
         let port = free_port();

@@ -1,0 +1,100 @@
+//! Reaching etcd: a server that never answers, a wrong password, nothing listening, a slow
+//! link.
+
+use std::time::{Duration, Instant};
+
+use crate::support::*;
+
+#[test]
+fn an_unanswering_server_ends_at_the_wait_deadline() {
+    // It accepts connections and never answers: --wait bounds connecting too.
+    let silent = SilentServer::start();
+    let env = TestEnv::new(&FileServer::start());
+    let url = format!("etcd://127.0.0.1:{}", silent.port);
+    let started = Instant::now();
+    let out = env.run(["run", "--wait", "2s", "--url", &url, "x", "touch", "ran"]);
+    let took = started.elapsed();
+    assert_fails(&out, 69, "within --wait 2s");
+    assert!(!env.path("ran").exists());
+    // Before: 4 s (two 2 s attempts on the one endpoint).
+    assert!(
+        took >= Duration::from_millis(1500) && took < Duration::from_millis(3500),
+        "gave up after {took:?} with --wait 2s"
+    );
+}
+
+#[test]
+fn wrong_password_is_77() {
+    let server = EtcdServer::start();
+    for args in [
+        vec!["user", "add", "root:rootpw"],
+        vec!["user", "grant-role", "root", "root"],
+        vec!["auth", "enable"],
+    ] {
+        let out = server.etcdctl(&args);
+        assert!(out.status.success(), "etcdctl {args:?}: {}", describe(&out));
+    }
+    let env = TestEnv::new(&server);
+    let url = format!("etcd://root:hunter-wrong-7@{}", server.endpoints());
+    let out = env.run(["run", "--url", &url, "x", "touch", "ran"]);
+    assert_fails(&out, 77, "authentication");
+    assert!(
+        !stderr_of(&out).contains("hunter-wrong-7"),
+        "password leaked: {}",
+        describe(&out)
+    );
+    assert!(!env.path("ran").exists());
+    // The right password (from DLOCK_PASSWORD) works.
+    let out = output_within(
+        {
+            let mut c = env.dlock([
+                "run",
+                "--url",
+                &format!("etcd://root@{}", server.endpoints()),
+                "x",
+                "true",
+            ]);
+            c.env("DLOCK_PASSWORD", "rootpw");
+            c
+        },
+        PATIENCE,
+    );
+    assert!(out.status.success(), "{}", describe(&out));
+}
+
+#[test]
+fn nothing_listening_is_69() {
+    let server = FileServer::start();
+    let env = TestEnv::new(&server);
+    let out = env.run([
+        "run",
+        "--url",
+        &format!("etcd://127.0.0.1:{}", free_port()),
+        "x",
+        "touch",
+        "ran",
+    ]);
+    assert_fails(&out, 69, "etcd");
+    assert!(!env.path("ran").exists());
+}
+
+#[test]
+fn a_short_wait_still_takes_a_free_lock_over_a_slow_link() {
+    // --wait bounds waiting, not a healthy server's answers: each of them takes 100 ms here.
+    let server = EtcdServer::start();
+    let env = TestEnv::new(&server);
+    let proxy = Proxy::with_delay(server.port(), Duration::from_millis(50));
+    let url = format!("etcd://127.0.0.1:{}", proxy.port);
+    let out = env.run([
+        "run",
+        "--wait",
+        "1ms",
+        "--url",
+        &url,
+        &lock_name("e"),
+        "touch",
+        "ran",
+    ]);
+    assert!(out.status.success(), "{}", describe(&out));
+    assert!(env.path("ran").exists());
+}

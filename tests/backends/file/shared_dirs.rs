@@ -1,0 +1,174 @@
+//! Lock directories others can write to or own: symbolic links, other users' files and
+//! directories, hard links, and the sticky bit.
+
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use crate::support::*;
+
+/// `file://` URL of a directory.
+fn url_of(dir: &Path) -> String {
+    format!("file://{}", dir.display())
+}
+
+/// A directory with exactly `mode` (set after creation, so the umask does not interfere).
+fn dir_with_mode(path: &Path, mode: u32) -> PathBuf {
+    std::fs::create_dir_all(path).expect("mkdir");
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod");
+    path.to_owned()
+}
+
+/// The uid of "nobody", standing in for another user (the tests run as root).
+const OTHER_UID: u32 = 65534;
+
+fn give_to_other_user(path: &Path) {
+    nix::unistd::chown(path, Some(nix::unistd::Uid::from_raw(OTHER_UID)), None)
+        .expect("chown (these tests run as root)");
+}
+
+/// `run`, `status` and `list` of lock `x` with `flags` (the flags go before the name).
+fn run_status_list(flags: &[&str]) -> [Vec<String>; 3] {
+    let with = |sub: &str, rest: &[&str]| -> Vec<String> {
+        std::iter::once(sub)
+            .chain(flags.iter().copied())
+            .chain(rest.iter().copied())
+            .map(str::to_owned)
+            .collect()
+    };
+    [
+        with("run", &["x", "touch", "ran"]),
+        with("status", &["x"]),
+        with("list", &[]),
+    ]
+}
+
+#[test]
+fn prefix_directory_swapped_for_a_symlink_is_refused() {
+    let server = FileServer::start();
+    let env = TestEnv::new(&server);
+    // The victim: a directory of root's with a file where the lock file would be.
+    let victim_dir = dir_with_mode(&env.path("victim"), 0o755);
+    let victim = victim_dir.join("x.lock");
+    std::fs::write(&victim, b"root's data\n").expect("write victim");
+    // A base directory others can write to, world-writable with and without the sticky bit,
+    // where someone made team.d a symbolic link to the victim directory.
+    for (mode, complaint) in [(0o777, "sticky bit"), (0o1777, "symbolic link")] {
+        let base = dir_with_mode(&env.path(&format!("base-{mode:o}")), mode);
+        let team = base.join("team.d");
+        std::os::unix::fs::symlink(&victim_dir, &team).expect("symlink");
+        let url = url_of(&base);
+        for args in run_status_list(&["--url", &url, "--prefix", "team"]) {
+            let out = env.run(&args);
+            assert_fails(&out, 73, complaint);
+            assert!(stderr_of(&out).contains(&base.display().to_string()));
+            assert!(!env.path("ran").exists(), "{args:?} ran its command");
+            assert_eq!(
+                std::fs::read(&victim).expect("victim"),
+                b"root's data\n",
+                "{args:?} wrote through the symlink"
+            );
+        }
+    }
+}
+
+#[test]
+fn base_directory_owned_by_another_user_is_refused() {
+    let server = FileServer::start();
+    let env = TestEnv::new(&server);
+    let base = dir_with_mode(&env.path("theirs"), 0o755);
+    give_to_other_user(&base);
+    let url = url_of(&base);
+    for flags in [&["--url", &url][..], &["--url", &url, "--prefix", "team"]] {
+        for args in run_status_list(flags) {
+            let out = env.run(&args);
+            assert_fails(&out, 73, &format!("owned by uid {OTHER_UID}"));
+            assert!(stderr_of(&out).contains(&base.display().to_string()));
+            assert!(!env.path("ran").exists(), "{args:?} ran its command");
+        }
+    }
+    assert_eq!(
+        std::fs::read_dir(&base).expect("read_dir").count(),
+        0,
+        "dlock created something in the other user's directory"
+    );
+    // The same for a symbolic link of theirs as the directory, even to a directory of ours.
+    let ours = dir_with_mode(&env.path("ours"), 0o755);
+    let link = env.path("their-link");
+    std::os::unix::fs::symlink(&ours, &link).expect("symlink");
+    std::os::unix::fs::lchown(&link, Some(OTHER_UID), None).expect("lchown");
+    let url = url_of(&link);
+    for args in run_status_list(&["--url", &url]) {
+        let out = env.run(&args);
+        assert_fails(&out, 73, "symbolic link");
+        assert!(!env.path("ran").exists(), "{args:?} ran its command");
+    }
+    // And for a prefix directory of theirs in a directory of ours.
+    give_to_other_user(&dir_with_mode(&ours.join("team.d"), 0o755));
+    let url = url_of(&ours);
+    for args in run_status_list(&["--url", &url, "--prefix", "team"]) {
+        let out = env.run(&args);
+        assert_fails(&out, 73, &format!("owned by uid {OTHER_UID}"));
+        assert!(stderr_of(&out).contains("team.d"));
+    }
+}
+
+#[test]
+fn sticky_shared_directory_works_and_prefix_directories_are_private() {
+    let server = FileServer::start();
+    let env = TestEnv::new(&server);
+    let base = dir_with_mode(&env.path("shared"), 0o1777);
+    let url = url_of(&base);
+    let out = env.run(["run", "--url", &url, "x", "true"]);
+    assert!(out.status.success(), "{}", describe(&out));
+    let out = env.run(["run", "--url", &url, "--prefix", "team", "x", "true"]);
+    assert!(out.status.success(), "{}", describe(&out));
+    let team = std::fs::symlink_metadata(base.join("team.d")).expect("team.d");
+    assert!(team.is_dir());
+    assert_eq!(team.mode() & 0o7777, 0o700);
+    assert!(base.join("team.d").join("x.lock").exists());
+}
+
+#[test]
+fn lock_file_planted_in_a_shared_directory_is_not_trusted() {
+    let server = FileServer::start();
+    let env = TestEnv::new(&server);
+    let base = dir_with_mode(&env.path("shared"), 0o1777);
+    let url = url_of(&base);
+    // Another user's file, and a file of root's that anyone can write.
+    let theirs = base.join("x.lock");
+    std::fs::write(&theirs, format!("fence {:020}\n", 1)).expect("write");
+    give_to_other_user(&theirs);
+    let open = base.join("y.lock");
+    std::fs::write(&open, format!("fence {:020}\n", 1)).expect("write");
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o666)).expect("chmod");
+    for (name, path) in [("x", &theirs), ("y", &open)] {
+        let commands = [
+            vec!["run", "--url", &url, name, "touch", "ran"],
+            vec!["status", "--url", &url, name],
+        ];
+        for args in commands {
+            let out = env.run(&args);
+            assert_fails(&out, 73, &path.display().to_string());
+            assert!(!env.path("ran").exists(), "ran on a planted lock file");
+        }
+    }
+    assert_eq!(
+        std::fs::read(&theirs).expect("read"),
+        format!("fence {:020}\n", 1).as_bytes()
+    );
+}
+
+#[test]
+fn hard_link_in_a_shared_directory_is_refused() {
+    let server = FileServer::start();
+    let env = TestEnv::new(&server);
+    let base = dir_with_mode(&env.path("shared"), 0o1777);
+    let victim = env.path("victim");
+    std::fs::write(&victim, b"root's data\n").expect("write victim");
+    std::fs::hard_link(&victim, base.join("x.lock")).expect("link");
+    let url = url_of(&base);
+    let out = env.run(["run", "--url", &url, "x", "touch", "ran"]);
+    assert_fails(&out, 73, "link");
+    assert!(!env.path("ran").exists());
+    assert_eq!(std::fs::read(&victim).expect("victim"), b"root's data\n");
+}

@@ -1,0 +1,46 @@
+//! The PostgreSQL backend: the whole contract against a real server, plus FIFO order, loss of
+//! the session (terminated, black-holed, server restart), clean cancellation, the key's SQL
+//! formula, TLS and authentication (issue: PostgreSQL backend): losing the session
+//! (`session`), waiting and `--limit` (`waiting`), connecting, authentication and poolers
+//! (`connect`), TLS (`tls`), the documented SQL (`sql`).
+
+mod connect;
+mod session;
+mod sql;
+mod tls;
+mod waiting;
+
+use std::time::Duration;
+
+use crate::support::*;
+
+crate::contract_tests!(pg_contract, PgServer::start());
+
+#[test]
+fn waiters_acquire_in_arrival_order() {
+    crate::contract::waiters_acquire_in_arrival_order(&PgServer::start());
+}
+
+#[test]
+fn killed_holder_frees_the_lock_within_one_second() {
+    crate::contract::killed_holder_frees_the_lock_within(
+        &PgServer::start(),
+        Duration::from_secs(1),
+    );
+}
+
+#[test]
+fn status_shows_the_holders_session() {
+    let server = PgServer::start();
+    let env = TestEnv::new(&server);
+    let lock = lock_name("p");
+    let holder = env.hold(&lock, &[]);
+    let out = env.run(["status", &lock]);
+    assert!(out.status.success(), "{}", describe(&out));
+    let text = stdout_of(&out);
+    assert!(text.contains(&format!("pid {}", holder.pid())), "{text}");
+    assert!(text.contains("backend pid"), "{text}");
+    assert!(text.contains("127.0.0.1"), "{text}");
+    let out = env.run(["list"]);
+    assert!(stdout_of(&out).contains(&lock), "{}", describe(&out));
+}

@@ -1,0 +1,123 @@
+//! Reaching Redis: passwords (from the URL, the environment, a private file), nothing
+//! listening, a replica, an ACL without scripts, eviction, a Unix socket.
+
+use crate::support::*;
+
+#[test]
+fn wrong_password_is_77_without_running_the_command() {
+    let server = RedisServer::start_with(&["--requirepass", "right"]);
+    let env = TestEnv::new(&server);
+    let url = format!("redis://:hunter-wrong-42@127.0.0.1:{}/0", server.port);
+    let out = env.run(["run", "--url", &url, "x", "touch", "ran"]);
+    assert_fails(&out, 77, "authentication");
+    assert!(
+        !stderr_of(&out).contains("hunter-wrong-42"),
+        "password leaked: {}",
+        describe(&out)
+    );
+    assert!(!env.path("ran").exists());
+    // No password at all against a server that wants one is refused the same way.
+    let out = env.run(["run", "x", "true"]);
+    assert_fails(&out, 77, "authentication");
+    // The right one from DLOCK_PASSWORD works and is not passed to the command.
+    let out = output_within(
+        {
+            let mut c = env.dlock(["run", "x", "env"]);
+            c.env("DLOCK_PASSWORD", "right");
+            c
+        },
+        PATIENCE,
+    );
+    assert!(out.status.success(), "{}", describe(&out));
+    assert!(
+        !stdout_of(&out).contains("right"),
+        "the password reached the command"
+    );
+}
+
+#[test]
+fn password_file_must_be_private() {
+    use std::os::unix::fs::PermissionsExt;
+    let server = RedisServer::start_with(&["--requirepass", "s3cret"]);
+    let env = TestEnv::new(&server);
+    let secret = env.path("password");
+    std::fs::write(&secret, "s3cret\n").expect("write");
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    let config = env.config_file(
+        "redis",
+        &format!("password_file = \"{}\"\n", secret.display()),
+    );
+    let out = env.run(["--config", &config, "run", "x", "true"]);
+    assert_fails(&out, 78, "chmod 600");
+    std::fs::set_permissions(&secret, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let out = env.run(["--config", &config, "run", "x", "true"]);
+    assert!(out.status.success(), "{}", describe(&out));
+}
+
+#[test]
+fn nothing_listening_is_69() {
+    let server = FileServer::start();
+    let env = TestEnv::new(&server);
+    let url = format!("redis://127.0.0.1:{}/0", free_port());
+    let out = env.run(["run", "--url", &url, "x", "touch", "ran"]);
+    assert_fails(&out, 69, "cannot reach");
+    assert!(!env.path("ran").exists());
+}
+
+#[test]
+fn a_read_only_replica_is_refused_with_78() {
+    let master = RedisServer::start();
+    let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &master.port.to_string()]);
+    let env = TestEnv::new(&replica);
+    let out = env.run(["run", "x", "touch", "ran"]);
+    assert_fails(&out, 78, "replica");
+    assert!(!env.path("ran").exists());
+    let out = env.run(["check"]);
+    assert_fails(&out, 78, "replica");
+}
+
+#[test]
+fn an_acl_that_forbids_scripts_is_77() {
+    let server = RedisServer::start_with(&[
+        "--user", "limited", "on", ">pw", "~*", "&*", "+@all", "-evalsha", "-eval",
+    ]);
+    let env = TestEnv::new(&server);
+    let url = format!("redis://limited:pw@127.0.0.1:{}/0", server.port);
+    let out = env.run(["run", "--url", &url, "x", "touch", "ran"]);
+    assert_fails(&out, 77, "ACL");
+    assert!(!env.path("ran").exists());
+}
+
+#[test]
+fn check_warns_when_lock_entries_could_be_evicted() {
+    let server =
+        RedisServer::start_with(&["--maxmemory", "100mb", "--maxmemory-policy", "allkeys-lru"]);
+    let env = TestEnv::new(&server);
+    let out = env.run(["check"]);
+    assert!(out.status.success(), "{}", describe(&out));
+    assert!(
+        stdout_of(&out).contains("maxmemory-policy is allkeys-lru"),
+        "{}",
+        describe(&out)
+    );
+}
+
+#[test]
+fn a_unix_socket_url_works() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let socket = dir.path().join("redis.sock");
+    let socket = socket.to_str().expect("utf-8");
+    let server = RedisServer::start_with(&["--unixsocket", socket, "--unixsocketperm", "700"]);
+    let env = TestEnv::new(&server);
+    let out = env.run([
+        "run",
+        "--url",
+        &format!("redis+unix://{socket}?db=1"),
+        "unix",
+        "sh",
+        "-c",
+        "echo $DLOCK_BACKEND",
+    ]);
+    assert!(out.status.success(), "{}", describe(&out));
+    assert_eq!(stdout_of(&out), "redis+unix\n");
+}

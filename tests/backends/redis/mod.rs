@@ -1,0 +1,40 @@
+//! The Redis backend: the whole contract against a real `redis-server`, plus what only Redis
+//! can get wrong (issue: Redis backend): its keys and tokens (`keys`), waiting (`waiting`),
+//! connecting and authentication (`connect`), TLS (`tls`).
+
+mod connect;
+mod keys;
+mod tls;
+mod waiting;
+
+use nix::sys::signal::Signal;
+
+use crate::support::*;
+
+crate::contract_tests!(redis_contract, RedisServer::start());
+crate::lease_contract_tests!(redis_lease_contract, RedisServer::start());
+
+/// Start `dlock run` in the background; its command appends `label` to `log` and exits.
+#[test]
+fn waiters_acquire_in_arrival_order() {
+    let server = RedisServer::start();
+    let env = TestEnv::new(&server);
+    let lock = lock_name("r");
+    let log = env.path("order");
+    let (holder, started) = crate::contract::queue_five_waiters(&env, &lock, &log);
+    crate::contract::release_and_expect_arrival_order(holder, started, &log);
+}
+
+/// The key `dlock:{<lock>}:<suffix>` (names from [`lock_name`] need no encoding).
+fn key(lock: &str, suffix: &str) -> String {
+    format!("dlock:{{{lock}}}:{suffix}")
+}
+
+fn sigkill(child: &mut std::process::Child) {
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        Signal::SIGKILL,
+    )
+    .expect("kill");
+    let _ = wait_within(child, PATIENCE);
+}

@@ -1,0 +1,105 @@
+//! Reaching ZooKeeper: digest authentication, nothing listening, a server that never
+//! answers, a slow link.
+
+use std::time::{Duration, Instant};
+
+use crate::support::*;
+
+#[test]
+fn wrong_password_is_77() {
+    let server = ZkServer::start();
+    // The prefix node belongs to digest user u (password "right").
+    server.with_client(Some("u:right"), async |client| {
+        let options = zookeeper_client::CreateMode::Persistent
+            .with_acls(zookeeper_client::Acls::creator_all());
+        client
+            .create("/dlock", b"", &options)
+            .await
+            .expect("create /dlock");
+    });
+    let port = server.members[0].client_port;
+    let mut env = TestEnv::new(&server);
+    env.url = format!("zk://u:wrong@127.0.0.1:{port}");
+    let out = env.run(["run", &lock_name("z"), "true"]);
+    assert_fails(&out, 77, "refused access");
+    assert!(
+        !stderr_of(&out).contains("wrong"),
+        "password shown: {}",
+        describe(&out)
+    );
+    env.url = format!("zk://u:right@127.0.0.1:{port}");
+    let out = env.run(["run", &lock_name("z"), "env"]);
+    assert!(out.status.success(), "{}", describe(&out));
+    // The command sees the URL without its password.
+    let seen = stdout_of(&out);
+    assert!(
+        seen.contains(&format!("DLOCK_URL=zk://u:***@127.0.0.1:{port}\n"))
+            && !seen.contains("right"),
+        "{seen}"
+    );
+    // From the environment instead of the URL.
+    env.url = format!("zk://u@127.0.0.1:{port}");
+    let out = output_within(
+        {
+            let mut c = env.dlock(["run", &lock_name("z"), "true"]);
+            c.env("DLOCK_PASSWORD", "right");
+            c
+        },
+        PATIENCE,
+    );
+    assert!(out.status.success(), "{}", describe(&out));
+}
+
+#[test]
+fn nothing_listening_is_69() {
+    let port = free_port();
+    let env = TestEnv {
+        scratch: tempfile::tempdir().expect("temp dir"),
+        url: format!("zk://127.0.0.1:{port}"),
+        ttl: Some("3s"),
+    };
+    let started = Instant::now();
+    let out = env.run(["run", &lock_name("z"), "touch", "ran"]);
+    assert_fails(&out, 69, &format!("127.0.0.1:{port}"));
+    assert!(started.elapsed() < Duration::from_secs(10));
+    assert!(!env.path("ran").exists());
+}
+
+#[test]
+fn an_unanswering_server_ends_at_the_wait_deadline() {
+    // It accepts connections and never answers: --wait bounds connecting too.
+    let silent = SilentServer::start();
+    let env = TestEnv::new(&FileServer::start());
+    let url = format!("zk://127.0.0.1:{}", silent.port);
+    let started = Instant::now();
+    let out = env.run(["run", "--wait", "2s", "--url", &url, "x", "touch", "ran"]);
+    let took = started.elapsed();
+    assert_fails(&out, 69, "within --wait 2s");
+    assert!(!env.path("ran").exists());
+    // Before: 5 s (the connect timeout).
+    assert!(
+        took >= Duration::from_millis(1500) && took < Duration::from_millis(3500),
+        "gave up after {took:?} with --wait 2s"
+    );
+}
+
+#[test]
+fn a_short_wait_still_takes_a_free_lock_over_a_slow_link() {
+    // --wait bounds waiting, not a healthy server's answers: each of them takes 100 ms here.
+    let server = ZkServer::start();
+    let env = TestEnv::new(&server);
+    let proxy = Proxy::with_delay(server.port(), Duration::from_millis(50));
+    let url = format!("zk://127.0.0.1:{}", proxy.port);
+    let out = env.run([
+        "run",
+        "--wait",
+        "1ms",
+        "--url",
+        &url,
+        &lock_name("z"),
+        "touch",
+        "ran",
+    ]);
+    assert!(out.status.success(), "{}", describe(&out));
+    assert!(env.path("ran").exists());
+}

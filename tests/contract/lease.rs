@@ -1,0 +1,68 @@
+//! The contract of lease backends (a server that expires a silent holder's lease): a
+//! black-holed holder stops before a contender starts, a killed holder's lock comes free.
+
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+
+use crate::support::*;
+
+pub fn blackholed_holder_is_stopped_before_a_contender_gets_the_lock(server: &dyn LeaseServer) {
+    let proxy = Proxy::start(server.port());
+    let env = TestEnv::new(server.as_lock_server());
+    let lock = lock_name("lock");
+    // The holder talks to the server through the proxy; on SIGTERM it records that it stopped.
+    let (mut holder, log) = env.stoppable_holder(&server.url_via(proxy.port), &lock);
+    let mut contender = env
+        .dlock([
+            "run",
+            &lock,
+            "sh",
+            "-c",
+            &format!("echo contender-started >> {}", log.display()),
+        ])
+        .spawn()
+        .expect("spawn contender");
+    wait_until("contender queued", PATIENCE, || env.waiters(&lock) == 1);
+    proxy.blackhole();
+    let status = wait_within(&mut holder, PATIENCE);
+    assert_eq!(
+        status.code(),
+        Some(124),
+        "the holder must report the lost lock"
+    );
+    assert!(wait_within(&mut contender, PATIENCE).success());
+    let order = std::fs::read_to_string(&log).expect("log");
+    assert_eq!(
+        order, "holder-stopped\ncontender-started\n",
+        "the contender got in before the holder stopped"
+    );
+}
+
+pub fn killed_holder_frees_the_lock_within_ttl_plus_one_second(server: &dyn LeaseServer) {
+    // TTL 3s.
+    killed_holder_frees_the_lock_within(server.as_lock_server(), Duration::from_secs(3 + 1));
+}
+
+/// A SIGKILLed holder's lock reaches the queued waiter within `limit`.
+pub fn killed_holder_frees_the_lock_within(server: &dyn LockServer, limit: Duration) {
+    let env = TestEnv::new(server);
+    let lock = lock_name("lock");
+    let mut holder = env.hold(&lock, &[]);
+    let entered = env.path("entered");
+    let mut waiter = env
+        .dlock(["run", &lock, "touch", entered.to_str().expect("utf-8")])
+        .spawn()
+        .expect("spawn waiter");
+    wait_until("waiter queued", PATIENCE, || env.waiters(&lock) == 1);
+    let killed = Instant::now();
+    holder.signal(Signal::SIGKILL);
+    holder.wait();
+    wait_until("waiter entered", PATIENCE, || entered.exists());
+    let took = killed.elapsed();
+    assert!(
+        took <= limit,
+        "next waiter got the lock after {took:?} (limit {limit:?})"
+    );
+    assert!(wait_within(&mut waiter, PATIENCE).success());
+}

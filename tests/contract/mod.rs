@@ -1,0 +1,91 @@
+//! The contract, once, for every backend.
+//!
+//! Each function checks one promise against a [`LockServer`](crate::support::LockServer).
+//! [`contract_tests!`] turns the whole list into `#[test]`s for one backend:
+//! `contract_tests!(file_contract, FileServer::start());`, and [`lease_contract_tests!`] adds
+//! the promises of backends whose server expires a silent holder's lease. A backend adds a
+//! launcher and its own special cases (under `tests/backends/`), never a copy of this suite.
+//!
+//! The promises, by theme: `exit` (exit statuses, giving up), `signals` (forwarding,
+//! escalation, losing the lock), `exclusion` (one holder, `--limit`, tokens, names),
+//! `command` (what the command sees, reentrancy), `status` (`status`, `list`, `check`),
+//! `lease` (lease backends), `queue` (arrival order, for backends with a queue).
+
+mod command;
+mod exclusion;
+mod exit;
+mod lease;
+mod queue;
+mod signals;
+mod status;
+
+pub use self::command::*;
+pub use self::exclusion::*;
+pub use self::exit::*;
+pub use self::lease::*;
+pub use self::queue::*;
+pub use self::signals::*;
+pub use self::status::*;
+
+/// Expand every promise into `#[test]`s for one backend, in a module `$module`, each
+/// starting its own server with `$start`.
+#[macro_export]
+macro_rules! contract_tests {
+    ($module:ident, $start:expr) => {
+        mod $module {
+            use super::*;
+            $crate::contract_tests!(@tests $start;
+                command_exit_status_passes_through,
+                command_killed_by_signal_exits_128_plus_signal,
+                held_lock_with_no_wait_exits_75,
+                conflict_exit_code_changes_the_not_acquired_status,
+                wait_gives_up_after_the_duration_and_leaves_nothing_behind,
+                lock_is_free_at_once_after_the_command_exits,
+                each_forwarded_signal_reaches_the_command_once,
+                signal_while_waiting_exits_128_plus_n_without_running,
+                second_terminating_signal_kills_at_once,
+                kill_after_escalates_to_sigkill,
+                lock_loss_kills_the_whole_process_group_and_exits_124,
+                on_lost_ignore_lets_the_command_finish,
+                sigkill_of_dlock_takes_the_command_down,
+                mutual_exclusion_under_contention_with_increasing_tokens,
+                limit_allows_exactly_n_holders,
+                all_holders_must_agree_on_the_limit,
+                names_are_opaque_and_isolated,
+                command_sees_lock_variables_and_no_credentials,
+                nested_run_of_a_held_lock_is_reentrant,
+                a_copied_held_environment_is_not_reentrant,
+                an_orphan_of_a_past_holder_acquires_normally,
+                holder_metadata_reaches_terminals_escaped,
+                passwords_in_the_holders_command_line_are_not_stored,
+                stdin_and_stdout_pass_through_untouched,
+                status_reports_holder_and_exits_0_held_1_free,
+                list_shows_held_locks,
+                check_reports_ok,
+            );
+        }
+    };
+    (@tests $start:expr; $($test:ident),* $(,)?) => {
+        $(
+            #[test]
+            fn $test() {
+                let server = $start;
+                $crate::contract::$test(&server);
+            }
+        )*
+    };
+}
+
+/// Expand the lease-backend promises into `#[test]`s for one backend.
+#[macro_export]
+macro_rules! lease_contract_tests {
+    ($module:ident, $start:expr) => {
+        mod $module {
+            use super::*;
+            $crate::contract_tests!(@tests $start;
+                blackholed_holder_is_stopped_before_a_contender_gets_the_lock,
+                killed_holder_frees_the_lock_within_ttl_plus_one_second,
+            );
+        }
+    };
+}

@@ -1,0 +1,155 @@
+//! The contract: `status`, `list` and `check`, and the holder metadata they show (escaped
+//! for terminals, with passwords masked).
+
+use std::collections::HashSet;
+use std::process::Stdio;
+
+use crate::support::*;
+
+pub fn status_reports_holder_and_exits_0_held_1_free(server: &dyn LockServer) {
+    let env = TestEnv::new(server);
+    let lock = lock_name("lock");
+    let out = env.run(["status", &lock]);
+    assert_eq!(out.status.code(), Some(1), "free lock: {}", describe(&out));
+    let holder = env.hold(&lock, &[]);
+    let out = env.run(["status", &lock]);
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+    let text = stdout_of(&out);
+    assert!(text.contains(&holder.pid().to_string()), "{text}");
+    assert!(
+        text.contains("sleep 1000") || text.contains("sh -c"),
+        "command missing: {text}"
+    );
+    let quiet = env.run(["status", "-q", &lock]);
+    assert_eq!(quiet.status.code(), Some(0));
+    assert!(
+        quiet.stdout.is_empty(),
+        "status -q printed {}",
+        describe(&quiet)
+    );
+    let json: serde_json::Value =
+        serde_json::from_slice(&env.run(["status", "--json", &lock]).stdout).expect("json");
+    let h = &json["holders"][0];
+    assert_eq!(h["pid"].as_u64(), Some(u64::from(holder.pid() as u32)));
+    assert!(h["token"].as_u64().is_some_and(|t| t > 0), "{json}");
+    assert!(!h["host"].as_str().unwrap_or("").is_empty(), "{json}");
+    assert!(!h["since"].as_str().unwrap_or("").is_empty(), "{json}");
+}
+
+pub fn list_shows_held_locks(server: &dyn LockServer) {
+    let env = TestEnv::new(server);
+    let (a, b) = (lock_name("lock"), lock_name("lock"));
+    let _ha = env.hold(&a, &[]);
+    let _hb = env.hold(&b, &[]);
+    let out = env.run(["list", "--json"]);
+    assert!(out.status.success(), "{}", describe(&out));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let names: HashSet<&str> = json
+        .as_array()
+        .expect("array")
+        .iter()
+        .filter_map(|l| l["name"].as_str())
+        .collect();
+    assert!(
+        names.contains(a.as_str()) && names.contains(b.as_str()),
+        "{json}"
+    );
+    let text = stdout_of(&env.run(["list"]));
+    assert!(text.contains(&a) && text.contains(&b), "{text}");
+}
+
+pub fn check_reports_ok(server: &dyn LockServer) {
+    let env = TestEnv::new(server);
+    let out = env.run(["check"]);
+    assert!(out.status.success(), "{}", describe(&out));
+    let text = stdout_of(&out);
+    assert!(
+        text.contains("round trip") && text.contains(server.scheme()),
+        "{text}"
+    );
+    let json: serde_json::Value =
+        serde_json::from_slice(&env.run(["check", "--json"]).stdout).expect("json");
+    assert_eq!(json["backend"], server.scheme());
+}
+
+/// A user name or command line with terminal escape sequences is shown escaped by `status`,
+/// `list` and the conflict message.
+pub fn holder_metadata_reaches_terminals_escaped(server: &dyn LockServer) {
+    let env = TestEnv::new(server);
+    let lock = lock_name("lock");
+    let ready = env.path("ready");
+    let script = format!(
+        ": '\u{1b}[2J'; echo $$ > {}; exec sleep 1000",
+        ready.display()
+    );
+    let mut holder = env
+        .dlock(["run", &lock, "sh", "-c", &script])
+        .env("USER", "evil\u{1b}]0;pwned\u{7}\u{9b}31m")
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn holder");
+    wait_until("holder ready", PATIENCE, || {
+        std::fs::read_to_string(&ready).is_ok_and(|s| s.ends_with('\n'))
+    });
+    let status = env.run(["status", &lock]);
+    let list = env.run(["list"]);
+    let busy = env.run(["run", "--no-wait", &lock, "true"]);
+    let _ = holder.kill();
+    let _ = holder.wait();
+    assert_eq!(status.status.code(), Some(0), "{}", describe(&status));
+    assert!(stdout_of(&status).contains("evil"), "{}", describe(&status));
+    assert_eq!(busy.status.code(), Some(75), "{}", describe(&busy));
+    for (what, out) in [
+        ("status", &status),
+        ("list", &list),
+        ("run --no-wait", &busy),
+    ] {
+        for byte in [0x1b_u8, 0x07] {
+            assert!(
+                !out.stdout.contains(&byte) && !out.stderr.contains(&byte),
+                "{what} printed a raw control character {byte:#x}: {}",
+                describe(out)
+            );
+        }
+        let text = format!("{}{}", stdout_of(out), stderr_of(out));
+        assert!(!text.contains('\u{9b}'), "{what} printed a raw CSI: {text}");
+    }
+}
+
+/// A nested `dlock run --url …://user:password@…` in a holder's command line is recorded
+/// with the password masked: the metadata is stored on the backend and shown by `status`.
+pub fn passwords_in_the_holders_command_line_are_not_stored(server: &dyn LockServer) {
+    let env = TestEnv::new(server);
+    let lock = lock_name("lock");
+    let ready = env.path("ready");
+    let script = format!(
+        ": dlock run --url redis://:Hunter2Secret@h x -- y; echo $$ > {}; exec sleep 1000",
+        ready.display()
+    );
+    let mut holder = env
+        .dlock(["run", &lock, "sh", "-c", &script])
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn holder");
+    wait_until("holder ready", PATIENCE, || {
+        std::fs::read_to_string(&ready).is_ok_and(|s| s.ends_with('\n'))
+    });
+    let status = env.run(["status", "--json", &lock]);
+    let list = env.run(["list", "--json"]);
+    let _ = holder.kill();
+    let _ = holder.wait();
+    assert_eq!(status.status.code(), Some(0), "{}", describe(&status));
+    assert!(
+        stdout_of(&status).contains("redis://:***@h"),
+        "{}",
+        describe(&status)
+    );
+    for out in [&status, &list] {
+        assert!(
+            !stdout_of(out).contains("Hunter2Secret"),
+            "{}",
+            describe(out)
+        );
+    }
+    server.assert_nothing_stored_contains("Hunter2Secret");
+}

@@ -1,0 +1,222 @@
+//! One test's world: `TestEnv` runs the real `dlock` binary in a scratch directory with a
+//! clean environment, and `Holding` is a running holder that is killed when dropped.
+
+use std::ffi::OsStr;
+use std::path::PathBuf;
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use super::*;
+
+pub const DLOCK: &str = env!("CARGO_BIN_EXE_dlock");
+
+/// Generous bound for anything that should take milliseconds.
+pub const PATIENCE: Duration = Duration::from_secs(20);
+
+/// One test's world: a scratch directory, no inherited DLOCK_* settings, no config file,
+/// and the backend under test.
+pub struct TestEnv {
+    pub scratch: tempfile::TempDir,
+    pub url: String,
+    pub ttl: Option<&'static str>,
+}
+
+impl TestEnv {
+    pub fn new(server: &dyn LockServer) -> TestEnv {
+        TestEnv {
+            scratch: tempfile::tempdir().expect("temp dir"),
+            url: server.url(),
+            ttl: server.ttl(),
+        }
+    }
+
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.scratch.path().join(name)
+    }
+
+    /// Write a config file with one `[table]` of `body` into the scratch directory (a new
+    /// file each time) and return its path, for `--config`.
+    pub fn config_file(&self, table: &str, body: &str) -> String {
+        let path = self.path(&format!("config-{}.toml", unique()));
+        std::fs::write(&path, format!("[{table}]\n{body}")).expect("write config");
+        path.display().to_string()
+    }
+
+    /// `dlock ARGS` with a clean environment, run in the scratch directory.
+    pub fn dlock<I, S>(&self, args: I) -> Command
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        let mut command = Command::new(DLOCK);
+        command.args(args).current_dir(self.scratch.path());
+        for (key, _) in std::env::vars_os() {
+            if key.to_string_lossy().starts_with("DLOCK_") {
+                command.env_remove(key);
+            }
+        }
+        command
+            .env("DLOCK_URL", &self.url)
+            .env("XDG_CONFIG_HOME", self.path("no-config"))
+            .env("XDG_RUNTIME_DIR", self.path("runtime"))
+            .stdin(Stdio::null());
+        if let Some(ttl) = self.ttl {
+            command.env("DLOCK_TTL", ttl);
+        }
+        command
+    }
+
+    /// Run dlock to completion (bounded) and return its output.
+    pub fn run<I, S>(&self, args: I) -> Output
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<OsStr>,
+    {
+        output_within(self.dlock(args), PATIENCE)
+    }
+
+    /// Take `name` once and return the fencing token the command saw.
+    pub fn token(&self, name: &str) -> u64 {
+        let out = self.run(["run", name, "sh", "-c", "echo $DLOCK_FENCING_TOKEN"]);
+        assert!(out.status.success(), "{}", describe(&out));
+        stdout_of(&out).trim().parse().expect("a numeric token")
+    }
+
+    /// Start a holder of `name` whose command signals readiness and then sleeps.
+    pub fn hold(&self, name: &str, extra: &[&str]) -> Holding {
+        let ready = self.path(&format!("ready-{}", unique()));
+        let script = format!("echo $$ > '{}'; exec sleep 1000", ready.display());
+        let mut args: Vec<String> = vec!["run".into()];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        args.extend([name.to_owned(), "sh".into(), "-c".into(), script]);
+        let child = self
+            .dlock(&args)
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn dlock");
+        let mut holding = Holding { child, ready };
+        holding.wait_ready();
+        holding
+    }
+
+    /// Number of waiters `status` reports for `name` (0 when unknown).
+    pub fn waiters(&self, name: &str) -> u64 {
+        let out = self.run(["status", "--json", name]);
+        let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        json["waiters"].as_u64().unwrap_or(0)
+    }
+
+    /// Start `dlock run --url URL NAME` whose command records a SIGTERM in the returned log
+    /// (`holder-stopped`) and otherwise loops; returns once the command runs.
+    pub fn stoppable_holder(&self, url: &str, name: &str) -> (Child, PathBuf) {
+        let log = self.path("log");
+        let ready = self.path("ready");
+        let script = format!(
+            "trap 'echo holder-stopped >> {log}; exit 0' TERM; echo ok > {ready}; while :; do sleep 0.05; done",
+            log = log.display(),
+            ready = ready.display()
+        );
+        let holder = self
+            .dlock([
+                "run",
+                "--url",
+                url,
+                "--kill-after",
+                "5s",
+                name,
+                "sh",
+                "-c",
+                &script,
+            ])
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn holder");
+        wait_until("holder ready", PATIENCE, || ready.exists());
+        (holder, log)
+    }
+
+    /// Whether `name` can be taken right now (a `--no-wait` run succeeds).
+    pub fn is_free(&self, name: &str) -> bool {
+        let out = self.run(["run", "--no-wait", name, "true"]);
+        match out.status.code() {
+            Some(0) => true,
+            Some(75) => false,
+            _ => panic!("unexpected result of a --no-wait probe: {}", describe(&out)),
+        }
+    }
+}
+
+/// A `TestEnv` on the file backend in a private directory, for tests that need no server;
+/// keep the `FileServer` as long as the env is used.
+pub fn file_env() -> (FileServer, TestEnv) {
+    let server = FileServer::start();
+    let env = TestEnv::new(&server);
+    (server, env)
+}
+
+/// A running `dlock run` holding a lock; killed (SIGKILL, by pid) when dropped.
+pub struct Holding {
+    pub child: Child,
+    pub ready: PathBuf,
+}
+
+impl Holding {
+    fn wait_ready(&mut self) {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            if std::fs::read_to_string(&self.ready).is_ok_and(|s| s.ends_with('\n')) {
+                return;
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                let mut stderr = String::new();
+                if let Some(mut err) = self.child.stderr.take() {
+                    use std::io::Read;
+                    let _ = err.read_to_string(&mut stderr);
+                }
+                panic!("holder exited before it was ready: {status}: {stderr}");
+            }
+            assert!(
+                Instant::now() < deadline,
+                "holder not ready within {PATIENCE:?}"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// The pid of the command (not of dlock).
+    pub fn command_pid(&self) -> i32 {
+        read_pid(&self.ready)
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.id() as i32
+    }
+
+    pub fn signal(&self, signal: nix::sys::signal::Signal) {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.pid()), signal)
+            .expect("signal holder");
+    }
+
+    /// Wait (bounded) for dlock to exit.
+    pub fn wait(&mut self) -> ExitStatus {
+        wait_within(&mut self.child, PATIENCE)
+    }
+
+    pub fn stderr(&mut self) -> String {
+        let mut text = String::new();
+        if let Some(mut err) = self.child.stderr.take() {
+            use std::io::Read;
+            let _ = err.read_to_string(&mut text);
+        }
+        text
+    }
+}
+
+impl Drop for Holding {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}

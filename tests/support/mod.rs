@@ -1,0 +1,36 @@
+//! Shared test support: a per-test environment around the real `dlock` binary, lock servers
+//! to run the contract against, readiness waits with bounds, and process helpers.
+//!
+//! Every wait here is bounded in time and synchronises on something observable (a file, an
+//! exit), never on a fixed sleep.
+//!
+//! - `harness`: `TestEnv` (one test's world) and `Holding` (a running holder);
+//! - `server`: the `LockServer` and `LeaseServer` traits, and `FileServer`;
+//! - `process`: bounded waits, output helpers, `assert_fails`, unique names, server binaries;
+//! - `net`: free ports, a `Proxy` that black-holes or slows a link, a `SilentServer`;
+//! - `certs`: throw-away certificates for the TLS tests;
+//! - one file per test server: `redis`, `etcd`, `zk`, `postgres`.
+//!
+//! Tests use all of it through `use crate::support::*;`.
+
+#![allow(dead_code)]
+
+mod certs;
+mod etcd;
+mod harness;
+mod net;
+mod postgres;
+mod process;
+mod redis;
+mod server;
+mod zk;
+
+pub use self::certs::*;
+pub use self::etcd::*;
+pub use self::harness::*;
+pub use self::net::*;
+pub use self::postgres::*;
+pub use self::process::*;
+pub use self::redis::*;
+pub use self::server::*;
+pub use self::zk::*;

@@ -1,0 +1,205 @@
+//! A private `redis-server` per test, and raw commands to it (inline and RESP) for looking at
+//! or tampering with what dlock stores.
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use super::*;
+
+/// Send one inline command to a Redis server and return the first reply line.
+pub fn redis_command(port: u16, command: &str) -> std::io::Result<String> {
+    use std::io::{BufRead, BufReader, Write};
+    let stream = std::net::TcpStream::connect(("127.0.0.1", port))?;
+    stream.set_read_timeout(Some(Duration::from_secs(5)))?;
+    (&stream).write_all(format!("{command}\r\n").as_bytes())?;
+    let mut line = String::new();
+    BufReader::new(&stream).read_line(&mut line)?;
+    Ok(line.trim_end().to_owned())
+}
+
+/// A private `redis-server` on a free loopback port, without persistence; killed on drop.
+pub struct RedisServer {
+    pub port: u16,
+    dir: tempfile::TempDir,
+    child: Option<Child>,
+    extra: Vec<String>,
+}
+
+impl RedisServer {
+    pub fn start() -> RedisServer {
+        RedisServer::start_with(&[])
+    }
+
+    /// With extra `redis-server` arguments, e.g. `["--requirepass", "pw"]`.
+    pub fn start_with(extra: &[&str]) -> RedisServer {
+        RedisServer::start_on(free_port(), extra)
+    }
+
+    /// On `port`; for TLS pass `["--port", "0", "--tls-port", <port>, …]` in `extra` (later
+    /// arguments win).
+    pub fn start_on(port: u16, extra: &[&str]) -> RedisServer {
+        let mut server = RedisServer {
+            port,
+            dir: tempfile::tempdir().expect("temp dir"),
+            child: None,
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+        };
+        server.launch();
+        server
+    }
+
+    fn launch(&mut self) {
+        let binary = server_binary("redis-server", "redis-server");
+        let log = std::fs::File::create(self.dir.path().join("redis.log")).expect("log file");
+        let child = Command::new(binary)
+            .args([
+                "--port",
+                &self.port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .args([
+                "--dir",
+                &self.dir.path().display().to_string(),
+                "--daemonize",
+                "no",
+            ])
+            .args(&self.extra)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .expect("start redis-server");
+        self.child = Some(child);
+        // Ready when it says so (works for TLS-only servers too).
+        let log = self.dir.path().join("redis.log");
+        wait_until("redis-server ready", PATIENCE, || {
+            std::fs::read_to_string(&log).is_ok_and(|l| l.contains("Ready to accept connections"))
+        });
+    }
+
+    /// Where the server keeps its files.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Kill the server (SIGKILL, so nothing is saved) and start a fresh one on the same port.
+    pub fn restart(&mut self) {
+        self.stop();
+        self.launch();
+    }
+
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    pub fn command(&self, command: &str) -> String {
+        redis_command(self.port, command).expect("redis command")
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+impl LockServer for RedisServer {
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/0", self.port)
+    }
+
+    fn scheme(&self) -> &'static str {
+        "redis"
+    }
+
+    fn ttl(&self) -> Option<&'static str> {
+        Some("3s")
+    }
+
+    fn stored_text(&self) -> Option<String> {
+        let cli = |args: &[&str]| {
+            let out = Command::new("redis-cli")
+                .args(["-h", "127.0.0.1", "-p", &self.port.to_string(), "--no-raw"])
+                .args(args)
+                .output()
+                .expect("redis-cli (apt-get install redis-tools)");
+            String::from_utf8_lossy(&out.stdout).into_owned()
+        };
+        let mut text = String::new();
+        for key in cli(&["--scan"]).lines().take(10_000) {
+            let key = key.trim().trim_matches('"');
+            let read: &[&str] = match cli(&["TYPE", key]).trim() {
+                "string" => &["GET"],
+                "hash" => &["HGETALL"],
+                "list" => &["LRANGE"],
+                "zset" => &["ZRANGE"],
+                "set" => &["SMEMBERS"],
+                _ => continue,
+            };
+            let mut args = vec![read[0], key];
+            if matches!(read[0], "LRANGE" | "ZRANGE") {
+                args.extend(["0", "-1"]);
+            }
+            text.push_str(key);
+            text.push_str(&cli(&args));
+        }
+        Some(text)
+    }
+}
+
+impl LeaseServer for RedisServer {
+    fn port(&self) -> u16 {
+        self.port
+    }
+
+    fn url_via(&self, port: u16) -> String {
+        format!("redis://127.0.0.1:{port}/0")
+    }
+
+    fn as_lock_server(&self) -> &dyn LockServer {
+        self
+    }
+}
+
+/// Send one command as a RESP array and return the raw reply (bounded read).
+pub fn redis_resp(port: u16, args: &[&str]) -> std::io::Result<String> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port))?;
+    stream.set_read_timeout(Some(Duration::from_millis(500)))?;
+    let mut request = format!("*{}\r\n", args.len());
+    for arg in args {
+        request.push_str(&format!("${}\r\n{arg}\r\n", arg.len()));
+    }
+    stream.write_all(request.as_bytes())?;
+    let mut reply = Vec::new();
+    let mut buf = [0u8; 4096];
+    let deadline = Instant::now() + Duration::from_secs(5);
+    // Read until the server has been quiet for a moment (replies here are small).
+    while Instant::now() < deadline {
+        match stream.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => reply.extend_from_slice(&buf[..n]),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) =>
+            {
+                if !reply.is_empty() {
+                    break;
+                }
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(String::from_utf8_lossy(&reply).into_owned())
+}

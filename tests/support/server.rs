@@ -1,0 +1,98 @@
+//! What the contract needs from a lock service (`LockServer`, and `LeaseServer` for those
+//! that expire a silent holder), and the simplest one: the file backend in a private
+//! directory.
+
+use super::*;
+
+/// A lock service the contract tests can run against.
+pub trait LockServer: Send + Sync {
+    /// The `--url` of this server.
+    fn url(&self) -> String;
+    /// DLOCK_BACKEND as the command sees it.
+    fn scheme(&self) -> &'static str;
+    /// Take the lock away from its current holder behind dlock's back (the holder must then
+    /// detect the loss). By default `dlock release --force`.
+    fn break_hold(&self, env: &TestEnv, name: &str) {
+        let out = env.run(["release", "--force", name]);
+        assert!(
+            out.status.success(),
+            "release --force failed: {}",
+            describe(&out)
+        );
+    }
+    /// The `--ttl` the tests use (short, so that renewals and loss detection are quick).
+    fn ttl(&self) -> Option<&'static str> {
+        None
+    }
+    /// Everything the backend stores, as text, where a test can read it raw (lock files,
+    /// Redis keys); `None` where only dlock's own `status` can show it.
+    fn stored_text(&self) -> Option<String> {
+        None
+    }
+    /// Fail if `needle` is stored anywhere [`LockServer::stored_text`] can see.
+    fn assert_nothing_stored_contains(&self, needle: &str) {
+        if let Some(text) = self.stored_text() {
+            assert!(
+                !text.contains(needle),
+                "'{needle}' is stored on the backend: {text}"
+            );
+        }
+    }
+}
+
+/// A server that expires the lease of a holder that goes silent (Redis, etcd).
+pub trait LeaseServer: LockServer {
+    /// The client port of the (first) server, for a proxy in front of it.
+    fn port(&self) -> u16;
+    /// The URL of this server reached through `port` instead.
+    fn url_via(&self, port: u16) -> String;
+    fn as_lock_server(&self) -> &dyn LockServer;
+}
+
+/// The file backend in a private directory.
+pub struct FileServer {
+    pub dir: tempfile::TempDir,
+}
+
+impl FileServer {
+    pub fn start() -> FileServer {
+        FileServer {
+            dir: tempfile::tempdir().expect("temp dir"),
+        }
+    }
+}
+
+impl LockServer for FileServer {
+    fn url(&self) -> String {
+        format!("file://{}", self.dir.path().display())
+    }
+
+    fn scheme(&self) -> &'static str {
+        "file"
+    }
+
+    fn stored_text(&self) -> Option<String> {
+        let mut text = String::new();
+        let mut dirs = vec![self.dir.path().to_owned()];
+        while let Some(dir) = dirs.pop() {
+            for entry in std::fs::read_dir(&dir).expect("read lock dir").flatten() {
+                let path = entry.path();
+                if path.is_dir() {
+                    dirs.push(path);
+                } else if let Ok(bytes) = std::fs::read(&path) {
+                    text.push_str(&String::from_utf8_lossy(&bytes));
+                }
+            }
+        }
+        Some(text)
+    }
+
+    /// Replace the lock file with a new one, as a careless admin would.
+    fn break_hold(&self, env: &TestEnv, name: &str) {
+        let path = self.dir.path().join(format!("{name}.lock"));
+        assert!(path.exists(), "no lock file at {}", path.display());
+        let replacement = env.path("replacement.lock");
+        std::fs::write(&replacement, b"").expect("write replacement");
+        std::fs::rename(&replacement, &path).expect("replace lock file");
+    }
+}
