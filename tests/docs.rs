@@ -346,7 +346,7 @@ fn help_mentions_exit_statuses_and_signals() {
     // Wrapping depends on the terminal width; compare with all whitespace runs as one space.
     let flat = help.split_whitespace().collect::<Vec<_>>().join(" ");
 
-    // design.md §6, as rendered from exit::TABLE.
+    // README "Exit status", as rendered from exit::TABLE.
     let statuses = help_exit_statuses(&help);
     for code in [
         "N", "128+S", "75", "124", "64", "69", "70", "73", "77", "78", "126", "127", "128+N",
@@ -357,7 +357,7 @@ fn help_mentions_exit_statuses_and_signals() {
         );
     }
 
-    // design.md §4: which signals are forwarded, escalation, waiting, lock loss.
+    // README "Signals": which signals are forwarded, escalation, waiting, lock loss.
     for needle in [
         "Signals:",
         "SIGTERM",

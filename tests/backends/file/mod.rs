@@ -1,4 +1,4 @@
-//! Promises specific to the file backend (design §1, issue: file backend): the lock
+//! Promises specific to the file backend (README: "The file backend's lock files"): the lock
 //! directory, names, `--limit`; the fencing counter (`tokens`), what else may stand where a
 //! lock file should be (`special_files`), and shared directories (`shared_dirs`).
 
