@@ -1,0 +1,186 @@
+//! The commands besides `run`: `status` and `list` (holders, and waiters in queue order),
+//! `release --force` (deleting the holders' nodes), and `check` (round trips, a test node, the
+//! negotiated session timeout, the server's version).
+
+use std::time::Duration;
+
+use zookeeper_client::{self as zk, Client, CreateMode};
+
+use super::conn::{server_info, timed};
+use super::nodes::{name_of_component, Entry};
+use super::ZkBackend;
+use crate::clock::BootInstant;
+use crate::error::Error;
+use crate::lock::{CheckReport, Holder, LockName, LockStatus};
+
+impl ZkBackend {
+    /// Holders and waiters of a lock.
+    pub(super) async fn status_with(
+        &self,
+        client: &Client,
+        name: &LockName,
+    ) -> Result<LockStatus, Error> {
+        let (holders, queue): (Vec<Entry>, Vec<Entry>) = self
+            .read_queue(client, name)
+            .await?
+            .into_iter()
+            .partition(|e| e.holds);
+        Ok(LockStatus {
+            name: name.to_string(),
+            held: !holders.is_empty(),
+            waiters: Some(queue.len() as u64),
+            queue: queue.into_iter().map(|e| e.status).collect(),
+            holders: holders.into_iter().map(|e| e.status).collect(),
+            last_token: None,
+        })
+    }
+
+    /// Round trips, a test node and the session `check` reports.
+    pub(super) async fn check_with(
+        &self,
+        client: &Client,
+        root: &str,
+        connect_time: Duration,
+    ) -> Result<CheckReport, Error> {
+        let mut round_trips = Vec::new();
+        for _ in 0..5 {
+            let sent = BootInstant::now();
+            timed(client.check_stat("/"))
+                .await
+                .map_err(|e| self.classify(&e, "reading /"))?;
+            round_trips.push(BootInstant::now().saturating_since(sent));
+        }
+        round_trips.sort();
+        // Create and delete a test node under the prefix (`!` never starts a lock's component).
+        let acls = self.acls();
+        self.make_parents(client, root).await?;
+        let probe = format!("{root}/!check-{}", uuid::Uuid::new_v4());
+        let probe_options = CreateMode::Ephemeral.with_acls(acls);
+        timed(client.create(&probe, b"check", &probe_options))
+            .await
+            .map_err(|e| self.classify(&e, &format!("creating {probe}")))?;
+        timed(client.delete(&probe, None))
+            .await
+            .map_err(|e| self.classify(&e, &format!("deleting {probe}")))?;
+        let mut warnings = Vec::new();
+        let members = self.target.endpoints.len();
+        if members > 1 && members.is_multiple_of(2) {
+            warnings.push(format!(
+                "the URL names {members} servers; an odd-sized ensemble tolerates the same failures with fewer"
+            ));
+        }
+        let granted = client.session_timeout();
+        if granted != self.ttl {
+            warnings.push(format!(
+                "the server negotiated a {} session timeout for --ttl {}; dlock run would use {}",
+                humantime::format_duration(granted),
+                humantime::format_duration(self.ttl),
+                humantime::format_duration(granted)
+            ));
+        }
+        let (version, mode) = server_info(&self.target.endpoints).await;
+        let median = round_trips
+            .get(round_trips.len() / 2)
+            .copied()
+            .unwrap_or_default();
+        Ok(CheckReport {
+            backend: "zk".into(),
+            location: self.display.clone(),
+            version,
+            round_trip_us: u64::try_from(median.as_micros()).unwrap_or(u64::MAX),
+            warnings,
+            details: vec![
+                ("mode".into(), mode),
+                (
+                    "members".into(),
+                    self.target
+                        .endpoints
+                        .iter()
+                        .map(|(h, p)| format!("{h}:{p}"))
+                        .collect::<Vec<_>>()
+                        .join(","),
+                ),
+                (
+                    "chroot".into(),
+                    self.target.chroot.clone().unwrap_or_else(|| "/".into()),
+                ),
+                (
+                    "auth".into(),
+                    self.target
+                        .user
+                        .as_ref()
+                        .map_or_else(|| "none".into(), |u| format!("digest user {u}")),
+                ),
+                (
+                    "session".into(),
+                    format!(
+                        "{:x}, timeout {} (requested {})",
+                        client.session_id().0,
+                        humantime::format_duration(granted),
+                        humantime::format_duration(self.ttl)
+                    ),
+                ),
+                (
+                    "connect".into(),
+                    humantime::format_duration(Duration::from_micros(
+                        u64::try_from(connect_time.as_micros()).unwrap_or(u64::MAX),
+                    ))
+                    .to_string(),
+                ),
+            ],
+        })
+    }
+
+    /// The held locks under `root`.
+    pub(super) async fn list_with(
+        &self,
+        client: &Client,
+        root: &str,
+    ) -> Result<Vec<LockStatus>, Error> {
+        let children = match timed(client.list_children(root)).await {
+            Ok(children) => children,
+            Err(zk::Error::NoNode) => Vec::new(),
+            Err(e) => return Err(self.classify(&e, &format!("listing {root}"))),
+        };
+        let mut names: Vec<LockName> = children
+            .iter()
+            .filter_map(|c| name_of_component(c))
+            .collect();
+        names.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+        let mut held = Vec::new();
+        for name in names {
+            let status = self.status_with(client, &name).await?;
+            if status.held {
+                held.push(status);
+            }
+        }
+        Ok(held)
+    }
+
+    /// Delete the holders' nodes of `name` (in `dir`); waiters' nodes are left alone.
+    pub(super) async fn force_release_with(
+        &self,
+        client: &Client,
+        name: &LockName,
+        dir: &str,
+    ) -> Result<Vec<Holder>, Error> {
+        let entries = self.read_queue(client, name).await?;
+        let (holders, waiting): (Vec<Entry>, Vec<Entry>) =
+            entries.into_iter().partition(|e| e.holds);
+        if holders.is_empty() && !waiting.is_empty() {
+            tracing::warn!(
+                "'{name}' has no holder, but {} waiting; waiters' nodes are left alone (a \
+                 killed waiter's node goes when its session expires)",
+                waiting.len()
+            );
+        }
+        for entry in &holders {
+            let path = format!("{dir}/{}", entry.child);
+            match timed(client.delete(&path, None)).await {
+                Ok(()) | Err(zk::Error::NoNode) => {}
+                Err(e) => return Err(self.classify(&e, &format!("deleting {path}"))),
+            }
+        }
+        Ok(holders.into_iter().map(|e| e.status.holder).collect())
+    }
+}
