@@ -35,6 +35,10 @@
 //! lost when that has failed for long enough that the server might expire the session (design
 //! §4). A session the server reports expired, or a deleted node, is lost at once (a watch on our
 //! node reports both without waiting for the next renewal).
+//!
+//! The parts: `conn` (sessions, bounds, error classes), `nodes` (paths and node data),
+//! `queue` (our node in, and out again on failure), `wait` (waiting for our turn), `lease`
+//! (the session as lease), `admin` (status, list, release --force, check), `target` (the URL).
 
 use std::time::Duration;
 
@@ -48,6 +52,7 @@ mod lease;
 mod nodes;
 mod queue;
 pub mod target;
+mod wait;
 
 pub use lease::ZkLease;
 pub use nodes::zk_component;
@@ -60,6 +65,8 @@ use queue::Queue;
 /// report of who is ahead) before it counts as a server that stopped answering.
 const WAIT_BACKSTOP: Duration = Duration::from_secs(2);
 
+/// Locks in a ZooKeeper ensemble under `--prefix`; `ttl` is the session timeout asked for
+/// by the commands other than `run` (which asks for the request's).
 pub struct ZkBackend {
     target: ZkTarget,
     prefix: String,
@@ -101,12 +108,7 @@ impl Backend for ZkBackend {
                 humantime::format_duration(granted)
             );
         }
-        let mut queue = Queue {
-            client: client.clone(),
-            dir,
-            guid_prefix: format!("_c_{}-", uuid::Uuid::new_v4()),
-            own: None,
-        };
+        let mut queue = Queue::new(client.clone(), dir);
         // `--wait` bounds queueing (in `queue_and_wait`) and waiting; this is the backstop for a
         // server that stops answering while dlock waits.
         let outcome = match wait {
