@@ -9,7 +9,7 @@ use zookeeper_client::{self as zk, Client, CreateMode};
 use super::conn::{server_info, timed};
 use super::nodes::{name_of_component, Entry};
 use super::ZkBackend;
-use crate::clock::BootInstant;
+use crate::backend::{list_held, median_round_trip};
 use crate::error::Error;
 use crate::lock::{CheckReport, Holder, LockName, LockStatus};
 
@@ -42,15 +42,13 @@ impl ZkBackend {
         root: &str,
         connect_time: Duration,
     ) -> Result<CheckReport, Error> {
-        let mut round_trips = Vec::new();
-        for _ in 0..5 {
-            let sent = BootInstant::now();
+        let median = median_round_trip(5, async || {
             timed(client.check_stat("/"))
                 .await
-                .map_err(|e| self.classify(&e, "reading /"))?;
-            round_trips.push(BootInstant::now().saturating_since(sent));
-        }
-        round_trips.sort();
+                .map(drop)
+                .map_err(|e| self.classify(&e, "reading /"))
+        })
+        .await?;
         // Create and delete a test node under the prefix (`!` never starts a lock's component).
         let acls = self.acls();
         self.make_parents(client, root).await?;
@@ -79,10 +77,6 @@ impl ZkBackend {
             ));
         }
         let (version, mode) = server_info(&self.target.endpoints).await;
-        let median = round_trips
-            .get(round_trips.len() / 2)
-            .copied()
-            .unwrap_or_default();
         Ok(CheckReport {
             backend: "zk".into(),
             location: self.display.clone(),
@@ -142,19 +136,14 @@ impl ZkBackend {
             Err(zk::Error::NoNode) => Vec::new(),
             Err(e) => return Err(self.classify(&e, &format!("listing {root}"))),
         };
-        let mut names: Vec<LockName> = children
+        let names: Vec<LockName> = children
             .iter()
             .filter_map(|c| name_of_component(c))
             .collect();
-        names.sort_by(|a, b| a.as_str().cmp(b.as_str()));
-        let mut held = Vec::new();
-        for name in names {
-            let status = self.status_with(client, &name).await?;
-            if status.held {
-                held.push(status);
-            }
-        }
-        Ok(held)
+        list_held(names, async |name: &LockName| {
+            self.status_with(client, name).await
+        })
+        .await
     }
 
     /// Delete the holders' nodes of `name` (in `dir`); waiters' nodes are left alone.

@@ -7,15 +7,14 @@ use zookeeper_client::{self as zk, Acls, Client, CreateMode};
 use super::conn::timed;
 use super::ZkBackend;
 use crate::error::Error;
-use crate::lock::{Holder, HolderStatus, LockName};
+use crate::lock::{Holder, HolderStatus, LockName, Record};
 
-/// What a lock node's data holds (the same JSON as etcd's values).
+/// What a lock node's data holds: the [`Record`] of etcd's values and lock files, plus the
+/// waiting mark.
 #[derive(serde::Serialize, serde::Deserialize)]
 pub(super) struct Meta {
     #[serde(flatten)]
-    pub(super) holder: Holder,
-    #[serde(default)]
-    pub(super) limit: u32,
+    pub(super) record: Record,
     /// A waiter's mark (`--limit 1`): a place in the queue, not (yet) a hold.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub(super) waiting: bool,
@@ -139,14 +138,14 @@ impl ZkBackend {
         let limit = nodes
             .first()
             .and_then(|(_, data, _)| serde_json::from_slice::<Meta>(data).ok())
-            .map_or(1, |m| m.limit.max(1)) as usize;
+            .map_or(1, |m| m.record.limit.max(1)) as usize;
         let entries = nodes
             .into_iter()
             .enumerate()
             .map(|(position, (child, data, stat))| {
                 let meta = serde_json::from_slice::<Meta>(&data).ok();
                 let waiting = meta.as_ref().is_some_and(|m| m.waiting);
-                let mut holder = meta.map(|m| m.holder).unwrap_or_else(|| Holder {
+                let mut holder = meta.map(|m| m.record.holder).unwrap_or_else(|| Holder {
                     name: name.to_string(),
                     // Curator stores the client's IP address as the node's data.
                     host: String::from_utf8_lossy(&data)
@@ -178,6 +177,35 @@ impl ZkBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn node_data_is_the_json_dlock_always_wrote() {
+        let holder = Holder {
+            name: "a".into(),
+            host: "h".into(),
+            pid: 42,
+            user: "u".into(),
+            command: "sleep 1".into(),
+            since: "2026-01-01T00:00:00Z".into(),
+            ttl_ms: 10_000,
+            token: 7,
+            version: "0.1.0".into(),
+        };
+        let fields = r#""name":"a","host":"h","pid":42,"user":"u","command":"sleep 1","since":"2026-01-01T00:00:00Z","ttl_ms":10000,"token":7,"version":"0.1.0","limit":3"#;
+        for (waiting, tail) in [(false, ""), (true, r#","waiting":true"#)] {
+            let meta = Meta {
+                record: Record {
+                    holder: holder.clone(),
+                    limit: 3,
+                },
+                waiting,
+            };
+            let json = serde_json::to_string(&meta).expect("serialize");
+            assert_eq!(json, format!("{{{fields}{tail}}}"));
+            let read: Meta = serde_json::from_str(&json).expect("deserialize");
+            assert_eq!((read.record.limit, read.waiting), (3, waiting));
+        }
+    }
 
     #[test]
     fn dot_names_become_valid_distinct_components() {

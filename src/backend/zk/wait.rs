@@ -12,7 +12,7 @@ use super::queue::{lost_place, Queue};
 use super::ZkBackend;
 use crate::clock::{sleep_until, BootInstant};
 use crate::error::Error;
-use crate::lock::{AcquireRequest, Cancel, LockName, LockStatus, Wait};
+use crate::lock::{limit_mismatch, AcquireRequest, Cancel, LockName, LockStatus, Record, Wait};
 
 /// Bound for reading who holds a lock for a message, once `--wait` is over.
 const REPORT_TIMEOUT: Duration = Duration::from_secs(1);
@@ -29,8 +29,10 @@ impl ZkBackend {
     ) -> Result<(u64, BootInstant), Error> {
         let record = |waiting| {
             serde_json::to_vec(&Meta {
-                holder: request.holder.clone(),
-                limit: request.limit,
+                record: Record {
+                    holder: request.holder.clone(),
+                    limit: request.limit,
+                },
                 waiting,
             })
             .map_err(|e| Error::Internal(e.to_string()))
@@ -314,10 +316,8 @@ impl Waiter<'_> {
             _ = cancel.cancelled() => return Err(Error::Cancelled),
             _ = wake => {
                 if deadline.is_some_and(|d| BootInstant::now() >= d) {
-                    let waited = match self.request.wait {
-                        Wait::For(d) => humantime::format_duration(d).to_string(),
-                        _ => String::new(),
-                    };
+                    // Only a `--wait` duration has a deadline.
+                    let waited = self.request.wait.describe();
                     return Err(self.busy(&format!("gave up after waiting {waited} (--wait)")).await);
                 }
             }
@@ -338,11 +338,13 @@ impl Waiter<'_> {
 /// A usage error when a node's data says it uses another `--limit` than ours (foreign data,
 /// or none recorded, says nothing).
 fn same_limit(data: &[u8], request: &AcquireRequest) -> Result<(), Error> {
-    match serde_json::from_slice::<Meta>(data).ok().map(|m| m.limit) {
-        Some(theirs) if theirs != 0 && theirs != request.limit => Err(Error::Usage(format!(
-            "lock '{}' is held with --limit {theirs}; all holders must use the same --limit",
-            request.name
-        ))),
+    match serde_json::from_slice::<Meta>(data)
+        .ok()
+        .map(|m| m.record.limit)
+    {
+        Some(theirs) if theirs != 0 && theirs != request.limit => {
+            Err(limit_mismatch(&request.name, theirs))
+        }
         _ => Ok(()),
     }
 }
