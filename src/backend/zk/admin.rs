@@ -49,7 +49,22 @@ impl ZkBackend {
                 .map_err(|e| self.classify(&e, "reading /"))
         })
         .await?;
-        // Create and delete a test node under the prefix (`!` never starts a lock's component).
+        self.probe(client, root).await?;
+        let granted = client.session_timeout();
+        let warnings = self.check_warnings(granted);
+        let (version, mode) = server_info(&self.target.endpoints).await;
+        Ok(CheckReport {
+            backend: "zk".into(),
+            location: self.display.clone(),
+            version,
+            round_trip_us: u64::try_from(median.as_micros()).unwrap_or(u64::MAX),
+            warnings,
+            details: self.check_details(client, mode, granted, connect_time),
+        })
+    }
+
+    /// Create and delete a test node under the prefix (`!` never starts a lock's component).
+    async fn probe(&self, client: &Client, root: &str) -> Result<(), Error> {
         let acls = self.acls();
         self.make_parents(client, root).await?;
         let probe = format!("{root}/!check-{}", uuid::Uuid::new_v4());
@@ -60,6 +75,11 @@ impl ZkBackend {
         timed(client.delete(&probe, None))
             .await
             .map_err(|e| self.classify(&e, &format!("deleting {probe}")))?;
+        Ok(())
+    }
+
+    /// An even-sized ensemble, and a session timeout other than `--ttl`.
+    fn check_warnings(&self, granted: Duration) -> Vec<String> {
         let mut warnings = Vec::new();
         let members = self.target.endpoints.len();
         if members > 1 && members.is_multiple_of(2) {
@@ -67,7 +87,6 @@ impl ZkBackend {
                 "the URL names {members} servers; an odd-sized ensemble tolerates the same failures with fewer"
             ));
         }
-        let granted = client.session_timeout();
         if granted != self.ttl {
             warnings.push(format!(
                 "the server negotiated a {} session timeout for --ttl {}; dlock run would use {}",
@@ -76,53 +95,56 @@ impl ZkBackend {
                 humantime::format_duration(granted)
             ));
         }
-        let (version, mode) = server_info(&self.target.endpoints).await;
-        Ok(CheckReport {
-            backend: "zk".into(),
-            location: self.display.clone(),
-            version,
-            round_trip_us: u64::try_from(median.as_micros()).unwrap_or(u64::MAX),
-            warnings,
-            details: vec![
-                ("mode".into(), mode),
-                (
-                    "members".into(),
-                    self.target
-                        .endpoints
-                        .iter()
-                        .map(|(h, p)| format!("{h}:{p}"))
-                        .collect::<Vec<_>>()
-                        .join(","),
+        warnings
+    }
+
+    /// The `key: value` lines of `check`.
+    fn check_details(
+        &self,
+        client: &Client,
+        mode: String,
+        granted: Duration,
+        connect_time: Duration,
+    ) -> Vec<(String, String)> {
+        vec![
+            ("mode".into(), mode),
+            (
+                "members".into(),
+                self.target
+                    .endpoints
+                    .iter()
+                    .map(|(h, p)| format!("{h}:{p}"))
+                    .collect::<Vec<_>>()
+                    .join(","),
+            ),
+            (
+                "chroot".into(),
+                self.target.chroot.clone().unwrap_or_else(|| "/".into()),
+            ),
+            (
+                "auth".into(),
+                self.target
+                    .user
+                    .as_ref()
+                    .map_or_else(|| "none".into(), |u| format!("digest user {u}")),
+            ),
+            (
+                "session".into(),
+                format!(
+                    "{:x}, timeout {} (requested {})",
+                    client.session_id().0,
+                    humantime::format_duration(granted),
+                    humantime::format_duration(self.ttl)
                 ),
-                (
-                    "chroot".into(),
-                    self.target.chroot.clone().unwrap_or_else(|| "/".into()),
-                ),
-                (
-                    "auth".into(),
-                    self.target
-                        .user
-                        .as_ref()
-                        .map_or_else(|| "none".into(), |u| format!("digest user {u}")),
-                ),
-                (
-                    "session".into(),
-                    format!(
-                        "{:x}, timeout {} (requested {})",
-                        client.session_id().0,
-                        humantime::format_duration(granted),
-                        humantime::format_duration(self.ttl)
-                    ),
-                ),
-                (
-                    "connect".into(),
-                    humantime::format_duration(Duration::from_micros(
-                        u64::try_from(connect_time.as_micros()).unwrap_or(u64::MAX),
-                    ))
-                    .to_string(),
-                ),
-            ],
-        })
+            ),
+            (
+                "connect".into(),
+                humantime::format_duration(Duration::from_micros(
+                    u64::try_from(connect_time.as_micros()).unwrap_or(u64::MAX),
+                ))
+                .to_string(),
+            ),
+        ]
     }
 
     /// The held locks under `root`.

@@ -30,11 +30,12 @@
 //! the queue shows as a waiter, not as a holder: the lock is "free, N waiting ahead". `--wait`
 //! bounds connecting and queueing too: a server that does not answer in time is 69.
 //!
-//! The lease: the session. A connection loss is not an expiry: the [`Keeper`] keeps
-//! re-verifying our node (`exists`, which also touches the session) and only declares the hold
-//! lost when that has failed for long enough that the server might expire the session (design
-//! §4). A session the server reports expired, or a deleted node, is lost at once (a watch on our
-//! node reports both without waiting for the next renewal).
+//! The lease: the session. A connection loss is not an expiry: the
+//! [`Keeper`](crate::keeper::Keeper) keeps re-verifying our node (`exists`, which also touches
+//! the session) and only declares the hold lost when that has failed for long enough that the
+//! server might expire the session (design §4). A session the server reports expired, or a
+//! deleted node, is lost at once (a watch on our node reports both without waiting for the next
+//! renewal).
 //!
 //! The parts: `conn` (sessions, bounds, error classes), `nodes` (paths and node data),
 //! `queue` (our node in, and out again on failure), `wait` (waiting for our turn), `lease`
