@@ -1,0 +1,221 @@
+//! Reaching the ensemble: opening a session bounded by `--wait`, bounding every request,
+//! closing the session, mapping the client's errors to dlock's exit classes, and asking a
+//! member for its version with the `srvr` four-letter word (for `check`).
+
+use std::future::Future;
+use std::time::Duration;
+
+use zookeeper_client::{self as zk, Client};
+
+use super::ZkBackend;
+use crate::backend::url::join_host_port;
+use crate::clock::BootInstant;
+use crate::error::Error;
+use crate::lock::Wait;
+
+/// Bound for reaching the ensemble and for one operation outside the keeper.
+pub(super) const OP_TIMEOUT: Duration = Duration::from_secs(5);
+/// Bound for closing the session after a release or a cancel.
+pub(super) const CLOSE_TIMEOUT: Duration = Duration::from_secs(1);
+/// The least time a server gets to answer while dlock queues, however short `--wait` is.
+pub(super) const MIN_ANSWER: Duration = Duration::from_secs(1);
+
+/// The end of `--wait`: when, and the duration asked for (for messages).
+#[derive(Clone, Copy)]
+pub(super) struct WaitEnd {
+    pub(super) at: BootInstant,
+    /// `at`, but at least [`MIN_ANSWER`] from the start: a healthy server gets the time to
+    /// answer, so that a short `--wait` still takes a free lock.
+    pub(super) answer_by: BootInstant,
+    pub(super) wait: Duration,
+}
+
+impl WaitEnd {
+    pub(super) fn of(wait: Wait) -> Option<WaitEnd> {
+        let now = BootInstant::now();
+        match wait {
+            Wait::For(d) => Some(WaitEnd {
+                at: now + d,
+                answer_by: (now + d).max(now + MIN_ANSWER),
+                wait: d,
+            }),
+            Wait::No | Wait::Forever => None,
+        }
+    }
+}
+
+impl ZkBackend {
+    /// `h1:p1,[v6]:p2/chroot`, without credentials.
+    pub(super) fn connect_string(&self) -> String {
+        let hosts: Vec<String> = self
+            .target
+            .endpoints
+            .iter()
+            .map(|(host, port)| join_host_port(host, *port))
+            .collect();
+        format!(
+            "{}{}",
+            hosts.join(","),
+            self.target.chroot.as_deref().unwrap_or("")
+        )
+    }
+
+    /// Open a session, bounded by [`OP_TIMEOUT`].
+    pub(super) async fn connect(&self, session_timeout: Duration) -> Result<Client, Error> {
+        self.connect_by(session_timeout, None).await
+    }
+
+    /// Open a session, bounded by [`OP_TIMEOUT`] and by the end of `--wait`, if any.
+    pub(super) async fn connect_by(
+        &self,
+        session_timeout: Duration,
+        wait: Option<WaitEnd>,
+    ) -> Result<Client, Error> {
+        let budget = wait.map_or(OP_TIMEOUT, |w| w.answer_by.remaining().min(OP_TIMEOUT));
+        let mut connector = Client::connector()
+            .with_session_timeout(session_timeout)
+            .with_fail_eagerly();
+        if let (Some(user), Some(password)) = (&self.target.user, &self.target.password) {
+            connector =
+                connector.with_auth("digest", format!("{user}:{}", password.expose()).as_bytes());
+        }
+        match tokio::time::timeout(budget, connector.connect(&self.connect_string())).await {
+            Ok(Ok(client)) => Ok(client),
+            Ok(Err(e)) => Err(self.classify(&e, "connecting")),
+            Err(_) if budget < OP_TIMEOUT => Err(self.no_answer(wait)),
+            Err(_) => Err(Error::Unavailable(format!(
+                "no ZooKeeper server of {} answered within {}",
+                self.display,
+                humantime::format_duration(OP_TIMEOUT)
+            ))),
+        }
+    }
+
+    /// The error for a server that did not answer before `--wait` ran out.
+    pub(super) fn no_answer(&self, wait: Option<WaitEnd>) -> Error {
+        let display = &self.display;
+        match wait {
+            Some(w) if w.wait < MIN_ANSWER => Error::Unavailable(format!(
+                "no answer from {display} within {} (--wait {})",
+                humantime::format_duration(MIN_ANSWER),
+                humantime::format_duration(w.wait)
+            )),
+            Some(w) => Error::Unavailable(format!(
+                "no answer from {display} within --wait {}",
+                humantime::format_duration(w.wait)
+            )),
+            None => Error::Unavailable(format!(
+                "no answer from {display} within {}",
+                humantime::format_duration(OP_TIMEOUT)
+            )),
+        }
+    }
+
+    /// Map a client error to dlock's error kinds (exit statuses); `what` names the operation.
+    pub(super) fn classify(&self, e: &zk::Error, what: &str) -> Error {
+        let display = &self.display;
+        match e {
+            zk::Error::NoAuth | zk::Error::AuthFailed => Error::Permission(format!(
+                "{display} refused access ({what}: {e}); check the digest user and password (URL, \
+                 DLOCK_PASSWORD or password_file) and the ACLs of the prefix's nodes"
+            )),
+            zk::Error::InvalidAcl => Error::Config(format!("{display}: {what}: {e}")),
+            zk::Error::BadArguments(_) => Error::Usage(format!("{what}: {e}")),
+            zk::Error::NoChildrenForEphemerals => Error::Config(format!(
+                "{display}: {what}: the prefix is an ephemeral node; choose another --prefix"
+            )),
+            zk::Error::NotReadOnly => Error::Config(format!(
+                "{display} is a read-only server; dlock needs a quorum member"
+            )),
+            zk::Error::Timeout => Error::Unavailable(format!(
+                "{display} did not answer within {} ({what})",
+                humantime::format_duration(OP_TIMEOUT)
+            )),
+            _ => Error::Unavailable(format!("cannot use {display} ({what}): {e}")),
+        }
+    }
+}
+
+/// Await a request, bounded by [`OP_TIMEOUT`].
+pub(super) async fn timed<T>(
+    request: impl Future<Output = Result<T, zk::Error>>,
+) -> Result<T, zk::Error> {
+    tokio::time::timeout(OP_TIMEOUT, request)
+        .await
+        .unwrap_or(Err(zk::Error::Timeout))
+}
+
+/// A read while waiting: after a connection loss (a member stopped, a leader election) the
+/// client reconnects to another member and the session lives on, so ask again a few times
+/// before giving up. An expired session ends this at once (`SessionExpired`).
+pub(super) async fn reread<T, F, Fut>(read: F) -> Result<T, zk::Error>
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Result<T, zk::Error>>,
+{
+    let mut result = timed(read()).await;
+    for attempt in 1..=3u64 {
+        match result {
+            Err(zk::Error::ConnectionLoss | zk::Error::Timeout) => {
+                tokio::time::sleep(Duration::from_millis(50 * attempt)).await;
+                result = timed(read()).await;
+            }
+            _ => break,
+        }
+    }
+    result
+}
+
+/// Close the session (which also removes any ephemeral node left) and wait, bounded, until
+/// the server confirmed it.
+pub(super) async fn close(client: Client) {
+    let states = client.state_watcher();
+    drop(client);
+    closed(states).await;
+}
+
+/// Wait, bounded, until the session of a dropped client is closed.
+pub(super) async fn closed(mut states: zk::StateWatcher) {
+    let closed = async {
+        while !states.peek_state().is_terminated() {
+            states.changed().await;
+        }
+    };
+    let _ = tokio::time::timeout(CLOSE_TIMEOUT, closed).await;
+}
+
+/// The server version and mode from the `srvr` four-letter word of the first member that
+/// answers it (servers only answer it when it is in `4lw.commands.whitelist`).
+pub(super) async fn server_info(endpoints: &[(String, u16)]) -> (String, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    for (host, port) in endpoints {
+        let ask = async {
+            let mut stream = tokio::net::TcpStream::connect((host.as_str(), *port)).await?;
+            stream.write_all(b"srvr").await?;
+            let mut reply = String::new();
+            stream.read_to_string(&mut reply).await?;
+            Ok::<String, std::io::Error>(reply)
+        };
+        let Ok(Ok(reply)) = tokio::time::timeout(Duration::from_secs(2), ask).await else {
+            continue;
+        };
+        let field = |key: &str| {
+            reply
+                .lines()
+                .find_map(|l| l.strip_prefix(key))
+                .map(|v| v.trim().to_owned())
+        };
+        if let Some(version) = field("Zookeeper version:") {
+            // "3.8.0-<git id>, built on …": the release is what matters.
+            let version = version
+                .split([',', '-'])
+                .next()
+                .unwrap_or(&version)
+                .to_owned();
+            let mode = field("Mode:").unwrap_or_else(|| "unknown".into());
+            return (version, format!("{mode} ({host}:{port})"));
+        }
+    }
+    let unknown = "unknown (the srvr four-letter word is not whitelisted)".to_owned();
+    (unknown.clone(), unknown)
+}

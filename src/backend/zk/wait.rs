@@ -1,0 +1,350 @@
+//! Waiting for our turn: the place of our node in the queue, the watch on the node just
+//! ahead (or, at the head of a `--limit N` queue, on the children), the waiting mark of
+//! `--limit 1`, the `--limit` agreement, and the message saying who is ahead.
+
+use std::time::Duration;
+
+use zookeeper_client::{self as zk, Client, EventType, OneshotWatcher};
+
+use super::conn::{reread, timed, WaitEnd};
+use super::nodes::{sort_queue, Entry, Meta};
+use super::queue::{lost_place, Queue};
+use super::ZkBackend;
+use crate::clock::{sleep_until, BootInstant};
+use crate::error::Error;
+use crate::lock::{limit_mismatch, AcquireRequest, Cancel, LockName, LockStatus, Record, Wait};
+
+/// Bound for reading who holds a lock for a message, once `--wait` is over.
+const REPORT_TIMEOUT: Duration = Duration::from_secs(1);
+
+impl ZkBackend {
+    /// Put our node in the queue and wait until it is among the first `limit`. Returns the
+    /// fencing token (our node's czxid) and the send time of the request that proved it.
+    pub(super) async fn queue_and_wait(
+        &self,
+        queue: &mut Queue,
+        request: &AcquireRequest,
+        wait: Option<WaitEnd>,
+        cancel: &mut Cancel,
+    ) -> Result<(u64, BootInstant), Error> {
+        let record = |waiting| {
+            serde_json::to_vec(&Meta {
+                record: Record {
+                    holder: request.holder.clone(),
+                    limit: request.limit,
+                },
+                waiting,
+            })
+            .map_err(|e| Error::Internal(e.to_string()))
+        };
+        let (holding, waiting) = (record(false)?, record(true)?);
+        let queued_by = async {
+            match wait.map(|w| w.answer_by) {
+                Some(at) => sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        let (own, stat, mut children, mut listed_sent) = tokio::select! {
+            r = self.enqueue(&queue.client, &queue.dir, &queue.guid_prefix, &holding) => r?,
+            _ = cancel.cancelled() => return Err(Error::Cancelled),
+            () = queued_by => return Err(self.no_answer(wait)),
+        };
+        let own_path = format!("{}/{own}", queue.dir);
+        queue.own = Some(own_path.clone());
+        let token = u64::try_from(stat.czxid)
+            .map_err(|_| Error::Internal(format!("negative czxid {}", stat.czxid)))?;
+        let mut waiter = Waiter {
+            backend: self,
+            request,
+            client: queue.client.clone(),
+            dir: queue.dir.clone(),
+            own,
+            own_path,
+            limit: request.limit.max(1) as usize,
+            holding,
+            waiting,
+            marked: false,
+            limit_checked: false,
+        };
+        let deadline = wait.map(|w| w.at);
+        loop {
+            let index = waiter.place(&mut children).await?;
+            if index < waiter.limit {
+                waiter.take().await?;
+                return Ok((token, listed_sent));
+            }
+            if request.wait == Wait::No {
+                return Err(waiter.busy("not waiting (--no-wait)").await);
+            }
+            waiter.mark().await?;
+            if let Some(watcher) = waiter.watch_ahead(index, &children).await? {
+                waiter.sleep(watcher, deadline, cancel).await?;
+            }
+            listed_sent = BootInstant::now();
+            children = tokio::select! {
+                r = waiter.list() => r?,
+                _ = cancel.cancelled() => return Err(Error::Cancelled),
+            };
+        }
+    }
+
+    /// Why a waiter whose node is `own` (none: not queued) cannot have the lock, for a
+    /// message: "is held by pid N on host since T" or "is free, N waiting ahead". Bounded:
+    /// it may run after `--wait` is over.
+    async fn why_busy(&self, client: &Client, name: &LockName, own: Option<&str>) -> String {
+        let read = tokio::time::timeout(REPORT_TIMEOUT, self.read_queue(client, name)).await;
+        let Ok(Ok(entries)) = read else {
+            return "is held".into();
+        };
+        let ahead = entries
+            .into_iter()
+            .take_while(|e| Some(e.child.as_str()) != own);
+        let (holders, waiting): (Vec<Entry>, Vec<Entry>) = ahead.partition(|e| e.holds);
+        let waiting = waiting.len();
+        if holders.is_empty() {
+            return if waiting > 0 {
+                format!("is free, {waiting} waiting ahead")
+            } else {
+                "was held a moment ago".into()
+            };
+        }
+        let held = LockStatus {
+            name: name.to_string(),
+            held: true,
+            holders: holders.into_iter().map(|e| e.status).collect(),
+            waiters: None,
+            queue: Vec::new(),
+            last_token: None,
+        };
+        let more = if waiting > 0 {
+            format!(", {waiting} waiting ahead")
+        } else {
+            String::new()
+        };
+        format!("is held{}{more}", held.held_by())
+    }
+
+    /// All holders must agree on `--limit`: the first node's data says which one they use.
+    async fn check_limit(
+        &self,
+        client: &Client,
+        dir: &str,
+        first: &str,
+        request: &AcquireRequest,
+    ) -> Result<(), Error> {
+        let path = format!("{dir}/{first}");
+        match timed(client.get_data(&path)).await {
+            Ok((data, _)) => same_limit(&data, request),
+            Err(zk::Error::NoNode) => Ok(()),
+            Err(e) => Err(self.classify(&e, &format!("reading {path}"))),
+        }
+    }
+
+    fn waiting_failed(&self, e: &zk::Error, path: &str) -> Error {
+        match e {
+            zk::Error::SessionExpired | zk::Error::ClientClosed => Error::Unavailable(format!(
+                "the ZooKeeper session ended while waiting ({e}); the command was not started"
+            )),
+            _ => self.classify(e, &format!("watching {path}")),
+        }
+    }
+}
+
+/// Our node in a lock's queue, from its creation to the grant: what every turn of the wait
+/// needs.
+struct Waiter<'a> {
+    backend: &'a ZkBackend,
+    request: &'a AcquireRequest,
+    client: Client,
+    dir: String,
+    /// Our node's name among the lock's children, and its path.
+    own: String,
+    own_path: String,
+    /// `--limit`, at least 1: how many hold at once.
+    limit: usize,
+    /// Our node's data as a holder's, and as a marked waiter's.
+    holding: Vec<u8>,
+    waiting: Vec<u8>,
+    /// Whether our node's data marks it as a waiter's (`--limit 1`).
+    marked: bool,
+    /// Whether the `--limit` of those ahead was checked (once, before any wait).
+    limit_checked: bool,
+}
+
+impl Waiter<'_> {
+    /// Our place in the queue `children` (sorted here); an error if our node is gone.
+    async fn place(&mut self, children: &mut [String]) -> Result<usize, Error> {
+        sort_queue(children);
+        let Some(index) = children.iter().position(|c| *c == self.own) else {
+            return Err(lost_place());
+        };
+        // Anyone ahead of us must use the same --limit (checked once, before any wait). A
+        // --limit 1 waiter reads its predecessor's data anyway when it sets its watch, and
+        // checks that instead of asking for the first node's.
+        if index > 0 && !self.limit_checked && (self.limit > 1 || self.request.wait == Wait::No) {
+            self.backend
+                .check_limit(&self.client, &self.dir, &children[0], self.request)
+                .await?;
+            self.limit_checked = true;
+        }
+        Ok(index)
+    }
+
+    /// Our node is among the first `--limit`: make its data say it holds.
+    async fn take(&self) -> Result<(), Error> {
+        if self.limit > 1 {
+            // Rewrite our data: the waiter behind us watches it (see the docs of `zk`).
+            timed(self.client.set_data(&self.own_path, &self.holding, None))
+                .await
+                .map_err(|e| {
+                    self.backend
+                        .classify(&e, &format!("writing {}", self.own_path))
+                })?;
+        } else if self.marked {
+            // Our node is a hold now, for `status`. The request goes out as it is
+            // made; nothing waits for its reply (the command starts at once).
+            drop(self.client.set_data(&self.own_path, &self.holding, None));
+        }
+        Ok(())
+    }
+
+    /// The lock stays held: who holds it (or how many wait ahead), and `giving_up`.
+    async fn busy(&self, giving_up: &str) -> Error {
+        let name = &self.request.name;
+        let why = self
+            .backend
+            .why_busy(&self.client, name, Some(&self.own))
+            .await;
+        Error::Busy(format!("lock '{name}' {why}; {giving_up}"))
+    }
+
+    /// Mark our node as a waiter's (`--limit 1`, once before the first wait): should it reach
+    /// the head of the queue with us killed (its session lives on until it expires), `status`
+    /// and the others' messages say the lock is free with a waiter ahead, not held.
+    async fn mark(&mut self) -> Result<(), Error> {
+        if self.limit > 1 || self.marked {
+            return Ok(());
+        }
+        match timed(self.client.set_data(&self.own_path, &self.waiting, None)).await {
+            Ok(_) => {
+                self.marked = true;
+                Ok(())
+            }
+            Err(zk::Error::NoNode) => Err(lost_place()),
+            Err(e) => Err(self.backend.waiting_failed(&e, &self.own_path)),
+        }
+    }
+
+    /// A watch that fires when our turn may have come (`index` is our place in `children`):
+    /// on the node just ahead of ours, or, at the head of a `--limit N` queue, on the
+    /// children. `None`: our turn may have come already; look again at once.
+    async fn watch_ahead(
+        &mut self,
+        index: usize,
+        children: &[String],
+    ) -> Result<Option<OneshotWatcher>, Error> {
+        if self.limit == 1 || index > self.limit {
+            self.watch_predecessor(&children[index - 1]).await
+        } else {
+            self.watch_children().await
+        }
+    }
+
+    async fn watch_predecessor(&mut self, child: &str) -> Result<Option<OneshotWatcher>, Error> {
+        let predecessor = format!("{}/{child}", self.dir);
+        match reread(|| self.client.get_and_watch_data(&predecessor)).await {
+            // For --limit > 1, a predecessor that already rewrote its data holds the
+            // lock: we are the head of the queue now, which watches differently.
+            Ok((_, stat, _)) if self.limit > 1 && stat.version > 0 => Ok(None),
+            Ok((data, _, watcher)) => {
+                if !self.limit_checked {
+                    same_limit(&data, self.request)?;
+                    self.limit_checked = true;
+                }
+                Ok(Some(watcher))
+            }
+            // Gone already: look again at once.
+            Err(zk::Error::NoNode) => Ok(None),
+            Err(e) => Err(self.backend.waiting_failed(&e, &predecessor)),
+        }
+    }
+
+    async fn watch_children(&self) -> Result<Option<OneshotWatcher>, Error> {
+        match reread(|| self.client.get_and_watch_children(&self.dir)).await {
+            Ok((mut now, _, watcher)) => {
+                sort_queue(&mut now);
+                let our_turn = now
+                    .iter()
+                    .position(|c| *c == self.own)
+                    .is_some_and(|i| i < self.limit);
+                Ok((!our_turn).then_some(watcher))
+            }
+            Err(zk::Error::NoNode) => Err(lost_place()),
+            Err(e) => Err(self.backend.waiting_failed(&e, &self.dir)),
+        }
+    }
+
+    /// Sleep until `watcher` fires or `cancel` does; give up at `deadline` (the end of
+    /// `--wait`) with who holds the lock.
+    async fn sleep(
+        &self,
+        watcher: OneshotWatcher,
+        deadline: Option<BootInstant>,
+        cancel: &mut Cancel,
+    ) -> Result<(), Error> {
+        // A semaphore waiter also looks again every TTL, in case a wake-up was missed.
+        let recheck_at = (self.limit > 1).then(|| BootInstant::now() + self.request.ttl);
+        let wake = match (deadline, recheck_at) {
+            (Some(d), Some(r)) => Some(d.min(r)),
+            (d, r) => d.or(r),
+        };
+        let wake = async {
+            match wake {
+                Some(at) => sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            event = watcher.changed() => {
+                if event.event_type == EventType::Session && event.session_state.is_terminated() {
+                    return Err(Error::Unavailable(format!(
+                        "the ZooKeeper session ended while waiting ({}); the command was not started",
+                        event.session_state
+                    )));
+                }
+            }
+            _ = cancel.cancelled() => return Err(Error::Cancelled),
+            _ = wake => {
+                if deadline.is_some_and(|d| BootInstant::now() >= d) {
+                    // Only a `--wait` duration has a deadline.
+                    let waited = self.request.wait.describe();
+                    return Err(self.busy(&format!("gave up after waiting {waited} (--wait)")).await);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The queue again after a wake-up: never assume, look.
+    async fn list(&self) -> Result<Vec<String>, Error> {
+        match reread(|| self.client.list_children(&self.dir)).await {
+            Ok(children) => Ok(children),
+            Err(zk::Error::NoNode) => Err(lost_place()),
+            Err(e) => Err(self.backend.waiting_failed(&e, &self.dir)),
+        }
+    }
+}
+
+/// A usage error when a node's data says it uses another `--limit` than ours (foreign data,
+/// or none recorded, says nothing).
+fn same_limit(data: &[u8], request: &AcquireRequest) -> Result<(), Error> {
+    match serde_json::from_slice::<Meta>(data)
+        .ok()
+        .map(|m| m.record.limit)
+    {
+        Some(theirs) if theirs != 0 && theirs != request.limit => {
+            Err(limit_mismatch(&request.name, theirs))
+        }
+        _ => Ok(()),
+    }
+}
