@@ -492,6 +492,5 @@ pub fn complete(target: &mut PgTarget, file: &FileConfig) -> Result<(), Error> {
     Ok(())
 }
 
-
 #[cfg(test)]
 mod tests;
