@@ -11,9 +11,9 @@ use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{AsyncMessage, CancelToken, Client, Config, Connection};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
+use super::deadline::Deadline;
 use super::settings::{client_keepalives, session_options, Features};
 use super::target::{PgHost, SslMode};
-use super::wait::Deadline;
 use super::{tls, PgBackend, CONNECT_TIMEOUT, MAX_APPLICATION_NAME, OP_TIMEOUT};
 use crate::error::Error;
 

@@ -20,20 +20,22 @@
 //! statements to different server sessions, share one between clients, or drop the settings)
 //! and labels the session in `pg_stat_activity`.
 //!
-//! A session lock has no lease: it lives as long as the session. The [`Keeper`](crate::keeper::Keeper) heartbeats
-//! every TTL/3 (the lock must still show up for our backend; each heartbeat also restarts
-//! the server's idle count, so its deadline arithmetic applies as for a lease), and the end
-//! of the connection is noticed at once; either ends the hold (design §4).
+//! A session lock has no lease: it lives as long as the session. The
+//! [`Keeper`](crate::keeper::Keeper) heartbeats every TTL/3 (the lock must still show up for
+//! our backend; each heartbeat also restarts the server's idle count, so its deadline
+//! arithmetic applies as for a lease), and the end of the connection is noticed at once;
+//! either ends the hold (design §4).
 //!
-//! The parts: [`keys`] (the advisory-lock keys), [`limit`] (the shared `--limit` key),
-//! [`conn`] (connecting, error classes) with [`settings`] (session settings, keepalives),
-//! [`single`] (`--limit 1`) and [`slots`] (`--limit N`) on top of [`wait`] (`--wait`),
-//! [`claim`] and [`token`] (what a grant's statements check), [`lease`] (the hold and its
-//! heartbeat), [`holders`] and [`admin`] (what others see, and the admin commands).
+//! The parts: `keys` (the advisory-lock keys), `limit` (the shared `--limit` key),
+//! `conn` (connecting, error classes) with `settings` (session settings, keepalives),
+//! `single` (`--limit 1`) and `slots` (`--limit N`) on top of `deadline` and `wait`,
+//! `claim` and `token` (what a grant's statements check), `lease` (the hold and its
+//! heartbeat), `holders` and `admin` (what others see, and the admin commands).
 
 mod admin;
 mod claim;
 mod conn;
+mod deadline;
 mod holders;
 mod keys;
 mod lease;
@@ -56,9 +58,9 @@ use crate::error::Error;
 use crate::lock::{
     AcquireRequest, Backend, Cancel, CheckReport, Holder, LockName, LockStatus, Wait,
 };
+use deadline::Deadline;
 use keys::channel;
 use limit::limit_key;
-use wait::Deadline;
 
 /// Bound for connecting (TCP, TLS, authentication) when the URL sets no `connect_timeout`.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);

@@ -7,10 +7,11 @@ use tokio_postgres::Row;
 
 use super::claim::claim_sql;
 use super::conn::Session;
+use super::deadline::{backstop, Deadline};
 use super::holders::{holder_label, metadata_comment};
 use super::limit::{limit_key, other_limit, other_limit_sql};
 use super::token::{token_sql, Granted};
-use super::wait::{backstop, wait_text, Deadline};
+use super::wait::wait_text;
 use super::PgBackend;
 use crate::clock::BootInstant;
 use crate::error::Error;

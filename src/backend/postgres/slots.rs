@@ -8,11 +8,12 @@ use tokio_postgres::types::{ToSql, Type};
 
 use super::claim::claim_sql;
 use super::conn::{classify, Session};
+use super::deadline::{backstop, within, Deadline};
 use super::holders::{holder_label, metadata_comment};
 use super::keys::{channel, slot_key, turnstile_key};
 use super::limit::{limit_key, other_limit, other_limit_sql};
 use super::token::{token_sql, Granted};
-use super::wait::{backstop, wait_text, within, Deadline};
+use super::wait::wait_text;
 use super::{PgBackend, CANCEL_TIMEOUT};
 use crate::clock::{sleep_until, BootInstant};
 use crate::error::Error;

@@ -1,6 +1,5 @@
-//! Waiting, bounded by `--wait`: the deadline, the server's `lock_timeout` set to what is
-//! left of it, the client's own backstop a second later, and giving up a queued lock call
-//! so that no request stays on the server's queue.
+//! Giving up a wait: the messages of a wait that ended (busy, no answer, connection lost),
+//! and abandoning a queued lock call so that no request stays on the server's queue.
 
 use std::future::Future;
 use std::time::Duration;
@@ -8,64 +7,10 @@ use std::time::Duration;
 use tokio_postgres::types::Type;
 
 use super::conn::{classify, Session};
+use super::deadline::Deadline;
 use super::{PgBackend, CANCEL_TIMEOUT};
-use crate::clock::{sleep_until, BootInstant};
 use crate::error::Error;
 use crate::lock::{AcquireRequest, Wait};
-
-/// When a `--wait` ends, and how long it was (for messages).
-#[derive(Clone, Copy, Debug)]
-pub(super) struct Deadline {
-    pub(super) at: BootInstant,
-    pub(super) wait: Duration,
-}
-
-impl Deadline {
-    /// The deadline of a wait that starts now (`None`: `--no-wait`, or no limit).
-    pub(super) fn of(wait: Wait) -> Option<Deadline> {
-        let Wait::For(length) = wait else {
-            return None;
-        };
-        Some(Deadline {
-            at: wait.deadline()?,
-            wait: length,
-        })
-    }
-
-    /// `set_config` of `lock_timeout` to what is left (at least 1 ms: 0 would mean none).
-    pub(super) fn lock_timeout_sql(deadline: Option<Deadline>) -> String {
-        match deadline {
-            Some(d) => format!(
-                "set_config('lock_timeout', '{}', false)",
-                d.at.remaining().as_millis().clamp(1, i32::MAX as u128)
-            ),
-            None => "NULL::text".into(),
-        }
-    }
-}
-
-/// Ends a second after the `--wait` deadline (never without one): the client's own limit on
-/// a lock call, should the server's `lock_timeout` not end it.
-pub(super) async fn backstop(deadline: Option<Deadline>) {
-    match deadline {
-        Some(d) => sleep_until(d.at + Duration::from_secs(1)).await,
-        None => std::future::pending().await,
-    }
-}
-
-/// `work`, ended a second after the `--wait` deadline if it has not answered by then.
-pub(super) async fn within<F: Future>(
-    deadline: Option<Deadline>,
-    work: F,
-) -> Result<F::Output, ()> {
-    match deadline {
-        Some(d) => {
-            let limit = (d.at + Duration::from_secs(1)).remaining();
-            tokio::time::timeout(limit, work).await.map_err(|_| ())
-        }
-        None => Ok(work.await),
-    }
-}
 
 /// How long a run waited, for messages.
 pub(super) fn wait_text(wait: Wait) -> String {
