@@ -1,0 +1,320 @@
+//! Connecting: one connection of dlock's own, with its session settings, bounded by
+//! `--wait`; the task that drives it and reports notifications and its end; and what a driver
+//! error means as an exit status.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::future::poll_fn;
+use tokio::sync::{mpsc, watch};
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::{AsyncMessage, CancelToken, Client, Config, Connection};
+use tokio_postgres_rustls::MakeRustlsConnect;
+
+use super::deadline::Deadline;
+use super::settings::{client_keepalives, session_options, Features};
+use super::target::{PgHost, SslMode};
+use super::{tls, PgBackend, CONNECT_TIMEOUT, MAX_APPLICATION_NAME, OP_TIMEOUT};
+use crate::error::Error;
+
+impl PgBackend {
+    /// Connect with dlock's session settings; `lock_timeout` bounds lock waits, and a `--wait`
+    /// deadline bounds connecting.
+    pub(super) async fn connect(
+        &self,
+        label: &str,
+        ttl: Duration,
+        lock_timeout: Option<Duration>,
+        deadline: Option<Deadline>,
+    ) -> Result<Session, Error> {
+        let tls = tls::connector(&self.target)?;
+        let mut features = Features::ALL;
+        // At most one retry per feature the server may not know.
+        for _ in 0..3 {
+            match self
+                .connect_with(&tls, label, ttl, lock_timeout, features, deadline)
+                .await
+            {
+                Err(e) => match features.without(&e.to_string()) {
+                    Some(fewer) => features = fewer,
+                    None => return Err(e),
+                },
+                Ok(session) => {
+                    if !features.idle_timeout {
+                        tracing::warn!(
+                            "{} ({}) has no idle_session_timeout (PostgreSQL 14+): a holder that goes silent behind a live connection (a stopped dlock, a proxy or NAT keeping the connection open) keeps the lock until TCP keepalives notice",
+                            self.display,
+                            if session.version.is_empty() { "version unknown" } else { &session.version }
+                        );
+                    }
+                    return Ok(session);
+                }
+            }
+        }
+        Err(Error::Internal(
+            "connecting: the server refused every set of session settings".into(),
+        ))
+    }
+
+    async fn connect_with(
+        &self,
+        tls: &MakeRustlsConnect,
+        label: &str,
+        ttl: Duration,
+        lock_timeout: Option<Duration>,
+        features: Features,
+        deadline: Option<Deadline>,
+    ) -> Result<Session, Error> {
+        let timeout = self.target.connect_timeout.unwrap_or(CONNECT_TIMEOUT);
+        let config = self.config(label, ttl, lock_timeout, features, timeout);
+        let hosts = u32::try_from(self.target.hosts.len()).unwrap_or(1).max(1);
+        let mut budget = timeout.saturating_mul(hosts);
+        // The whole acquisition ends by the --wait deadline, connecting included.
+        let wait = deadline.filter(|d| d.at.remaining() < budget);
+        if let Some(d) = wait {
+            budget = d.at.remaining();
+        }
+        let (client, connection) =
+            match tokio::time::timeout(budget, config.connect(tls.clone())).await {
+                Err(_) => {
+                    return Err(Error::Unavailable(match wait {
+                        Some(d) => format!(
+                            "no answer from {} within --wait {}",
+                            self.display,
+                            humantime::format_duration(d.wait)
+                        ),
+                        None => format!(
+                            "cannot reach {}: no answer within {}",
+                            self.display,
+                            humantime::format_duration(budget)
+                        ),
+                    }))
+                }
+                Ok(Err(e)) => return Err(classify(&e, &self.display)),
+                Ok(Ok(pair)) => pair,
+            };
+        let version = connection
+            .parameter("server_version")
+            .map(str::to_owned)
+            .unwrap_or_default();
+        let (ended, notes) = drive(connection);
+        let cancel = client.cancel_token();
+        Ok(Session {
+            marker: uuid::Uuid::new_v4().simple().to_string(),
+            client: Arc::new(client),
+            ended,
+            notes,
+            cancel,
+            tls: tls.clone(),
+            version,
+            idle_timeout: features.idle_timeout,
+        })
+    }
+
+    /// The connection's configuration: hosts, credentials, TLS mode, our session settings.
+    fn config(
+        &self,
+        label: &str,
+        ttl: Duration,
+        lock_timeout: Option<Duration>,
+        features: Features,
+        timeout: Duration,
+    ) -> Config {
+        let target = &self.target;
+        let mut config = Config::new();
+        for host in &target.hosts {
+            match host {
+                PgHost::Tcp { host, port } => config.host(host).port(*port),
+                PgHost::Unix { dir, port } => config.host_path(dir).port(*port),
+            };
+        }
+        config.user(target.user()).dbname(target.dbname());
+        if let Some(password) = &target.password {
+            config.password(password.expose());
+        }
+        let app = match &target.application_name {
+            Some(name) => format!("{name} {label}"),
+            None => label.to_owned(),
+        };
+        config.application_name(truncate(&app, MAX_APPLICATION_NAME));
+        let mut options = session_options(ttl, lock_timeout, features);
+        if let Some(theirs) = &target.options {
+            options = format!("{theirs} {options}");
+        }
+        config.options(&options);
+        let only_sockets = target
+            .hosts
+            .iter()
+            .all(|h| matches!(h, PgHost::Unix { .. }));
+        if target.hosts.len() > 1 {
+            // After a failover the first host may be the new standby: go on to the primary.
+            config.target_session_attrs(tokio_postgres::config::TargetSessionAttrs::ReadWrite);
+        }
+        // libpq ignores sslmode on Unix sockets (there is no TLS over them).
+        config.ssl_mode(match target.sslmode {
+            _ if only_sockets => tokio_postgres::config::SslMode::Disable,
+            SslMode::Disable => tokio_postgres::config::SslMode::Disable,
+            SslMode::Allow | SslMode::Prefer => tokio_postgres::config::SslMode::Prefer,
+            SslMode::Require | SslMode::VerifyCa | SslMode::VerifyFull => {
+                tokio_postgres::config::SslMode::Require
+            }
+        });
+        config.connect_timeout(timeout);
+        client_keepalives(&mut config, ttl);
+        config
+    }
+}
+
+/// Drive `connection` on its own task: notifications go to the returned channel, and its end
+/// (with whether the server ended the session) to the returned watch.
+fn drive<S, T>(
+    mut connection: Connection<S, T>,
+) -> (
+    watch::Receiver<Option<End>>,
+    mpsc::UnboundedReceiver<String>,
+)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (end_tx, ended) = watch::channel(None);
+    let (note_tx, notes) = mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        loop {
+            match poll_fn(|cx| connection.poll_message(cx)).await {
+                Some(Ok(AsyncMessage::Notification(note))) => {
+                    let _ = note_tx.send(note.channel().to_owned());
+                }
+                Some(Ok(AsyncMessage::Notice(notice))) => {
+                    tracing::debug!("server notice: {}", notice.message());
+                }
+                Some(Ok(_)) => {}
+                None => {
+                    // Not proof that the server ended the session: assume it may still
+                    // hold the lock until it notices.
+                    end_tx.send_replace(Some(End {
+                        reason: "the connection was closed".into(),
+                        server_ended: false,
+                    }));
+                    return;
+                }
+                Some(Err(e)) => {
+                    end_tx.send_replace(Some(End {
+                        reason: describe(&e),
+                        server_ended: e.as_db_error().is_some(),
+                    }));
+                    return;
+                }
+            }
+        }
+    });
+    (ended, notes)
+}
+
+/// How a connection ended.
+#[derive(Clone, Debug)]
+pub(super) struct End {
+    pub(super) reason: String,
+    /// The server ended the session (terminated, shut down): the lock is already free.
+    pub(super) server_ended: bool,
+}
+
+/// One connection and what its driver task reports.
+pub(super) struct Session {
+    pub(super) client: Arc<Client>,
+    pub(super) ended: watch::Receiver<Option<End>>,
+    pub(super) notes: mpsc::UnboundedReceiver<String>,
+    pub(super) cancel: CancelToken,
+    pub(super) tls: MakeRustlsConnect,
+    pub(super) version: String,
+    /// This session's `dlock.owner` mark.
+    pub(super) marker: String,
+    /// The server ends this session when it sends nothing for the TTL (PostgreSQL 14+).
+    pub(super) idle_timeout: bool,
+}
+
+impl Session {
+    pub(super) fn end_reason(&self) -> String {
+        self.ended
+            .borrow()
+            .as_ref()
+            .map_or_else(|| "connection closed".into(), |end| end.reason.clone())
+    }
+}
+
+/// One statement outside the keeper, bounded by [`OP_TIMEOUT`].
+pub(super) async fn query(
+    session: &Session,
+    sql: &str,
+    params: &[(&(dyn ToSql + Sync), Type)],
+    display: &str,
+) -> Result<Vec<tokio_postgres::Row>, Error> {
+    match tokio::time::timeout(OP_TIMEOUT, session.client.query_typed(sql, params)).await {
+        Ok(Ok(rows)) => Ok(rows),
+        Ok(Err(e)) => Err(classify(&e, display)),
+        Err(_) => Err(Error::Unavailable(format!(
+            "{display} did not answer within {}",
+            humantime::format_duration(OP_TIMEOUT)
+        ))),
+    }
+}
+
+fn truncate(text: &str, max: usize) -> String {
+    let mut cut = text.len().min(max);
+    while !text.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    text[..cut].to_owned()
+}
+
+/// A driver error in words: the server's message and SQLSTATE where there is one
+/// (tokio-postgres's own Display says only "db error").
+pub(super) fn describe(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!("{} ({})", db.message(), db.code().code()),
+        None => {
+            let mut text = e.to_string();
+            let mut source = std::error::Error::source(e);
+            while let Some(cause) = source {
+                let more = cause.to_string();
+                if !text.contains(&more) {
+                    text.push_str(": ");
+                    text.push_str(&more);
+                }
+                source = cause.source();
+            }
+            text
+        }
+    }
+}
+
+fn is_tls_error(e: &tokio_postgres::Error) -> bool {
+    crate::error::caused_by_tls(e) || e.to_string().contains("TLS")
+}
+
+/// The exit status a driver error stands for (design §6).
+pub(super) fn classify(e: &tokio_postgres::Error, display: &str) -> Error {
+    let text = describe(e);
+    if let Some(db) = e.as_db_error() {
+        let code = db.code().code();
+        return match code {
+            "28P01" | "28000" | "42501" => Error::Permission(format!("{display}: {text}")),
+            "3D000" => Error::Config(format!("{display}: {text}")),
+            "55P03" => Error::Busy(text),
+            "08P01" if text.contains("startup parameter") => Error::Config(format!(
+                "{display} refused dlock's session settings ({text}); a connection pooler? use a direct connection"
+            )),
+            c if c.starts_with("42") => Error::Internal(format!("{display}: {text}")),
+            _ => Error::Unavailable(format!("{display}: {text}")),
+        };
+    }
+    if is_tls_error(e) {
+        return Error::Config(format!("TLS with {display} failed: {text}"));
+    }
+    if text.contains("password missing") {
+        return Error::Permission(format!(
+            "{display} wants a password; give it in the URL, DLOCK_PASSWORD, password_file or ~/.pgpass"
+        ));
+    }
+    Error::Unavailable(format!("cannot reach {display}: {text}"))
+}

@@ -1,0 +1,144 @@
+//! `--limit 1`: the server's own FIFO lock queue. One pipelined round trip after connecting:
+//! the lock call (which also claims the session and records our `--limit`), then the token
+//! statement, which the server runs as soon as the lock is granted.
+
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::Row;
+
+use super::claim::claim_sql;
+use super::conn::Session;
+use super::deadline::{backstop, Deadline};
+use super::holders::{holder_label, metadata_comment};
+use super::limit::{limit_key, other_limit, other_limit_sql};
+use super::token::{token_sql, Granted};
+use super::wait::wait_text;
+use super::PgBackend;
+use crate::clock::BootInstant;
+use crate::error::Error;
+use crate::lock::{limit_mismatch, AcquireRequest, Cancel, Wait};
+
+impl PgBackend {
+    /// `--limit 1`: the server's lock queue. Returns the token and when its request was sent.
+    pub(super) async fn acquire_single(
+        &self,
+        session: &mut Session,
+        request: &AcquireRequest,
+        key: i64,
+        deadline: Option<Deadline>,
+        cancel: &mut Cancel,
+    ) -> Result<Granted, Error> {
+        let client = session.client.clone();
+        let other = other_limit_sql(&self.prefix, request.name.as_str(), request.limit);
+        let lock_sql = self.single_lock_sql(request, &other, deadline);
+        let (label, host) = holder_label(&request.holder);
+        let token_sql = token_sql(&request.holder, &other);
+        let lock_params: [(&(dyn ToSql + Sync), Type); 2] =
+            [(&key, Type::INT8), (&session.marker, Type::TEXT)];
+        let token_params: [(&(dyn ToSql + Sync), Type); 3] = [
+            (&label, Type::TEXT),
+            (&host, Type::TEXT),
+            (&session.marker, Type::TEXT),
+        ];
+        let sent = BootInstant::now();
+        let lock = client.query_typed(&lock_sql, &lock_params);
+        let token = client.query_typed(&token_sql, &token_params);
+        // Both requests go out at once, in the order `join` first polls them: the lock call,
+        // then the token statement, which the server runs as soon as the lock is granted.
+        let work = async { tokio::join!(lock, token) };
+        tokio::pin!(work);
+        let backstop = backstop(deadline);
+        tokio::pin!(backstop);
+        let mut ended = session.ended.clone();
+        // Biased, work first: its first poll puts the requests on the wire, so a cancel that
+        // is already set finds something to cancel on the server.
+        let (lock, token) = tokio::select! {
+            biased;
+            done = &mut work => done,
+            () = cancel.cancelled() => {
+                return Err(self.abandon(session, work.as_mut(), key, Error::Cancelled).await);
+            }
+            () = &mut backstop => {
+                let busy = Error::Busy(format!("{} is held; waited {}", request.name, wait_text(request.wait)));
+                return Err(self.abandon(session, work.as_mut(), key, busy).await);
+            }
+            _ = ended.wait_for(Option::is_some) => {
+                return Err(self.lost_while_waiting(session));
+            }
+        };
+        self.read_single(session, request, key, lock, token, sent)
+            .await
+    }
+
+    /// The lock statement.
+    fn single_lock_sql(
+        &self,
+        request: &AcquireRequest,
+        other: &str,
+        deadline: Option<Deadline>,
+    ) -> String {
+        let try_only = request.wait == Wait::No;
+        let name = request.name.as_str();
+        // One statement claims the session and takes the lock, so both happen on the same
+        // server session; the waiter's metadata rides along, so `status` can list the queue.
+        // First (the subquery) it records our --limit and looks for holders with another one,
+        // and only then, if there are none, sets what is left of --wait as the server's lock
+        // wait limit and takes (or queues for) the lock.
+        format!(
+            "{} SELECT {}, o.other, {}, CASE WHEN o.other IS NULL THEN {} END \
+             FROM (SELECT {other} AS other, pg_advisory_lock_shared({})::text AS mark OFFSET 0) o",
+            metadata_comment(&request.holder),
+            claim_sql("$2"),
+            Deadline::lock_timeout_sql(deadline),
+            if try_only {
+                "pg_try_advisory_lock($1)"
+            } else {
+                "pg_advisory_lock($1)::text"
+            },
+            limit_key(&self.prefix, name, request.limit),
+        )
+    }
+
+    /// Read the answers of the lock call and the token statement.
+    async fn read_single(
+        &self,
+        session: &Session,
+        request: &AcquireRequest,
+        key: i64,
+        lock: Result<Vec<Row>, tokio_postgres::Error>,
+        token: Result<Vec<Row>, tokio_postgres::Error>,
+        sent: BootInstant,
+    ) -> Result<Granted, Error> {
+        let client = &session.client;
+        let try_only = request.wait == Wait::No;
+        let rows = match lock {
+            Ok(rows) => rows,
+            Err(e) => return Err(self.busy_or(&e, request, session).await),
+        };
+        let row = rows.first();
+        let theirs = other_limit(row, 2);
+        // pg_advisory_lock returns void (as '' here): an answer is a grant.
+        let granted = theirs.is_none()
+            && if try_only {
+                row.and_then(|r| r.try_get::<_, Option<bool>>(4).ok())
+                    .flatten()
+                    .unwrap_or(false)
+            } else {
+                row.and_then(|r| r.try_get::<_, Option<String>>(4).ok())
+                    .flatten()
+                    .is_some()
+            };
+        self.check_claim(&rows, client, granted.then_some(key), &session.marker)
+            .await?;
+        if let Some(theirs) = theirs {
+            return Err(limit_mismatch(&request.name, theirs));
+        }
+        if !granted {
+            let who = self.describe_holders(session, &request.name).await;
+            return Err(Error::Busy(format!("{} is held{who}", request.name)));
+        }
+        let token = self
+            .check_token(token, client, key, &session.marker, &request.name)
+            .await?;
+        Ok(Granted { token, sent })
+    }
+}
