@@ -1,0 +1,290 @@
+//! What a waiter watches and what each event means (module docs of `etcd`): with
+//! `--limit 1` its predecessor, the key before that and its own key, in one watch; with
+//! `--limit N > 1` its predecessor, or any deletion under the prefix at the head of the
+//! queue.
+
+use std::ops::ControlFlow;
+use std::time::Duration;
+
+use etcd_client::{WatchFilterType, WatchOptions, WatchResponse, WatchStream};
+
+use super::conn::OP_TIMEOUT;
+use super::lease::waiter_gone;
+use super::queue::{place_lost, recheck, Acquisition};
+use crate::clock::{sleep_until, BootInstant};
+use crate::error::Error;
+
+/// Why a waiter stopped waiting.
+pub(super) enum Wake {
+    /// Something before us changed: re-check.
+    Changed,
+    /// Already re-checked (keys before ours, revision read at): nothing to wait for on this
+    /// watch any more.
+    Rechecked(Vec<Vec<u8>>, i64),
+    /// The holder's key was deleted (at this revision) while ours still existed: the lock is
+    /// ours. The watch, which covers our own key, goes on with the lease.
+    Head(Box<WatchStream>, i64),
+    /// `--wait` ran out.
+    TimedOut,
+}
+
+/// What the waiter waits for.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Target {
+    /// `--limit 1`: the key just before ours, and the one before that (`ahead`) unless `pred`
+    /// is the holder's. Watched for deletion together with our own key, in one watch; see
+    /// [`Target::watch`] for why that lets the waiter start without a re-check.
+    Line {
+        pred: Vec<u8>,
+        ahead: Option<Vec<u8>>,
+    },
+    /// `--limit > 1`: the key just before ours (its deletion or rewrite).
+    Key(Vec<u8>),
+    /// `--limit > 1`, head of the queue: any deletion under the lock's prefix.
+    AnyDeletion,
+}
+
+/// What an event on `key` (a deletion; with `Target::Key` also a rewrite) means to a waiter.
+#[derive(Debug, PartialEq, Eq)]
+enum Seen {
+    /// Our own key: our lease died while we waited.
+    Own,
+    /// The holder's key, ours still there: the lock is ours.
+    Holder,
+    /// A key we wait on, but not known to be the holder's: re-check.
+    Watched,
+    /// Another key that happens to be in the watched range.
+    Other,
+}
+
+impl Target {
+    /// For a waiter with `older` (newest first, at most limit+1) before it.
+    pub(super) fn for_waiter(older: &[Vec<u8>], limit: usize) -> Target {
+        match older.first() {
+            Some(pred) if limit == 1 => Target::Line {
+                pred: pred.clone(),
+                ahead: older.get(1).cloned(),
+            },
+            Some(key) if older.len() > limit => Target::Key(key.clone()),
+            _ => Target::AnyDeletion,
+        }
+    }
+
+    /// Whether a watch set up for `self` also serves `next`, read later.
+    fn covers(&self, next: &Target) -> bool {
+        match (self, next) {
+            (
+                Target::Line { pred, ahead },
+                Target::Line {
+                    pred: next_pred,
+                    ahead: next_ahead,
+                },
+            ) => pred == next_pred && (next_ahead.is_none() || next_ahead == ahead),
+            _ => self == next,
+        }
+    }
+
+    /// The key range to watch and the options, for a waiter whose key is `own`.
+    ///
+    /// A `Line` waiter watches one range, from the smallest to the largest of its own key,
+    /// `pred` and `ahead`. etcd delivers the events of one watch in revision order and drops
+    /// none, so when `pred`'s deletion arrives without our own key's before it or in the same
+    /// response (see [`Target::first_event`]), our key existed at that revision; if `pred`
+    /// was the holder (nothing else before us when we last read, and no key can be created
+    /// before ours later), the lock became ours right then, with no further read. Keys are
+    /// named by lease id, and etcd gives out lease ids in increasing order, so neighbours in
+    /// the queue are usually neighbours in the range too; other keys that fall in it are
+    /// ignored. `ahead`'s deletion usually means `pred` just took the lock: the waiter
+    /// re-checks then, while `pred` runs its command, so that the re-check is off the
+    /// hand-off path.
+    fn watch(&self, own: &[u8], pfx: &str) -> (Vec<u8>, WatchOptions) {
+        let deletions = WatchOptions::new().with_filters([WatchFilterType::NoPut]);
+        match self {
+            Target::Line { pred, ahead } => {
+                let keys = [Some(own), Some(pred.as_slice()), ahead.as_deref()];
+                let first = keys.iter().flatten().min().copied().unwrap_or(own);
+                let last = keys.iter().flatten().max().copied().unwrap_or(own);
+                let mut end = last.to_vec();
+                end.push(0);
+                (first.to_vec(), deletions.with_range(end))
+            }
+            Target::Key(key) => (key.clone(), WatchOptions::new()),
+            Target::AnyDeletion => (pfx.as_bytes().to_vec(), deletions.with_prefix()),
+        }
+    }
+
+    /// What an event on `key` means to a waiter whose own key is `own` (`Line` tells them
+    /// apart; a semaphore waiter re-checks on any event).
+    fn seen(&self, key: &[u8], own: &[u8]) -> Seen {
+        match self {
+            _ if key == own => Seen::Own,
+            Target::Line { pred, ahead: None } if key == pred.as_slice() => Seen::Holder,
+            Target::Line { pred, ahead }
+                if key == pred.as_slice() || ahead.as_deref() == Some(key) =>
+            {
+                Seen::Watched
+            }
+            Target::Line { .. } => Seen::Other,
+            Target::Key(_) | Target::AnyDeletion => Seen::Watched,
+        }
+    }
+
+    /// What the events of `response` after revision `read_at` mean, and the revision of the
+    /// first that counts (the holder's deletion). Every event counts, and our own key's
+    /// deletion wins: one revision can delete `pred` and ours together (a DeleteRange over
+    /// the lock's prefix), and etcd lists its events in key order, so ours may come after
+    /// `pred`'s.
+    fn first_event(&self, response: &WatchResponse, own: &[u8], read_at: i64) -> (Seen, i64) {
+        let mut seen = Seen::Other;
+        let mut at = read_at;
+        for event in response.events() {
+            let Some(kv) = event.kv() else { continue };
+            if kv.mod_revision() <= read_at {
+                continue;
+            }
+            let this = self.seen(kv.key(), own);
+            tracing::debug!(
+                "event on {} at revision {}: {this:?}",
+                String::from_utf8_lossy(kv.key()),
+                kv.mod_revision()
+            );
+            if this == Seen::Own {
+                return (Seen::Own, at);
+            }
+            if seen == Seen::Other {
+                seen = this;
+                at = kv.mod_revision();
+            }
+        }
+        (seen, at)
+    }
+}
+
+impl Acquisition<'_> {
+    /// Wait for the target to change.
+    ///
+    /// The watch starts at the current revision, not at `read_at + 1`: etcd serves a watch
+    /// that starts in the past from a catch-up loop that runs every 100 ms, which under
+    /// contention (other waiters writing meanwhile) delayed hand-offs by up to 100 ms. If the
+    /// store moved past `read_at` before the watch was set up (on a busy cluster it usually
+    /// has: revisions are cluster-wide), a deletion may have fallen in between, so the waiter
+    /// re-checks once, after the watch exists. If the watch still covers what the waiter
+    /// waits for, it goes on waiting on it; events up to the re-check's revision are already
+    /// counted in, and are skipped.
+    pub(super) async fn wait_for(
+        &mut self,
+        my_rev: i64,
+        mut read_at: i64,
+        mut target: Target,
+    ) -> Result<Wake, Error> {
+        let own = self.key.clone().into_bytes();
+        // A semaphore waiter also re-checks every TTL, in case a wake-up was lost.
+        let recheck_at = (self.limit > 1).then(|| BootInstant::now() + self.request.ttl);
+        let Some(mut stream) = self.open_watch(&target).await? else {
+            return Ok(Wake::TimedOut);
+        };
+        let mut created = false;
+        loop {
+            let response = match self.next_response(&mut stream, recheck_at).await? {
+                ControlFlow::Continue(response) => response,
+                ControlFlow::Break(wake) => return Ok(wake),
+            };
+            if response.canceled() {
+                let reason = response.cancel_reason();
+                if reason.contains("permission denied") || reason.contains("PermissionDenied") {
+                    return Err(Error::Permission(format!(
+                        "etcd refused to watch {}: {reason}",
+                        self.pfx
+                    )));
+                }
+                return Ok(Wake::Changed);
+            }
+            let reread = if response.created() {
+                created = true;
+                // The watch started after `read_at`: read again, now that it exists.
+                response.header().map_or(0, |h| h.revision()) != read_at
+            } else if !created {
+                // etcd announces a watch before its events; anything else: start over.
+                return Ok(Wake::Changed);
+            } else {
+                match target.first_event(&response, &own, read_at) {
+                    (Seen::Own, _) => return Err(place_lost()),
+                    // Our key existed at the holder's deletion (not necessarily at the
+                    // response's header revision, which can be later).
+                    (Seen::Holder, at) => return Ok(Wake::Head(Box::new(stream), at)),
+                    (Seen::Watched, _) if self.limit > 1 => return Ok(Wake::Changed),
+                    (Seen::Watched, _) => true,
+                    (Seen::Other, _) => false,
+                }
+            };
+            if !reread {
+                continue;
+            }
+            let reread = recheck(self.conn, &self.key, &self.pfx, my_rev, self.limit);
+            let Some((older, at)) = self.before.bounded(self.cancel, reread).await? else {
+                return Ok(Wake::TimedOut);
+            };
+            let next = Target::for_waiter(&older, self.limit);
+            if older.len() < self.limit || !target.covers(&next) {
+                return Ok(Wake::Rechecked(older, at));
+            }
+            target = next;
+            read_at = at;
+        }
+    }
+
+    /// Open the watch for `target` (`None`: `--wait` ran out first).
+    async fn open_watch(&mut self, target: &Target) -> Result<Option<WatchStream>, Error> {
+        let (watch_key, options) = target.watch(self.key.as_bytes(), &self.pfx);
+        let open = self.conn.call(OP_TIMEOUT, |mut c| {
+            let key = watch_key.clone();
+            let options = options.clone();
+            async move { c.watch(key, Some(options)).await }
+        });
+        self.before.bounded(self.cancel, open).await
+    }
+
+    /// The next response on the watch (`Break`: a reason to stop waiting came first).
+    async fn next_response(
+        &mut self,
+        stream: &mut WatchStream,
+        recheck_at: Option<BootInstant>,
+    ) -> Result<ControlFlow<Wake, WatchResponse>, Error> {
+        let deadline = self.before.deadline;
+        loop {
+            let wake = sleep_until(match (deadline, recheck_at) {
+                (Some(d), Some(r)) => d.min(r),
+                (Some(d), None) => d,
+                (None, Some(r)) => r,
+                (None, None) => BootInstant::now() + Duration::from_secs(3600),
+            });
+            tokio::select! {
+                // A lease the keeper has given up on wins over an event that came with it.
+                biased;
+                lost = self.keeper.lost() => {
+                    return Err(Error::Unavailable(format!(
+                        "the etcd lease to hold the lock on was lost while waiting ({}); \
+                         the command was not started",
+                        lost.reason
+                    )));
+                }
+                // Our key went with it.
+                () = waiter_gone(self.waiter) => return Err(place_lost()),
+                message = stream.message() => return Ok(match message {
+                    Ok(Some(response)) => ControlFlow::Continue(response),
+                    // The stream broke: re-check and watch again.
+                    Ok(None) | Err(_) => ControlFlow::Break(Wake::Changed),
+                }),
+                _ = self.cancel.cancelled() => return Err(Error::Cancelled),
+                _ = wake => {
+                    if deadline.is_some_and(|d| BootInstant::now() >= d) {
+                        return Ok(ControlFlow::Break(Wake::TimedOut));
+                    }
+                    if recheck_at.is_some_and(|r| BootInstant::now() >= r) {
+                        return Ok(ControlFlow::Break(Wake::Changed));
+                    }
+                }
+            }
+        }
+    }
+}
