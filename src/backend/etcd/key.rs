@@ -196,3 +196,54 @@ pub(super) fn same_limit(oldest: &[KeyValue], request: &AcquireRequest) -> Resul
         _ => Ok(()),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The value as dlock wrote it before the shared [`Record`]: it must read the same.
+    #[derive(serde::Serialize)]
+    struct EarlierValue {
+        #[serde(flatten)]
+        holder: Holder,
+        limit: u32,
+        #[serde(skip_serializing_if = "std::ops::Not::not")]
+        waiting: bool,
+    }
+
+    #[test]
+    fn values_are_written_and_read_as_before() {
+        let holder = Holder {
+            name: "deploy".into(),
+            pid: 7,
+            token: 3,
+            ..Holder::default()
+        };
+        for waiting in [false, true] {
+            let earlier = EarlierValue {
+                holder: holder.clone(),
+                limit: 2,
+                waiting,
+            };
+            let value = Value {
+                record: Record {
+                    holder: holder.clone(),
+                    limit: 2,
+                },
+                waiting,
+            };
+            let written = serde_json::to_string(&value).unwrap();
+            assert_eq!(written, serde_json::to_string(&earlier).unwrap());
+            let read: Value = serde_json::from_str(&written).unwrap();
+            assert_eq!(read.record.holder, holder);
+            assert_eq!((read.record.limit, read.waiting), (2, waiting));
+        }
+    }
+
+    #[test]
+    fn foreign_values_are_not_dlocks() {
+        // `etcdctl lock` leaves its key's value empty.
+        assert!(serde_json::from_slice::<Value>(b"").is_err());
+        assert!(serde_json::from_slice::<Value>(b"{\"limit\": 1}").is_err());
+    }
+}

@@ -288,3 +288,60 @@ impl Acquisition<'_> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn keys(names: &[&str]) -> Vec<Vec<u8>> {
+        names.iter().map(|n| n.as_bytes().to_vec()).collect()
+    }
+
+    fn line(pred: &str, ahead: Option<&str>) -> Target {
+        Target::Line {
+            pred: pred.into(),
+            ahead: ahead.map(Into::into),
+        }
+    }
+
+    #[test]
+    fn a_waiter_watches_what_is_just_before_it() {
+        assert_eq!(
+            Target::for_waiter(&keys(&["p", "a"]), 1),
+            line("p", Some("a"))
+        );
+        assert_eq!(Target::for_waiter(&keys(&["p"]), 1), line("p", None));
+        assert_eq!(
+            Target::for_waiter(&keys(&["p", "a", "b"]), 2),
+            Target::Key(b"p".to_vec())
+        );
+        assert_eq!(
+            Target::for_waiter(&keys(&["p", "a"]), 2),
+            Target::AnyDeletion
+        );
+        assert_eq!(Target::for_waiter(&[], 1), Target::AnyDeletion);
+    }
+
+    #[test]
+    fn only_the_holders_deletion_hands_the_lock_over() {
+        let head = line("p", None);
+        assert_eq!(head.seen(b"own", b"own"), Seen::Own);
+        assert_eq!(head.seen(b"p", b"own"), Seen::Holder);
+        assert_eq!(head.seen(b"q", b"own"), Seen::Other);
+        let second = line("p", Some("a"));
+        assert_eq!(second.seen(b"p", b"own"), Seen::Watched);
+        assert_eq!(second.seen(b"a", b"own"), Seen::Watched);
+        assert_eq!(Target::AnyDeletion.seen(b"q", b"own"), Seen::Watched);
+    }
+
+    #[test]
+    fn a_watch_serves_a_later_target_it_covers() {
+        let second = line("p", Some("a"));
+        assert!(second.covers(&line("p", None)));
+        assert!(second.covers(&line("p", Some("a"))));
+        assert!(!second.covers(&line("p", Some("b"))));
+        assert!(!second.covers(&line("q", None)));
+        let (start, _) = line("p", Some("a")).watch(b"own", "dlock/x/");
+        assert_eq!(start, b"a".to_vec());
+    }
+}
