@@ -1,18 +1,9 @@
 //! What a waiter watches and what each event means (module docs of `etcd`): with
 //! `--limit 1` its predecessor, the key before that and its own key, in one watch; with
 //! `--limit N > 1` its predecessor, or any deletion under the prefix at the head of the
-//! queue.
-
-use std::ops::ControlFlow;
-use std::time::Duration;
+//! queue. Pure: the waiting itself is in `queue`.
 
 use etcd_client::{WatchFilterType, WatchOptions, WatchResponse, WatchStream};
-
-use super::conn::OP_TIMEOUT;
-use super::lease::waiter_gone;
-use super::queue::{place_lost, recheck, Acquisition};
-use crate::clock::{sleep_until, BootInstant};
-use crate::error::Error;
 
 /// Why a waiter stopped waiting.
 pub(super) enum Wake {
@@ -46,7 +37,7 @@ pub(super) enum Target {
 
 /// What an event on `key` (a deletion; with `Target::Key` also a rewrite) means to a waiter.
 #[derive(Debug, PartialEq, Eq)]
-enum Seen {
+pub(super) enum Seen {
     /// Our own key: our lease died while we waited.
     Own,
     /// The holder's key, ours still there: the lock is ours.
@@ -71,7 +62,7 @@ impl Target {
     }
 
     /// Whether a watch set up for `self` also serves `next`, read later.
-    fn covers(&self, next: &Target) -> bool {
+    pub(super) fn covers(&self, next: &Target) -> bool {
         match (self, next) {
             (
                 Target::Line { pred, ahead },
@@ -89,7 +80,7 @@ impl Target {
     /// A `Line` waiter watches one range, from the smallest to the largest of its own key,
     /// `pred` and `ahead`. etcd delivers the events of one watch in revision order and drops
     /// none, so when `pred`'s deletion arrives without our own key's before it or in the same
-    /// response (see [`Target::first_event`]), our key existed at that revision; if `pred`
+    /// response (see [`Target::first_event`] and `Acquisition::wait_for`), our key existed at that revision; if `pred`
     /// was the holder (nothing else before us when we last read, and no key can be created
     /// before ours later), the lock became ours right then, with no further read. Keys are
     /// named by lease id, and etcd gives out lease ids in increasing order, so neighbours in
@@ -97,7 +88,7 @@ impl Target {
     /// ignored. `ahead`'s deletion usually means `pred` just took the lock: the waiter
     /// re-checks then, while `pred` runs its command, so that the re-check is off the
     /// hand-off path.
-    fn watch(&self, own: &[u8], pfx: &str) -> (Vec<u8>, WatchOptions) {
+    pub(super) fn watch(&self, own: &[u8], pfx: &str) -> (Vec<u8>, WatchOptions) {
         let deletions = WatchOptions::new().with_filters([WatchFilterType::NoPut]);
         match self {
             Target::Line { pred, ahead } => {
@@ -134,7 +125,12 @@ impl Target {
     /// deletion wins: one revision can delete `pred` and ours together (a DeleteRange over
     /// the lock's prefix), and etcd lists its events in key order, so ours may come after
     /// `pred`'s.
-    fn first_event(&self, response: &WatchResponse, own: &[u8], read_at: i64) -> (Seen, i64) {
+    pub(super) fn first_event(
+        &self,
+        response: &WatchResponse,
+        own: &[u8],
+        read_at: i64,
+    ) -> (Seen, i64) {
         let mut seen = Seen::Other;
         let mut at = read_at;
         for event in response.events() {
@@ -157,135 +153,6 @@ impl Target {
             }
         }
         (seen, at)
-    }
-}
-
-impl Acquisition<'_> {
-    /// Wait for the target to change.
-    ///
-    /// The watch starts at the current revision, not at `read_at + 1`: etcd serves a watch
-    /// that starts in the past from a catch-up loop that runs every 100 ms, which under
-    /// contention (other waiters writing meanwhile) delayed hand-offs by up to 100 ms. If the
-    /// store moved past `read_at` before the watch was set up (on a busy cluster it usually
-    /// has: revisions are cluster-wide), a deletion may have fallen in between, so the waiter
-    /// re-checks once, after the watch exists. If the watch still covers what the waiter
-    /// waits for, it goes on waiting on it; events up to the re-check's revision are already
-    /// counted in, and are skipped.
-    pub(super) async fn wait_for(
-        &mut self,
-        my_rev: i64,
-        mut read_at: i64,
-        mut target: Target,
-    ) -> Result<Wake, Error> {
-        let own = self.key.clone().into_bytes();
-        // A semaphore waiter also re-checks every TTL, in case a wake-up was lost.
-        let recheck_at = (self.limit > 1).then(|| BootInstant::now() + self.request.ttl);
-        let Some(mut stream) = self.open_watch(&target).await? else {
-            return Ok(Wake::TimedOut);
-        };
-        let mut created = false;
-        loop {
-            let response = match self.next_response(&mut stream, recheck_at).await? {
-                ControlFlow::Continue(response) => response,
-                ControlFlow::Break(wake) => return Ok(wake),
-            };
-            if response.canceled() {
-                let reason = response.cancel_reason();
-                if reason.contains("permission denied") || reason.contains("PermissionDenied") {
-                    return Err(Error::Permission(format!(
-                        "etcd refused to watch {}: {reason}",
-                        self.pfx
-                    )));
-                }
-                return Ok(Wake::Changed);
-            }
-            let reread = if response.created() {
-                created = true;
-                // The watch started after `read_at`: read again, now that it exists.
-                response.header().map_or(0, |h| h.revision()) != read_at
-            } else if !created {
-                // etcd announces a watch before its events; anything else: start over.
-                return Ok(Wake::Changed);
-            } else {
-                match target.first_event(&response, &own, read_at) {
-                    (Seen::Own, _) => return Err(place_lost()),
-                    // Our key existed at the holder's deletion (not necessarily at the
-                    // response's header revision, which can be later).
-                    (Seen::Holder, at) => return Ok(Wake::Head(Box::new(stream), at)),
-                    (Seen::Watched, _) if self.limit > 1 => return Ok(Wake::Changed),
-                    (Seen::Watched, _) => true,
-                    (Seen::Other, _) => false,
-                }
-            };
-            if !reread {
-                continue;
-            }
-            let reread = recheck(self.conn, &self.key, &self.pfx, my_rev, self.limit);
-            let Some((older, at)) = self.before.bounded(self.cancel, reread).await? else {
-                return Ok(Wake::TimedOut);
-            };
-            let next = Target::for_waiter(&older, self.limit);
-            if older.len() < self.limit || !target.covers(&next) {
-                return Ok(Wake::Rechecked(older, at));
-            }
-            target = next;
-            read_at = at;
-        }
-    }
-
-    /// Open the watch for `target` (`None`: `--wait` ran out first).
-    async fn open_watch(&mut self, target: &Target) -> Result<Option<WatchStream>, Error> {
-        let (watch_key, options) = target.watch(self.key.as_bytes(), &self.pfx);
-        let open = self.conn.call(OP_TIMEOUT, |mut c| {
-            let key = watch_key.clone();
-            let options = options.clone();
-            async move { c.watch(key, Some(options)).await }
-        });
-        self.before.bounded(self.cancel, open).await
-    }
-
-    /// The next response on the watch (`Break`: a reason to stop waiting came first).
-    async fn next_response(
-        &mut self,
-        stream: &mut WatchStream,
-        recheck_at: Option<BootInstant>,
-    ) -> Result<ControlFlow<Wake, WatchResponse>, Error> {
-        let deadline = self.before.deadline;
-        loop {
-            let wake = sleep_until(match (deadline, recheck_at) {
-                (Some(d), Some(r)) => d.min(r),
-                (Some(d), None) => d,
-                (None, Some(r)) => r,
-                (None, None) => BootInstant::now() + Duration::from_secs(3600),
-            });
-            tokio::select! {
-                // A lease the keeper has given up on wins over an event that came with it.
-                biased;
-                lost = self.keeper.lost() => {
-                    return Err(Error::Unavailable(format!(
-                        "the etcd lease to hold the lock on was lost while waiting ({}); \
-                         the command was not started",
-                        lost.reason
-                    )));
-                }
-                // Our key went with it.
-                () = waiter_gone(self.waiter) => return Err(place_lost()),
-                message = stream.message() => return Ok(match message {
-                    Ok(Some(response)) => ControlFlow::Continue(response),
-                    // The stream broke: re-check and watch again.
-                    Ok(None) | Err(_) => ControlFlow::Break(Wake::Changed),
-                }),
-                _ = self.cancel.cancelled() => return Err(Error::Cancelled),
-                _ = wake => {
-                    if deadline.is_some_and(|d| BootInstant::now() >= d) {
-                        return Ok(ControlFlow::Break(Wake::TimedOut));
-                    }
-                    if recheck_at.is_some_and(|r| BootInstant::now() >= r) {
-                        return Ok(ControlFlow::Break(Wake::Changed));
-                    }
-                }
-            }
-        }
     }
 }
 
