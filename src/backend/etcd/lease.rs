@@ -1,0 +1,213 @@
+//! The two leases of an acquisition (module docs of `etcd`), like etcd's `session.go`: the
+//! *hold lease* with the `--ttl`, kept alive by dlock's [`crate::keeper`] through
+//! [`Renewer`], and a waiter's 2 s *waiter lease*, kept alive by a task of its own while the
+//! waiter waits. Revoking a lease deletes the key on it in the same step.
+
+use std::time::Duration;
+
+use etcd_client::{LeaseKeepAliveStream, LeaseKeeper};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use super::conn::{is_transport, Conn, OP_TIMEOUT};
+use crate::keeper::{Renew, RenewError};
+
+/// TTL of a waiter's lease, in seconds: etcd's minimum with default settings. A waiter
+/// killed while it waits (SIGKILL: no chance to clean up) keeps its place no longer.
+pub(super) const WAITER_TTL_S: i64 = 2;
+/// Bound for revoking our leases once `--wait` is over; what is left expires by itself.
+const LATE_CLEANUP: Duration = Duration::from_secs(1);
+
+/// Keep-alive round trips for the [`crate::keeper::Keeper`], on a stream opened at the first
+/// renewal.
+pub(super) struct Renewer {
+    conn: Conn,
+    id: i64,
+    granted: Duration,
+    stream: Option<(LeaseKeeper, LeaseKeepAliveStream)>,
+    /// An attempt was abandoned by the keeper's timeout: its reply could still arrive and be
+    /// credited to a later send time, so that stream must not be used again.
+    in_flight: bool,
+}
+
+const GONE: &str =
+    "the etcd lease is gone: it expired, or was revoked (dlock release --force, etcdctl lease revoke)";
+
+impl Renewer {
+    /// Renewals of lease `id`, granted for `granted`, over a connection of its own.
+    pub(super) fn new(conn: Conn, id: i64, granted: Duration) -> Renewer {
+        Renewer {
+            conn,
+            id,
+            granted,
+            stream: None,
+            in_flight: false,
+        }
+    }
+
+    async fn renew_once(&mut self) -> Result<Duration, RenewError> {
+        if let Some((keeper, stream)) = self.stream.as_mut() {
+            let reply = async {
+                keeper.keep_alive().await?;
+                stream.message().await
+            }
+            .await;
+            return match reply {
+                Ok(Some(response)) if response.ttl() > 0 => {
+                    Ok(Duration::from_secs(response.ttl() as u64))
+                }
+                Ok(Some(_)) => Err(RenewError::Gone(GONE.into())),
+                Ok(None) | Err(_) => {
+                    self.stream = None;
+                    self.conn.rotate();
+                    Err(RenewError::Failed(
+                        "the keep-alive stream broke; reopening".into(),
+                    ))
+                }
+            };
+        }
+        let mut client = self.conn.client().await.map_err(|e| {
+            self.conn.rotate();
+            RenewError::Failed(e.to_string())
+        })?;
+        match client.lease_keep_alive(self.id).await {
+            // Opening the stream is itself a renewal (the crate consumes the first reply).
+            Ok(stream) => {
+                self.stream = Some(stream);
+                Ok(self.granted)
+            }
+            Err(etcd_client::Error::LeaseKeepAliveError(m)) if m.contains("not found") => {
+                Err(RenewError::Gone(GONE.into()))
+            }
+            Err(e) => {
+                if is_transport(&e) {
+                    self.conn.rotate();
+                }
+                Err(RenewError::Failed(e.to_string()))
+            }
+        }
+    }
+}
+
+impl Renew for Renewer {
+    async fn renew(&mut self) -> Result<Duration, RenewError> {
+        if std::mem::replace(&mut self.in_flight, true) && self.stream.take().is_some() {
+            self.conn.rotate();
+        }
+        let result = self.renew_once().await;
+        self.in_flight = false;
+        result
+    }
+}
+
+/// A waiter's own short lease, which holds its place in the queue while it waits (module
+/// docs). It is renewed until stopped, and failed renewals are retried with no deadline:
+/// nothing relies on this lease being alive, because the re-attach at the grant only
+/// succeeds while our key (with its create revision) still exists.
+pub(super) struct WaiterLease {
+    pub(super) id: i64,
+    /// Turns true when etcd says the lease is gone (and our key with it).
+    gone: watch::Receiver<bool>,
+    task: JoinHandle<()>,
+}
+
+impl WaiterLease {
+    pub(super) fn start(conn: Conn, id: i64, granted: Duration) -> WaiterLease {
+        let (gone_tx, gone) = watch::channel(false);
+        let renewer = Renewer::new(conn, id, granted);
+        let task = tokio::spawn(keep_waiting(renewer, gone_tx));
+        WaiterLease { id, gone, task }
+    }
+
+    /// Stop renewing and revoke the lease, off the hand-off path: it holds no key any more.
+    pub(super) fn retire(self, conn: &Conn) -> JoinHandle<()> {
+        self.task.abort();
+        let (mut conn, id) = (conn.clone(), self.id);
+        tokio::spawn(async move {
+            let revoke = conn
+                .call(OP_TIMEOUT, |mut c| async move { c.lease_revoke(id).await })
+                .await;
+            if let Err(e) = revoke {
+                tracing::debug!(
+                    "could not revoke the waiter lease {id:x} ({e}); it expires by itself"
+                );
+            }
+        })
+    }
+}
+
+impl Drop for WaiterLease {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Resolves when etcd says the waiter lease is gone; never without one. Cancel-safe.
+pub(super) async fn waiter_gone(waiter: &mut Option<WaiterLease>) {
+    if let Some(waiter) = waiter {
+        if waiter.gone.wait_for(|gone| *gone).await.is_ok() {
+            return;
+        }
+    }
+    std::future::pending().await
+}
+
+/// Renew a waiter lease every quarter of its TTL, retrying failures soon, until aborted. A
+/// slow reply gets up to half the TTL: a reply that comes in time still keeps the place.
+async fn keep_waiting(mut renewer: Renewer, gone: watch::Sender<bool>) {
+    let every = (renewer.granted / 4).max(Duration::from_millis(250));
+    let attempt = renewer.granted / 2;
+    let mut pause = every;
+    loop {
+        tokio::time::sleep(pause).await;
+        pause = match tokio::time::timeout(attempt, renewer.renew()).await {
+            Ok(Ok(_)) => every,
+            Ok(Err(RenewError::Gone(_))) => {
+                gone.send_replace(true);
+                return;
+            }
+            Ok(Err(RenewError::Failed(reason))) => {
+                tracing::debug!("waiter lease keep-alive failed: {reason}");
+                Duration::from_millis(100)
+            }
+            Err(_) => {
+                tracing::debug!("waiter lease keep-alive timed out");
+                Duration::from_millis(100)
+            }
+        };
+    }
+}
+
+/// After a failed acquisition: revoke the waiter lease (if any) and the hold lease
+/// (`(id, granted TTL in s)`), which deletes our key too, so that nothing is left behind.
+/// Once `--wait` is over (`late`), the server gets a short while only: what it does not
+/// revoke expires by itself.
+pub(super) async fn revoke_all(
+    conn: &mut Conn,
+    hold: (i64, i64),
+    waiter: Option<WaiterLease>,
+    late: bool,
+) {
+    let budget = if late { LATE_CLEANUP } else { OP_TIMEOUT };
+    let mut leases = vec![hold];
+    if let Some(waiter) = waiter {
+        leases.insert(0, (waiter.id, WAITER_TTL_S));
+    }
+    let cleanup = async {
+        for (lease, ttl) in leases {
+            let revoke = conn
+                .call(budget, |mut c| async move { c.lease_revoke(lease).await })
+                .await;
+            if let Err(e) = revoke {
+                tracing::warn!(
+                    "could not revoke lease {lease:x} ({e}); it expires by itself within {ttl}s"
+                );
+            }
+        }
+    };
+    if tokio::time::timeout(budget, cleanup).await.is_err() {
+        tracing::warn!(
+            "etcd did not confirm the clean-up in time; our leases expire by themselves (--ttl)"
+        );
+    }
+}

@@ -1,0 +1,263 @@
+//! The etcd v3 backend: the `concurrency` recipe (lease + one key per waiter + lowest create
+//! revision owns + watch the predecessor), with dlock's own lease keeper.
+//!
+//! Layout: a lock is the key prefix `<prefix>/<encoded name>/`; each waiter or holder is the key
+//! `<prefix>/<encoded name>/<hold lease id in hex>`, valued with the holder metadata (JSON).
+//! This is exactly what `etcdctl lock <prefix>/<encoded name>` uses, so the two exclude each
+//! other. An encoded name never contains `/`, so no lock's prefix is a prefix of another
+//! lock's keys (`a` is `dlock/a/`, `a/b` is `dlock/a%2Fb/`).
+//!
+//! Two leases. The *hold lease* has the `--ttl`; it is granted first (etcd picks its id) and
+//! the keeper keeps it alive from then on, waiting included. A holder's key lives on it. A
+//! waiter's key lives on a *waiter lease* of its own instead (2 s, etcd's minimum, renewed
+//! while it waits), so that a waiter killed with SIGKILL, which cannot clean up, keeps its
+//! place in the queue for 2 s and not for its `--ttl`. Its value says `"waiting": true`, which
+//! is how `status` tells such a key at the head of the queue from a holder.
+//!
+//! Acquire: one transaction takes a lock that has no key at all: our key, on the hold lease.
+//! Otherwise dlock grants the waiter lease, and one transaction creates our key on it (if
+//! absent: a retry after a lost reply finds it) and reads the newest keys under the prefix.
+//! We hold the lock when fewer than `--limit` keys are older than ours. A waiter then moves
+//! its key to the hold lease, before its command starts: a Put with the hold lease on
+//! condition that the key still has its create revision. A Put to an existing key keeps its
+//! create revision, so the place in the queue and the fencing token (our key's create
+//! revision) stay what they were; if the key went (the waiter lease died), the Put does not
+//! happen and the command does not start. The waiter lease is kept alive until that Put is
+//! acknowledged, and revoked after, off the hand-off path. Deletion-only watches do not see
+//! the Put.
+//!
+//! Waiting with `--limit 1`: the waiter watches its predecessor and the key before that, in
+//! one watch that also covers its own key (`Target::Line`). The predecessor's deletion when
+//! it was the holder's means the lock is ours, with no further read: etcd delivers a watch's
+//! events in revision order and drops none, so our own key's deletion (our lease died while we
+//! waited) would have come first, or in the same response (a DeleteRange that removed both).
+//! Any other wake-up is followed by a linearizable re-check that also verifies our own key
+//! still exists; the common one — the key before the predecessor deleted, because the
+//! predecessor just took the lock — happens while the predecessor runs its command, off the
+//! hand-off path. With `--limit N > 1`, a waiter watches its predecessor (the head of the
+//! queue watches the prefix for deletions, and every waiter that gets the lock rewrites its
+//! value (the Put that moves its key to the hold lease), which wakes the one behind it) and
+//! re-checks after every wake-up. Release and cancel revoke the leases, which deletes the key
+//! in the same step.
+//!
+//! `--wait` bounds every request of an acquisition, connecting included: a cluster that
+//! does not answer in time is unavailable (69), a lock that stays busy is 75.
+//!
+//! etcd-client does not fail over between endpoints by itself, so `Conn` talks to one
+//! endpoint at a time and moves to the next after a transport failure or a timeout.
+//!
+//! The parts, after etcd's `client/v3/concurrency`: `conn` (endpoints, failover, bounded
+//! calls, errors → exit classes), `lease` (the two leases and their keep-alives, its
+//! `session.go`), `key` (the keys and their values, its `key.go`), `queue` (taking a place,
+//! waiting, the re-attach at the grant: its `mutex.go`), `watch` (what a waiter watches and
+//! what an event means), `before` (`--wait` over every request), `own_key` (the holder's
+//! watch on its key), `admin` (status, list, release --force, check), `target` (the URL).
+
+mod admin;
+mod before;
+mod conn;
+mod key;
+mod lease;
+mod own_key;
+mod queue;
+pub mod target;
+mod watch;
+
+use std::time::Duration;
+
+use tokio::task::JoinHandle;
+
+use crate::backend::install_tls_provider;
+use crate::clock::BootInstant;
+use crate::error::Error;
+use crate::keeper::Keeper;
+use crate::lock::{
+    AcquireRequest, Backend, Cancel, CheckReport, Holder, Lease, LockName, LockStatus, Lost,
+};
+use before::Before;
+use conn::{Conn, OP_TIMEOUT};
+use lease::{revoke_all, Renewer};
+use own_key::OwnKey;
+use queue::Acquisition;
+
+pub use target::EtcdTarget;
+
+pub struct EtcdBackend {
+    target: EtcdTarget,
+    prefix: String,
+    display: String,
+}
+
+impl EtcdBackend {
+    pub fn new(target: &EtcdTarget, prefix: &str, display: &str) -> EtcdBackend {
+        if target.tls {
+            install_tls_provider();
+        }
+        EtcdBackend {
+            target: target.clone(),
+            prefix: prefix.trim_end_matches('/').to_owned(),
+            display: display.to_owned(),
+        }
+    }
+
+    fn lock_prefix(&self, name: &LockName) -> String {
+        format!("{}/{}/", self.prefix, name.encoded())
+    }
+
+    fn conn(&self) -> Result<Conn, Error> {
+        Conn::new(&self.target, &self.display)
+    }
+}
+
+impl Backend for EtcdBackend {
+    type Lease = EtcdLease;
+
+    async fn acquire(
+        &self,
+        request: &AcquireRequest,
+        mut cancel: Cancel,
+    ) -> Result<EtcdLease, Error> {
+        let before = Before::new(request.wait, &self.display);
+        let mut conn = self.conn()?;
+        let ttl_s = request.ttl.as_secs_f64().ceil().max(1.0) as i64;
+        let sent = BootInstant::now();
+        // The hold's lease, granted up front and kept alive while waiting, so that a grant
+        // costs one write (the re-attach) and the keeper's deadline counts from here. It
+        // holds no key while waiting: a waiter killed now leaves nothing in anyone's way.
+        // etcd picks the id: its ids increase with every grant on a member, which keeps the
+        // keys of neighbours in the queue next to each other (see `watch::Target::Line`). A
+        // grant retried after a lost reply leaves the first lease unused; it expires by its
+        // TTL.
+        let grant = conn.call(OP_TIMEOUT, |mut c| async move {
+            c.lease_grant(ttl_s, None).await
+        });
+        let grant = before.answer(&mut cancel, grant).await?;
+        let (id, granted_s) = (grant.id(), grant.ttl());
+        if granted_s != ttl_s {
+            tracing::warn!(
+                "etcd granted a {granted_s}s lease for --ttl {ttl_s}s; using {granted_s}s"
+            );
+        }
+        let granted = Duration::from_secs(u64::try_from(granted_s).unwrap_or(1));
+        let renewer = Renewer::new(self.conn()?, id, granted);
+        let mut keeper = Keeper::start(renewer, sent, granted, request.kill_after);
+        let mut waiter = None;
+        let pfx = self.lock_prefix(&request.name);
+        let acquisition = Acquisition {
+            conn: &mut conn,
+            request,
+            key: format!("{pfx}{id:x}"),
+            pfx,
+            hold: id,
+            limit: request.limit.max(1) as usize,
+            keeper: &mut keeper,
+            waiter: &mut waiter,
+            cancel: &mut cancel,
+            before: &before,
+        };
+        match acquisition.queue_and_wait().await {
+            Ok((token, own)) => Ok(EtcdLease {
+                keeper,
+                token,
+                id,
+                // Our key is on the hold's lease now; the waiter lease has none left.
+                waiter_revoke: waiter.map(|w| w.retire(&conn)),
+                conn,
+                ttl: granted,
+                own,
+            }),
+            Err(error) => {
+                drop(keeper.stop().await);
+                // Revoking the leases deletes our key too: nothing is left behind.
+                revoke_all(&mut conn, (id, granted_s), waiter, before.is_over()).await;
+                Err(error)
+            }
+        }
+    }
+
+    async fn status(&self, name: &LockName) -> Result<LockStatus, Error> {
+        let mut conn = self.conn()?;
+        admin::status(self, &mut conn, name).await
+    }
+
+    async fn list(&self) -> Result<Vec<LockStatus>, Error> {
+        admin::list(self).await
+    }
+
+    async fn force_release(&self, name: &LockName) -> Result<Vec<Holder>, Error> {
+        admin::force_release(self, name).await
+    }
+
+    async fn check(&self) -> Result<CheckReport, Error> {
+        admin::check(self).await
+    }
+}
+
+/// A held etcd lock. Release revokes the lease, which deletes the key and wakes the next
+/// waiter in one step.
+pub struct EtcdLease {
+    keeper: Keeper<Renewer>,
+    token: u64,
+    id: i64,
+    /// The revoke of the waiter lease we waited on, if we did.
+    waiter_revoke: Option<JoinHandle<()>>,
+    conn: Conn,
+    ttl: Duration,
+    own: OwnKey,
+}
+
+impl Lease for EtcdLease {
+    fn token(&self) -> u64 {
+        self.token
+    }
+
+    async fn lost(&mut self) -> Lost {
+        tokio::select! {
+            biased;
+            lost = self.keeper.lost() => lost,
+            reason = self.own.deleted(&mut self.conn) => Lost {
+                reason,
+                // The lock is gone already: there is no later moment to protect.
+                kill_by: None,
+            },
+        }
+    }
+
+    async fn release(self) -> Result<(), Error> {
+        let EtcdLease {
+            keeper,
+            id,
+            mut conn,
+            ttl,
+            own,
+            waiter_revoke,
+            ..
+        } = self;
+        drop(own);
+        if let Some(revoke) = waiter_revoke {
+            // Done long ago unless the command was very short; else it expires by itself.
+            if tokio::time::timeout(Duration::from_millis(200), revoke)
+                .await
+                .is_err()
+            {
+                tracing::debug!("the waiter lease was not revoked yet; it expires by itself");
+            }
+        }
+        // The revoke goes out first: the next waiter is waiting for it. A keep-alive that
+        // crosses it is harmless.
+        let revoke = conn.call(ttl.min(OP_TIMEOUT), |mut c| async move {
+            c.lease_revoke(id).await
+        });
+        let (revoked, _) = tokio::join!(revoke, keeper.stop());
+        match revoked {
+            Ok(_) => Ok(()),
+            Err(e) if e.to_string().contains("not found") => {
+                tracing::warn!(
+                    "the lock had already expired or been removed before it was released"
+                );
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+}

@@ -1,0 +1,441 @@
+//! Taking a place in a lock's queue and waiting there until it is among the first
+//! `--limit`, like etcd's `mutex.go`: creating our key, the linearizable re-check, and the
+//! re-attach at the grant that moves our key from the waiter lease to the hold lease, and
+//! the wait itself on the watch that `watch` chooses.
+
+use std::ops::ControlFlow;
+use std::time::Duration;
+
+use etcd_client::{
+    Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse, TxnResponse,
+    WatchResponse, WatchStream,
+};
+
+use super::before::Before;
+use super::conn::{Conn, OP_TIMEOUT};
+use super::key::{older_keys, oldest_key, same_limit, value_json, why_busy};
+use super::lease::{waiter_gone, Renewer, WaiterLease, WAITER_TTL_S};
+use super::own_key::OwnKey;
+use super::watch::{Seen, Target, Wake};
+use crate::clock::{sleep_until, BootInstant};
+use crate::error::Error;
+use crate::keeper::Keeper;
+use crate::lock::{AcquireRequest, Cancel, Wait};
+
+/// One acquisition: our key in the lock's queue, and everything it needs while it waits.
+pub(super) struct Acquisition<'a> {
+    pub(super) conn: &'a mut Conn,
+    pub(super) request: &'a AcquireRequest,
+    /// The lock's key prefix.
+    pub(super) pfx: String,
+    /// Our key: the prefix and the hold lease's id.
+    pub(super) key: String,
+    /// The hold lease.
+    pub(super) hold: i64,
+    /// `--limit`, at least 1.
+    pub(super) limit: usize,
+    /// The keeper of the hold lease: losing it while waiting ends the wait.
+    pub(super) keeper: &'a mut Keeper<Renewer>,
+    /// The waiter lease, once there is one (for the caller to clean up).
+    pub(super) waiter: &'a mut Option<WaiterLease>,
+    pub(super) cancel: &'a mut Cancel,
+    pub(super) before: &'a Before<'a>,
+}
+
+/// Where our key stands in the queue.
+struct Place {
+    /// Our key's create revision (the fencing token).
+    my_rev: i64,
+    /// The keys before ours, newest first, at most limit+1.
+    older: Vec<Vec<u8>>,
+    /// The revision `older` was read at.
+    read_at: i64,
+    /// Our key is on the hold's lease (else on the waiter lease).
+    attached: bool,
+    /// A watch that covers our key, when the wait ended on one.
+    watching: Option<WatchStream>,
+}
+
+/// Our key is gone: the lease that kept our place died while we waited.
+pub(super) fn place_lost() -> Error {
+    Error::Unavailable(
+        "our place in the etcd queue was lost while waiting (its lease expired or was revoked); \
+         the command was not started"
+            .into(),
+    )
+}
+
+impl Acquisition<'_> {
+    /// Put our key in the queue and wait until it is among the first `limit`. Returns the
+    /// fencing token (our key's create revision) and the watch on our key for the holder.
+    pub(super) async fn queue_and_wait(mut self) -> Result<(u64, OwnKey), Error> {
+        let held = value_json(self.request, false)?;
+        let mut place = self.join(&held).await?;
+        loop {
+            if place.older.len() < self.limit {
+                return self.take(place, &held).await;
+            }
+            if self.request.wait == Wait::No {
+                return Err(self.busy(true, "not waiting (--no-wait)").await);
+            }
+            let target = Target::for_waiter(&place.older, self.limit);
+            // Checked here too: every round of the loop could otherwise end before the timer.
+            let woken = if self.before.is_over() {
+                Wake::TimedOut
+            } else {
+                self.wait_for(place.my_rev, place.read_at, target).await?
+            };
+            let checked = match woken {
+                Wake::Rechecked(older, at) => Some((older, at)),
+                Wake::Head(stream, at) => {
+                    place.older.clear();
+                    place.read_at = at;
+                    place.watching = Some(*stream);
+                    continue;
+                }
+                Wake::TimedOut => None,
+                Wake::Changed => {
+                    let reread = recheck(self.conn, &self.key, &self.pfx, place.my_rev, self.limit);
+                    self.before.bounded(self.cancel, reread).await?
+                }
+            };
+            let Some((older, at)) = checked else {
+                let waited = format!(
+                    "gave up after waiting {} (--wait)",
+                    self.before.wait.describe()
+                );
+                return Err(self.busy(true, &waited).await);
+            };
+            place.older = older;
+            place.read_at = at;
+        }
+    }
+
+    /// Take the lock if it has no key at all, or find our key (a retry after a lost reply),
+    /// or take a place in the queue.
+    async fn join(&mut self, held: &str) -> Result<Place, Error> {
+        // A lock without any key is taken in one step, with our key on the hold's lease.
+        // (etcd compares every key of a range; an empty range compares as create revision 0.)
+        let take_free = Txn::new()
+            .when([Compare::create_revision(self.pfx.clone(), CompareOp::Equal, 0).with_prefix()])
+            .and_then([TxnOp::put(
+                self.key.clone(),
+                held,
+                Some(PutOptions::new().with_lease(self.hold)),
+            )])
+            .or_else([
+                // A retry after a lost reply finds our key.
+                TxnOp::get(self.key.clone(), Some(GetOptions::new().with_keys_only())),
+                TxnOp::get(self.pfx.clone(), Some(oldest_key())),
+            ]);
+        let response = self.txn(take_free).await?;
+        let revision = response.header().map_or(0, |h| h.revision());
+        if response.succeeded() {
+            return Ok(Place::new(revision, Vec::new(), revision, true));
+        }
+        let ours = match response.op_responses().first() {
+            Some(TxnOpResponse::Get(range)) => range
+                .kvs()
+                .first()
+                .map(|kv| (kv.create_revision(), kv.lease() == self.hold)),
+            _ => None,
+        };
+        if let Some(TxnOpResponse::Get(oldest)) = response.op_responses().get(1) {
+            same_limit(oldest.kvs(), self.request)?;
+        }
+        if let Some((my_rev, on_hold_lease)) = ours {
+            let reread = recheck(self.conn, &self.key, &self.pfx, my_rev, self.limit);
+            let (older, at) = self.before.answer(self.cancel, reread).await?;
+            return Ok(Place::new(my_rev, older, at, on_hold_lease));
+        }
+        if self.request.wait == Wait::No && self.limit == 1 {
+            // Someone is ahead: no need to queue to know that.
+            return Err(self.busy(false, "not waiting (--no-wait)").await);
+        }
+        self.enqueue().await
+    }
+
+    /// Take a place in the queue: our key on a short waiter lease of its own (module docs).
+    async fn enqueue(&mut self) -> Result<Place, Error> {
+        let grant = self.conn.call(OP_TIMEOUT, |mut c| async move {
+            c.lease_grant(WAITER_TTL_S, None).await
+        });
+        let grant = self.before.answer(self.cancel, grant).await?;
+        let granted = Duration::from_secs(u64::try_from(grant.ttl()).unwrap_or(1));
+        let lease = WaiterLease::start(self.conn.clone(), grant.id(), granted);
+        let lease = self.waiter.insert(lease).id;
+        // Create our key if absent (a retry after a lost reply finds it) and read the newest
+        // limit+2 keys: ours and the limit+1 just before it (as `recheck` reads them).
+        let key = self.key.as_str();
+        let create = Txn::new()
+            .when([Compare::create_revision(key, CompareOp::Equal, 0)])
+            .and_then([
+                TxnOp::put(
+                    key,
+                    value_json(self.request, true)?,
+                    Some(PutOptions::new().with_lease(lease)),
+                ),
+                TxnOp::get(self.pfx.clone(), Some(older_keys(None, self.limit + 2))),
+                // The oldest key's value says which --limit the holders use.
+                TxnOp::get(self.pfx.clone(), Some(oldest_key())),
+            ])
+            .or_else([TxnOp::get(key, None)]);
+        let response = self.txn(create).await?;
+        let revision = response.header().map_or(0, |h| h.revision());
+        if response.succeeded() {
+            if let Some(TxnOpResponse::Get(oldest)) = response.op_responses().get(2) {
+                same_limit(oldest.kvs(), self.request)?;
+            }
+            let older = match response.op_responses().get(1) {
+                Some(TxnOpResponse::Get(range)) => range
+                    .kvs()
+                    .iter()
+                    .filter(|kv| kv.create_revision() < revision)
+                    .map(|kv| kv.key().to_vec())
+                    .collect(),
+                _ => Vec::new(),
+            };
+            return Ok(Place::new(revision, older, revision, false));
+        }
+        let own = match response.op_responses().first() {
+            Some(TxnOpResponse::Get(range)) => range.kvs().first().map(|kv| kv.create_revision()),
+            _ => None,
+        };
+        let Some(my_rev) = own else {
+            return Err(Error::Internal(
+                "our etcd key vanished right after it was created".into(),
+            ));
+        };
+        // Re-read what is before us.
+        let reread = recheck(self.conn, &self.key, &self.pfx, my_rev, self.limit);
+        let (older, at) = self.before.answer(self.cancel, reread).await?;
+        Ok(Place::new(my_rev, older, at, false))
+    }
+
+    /// Our key is among the first `limit`: move it to the hold's lease if it is still on the
+    /// waiter lease, and hand over the token and the watch on our key.
+    async fn take(mut self, place: Place, held: &str) -> Result<(u64, OwnKey), Error> {
+        if !place.attached {
+            // The waiter lease is kept alive until this is acknowledged. For --limit > 1 the
+            // rewrite also wakes the waiter behind us (module docs).
+            let reattach = Txn::new()
+                .when([Compare::create_revision(
+                    self.key.clone(),
+                    CompareOp::Equal,
+                    place.my_rev,
+                )])
+                .and_then([TxnOp::put(
+                    self.key.clone(),
+                    held,
+                    Some(PutOptions::new().with_lease(self.hold)),
+                )]);
+            if !self.txn(reattach).await?.succeeded() {
+                return Err(place_lost());
+            }
+        }
+        let my_rev = place.my_rev;
+        let token = u64::try_from(my_rev)
+            .map_err(|_| Error::Internal(format!("negative revision {my_rev}")))?;
+        let own = OwnKey::new(self.key, place.watching, place.read_at, my_rev);
+        Ok((token, own))
+    }
+
+    /// A transaction whose answer dlock needs before it can go on ([`Before::answer`]).
+    async fn txn(&mut self, txn: Txn) -> Result<TxnResponse, Error> {
+        let call = self.conn.call(OP_TIMEOUT, |mut c| {
+            let txn = txn.clone();
+            async move { c.txn(txn).await }
+        });
+        self.before.answer(self.cancel, call).await
+    }
+
+    /// The lock stayed busy: who has it, as seen from our key (`queued`) or from outside,
+    /// and `why_not` we did not wait (longer).
+    async fn busy(&mut self, queued: bool, why_not: &str) -> Error {
+        let own = queued.then_some(self.key.as_str());
+        let why = why_busy(self.conn, &self.pfx, &self.request.name, own).await;
+        Error::Busy(format!("lock '{}' {why}; {why_not}", self.request.name))
+    }
+}
+
+/// Waiting: on the watch that [`Target`] describes, until something before us changes.
+impl Acquisition<'_> {
+    /// Wait for the target to change.
+    ///
+    /// The watch starts at the current revision, not at `read_at + 1`: etcd serves a watch
+    /// that starts in the past from a catch-up loop that runs every 100 ms, which under
+    /// contention (other waiters writing meanwhile) delayed hand-offs by up to 100 ms. If the
+    /// store moved past `read_at` before the watch was set up (on a busy cluster it usually
+    /// has: revisions are cluster-wide), a deletion may have fallen in between, so the waiter
+    /// re-checks once, after the watch exists. If the watch still covers what the waiter
+    /// waits for, it goes on waiting on it; events up to the re-check's revision are already
+    /// counted in, and are skipped.
+    async fn wait_for(
+        &mut self,
+        my_rev: i64,
+        mut read_at: i64,
+        mut target: Target,
+    ) -> Result<Wake, Error> {
+        let own = self.key.clone().into_bytes();
+        // A semaphore waiter also re-checks every TTL, in case a wake-up was lost.
+        let recheck_at = (self.limit > 1).then(|| BootInstant::now() + self.request.ttl);
+        let Some(mut stream) = self.open_watch(&target).await? else {
+            return Ok(Wake::TimedOut);
+        };
+        let mut created = false;
+        loop {
+            let response = match self.next_response(&mut stream, recheck_at).await? {
+                ControlFlow::Continue(response) => response,
+                ControlFlow::Break(wake) => return Ok(wake),
+            };
+            if response.canceled() {
+                let reason = response.cancel_reason();
+                if reason.contains("permission denied") || reason.contains("PermissionDenied") {
+                    return Err(Error::Permission(format!(
+                        "etcd refused to watch {}: {reason}",
+                        self.pfx
+                    )));
+                }
+                return Ok(Wake::Changed);
+            }
+            let reread = if response.created() {
+                created = true;
+                // The watch started after `read_at`: read again, now that it exists.
+                response.header().map_or(0, |h| h.revision()) != read_at
+            } else if !created {
+                // etcd announces a watch before its events; anything else: start over.
+                return Ok(Wake::Changed);
+            } else {
+                match target.first_event(&response, &own, read_at) {
+                    (Seen::Own, _) => return Err(place_lost()),
+                    // Our key existed at the holder's deletion (not necessarily at the
+                    // response's header revision, which can be later).
+                    (Seen::Holder, at) => return Ok(Wake::Head(Box::new(stream), at)),
+                    (Seen::Watched, _) if self.limit > 1 => return Ok(Wake::Changed),
+                    (Seen::Watched, _) => true,
+                    (Seen::Other, _) => false,
+                }
+            };
+            if !reread {
+                continue;
+            }
+            let reread = recheck(self.conn, &self.key, &self.pfx, my_rev, self.limit);
+            let Some((older, at)) = self.before.bounded(self.cancel, reread).await? else {
+                return Ok(Wake::TimedOut);
+            };
+            let next = Target::for_waiter(&older, self.limit);
+            if older.len() < self.limit || !target.covers(&next) {
+                return Ok(Wake::Rechecked(older, at));
+            }
+            target = next;
+            read_at = at;
+        }
+    }
+
+    /// Open the watch for `target` (`None`: `--wait` ran out first).
+    async fn open_watch(&mut self, target: &Target) -> Result<Option<WatchStream>, Error> {
+        let (watch_key, options) = target.watch(self.key.as_bytes(), &self.pfx);
+        let open = self.conn.call(OP_TIMEOUT, |mut c| {
+            let key = watch_key.clone();
+            let options = options.clone();
+            async move { c.watch(key, Some(options)).await }
+        });
+        self.before.bounded(self.cancel, open).await
+    }
+
+    /// The next response on the watch (`Break`: a reason to stop waiting came first).
+    async fn next_response(
+        &mut self,
+        stream: &mut WatchStream,
+        recheck_at: Option<BootInstant>,
+    ) -> Result<ControlFlow<Wake, WatchResponse>, Error> {
+        let deadline = self.before.deadline;
+        loop {
+            let wake = sleep_until(match (deadline, recheck_at) {
+                (Some(d), Some(r)) => d.min(r),
+                (Some(d), None) => d,
+                (None, Some(r)) => r,
+                (None, None) => BootInstant::now() + Duration::from_secs(3600),
+            });
+            tokio::select! {
+                // A lease the keeper has given up on wins over an event that came with it.
+                biased;
+                lost = self.keeper.lost() => {
+                    return Err(Error::Unavailable(format!(
+                        "the etcd lease to hold the lock on was lost while waiting ({}); \
+                         the command was not started",
+                        lost.reason
+                    )));
+                }
+                // Our key went with it.
+                () = waiter_gone(self.waiter) => return Err(place_lost()),
+                message = stream.message() => return Ok(match message {
+                    Ok(Some(response)) => ControlFlow::Continue(response),
+                    // The stream broke: re-check and watch again.
+                    Ok(None) | Err(_) => ControlFlow::Break(Wake::Changed),
+                }),
+                _ = self.cancel.cancelled() => return Err(Error::Cancelled),
+                _ = wake => {
+                    if deadline.is_some_and(|d| BootInstant::now() >= d) {
+                        return Ok(ControlFlow::Break(Wake::TimedOut));
+                    }
+                    if recheck_at.is_some_and(|r| BootInstant::now() >= r) {
+                        return Ok(ControlFlow::Break(Wake::Changed));
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl Place {
+    fn new(my_rev: i64, older: Vec<Vec<u8>>, read_at: i64, attached: bool) -> Place {
+        Place {
+            my_rev,
+            older,
+            read_at,
+            attached,
+            watching: None,
+        }
+    }
+}
+
+/// Linearizable re-check: our key must still be there (else our lease died while waiting:
+/// never start the command); returns the keys before ours (newest first, at most limit+1)
+/// and the revision read at.
+pub(super) async fn recheck(
+    conn: &mut Conn,
+    key: &str,
+    pfx: &str,
+    my_rev: i64,
+    limit: usize,
+) -> Result<(Vec<Vec<u8>>, i64), Error> {
+    let check = Txn::new()
+        .when([Compare::create_revision(
+            key.to_owned(),
+            CompareOp::Equal,
+            my_rev,
+        )])
+        .and_then([TxnOp::get(
+            pfx.to_owned(),
+            Some(older_keys(Some(my_rev), limit + 1)),
+        )])
+        .or_else([TxnOp::get(
+            key.to_owned(),
+            Some(GetOptions::new().with_keys_only()),
+        )]);
+    let response = conn
+        .call(OP_TIMEOUT, |mut c| {
+            let t = check.clone();
+            async move { c.txn(t).await }
+        })
+        .await?;
+    if !response.succeeded() {
+        return Err(place_lost());
+    }
+    let older = match response.op_responses().first() {
+        Some(TxnOpResponse::Get(range)) => range.kvs().iter().map(|kv| kv.key().to_vec()).collect(),
+        _ => Vec::new(),
+    };
+    Ok((older, response.header().map_or(0, |h| h.revision())))
+}
