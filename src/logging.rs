@@ -13,7 +13,7 @@ use tracing_subscriber::fmt::format::Writer;
 use tracing_subscriber::fmt::{FmtContext, FormatEvent, FormatFields};
 use tracing_subscriber::registry::LookupSpan;
 
-/// Print `dlock: MESSAGE` on stderr: control characters escaped (see [`printable`]), and a
+/// Print `dlock: MESSAGE` on stderr: control characters escaped (see `printable`), and a
 /// closed or broken stderr ignored, so that reporting can never panic or abort dlock.
 #[macro_export]
 macro_rules! say {

@@ -12,7 +12,7 @@
 //!
 //! In the child, before `exec`: `setpgid(0, 0)`, the terminal hand-over, and
 //! `PR_SET_PDEATHSIG(SIGKILL)`, so that if dlock is killed with SIGKILL the command dies too
-//! ([`crate::spawn`] starts it without copying dlock's memory).
+//! (`spawn.rs` starts it without copying dlock's memory).
 //! (The death signal follows the thread that started the child; dlock starts it from its only
 //! runtime thread.)
 //!
@@ -110,7 +110,7 @@ pub struct Child {
 }
 
 /// Start the command in its own process group with `env` changes applied (`None` removes).
-/// Returns once the command has been exec'd (see [`crate::spawn`]).
+/// Returns once the command has been exec'd (see `spawn.rs`).
 pub fn spawn(
     spec: &CommandSpec,
     env: &[(OsString, Option<OsString>)],

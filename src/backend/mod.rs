@@ -2,7 +2,7 @@
 //!
 //! Each backend lives in `backend/<name>/` and implements [`crate::lock::Backend`]. Nothing
 //! outside this folder names a backend's types: settings hand a URL to [`Target::parse`] and
-//! get a [`Target`] back, and [`with_backend!`] runs a subcommand generically over the
+//! get a [`Target`] back, and [`with_backend!`](crate::with_backend) runs a subcommand generically over the
 //! backend a target selects.
 //!
 //! # Adding a backend
@@ -15,7 +15,7 @@
 //!    lease renews through [`crate::keeper`] where the backend has a lease.
 //! 3. Here: a [`Target`] variant, its schemes in [`Target::parse`], its arms in the `match`es
 //!    of [`Target`]'s methods (scheme, identity, minimum TTL, prefix rules, completion), its
-//!    config table in [`CONFIG_TABLES`], and its arm in [`with_backend!`].
+//!    config table in [`CONFIG_TABLES`], and its arm in [`with_backend!`](crate::with_backend).
 //! 4. Tests: `contract_tests!(<name>, <Server>::start())` runs the whole contract against a
 //!    real server that the test harness starts; what is particular to the backend goes in its
 //!    own test file. `.ci/run` installs the server's Debian package.

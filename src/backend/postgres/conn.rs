@@ -292,7 +292,7 @@ fn is_tls_error(e: &tokio_postgres::Error) -> bool {
     crate::error::caused_by_tls(e) || e.to_string().contains("TLS")
 }
 
-/// The exit status a driver error stands for (design §6).
+/// The exit status a driver error stands for (README: "Exit status").
 pub(super) fn classify(e: &tokio_postgres::Error, display: &str) -> Error {
     let text = describe(e);
     if let Some(db) = e.as_db_error() {

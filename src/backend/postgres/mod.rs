@@ -24,7 +24,7 @@
 //! [`Keeper`](crate::keeper::Keeper) heartbeats every TTL/3 (the lock must still show up for
 //! our backend; each heartbeat also restarts the server's idle count, so its deadline
 //! arithmetic applies as for a lease), and the end of the connection is noticed at once;
-//! either ends the hold (design §4).
+//! either ends the hold (README: "Signals", lock loss).
 //!
 //! The parts: `keys` (the advisory-lock keys), `limit` (the shared `--limit` key),
 //! `conn` (connecting, error classes) with `settings` (session settings, keepalives),
