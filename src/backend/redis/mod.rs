@@ -48,11 +48,13 @@ pub mod target;
 
 pub use target::{RedisAddr, RedisTarget};
 
-static ACQUIRE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("acquire.lua")));
-static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("release.lua")));
-static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("renew.lua")));
-static STATUS: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("status.lua")));
-static FORCE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("force.lua")));
+static ACQUIRE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("scripts/acquire.lua")));
+static RELEASE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("scripts/release.lua")));
+static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("scripts/renew.lua")));
+static STATUS: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("scripts/status.lua")));
+static FORCE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("scripts/force.lua")));
 
 /// Bound for connecting (TCP, TLS handshake, AUTH, SELECT).
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
