@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use redis::{Script, Value};
 
+use crate::backend::{list_held, median_round_trip};
 use crate::clock::BootInstant;
 use crate::error::Error;
 use crate::lock::{CheckReport, Holder, LockName, LockStatus};
@@ -50,19 +51,18 @@ pub(super) async fn status(backend: &RedisBackend, name: &LockName) -> Result<Lo
 
 pub(super) async fn list(backend: &RedisBackend) -> Result<Vec<LockStatus>, Error> {
     let mut conn = backend.connect().await?;
-    let mut names = lock_names(backend, &mut conn).await?;
-    names.sort_by(|a, b| a.as_str().cmp(b.as_str()));
-    names.dedup();
-    let mut held = Vec::new();
-    for name in names {
+    let names = lock_names(backend, &mut conn).await?;
+    list_held(names, async |name: &LockName| {
         // One lock with unusable data must not hide all the others.
-        match backend.status_with(&mut conn, &name, OP_TIMEOUT).await? {
-            Ok(status) if status.held => held.push(status),
-            Ok(_) => {}
-            Err(bad) => tracing::warn!("skipping lock '{name}': {bad}"),
+        match backend.status_with(&mut conn, name, OP_TIMEOUT).await? {
+            Ok(status) => Ok(status),
+            Err(bad) => {
+                tracing::warn!("skipping lock '{name}': {bad}");
+                Ok(free(name))
+            }
         }
-    }
-    Ok(held)
+    })
+    .await
 }
 
 /// The names of the locks that have a holder set under the prefix (SCAN).
@@ -104,6 +104,18 @@ async fn lock_names(backend: &RedisBackend, conn: &mut Conn) -> Result<Vec<LockN
         }
     }
     Ok(names)
+}
+
+/// A lock that `list` leaves out.
+fn free(name: &LockName) -> LockStatus {
+    LockStatus {
+        name: name.to_string(),
+        held: false,
+        holders: Vec::new(),
+        waiters: None,
+        queue: Vec::new(),
+        last_token: None,
+    }
 }
 
 pub(super) async fn force_release(
@@ -161,16 +173,13 @@ pub(super) async fn check(backend: &RedisBackend) -> Result<CheckReport, Error> 
     let mut conn = backend.connect().await?;
     let connect_time = BootInstant::now().saturating_since(started);
     let (version, mode) = server_info(&mut conn, display).await?;
-    let mut round_trips = Vec::new();
-    for _ in 0..5 {
-        let sent = BootInstant::now();
-        let _: String = conn
-            .query(&redis::cmd("PING"), OP_TIMEOUT)
+    let median = median_round_trip(5, async || {
+        conn.query::<String>(&redis::cmd("PING"), OP_TIMEOUT)
             .await
-            .map_err(|f| f.into_error(display))?;
-        round_trips.push(BootInstant::now().saturating_since(sent));
-    }
-    round_trips.sort();
+            .map(drop)
+            .map_err(|f| f.into_error(display))
+    })
+    .await?;
     // Can we run scripts that write? Create and delete a test entry (no hash tag: it can
     // never collide with a lock's keys).
     let probe_key = format!("{}:check:{}", backend.prefix, uuid::Uuid::new_v4().simple());
@@ -196,10 +205,6 @@ pub(super) async fn check(backend: &RedisBackend) -> Result<CheckReport, Error> 
         ),
     ];
     check_config(&mut conn, &mut warnings, &mut details).await;
-    let median = round_trips
-        .get(round_trips.len() / 2)
-        .copied()
-        .unwrap_or_default();
     Ok(CheckReport {
         backend: "redis".into(),
         location: display.clone(),

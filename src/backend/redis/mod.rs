@@ -63,8 +63,7 @@ pub struct RedisBackend {
 impl RedisBackend {
     pub fn new(target: &RedisTarget, prefix: &str, display: &str) -> RedisBackend {
         if matches!(target.addr, RedisAddr::Tls { .. }) {
-            // redis-rs picks no crypto provider; without one the first TLS connect panics.
-            let _ = rustls::crypto::ring::default_provider().install_default();
+            crate::backend::install_tls_provider();
         }
         RedisBackend {
             target: target.clone(),

@@ -9,7 +9,7 @@ use redis::Value;
 use crate::clock::BootInstant;
 use crate::error::Error;
 use crate::keeper::Keeper;
-use crate::lock::{AcquireRequest, Cancel, Wait};
+use crate::lock::{limit_mismatch, AcquireRequest, Cancel, Wait};
 
 use super::conn::{Conn, OP_TIMEOUT};
 use super::keys::Keys;
@@ -67,19 +67,14 @@ impl<'a> Waiter<'a> {
     ) -> Result<(Waiter<'a>, Conn), Error> {
         let tok = uuid::Uuid::new_v4().simple().to_string();
         let keys = backend.keys(&request.name, &tok);
-        let started = BootInstant::now();
-        let (deadline, answer_by, within) = match request.wait {
-            Wait::For(d) => (
-                Some(started + d),
-                Some(started + d),
-                format!("--wait {}", humantime::format_duration(d)),
-            ),
+        let deadline = request.wait.deadline();
+        let (answer_by, within) = match request.wait {
+            Wait::For(_) => (deadline, format!("--wait {}", request.wait.describe())),
             Wait::No => (
-                None,
-                Some(started + NO_WAIT_BOUND),
+                Some(BootInstant::now() + NO_WAIT_BOUND),
                 format!("{} (--no-wait)", humantime::format_duration(NO_WAIT_BOUND)),
             ),
-            Wait::Forever => (None, None, String::new()),
+            Wait::Forever => (None, String::new()),
         };
         let conn = Conn::new(&backend.target, &backend.display)?;
         let mode = if request.wait == Wait::No {
@@ -225,10 +220,14 @@ impl<'a> Waiter<'a> {
     pub(super) fn refusal(&self, step: Option<Step>, reply: &[Value]) -> Error {
         let display = &self.backend.display;
         match step {
-            Some(Step::OtherLimit(theirs)) => Error::Usage(format!(
-                "lock '{}' is held with --limit {theirs}; all holders must use the same --limit",
-                self.request.name,
-            )),
+            Some(Step::OtherLimit(theirs)) => match u32::try_from(theirs) {
+                Ok(theirs) => limit_mismatch(&self.request.name, theirs),
+                // Only a hand-written entry holds a limit outside u32; it is named as it is.
+                Err(_) => Error::Usage(format!(
+                    "lock '{}' is held with --limit {theirs}; all holders must use the same --limit",
+                    self.request.name,
+                )),
+            },
             Some(Step::BadData { key, what }) => bad_data(display, &key, &what),
             Some(Step::Exhausted { key }) => fence_exhausted(display, &key),
             Some(Step::Granted { .. } | Step::Waiting { .. }) | None => Error::Internal(format!(
@@ -261,7 +260,7 @@ impl<'a> Waiter<'a> {
                 self.leave().await;
                 return Err(Stop::Failed(Error::Busy(format!(
                     "{reason}; gave up after waiting {} (--wait)",
-                    self.within.trim_start_matches("--wait ")
+                    self.request.wait.describe()
                 ))));
             }
             block = block.min(left);
