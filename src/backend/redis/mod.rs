@@ -16,22 +16,23 @@
 //! Protocol: `acquire.lua` grants when `live holders + my rank < limit` (no overtaking), else
 //! queues the caller with a ticket. The waiter blocks in `BLPOP` on its own mailbox; a release
 //! (`release.lua`) pushes into exactly the mailbox of the waiter its leaving admits, so one
-//! release wakes one waiter. The `BLPOP` times out every [`WAITER_HEARTBEAT`](wait::WAITER_HEARTBEAT) (at most TTL/3):
-//! a heartbeat that keeps the waiter's place, and a re-check that covers a missed wake-up. A
-//! waiter that stops heartbeating (killed) drops out [`WAITER_LEASE`](wait::WAITER_LEASE) after its last one,
-//! whatever `--ttl` is. The head of the queue also re-checks when the holder's lease would
-//! expire (a crashed holder). The owner token is random per acquisition, so a retry after a
-//! lost reply finds its own hold, and renew/release only ever touch keys named by their own
-//! token. Renewal (`renew.lua`) goes through [`Keeper`](crate::keeper::Keeper), which owns the deadline arithmetic.
+//! release wakes one waiter. The `BLPOP` times out every `WAITER_HEARTBEAT` (at most
+//! TTL/3): a heartbeat that keeps the waiter's place, and a re-check that covers a missed
+//! wake-up. A waiter that stops heartbeating (killed) drops out `WAITER_LEASE` after its
+//! last one, whatever `--ttl` is. The head of the queue also re-checks when the holder's lease
+//! would expire (a crashed holder). The owner token is random per acquisition, so a retry after
+//! a lost reply finds its own hold, and renew/release only ever touch keys named by their own
+//! token. Renewal (`renew.lua`) goes through [`Keeper`](crate::keeper::Keeper), which owns the
+//! deadline arithmetic.
 //!
 //! Every script first checks that the lock's keys hold what dlock keeps there; a key someone
 //! else overwrote is reported by name (exit 69), never as an internal error, and `list` skips
 //! (and names) such a lock instead of failing for all of them.
 //!
-//! The parts: [`conn`] (connecting, bounded calls, error classes), [`keys`] (the key layout),
-//! [`scripts`] (the scripts and their replies), [`wait`] (the waiting protocol of one
-//! acquisition), [`lease`] (the held lock and its renewer), [`admin`] (status, list,
-//! release --force, check), [`target`] (the URL).
+//! The parts: `conn.rs` (connecting, bounded calls, error classes), `keys.rs` (the key
+//! layout), `scripts.rs` (the scripts and what their replies say), `wait.rs` (the waiting
+//! protocol of one acquisition), `lease.rs` (the held lock and its renewer), `admin.rs`
+//! (status, list, release --force, check), [`target`] (the URL).
 
 mod admin;
 mod conn;
