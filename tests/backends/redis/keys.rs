@@ -64,7 +64,7 @@ fn a_retried_acquire_finds_its_own_hold() {
     let server = RedisServer::start();
     let script = include_str!(concat!(
         env!("CARGO_MANIFEST_DIR"),
-        "/src/backend/redis/acquire.lua"
+        "/src/backend/redis/scripts/acquire.lua"
     ));
     let base = "dlock:{retry}";
     let keys =

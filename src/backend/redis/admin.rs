@@ -1,0 +1,321 @@
+//! What `status`, `list`, `release --force` and `check` ask of Redis.
+//!
+//! `list` finds the locks by SCAN, and a lock whose keys hold data dlock did not write is
+//! skipped (and named) instead of failing the listing for all of them.
+
+use std::time::Duration;
+
+use redis::{Script, Value};
+
+use crate::backend::{list_held, median_round_trip};
+use crate::clock::BootInstant;
+use crate::error::Error;
+use crate::lock::{CheckReport, Holder, LockName, LockStatus};
+
+use super::conn::{Conn, OP_TIMEOUT};
+use super::scripts::{
+    bad_data, holder_of, int_of, millis, parse_status, text_of, FORCE, STATUS, WAKE_TTL,
+};
+use super::RedisBackend;
+
+/// `release --force` removes waiter entries whose heartbeat deadline is further ahead than
+/// this: no live dlock of this version writes one (older ones heartbeat once per TTL).
+const STALE_WAITER: Duration = Duration::from_secs(60);
+
+impl RedisBackend {
+    /// The status of `name`, or (in the inner result) why the server's data for it is unusable.
+    pub(super) async fn status_with(
+        &self,
+        conn: &mut Conn,
+        name: &LockName,
+        budget: Duration,
+    ) -> Result<Result<LockStatus, Error>, Error> {
+        let keys = self.keys(name, "");
+        let mut invocation = STATUS.prepare_invoke();
+        invocation
+            .key(&keys.fence)
+            .key(&keys.holders)
+            .key(&keys.qdl);
+        let reply: Value = conn
+            .invoke(&invocation, budget)
+            .await
+            .map_err(|f| f.into_error(&self.display))?;
+        parse_status(name, reply, &self.display)
+    }
+}
+
+pub(super) async fn status(backend: &RedisBackend, name: &LockName) -> Result<LockStatus, Error> {
+    let mut conn = backend.connect().await?;
+    backend.status_with(&mut conn, name, OP_TIMEOUT).await?
+}
+
+pub(super) async fn list(backend: &RedisBackend) -> Result<Vec<LockStatus>, Error> {
+    let mut conn = backend.connect().await?;
+    let names = lock_names(backend, &mut conn).await?;
+    list_held(names, async |name: &LockName| {
+        // One lock with unusable data must not hide all the others.
+        match backend.status_with(&mut conn, name, OP_TIMEOUT).await? {
+            Ok(status) => Ok(status),
+            Err(bad) => {
+                tracing::warn!("skipping lock '{name}': {bad}");
+                Ok(free(name))
+            }
+        }
+    })
+    .await
+}
+
+/// The names of the locks that have a holder set under the prefix (SCAN).
+async fn lock_names(backend: &RedisBackend, conn: &mut Conn) -> Result<Vec<LockName>, Error> {
+    let pattern = format!("{}:{{*}}:holders", glob_escape(&backend.prefix));
+    let mut names = Vec::new();
+    let mut cursor: u64 = 0;
+    // Bounded: a SCAN over any keyspace ends; the cap guards against a misbehaving server.
+    for _ in 0..100_000 {
+        let mut command = redis::cmd("SCAN");
+        command
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(&pattern)
+            .arg("COUNT")
+            .arg(1000);
+        let (next, keys): (u64, Vec<Vec<u8>>) = conn
+            .query(&command, OP_TIMEOUT)
+            .await
+            .map_err(|f| f.into_error(&backend.display))?;
+        for key in keys {
+            // A key name that is not UTF-8 is not one of dlock's.
+            let Ok(key) = String::from_utf8(key) else {
+                continue;
+            };
+            let encoded = key
+                .split_once('{')
+                .and_then(|(_, rest)| rest.split_once('}'))
+                .map(|(n, _)| n);
+            if let Some(name) = encoded.and_then(crate::lock::decode_component) {
+                if let Ok(name) = LockName::new(&name) {
+                    names.push(name);
+                }
+            }
+        }
+        cursor = next;
+        if cursor == 0 {
+            break;
+        }
+    }
+    Ok(names)
+}
+
+/// A lock that `list` leaves out.
+fn free(name: &LockName) -> LockStatus {
+    LockStatus {
+        name: name.to_string(),
+        held: false,
+        holders: Vec::new(),
+        waiters: None,
+        queue: Vec::new(),
+        last_token: None,
+    }
+}
+
+pub(super) async fn force_release(
+    backend: &RedisBackend,
+    name: &LockName,
+) -> Result<Vec<Holder>, Error> {
+    let mut conn = backend.connect().await?;
+    let keys = backend.keys(name, "");
+    let mut invocation = FORCE.prepare_invoke();
+    invocation
+        .key(&keys.holders)
+        .key(&keys.queue)
+        .key(&keys.qdl)
+        .arg(millis(WAKE_TTL))
+        .arg(millis(STALE_WAITER));
+    let reply: Vec<Value> = conn
+        .invoke(&invocation, OP_TIMEOUT)
+        .await
+        .map_err(|f| f.into_error(&backend.display))?;
+    let int = |i: usize| reply.get(i).and_then(int_of);
+    let text = |i: usize| reply.get(i).and_then(text_of).unwrap_or_default();
+    match int(0) {
+        Some(1) => {}
+        Some(-2) => return Err(bad_data(&backend.display, &text(1), &text(2))),
+        _ => {
+            return Err(Error::Internal(format!(
+                "unexpected reply from the force-release script: {reply:?}"
+            )))
+        }
+    }
+    match int(2).unwrap_or(0) {
+        0 => {}
+        n => tracing::warn!(
+            "removed {n} waiter{} of '{name}' that no live dlock keeps (killed, or left by an \
+             older dlock); a live one rejoins in its place",
+            if n == 1 { "" } else { "s" }
+        ),
+    }
+    let removed = match reply.get(1) {
+        Some(Value::Array(entries)) => entries.as_slice(),
+        _ => &[],
+    };
+    Ok(removed
+        .iter()
+        .map(|entry| match entry {
+            Value::Array(fields) => holder_of(fields.get(2), fields.get(1)),
+            _ => Holder::default(),
+        })
+        .collect())
+}
+
+pub(super) async fn check(backend: &RedisBackend) -> Result<CheckReport, Error> {
+    let display = &backend.display;
+    let started = BootInstant::now();
+    let mut conn = backend.connect().await?;
+    let connect_time = BootInstant::now().saturating_since(started);
+    let (version, mode) = server_info(&mut conn, display).await?;
+    let median = median_round_trip(5, async || {
+        conn.query::<String>(&redis::cmd("PING"), OP_TIMEOUT)
+            .await
+            .map(drop)
+            .map_err(|f| f.into_error(display))
+    })
+    .await?;
+    // Can we run scripts that write? Create and delete a test entry (no hash tag: it can
+    // never collide with a lock's keys).
+    let probe_key = format!("{}:check:{}", backend.prefix, uuid::Uuid::new_v4().simple());
+    let probe = Script::new(
+        "redis.call('SET', KEYS[1], '1', 'PX', 5000) return redis.call('DEL', KEYS[1])",
+    );
+    let deleted: i64 = conn
+        .invoke(&probe.key(&probe_key), OP_TIMEOUT)
+        .await
+        .map_err(|f| f.into_error(display))?;
+    if deleted != 1 {
+        return Err(Error::Internal(
+            "the test entry could not be deleted".into(),
+        ));
+    }
+    let mut warnings = Vec::new();
+    let mut details = vec![
+        ("server".to_owned(), format!("Redis {version} ({mode})")),
+        (
+            "connect".to_owned(),
+            humantime::format_duration(Duration::from_micros(connect_time.as_micros() as u64))
+                .to_string(),
+        ),
+    ];
+    check_config(&mut conn, &mut warnings, &mut details).await;
+    Ok(CheckReport {
+        backend: "redis".into(),
+        location: display.clone(),
+        version,
+        round_trip_us: u64::try_from(median.as_micros()).unwrap_or(u64::MAX),
+        warnings,
+        details,
+    })
+}
+
+/// The server's version and mode; refused unless it is a master that takes writes.
+async fn server_info(conn: &mut Conn, display: &str) -> Result<(String, String), Error> {
+    let info: String = conn
+        .query(redis::cmd("INFO").arg("server"), OP_TIMEOUT)
+        .await
+        .map_err(|f| f.into_error(display))?;
+    let field = |name: &str| {
+        info.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}:")))
+            .map(|v| v.trim().to_owned())
+            .unwrap_or_default()
+    };
+    let version = field("redis_version");
+    let mode = field("redis_mode");
+    if mode == "sentinel" {
+        return Err(Error::Config(format!(
+            "{display} is a Sentinel, not a Redis master; point --url at the master"
+        )));
+    }
+    let role: Vec<Value> = conn
+        .query(&redis::cmd("ROLE"), OP_TIMEOUT)
+        .await
+        .map_err(|f| f.into_error(display))?;
+    if let Some(Value::BulkString(role)) = role.first() {
+        if role != b"master" {
+            return Err(Error::Config(format!(
+                "{display} is a read-only replica; locks must be taken on the master"
+            )));
+        }
+    }
+    Ok((version, mode))
+}
+
+/// Warn about a configuration that can lose locks (eviction, no persistence). A server that
+/// does not show its configuration (CONFIG disabled by the ACL) only earns a warning.
+async fn check_config(
+    conn: &mut Conn,
+    warnings: &mut Vec<String>,
+    details: &mut Vec<(String, String)>,
+) {
+    match conn
+        .query::<Vec<String>>(
+            redis::cmd("CONFIG")
+                .arg("GET")
+                .arg("maxmemory-policy")
+                .arg("maxmemory")
+                .arg("appendonly")
+                .arg("appendfsync"),
+            OP_TIMEOUT,
+        )
+        .await
+    {
+        Ok(pairs) => {
+            let get = |k: &str| {
+                pairs
+                    .chunks(2)
+                    .find(|c| c.first().map(String::as_str) == Some(k))
+                    .and_then(|c| c.get(1).cloned())
+                    .unwrap_or_default()
+            };
+            let policy = get("maxmemory-policy");
+            if get("maxmemory") != "0" && policy != "noeviction" {
+                warnings.push(format!(
+                    "maxmemory-policy is {policy}: Redis may evict lock entries under memory pressure \
+                     (set it to noeviction)"
+                ));
+            }
+            if get("appendonly") != "yes" || get("appendfsync") != "always" {
+                warnings.push(
+                    "without appendonly yes + appendfsync always, a Redis restart frees held locks \
+                     (holders notice at their next renewal and stop their commands)"
+                        .to_owned(),
+                );
+            }
+            details.push(("maxmemory-policy".to_owned(), policy));
+        }
+        Err(f) => warnings.push(format!(
+            "cannot read the server configuration: {}",
+            f.describe()
+        )),
+    }
+}
+
+/// Escape `*?[]\` for SCAN's MATCH.
+fn glob_escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn glob_characters_are_escaped() {
+        assert_eq!(glob_escape("a*b?[c]\\"), "a\\*b\\?\\[c\\]\\\\");
+    }
+}

@@ -1,0 +1,104 @@
+//! The lease of a held Redis lock: [`Keeper`] renews it through [`Renewer`] (`renew.lua`, one
+//! compare-and-renew round trip on the connection that took the lock), and release gives it
+//! back and wakes the next waiter.
+
+use std::time::Duration;
+
+use crate::error::Error;
+use crate::keeper::{Keeper, Renew, RenewError};
+use crate::lock::{Lease, Lost};
+
+use super::conn::{Conn, OP_TIMEOUT};
+use super::keys::{owner_token, Keys};
+use super::scripts::{bad_data, release_call, Released, RENEW};
+
+/// A held Redis lock: the keeper renews it; release gives it back and wakes the next waiter.
+pub struct RedisLease {
+    pub(super) keeper: Keeper<Renewer>,
+    pub(super) token: u64,
+    pub(super) keys: Keys,
+    pub(super) limit: u32,
+    pub(super) display: String,
+}
+
+impl Lease for RedisLease {
+    fn token(&self) -> u64 {
+        self.token
+    }
+
+    async fn lost(&mut self) -> Lost {
+        self.keeper.lost().await
+    }
+
+    async fn release(self) -> Result<(), Error> {
+        let Some(mut renewer) = self.keeper.stop().await else {
+            return Err(Error::Internal(
+                "the lease keeper ended unexpectedly".into(),
+            ));
+        };
+        let mut last = None;
+        // One retry on a fresh connection: a release that never arrives costs the next
+        // waiter up to a TTL.
+        for _ in 0..2 {
+            match release_call(
+                &mut renewer.conn,
+                &self.keys,
+                self.limit,
+                "holder",
+                OP_TIMEOUT,
+            )
+            .await
+            {
+                Ok(Released::Done { held }) => {
+                    if !held {
+                        tracing::warn!(
+                            "the lock had already expired or been removed before it was released"
+                        );
+                    }
+                    return Ok(());
+                }
+                Ok(Released::BadData { key, what }) => {
+                    return Err(bad_data(&self.display, &key, &what));
+                }
+                Err(failure) => last = Some(failure),
+            }
+        }
+        Err(last.map_or_else(
+            || Error::Internal("release failed".into()),
+            |f| f.into_error(&self.display),
+        ))
+    }
+}
+
+/// One compare-and-renew round trip, for the [`Keeper`].
+pub(super) struct Renewer {
+    pub(super) conn: Conn,
+    pub(super) keys: Keys,
+    pub(super) ttl_ms: String,
+    pub(super) display: String,
+}
+
+impl Renew for Renewer {
+    async fn renew(&mut self) -> Result<Duration, RenewError> {
+        let mut invocation = RENEW.prepare_invoke();
+        invocation
+            .key(&self.keys.holders)
+            .key(&self.keys.hold)
+            .arg(owner_token(&self.keys))
+            .arg(&self.ttl_ms);
+        // The keeper bounds the call; no timeout of our own.
+        match self.conn.invoke::<i64>(&invocation, Duration::from_secs(3600)).await {
+            Ok(ms) if ms >= 0 => Ok(Duration::from_millis(ms as u64)),
+            Ok(-3) => Err(RenewError::Gone(format!(
+                "a key of the lock ('{}' or '{}') was overwritten with data dlock did not write",
+                self.keys.holders, self.keys.hold
+            ))),
+            Ok(_) => Err(RenewError::Gone(
+                "the lock entry is gone from Redis: it expired, was deleted (release --force, DEL, FLUSHALL), \
+                 was evicted, or the server restarted without persistence"
+                    .into(),
+            )),
+            Err(failure) => Err(RenewError::Failed(failure.into_error(&self.display).to_string())),
+        }
+    }
+}

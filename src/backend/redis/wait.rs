@@ -1,0 +1,374 @@
+//! The waiting protocol of one acquisition: the `acquire.lua` calls (retried after a lost
+//! reply, each bounded by `--wait` or `--no-wait`), the waiter's heartbeat and its `BLPOP` on
+//! its own mailbox, why a lock was not ours, and leaving the queue.
+
+use std::time::Duration;
+
+use redis::Value;
+
+use crate::clock::BootInstant;
+use crate::error::Error;
+use crate::keeper::Keeper;
+use crate::lock::{limit_mismatch, AcquireRequest, Cancel, Wait};
+
+use super::conn::{Conn, OP_TIMEOUT};
+use super::keys::Keys;
+use super::lease::{RedisLease, Renewer};
+use super::scripts::{bad_data, fence_exhausted, millis, release_call, Released, Step, ACQUIRE};
+use super::RedisBackend;
+
+/// Attempts of an acquire step after a lost reply or a dropped connection.
+const ACQUIRE_ATTEMPTS: u32 = 3;
+/// How long a waiter keeps its place in line after its last heartbeat: a waiter killed with
+/// SIGKILL holds up a freed lock at most this long, whatever `--ttl` is.
+pub(super) const WAITER_LEASE: Duration = Duration::from_secs(2);
+/// How often a waiter heartbeats (and re-checks); well inside [`WAITER_LEASE`].
+pub(super) const WAITER_HEARTBEAT: Duration = Duration::from_millis(500);
+/// With `--no-wait`, the server must have answered within this (connecting included).
+const NO_WAIT_BOUND: Duration = OP_TIMEOUT;
+/// The least time an acquire call gets, also for the last check at the `--wait` deadline.
+const MIN_CALL: Duration = Duration::from_millis(500);
+/// Bound for leaving the queue, connecting included (after a failure, a timeout or a cancel).
+const LEAVE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Why an acquisition stopped before the lock was ours.
+pub(super) enum Stop {
+    /// Cancelled: the caller closes the connection (which ends a server-side `BLPOP`), then
+    /// leaves the queue.
+    Cancelled,
+    /// Failed, or gave up; what the server may hold for our token is already given back.
+    Failed(Error),
+}
+
+/// One acquisition: its owner token, its keys, and its bounds.
+pub(super) struct Waiter<'a> {
+    backend: &'a RedisBackend,
+    request: &'a AcquireRequest,
+    tok: String,
+    keys: Keys,
+    /// Ends the wait for the lock (75).
+    deadline: Option<BootInstant>,
+    /// Bounds how long dlock waits for the server itself, connecting included (69).
+    answer_by: Option<BootInstant>,
+    /// The bound `answer_by` stands for, for messages.
+    within: String,
+    mode: &'static str,
+    meta: String,
+    ttl_ms: String,
+    heartbeat: Duration,
+}
+
+impl<'a> Waiter<'a> {
+    /// Start an acquisition now, with a connection that connects on its first call (within
+    /// that call's budget).
+    pub(super) fn start(
+        backend: &'a RedisBackend,
+        request: &'a AcquireRequest,
+    ) -> Result<(Waiter<'a>, Conn), Error> {
+        let tok = uuid::Uuid::new_v4().simple().to_string();
+        let keys = backend.keys(&request.name, &tok);
+        let deadline = request.wait.deadline();
+        let (answer_by, within) = match request.wait {
+            Wait::For(_) => (deadline, format!("--wait {}", request.wait.describe())),
+            Wait::No => (
+                Some(BootInstant::now() + NO_WAIT_BOUND),
+                format!("{} (--no-wait)", humantime::format_duration(NO_WAIT_BOUND)),
+            ),
+            Wait::Forever => (None, String::new()),
+        };
+        let conn = Conn::new(&backend.target, &backend.display)?;
+        let mode = if request.wait == Wait::No {
+            "try"
+        } else {
+            "wait"
+        };
+        let meta =
+            serde_json::to_string(&request.holder).map_err(|e| Error::Internal(e.to_string()))?;
+        // Waiters heartbeat (and re-check) often, whatever the TTL: a killed waiter drops out
+        // of the queue WAITER_LEASE after its last heartbeat.
+        let heartbeat = (request.ttl / 3)
+            .min(WAITER_HEARTBEAT)
+            .max(Duration::from_millis(10));
+        let waiter = Waiter {
+            backend,
+            request,
+            tok,
+            keys,
+            deadline,
+            answer_by,
+            within,
+            mode,
+            meta,
+            ttl_ms: millis(request.ttl),
+            heartbeat,
+        };
+        Ok((waiter, conn))
+    }
+
+    /// One step of `acquire.lua` (`ticket`: our place in line, 0 before we have one): its
+    /// reply, and when it was first sent.
+    pub(super) async fn call(
+        &self,
+        conn: &mut Conn,
+        ticket: i64,
+        cancel: &mut Cancel,
+    ) -> Result<(Vec<Value>, BootInstant), Stop> {
+        let keys = &self.keys;
+        let mut invocation = ACQUIRE.prepare_invoke();
+        invocation
+            .key(&keys.fence)
+            .key(&keys.holders)
+            .key(&keys.queue)
+            .key(&keys.qdl)
+            .key(&keys.hold)
+            .key(&keys.wake)
+            .arg(&self.tok)
+            .arg(self.request.limit)
+            .arg(&self.ttl_ms)
+            .arg(millis(WAITER_LEASE))
+            .arg(&self.meta)
+            .arg(self.mode)
+            .arg(ticket);
+        let sent = BootInstant::now();
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let call = conn.invoke(&invocation, call_budget(self.answer_by));
+            let result = tokio::select! {
+                result = call => result,
+                _ = cancel.cancelled() => return Err(Stop::Cancelled),
+            };
+            match result {
+                Ok(reply) => return Ok((reply, sent)),
+                // The script is idempotent for our token: after a lost reply, ask again.
+                // `sent` stays the first attempt's: a grant whose reply was lost dates from
+                // then, and the earlier time keeps the lease deadline conservative.
+                Err(failure)
+                    if failure.is_transient()
+                        && attempt < ACQUIRE_ATTEMPTS
+                        && !passed(self.answer_by) =>
+                {
+                    tracing::debug!(
+                        "acquire attempt {attempt} failed: {}; retrying",
+                        failure.describe()
+                    );
+                    tokio::time::sleep(Duration::from_millis(50 * u64::from(attempt))).await;
+                }
+                Err(failure) => {
+                    let error = if failure.is_timeout() && passed(self.answer_by) {
+                        Error::Unavailable(format!(
+                            "no answer from {} within {}",
+                            self.backend.display, self.within
+                        ))
+                    } else {
+                        failure.into_error(&self.backend.display)
+                    };
+                    // The script may have run without us seeing the reply: take back
+                    // whatever it created for our token (a place in line or a grant).
+                    if failure_may_have_run(&error) || ticket != 0 {
+                        self.leave().await;
+                    }
+                    return Err(Stop::Failed(error));
+                }
+            }
+        }
+    }
+
+    /// The lock is ours (`fence` and the lease the script granted, dating from `sent`):
+    /// the keeper renews it on this connection from now on.
+    pub(super) async fn granted(
+        &self,
+        conn: Conn,
+        fence: &str,
+        granted_ms: i64,
+        sent: BootInstant,
+    ) -> Result<RedisLease, Error> {
+        let display = &self.backend.display;
+        let token = match fence.parse::<u64>() {
+            Ok(token) if token > 0 => token,
+            _ => {
+                self.leave().await;
+                return Err(bad_data(
+                    display,
+                    &self.keys.hold,
+                    &format!("the fencing token \"{fence}\""),
+                ));
+            }
+        };
+        let granted = Duration::from_millis(granted_ms.max(0) as u64);
+        let granted = if granted.is_zero() {
+            self.request.ttl
+        } else {
+            granted
+        };
+        let renewer = Renewer {
+            conn,
+            keys: self.keys.clone(),
+            ttl_ms: self.ttl_ms.clone(),
+            display: display.clone(),
+        };
+        Ok(RedisLease {
+            keeper: Keeper::start(renewer, sent, granted, self.request.kill_after),
+            token,
+            keys: self.keys.clone(),
+            limit: self.request.limit,
+            display: display.clone(),
+        })
+    }
+
+    /// The error for a reply that neither grants nor queues (`None`: one dlock cannot read).
+    pub(super) fn refusal(&self, step: Option<Step>, reply: &[Value]) -> Error {
+        let display = &self.backend.display;
+        match step {
+            Some(Step::OtherLimit(theirs)) => match u32::try_from(theirs) {
+                Ok(theirs) => limit_mismatch(&self.request.name, theirs),
+                // Only a hand-written entry holds a limit outside u32; it is named as it is.
+                Err(_) => Error::Usage(format!(
+                    "lock '{}' is held with --limit {theirs}; all holders must use the same --limit",
+                    self.request.name,
+                )),
+            },
+            Some(Step::BadData { key, what }) => bad_data(display, &key, &what),
+            Some(Step::Exhausted { key }) => fence_exhausted(display, &key),
+            Some(Step::Granted { .. } | Step::Waiting { .. }) | None => Error::Internal(format!(
+                "unexpected reply from the acquire script: {reply:?}"
+            )),
+        }
+    }
+
+    /// Wait for our turn: until a wake-up, the next heartbeat, the holder's lease running out
+    /// (`hint`, for the head of the queue) or the `--wait` deadline, whichever comes first.
+    /// At the deadline, give up (the reason says what held us up: `live` holders, `ahead`
+    /// waiters before us).
+    pub(super) async fn wait_turn(
+        &self,
+        conn: &mut Conn,
+        hint: i64,
+        live: i64,
+        ahead: i64,
+        cancel: &mut Cancel,
+    ) -> Result<(), Stop> {
+        let mut block = self.heartbeat;
+        if hint >= 0 {
+            // The head of the queue re-checks when a holder's lease would run out.
+            block = block.min(Duration::from_millis(hint as u64 + 5));
+        }
+        if let Some(deadline) = self.deadline {
+            let left = deadline.remaining();
+            if left.is_zero() {
+                let reason = self.busy_reason(conn, live, ahead).await;
+                self.leave().await;
+                return Err(Stop::Failed(Error::Busy(format!(
+                    "{reason}; gave up after waiting {} (--wait)",
+                    self.request.wait.describe()
+                ))));
+            }
+            block = block.min(left);
+        }
+        // Redis before 7.0.8 rounds sub-millisecond timeouts to 0, which blocks for ever.
+        let block = block.max(Duration::from_millis(10));
+        let deadline = self.deadline;
+        // Redis times BLPOP out at its own granularity (up to 100 ms late at hz 10), so
+        // the --wait deadline is also kept by our own clock.
+        tokio::select! {
+            woken = conn.blpop(&self.keys.wake, block) => {
+                if let Err(failure) = woken {
+                    tracing::debug!("waiting for a wake-up failed: {}; re-checking", failure.describe());
+                }
+            }
+            _ = crate::clock::sleep_until(deadline.unwrap_or(BootInstant::now())), if deadline.is_some() => {}
+            _ = cancel.cancelled() => return Err(Stop::Cancelled),
+        }
+        Ok(())
+    }
+
+    /// Why the lock was not ours, from the last acquire reply: held, or free (or not full)
+    /// with waiters ahead of us in line.
+    pub(super) async fn busy_reason(&self, conn: &mut Conn, live: i64, ahead: i64) -> String {
+        let name = &self.request.name;
+        let limit = i64::from(self.request.limit);
+        let holders = if live > 0 {
+            self.describe_holders(conn).await
+        } else {
+            String::new()
+        };
+        if live >= limit {
+            let queue = match ahead {
+                0 => String::new(),
+                1 => ", 1 waiter queued".to_owned(),
+                n => format!(", {n} waiters queued"),
+            };
+            return format!("lock '{name}' is held{holders}{queue}");
+        }
+        let state = if live == 0 {
+            "free".to_owned()
+        } else {
+            format!("not full ({live} of --limit {limit} held{holders})")
+        };
+        let ahead = match ahead {
+            n if n <= 1 => "1 waiter is".to_owned(),
+            n => format!("{n} waiters are"),
+        };
+        format!(
+            "lock '{name}' is {state}, but {ahead} ahead in the queue (a waiter that was killed \
+             drops out within {})",
+            humantime::format_duration(WAITER_LEASE)
+        )
+    }
+
+    /// " by pid N on host since T" for messages about a held lock (bounded: this only
+    /// decorates a message).
+    async fn describe_holders(&self, conn: &mut Conn) -> String {
+        match self
+            .backend
+            .status_with(conn, &self.request.name, MIN_CALL)
+            .await
+        {
+            Ok(Ok(status)) => status.held_by(),
+            _ => String::new(),
+        }
+    }
+
+    /// Leave the queue (and give back a grant whose reply we may have missed). Bounded by
+    /// [`LEAVE_TIMEOUT`]: a failure only costs a waiter slot until its heartbeat deadline
+    /// passes (a lost grant: until its lease runs out).
+    pub(super) async fn leave(&self) {
+        let (keys, request, display) = (&self.keys, self.request, &self.backend.display);
+        let attempt = async {
+            let mut conn = Conn::new(&self.backend.target, display)?;
+            match release_call(&mut conn, keys, request.limit, "holder", LEAVE_TIMEOUT).await {
+                Ok(Released::BadData { key, what }) => Err(bad_data(display, &key, &what)),
+                Ok(Released::Done { .. }) => Ok(()),
+                Err(f) => Err(f.into_error(display)),
+            }
+        };
+        match attempt.await {
+            Ok(()) => {}
+            // The server is not answering: that is the error the caller reports anyway, and
+            // what was left behind expires by itself.
+            Err(e @ Error::Unavailable(_)) => tracing::info!(
+                "could not withdraw from '{}' (a place in line expires within {}, a grant \
+                 whose reply was lost within --ttl): {e}",
+                request.name,
+                humantime::format_duration(WAITER_LEASE)
+            ),
+            Err(e) => tracing::warn!("could not withdraw from '{}': {e}", request.name),
+        }
+    }
+}
+
+/// The time an acquire call may take: up to [`OP_TIMEOUT`], and not past `answer_by` (but at
+/// least [`MIN_CALL`], so the last check at a `--wait` deadline can still be answered).
+fn call_budget(answer_by: Option<BootInstant>) -> Duration {
+    answer_by.map_or(OP_TIMEOUT, |by| by.remaining().clamp(MIN_CALL, OP_TIMEOUT))
+}
+
+fn passed(by: Option<BootInstant>) -> bool {
+    by.is_some_and(|by| by.remaining().is_zero())
+}
+
+/// After a failed acquire call, could the script still have run on the server? Not when
+/// authentication, permissions or the configuration refused us.
+fn failure_may_have_run(error: &Error) -> bool {
+    matches!(error, Error::Unavailable(_) | Error::Internal(_))
+}
