@@ -9,9 +9,7 @@ use etcd_client::{GetOptions, KeyValue, SortOrder, SortTarget};
 
 use super::conn::{Conn, OP_TIMEOUT};
 use crate::error::Error;
-use crate::lock::{
-    limit_mismatch, AcquireRequest, Holder, HolderStatus, LockName, LockStatus, Record,
-};
+use crate::lock::{limit_mismatch, AcquireRequest, Holder, LockName, Record};
 
 /// Bound for reading who is ahead, for the message once `--wait` is over.
 const REPORT_TIMEOUT: Duration = Duration::from_secs(1);
@@ -128,37 +126,12 @@ impl Queue {
             .into_iter()
             .take_while(|e| Some(e.key.as_slice()) != own);
         let (holders, waiting): (Vec<Entry>, Vec<Entry>) = ahead.partition(|e| e.holds);
-        let waiting = waiting.len();
-        if holders.is_empty() {
-            return if waiting > 0 {
-                // The first waiter is taking the lock right now, or it was killed while it
-                // waited and its key goes with its waiter lease.
-                format!("is free, {waiting} waiting ahead")
-            } else {
-                "was held a moment ago".into()
-            };
-        }
-        let held = LockStatus {
-            name: String::new(),
-            held: true,
-            holders: holders
-                .into_iter()
-                .map(|e| HolderStatus {
-                    holder: e.holder,
-                    ttl_left_ms: None,
-                    session: None,
-                })
-                .collect(),
-            waiters: None,
-            queue: Vec::new(),
-            last_token: None,
-        };
-        let more = if waiting > 0 {
-            format!(", {waiting} waiting ahead")
-        } else {
-            String::new()
-        };
-        format!("is held{}{more}", held.held_by())
+        // With no holder ahead, the first waiter is taking the lock right now, or it was
+        // killed while it waited and its key goes with its waiter lease.
+        crate::backend::busy_reason(
+            holders.into_iter().map(|e| e.holder).collect(),
+            waiting.len(),
+        )
     }
 }
 

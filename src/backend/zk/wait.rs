@@ -12,7 +12,7 @@ use super::queue::{lost_place, Queue};
 use super::ZkBackend;
 use crate::clock::{sleep_until, BootInstant};
 use crate::error::Error;
-use crate::lock::{limit_mismatch, AcquireRequest, Cancel, LockName, LockStatus, Record, Wait};
+use crate::lock::{limit_mismatch, AcquireRequest, Cancel, LockName, Record, Wait};
 
 /// Bound for reading who holds a lock for a message, once `--wait` is over.
 const REPORT_TIMEOUT: Duration = Duration::from_secs(1);
@@ -100,28 +100,10 @@ impl ZkBackend {
             .into_iter()
             .take_while(|e| Some(e.child.as_str()) != own);
         let (holders, waiting): (Vec<Entry>, Vec<Entry>) = ahead.partition(|e| e.holds);
-        let waiting = waiting.len();
-        if holders.is_empty() {
-            return if waiting > 0 {
-                format!("is free, {waiting} waiting ahead")
-            } else {
-                "was held a moment ago".into()
-            };
-        }
-        let held = LockStatus {
-            name: name.to_string(),
-            held: true,
-            holders: holders.into_iter().map(|e| e.status).collect(),
-            waiters: None,
-            queue: Vec::new(),
-            last_token: None,
-        };
-        let more = if waiting > 0 {
-            format!(", {waiting} waiting ahead")
-        } else {
-            String::new()
-        };
-        format!("is held{}{more}", held.held_by())
+        crate::backend::busy_reason(
+            holders.into_iter().map(|e| e.status.holder).collect(),
+            waiting.len(),
+        )
     }
 
     /// All holders must agree on `--limit`: the first node's data says which one they use.
