@@ -72,6 +72,26 @@ pub fn credentials(
     Ok((password, tls))
 }
 
+/// [`credentials`] for a backend that authenticates only when the URL names a user (etcd,
+/// ZooKeeper): without a user no password is looked up.
+pub fn credentials_for_user(
+    backend: &str,
+    table: &str,
+    file: &FileConfig,
+    user: Option<&str>,
+    password: Option<Secret>,
+) -> Result<(Option<Secret>, TlsFiles), Error> {
+    let has_user = user.is_some();
+    credentials(
+        backend,
+        file.table(table),
+        file,
+        has_user,
+        password,
+        has_user,
+    )
+}
+
 /// A password file must not be readable by group or others (like ~/.pgpass).
 pub fn read_password_file(path: &Path) -> Result<Secret, Error> {
     let meta = std::fs::metadata(path)

@@ -4,7 +4,7 @@
 use crate::backend::url::{sorted_endpoints, split_host_port, split_userinfo};
 use crate::config::FileConfig;
 use crate::error::Error;
-use crate::secrets::{check_tls_files, credentials, Secret, TlsFiles};
+use crate::secrets::{check_tls_files, credentials_for_user, Secret, TlsFiles};
 
 /// An etcd cluster: its client endpoints and credentials.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -65,17 +65,15 @@ pub fn parse(scheme: &str, rest: &str) -> Result<EtcdTarget, String> {
     })
 }
 
-/// Password and TLS files for etcd, from the `[etcd]` table (see [`credentials`]).
+/// Password and TLS files for etcd, from the `[etcd]` table (see [`crate::secrets::credentials`]).
 pub fn complete(target: &mut EtcdTarget, file: &FileConfig) -> Result<(), Error> {
     // etcd without a user runs without authentication: no password is looked up then.
-    let wants_password = target.user.is_some();
-    let (password, tls_files) = credentials(
+    let (password, tls_files) = credentials_for_user(
         "etcd",
-        file.table("etcd"),
+        "etcd",
         file,
-        target.user.is_some(),
+        target.user.as_deref(),
         target.password.take(),
-        wants_password,
     )?;
     target.password = password;
     target.tls_files = tls_files;

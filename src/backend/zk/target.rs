@@ -4,7 +4,7 @@
 use crate::backend::url::{sorted_endpoints, split_host_port, split_userinfo};
 use crate::config::FileConfig;
 use crate::error::Error;
-use crate::secrets::{credentials, Secret, TlsFiles};
+use crate::secrets::{credentials_for_user, Secret, TlsFiles};
 
 /// A ZooKeeper ensemble: its members, the chroot and the digest credentials.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -71,17 +71,15 @@ pub fn parse(rest: &str) -> Result<ZkTarget, String> {
     })
 }
 
-/// The digest password for ZooKeeper, from the `[zookeeper]` table (see [`credentials`]).
+/// The digest password for ZooKeeper, from the `[zookeeper]` table (see [`crate::secrets::credentials`]).
 pub fn complete(target: &mut ZkTarget, file: &FileConfig) -> Result<(), Error> {
     // Without a user there is no digest authentication: no password is looked up then.
-    let wants_password = target.user.is_some();
-    let (password, tls_files) = credentials(
+    let (password, tls_files) = credentials_for_user(
         "ZooKeeper",
-        file.table("zookeeper"),
+        "zookeeper",
         file,
-        target.user.is_some(),
+        target.user.as_deref(),
         target.password.take(),
-        wants_password,
     )?;
     target.password = password;
     if tls_files != TlsFiles::default() {
