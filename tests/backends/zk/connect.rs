@@ -1,5 +1,5 @@
-//! Reaching ZooKeeper: digest authentication, nothing listening, a server that never
-//! answers, a slow link.
+//! Reaching ZooKeeper: digest authentication, nothing listening, a slow link. (A server that
+//! never answers is `safety::wait_bounds_connecting_to_a_server_that_never_answers`.)
 
 use std::time::{Duration, Instant};
 
@@ -63,24 +63,6 @@ fn nothing_listening_is_69() {
     assert_fails(&out, 69, &format!("127.0.0.1:{port}"));
     assert!(started.elapsed() < Duration::from_secs(10));
     assert!(!env.path("ran").exists());
-}
-
-#[test]
-fn an_unanswering_server_ends_at_the_wait_deadline() {
-    // It accepts connections and never answers: --wait bounds connecting too.
-    let silent = SilentServer::start();
-    let env = TestEnv::new(&FileServer::start());
-    let url = format!("zk://127.0.0.1:{}", silent.port);
-    let started = Instant::now();
-    let out = env.run(["run", "--wait", "2s", "--url", &url, "x", "touch", "ran"]);
-    let took = started.elapsed();
-    assert_fails(&out, 69, "within --wait 2s");
-    assert!(!env.path("ran").exists());
-    // Before: 5 s (the connect timeout).
-    assert!(
-        took >= Duration::from_millis(1500) && took < Duration::from_millis(3500),
-        "gave up after {took:?} with --wait 2s"
-    );
 }
 
 #[test]
