@@ -65,7 +65,9 @@ fn main_inner(args: Vec<OsString>) -> u8 {
             return Code::Internal.value();
         }
     };
-    match runtime.block_on(run(cli)) {
+    // Boxed: the future holds every subcommand's state for every backend, and moving it by
+    // value into the runtime costs a large memcpy on every run.
+    match runtime.block_on(Box::pin(run(cli))) {
         Ok(code) => code,
         Err(err) => {
             say!("{err:#}");
@@ -85,12 +87,12 @@ async fn run(cli: Cli) -> anyhow::Result<u8> {
         Command::Run(args) => {
             let settings = settings::run(args, &config)?;
             let held = std::env::var("DLOCK_HELD").unwrap_or_default();
-            with_backend!(settings.common, backend => run::run(backend, settings, &held).await)
+            with_backend!(settings.common, backend => Box::pin(run::run(backend, settings, &held)).await)
         }
         Command::Status(args) => {
             let name = settings::lock_name(&args.name)?;
             let common = settings::common(&args.backend, None, &config)?;
-            let status = with_backend!(common, backend => backend.status(&name).await)
+            let status = with_backend!(common, backend => Box::pin(backend.status(&name)).await)
                 .with_context(|| format!("cannot read the status of '{name}'"))?;
             if !quiet {
                 report::unless_closed(report::print_status(&status, args.json))?;
@@ -99,7 +101,7 @@ async fn run(cli: Cli) -> anyhow::Result<u8> {
         }
         Command::List(args) => {
             let common = settings::common(&args.backend, None, &config)?;
-            let locks = with_backend!(common, backend => backend.list().await)
+            let locks = with_backend!(common, backend => Box::pin(backend.list()).await)
                 .context("cannot list locks")?;
             if !quiet {
                 report::unless_closed(report::print_list(&locks, args.json))?;
@@ -115,7 +117,8 @@ async fn run(cli: Cli) -> anyhow::Result<u8> {
                 .into());
             }
             let common = settings::common(&args.backend, None, &config)?;
-            let released = with_backend!(common, backend => backend.force_release(&name).await)?;
+            let released =
+                with_backend!(common, backend => Box::pin(backend.force_release(&name)).await)?;
             if released.is_empty() {
                 say!("'{name}' is not held");
                 return Ok(1);
@@ -132,8 +135,8 @@ async fn run(cli: Cli) -> anyhow::Result<u8> {
         }
         Command::Check(args) => {
             let common = settings::common(&args.backend, args.ttl, &config)?;
-            let check =
-                with_backend!(common, backend => backend.check().await).context("check failed")?;
+            let check = with_backend!(common, backend => Box::pin(backend.check()).await)
+                .context("check failed")?;
             report::unless_closed(report::print_check(&check, &common, args.json))?;
             Ok(0)
         }

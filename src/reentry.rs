@@ -127,21 +127,21 @@ pub fn with_entry(held: &str, entry: &Entry) -> String {
     kept.join(" ")
 }
 
-/// The fields of `/proc/PID/stat` after the command name (which may contain spaces and
-/// parentheses, so the split is at the last `)`): field 3 (state) is index 0.
-fn stat_fields(pid: u32) -> Option<Vec<String>> {
+/// Field `index` of `/proc/PID/stat` counted after the command name (which may contain spaces
+/// and parentheses, so the split is at the last `)`): field 3 (state) is index 0.
+fn stat_field(pid: u32, index: usize) -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let (_, after) = stat.rsplit_once(')')?;
-    Some(after.split_whitespace().map(str::to_owned).collect())
+    after.split_ascii_whitespace().nth(index)?.parse().ok()
 }
 
 fn parent_of(pid: u32) -> Option<u32> {
-    stat_fields(pid)?.get(1)?.parse().ok()
+    stat_field(pid, 1).and_then(|ppid| u32::try_from(ppid).ok())
 }
 
 /// Field 22 of `/proc/PID/stat`: when the process started, in clock ticks since boot.
 fn start_time(pid: u32) -> Option<u64> {
-    stat_fields(pid)?.get(19)?.parse().ok()
+    stat_field(pid, 19)
 }
 
 #[cfg(test)]
