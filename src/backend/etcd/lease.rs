@@ -119,20 +119,11 @@ impl WaiterLease {
         WaiterLease { id, gone, task }
     }
 
-    /// Stop renewing and revoke the lease, off the hand-off path: it holds no key any more.
-    pub(super) fn retire(self, conn: &Conn) -> JoinHandle<()> {
+    /// Stop renewing once our key is on the hold lease. The waiter lease holds no key any
+    /// more and expires within its 2 s TTL; revoking it would cost etcd one more request per
+    /// hand-off for nothing.
+    pub(super) fn retire(self) {
         self.task.abort();
-        let (mut conn, id) = (conn.clone(), self.id);
-        tokio::spawn(async move {
-            let revoke = conn
-                .call(OP_TIMEOUT, |mut c| async move { c.lease_revoke(id).await })
-                .await;
-            if let Err(e) = revoke {
-                tracing::debug!(
-                    "could not revoke the waiter lease {id:x} ({e}); it expires by itself"
-                );
-            }
-        })
     }
 }
 

@@ -23,7 +23,8 @@
 //! create revision, so the place in the queue and the fencing token (our key's create
 //! revision) stay what they were; if the key went (the waiter lease died), the Put does not
 //! happen and the command does not start. The waiter lease is kept alive until that Put is
-//! acknowledged, and revoked after, off the hand-off path. Deletion-only watches do not see
+//! acknowledged, then left to expire (it holds no key, and a revoke would cost etcd one more
+//! request per hand-off). Deletion-only watches do not see
 //! the Put.
 //!
 //! Waiting with `--limit 1`: the waiter watches its predecessor and the key before that, in
@@ -64,8 +65,6 @@ pub mod target;
 mod watch;
 
 use std::time::Duration;
-
-use tokio::task::JoinHandle;
 
 use crate::backend::install_tls_provider;
 use crate::clock::BootInstant;
@@ -156,16 +155,20 @@ impl Backend for EtcdBackend {
             before: &before,
         };
         match acquisition.queue_and_wait().await {
-            Ok((token, own)) => Ok(EtcdLease {
-                keeper,
-                token,
-                id,
+            Ok((token, own)) => {
                 // Our key is on the hold's lease now; the waiter lease has none left.
-                waiter_revoke: waiter.map(|w| w.retire(&conn)),
-                conn,
-                ttl: granted,
-                own,
-            }),
+                if let Some(waiter) = waiter {
+                    waiter.retire();
+                }
+                Ok(EtcdLease {
+                    keeper,
+                    token,
+                    id,
+                    conn,
+                    ttl: granted,
+                    own,
+                })
+            }
             Err(error) => {
                 drop(keeper.stop().await);
                 // Revoking the leases deletes our key too: nothing is left behind.
@@ -199,8 +202,6 @@ pub struct EtcdLease {
     keeper: Keeper<Renewer>,
     token: u64,
     id: i64,
-    /// The revoke of the waiter lease we waited on, if we did.
-    waiter_revoke: Option<JoinHandle<()>>,
     conn: Conn,
     ttl: Duration,
     own: OwnKey,
@@ -230,19 +231,9 @@ impl Lease for EtcdLease {
             mut conn,
             ttl,
             own,
-            waiter_revoke,
             ..
         } = self;
         drop(own);
-        if let Some(revoke) = waiter_revoke {
-            // Done long ago unless the command was very short; else it expires by itself.
-            if tokio::time::timeout(Duration::from_millis(200), revoke)
-                .await
-                .is_err()
-            {
-                tracing::debug!("the waiter lease was not revoked yet; it expires by itself");
-            }
-        }
         // The revoke goes out first: the next waiter is waiting for it. A keep-alive that
         // crosses it is harmless.
         let revoke = conn.call(ttl.min(OP_TIMEOUT), |mut c| async move {

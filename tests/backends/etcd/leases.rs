@@ -173,9 +173,9 @@ fn a_waiters_key_is_on_a_short_lease_until_the_grant_moves_it_to_the_hold_lease(
     assert_eq!(token, holding.create_revision, "token != create revision");
     assert_ne!(holding.lease, waiting.lease);
     assert_eq!(granted_ttl(&server, holding.lease), 60);
-    // The waiter lease, which holds no key any more, is revoked.
+    // The waiter lease, which holds no key any more, is no longer renewed and expires.
     let waiter_lease = format!("{:x}", waiting.lease);
-    wait_until("waiter lease revoked", PATIENCE, || {
+    wait_until("waiter lease gone", PATIENCE, || {
         !leases(&server).contains(&waiter_lease)
     });
     nix::sys::signal::kill(
