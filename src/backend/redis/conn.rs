@@ -249,14 +249,10 @@ impl Conn {
         invocation: &redis::ScriptInvocation<'_>,
         budget: Duration,
     ) -> Result<T, Failure> {
-        self.begin();
-        let (client, slot) = (&self.client, &mut self.connection);
-        let outcome = tokio::time::timeout(budget, async {
-            let connection = open(client, slot).await?;
+        self.call(budget, async |connection| {
             invocation.invoke_async(connection).await
         })
-        .await;
-        self.finish(outcome, budget)
+        .await
     }
 
     pub(super) async fn query<T: redis::FromRedisValue>(
@@ -264,11 +260,23 @@ impl Conn {
         command: &redis::Cmd,
         budget: Duration,
     ) -> Result<T, Failure> {
+        self.call(budget, async |connection| {
+            command.query_async(connection).await
+        })
+        .await
+    }
+
+    /// One request within `budget`, connecting first if need be.
+    async fn call<T>(
+        &mut self,
+        budget: Duration,
+        request: impl AsyncFnOnce(&mut MultiplexedConnection) -> Result<T, RedisError>,
+    ) -> Result<T, Failure> {
         self.begin();
         let (client, slot) = (&self.client, &mut self.connection);
         let outcome = tokio::time::timeout(budget, async {
             let connection = open(client, slot).await?;
-            command.query_async(connection).await
+            request(connection).await
         })
         .await;
         self.finish(outcome, budget)

@@ -1,8 +1,6 @@
 //! Reaching etcd: a wrong password, nothing listening, a slow link. (A server that never
 //! answers is `safety::wait_bounds_connecting_to_a_server_that_never_answers`, for every backend.)
 
-use std::time::Duration;
-
 use crate::support::*;
 
 #[test]
@@ -62,21 +60,5 @@ fn nothing_listening_is_69() {
 
 #[test]
 fn a_short_wait_still_takes_a_free_lock_over_a_slow_link() {
-    // --wait bounds waiting, not a healthy server's answers: each of them takes 100 ms here.
-    let server = EtcdServer::start();
-    let env = TestEnv::new(&server);
-    let proxy = Proxy::with_delay(server.port(), Duration::from_millis(50));
-    let url = format!("etcd://127.0.0.1:{}", proxy.port);
-    let out = env.run([
-        "run",
-        "--wait",
-        "1ms",
-        "--url",
-        &url,
-        &lock_name("e"),
-        "touch",
-        "ran",
-    ]);
-    assert!(out.status.success(), "{}", describe(&out));
-    assert!(env.path("ran").exists());
+    crate::contract::a_short_wait_still_takes_a_free_lock_over_a_slow_link(&EtcdServer::start());
 }
