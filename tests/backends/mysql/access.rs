@@ -122,3 +122,44 @@ fn long_unicode_and_case_differing_names_are_distinct_locks() {
     }
     drop(holders);
 }
+
+/// The README's SQL takes the same lock as dlock (prefix `dlock`).
+#[test]
+fn the_documented_sql_names_the_same_lock() {
+    let server = MysqlServer::start();
+    let env = TestEnv::new(&server);
+    let lock = lock_name("deploy-prod");
+    let sql = format!(
+        "SELECT IS_USED_LOCK(CONCAT('dlock:', LEFT(SHA2(CONCAT('dlock', CHAR(0), 'mysql', CHAR(0), 'v1', \
+         CHAR(0), 'dlock', CHAR(0), '{lock}'), 256), 40))) IS NOT NULL"
+    );
+    assert_eq!(server.sql(&sql), "0");
+    let holder = env.hold(&lock, &[]);
+    assert_eq!(server.sql(&sql), "1");
+    drop(holder);
+    wait_until("lock freed", PATIENCE, || server.sql(&sql) == "0");
+}
+
+#[test]
+fn a_server_at_max_connections_is_69_naming_the_setting() {
+    let server = MysqlServer::start();
+    let env = TestEnv::new(&server);
+    // MariaDB's smallest max_connections is 10: fill them with sleeping sessions.
+    server.sql("SET GLOBAL max_connections = 10");
+    let mut sleepers: Vec<std::process::Child> = (0..10)
+        .map(|_| server.sql_in_background("SELECT SLEEP(60)"))
+        .collect();
+    wait_until("10 sessions", PATIENCE, || {
+        server.sql(
+            "SELECT COUNT(*) FROM information_schema.PROCESSLIST WHERE INFO LIKE 'SELECT SLEEP%'",
+        ) == "10"
+    });
+    // A user without CONNECTION ADMIN, which MariaDB would let past the limit.
+    let app = server.url_as("app", Some(MYSQL_PASSWORD));
+    let out = env.run(["run", "--url", &app, &lock_name("m"), "true"]);
+    for sleeper in &mut sleepers {
+        let _ = sleeper.kill();
+        let _ = sleeper.wait();
+    }
+    assert_fails(&out, 69, "max_connections");
+}
