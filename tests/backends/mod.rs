@@ -7,3 +7,4 @@ mod file;
 mod postgres;
 mod redis;
 mod zk;
+mod redis_cluster;

@@ -35,6 +35,7 @@
 //! (status, list, release --force, check), [`target`] (the URL).
 
 mod admin;
+mod cluster;
 mod conn;
 mod keys;
 mod lease;
