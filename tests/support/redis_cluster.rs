@@ -118,16 +118,26 @@ impl RedisCluster {
 
     /// The port of the master serving `key`'s slot (asked of a live node).
     pub fn master_of(&self, key: &str) -> u16 {
-        let slot: u16 = node_text(self.live_port(), &["CLUSTER", "KEYSLOT", key])
+        self.master_of_slot(self.slot_of(key))
+    }
+
+    /// The slot of `key`.
+    pub fn slot_of(&self, key: &str) -> u16 {
+        node_text(self.live_port(), &["CLUSTER", "KEYSLOT", key])
             .trim()
             .trim_start_matches(':')
             .parse()
-            .expect("CLUSTER KEYSLOT");
-        self.master_of_slot(slot)
+            .expect("CLUSTER KEYSLOT")
     }
 
     /// The port of the master serving `slot`.
     pub fn master_of_slot(&self, slot: u16) -> u16 {
+        self.try_master_of_slot(slot)
+            .unwrap_or_else(|| panic!("no master serves slot {slot}"))
+    }
+
+    /// The port of the master serving `slot`, if one does (not during a failover).
+    pub fn try_master_of_slot(&self, slot: u16) -> Option<u16> {
         let nodes = node_text(self.live_port(), &["CLUSTER", "NODES"]);
         for line in nodes.lines() {
             let fields: Vec<&str> = line.split_whitespace().collect();
@@ -143,12 +153,12 @@ impl RedisCluster {
                 let (a, b) = range.split_once('-').unwrap_or((range, range));
                 if let (Ok(a), Ok(b)) = (a.parse::<u16>(), b.parse::<u16>()) {
                     if (a..=b).contains(&slot) {
-                        return port;
+                        return Some(port);
                     }
                 }
             }
         }
-        panic!("no master serves slot {slot}: {nodes}");
+        None
     }
 
     /// The node id of the node on `port`.

@@ -267,6 +267,8 @@ pub(super) struct Conn {
     /// `Some` once the server turned out to be a cluster node (or several hosts were given
     /// and `CLUSTER SLOTS` answered).
     pub(super) cluster: Option<SlotMap>,
+    /// Why the current call is waiting for the cluster to settle (reported if time runs out).
+    pub(super) settling: Option<RedisError>,
     dirty: bool,
 }
 
@@ -296,6 +298,7 @@ impl Conn {
             nodes,
             home: 0,
             cluster: None,
+            settling: None,
             dirty: false,
         })
     }
@@ -386,6 +389,7 @@ impl Conn {
     /// Start a call: connections left dirty by an abandoned call are replaced, and this one
     /// counts as dirty until its reply is in (the future may be dropped by a caller's timeout).
     fn begin(&mut self) {
+        self.settling = None;
         if std::mem::replace(&mut self.dirty, true) {
             self.drop_connections();
         }
@@ -407,7 +411,11 @@ impl Conn {
                 self.dirty = false;
                 Err(failure)
             }
-            Err(_) => Err(Failure::Timeout(budget)),
+            // Out of time while the cluster settles: what it said is the better message.
+            Err(_) => Err(self
+                .settling
+                .take()
+                .map_or(Failure::Timeout(budget), Failure::Redis)),
         }
     }
 

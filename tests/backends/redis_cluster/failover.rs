@@ -38,17 +38,12 @@ fn migrate_slot(cluster: &RedisCluster, slot: u16, from: u16, to: u16) {
     }
 }
 
-fn slot_of(cluster: &RedisCluster, name: &str) -> u16 {
-    let out = cluster.cli(cluster.ports()[0], &["CLUSTER", "KEYSLOT", name]);
-    stdout_of(&out).trim().parse().expect("a slot")
-}
-
 #[test]
 fn a_held_and_waited_lock_survives_the_migration_of_its_slot() {
     let cluster = RedisCluster::start();
     let env = TestEnv::new(&cluster);
     let name = lock_name("moving");
-    let slot = slot_of(&cluster, &name);
+    let slot = cluster.slot_of(&name);
     let from = cluster.master_of(&name);
     let to = cluster.ports().into_iter().take(3).find(|&p| p != from).expect("another master");
     let (mut first, first_token, stop) = holder(&env, &name, &[]);
@@ -89,7 +84,10 @@ fn a_master_killed_during_a_hold_is_replaced_by_its_replica() {
 
     cluster.kill(master);
     let rest: Vec<u16> = cluster.ports().into_iter().filter(|&p| p != master).collect();
-    wait_until("a replica promoted", PATIENCE, || cluster.master_of(&name) != master);
+    let slot = cluster.slot_of(&name);
+    wait_until("a replica promoted", PATIENCE, || {
+        cluster.try_master_of_slot(slot).is_some_and(|m| m != master)
+    });
     cluster.wait_ok(&rest);
 
     // The holder kept its hold, or stopped its command (124); never two holders.

@@ -73,8 +73,9 @@ pub(in crate::backend::redis) async fn check_details(
                 .filter(|r| r.master == (host.clone(), *port))
                 .map(|r| {
                     let replicas = match r.replicas {
-                        1 => " 1 replica".to_owned(),
-                        n => format!(" {n} replicas"),
+                        0 => String::new(),
+                        1 => " with 1 replica".to_owned(),
+                        n => format!(" with {n} replicas"),
                     };
                     format!("{}-{}{replicas}", r.first, r.last)
                 })

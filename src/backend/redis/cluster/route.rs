@@ -59,15 +59,19 @@ impl Conn {
                 }
                 _ if settles < MAX_SETTLE && in_transition(&error) => {
                     settles += 1;
+                    self.settling = Some(error);
                     tokio::time::sleep(SETTLE_PAUSE).await;
                 }
                 _ if settles < MAX_SETTLE && self.cluster.is_some() && lost_node(&error) => {
                     // The master died or is being replaced: ask the others who serves it now.
                     settles += 1;
-                    tracing::debug!("cluster node did not answer ({error}); re-reading the slot table");
+                    tracing::debug!(
+                        "cluster node did not answer ({error}); re-reading the slot table"
+                    );
                     if let (Some(slot), Some(map)) = (slot, self.cluster.as_mut()) {
                         map.forget(slot);
                     }
+                    self.settling = Some(error);
                     tokio::time::sleep(SETTLE_PAUSE).await;
                     let _ = self.discover(Some(index)).await;
                 }
