@@ -29,6 +29,8 @@ struct ClusterNode {
 pub struct RedisCluster {
     nodes: Vec<ClusterNode>,
     dir: tempfile::TempDir,
+    /// `requirepass` of every node (and `masterauth`), if any.
+    password: Option<String>,
 }
 
 impl RedisCluster {
@@ -39,10 +41,20 @@ impl RedisCluster {
 
     /// Three masters, each with `replicas` replicas.
     pub fn start_with(replicas: usize) -> RedisCluster {
+        RedisCluster::start_full(replicas, None)
+    }
+
+    /// Three masters whose nodes all want `password`.
+    pub fn start_with_password(password: &str) -> RedisCluster {
+        RedisCluster::start_full(0, Some(password))
+    }
+
+    fn start_full(replicas: usize, password: Option<&str>) -> RedisCluster {
         let dir = tempfile::tempdir().expect("temp dir");
         let mut cluster = RedisCluster {
             nodes: Vec::new(),
             dir,
+            password: password.map(str::to_owned),
         };
         for _ in 0..3 * (1 + replicas) {
             let port = free_cluster_port();
@@ -57,7 +69,7 @@ impl RedisCluster {
             .iter()
             .map(|p| format!("127.0.0.1:{p}"))
             .collect();
-        let out = cli_output(
+        let out = cluster.cli(
             cluster.ports()[0],
             &[
                 &["--cluster", "create"],
@@ -71,7 +83,7 @@ impl RedisCluster {
         if replicas > 0 {
             wait_until("every replica in sync", PATIENCE, || {
                 cluster.ports().iter().all(|&p| {
-                    let info = node_text(p, &["INFO", "replication"]);
+                    let info = cluster.text(p, &["INFO", "replication"]);
                     info.contains("role:master") || info.contains("master_link_status:up")
                 })
             });
@@ -90,6 +102,7 @@ impl RedisCluster {
             .args(["--dir", &dir.display().to_string()])
             .args(["--cluster-enabled", "yes", "--cluster-node-timeout", "1000"])
             .args(["--cluster-config-file", &dir.join("nodes.conf").display().to_string()])
+            .args(self.password.iter().flat_map(|p| ["--requirepass", p, "--masterauth", p]))
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log"))
             .stderr(log)
@@ -112,7 +125,7 @@ impl RedisCluster {
         wait_until("cluster_state:ok on every node", PATIENCE, || {
             ports
                 .iter()
-                .all(|&p| node_text(p, &["CLUSTER", "INFO"]).contains("cluster_state:ok"))
+                .all(|&p| self.text(p, &["CLUSTER", "INFO"]).contains("cluster_state:ok"))
         });
     }
 
@@ -123,7 +136,7 @@ impl RedisCluster {
 
     /// The slot of `key`.
     pub fn slot_of(&self, key: &str) -> u16 {
-        node_text(self.live_port(), &["CLUSTER", "KEYSLOT", key])
+        self.text(self.live_port(), &["CLUSTER", "KEYSLOT", key])
             .trim()
             .trim_start_matches(':')
             .parse()
@@ -138,7 +151,7 @@ impl RedisCluster {
 
     /// The port of the master serving `slot`, if one does (not during a failover).
     pub fn try_master_of_slot(&self, slot: u16) -> Option<u16> {
-        let nodes = node_text(self.live_port(), &["CLUSTER", "NODES"]);
+        let nodes = self.text(self.live_port(), &["CLUSTER", "NODES"]);
         for line in nodes.lines() {
             let fields: Vec<&str> = line.split_whitespace().collect();
             if fields.len() < 9 || !fields[2].contains("master") || fields[2].contains("fail") {
@@ -163,7 +176,7 @@ impl RedisCluster {
 
     /// The node id of the node on `port`.
     pub fn node_id(&self, port: u16) -> String {
-        node_text(port, &["CLUSTER", "MYID"])
+        self.text(port, &["CLUSTER", "MYID"])
             .lines()
             .find(|l| !l.starts_with('$'))
             .unwrap_or_default()
@@ -192,9 +205,24 @@ impl RedisCluster {
         }
     }
 
-    /// `redis-cli -p PORT ARGS…`.
+    /// `redis-cli -p PORT ARGS…` (with the password, if any).
     pub fn cli(&self, port: u16, args: &[&str]) -> Output {
-        cli_output(port, args)
+        match &self.password {
+            Some(password) => {
+                let mut all = vec!["--no-auth-warning", "-a", password.as_str()];
+                all.extend_from_slice(args);
+                cli_output(port, &all)
+            }
+            None => cli_output(port, args),
+        }
+    }
+
+    /// A command's reply as text (RESP when no password is needed, else redis-cli's).
+    pub fn text(&self, port: u16, args: &[&str]) -> String {
+        match self.password {
+            Some(_) => String::from_utf8_lossy(&self.cli(port, args).stdout).into_owned(),
+            None => redis_resp(port, args).unwrap_or_default(),
+        }
     }
 }
 
@@ -205,11 +233,6 @@ fn cli_output(port: u16, args: &[&str]) -> Output {
         .args(["-h", "127.0.0.1", "-p", &port.to_string()])
         .args(args);
     output_within(command, Duration::from_secs(60))
-}
-
-/// A command's reply as text (RESP, whole).
-fn node_text(port: u16, args: &[&str]) -> String {
-    redis_resp(port, args).unwrap_or_default()
 }
 
 impl Drop for RedisCluster {
@@ -248,7 +271,7 @@ impl LockServer for RedisCluster {
             let cli = |args: &[&str]| {
                 let mut all = vec!["--no-raw"];
                 all.extend_from_slice(args);
-                String::from_utf8_lossy(&cli_output(node.port, &all).stdout).into_owned()
+                String::from_utf8_lossy(&self.cli(node.port, &all).stdout).into_owned()
             };
             for key in cli(&["--scan"]).lines().take(10_000) {
                 let key = key.trim().trim_matches('"');

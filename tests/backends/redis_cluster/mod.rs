@@ -136,3 +136,20 @@ fn a_cluster_with_slots_nobody_serves_is_unavailable() {
     let out = env.run(["run", "--no-wait", &lock_name("down"), "true"]);
     assert_fails(&out, 69, "cannot serve this lock");
 }
+
+#[test]
+fn a_password_protected_cluster_takes_the_password_as_a_standalone_server_does() {
+    let cluster = RedisCluster::start_with_password("s3cret");
+    let mut env = TestEnv::new(&cluster);
+    let names = one_name_per_master(&cluster);
+    let out = env.run(["run", &names[0].0, "true"]);
+    assert_fails(&out, 77, "refused authentication");
+    env.url = env.url.replacen("redis://", "redis://:s3cret@", 1);
+    for (name, _) in &names {
+        let out = env.run(["run", name, "true"]);
+        assert!(out.status.success(), "{}", describe(&out));
+    }
+    let out = env.run(["check"]);
+    assert!(out.status.success(), "{}", describe(&out));
+    assert!(!stdout_of(&out).contains("s3cret"), "{}", describe(&out));
+}
