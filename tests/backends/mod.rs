@@ -6,5 +6,5 @@ mod etcd;
 mod file;
 mod postgres;
 mod redis;
-mod zk;
 mod redis_cluster;
+mod zk;

@@ -78,7 +78,11 @@ impl RedisCluster {
             ]
             .concat(),
         );
-        assert!(out.status.success(), "redis-cli --cluster create: {}", describe(&out));
+        assert!(
+            out.status.success(),
+            "redis-cli --cluster create: {}",
+            describe(&out)
+        );
         cluster.wait_ok(&cluster.ports());
         if replicas > 0 {
             wait_until("every replica in sync", PATIENCE, || {
@@ -101,8 +105,15 @@ impl RedisCluster {
             .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
             .args(["--dir", &dir.display().to_string()])
             .args(["--cluster-enabled", "yes", "--cluster-node-timeout", "1000"])
-            .args(["--cluster-config-file", &dir.join("nodes.conf").display().to_string()])
-            .args(self.password.iter().flat_map(|p| ["--requirepass", p, "--masterauth", p]))
+            .args([
+                "--cluster-config-file",
+                &dir.join("nodes.conf").display().to_string(),
+            ])
+            .args(
+                self.password
+                    .iter()
+                    .flat_map(|p| ["--requirepass", p, "--masterauth", p]),
+            )
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log"))
             .stderr(log)
@@ -123,9 +134,10 @@ impl RedisCluster {
     /// Wait until every node in `ports` says `cluster_state:ok`.
     pub fn wait_ok(&self, ports: &[u16]) {
         wait_until("cluster_state:ok on every node", PATIENCE, || {
-            ports
-                .iter()
-                .all(|&p| self.text(p, &["CLUSTER", "INFO"]).contains("cluster_state:ok"))
+            ports.iter().all(|&p| {
+                self.text(p, &["CLUSTER", "INFO"])
+                    .contains("cluster_state:ok")
+            })
         });
     }
 

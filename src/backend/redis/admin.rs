@@ -12,11 +12,10 @@ use crate::clock::BootInstant;
 use crate::error::Error;
 use crate::lock::{CheckReport, Holder, LockName, LockStatus};
 
-use super::conn::{Conn, OP_TIMEOUT};
 use super::cluster;
+use super::conn::{Conn, OP_TIMEOUT};
 use super::scripts::{
-    bad_data, holder_of, int_of, millis, parse_status, text_of, LockScript, FORCE, STATUS,
-    WAKE_TTL,
+    bad_data, holder_of, int_of, millis, parse_status, text_of, LockScript, FORCE, STATUS, WAKE_TTL,
 };
 use super::RedisBackend;
 
@@ -104,8 +103,8 @@ async fn lock_names_on(
             Some(node) => conn.query_on(node, &command, OP_TIMEOUT).await,
             None => conn.query(&command, OP_TIMEOUT).await,
         };
-        let (next, keys): (u64, Vec<Vec<u8>>) = reply
-            .map_err(|f| f.into_error(&backend.display))?;
+        let (next, keys): (u64, Vec<Vec<u8>>) =
+            reply.map_err(|f| f.into_error(&backend.display))?;
         for key in keys {
             // A key name that is not UTF-8 is not one of dlock's.
             let Ok(key) = String::from_utf8(key) else {

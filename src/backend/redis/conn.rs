@@ -135,7 +135,6 @@ fn is_tls_error(e: &RedisError) -> bool {
     crate::error::caused_by_tls(e)
 }
 
-
 /// What it takes to open a connection to any node: credentials, database, TLS files (read
 /// once), for the URL's hosts and for the nodes a cluster names.
 pub(super) struct Setup {
@@ -277,13 +276,17 @@ impl Conn {
         let setup = Setup::new(target, display)?;
         let mut nodes = Vec::with_capacity(1 + target.more_hosts.len());
         let first = match &target.addr {
-            RedisAddr::Tcp { host, port } | RedisAddr::Tls { host, port } => {
-                (Some((host.clone(), *port)), ConnectionAddr::Tcp(host.clone(), *port))
-            }
+            RedisAddr::Tcp { host, port } | RedisAddr::Tls { host, port } => (
+                Some((host.clone(), *port)),
+                ConnectionAddr::Tcp(host.clone(), *port),
+            ),
             RedisAddr::Unix { path } => (None, ConnectionAddr::Unix(path.clone())),
         };
         let seeds = std::iter::once(first).chain(target.more_hosts.iter().map(|(host, port)| {
-            (Some((host.clone(), *port)), ConnectionAddr::Tcp(host.clone(), *port))
+            (
+                Some((host.clone(), *port)),
+                ConnectionAddr::Tcp(host.clone(), *port),
+            )
         }));
         for (addr, connect) in seeds {
             nodes.push(Node {

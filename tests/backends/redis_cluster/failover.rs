@@ -25,7 +25,11 @@ fn migrate_slot(cluster: &RedisCluster, slot: u16, from: u16, to: u16) {
     ok(to, &["CLUSTER", "SETSLOT", &slot, "IMPORTING", &from_id]);
     ok(from, &["CLUSTER", "SETSLOT", &slot, "MIGRATING", &to_id]);
     let keys = ok(from, &["CLUSTER", "GETKEYSINSLOT", &slot, "100"]);
-    let keys: Vec<&str> = keys.lines().map(str::trim).filter(|k| !k.is_empty()).collect();
+    let keys: Vec<&str> = keys
+        .lines()
+        .map(str::trim)
+        .filter(|k| !k.is_empty())
+        .collect();
     assert!(!keys.is_empty(), "the held lock has no keys in slot {slot}");
     // One key at a time, with pauses: calls meet a half-moved lock (TRYAGAIN, ASK).
     for key in keys {
@@ -45,7 +49,12 @@ fn a_held_and_waited_lock_survives_the_migration_of_its_slot() {
     let name = lock_name("moving");
     let slot = cluster.slot_of(&name);
     let from = cluster.master_of(&name);
-    let to = cluster.ports().into_iter().take(3).find(|&p| p != from).expect("another master");
+    let to = cluster
+        .ports()
+        .into_iter()
+        .take(3)
+        .find(|&p| p != from)
+        .expect("another master");
     let (mut first, first_token, stop) = holder(&env, &name, &[]);
     let first_token = read_token(&first_token);
     let (mut second, second_token, second_stop) = holder(&env, &name, &["--wait", "60s"]);
@@ -57,10 +66,17 @@ fn a_held_and_waited_lock_survives_the_migration_of_its_slot() {
     // Still held by the first holder, still waited on.
     let out = env.run(["status", &name]);
     assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
-    assert!(!second_token.exists(), "the waiter got the lock while it was held");
+    assert!(
+        !second_token.exists(),
+        "the waiter got the lock while it was held"
+    );
     std::fs::write(&stop, "").expect("stop file");
     let status = wait_within(&mut first, PATIENCE);
-    assert_eq!(status.code(), Some(0), "the holder lost its hold during the migration");
+    assert_eq!(
+        status.code(),
+        Some(0),
+        "the holder lost its hold during the migration"
+    );
     let token = read_token(&second_token);
     assert!(token > first_token, "token {token} after {first_token}");
     std::fs::write(&second_stop, "").expect("stop file");
@@ -83,10 +99,16 @@ fn a_master_killed_during_a_hold_is_replaced_by_its_replica() {
     assert!(synced.starts_with(":1"), "replica not in sync: {synced}");
 
     cluster.kill(master);
-    let rest: Vec<u16> = cluster.ports().into_iter().filter(|&p| p != master).collect();
+    let rest: Vec<u16> = cluster
+        .ports()
+        .into_iter()
+        .filter(|&p| p != master)
+        .collect();
     let slot = cluster.slot_of(&name);
     wait_until("a replica promoted", PATIENCE, || {
-        cluster.try_master_of_slot(slot).is_some_and(|m| m != master)
+        cluster
+            .try_master_of_slot(slot)
+            .is_some_and(|m| m != master)
     });
     cluster.wait_ok(&rest);
 

@@ -69,7 +69,11 @@ fn locks_on_every_master_are_held_at_once_and_listed() {
     let out = env.run(["list"]);
     assert!(out.status.success(), "{}", describe(&out));
     for (name, _) in &names {
-        assert!(stdout_of(&out).contains(name.as_str()), "{name} not listed: {}", describe(&out));
+        assert!(
+            stdout_of(&out).contains(name.as_str()),
+            "{name} not listed: {}",
+            describe(&out)
+        );
         let status = env.run(["status", name]);
         assert_eq!(status.status.code(), Some(0), "{}", describe(&status));
     }
@@ -91,7 +95,10 @@ fn one_node_of_a_cluster_is_enough_in_the_url() {
     let mut last = 0;
     for (name, _) in &names {
         let token = env.token(name);
-        assert!(token > last || last == 0, "tokens of different locks: {token}");
+        assert!(
+            token > last || last == 0,
+            "tokens of different locks: {token}"
+        );
         last = token;
         let out = env.run(["status", name]);
         assert_eq!(out.status.code(), Some(1), "{}", describe(&out));

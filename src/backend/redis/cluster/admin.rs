@@ -15,7 +15,10 @@ pub(in crate::backend::redis) async fn masters(
     conn: &mut Conn,
     budget: Duration,
 ) -> Result<Option<Vec<usize>>, Failure> {
-    let known = conn.cluster.as_ref().is_some_and(|map| !map.masters().is_empty());
+    let known = conn
+        .cluster
+        .as_ref()
+        .is_some_and(|map| !map.masters().is_empty());
     if !known {
         match tokio::time::timeout(budget, conn.discover(None)).await {
             Err(_) => return Err(Failure::Timeout(budget)),
@@ -24,7 +27,11 @@ pub(in crate::backend::redis) async fn masters(
             Ok(Err(failure)) => return Err(failure),
         }
     }
-    let masters = conn.cluster.as_ref().map(|map| map.masters()).unwrap_or_default();
+    let masters = conn
+        .cluster
+        .as_ref()
+        .map(|map| map.masters())
+        .unwrap_or_default();
     let mut indices = Vec::with_capacity(masters.len());
     for master in &masters {
         indices.push(conn.index_of(master).map_err(Failure::Refused)?);

@@ -103,8 +103,7 @@ impl SlotMap {
     /// Forget what is known about `slot` (its master stopped answering).
     pub(in crate::backend::redis) fn forget(&mut self, slot: u16) {
         self.learned.retain(|(s, _)| *s != slot);
-        self.ranges
-            .retain(|r| !(r.first..=r.last).contains(&slot));
+        self.ranges.retain(|r| !(r.first..=r.last).contains(&slot));
     }
 
     /// The masters, each once, in the order of their first slot.
@@ -180,10 +179,7 @@ mod tests {
         assert_eq!(map.master_of(5), Some(&("127.0.0.1".to_owned(), 7002)));
         map.forget(5);
         assert_eq!(map.master_of(5), None);
-        assert_eq!(
-            parse_node("::1:7000"),
-            Some(("::1".to_owned(), 7000))
-        );
+        assert_eq!(parse_node("::1:7000"), Some(("::1".to_owned(), 7000)));
         assert!(SlotMap::parse(&Value::Int(1), "h").is_none());
     }
 }

@@ -41,13 +41,14 @@ impl Conn {
                 Ok(value) => return Ok(value),
                 Err(error) => error,
             };
-            let redirect = error.redirect_node().and_then(|(node, s)| {
-                parse_node(node).map(|node| (node, s))
-            });
+            let redirect = error
+                .redirect_node()
+                .and_then(|(node, s)| parse_node(node).map(|node| (node, s)));
             match (error.kind(), redirect) {
-                (ErrorKind::Server(kind @ (ServerErrorKind::Moved | ServerErrorKind::Ask)), Some((node, s)))
-                    if redirects < MAX_REDIRECTS =>
-                {
+                (
+                    ErrorKind::Server(kind @ (ServerErrorKind::Moved | ServerErrorKind::Ask)),
+                    Some((node, s)),
+                ) if redirects < MAX_REDIRECTS => {
                     redirects += 1;
                     let target = self.index_of(&node).map_err(Failure::Refused)?;
                     let map = self.cluster.get_or_insert_with(SlotMap::default);
@@ -124,7 +125,9 @@ impl Conn {
                     self.home = index;
                     return Ok(true);
                 }
-                Err(e) if standalone(&e) => {
+                // One host whose answer is an error (an ACL that denies CLUSTER, say): it is
+                // used as a standalone server, as before Cluster support.
+                Err(e) if standalone(&e) || (self.seeds == 1 && e.code().is_some()) => {
                     if self.seeds > 1 {
                         return Err(Failure::Refused(not_a_cluster(
                             self.nodes[index].addr.as_ref(),
