@@ -7,4 +7,5 @@ mod file;
 mod mysql;
 mod postgres;
 mod redis;
+mod redis_cluster;
 mod zk;

@@ -5,16 +5,17 @@
 
 use std::time::Duration;
 
-use redis::{Script, Value};
+use redis::Value;
 
 use crate::backend::{list_held, median_round_trip};
 use crate::clock::BootInstant;
 use crate::error::Error;
 use crate::lock::{CheckReport, Holder, LockName, LockStatus};
 
+use super::cluster;
 use super::conn::{Conn, OP_TIMEOUT};
 use super::scripts::{
-    bad_data, holder_of, int_of, millis, parse_status, text_of, FORCE, STATUS, WAKE_TTL,
+    bad_data, holder_of, int_of, millis, parse_status, text_of, LockScript, FORCE, STATUS, WAKE_TTL,
 };
 use super::RedisBackend;
 
@@ -32,10 +33,12 @@ impl RedisBackend {
     ) -> Result<Result<LockStatus, Error>, Error> {
         let keys = self.keys(name, "");
         let mut invocation = STATUS.prepare_invoke();
+        // `keys.hold` (no token) never exists: see `scripts` on slot migrations.
         invocation
             .key(&keys.fence)
             .key(&keys.holders)
-            .key(&keys.qdl);
+            .key(&keys.qdl)
+            .key(&keys.hold);
         let reply: Value = conn
             .invoke(&invocation, budget)
             .await
@@ -65,8 +68,25 @@ pub(super) async fn list(backend: &RedisBackend) -> Result<Vec<LockStatus>, Erro
     .await
 }
 
-/// The names of the locks that have a holder set under the prefix (SCAN).
+/// The names of the locks that have a holder set under the prefix (SCAN; on a cluster, of
+/// every master).
 async fn lock_names(backend: &RedisBackend, conn: &mut Conn) -> Result<Vec<LockName>, Error> {
+    let masters = cluster::masters(conn, OP_TIMEOUT)
+        .await
+        .map_err(|f| f.into_error(&backend.display))?;
+    let mut names = Vec::new();
+    for node in masters.map_or(vec![None], |m| m.into_iter().map(Some).collect()) {
+        names.extend(lock_names_on(backend, conn, node).await?);
+    }
+    Ok(names)
+}
+
+/// The lock names on one node (`None`: the node at hand).
+async fn lock_names_on(
+    backend: &RedisBackend,
+    conn: &mut Conn,
+    node: Option<usize>,
+) -> Result<Vec<LockName>, Error> {
     let pattern = format!("{}:{{*}}:holders", glob_escape(&backend.prefix));
     let mut names = Vec::new();
     let mut cursor: u64 = 0;
@@ -79,10 +99,12 @@ async fn lock_names(backend: &RedisBackend, conn: &mut Conn) -> Result<Vec<LockN
             .arg(&pattern)
             .arg("COUNT")
             .arg(1000);
-        let (next, keys): (u64, Vec<Vec<u8>>) = conn
-            .query(&command, OP_TIMEOUT)
-            .await
-            .map_err(|f| f.into_error(&backend.display))?;
+        let reply = match node {
+            Some(node) => conn.query_on(node, &command, OP_TIMEOUT).await,
+            None => conn.query(&command, OP_TIMEOUT).await,
+        };
+        let (next, keys): (u64, Vec<Vec<u8>>) =
+            reply.map_err(|f| f.into_error(&backend.display))?;
         for key in keys {
             // A key name that is not UTF-8 is not one of dlock's.
             let Ok(key) = String::from_utf8(key) else {
@@ -129,6 +151,7 @@ pub(super) async fn force_release(
         .key(&keys.holders)
         .key(&keys.queue)
         .key(&keys.qdl)
+        .key(&keys.hold)
         .arg(millis(WAKE_TTL))
         .arg(millis(STALE_WAITER));
     let reply: Vec<Value> = conn
@@ -172,7 +195,10 @@ pub(super) async fn check(backend: &RedisBackend) -> Result<CheckReport, Error> 
     let started = BootInstant::now();
     let mut conn = backend.connect().await?;
     let connect_time = BootInstant::now().saturating_since(started);
-    let (version, mode) = server_info(&mut conn, display).await?;
+    let mut cluster_details = Vec::new();
+    let clustered =
+        cluster::check_details(&mut conn, display, OP_TIMEOUT, &mut cluster_details).await?;
+    let (version, mode) = server_info(&mut conn, display, clustered).await?;
     let median = median_round_trip(5, async || {
         conn.query::<String>(&redis::cmd("PING"), OP_TIMEOUT)
             .await
@@ -183,7 +209,7 @@ pub(super) async fn check(backend: &RedisBackend) -> Result<CheckReport, Error> 
     // Can we run scripts that write? Create and delete a test entry (no hash tag: it can
     // never collide with a lock's keys).
     let probe_key = format!("{}:check:{}", backend.prefix, uuid::Uuid::new_v4().simple());
-    let probe = Script::new(
+    let probe = LockScript::new(
         "redis.call('SET', KEYS[1], '1', 'PX', 5000) return redis.call('DEL', KEYS[1])",
     );
     let deleted: i64 = conn
@@ -204,6 +230,7 @@ pub(super) async fn check(backend: &RedisBackend) -> Result<CheckReport, Error> 
                 .to_string(),
         ),
     ];
+    details.extend(cluster_details);
     check_config(&mut conn, &mut warnings, &mut details).await;
     Ok(CheckReport {
         backend: "redis".into(),
@@ -215,8 +242,13 @@ pub(super) async fn check(backend: &RedisBackend) -> Result<CheckReport, Error> 
     })
 }
 
-/// The server's version and mode; refused unless it is a master that takes writes.
-async fn server_info(conn: &mut Conn, display: &str) -> Result<(String, String), Error> {
+/// The server's version and mode; refused unless it is a master that takes writes (any node
+/// of a cluster will do: calls go to the masters).
+async fn server_info(
+    conn: &mut Conn,
+    display: &str,
+    clustered: bool,
+) -> Result<(String, String), Error> {
     let info: String = conn
         .query(redis::cmd("INFO").arg("server"), OP_TIMEOUT)
         .await
@@ -233,6 +265,9 @@ async fn server_info(conn: &mut Conn, display: &str) -> Result<(String, String),
         return Err(Error::Config(format!(
             "{display} is a Sentinel, not a Redis master; point --url at the master"
         )));
+    }
+    if clustered {
+        return Ok((version, mode));
     }
     let role: Vec<Value> = conn
         .query(&redis::cmd("ROLE"), OP_TIMEOUT)

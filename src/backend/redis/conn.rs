@@ -1,17 +1,24 @@
 //! One connection to Redis and the calls made on it: connecting (TCP, TLS, a Unix socket;
 //! AUTH and SELECT), every call bounded by its own budget, and the mapping of redis-rs errors
 //! to dlock's error kinds (exit statuses).
+//!
+//! A `Conn` may hold connections to several nodes of a Redis Cluster: every call names the
+//! slot it is for (a script's first key, a `BLPOP`'s key) and goes to that slot's master,
+//! following `MOVED` and `ASK` ([`super::cluster`] has the routing). Against a standalone
+//! server nothing of that costs anything: one node, no discovery.
 
 use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
 use redis::{
-    AsyncConnectionConfig, Client, ConnectionAddr, IntoConnectionInfo, RedisConnectionInfo,
-    RedisError,
+    AsyncConnectionConfig, Client, ConnectionAddr, ErrorKind, FromRedisValue, IntoConnectionInfo,
+    RedisConnectionInfo, RedisError, ServerErrorKind, TlsCertificates,
 };
 
 use crate::error::Error;
 
+use super::cluster::{slot_of, NodeAddr, SlotMap};
+use super::scripts::Invocation;
 use super::{RedisAddr, RedisTarget};
 
 /// Bound for connecting (TCP, TLS handshake, AUTH, SELECT).
@@ -23,6 +30,8 @@ pub(super) const OP_TIMEOUT: Duration = Duration::from_secs(5);
 pub(super) enum Failure {
     Redis(RedisError),
     Timeout(Duration),
+    /// What the cluster said makes the request impossible (not a cluster, no such node).
+    Refused(Error),
 }
 
 impl Failure {
@@ -30,7 +39,13 @@ impl Failure {
     pub(super) fn is_transient(&self) -> bool {
         match self {
             Failure::Timeout(_) => true,
-            Failure::Redis(e) => e.is_io_error() || e.is_connection_dropped() || e.is_timeout(),
+            Failure::Redis(e) => {
+                e.is_io_error()
+                    || e.is_connection_dropped()
+                    || e.is_timeout()
+                    || super::cluster::in_transition(e)
+            }
+            Failure::Refused(_) => false,
         }
     }
 
@@ -39,6 +54,7 @@ impl Failure {
         match self {
             Failure::Timeout(_) => true,
             Failure::Redis(e) => e.is_timeout(),
+            Failure::Refused(_) => false,
         }
     }
 
@@ -46,6 +62,7 @@ impl Failure {
         match self {
             Failure::Timeout(d) => format!("no answer within {}", humantime::format_duration(*d)),
             Failure::Redis(e) => e.to_string(),
+            Failure::Refused(e) => e.to_string(),
         }
     }
 
@@ -56,13 +73,13 @@ impl Failure {
                 humantime::format_duration(d)
             )),
             Failure::Redis(e) => classify(&e, display),
+            Failure::Refused(e) => e,
         }
     }
 }
 
 /// Map a redis-rs error to dlock's error kinds (exit statuses).
 pub(super) fn classify(e: &RedisError, display: &str) -> Error {
-    use redis::ErrorKind;
     let code = e.code().unwrap_or_default();
     let detail = e.detail().unwrap_or_default();
     let text = e.to_string();
@@ -91,6 +108,9 @@ pub(super) fn classify(e: &RedisError, display: &str) -> Error {
             "{display} is a read-only replica; locks must be taken on the master"
         ));
     }
+    if let Some(error) = super::cluster::classify(e, display) {
+        return error;
+    }
     if is_tls_error(e) {
         return Error::Config(format!("TLS with {display} failed: {text}"));
     }
@@ -115,49 +135,16 @@ fn is_tls_error(e: &RedisError) -> bool {
     crate::error::caused_by_tls(e)
 }
 
-/// Connect into `slot` unless a connection is there already.
-async fn open<'a>(
-    client: &Client,
-    slot: &'a mut Option<MultiplexedConnection>,
-) -> Result<&'a mut MultiplexedConnection, RedisError> {
-    if slot.is_none() {
-        let config = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(CONNECT_TIMEOUT))
-            .set_response_timeout(None);
-        *slot = Some(
-            client
-                .get_multiplexed_async_connection_with_config(&config)
-                .await?,
-        );
-    }
-    slot.as_mut()
-        .ok_or_else(|| RedisError::from((redis::ErrorKind::Io, "no connection")))
+/// What it takes to open a connection to any node: credentials, database, TLS files (read
+/// once), for the URL's hosts and for the nodes a cluster names.
+pub(super) struct Setup {
+    redis: RedisConnectionInfo,
+    tls: Option<TlsCertificates>,
+    display: String,
 }
 
-/// One connection to Redis, re-opened after an error or an abandoned call.
-///
-/// No response timeout is configured on the connection itself: a `BLPOP` blocks for as long
-/// as it was asked to, and every call is bounded here instead. A call abandoned by a timeout
-/// leaves the connection "dirty" (its reply may still arrive, or never), so the next call
-/// starts on a fresh socket rather than queueing behind it.
-pub(super) struct Conn {
-    client: Client,
-    connection: Option<MultiplexedConnection>,
-    dirty: bool,
-}
-
-impl Conn {
-    pub(super) fn new(target: &RedisTarget, display: &str) -> Result<Conn, Error> {
-        let addr = match &target.addr {
-            RedisAddr::Tcp { host, port } => ConnectionAddr::Tcp(host.clone(), *port),
-            RedisAddr::Tls { host, port } => ConnectionAddr::TcpTls {
-                host: host.clone(),
-                port: *port,
-                insecure: false,
-                tls_params: None,
-            },
-            RedisAddr::Unix { path } => ConnectionAddr::Unix(path.clone()),
-        };
+impl Setup {
+    fn new(target: &RedisTarget, display: &str) -> Result<Setup, Error> {
         let mut redis = RedisConnectionInfo::default()
             .set_db(target.db)
             .set_skip_set_lib_name();
@@ -167,15 +154,7 @@ impl Conn {
         if let Some(password) = &target.password {
             redis = redis.set_password(password.expose());
         }
-        let setup = |e: RedisError| {
-            Error::Config(format!("cannot set up the connection to {display}: {e}"))
-        };
-        let info = addr
-            .into_connection_info()
-            .map_err(setup)?
-            .set_redis_settings(redis)
-            .set_tcp_settings(redis::io::tcp::TcpSettings::default().set_nodelay(true));
-        let client = match &target.addr {
+        let tls = match &target.addr {
             RedisAddr::Tls { .. } => {
                 let read = |path: &std::path::PathBuf| {
                     std::fs::read(path)
@@ -189,43 +168,239 @@ impl Conn {
                     }),
                     _ => None,
                 };
-                Client::build_with_tls(
-                    info,
-                    redis::TlsCertificates {
-                        client_tls,
-                        root_cert,
-                    },
-                )
-                .map_err(setup)?
+                Some(TlsCertificates {
+                    client_tls,
+                    root_cert,
+                })
             }
-            _ => Client::open(info).map_err(setup)?,
+            _ => None,
         };
-        Ok(Conn {
+        Ok(Setup {
+            redis,
+            tls,
+            display: display.to_owned(),
+        })
+    }
+
+    pub(super) fn display(&self) -> &str {
+        &self.display
+    }
+
+    /// A client for one node (a host and port; TLS when the URL said `rediss://`).
+    pub(super) fn client(&self, addr: ConnectionAddr) -> Result<Client, Error> {
+        let setup = |e: RedisError| {
+            Error::Config(format!(
+                "cannot set up the connection to {}: {e}",
+                self.display
+            ))
+        };
+        let addr = match (addr, &self.tls) {
+            (ConnectionAddr::Tcp(host, port), Some(_)) => ConnectionAddr::TcpTls {
+                host,
+                port,
+                insecure: false,
+                tls_params: None,
+            },
+            (addr, _) => addr,
+        };
+        let info = addr
+            .into_connection_info()
+            .map_err(setup)?
+            .set_redis_settings(self.redis.clone())
+            .set_tcp_settings(redis::io::tcp::TcpSettings::default().set_nodelay(true));
+        match &self.tls {
+            Some(tls) => Client::build_with_tls(info, tls.clone()).map_err(setup),
+            None => Client::open(info).map_err(setup),
+        }
+    }
+}
+
+/// One node and its connection (opened on first use).
+pub(super) struct Node {
+    /// `None` for a Unix socket (never a cluster node).
+    pub(super) addr: Option<NodeAddr>,
+    client: Client,
+    connection: Option<MultiplexedConnection>,
+}
+
+impl Node {
+    pub(super) fn new(addr: NodeAddr, client: Client) -> Node {
+        Node {
+            addr: Some(addr),
             client,
             connection: None,
+        }
+    }
+}
+
+/// What to send: a script (routed by its first key), or a command and the slot it is for.
+pub(super) enum Request<'a> {
+    Script(&'a Invocation<'a>),
+    Command(&'a redis::Cmd, Option<u16>),
+}
+
+impl Request<'_> {
+    pub(super) fn slot(&self) -> Option<u16> {
+        match self {
+            Request::Script(invocation) => invocation.slot(),
+            Request::Command(_, slot) => *slot,
+        }
+    }
+}
+
+/// Connections to Redis (one node, or the masters of a cluster), re-opened after an error or
+/// an abandoned call.
+///
+/// No response timeout is configured on the connections themselves: a `BLPOP` blocks for as
+/// long as it was asked to, and every call is bounded here instead. A call abandoned by a
+/// timeout leaves the connections "dirty" (its reply may still arrive, or never), so the next
+/// call starts on fresh sockets rather than queueing behind it.
+pub(super) struct Conn {
+    pub(super) setup: Setup,
+    /// The URL's hosts first, then the nodes a cluster named.
+    pub(super) nodes: Vec<Node>,
+    /// How many of `nodes` the URL named.
+    pub(super) seeds: usize,
+    /// Where calls go that are for no slot, or for a slot whose master is not known.
+    pub(super) home: usize,
+    /// `Some` once the server turned out to be a cluster node (or several hosts were given
+    /// and `CLUSTER SLOTS` answered).
+    pub(super) cluster: Option<SlotMap>,
+    /// Why the current call is waiting for the cluster to settle (reported if time runs out).
+    pub(super) settling: Option<RedisError>,
+    dirty: bool,
+}
+
+impl Conn {
+    pub(super) fn new(target: &RedisTarget, display: &str) -> Result<Conn, Error> {
+        let setup = Setup::new(target, display)?;
+        let mut nodes = Vec::with_capacity(1 + target.more_hosts.len());
+        let first = match &target.addr {
+            RedisAddr::Tcp { host, port } | RedisAddr::Tls { host, port } => (
+                Some((host.clone(), *port)),
+                ConnectionAddr::Tcp(host.clone(), *port),
+            ),
+            RedisAddr::Unix { path } => (None, ConnectionAddr::Unix(path.clone())),
+        };
+        let seeds = std::iter::once(first).chain(target.more_hosts.iter().map(|(host, port)| {
+            (
+                Some((host.clone(), *port)),
+                ConnectionAddr::Tcp(host.clone(), *port),
+            )
+        }));
+        for (addr, connect) in seeds {
+            nodes.push(Node {
+                addr,
+                client: setup.client(connect)?,
+                connection: None,
+            });
+        }
+        Ok(Conn {
+            seeds: nodes.len(),
+            setup,
+            nodes,
+            home: 0,
+            cluster: None,
+            settling: None,
             dirty: false,
         })
     }
 
-    /// The open connection, (re)connecting first if needed.
+    /// A connection to the first of the URL's hosts that answers, (re)connecting if needed.
     pub(super) async fn ensure(&mut self) -> Result<&mut MultiplexedConnection, RedisError> {
         if std::mem::take(&mut self.dirty) {
-            self.connection = None;
+            self.drop_connections();
         }
-        open(&self.client, &mut self.connection).await
+        let mut last = None;
+        for index in (self.home..self.seeds).chain(0..self.home) {
+            match self.open(index).await {
+                Ok(_) => {
+                    self.home = index;
+                    last = None;
+                    break;
+                }
+                Err(e) => last = Some(e),
+            }
+        }
+        match last {
+            Some(e) => Err(e),
+            None => self.open(self.home).await,
+        }
     }
 
-    /// Start a call: a connection left dirty by an abandoned call is replaced, and this one
+    /// The connection to node `index`, connecting first if need be.
+    pub(super) async fn open(
+        &mut self,
+        index: usize,
+    ) -> Result<&mut MultiplexedConnection, RedisError> {
+        let missing = || RedisError::from((ErrorKind::Io, "no connection"));
+        let node = self.nodes.get_mut(index).ok_or_else(missing)?;
+        if node.connection.is_none() {
+            let config = AsyncConnectionConfig::new()
+                .set_connection_timeout(Some(CONNECT_TIMEOUT))
+                .set_response_timeout(None);
+            node.connection = Some(
+                node.client
+                    .get_multiplexed_async_connection_with_config(&config)
+                    .await?,
+            );
+        }
+        node.connection.as_mut().ok_or_else(missing)
+    }
+
+    /// Forget node `index`'s connection (it failed).
+    pub(super) fn drop_connection(&mut self, index: usize) {
+        if let Some(node) = self.nodes.get_mut(index) {
+            node.connection = None;
+        }
+    }
+
+    fn drop_connections(&mut self) {
+        for node in &mut self.nodes {
+            node.connection = None;
+        }
+    }
+
+    /// Send `request` to node `index` (after `ASKING` when a migration redirected it there):
+    /// a script by its hash, and by its text when the node does not know it yet.
+    pub(super) async fn send_on<T: FromRedisValue>(
+        &mut self,
+        index: usize,
+        request: &Request<'_>,
+        asking: bool,
+    ) -> Result<T, RedisError> {
+        let connection = self.open(index).await?;
+        let result = match request {
+            Request::Command(command, _) => send(connection, command, asking).await,
+            Request::Script(invocation) => {
+                match send(connection, &invocation.evalsha(), asking).await {
+                    Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                        send(connection, &invocation.eval(), asking).await
+                    }
+                    result => result,
+                }
+            }
+        };
+        if let Err(e) = &result {
+            if e.is_io_error() || e.is_unrecoverable_error() || e.is_connection_dropped() {
+                self.drop_connection(index);
+            }
+        }
+        result
+    }
+
+    /// Start a call: connections left dirty by an abandoned call are replaced, and this one
     /// counts as dirty until its reply is in (the future may be dropped by a caller's timeout).
     fn begin(&mut self) {
+        self.settling = None;
         if std::mem::replace(&mut self.dirty, true) {
-            self.connection = None;
+            self.drop_connections();
         }
     }
 
     fn finish<T>(
         &mut self,
-        outcome: Result<redis::RedisResult<T>, tokio::time::error::Elapsed>,
+        outcome: Result<Result<T, Failure>, tokio::time::error::Elapsed>,
         budget: Duration,
     ) -> Result<T, Failure> {
         match outcome {
@@ -233,50 +408,62 @@ impl Conn {
                 self.dirty = false;
                 Ok(value)
             }
-            Ok(Err(e)) => {
-                // A server error leaves the connection usable; a transport error does not.
-                self.dirty =
-                    e.is_io_error() || e.is_unrecoverable_error() || e.is_connection_dropped();
-                Err(Failure::Redis(e))
+            Ok(Err(failure)) => {
+                // A server error leaves the connection usable; a transport error was dealt
+                // with where it happened.
+                self.dirty = false;
+                Err(failure)
             }
-            Err(_) => Err(Failure::Timeout(budget)),
+            // Out of time while the cluster settles: what it said is the better message.
+            Err(_) => Err(self
+                .settling
+                .take()
+                .map_or(Failure::Timeout(budget), Failure::Redis)),
         }
     }
 
-    /// Run a script (EVALSHA, loading it on NOSCRIPT).
-    pub(super) async fn invoke<T: redis::FromRedisValue>(
+    /// Run a script (EVALSHA, EVAL when the server does not know it) on its slot's master.
+    pub(super) async fn invoke<T: FromRedisValue>(
         &mut self,
-        invocation: &redis::ScriptInvocation<'_>,
+        invocation: &Invocation<'_>,
         budget: Duration,
     ) -> Result<T, Failure> {
-        self.call(budget, async |connection| {
-            invocation.invoke_async(connection).await
-        })
-        .await
+        self.call(Request::Script(invocation), budget).await
     }
 
-    pub(super) async fn query<T: redis::FromRedisValue>(
+    /// A command for no slot in particular (the node at hand).
+    pub(super) async fn query<T: FromRedisValue>(
         &mut self,
         command: &redis::Cmd,
         budget: Duration,
     ) -> Result<T, Failure> {
-        self.call(budget, async |connection| {
-            command.query_async(connection).await
-        })
-        .await
+        self.call(Request::Command(command, None), budget).await
     }
 
-    /// One request within `budget`, connecting first if need be.
-    async fn call<T>(
+    /// One request within `budget`, connecting (and following the cluster) first if need be.
+    pub(super) async fn call<T: FromRedisValue>(
         &mut self,
+        request: Request<'_>,
         budget: Duration,
-        request: impl AsyncFnOnce(&mut MultiplexedConnection) -> Result<T, RedisError>,
     ) -> Result<T, Failure> {
         self.begin();
-        let (client, slot) = (&self.client, &mut self.connection);
+        let outcome = tokio::time::timeout(budget, self.send_routed(&request)).await;
+        self.finish(outcome, budget)
+    }
+
+    /// One command on node `index` only (no redirections), within `budget`.
+    pub(super) async fn query_on<T: FromRedisValue>(
+        &mut self,
+        index: usize,
+        command: &redis::Cmd,
+        budget: Duration,
+    ) -> Result<T, Failure> {
+        self.begin();
+        let request = Request::Command(command, None);
         let outcome = tokio::time::timeout(budget, async {
-            let connection = open(client, slot).await?;
-            request(connection).await
+            self.send_on(index, &request, false)
+                .await
+                .map_err(Failure::Redis)
         })
         .await;
         self.finish(outcome, budget)
@@ -286,8 +473,24 @@ impl Conn {
     pub(super) async fn blpop(&mut self, key: &str, block: Duration) -> Result<(), Failure> {
         let mut command = redis::cmd("BLPOP");
         command.arg(key).arg(format!("{:.3}", block.as_secs_f64()));
-        self.query::<Option<(String, String)>>(&command, block + OP_TIMEOUT)
+        let request = Request::Command(&command, Some(slot_of(key.as_bytes())));
+        self.call::<Option<(String, String)>>(request, block + OP_TIMEOUT)
             .await
             .map(drop)
     }
+}
+
+/// One command, after `ASKING` when a slot migration sent it here.
+async fn send<T: FromRedisValue>(
+    connection: &mut MultiplexedConnection,
+    command: &redis::Cmd,
+    asking: bool,
+) -> Result<T, RedisError> {
+    if !asking {
+        return command.query_async(connection).await;
+    }
+    let mut pipe = redis::pipe();
+    pipe.cmd("ASKING").ignore().add_command(command.clone());
+    let (value,): (T,) = pipe.query_async(connection).await?;
+    Ok(value)
 }

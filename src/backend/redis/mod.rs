@@ -32,9 +32,11 @@
 //! The parts: `conn.rs` (connecting, bounded calls, error classes), `keys.rs` (the key
 //! layout), `scripts.rs` (the scripts and what their replies say), `wait.rs` (the waiting
 //! protocol of one acquisition), `lease.rs` (the held lock and its renewer), `admin.rs`
-//! (status, list, release --force, check), [`target`] (the URL).
+//! (status, list, release --force, check), [`target`] (the URL), `cluster/` (Redis Cluster:
+//! routing each call to its slot's master).
 
 mod admin;
+mod cluster;
 mod conn;
 mod keys;
 mod lease;

@@ -3,28 +3,115 @@
 //! Every script first checks that the lock's keys hold what dlock keeps there; a key someone
 //! else overwrote comes back by name and is reported as [`bad_data`] (exit 69), never as an
 //! internal error. Data from the server is shown, never trusted to be text.
+//!
+//! Keys and Redis Cluster: every key a script is called with is declared in KEYS, and the
+//! first one routes the call. The entries of *other* owner tokens (`B:h:<tok>` of the other
+//! holders, `B:w:<tok>` of the waiters a release wakes) cannot be named by the caller, which
+//! does not know them; the scripts build those names from `B`, so they carry the same hash
+//! tag and live in the same slot (Redis 7 runs such a script only on the slot's master and
+//! refuses any key of another slot). While a slot migrates, Redis checks only the declared
+//! keys, so every script but `renew.lua` (which touches nothing else) also declares a key
+//! that never exists at that point (our own `B:h:<tok>` or `B:w:<tok>`, or `B:h:` without a
+//! token): a call during a migration then gets `TRYAGAIN` (or `ASK`, then `TRYAGAIN`) and is
+//! asked again after it, instead of running beside keys that already moved.
 
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use redis::{Script, Value};
+use redis::{Cmd, Script, ToRedisArgs, Value};
 
 use crate::error::Error;
 use crate::lock::{Holder, HolderStatus, LockName, LockStatus};
 
+use super::cluster::slot_of;
 use super::conn::{Conn, Failure};
 use super::keys::{owner_token, Keys};
 
-pub(super) static ACQUIRE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("scripts/acquire.lua")));
-pub(super) static RELEASE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("scripts/release.lua")));
-pub(super) static RENEW: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("scripts/renew.lua")));
-pub(super) static STATUS: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("scripts/status.lua")));
-pub(super) static FORCE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("scripts/force.lua")));
+pub(super) static ACQUIRE: LazyLock<LockScript> =
+    LazyLock::new(|| LockScript::new(include_str!("scripts/acquire.lua")));
+pub(super) static RELEASE: LazyLock<LockScript> =
+    LazyLock::new(|| LockScript::new(include_str!("scripts/release.lua")));
+pub(super) static RENEW: LazyLock<LockScript> =
+    LazyLock::new(|| LockScript::new(include_str!("scripts/renew.lua")));
+pub(super) static STATUS: LazyLock<LockScript> =
+    LazyLock::new(|| LockScript::new(include_str!("scripts/status.lua")));
+pub(super) static FORCE: LazyLock<LockScript> =
+    LazyLock::new(|| LockScript::new(include_str!("scripts/force.lua")));
+
+/// A server-side script: its text and its SHA1 (redis-rs computes it).
+pub(super) struct LockScript {
+    code: &'static str,
+    script: Script,
+}
+
+impl LockScript {
+    pub(super) fn new(code: &'static str) -> LockScript {
+        LockScript {
+            code,
+            script: Script::new(code),
+        }
+    }
+
+    pub(super) fn prepare_invoke(&self) -> Invocation<'_> {
+        Invocation {
+            script: self,
+            keys: Vec::new(),
+            args: Vec::new(),
+        }
+    }
+
+    /// An invocation with one key.
+    pub(super) fn key<T: ToRedisArgs>(&self, key: T) -> Invocation<'_> {
+        let mut invocation = self.prepare_invoke();
+        invocation.key(key);
+        invocation
+    }
+}
+
+/// One call of a script: its keys (all in one slot: the first one routes the call) and its
+/// arguments.
+pub(super) struct Invocation<'a> {
+    script: &'a LockScript,
+    keys: Vec<Vec<u8>>,
+    args: Vec<Vec<u8>>,
+}
+
+impl Invocation<'_> {
+    pub(super) fn key<T: ToRedisArgs>(&mut self, key: T) -> &mut Self {
+        key.write_redis_args(&mut self.keys);
+        self
+    }
+
+    pub(super) fn arg<T: ToRedisArgs>(&mut self, arg: T) -> &mut Self {
+        arg.write_redis_args(&mut self.args);
+        self
+    }
+
+    /// The cluster slot of the call (of its first key).
+    pub(super) fn slot(&self) -> Option<u16> {
+        self.keys.first().map(|key| slot_of(key))
+    }
+
+    /// `EVALSHA`, the usual call.
+    pub(super) fn evalsha(&self) -> Cmd {
+        self.command("EVALSHA", self.script.script.get_hash())
+    }
+
+    /// `EVAL` with the text, when the server does not know the script (this also loads it).
+    pub(super) fn eval(&self) -> Cmd {
+        self.command("EVAL", self.script.code)
+    }
+
+    fn command(&self, verb: &str, script: &str) -> Cmd {
+        let mut command = redis::cmd(verb);
+        command
+            .arg(script)
+            .arg(self.keys.len())
+            .arg(&*self.keys)
+            .arg(&*self.args);
+        command
+    }
+}
 
 /// How long a wake-up waits in a waiter's mailbox (a live waiter takes it within a heartbeat).
 pub(super) const WAKE_TTL: Duration = Duration::from_secs(10);

@@ -24,6 +24,8 @@ pub struct RedisTarget {
     pub user: Option<String>,
     pub password: Option<Secret>,
     pub tls: TlsFiles,
+    /// Redis Cluster: the URL's further hosts (`redis://h1:p1,h2:p2,…`), after `addr`.
+    pub more_hosts: Vec<(String, u16)>,
 }
 
 impl RedisTarget {
@@ -39,6 +41,18 @@ impl RedisTarget {
     /// The server and database, for reentrancy (DLOCK_HELD).
     pub fn identity(&self) -> String {
         match &self.addr {
+            RedisAddr::Tcp { host, port } | RedisAddr::Tls { host, port }
+                if !self.more_hosts.is_empty() =>
+            {
+                // One cluster, however its nodes are listed.
+                let mut hosts: Vec<String> = std::iter::once((host, port))
+                    .chain(self.more_hosts.iter().map(|(h, p)| (h, p)))
+                    .map(|(h, p)| crate::backend::url::join_host_port(h, *p))
+                    .collect();
+                hosts.sort();
+                hosts.dedup();
+                format!("redis://{}/{}", hosts.join(","), self.db)
+            }
             RedisAddr::Tcp { host, port } | RedisAddr::Tls { host, port } => {
                 format!("redis://{host}:{port}/{}", self.db)
             }
@@ -91,6 +105,7 @@ pub fn parse(scheme: &str, rest: &str) -> Result<RedisTarget, String> {
             user: None,
             password: None,
             tls: TlsFiles::default(),
+            more_hosts: Vec::new(),
         });
     }
     if after.contains(['?', '#']) {
@@ -98,11 +113,19 @@ pub fn parse(scheme: &str, rest: &str) -> Result<RedisTarget, String> {
     }
     let (authority, path) = after.split_at(after.find('/').unwrap_or(after.len()));
     let (user, password, hostport) = split_userinfo(authority)?;
-    let (host, port) = split_host_port(hostport, 6379)?;
+    // Several hosts: seed nodes of one Redis Cluster.
+    let mut hosts = hostport.split(',');
+    let (host, port) = split_host_port(hosts.next().unwrap_or_default(), 6379)?;
+    let more_hosts = hosts
+        .map(|h| split_host_port(h, 6379))
+        .collect::<Result<Vec<_>, _>>()?;
     let db = match path.trim_start_matches('/') {
         "" => 0,
         n => parse_db(n)?,
     };
+    if db != 0 && !more_hosts.is_empty() {
+        return Err("a Redis Cluster has only database 0; remove the /N from the URL".into());
+    }
     let addr = if scheme == "rediss" {
         RedisAddr::Tls { host, port }
     } else {
@@ -114,6 +137,7 @@ pub fn parse(scheme: &str, rest: &str) -> Result<RedisTarget, String> {
         user,
         password,
         tls: TlsFiles::default(),
+        more_hosts,
     })
 }
 
@@ -205,5 +229,18 @@ mod tests {
             assert!(Target::parse(bad).is_err(), "{bad} was accepted");
         }
         assert!(!format!("{t:?}").contains("p@ss"));
+        let Ok(Target::Redis(t)) = Target::parse("redis://h2:7001,[::1]:7000,h1") else {
+            panic!()
+        };
+        assert_eq!(
+            t.more_hosts,
+            vec![("::1".to_owned(), 7000), ("h1".to_owned(), 6379)]
+        );
+        let Ok(Target::Redis(same)) = Target::parse("redis://h1:6379,h2:7001,[::1]:7000/0") else {
+            panic!()
+        };
+        assert_eq!(t.identity(), same.identity());
+        assert!(Target::parse("redis://h1,h2/3").is_err());
+        assert!(Target::parse("redis://h1,").is_err());
     }
 }

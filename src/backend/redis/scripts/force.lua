@@ -1,4 +1,5 @@
 -- dlock release --force. KEYS[1]=B:holders KEYS[2]=B:queue KEYS[3]=B:qdl
+-- KEYS[4]=B:h: (no token: never exists; declared so that a Cluster never runs this mid-migration)
 -- ARGV[1]=wake_ttl_ms ARGV[2]=stale_ms
 -- Deletes every holder entry and every waiter entry no live dlock keeps: a heartbeat deadline
 -- that passed (a killed process), none at all, or one further ahead than STALE_MS (left by an

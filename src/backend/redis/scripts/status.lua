@@ -1,4 +1,5 @@
 -- dlock status (read-only). KEYS[1]=B:fence KEYS[2]=B:holders KEYS[3]=B:qdl
+-- KEYS[4]=B:h: (no token: never exists; declared so that a Cluster never runs this mid-migration)
 -- Returns {1, last_fence|nil, live_waiters, {{owner, pttl, fence, meta, since_ms}, ...}}
 --         {-2, key, what}: KEY holds data dlock did not write
 -- Strings (fence, meta) are returned as stored: the client decides what to make of them.

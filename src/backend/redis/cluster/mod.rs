@@ -1,0 +1,63 @@
+//! Redis Cluster: locks on a sharded cluster. One lock's keys share the hash tag
+//! `{<encoded name>}`, so one lock lives in one slot, and every call of it goes to that slot's
+//! master.
+//!
+//! Cost: nothing for a standalone server. With one host in the URL, calls go to it; only a
+//! `MOVED` or `ASK` reply (the host is a cluster node that does not serve the slot) turns the
+//! connection into a cluster one. With several hosts, `CLUSTER SLOTS` is asked once per
+//! connection first (it also refuses a node that is not in cluster mode: 78).
+//!
+//! Slot migration (`redis-cli --cluster reshard`): while a slot moves, a script whose keys are
+//! not all on one side gets `TRYAGAIN` (asked again after a pause), a script whose keys have
+//! all moved gets `ASK` (sent once to the importing node after `ASKING`), and after the
+//! migration `MOVED` (remembered). A waiter blocked in `BLPOP` on the old master is unblocked
+//! with `MOVED` and blocks again on the new one. Master failover: the connection to the dead
+//! master fails; the slot table is read again from the other nodes until the promoted replica
+//! serves the slot (`CLUSTERDOWN` meanwhile is waited out, bounded by the call's budget).
+//!
+//! Fencing tokens stay increasing: the counter moves with its slot (`MIGRATE` copies it
+//! exactly), and a token is never less than the serving master's clock in µs, which covers a
+//! promoted replica that had not yet received the last increments (as long as the masters'
+//! clocks agree within the time a failover takes).
+
+mod admin;
+mod map;
+mod route;
+mod slot;
+
+pub(super) use admin::{check_details, masters};
+pub(super) use map::{NodeAddr, SlotMap};
+pub(super) use route::in_transition;
+pub(super) use slot::slot_of;
+
+use redis::{ErrorKind, RedisError, ServerErrorKind};
+
+use crate::error::Error;
+
+/// The cluster-specific errors, as dlock's error kinds; `None` for the others.
+pub(super) fn classify(e: &RedisError, display: &str) -> Option<Error> {
+    let text = e.to_string();
+    Some(match e.kind() {
+        ErrorKind::Server(ServerErrorKind::ClusterDown | ServerErrorKind::MasterDown) => {
+            Error::Unavailable(format!(
+                "{display}: the Redis Cluster cannot serve this lock now ({text}); check `dlock \
+                 check` for slots without a master, or wait for the failover to finish"
+            ))
+        }
+        ErrorKind::Server(ServerErrorKind::TryAgain) => Error::Unavailable(format!(
+            "{display}: the lock's slot is still being migrated ({text}); try again"
+        )),
+        ErrorKind::Server(ServerErrorKind::Moved | ServerErrorKind::Ask) => {
+            Error::Unavailable(format!(
+                "{display}: the Redis Cluster kept redirecting ({text}); its slot table is changing, try again"
+            ))
+        }
+        ErrorKind::Server(ServerErrorKind::CrossSlot) => {
+            Error::Internal(format!("{display}: a dlock call spanned two slots: {text}"))
+        }
+        _ if text.contains("SELECT is not allowed in cluster mode") => Error::Usage(format!(
+            "{display}: a Redis Cluster has only database 0; remove the /N from the URL"
+        )),
+        _ => return None,
+    })
+}

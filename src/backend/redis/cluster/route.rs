@@ -1,0 +1,194 @@
+//! Routing a call to its slot's master: the slot table (`CLUSTER SLOTS`, fetched only when the
+//! URL names several hosts or a listing needs every master), `MOVED` (the slot has a new
+//! master: remember it), `ASK` (the slot is being migrated: this one call goes to the
+//! importing node, after `ASKING`), `TRYAGAIN` / `CLUSTERDOWN` (a migration or a failover is
+//! under way: wait a little and ask again), and a master that stopped answering (ask the
+//! other nodes who serves the slot now). Every loop is bounded in count; the caller's budget
+//! bounds it in time.
+
+use std::time::Duration;
+
+use redis::{ConnectionAddr, ErrorKind, FromRedisValue, RedisError, ServerErrorKind, Value};
+
+use crate::error::Error;
+
+use super::map::{parse_node, NodeAddr, SlotMap};
+use crate::backend::redis::conn::{Conn, Failure, Node, Request};
+
+/// Redirections one call follows before it gives up (a slot moves once per migration).
+const MAX_REDIRECTS: u32 = 16;
+/// Waits for a migration or failover to settle within one call (the budget bounds it too).
+const MAX_SETTLE: u32 = 100;
+/// The pause before asking again while a migration or a failover settles.
+const SETTLE_PAUSE: Duration = Duration::from_millis(50);
+
+impl Conn {
+    /// Send `request` to its slot's master, following the cluster.
+    pub(in crate::backend::redis) async fn send_routed<T: FromRedisValue>(
+        &mut self,
+        request: &Request<'_>,
+    ) -> Result<T, Failure> {
+        let slot = request.slot();
+        let (mut redirects, mut settles) = (0, 0);
+        let mut ask: Option<usize> = None;
+        loop {
+            let asking = ask.is_some();
+            let index = match ask.take() {
+                Some(index) => index,
+                None => self.node_for(slot).await?,
+            };
+            let error = match self.send_on(index, request, asking).await {
+                Ok(value) => return Ok(value),
+                Err(error) => error,
+            };
+            let redirect = error
+                .redirect_node()
+                .and_then(|(node, s)| parse_node(node).map(|node| (node, s)));
+            match (error.kind(), redirect) {
+                (
+                    ErrorKind::Server(kind @ (ServerErrorKind::Moved | ServerErrorKind::Ask)),
+                    Some((node, s)),
+                ) if redirects < MAX_REDIRECTS => {
+                    redirects += 1;
+                    let target = self.index_of(&node).map_err(Failure::Refused)?;
+                    let map = self.cluster.get_or_insert_with(SlotMap::default);
+                    if kind == ServerErrorKind::Moved {
+                        map.learn(s, node);
+                    } else {
+                        ask = Some(target);
+                    }
+                }
+                _ if settles < MAX_SETTLE && in_transition(&error) => {
+                    settles += 1;
+                    self.settling = Some(error);
+                    tokio::time::sleep(SETTLE_PAUSE).await;
+                }
+                _ if settles < MAX_SETTLE && self.cluster.is_some() && lost_node(&error) => {
+                    // The master died or is being replaced: ask the others who serves it now.
+                    settles += 1;
+                    tracing::debug!(
+                        "cluster node did not answer ({error}); re-reading the slot table"
+                    );
+                    if let (Some(slot), Some(map)) = (slot, self.cluster.as_mut()) {
+                        map.forget(slot);
+                    }
+                    self.settling = Some(error);
+                    tokio::time::sleep(SETTLE_PAUSE).await;
+                    let _ = self.discover(Some(index)).await;
+                }
+                _ => return Err(Failure::Redis(error)),
+            }
+        }
+    }
+
+    /// The node for `slot`: its master when known, else the node at hand. With several hosts
+    /// in the URL, the slot table is read first (which also proves they are a cluster).
+    async fn node_for(&mut self, slot: Option<u16>) -> Result<usize, Failure> {
+        if self.cluster.is_none() && self.seeds > 1 {
+            self.discover(None).await?;
+        }
+        let master = match (slot, &self.cluster) {
+            (Some(slot), Some(map)) => map.master_of(slot).cloned(),
+            _ => None,
+        };
+        match master {
+            Some(node) => self.index_of(&node).map_err(Failure::Refused),
+            None => Ok(self.home),
+        }
+    }
+
+    /// Read the slot table from the first node that answers (`avoid`: one that just failed,
+    /// asked last). A node that is not in cluster mode is refused when the URL named several
+    /// hosts; with one host, `Ok(false)` says it is a standalone server.
+    pub(in crate::backend::redis) async fn discover(
+        &mut self,
+        avoid: Option<usize>,
+    ) -> Result<bool, Failure> {
+        let order: Vec<usize> = (0..self.nodes.len())
+            .filter(|&i| Some(i) != avoid)
+            .chain(avoid)
+            .collect();
+        let command = redis::cmd("CLUSTER").arg("SLOTS").clone();
+        let request = Request::Command(&command, None);
+        let mut last = None;
+        for index in order {
+            match self.send_on::<Value>(index, &request, false).await {
+                Ok(reply) => {
+                    let asked = self.nodes[index].addr.clone().unwrap_or_default().0;
+                    let map = SlotMap::parse(&reply, &asked).ok_or_else(|| {
+                        Failure::Refused(Error::Unavailable(format!(
+                            "{}: unexpected reply to CLUSTER SLOTS: {reply:?}",
+                            self.setup_display()
+                        )))
+                    })?;
+                    self.cluster = Some(map);
+                    self.home = index;
+                    return Ok(true);
+                }
+                // One host whose answer is an error (an ACL that denies CLUSTER, say): it is
+                // used as a standalone server, as before Cluster support.
+                Err(e) if standalone(&e) || (self.seeds == 1 && e.code().is_some()) => {
+                    if self.seeds > 1 {
+                        return Err(Failure::Refused(not_a_cluster(
+                            self.nodes[index].addr.as_ref(),
+                            &self.setup_display(),
+                        )));
+                    }
+                    return Ok(false);
+                }
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(Failure::Redis(last.unwrap_or_else(|| {
+            RedisError::from((ErrorKind::Io, "no cluster node to ask"))
+        })))
+    }
+
+    /// The index of `node` in the pool, added (not yet connected) if new.
+    pub(in crate::backend::redis) fn index_of(&mut self, node: &NodeAddr) -> Result<usize, Error> {
+        if let Some(index) = self
+            .nodes
+            .iter()
+            .position(|n| n.addr.as_ref() == Some(node))
+        {
+            return Ok(index);
+        }
+        let client = self
+            .setup
+            .client(ConnectionAddr::Tcp(node.0.clone(), node.1))?;
+        self.nodes.push(Node::new(node.clone(), client));
+        Ok(self.nodes.len() - 1)
+    }
+
+    fn setup_display(&self) -> String {
+        self.setup.display().to_owned()
+    }
+}
+
+/// The node says it runs without cluster support.
+fn standalone(e: &RedisError) -> bool {
+    e.to_string().contains("cluster support disabled")
+}
+
+fn not_a_cluster(node: Option<&NodeAddr>, display: &str) -> Error {
+    let node = node.map_or_else(String::new, |(h, p)| format!(" ({h}:{p})"));
+    Error::Config(format!(
+        "{display}: a node{node} is not part of a Redis Cluster (cluster_enabled:0); a URL with \
+         several hosts names nodes of one cluster (give a standalone server as one host)"
+    ))
+}
+
+/// A migration or a failover is under way: the same request may succeed in a moment.
+pub(in crate::backend::redis) fn in_transition(e: &RedisError) -> bool {
+    matches!(
+        e.kind(),
+        ErrorKind::Server(
+            ServerErrorKind::TryAgain | ServerErrorKind::ClusterDown | ServerErrorKind::MasterDown
+        )
+    )
+}
+
+/// The node itself is gone (refused, reset, closed), not the request.
+fn lost_node(e: &RedisError) -> bool {
+    e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal()
+}
