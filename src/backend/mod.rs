@@ -23,6 +23,7 @@
 
 pub mod etcd;
 pub mod file;
+pub mod memcached;
 pub mod postgres;
 pub mod redis;
 pub mod url;
@@ -37,12 +38,15 @@ use crate::lock::{Holder, HolderStatus, LockName, LockStatus};
 
 pub use etcd::EtcdTarget;
 pub use file::FileTarget;
+pub use memcached::MemcachedTarget;
 pub use postgres::PgTarget;
 pub use redis::RedisTarget;
 pub use zk::ZkTarget;
 
 /// The shortest lease a remote backend accepts (see [`Target::minimum_ttl`]).
 pub const MIN_LEASE_TTL: Duration = Duration::from_secs(2);
+/// The shortest `--ttl` on memcached (see [`Target::minimum_ttl`]).
+pub const MIN_MEMCACHED_TTL: Duration = Duration::from_secs(3);
 
 /// The config file's per-backend tables (secrets and TLS material).
 pub const CONFIG_TABLES: &[&str] = &["redis", "etcd", "zookeeper", "postgres"];
@@ -60,6 +64,8 @@ pub enum Target {
     Postgres(PgTarget),
     /// `zk://h:p[,h:p…][/chroot]`.
     Zk(ZkTarget),
+    /// `memcached://h:p[,h:p…]`, `memcached+unix:///path`.
+    Memcached(MemcachedTarget),
 }
 
 impl Target {
@@ -87,6 +93,10 @@ impl Target {
             }
             "postgres" | "postgresql" => postgres::target::parse_url(url).map(Target::Postgres),
             "zk" => zk::target::parse(rest).map(Target::Zk),
+            "memcached" | "memcached+unix" => {
+                memcached::target::parse(&scheme.to_ascii_lowercase(), rest)
+                    .map(Target::Memcached)
+            }
             _ => {
                 // A scheme is letters, digits, `+`, `-` and `.`; anything else before the first `:`
                 // is part of something else (perhaps `user:password@host` without a scheme).
@@ -100,7 +110,7 @@ impl Target {
                     String::new()
                 };
                 Err(format!(
-                    "unknown URL scheme{shown}; expected file, redis, rediss, etcd, etcds, zk, postgres or postgresql"
+                    "unknown URL scheme{shown}; expected file, redis, rediss, etcd, etcds, zk, postgres, postgresql or memcached"
                 ))
             }
         }
@@ -110,7 +120,7 @@ impl Target {
     /// TLS files (checked here, before any backend is contacted).
     pub fn complete(&mut self, file: &FileConfig) -> Result<(), Error> {
         match self {
-            Target::File(_) => Ok(()),
+            Target::File(_) | Target::Memcached(_) => Ok(()),
             Target::Redis(target) => redis::target::complete(target, file),
             Target::Etcd(target) => etcd::target::complete(target, file),
             Target::Postgres(target) => postgres::target::complete(target, file),
@@ -126,6 +136,7 @@ impl Target {
             Target::Etcd(target) => target.scheme(),
             Target::Postgres(_) => "postgres",
             Target::Zk(_) => "zk",
+            Target::Memcached(target) => target.scheme(),
         }
     }
 
@@ -137,6 +148,7 @@ impl Target {
             Target::Etcd(target) => target.identity(),
             Target::Postgres(target) => target.identity(),
             Target::Zk(target) => target.identity(),
+            Target::Memcached(target) => target.identity(),
         }
     }
 
@@ -152,6 +164,8 @@ impl Target {
             Target::Redis(_) | Target::Etcd(_) | Target::Zk(_) | Target::Postgres(_) => {
                 Some(MIN_LEASE_TTL)
             }
+            // Whole-second expiry that may tick one second early: 3 s leaves a 2 s lease.
+            Target::Memcached(_) => Some(MIN_MEMCACHED_TTL),
         }
     }
 
@@ -159,6 +173,7 @@ impl Target {
     pub fn check_prefix(&self, prefix: &str) -> Result<(), String> {
         match self {
             Target::Redis(target) => target.check_prefix(prefix),
+            Target::Memcached(target) => target.check_prefix(prefix),
             Target::File(_) | Target::Etcd(_) | Target::Postgres(_) | Target::Zk(_) => Ok(()),
         }
     }
@@ -286,6 +301,11 @@ macro_rules! with_backend {
                     &$common.display_url,
                     $common.ttl,
                 );
+                $body
+            }
+            $crate::backend::Target::Memcached(target) => {
+                let $backend =
+                    $crate::backend::memcached::MemcachedBackend::new(target, &$common.prefix);
                 $body
             }
         }

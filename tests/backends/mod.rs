@@ -4,6 +4,7 @@
 
 mod etcd;
 mod file;
+mod memcached;
 mod postgres;
 mod redis;
 mod zk;
