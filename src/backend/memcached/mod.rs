@@ -27,8 +27,10 @@
 //!
 //! Acquisition: add a free slot (for `--limit 1`, slot 0, pipelined with a read of it, one
 //! round trip); then take a token and rewrite the slot with it (compare-and-swap on the CAS
-//! value the add returned). If the counter's previous taker used another `--limit` and holds
-//! still, the slot is given back and the run refused (64).
+//! value the add returned). If the counter's previous taker used another `--limit`, the
+//! holders are read before the counter is written: one with another limit means the slot is
+//! given back and the run refused (64), without touching the counter (`token.rs` says why
+//! that catches every disagreement).
 //!
 //! The parts: `client.rs` (the protocol), `keys.rs`, `token.rs`, `wait.rs`, `lease.rs`,
 //! `admin.rs` (status, list, release --force, check), [`target`] (URLs, server choice).
@@ -174,32 +176,26 @@ impl MemcachedBackend {
             epoch: conn.epoch,
             expiry,
         };
-        let taken = token::next(&mut conn, keys, request.limit, OP_TIMEOUT, display).await;
-        let (token, theirs) = match taken {
-            Ok(taken) => taken,
+        let owner = stored.owner.clone();
+        let agree = async |conn: &mut Conn, theirs: u32| {
+            let slots = theirs.max(request.limit);
+            let others = self.holders_of(conn, keys, slots, display).await?;
+            match others
+                .iter()
+                .find(|h| h.owner != owner && h.record.limit != request.limit)
+            {
+                Some(other) => Err(limit_mismatch(&request.name, other.record.limit)),
+                None => Ok(()),
+            }
+        };
+        let taken = token::next(&mut conn, keys, request.limit, OP_TIMEOUT, display, agree).await;
+        let token = match taken {
+            Ok(token) => token,
             Err(e) => {
                 let _ = held.delete(&mut conn, OP_TIMEOUT).await;
                 return Err(e);
             }
         };
-        if theirs != request.limit {
-            let others = self.holders_of(&mut conn, keys, theirs.max(request.limit), display);
-            match others.await {
-                Ok(others) => {
-                    let mismatch = others
-                        .iter()
-                        .find(|h| h.owner != stored.owner && h.record.limit != request.limit);
-                    if let Some(other) = mismatch {
-                        let _ = held.delete(&mut conn, OP_TIMEOUT).await;
-                        return Err(limit_mismatch(&request.name, other.record.limit));
-                    }
-                }
-                Err(e) => {
-                    let _ = held.delete(&mut conn, OP_TIMEOUT).await;
-                    return Err(e);
-                }
-            }
-        }
         let mut record = stored.record;
         record.holder.token = token;
         held.value = Stored {

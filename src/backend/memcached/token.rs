@@ -33,15 +33,18 @@ pub(super) fn now_micros() -> u64 {
         .unwrap_or(0)
 }
 
-/// The next fencing token of the lock, recording `limit` beside it; and the `--limit` of the
-/// previous taker (ours when there was none).
+/// The next fencing token of the lock, recording `limit` beside it. When the previous taker
+/// used another `--limit`, `agree(conn, theirs)` is asked first (it fails if holders with
+/// that limit remain): a taker that does not agree never writes the counter, so the counter
+/// always shows the limit of the holders, and a later taker with another limit checks.
 pub(super) async fn next(
     conn: &mut Conn,
     keys: &Keys,
     limit: u32,
     budget: Duration,
     display: &str,
-) -> Result<(u64, u32), Error> {
+    mut agree: impl AsyncFnMut(&mut Conn, u32) -> Result<(), Error>,
+) -> Result<u64, Error> {
     let key = keys.fence();
     for _ in 0..ATTEMPTS {
         let current = conn
@@ -49,10 +52,10 @@ pub(super) async fn next(
             .await
             .map_err(|f| f.into_error(display))?;
         let now = now_micros();
-        let (token, theirs, request) = if current.is("EN") {
+        let request = if current.is("EN") {
             // No counter (never taken, or the server restarted): seed it from the clock.
             let token = now.max(1);
-            (token, limit, ms(&key, "ME T0", &fence_value(token, limit)))
+            (token, ms(&key, "ME T0", &fence_value(token, limit)))
         } else {
             let value = current.value.as_deref().unwrap_or_default();
             let Some((last, theirs)) = parse_fence(value) else {
@@ -71,18 +74,21 @@ pub(super) async fn next(
                     "{display}: the fencing counter '{key}' is exhausted"
                 )));
             };
+            if theirs != limit {
+                agree(conn, theirs).await?;
+            }
             (
                 token,
-                theirs,
                 ms(&key, &format!("C{cas} T0"), &fence_value(token, limit)),
             )
         };
+        let (token, request) = request;
         let stored = conn
             .one(&request, budget)
             .await
             .map_err(|f| f.into_error(display))?;
         if stored.is("HD") {
-            return Ok((token, theirs));
+            return Ok(token);
         }
         // NS / EX / NF: another taker got in between; read again.
     }
