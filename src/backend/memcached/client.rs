@@ -50,6 +50,10 @@ impl Failure {
                 "{display} did not answer within {}",
                 humantime::format_duration(d)
             )),
+            // "SERVER_ERROR out of memory storing object": full, and not evicting (-M).
+            Failure::Protocol(text) if text.contains("SERVER_ERROR") => Error::Unavailable(
+                format!("{display} could not do what dlock asked: {text}"),
+            ),
             Failure::Protocol(text) => Error::Unavailable(format!(
                 "{display} answered unexpectedly ({text}); dlock needs memcached 1.6 or later \
                  with the meta protocol"
