@@ -94,8 +94,7 @@ impl Target {
             "postgres" | "postgresql" => postgres::target::parse_url(url).map(Target::Postgres),
             "zk" => zk::target::parse(rest).map(Target::Zk),
             "memcached" | "memcached+unix" => {
-                memcached::target::parse(&scheme.to_ascii_lowercase(), rest)
-                    .map(Target::Memcached)
+                memcached::target::parse(&scheme.to_ascii_lowercase(), rest).map(Target::Memcached)
             }
             _ => {
                 // A scheme is letters, digits, `+`, `-` and `.`; anything else before the first `:`

@@ -29,6 +29,8 @@ pub fn memcached_request(port: u16, request: &str, until: &str) -> std::io::Resu
 pub struct MemcachedServer {
     pub port: u16,
     evictions: bool,
+    /// Listening on this Unix socket instead of TCP (`-s`).
+    socket: Option<(tempfile::TempDir, std::path::PathBuf)>,
     child: Option<Child>,
 }
 
@@ -43,10 +45,29 @@ impl MemcachedServer {
         MemcachedServer::launch_new(true)
     }
 
+    /// On a Unix socket in a private directory (no TCP); see [`MemcachedServer::socket_path`].
+    pub fn start_unix() -> MemcachedServer {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("memcached.sock");
+        let mut server = MemcachedServer {
+            port: 0,
+            evictions: false,
+            socket: Some((dir, path)),
+            child: None,
+        };
+        server.launch();
+        server
+    }
+
+    pub fn socket_path(&self) -> Option<&std::path::Path> {
+        self.socket.as_ref().map(|(_, path)| path.as_path())
+    }
+
     fn launch_new(evictions: bool) -> MemcachedServer {
         let mut server = MemcachedServer {
             port: free_port(),
             evictions,
+            socket: None,
             child: None,
         };
         server.launch();
@@ -60,9 +81,11 @@ impl MemcachedServer {
             .flatten()
             .map_or_else(|| "root".to_owned(), |u| u.name);
         let mut command = Command::new(binary);
-        command
-            .args(["-p", &self.port.to_string(), "-l", "127.0.0.1", "-U", "0"])
-            .args(["-u", &user, "-m", "64", "-c", "4096"]);
+        match &self.socket {
+            Some((_, path)) => command.args(["-s", &path.display().to_string(), "-a", "0700"]),
+            None => command.args(["-p", &self.port.to_string(), "-l", "127.0.0.1", "-U", "0"]),
+        };
+        command.args(["-u", &user, "-m", "64", "-c", "4096"]);
         if !self.evictions {
             command.arg("-M");
         }
@@ -74,9 +97,15 @@ impl MemcachedServer {
             .expect("start memcached");
         self.child = Some(child);
         let port = self.port;
-        wait_until("memcached ready", PATIENCE, || {
-            memcached_request(port, "version\r\n", "\r\n").is_ok_and(|r| r.starts_with("VERSION"))
-        });
+        match self.socket_path() {
+            Some(path) => wait_until("memcached socket ready", PATIENCE, || {
+                std::os::unix::net::UnixStream::connect(path).is_ok()
+            }),
+            None => wait_until("memcached ready", PATIENCE, || {
+                memcached_request(port, "version\r\n", "\r\n")
+                    .is_ok_and(|r| r.starts_with("VERSION"))
+            }),
+        }
     }
 
     /// Kill the server (everything it held is gone) and start a fresh one on the same port.
@@ -106,11 +135,18 @@ impl Drop for MemcachedServer {
 
 impl LockServer for MemcachedServer {
     fn url(&self) -> String {
-        format!("memcached://127.0.0.1:{}", self.port)
+        match self.socket_path() {
+            Some(path) => format!("memcached+unix://{}", path.display()),
+            None => format!("memcached://127.0.0.1:{}", self.port),
+        }
     }
 
     fn scheme(&self) -> &'static str {
-        "memcached"
+        if self.socket.is_some() {
+            "memcached+unix"
+        } else {
+            "memcached"
+        }
     }
 
     fn ttl(&self) -> Option<&'static str> {
@@ -155,7 +191,9 @@ fn percent_decode(text: &str) -> String {
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
     while i < bytes.len() {
-        let hex = text.get(i + 1..i + 3).and_then(|h| u8::from_str_radix(h, 16).ok());
+        let hex = text
+            .get(i + 1..i + 3)
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
         match (bytes[i], hex) {
             (b'%', Some(byte)) => {
                 out.push(byte);

@@ -58,7 +58,10 @@ async fn status_at(
     display: &str,
 ) -> Result<LockStatus, Error> {
     let fail = |f: Failure| f.into_error(display);
-    let fence = conn.one(&mg(&keys.fence(), "v"), OP_TIMEOUT).await.map_err(fail)?;
+    let fence = conn
+        .one(&mg(&keys.fence(), "v"), OP_TIMEOUT)
+        .await
+        .map_err(fail)?;
     let (last_token, limit) = match fence.value.as_deref().map(parse_fence) {
         Some(Some((token, limit))) => (Some(token), limit.clamp(1, crate::lock::MAX_LIMIT)),
         _ => (None, 1),
@@ -103,7 +106,10 @@ async fn status_at(
     })
 }
 
-pub(super) async fn status(backend: &MemcachedBackend, name: &LockName) -> Result<LockStatus, Error> {
+pub(super) async fn status(
+    backend: &MemcachedBackend,
+    name: &LockName,
+) -> Result<LockStatus, Error> {
     let addr = backend.target.server_for(name);
     let mut conn = Conn::new(addr);
     status_at(&mut conn, &backend.keys(name), Some(name), &addr.display()).await
@@ -128,7 +134,11 @@ pub(super) async fn list(backend: &MemcachedBackend) -> Result<Vec<LockStatus>, 
 /// The locks on one server: the keys of their counter items, from the LRU crawler.
 async fn lock_keys(conn: &mut Conn, prefix: &str, display: &str) -> Result<Vec<Keys>, Error> {
     let lines = conn
-        .lines("lru_crawler metadump all", MAX_LISTED, Duration::from_secs(60))
+        .lines(
+            "lru_crawler metadump all",
+            MAX_LISTED,
+            Duration::from_secs(60),
+        )
         .await
         .map_err(|f| match f {
             Failure::Protocol(answer) => Error::Unavailable(format!(
@@ -158,7 +168,10 @@ pub(super) async fn force_release(
     let fail = |f: Failure| f.into_error(&display);
     let keys = backend.keys(name);
     let mut conn = Conn::new(addr);
-    let fence = conn.one(&mg(&keys.fence(), "v"), OP_TIMEOUT).await.map_err(fail)?;
+    let fence = conn
+        .one(&mg(&keys.fence(), "v"), OP_TIMEOUT)
+        .await
+        .map_err(fail)?;
     let limit = match fence.value.as_deref().and_then(parse_fence) {
         Some((_, limit)) => limit.clamp(1, crate::lock::MAX_LIMIT),
         None => 1,
@@ -175,7 +188,11 @@ pub(super) async fn force_release(
             .await
             .map_err(fail)?;
         if deleted.is("HD") {
-            removed.push(Stored::parse(value).map(|s| s.record.holder).unwrap_or_default());
+            removed.push(
+                Stored::parse(value)
+                    .map(|s| s.record.holder)
+                    .unwrap_or_default(),
+            );
         }
     }
     Ok(removed)
@@ -260,7 +277,10 @@ async fn check_server(
     .await?;
     // Can we add and delete? A test item under the prefix that no lock's key can be.
     let probe = format!("{}:check:{}", backend.prefix, uuid::Uuid::new_v4().simple());
-    let added = conn.one(&ms(&probe, "ME T5 c", b"1"), OP_TIMEOUT).await.map_err(fail)?;
+    let added = conn
+        .one(&ms(&probe, "ME T5 c", b"1"), OP_TIMEOUT)
+        .await
+        .map_err(fail)?;
     let deleted = match added.cas() {
         Some(cas) if added.is("HD") => {
             let reply = conn.one(&md(&probe, &format!("C{cas}")), OP_TIMEOUT).await;

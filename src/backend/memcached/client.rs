@@ -51,9 +51,9 @@ impl Failure {
                 humantime::format_duration(d)
             )),
             // "SERVER_ERROR out of memory storing object": full, and not evicting (-M).
-            Failure::Protocol(text) if text.contains("SERVER_ERROR") => Error::Unavailable(
-                format!("{display} could not do what dlock asked: {text}"),
-            ),
+            Failure::Protocol(text) if text.contains("SERVER_ERROR") => {
+                Error::Unavailable(format!("{display} could not do what dlock asked: {text}"))
+            }
             Failure::Protocol(text) => Error::Unavailable(format!(
                 "{display} answered unexpectedly ({text}); dlock needs memcached 1.6 or later \
                  with the meta protocol"
@@ -281,7 +281,9 @@ impl Conn {
                         || line.starts_with("SERVER_ERROR")
                         || line.starts_with("BUSY")
                     {
-                        return Err(Failure::Protocol(crate::logging::printable(line).into_owned()));
+                        return Err(Failure::Protocol(
+                            crate::logging::printable(line).into_owned(),
+                        ));
                     }
                     if lines.len() >= max_lines {
                         return Err(Failure::Protocol(format!(

@@ -50,6 +50,9 @@ impl Keys {
     /// The name, where the base spells it (not for hashed long names).
     pub(super) fn name(&self) -> Option<LockName> {
         let (_, encoded) = self.base.rsplit_once(':')?;
+        if encoded.starts_with('#') {
+            return None;
+        }
         crate::lock::decode_component(encoded).and_then(|n| LockName::new(&n).ok())
     }
 

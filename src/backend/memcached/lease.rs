@@ -26,10 +26,12 @@ use super::keys::Stored;
 const NO_BUDGET: Duration = Duration::from_secs(3600);
 
 /// The reason given when the item is gone.
-const GONE: &str = "the lock's item is gone from memcached: it expired, was deleted (release --force), \
+const GONE: &str =
+    "the lock's item is gone from memcached: it expired, was deleted (release --force), \
                     was evicted, or the server restarted";
 /// The reason given when somebody else's item is in its place.
-const TAKEN: &str = "the lock's item now belongs to another holder: it was removed (release --force, \
+const TAKEN: &str =
+    "the lock's item now belongs to another holder: it was removed (release --force, \
                      expiry, a server restart) and taken again";
 
 /// The whole-second expiry written for `ttl`, and the lease the keeper may count on.
@@ -89,7 +91,11 @@ impl Held {
     }
 
     /// Rewrite the item with a fresh expiry if it is still ours.
-    pub(super) async fn touch(&mut self, conn: &mut Conn, budget: Duration) -> Result<Ours, Failure> {
+    pub(super) async fn touch(
+        &mut self,
+        conn: &mut Conn,
+        budget: Duration,
+    ) -> Result<Ours, Failure> {
         // Two rounds: an unexpected CAS value is read back once (it may be our own write
         // whose answer was lost) before the item counts as somebody else's.
         for round in 0..2 {
@@ -97,7 +103,9 @@ impl Held {
                 return Ok(Ours::No(why));
             }
             let flags = format!("C{} T{} c", self.cas, self.expiry);
-            let reply = conn.one(&ms(&self.key, &flags, &self.value), budget).await?;
+            let reply = conn
+                .one(&ms(&self.key, &flags, &self.value), budget)
+                .await?;
             match reply.code.as_str() {
                 "HD" => {
                     if let Some(cas) = reply.cas() {
@@ -121,12 +129,18 @@ impl Held {
     }
 
     /// Delete the item if it is still ours; `Ours::No` if it was gone or somebody else's.
-    pub(super) async fn delete(&mut self, conn: &mut Conn, budget: Duration) -> Result<Ours, Failure> {
+    pub(super) async fn delete(
+        &mut self,
+        conn: &mut Conn,
+        budget: Duration,
+    ) -> Result<Ours, Failure> {
         for round in 0..2 {
             if let Ours::No(why) = self.confirm(conn, budget).await? {
                 return Ok(Ours::No(why));
             }
-            let reply = conn.one(&md(&self.key, &format!("C{}", self.cas)), budget).await?;
+            let reply = conn
+                .one(&md(&self.key, &format!("C{}", self.cas)), budget)
+                .await?;
             match reply.code.as_str() {
                 "HD" => return Ok(Ours::Yes),
                 "NF" => return Ok(Ours::No(GONE)),

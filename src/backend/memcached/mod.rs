@@ -65,10 +65,29 @@ pub struct MemcachedBackend {
     prefix: String,
 }
 
+/// One acquisition: the lock, the item we add, and where.
+struct Ctx<'a> {
+    request: &'a AcquireRequest,
+    keys: Keys,
+    /// What we store in a slot until the token is known.
+    stored: Stored,
+    /// The whole-second expiry of a slot item.
+    expiry: u64,
+    display: String,
+}
+
+/// A slot that is ours.
+struct Won {
+    slot: u32,
+    /// Its CAS value, from the add.
+    cas: u64,
+    /// When the add was sent: the lease runs from then.
+    sent: BootInstant,
+}
+
 /// What one attempt found.
 enum Attempt {
-    /// Slot `slot` is ours with CAS value `cas`; the add was sent at `sent`.
-    Won { slot: u32, cas: u64, sent: BootInstant },
+    Won(Won),
     /// Every slot is held (by these holders, where they could be read).
     Held(Vec<Stored>),
 }
@@ -89,14 +108,12 @@ impl MemcachedBackend {
     async fn attempt(
         &self,
         conn: &mut Conn,
-        keys: &Keys,
-        limit: u32,
-        expiry: u64,
+        ctx: &Ctx<'_>,
         value: &[u8],
         backoff: &mut Backoff,
-        display: &str,
     ) -> Result<Attempt, Error> {
-        let add = format!("ME T{expiry} c");
+        let (keys, limit, display) = (&ctx.keys, ctx.request.limit, ctx.display.as_str());
+        let add = format!("ME T{} c", ctx.expiry);
         let fail = |f: client::Failure| f.into_error(display);
         // Bounded: each round loses only to another client taking a slot.
         for _ in 0..100 {
@@ -109,7 +126,7 @@ impl MemcachedBackend {
                 match (replies.first(), replies.get(1)) {
                     (Some(added), _) if added.is("HD") => {
                         let cas = added.cas().ok_or_else(|| no_cas(display))?;
-                        return Ok(Attempt::Won { slot: 0, cas, sent });
+                        return Ok(Attempt::Won(Won { slot: 0, cas, sent }));
                     }
                     (_, Some(holder)) if holder.is("VA") => {
                         let holders = holder.value.as_deref().and_then(Stored::parse);
@@ -145,7 +162,7 @@ impl MemcachedBackend {
                 .map_err(fail)?;
             if added.is("HD") {
                 let cas = added.cas().ok_or_else(|| no_cas(display))?;
-                return Ok(Attempt::Won { slot, cas, sent });
+                return Ok(Attempt::Won(Won { slot, cas, sent }));
             }
         }
         Err(Error::Unavailable(format!(
@@ -155,18 +172,15 @@ impl MemcachedBackend {
 
     /// The slot is ours: take a token, write it into the slot, and check that the holders
     /// agree on `--limit`.
-    #[allow(clippy::too_many_arguments)]
     async fn finish(
         &self,
         mut conn: Conn,
-        keys: &Keys,
-        request: &AcquireRequest,
-        stored: Stored,
-        slot: u32,
-        cas: u64,
-        sent: BootInstant,
-        display: &str,
+        ctx: Ctx<'_>,
+        won: Won,
     ) -> Result<MemcachedLease, Error> {
+        let Won { slot, cas, sent } = won;
+        let (keys, request, display) = (&ctx.keys, ctx.request, ctx.display.as_str());
+        let stored = ctx.stored.clone();
         let (expiry, lease_ttl) = expiry_for(request.ttl);
         let mut held = Held {
             key: keys.slot(slot),
@@ -278,7 +292,6 @@ impl Backend for MemcachedBackend {
     ) -> Result<MemcachedLease, Error> {
         let addr = self.target.server_for(&request.name);
         let display = addr.display();
-        let keys = self.keys(&request.name);
         let mut conn = Conn::new(addr);
         if !self.target.allow_evictions {
             admin::refuse_evictions(&mut conn, &display).await?;
@@ -286,36 +299,29 @@ impl Backend for MemcachedBackend {
         let owner = uuid::Uuid::new_v4().simple().to_string();
         let mut holder = request.holder.clone();
         holder.token = 0;
-        let stored = Stored {
-            owner: owner.clone(),
-            record: Record {
-                holder,
-                limit: request.limit,
+        let ctx = Ctx {
+            request,
+            keys: self.keys(&request.name),
+            stored: Stored {
+                owner: owner.clone(),
+                record: Record {
+                    holder,
+                    limit: request.limit,
+                },
             },
+            expiry: expiry_for(request.ttl).0,
+            display,
         };
-        let value = stored.to_bytes();
-        let (expiry, _) = expiry_for(request.ttl);
+        let value = ctx.stored.to_bytes();
         let deadline = request.wait.deadline();
         let mut backoff = Backoff::new();
         let mut registration: Option<Registration> = None;
         loop {
-            let attempt = self
-                .attempt(
-                    &mut conn,
-                    &keys,
-                    request.limit,
-                    expiry,
-                    &value,
-                    &mut backoff,
-                    &display,
-                )
-                .await;
+            let attempt = self.attempt(&mut conn, &ctx, &value, &mut backoff).await;
             let holders = match attempt {
-                Ok(Attempt::Won { slot, cas, sent }) => {
+                Ok(Attempt::Won(won)) => {
                     wait::leave(&mut registration, &mut conn, &owner, OP_TIMEOUT).await;
-                    return self
-                        .finish(conn, &keys, request, stored, slot, cas, sent, &display)
-                        .await;
+                    return self.finish(conn, ctx, won).await;
                 }
                 Ok(Attempt::Held(holders)) => holders,
                 Err(e) => {
@@ -352,12 +358,12 @@ impl Backend for MemcachedBackend {
             registration = match registration {
                 None => {
                     let start = backoff.random(keys::WAITER_SLOTS as u64) as usize;
-                    wait::register(&mut conn, &keys, &owner, start, OP_TIMEOUT)
+                    wait::register(&mut conn, &ctx.keys, &owner, start, OP_TIMEOUT)
                         .await
                         .unwrap_or(None)
                 }
                 Some(r) => r
-                    .refresh(&mut conn, &keys, &owner, OP_TIMEOUT)
+                    .refresh(&mut conn, &ctx.keys, &owner, OP_TIMEOUT)
                     .await
                     .unwrap_or(None),
             };

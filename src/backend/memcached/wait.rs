@@ -82,7 +82,9 @@ pub(super) async fn register(
     for n in 0..WAITER_SLOTS {
         let key = keys.waiter((start + n) % WAITER_SLOTS);
         let sent = BootInstant::now();
-        let reply = conn.one(&ms(&key, &flags, owner.as_bytes()), budget).await?;
+        let reply = conn
+            .one(&ms(&key, &flags, owner.as_bytes()), budget)
+            .await?;
         if reply.is("HD") {
             return Ok(Some(Registration {
                 key,

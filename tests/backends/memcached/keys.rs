@@ -60,7 +60,9 @@ fn the_ttl_is_whole_seconds_of_at_least_three() {
     let _holder = env.hold(&lock, &["--ttl", "4500ms"]);
     let out = env.run(["status", "--json", &lock]);
     let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
-    let left = json["holders"][0]["ttl_left_ms"].as_u64().expect("ttl left");
+    let left = json["holders"][0]["ttl_left_ms"]
+        .as_u64()
+        .expect("ttl left");
     assert!((1000..=5000).contains(&left), "{json}");
     assert!(json["last_token"].as_u64().is_some(), "{json}");
 }
@@ -98,4 +100,26 @@ fn waiters_poll_and_hand_off_quickly() {
     // leaves room for a loaded machine; the polling interval is at most 25 ms).
     assert!(took < Duration::from_secs(3), "hand-off took {took:?}");
     assert_eq!(env.waiters(&lock), 0, "the waiter's registration stayed");
+}
+
+#[test]
+fn a_unix_socket_url_locks_and_reports_its_scheme() {
+    let server = MemcachedServer::start_unix();
+    let env = TestEnv::new(&server);
+    let lock = lock_name("mc");
+    let out = env.run(["run", &lock, "sh", "-c", "echo $DLOCK_BACKEND"]);
+    assert!(out.status.success(), "{}", describe(&out));
+    assert_eq!(stdout_of(&out).trim(), "memcached+unix");
+    let _holder = env.hold(&lock, &[]);
+    let out = env.run(["status", &lock]);
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+    let out = env.run(["check"]);
+    assert!(out.status.success(), "{}", describe(&out));
+}
+
+#[test]
+fn a_short_wait_still_takes_a_free_lock_over_a_slow_link() {
+    crate::contract::a_short_wait_still_takes_a_free_lock_over_a_slow_link(
+        &MemcachedServer::start(),
+    );
 }

@@ -42,7 +42,10 @@ fn tokens_follow_the_counter_when_it_is_ahead_of_the_clock_and_the_clock_when_it
     let env = TestEnv::new(&server);
     let lock = lock_name("mc");
     let first = env.token(&lock);
-    assert!(first >= now_micros() - 60_000_000, "not clock-based: {first}");
+    assert!(
+        first >= now_micros() - 60_000_000,
+        "not clock-based: {first}"
+    );
     // A counter far ahead of every clock: the next token is one more.
     let ahead = now_micros() + 3_600_000_000;
     let value = format!("{ahead} 1");
