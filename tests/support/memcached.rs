@@ -31,18 +31,20 @@ pub struct MemcachedServer {
     evictions: bool,
     /// Listening on this Unix socket instead of TCP (`-s`).
     socket: Option<(tempfile::TempDir, std::path::PathBuf)>,
+    /// More `memcached` arguments.
+    extra: Vec<String>,
     child: Option<Child>,
 }
 
 impl MemcachedServer {
     /// With `-M`: memcached answers "out of memory" instead of evicting.
     pub fn start() -> MemcachedServer {
-        MemcachedServer::launch_new(false)
+        MemcachedServer::launch_new(false, &[])
     }
 
     /// Without `-M`: memcached evicts items when its memory is full (dlock refuses it).
     pub fn start_evicting() -> MemcachedServer {
-        MemcachedServer::launch_new(true)
+        MemcachedServer::launch_new(true, &[])
     }
 
     /// On a Unix socket in a private directory (no TCP); see [`MemcachedServer::socket_path`].
@@ -53,6 +55,7 @@ impl MemcachedServer {
             port: 0,
             evictions: false,
             socket: Some((dir, path)),
+            extra: Vec::new(),
             child: None,
         };
         server.launch();
@@ -63,11 +66,17 @@ impl MemcachedServer {
         self.socket.as_ref().map(|(_, path)| path.as_path())
     }
 
-    fn launch_new(evictions: bool) -> MemcachedServer {
+    /// With `-M` and extra `memcached` arguments, e.g. `["-o", "no_lru_crawler"]`.
+    pub fn start_with(extra: &[&str]) -> MemcachedServer {
+        MemcachedServer::launch_new(false, extra)
+    }
+
+    fn launch_new(evictions: bool, extra: &[&str]) -> MemcachedServer {
         let mut server = MemcachedServer {
             port: free_port(),
             evictions,
             socket: None,
+            extra: extra.iter().map(|s| s.to_string()).collect(),
             child: None,
         };
         server.launch();
@@ -89,6 +98,7 @@ impl MemcachedServer {
         if !self.evictions {
             command.arg("-M");
         }
+        command.args(&self.extra);
         let child = command
             .stdin(Stdio::null())
             .stdout(Stdio::null())

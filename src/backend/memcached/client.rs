@@ -164,6 +164,9 @@ pub(super) struct Conn {
     /// Bumped on every new connection: a CAS value learnt under another epoch may belong to
     /// a server that has restarted since.
     pub(super) epoch: u64,
+    /// An exchange has started and not finished: if it was abandoned (its future dropped by
+    /// a timeout around it), its late answer must never be read as the next one's.
+    in_flight: bool,
 }
 
 impl Conn {
@@ -174,11 +177,17 @@ impl Conn {
             stream: None,
             buf: Vec::new(),
             epoch: 0,
+            in_flight: false,
         }
     }
 
-    /// Connect unless connected, within `budget`.
+    /// Connect unless connected, within `budget`. A connection whose last exchange was
+    /// abandoned half-way is replaced.
     pub(super) async fn ensure(&mut self, budget: Duration) -> Result<(), Failure> {
+        if self.in_flight {
+            self.reset();
+            self.in_flight = false;
+        }
         if self.stream.is_some() {
             return Ok(());
         }
@@ -307,6 +316,7 @@ impl Conn {
     ) -> Result<T, Failure> {
         let result = tokio::time::timeout(budget, async {
             self.ensure(budget).await?;
+            self.in_flight = true;
             match &self.stream {
                 Some(stream) => stream.write_all(request).await.map_err(Failure::Io)?,
                 None => return Err(Failure::Protocol("not connected".into())),
@@ -315,6 +325,7 @@ impl Conn {
         })
         .await
         .unwrap_or(Err(Failure::Timeout(budget)));
+        self.in_flight = false;
         if result.is_err() {
             self.reset();
         }
@@ -389,5 +400,65 @@ impl Conn {
             Some(stream) => stream.read_more(&mut self.buf).await.map_err(Failure::Io),
             None => Err(Failure::Protocol("not connected".into())),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A server that answers every line it reads with `HD c<connection number>`, after
+    /// `delay`.
+    fn slow_server(delay: Duration) -> u16 {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        std::thread::spawn(move || {
+            for (n, stream) in listener.incoming().take(4).enumerate() {
+                let Ok(stream) = stream else { return };
+                std::thread::spawn(move || {
+                    use std::io::{BufRead, BufReader, Write};
+                    let mut reader = BufReader::new(stream.try_clone().unwrap());
+                    let mut writer = stream;
+                    let mut line = String::new();
+                    while reader.read_line(&mut line).is_ok_and(|n| n > 0) {
+                        std::thread::sleep(delay);
+                        let _ = writer.write_all(format!("HD c{}\r\n", n + 1).as_bytes());
+                        line.clear();
+                    }
+                });
+            }
+        });
+        port
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn an_abandoned_exchange_never_lends_its_answer_to_the_next() {
+        let port = slow_server(Duration::from_millis(300));
+        let mut conn = Conn::new(&McAddr::Tcp {
+            host: "127.0.0.1".into(),
+            port,
+        });
+        let abandoned = tokio::time::timeout(
+            Duration::from_millis(50),
+            conn.one(&mg("k", "c"), Duration::from_secs(5)),
+        )
+        .await;
+        assert!(abandoned.is_err(), "the first exchange was not abandoned");
+        let reply = conn
+            .one(&mg("k", "c"), Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert_eq!(conn.epoch, 2, "the abandoned connection was reused");
+        assert_eq!(
+            reply.cas(),
+            Some(2),
+            "read the answer of the first connection"
+        );
+    }
+
+    #[test]
+    fn requests_are_meta_commands() {
+        assert_eq!(ms("k", "ME T3 c", b"v"), b"ms k 1 ME T3 c\r\nv\r\n");
+        assert_eq!(md("k", "C7"), b"md k C7\r\n");
     }
 }

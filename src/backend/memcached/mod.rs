@@ -129,8 +129,8 @@ impl MemcachedBackend {
                         return Ok(Attempt::Won(Won { slot: 0, cas, sent }));
                     }
                     (_, Some(holder)) if holder.is("VA") => {
-                        let holders = holder.value.as_deref().and_then(Stored::parse);
-                        return Ok(Attempt::Held(holders.into_iter().collect()));
+                        let holder = holder_in(holder, &key, display)?;
+                        return Ok(Attempt::Held(vec![holder]));
                     }
                     // Released between the add and the read: try again at once.
                     _ => continue,
@@ -148,10 +148,10 @@ impl MemcachedBackend {
                 .filter(|&i| replies.get(i as usize).is_some_and(|r| r.is("EN")))
                 .collect();
             if free.is_empty() {
-                let holders = replies
-                    .iter()
-                    .filter_map(|r| r.value.as_deref().and_then(Stored::parse))
-                    .collect();
+                let mut holders = Vec::new();
+                for (i, reply) in (0..limit).zip(&replies) {
+                    holders.push(holder_in(reply, &keys.slot(i), display)?);
+                }
                 return Ok(Attempt::Held(holders));
             }
             let slot = free[backoff.random(free.len() as u64) as usize];
@@ -263,6 +263,20 @@ impl MemcachedBackend {
             .filter_map(|r| r.value.as_deref().and_then(Stored::parse))
             .collect())
     }
+}
+
+/// The holder a slot item names; an item dlock did not write is an error naming its key.
+fn holder_in(reply: &client::Reply, key: &str, display: &str) -> Result<Stored, Error> {
+    reply
+        .value
+        .as_deref()
+        .and_then(Stored::parse)
+        .ok_or_else(|| {
+            Error::Unavailable(format!(
+                "{display}: the key '{key}' holds data dlock did not write; remove it or use \
+             another --prefix"
+            ))
+        })
 }
 
 fn no_cas(display: &str) -> Error {

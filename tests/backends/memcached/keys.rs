@@ -123,3 +123,18 @@ fn a_short_wait_still_takes_a_free_lock_over_a_slow_link() {
         &MemcachedServer::start(),
     );
 }
+
+#[test]
+fn list_says_when_the_server_cannot_enumerate_and_status_still_works() {
+    let server = MemcachedServer::start_with(&["-o", "no_lru_crawler"]);
+    let env = TestEnv::new(&server);
+    let lock = lock_name("mc");
+    let _holder = env.hold(&lock, &[]);
+    let out = env.run(["list"]);
+    assert_fails(&out, 69, "lru_crawler");
+    let out = env.run(["status", &lock]);
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+    let out = env.run(["check"]);
+    assert!(out.status.success(), "{}", describe(&out));
+    assert!(stdout_of(&out).contains("crawler"), "{}", describe(&out));
+}

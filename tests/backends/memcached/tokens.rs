@@ -79,3 +79,15 @@ fn a_counter_holding_foreign_data_is_reported_not_overwritten() {
     let out = env.run(["status", &lock]);
     assert_eq!(out.status.code(), Some(1), "{}", describe(&out));
 }
+
+#[test]
+fn a_slot_holding_foreign_data_is_reported_not_waited_for() {
+    let server = MemcachedServer::start();
+    let env = TestEnv::new(&server);
+    let lock = lock_name("mc");
+    let stored = server.request(&format!("ms dlock:{lock}:0 5 T0\r\nhello\r\n"), "\r\n");
+    assert_eq!(stored, "HD\r\n");
+    let out = env.run(["run", "--wait", "10s", &lock, "touch", "ran"]);
+    assert_fails(&out, 69, "did not write");
+    assert!(!env.path("ran").exists());
+}
