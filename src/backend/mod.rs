@@ -24,6 +24,7 @@
 pub mod etcd;
 pub mod file;
 pub mod mysql;
+pub mod memcached;
 pub mod postgres;
 pub mod redis;
 pub mod url;
@@ -39,12 +40,15 @@ use crate::lock::{Holder, HolderStatus, LockName, LockStatus};
 pub use etcd::EtcdTarget;
 pub use file::FileTarget;
 pub use mysql::MysqlTarget;
+pub use memcached::MemcachedTarget;
 pub use postgres::PgTarget;
 pub use redis::RedisTarget;
 pub use zk::ZkTarget;
 
 /// The shortest lease a remote backend accepts (see [`Target::minimum_ttl`]).
 pub const MIN_LEASE_TTL: Duration = Duration::from_secs(2);
+/// The shortest `--ttl` on memcached (see [`Target::minimum_ttl`]).
+pub const MIN_MEMCACHED_TTL: Duration = Duration::from_secs(3);
 
 /// The config file's per-backend tables (secrets and TLS material).
 pub const CONFIG_TABLES: &[&str] = &["redis", "etcd", "zookeeper", "postgres", "mysql"];
@@ -64,6 +68,8 @@ pub enum Target {
     Zk(ZkTarget),
     /// `mysql://…`, `mariadb://…`.
     Mysql(MysqlTarget),
+    /// `memcached://h:p[,h:p…]`, `memcached+unix:///path`.
+    Memcached(MemcachedTarget),
 }
 
 impl Target {
@@ -92,6 +98,9 @@ impl Target {
             "postgres" | "postgresql" => postgres::target::parse_url(url).map(Target::Postgres),
             "zk" => zk::target::parse(rest).map(Target::Zk),
             "mysql" | "mariadb" => mysql::target::parse(rest).map(Target::Mysql),
+            "memcached" | "memcached+unix" => {
+                memcached::target::parse(&scheme.to_ascii_lowercase(), rest).map(Target::Memcached)
+            }
             _ => {
                 // A scheme is letters, digits, `+`, `-` and `.`; anything else before the first `:`
                 // is part of something else (perhaps `user:password@host` without a scheme).
@@ -105,7 +114,7 @@ impl Target {
                     String::new()
                 };
                 Err(format!(
-                    "unknown URL scheme{shown}; expected file, redis, rediss, etcd, etcds, zk, postgres, postgresql, mysql or mariadb"
+                    "unknown URL scheme{shown}; expected file, redis, rediss, etcd, etcds, zk, postgres, postgresql, mysql, mariadb or memcached"
                 ))
             }
         }
@@ -115,7 +124,7 @@ impl Target {
     /// TLS files (checked here, before any backend is contacted).
     pub fn complete(&mut self, file: &FileConfig) -> Result<(), Error> {
         match self {
-            Target::File(_) => Ok(()),
+            Target::File(_) | Target::Memcached(_) => Ok(()),
             Target::Redis(target) => redis::target::complete(target, file),
             Target::Etcd(target) => etcd::target::complete(target, file),
             Target::Postgres(target) => postgres::target::complete(target, file),
@@ -133,6 +142,7 @@ impl Target {
             Target::Postgres(_) => "postgres",
             Target::Zk(_) => "zk",
             Target::Mysql(_) => "mysql",
+            Target::Memcached(target) => target.scheme(),
         }
     }
 
@@ -145,6 +155,7 @@ impl Target {
             Target::Postgres(target) => target.identity(),
             Target::Zk(target) => target.identity(),
             Target::Mysql(target) => target.identity(),
+            Target::Memcached(target) => target.identity(),
         }
     }
 
@@ -162,6 +173,8 @@ impl Target {
             }
             // The heartbeat schedule of PostgreSQL's, over a server TTL in whole seconds.
             Target::Mysql(_) => Some(MIN_LEASE_TTL),
+            // Whole-second expiry that may tick one second early: 3 s leaves a 2 s lease.
+            Target::Memcached(_) => Some(MIN_MEMCACHED_TTL),
         }
     }
 
@@ -169,6 +182,7 @@ impl Target {
     pub fn check_prefix(&self, prefix: &str) -> Result<(), String> {
         match self {
             Target::Redis(target) => target.check_prefix(prefix),
+            Target::Memcached(target) => target.check_prefix(prefix),
             Target::File(_) | Target::Etcd(_) | Target::Postgres(_) | Target::Zk(_) => Ok(()),
             Target::Mysql(_) => Ok(()),
         }
@@ -305,6 +319,11 @@ macro_rules! with_backend {
                     &$common.prefix,
                     &$common.display_url,
                 );
+                $body
+            }
+            $crate::backend::Target::Memcached(target) => {
+                let $backend =
+                    $crate::backend::memcached::MemcachedBackend::new(target, &$common.prefix);
                 $body
             }
         }

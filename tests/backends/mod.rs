@@ -5,6 +5,7 @@
 mod etcd;
 mod file;
 mod mysql;
+mod memcached;
 mod postgres;
 mod redis;
 mod redis_cluster;

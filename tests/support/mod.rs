@@ -9,7 +9,7 @@
 //! - `process`: bounded waits, output helpers, `assert_fails`, unique names, server binaries;
 //! - `net`: free ports, a `Proxy` that black-holes or slows a link, a `SilentServer`;
 //! - `certs`: throw-away certificates for the TLS tests;
-//! - one file per test server: `redis`, `redis_cluster`, `etcd`, `zk`, `postgres`, `mysql`.
+//! - one file per test server: `redis`, `redis_cluster`, `etcd`, `zk`, `postgres`, `mysql`, `memcached`.
 //!
 //! Tests use all of it through `use crate::support::*;`.
 
@@ -19,6 +19,7 @@ mod certs;
 mod etcd;
 mod harness;
 mod mysql;
+mod memcached;
 mod net;
 mod postgres;
 mod process;
@@ -31,6 +32,7 @@ pub use self::certs::*;
 pub use self::etcd::*;
 pub use self::harness::*;
 pub use self::mysql::*;
+pub use self::memcached::*;
 pub use self::net::*;
 pub use self::postgres::*;
 pub use self::process::*;

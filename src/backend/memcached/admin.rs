@@ -1,0 +1,323 @@
+//! What `status`, `list`, `release --force` and `check` ask of memcached, and the refusal of
+//! a server that evicts.
+//!
+//! `status` reads the counter item (the last token, and the `--limit` in use), the holder
+//! slots (metadata, token, TTL left in whole seconds) and the waiter registrations (a count;
+//! see `wait.rs` for what it misses). `list` needs the server to enumerate its keys, which
+//! memcached does only through its LRU crawler (`lru_crawler metadump all`, a walk over every
+//! item on the server); a server with the crawler disabled cannot `list`, and says so.
+
+use std::time::Duration;
+
+use crate::backend::median_round_trip;
+use crate::clock::BootInstant;
+use crate::error::Error;
+use crate::lock::{CheckReport, Holder, HolderStatus, LockName, LockStatus};
+
+use super::client::{md, mg, ms, Conn, Failure, OP_TIMEOUT};
+use super::keys::{parse_fence, Keys, Stored, WAITER_SLOTS};
+use super::target::McAddr;
+use super::token::now_micros;
+use super::MemcachedBackend;
+
+/// The most keys `list` reads from one server's listing.
+const MAX_LISTED: usize = 10_000_000;
+
+/// Refuse (78) a server that may evict items: an evicted hold is a broken lock.
+pub(super) async fn refuse_evictions(conn: &mut Conn, display: &str) -> Result<(), Error> {
+    let settings = conn
+        .stats("settings", OP_TIMEOUT)
+        .await
+        .map_err(|f| f.into_error(display))?;
+    if stat(&settings, "evictions") == "on" {
+        return Err(evicting(display));
+    }
+    Ok(())
+}
+
+fn evicting(display: &str) -> Error {
+    Error::Config(format!(
+        "{display} evicts items when its memory is full (it runs without -M), and an evicted \
+         lock item lets a second holder in; start memcached with -M, or accept the risk with \
+         ?allow-evictions=1 in the URL"
+    ))
+}
+
+fn stat<'a>(pairs: &'a [(String, String)], name: &str) -> &'a str {
+    pairs
+        .iter()
+        .find(|(k, _)| k == name)
+        .map_or("", |(_, v)| v.as_str())
+}
+
+/// The lock's state: counter, holder slots, waiter registrations (two round trips).
+async fn status_at(
+    conn: &mut Conn,
+    keys: &Keys,
+    name: Option<&LockName>,
+    display: &str,
+) -> Result<LockStatus, Error> {
+    let fail = |f: Failure| f.into_error(display);
+    let fence = conn
+        .one(&mg(&keys.fence(), "v"), OP_TIMEOUT)
+        .await
+        .map_err(fail)?;
+    let (last_token, limit) = match fence.value.as_deref().map(parse_fence) {
+        Some(Some((token, limit))) => (Some(token), limit.clamp(1, crate::lock::MAX_LIMIT)),
+        _ => (None, 1),
+    };
+    let mut request = Vec::new();
+    for i in 0..limit {
+        request.extend(mg(&keys.slot(i), "v t"));
+    }
+    for i in 0..WAITER_SLOTS {
+        request.extend(mg(&keys.waiter(i), "s"));
+    }
+    let count = limit as usize + WAITER_SLOTS;
+    let replies = conn.meta(&request, count, OP_TIMEOUT).await.map_err(fail)?;
+    let (slots, waiters) = replies.split_at(limit as usize);
+    let holders: Vec<HolderStatus> = slots
+        .iter()
+        .filter_map(|reply| {
+            let stored = reply.value.as_deref().and_then(Stored::parse)?;
+            let ttl_left_ms = reply
+                .flag('t')
+                .and_then(|t| t.parse::<u64>().ok())
+                .map(|s| s * 1000);
+            Some(HolderStatus {
+                holder: stored.record.holder,
+                ttl_left_ms,
+                session: None,
+            })
+        })
+        .collect();
+    let shown = name
+        .map(LockName::to_string)
+        .or_else(|| keys.name().map(|n| n.to_string()))
+        .or_else(|| holders.first().map(|h| h.holder.name.clone()))
+        .unwrap_or_else(|| keys.base.clone());
+    Ok(LockStatus {
+        name: shown,
+        held: !holders.is_empty(),
+        holders,
+        waiters: Some(waiters.iter().filter(|r| r.is("HD")).count() as u64),
+        queue: Vec::new(),
+        last_token,
+    })
+}
+
+pub(super) async fn status(
+    backend: &MemcachedBackend,
+    name: &LockName,
+) -> Result<LockStatus, Error> {
+    let addr = backend.target.server_for(name);
+    let mut conn = Conn::new(addr);
+    status_at(&mut conn, &backend.keys(name), Some(name), &addr.display()).await
+}
+
+pub(super) async fn list(backend: &MemcachedBackend) -> Result<Vec<LockStatus>, Error> {
+    let mut held = Vec::new();
+    for addr in &backend.target.servers {
+        let display = addr.display();
+        let mut conn = Conn::new(addr);
+        for keys in lock_keys(&mut conn, &backend.prefix, &display).await? {
+            let status = status_at(&mut conn, &keys, None, &display).await?;
+            if status.held {
+                held.push(status);
+            }
+        }
+    }
+    held.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(held)
+}
+
+/// The locks on one server: the keys of their counter items, from the LRU crawler.
+async fn lock_keys(conn: &mut Conn, prefix: &str, display: &str) -> Result<Vec<Keys>, Error> {
+    let lines = conn
+        .lines(
+            "lru_crawler metadump all",
+            MAX_LISTED,
+            Duration::from_secs(60),
+        )
+        .await
+        .map_err(|f| match f {
+            Failure::Protocol(answer) => Error::Unavailable(format!(
+                "{display} cannot list its keys (lru_crawler metadump answered {answer}); \
+                 `list` needs memcached's LRU crawler (on unless memcached runs with \
+                 -o no_lru_crawler); `dlock status NAME` works without it"
+            )),
+            other => other.into_error(display),
+        })?;
+    let mut found: Vec<Keys> = lines
+        .iter()
+        .filter_map(|line| line.split(' ').find_map(|w| w.strip_prefix("key=")))
+        .filter_map(crate::lock::decode_component)
+        .filter_map(|key| Keys::from_fence_key(prefix, &key))
+        .collect();
+    found.sort_by(|a, b| a.base.cmp(&b.base));
+    found.dedup();
+    Ok(found)
+}
+
+pub(super) async fn force_release(
+    backend: &MemcachedBackend,
+    name: &LockName,
+) -> Result<Vec<Holder>, Error> {
+    let addr = backend.target.server_for(name);
+    let display = addr.display();
+    let fail = |f: Failure| f.into_error(&display);
+    let keys = backend.keys(name);
+    let mut conn = Conn::new(addr);
+    let fence = conn
+        .one(&mg(&keys.fence(), "v"), OP_TIMEOUT)
+        .await
+        .map_err(fail)?;
+    let limit = match fence.value.as_deref().and_then(parse_fence) {
+        Some((_, limit)) => limit.clamp(1, crate::lock::MAX_LIMIT),
+        None => 1,
+    };
+    let mut removed = Vec::new();
+    for i in 0..limit {
+        let key = keys.slot(i);
+        let reply = conn.one(&mg(&key, "v c"), OP_TIMEOUT).await.map_err(fail)?;
+        let (Some(value), Some(cas)) = (reply.value.as_deref(), reply.cas()) else {
+            continue;
+        };
+        let deleted = conn
+            .one(&md(&key, &format!("C{cas}")), OP_TIMEOUT)
+            .await
+            .map_err(fail)?;
+        if deleted.is("HD") {
+            removed.push(
+                Stored::parse(value)
+                    .map(|s| s.record.holder)
+                    .unwrap_or_default(),
+            );
+        }
+    }
+    Ok(removed)
+}
+
+pub(super) async fn check(backend: &MemcachedBackend) -> Result<CheckReport, Error> {
+    let mut warnings = Vec::new();
+    let mut details = Vec::new();
+    let mut version = String::new();
+    let mut round_trip = Duration::ZERO;
+    for addr in &backend.target.servers {
+        let (v, rtt) = check_server(backend, addr, &mut warnings, &mut details).await?;
+        if version.is_empty() {
+            version = v;
+        }
+        round_trip = round_trip.max(rtt);
+    }
+    if backend.target.servers.len() > 1 {
+        details.push((
+            "servers".into(),
+            format!(
+                "{}: each lock lives on one of them, chosen by a hash of its name; no failover",
+                backend.target.servers.len()
+            ),
+        ));
+    }
+    let location: Vec<String> = backend.target.servers.iter().map(McAddr::display).collect();
+    Ok(CheckReport {
+        backend: backend.target.scheme().into(),
+        location: location.join(","),
+        version,
+        round_trip_us: u64::try_from(round_trip.as_micros()).unwrap_or(u64::MAX),
+        warnings,
+        details,
+    })
+}
+
+/// Check one server: reachable, memcached ≥ 1.6, no evictions (or opted in), its clock, and
+/// a test item created and deleted. Returns its version and median round trip.
+async fn check_server(
+    backend: &MemcachedBackend,
+    addr: &McAddr,
+    warnings: &mut Vec<String>,
+    details: &mut Vec<(String, String)>,
+) -> Result<(String, Duration), Error> {
+    let display = addr.display();
+    let fail = |f: Failure| f.into_error(&display);
+    let mut conn = Conn::new(addr);
+    let started = BootInstant::now();
+    conn.ensure(OP_TIMEOUT).await.map_err(fail)?;
+    let connect = BootInstant::now().saturating_since(started);
+    let stats = conn.stats("", OP_TIMEOUT).await.map_err(fail)?;
+    let version = stat(&stats, "version").to_owned();
+    let mut parts = version.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
+    if (parts.next().unwrap_or(0), parts.next().unwrap_or(0)) < (1, 6) {
+        return Err(Error::Config(format!(
+            "{display} runs memcached {version}; dlock needs 1.6 or later (the meta protocol)"
+        )));
+    }
+    let settings = conn.stats("settings", OP_TIMEOUT).await.map_err(fail)?;
+    let evictions = stat(&settings, "evictions");
+    if evictions == "on" {
+        if !backend.target.allow_evictions {
+            return Err(evicting(&display));
+        }
+        warnings.push(format!(
+            "{display} may evict lock items (allowed by ?allow-evictions=1): an evicted hold is \
+             a broken lock; run memcached with -M"
+        ));
+    }
+    if stat(&settings, "lru_crawler") != "yes" {
+        warnings.push(format!(
+            "{display} has its LRU crawler off: `dlock list` cannot enumerate locks there"
+        ));
+    }
+    let median = median_round_trip(5, async || {
+        conn.one(&mg(&format!("{}:check", backend.prefix), "s"), OP_TIMEOUT)
+            .await
+            .map(drop)
+            .map_err(|f| f.into_error(&display))
+    })
+    .await?;
+    // Can we add and delete? A test item under the prefix that no lock's key can be.
+    let probe = format!("{}:check:{}", backend.prefix, uuid::Uuid::new_v4().simple());
+    let added = conn
+        .one(&ms(&probe, "ME T5 c", b"1"), OP_TIMEOUT)
+        .await
+        .map_err(fail)?;
+    let deleted = match added.cas() {
+        Some(cas) if added.is("HD") => {
+            let reply = conn.one(&md(&probe, &format!("C{cas}")), OP_TIMEOUT).await;
+            reply.map_err(fail)?.is("HD")
+        }
+        _ => false,
+    };
+    if !deleted {
+        return Err(Error::Unavailable(format!(
+            "{display}: a test item could not be added and deleted with its CAS value"
+        )));
+    }
+    let label = addr.label();
+    details.push((
+        format!("server {label}"),
+        format!("memcached {version}, evictions {evictions}"),
+    ));
+    details.push((
+        format!("connect {label}"),
+        humantime::format_duration(Duration::from_micros(connect.as_micros() as u64)).to_string(),
+    ));
+    if let Ok(server_time) = stat(&stats, "time").parse::<i64>() {
+        let ours = i64::try_from(now_micros() / 1_000_000).unwrap_or(i64::MAX);
+        let skew = server_time - ours;
+        let told = match skew {
+            0 => "same second as this host".to_owned(),
+            s if s > 0 => format!("{s} s ahead of this host"),
+            s => format!("{} s behind this host", -s),
+        };
+        details.push((format!("server clock {label}"), told));
+        if skew.abs() > 2 {
+            warnings.push(format!(
+                "{display}'s clock is {} s off this host's: after a server restart, fencing tokens \
+                 come from the clients' clocks and increase only if those are synchronised (NTP)",
+                skew.abs()
+            ));
+        }
+    }
+    Ok((version, median))
+}

@@ -1,0 +1,220 @@
+//! The lease of a held memcached lock: [`Keeper`] renews it through [`Renewer`], and release
+//! deletes the item if it is still ours.
+//!
+//! "Still ours" is a compare-and-swap on the item's CAS value, which memcached changes on
+//! every write. A CAS value is only trusted on the connection it was learnt on: memcached
+//! numbers CAS values from 1 again after a restart, so after a restart (which closes every
+//! connection) an old CAS value could match somebody else's new item. On a new connection
+//! the item is first read and its owner (random per acquisition) compared; only then is its
+//! CAS value used.
+//!
+//! Timing: memcached's clock ticks in whole seconds, so an item given `T<n>` lives between
+//! n − 1 and n seconds. The item is written with n = the TTL rounded up to whole seconds, and
+//! the keeper is told the lease is n − 1 seconds long, so the command is stopped before the
+//! item can expire however the ticks fall.
+
+use std::time::Duration;
+
+use crate::error::Error;
+use crate::keeper::{Keeper, Renew, RenewError};
+use crate::lock::{Lease, Lost};
+
+use super::client::{md, mg, ms, Conn, Failure, OP_TIMEOUT};
+use super::keys::Stored;
+
+/// The bound the keeper puts on a renewal is the only one: no budget of our own.
+const NO_BUDGET: Duration = Duration::from_secs(3600);
+
+/// The reason given when the item is gone.
+const GONE: &str =
+    "the lock's item is gone from memcached: it expired, was deleted (release --force), \
+                    was evicted, or the server restarted";
+/// The reason given when somebody else's item is in its place.
+const TAKEN: &str =
+    "the lock's item now belongs to another holder: it was removed (release --force, \
+                     expiry, a server restart) and taken again";
+
+/// The whole-second expiry written for `ttl`, and the lease the keeper may count on.
+pub(super) fn expiry_for(ttl: Duration) -> (u64, Duration) {
+    let seconds = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
+    let seconds = seconds.max(2);
+    (seconds, Duration::from_secs(seconds - 1))
+}
+
+/// One held slot item: where it is, what it holds, and its CAS value on the connection.
+pub(super) struct Held {
+    pub(super) key: String,
+    pub(super) value: Vec<u8>,
+    pub(super) owner: String,
+    pub(super) cas: u64,
+    /// The connection epoch `cas` was learnt on.
+    pub(super) epoch: u64,
+    pub(super) expiry: u64,
+}
+
+/// Whether the item is still ours.
+pub(super) enum Ours {
+    Yes,
+    No(&'static str),
+}
+
+impl Held {
+    /// Make `cas` valid on the current connection: on a new connection, read the item and
+    /// compare its owner.
+    async fn confirm(&mut self, conn: &mut Conn, budget: Duration) -> Result<Ours, Failure> {
+        conn.ensure(budget).await?;
+        if conn.epoch == self.epoch {
+            return Ok(Ours::Yes);
+        }
+        self.reread(conn, budget).await
+    }
+
+    /// Read the item and take its CAS value if its owner is us.
+    async fn reread(&mut self, conn: &mut Conn, budget: Duration) -> Result<Ours, Failure> {
+        let reply = conn.one(&mg(&self.key, "v c"), budget).await?;
+        if reply.is("EN") {
+            return Ok(Ours::No(GONE));
+        }
+        let owner = reply
+            .value
+            .as_deref()
+            .and_then(Stored::parse)
+            .map(|s| s.owner);
+        match (owner, reply.cas()) {
+            (Some(owner), Some(cas)) if owner == self.owner => {
+                self.cas = cas;
+                self.epoch = conn.epoch;
+                Ok(Ours::Yes)
+            }
+            _ => Ok(Ours::No(TAKEN)),
+        }
+    }
+
+    /// Rewrite the item with a fresh expiry if it is still ours.
+    pub(super) async fn touch(
+        &mut self,
+        conn: &mut Conn,
+        budget: Duration,
+    ) -> Result<Ours, Failure> {
+        // Two rounds: an unexpected CAS value is read back once (it may be our own write
+        // whose answer was lost) before the item counts as somebody else's.
+        for round in 0..2 {
+            if let Ours::No(why) = self.confirm(conn, budget).await? {
+                return Ok(Ours::No(why));
+            }
+            let flags = format!("C{} T{} c", self.cas, self.expiry);
+            let reply = conn
+                .one(&ms(&self.key, &flags, &self.value), budget)
+                .await?;
+            match reply.code.as_str() {
+                "HD" => {
+                    if let Some(cas) = reply.cas() {
+                        self.cas = cas;
+                    } else {
+                        // Without the new CAS value, read it back on the next round.
+                        self.epoch = 0;
+                    }
+                    return Ok(Ours::Yes);
+                }
+                "NF" => return Ok(Ours::No(GONE)),
+                _ if round == 0 => {
+                    if let Ours::No(why) = self.reread(conn, budget).await? {
+                        return Ok(Ours::No(why));
+                    }
+                }
+                _ => {}
+            }
+        }
+        Ok(Ours::No(TAKEN))
+    }
+
+    /// Delete the item if it is still ours; `Ours::No` if it was gone or somebody else's.
+    pub(super) async fn delete(
+        &mut self,
+        conn: &mut Conn,
+        budget: Duration,
+    ) -> Result<Ours, Failure> {
+        for round in 0..2 {
+            if let Ours::No(why) = self.confirm(conn, budget).await? {
+                return Ok(Ours::No(why));
+            }
+            let reply = conn
+                .one(&md(&self.key, &format!("C{}", self.cas)), budget)
+                .await?;
+            match reply.code.as_str() {
+                "HD" => return Ok(Ours::Yes),
+                "NF" => return Ok(Ours::No(GONE)),
+                _ if round == 0 => {
+                    if let Ours::No(why) = self.reread(conn, budget).await? {
+                        return Ok(Ours::No(why));
+                    }
+                }
+                _ => {}
+            }
+        }
+        Ok(Ours::No(TAKEN))
+    }
+}
+
+/// One renewal round trip (two on a new connection), for the [`Keeper`].
+pub(super) struct Renewer {
+    pub(super) conn: Conn,
+    pub(super) held: Held,
+    pub(super) display: String,
+}
+
+impl Renew for Renewer {
+    async fn renew(&mut self) -> Result<Duration, RenewError> {
+        match self.held.touch(&mut self.conn, NO_BUDGET).await {
+            Ok(Ours::Yes) => Ok(expiry_for(Duration::from_secs(self.held.expiry)).1),
+            Ok(Ours::No(why)) => Err(RenewError::Gone(why.to_owned())),
+            Err(failure) => Err(RenewError::Failed(format!(
+                "{}: {}",
+                self.display,
+                failure.describe()
+            ))),
+        }
+    }
+}
+
+/// A held memcached lock.
+pub struct MemcachedLease {
+    pub(super) keeper: Keeper<Renewer>,
+    pub(super) token: u64,
+    pub(super) display: String,
+}
+
+impl Lease for MemcachedLease {
+    fn token(&self) -> u64 {
+        self.token
+    }
+
+    async fn lost(&mut self) -> Lost {
+        self.keeper.lost().await
+    }
+
+    async fn release(self) -> Result<(), Error> {
+        let Some(mut renewer) = self.keeper.stop().await else {
+            return Err(Error::Internal(
+                "the lease keeper ended unexpectedly".into(),
+            ));
+        };
+        let mut last = None;
+        // One retry on a fresh connection: a release that never arrives costs the next
+        // holder up to a TTL.
+        for _ in 0..2 {
+            match renewer.held.delete(&mut renewer.conn, OP_TIMEOUT).await {
+                Ok(Ours::Yes) => return Ok(()),
+                Ok(Ours::No(why)) => {
+                    tracing::warn!("the lock was no longer ours when it was released: {why}");
+                    return Ok(());
+                }
+                Err(failure) => last = Some(failure),
+            }
+        }
+        Err(last.map_or_else(
+            || Error::Internal("release failed".into()),
+            |f| f.into_error(&self.display),
+        ))
+    }
+}

@@ -1,0 +1,261 @@
+//! Where the memcached servers are: `memcached://host[:port][,host[:port]…]` and
+//! `memcached+unix:///path`, with the one option a URL can carry, `?allow-evictions=1`; and
+//! which of several servers holds a given lock.
+//!
+//! Several servers are not a cluster: each lock lives on exactly one of them, chosen by
+//! rendezvous hashing of the lock name over the servers' `host:port` (highest score wins).
+//! There is no failover: while that server is down, its locks cannot be taken. Adding a
+//! server moves only the names that now score highest on it; removing one moves only its
+//! own names; the order of the list does not matter. Every client of a lock must list the
+//! same servers, or two of them can hold the "same" lock on different servers.
+
+use std::path::PathBuf;
+
+use sha2::{Digest, Sha256};
+
+use crate::backend::url::{join_host_port, split_host_port};
+use crate::lock::LockName;
+
+/// memcached's default port.
+pub const DEFAULT_PORT: u16 = 11211;
+
+/// How to reach one memcached server.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum McAddr {
+    Tcp { host: String, port: u16 },
+    Unix { path: PathBuf },
+}
+
+impl McAddr {
+    /// `host:port` or the socket path: what the server is called in messages, and what the
+    /// name hash is computed over.
+    pub fn label(&self) -> String {
+        match self {
+            McAddr::Tcp { host, port } => join_host_port(host, *port),
+            McAddr::Unix { path } => path.display().to_string(),
+        }
+    }
+
+    /// The server as a URL, for messages.
+    pub fn display(&self) -> String {
+        match self {
+            McAddr::Tcp { .. } => format!("memcached://{}", self.label()),
+            McAddr::Unix { .. } => format!("memcached+unix://{}", self.label()),
+        }
+    }
+}
+
+/// A set of memcached servers (one lock per server) and the eviction opt-in.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MemcachedTarget {
+    pub servers: Vec<McAddr>,
+    /// The user accepted a server that may evict lock items (`?allow-evictions=1`).
+    pub allow_evictions: bool,
+}
+
+impl MemcachedTarget {
+    /// The scheme name shown in DLOCK_BACKEND.
+    pub fn scheme(&self) -> &'static str {
+        match self.servers.first() {
+            Some(McAddr::Unix { .. }) => "memcached+unix",
+            _ => "memcached",
+        }
+    }
+
+    /// The servers, for reentrancy (DLOCK_HELD): the same set in any order.
+    pub fn identity(&self) -> String {
+        let mut labels: Vec<String> = self.servers.iter().map(McAddr::label).collect();
+        labels.sort();
+        format!("{}://{}", self.scheme(), labels.join(","))
+    }
+
+    /// memcached keys are at most 250 bytes of printable ASCII without spaces; the prefix
+    /// must leave room for the lock's part.
+    pub fn check_prefix(&self, prefix: &str) -> Result<(), String> {
+        if prefix.len() > 64 {
+            return Err(format!(
+                "'{prefix}' is longer than 64 bytes (memcached keys are at most 250 bytes)"
+            ));
+        }
+        if !prefix.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(format!(
+                "'{prefix}' must be printable ASCII without spaces (it is part of memcached keys)"
+            ));
+        }
+        Ok(())
+    }
+
+    /// The server that holds `name` (rendezvous hashing; see the module doc).
+    pub fn server_for(&self, name: &LockName) -> &McAddr {
+        let score = |addr: &McAddr| {
+            let mut hash = Sha256::new();
+            hash.update(addr.label().as_bytes());
+            hash.update([0u8]);
+            hash.update(name.as_str().as_bytes());
+            let digest = hash.finalize();
+            let mut first = [0u8; 8];
+            first.copy_from_slice(&digest[..8]);
+            u64::from_be_bytes(first)
+        };
+        // Ties (never seen in practice) go to the smaller label, so every client agrees.
+        self.servers
+            .iter()
+            .max_by(|a, b| {
+                score(a)
+                    .cmp(&score(b))
+                    .then_with(|| b.label().cmp(&a.label()))
+            })
+            .unwrap_or(&self.servers[0])
+    }
+}
+
+/// `memcached://host[:port][,host[:port]…][/][?allow-evictions=1]`,
+/// `memcached+unix:///path[?allow-evictions=1]`.
+pub fn parse(scheme: &str, rest: &str) -> Result<MemcachedTarget, String> {
+    let after = rest
+        .strip_prefix("//")
+        .ok_or_else(|| format!("expected {scheme}://host[:port][,host[:port]…]"))?;
+    if after.contains('#') {
+        return Err("memcached URLs take no fragment".into());
+    }
+    let (location, query) = after.split_once('?').unwrap_or((after, ""));
+    let allow_evictions = parse_query(query)?;
+    if location.contains('@') {
+        return Err(
+            "memcached URLs take no user or password: dlock does not speak SASL to memcached"
+                .into(),
+        );
+    }
+    let servers = if scheme == "memcached+unix" {
+        if !location.starts_with('/') {
+            return Err("expected memcached+unix:///path/to/socket".into());
+        }
+        let path = crate::lock::decode_component(location)
+            .ok_or("bad percent-encoding in the URL's path")?;
+        vec![McAddr::Unix {
+            path: PathBuf::from(path),
+        }]
+    } else {
+        let (hosts, path) = location.split_at(location.find('/').unwrap_or(location.len()));
+        if !path.is_empty() && path != "/" {
+            return Err("memcached URLs take no path; use --prefix for a namespace".into());
+        }
+        let mut servers = Vec::new();
+        for host in hosts.split(',') {
+            let (host, port) = split_host_port(host, DEFAULT_PORT)?;
+            let addr = McAddr::Tcp { host, port };
+            if servers.contains(&addr) {
+                return Err(format!("the server {} is listed twice", addr.label()));
+            }
+            servers.push(addr);
+        }
+        servers
+    };
+    Ok(MemcachedTarget {
+        servers,
+        allow_evictions,
+    })
+}
+
+/// The query: only `allow-evictions=1|0|true|false`.
+fn parse_query(query: &str) -> Result<bool, String> {
+    let mut allow = false;
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        match pair.split_once('=') {
+            Some(("allow-evictions", "1" | "true" | "yes")) => allow = true,
+            Some(("allow-evictions", "0" | "false" | "no")) => allow = false,
+            Some(("allow-evictions", _)) => {
+                return Err("allow-evictions takes 1 or 0".into());
+            }
+            _ => {
+                return Err(
+                    "unknown URL parameter (memcached URLs accept only allow-evictions=1)".into(),
+                )
+            }
+        }
+    }
+    Ok(allow)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::Target;
+
+    fn parse_ok(url: &str) -> MemcachedTarget {
+        match Target::parse(url) {
+            Ok(Target::Memcached(t)) => t,
+            other => panic!("{url}: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn memcached_urls() {
+        let t = parse_ok("memcached://127.0.0.1");
+        assert_eq!(
+            t.servers,
+            vec![McAddr::Tcp {
+                host: "127.0.0.1".into(),
+                port: 11211
+            }]
+        );
+        assert!(!t.allow_evictions);
+        let t = parse_ok("memcached://b:2,[::1]:3/?allow-evictions=1");
+        assert_eq!(t.servers.len(), 2);
+        assert_eq!(t.servers[1].label(), "[::1]:3");
+        assert!(t.allow_evictions);
+        assert_eq!(t.identity(), "memcached://[::1]:3,b:2");
+        assert_eq!(
+            t.identity(),
+            parse_ok("memcached://[::1]:3,b:2").identity(),
+            "the order of the servers does not matter"
+        );
+        let t = parse_ok("memcached+unix:///run/mc.sock?allow-evictions=1");
+        assert_eq!(
+            t.servers,
+            vec![McAddr::Unix {
+                path: "/run/mc.sock".into()
+            }]
+        );
+        assert_eq!(t.scheme(), "memcached+unix");
+        for bad in [
+            "memcached://",
+            "memcached://h:0",
+            "memcached://h/x",
+            "memcached://u:p@h",
+            "memcached://h?x=1",
+            "memcached://h?allow-evictions=maybe",
+            "memcached://h,h:11211",
+            "memcached+unix://rel",
+        ] {
+            assert!(Target::parse(bad).is_err(), "{bad} was accepted");
+        }
+    }
+
+    #[test]
+    fn a_name_maps_to_one_server_and_moves_only_when_its_server_changes() {
+        let three = parse_ok("memcached://a,b,c");
+        let two = parse_ok("memcached://a,b");
+        let reordered = parse_ok("memcached://c,a,b");
+        let mut used = std::collections::HashSet::new();
+        for i in 0..300 {
+            let name = LockName::new(&format!("job-{i}")).unwrap();
+            let chosen = three.server_for(&name);
+            used.insert(chosen.label());
+            assert_eq!(chosen, reordered.server_for(&name));
+            if chosen.label() != "c:11211" {
+                assert_eq!(chosen, two.server_for(&name), "{name} moved needlessly");
+            }
+        }
+        assert_eq!(used.len(), 3, "every server gets some names");
+    }
+
+    #[test]
+    fn prefixes_must_fit_in_keys() {
+        let t = parse_ok("memcached://h");
+        assert!(t.check_prefix("dlock").is_ok());
+        assert!(t.check_prefix("a b").is_err());
+        assert!(t.check_prefix(&"x".repeat(65)).is_err());
+        assert!(t.check_prefix("é").is_err());
+    }
+}

@@ -1,0 +1,17 @@
+//! The memcached backend: the whole contract against a real `memcached` (started with `-M`),
+//! plus what only memcached can get wrong (issue: memcached backend): servers that evict
+//! (`evictions`), the fencing counter and restarts (`tokens`), its keys, several servers and
+//! polling (`keys`).
+//!
+//! Waiters are not served in arrival order on memcached (they poll), so the FIFO test other
+//! backends run is not run here; `keys::waiters_poll_and_hand_off_quickly` checks what is
+//! promised instead.
+
+mod evictions;
+mod keys;
+mod tokens;
+
+use crate::support::*;
+
+crate::contract_tests!(memcached_contract, MemcachedServer::start());
+crate::lease_contract_tests!(memcached_lease_contract, MemcachedServer::start());
