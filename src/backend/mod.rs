@@ -21,8 +21,10 @@
 //!    own test file. `.ci/run` installs the server's Debian package.
 //! 5. README (its section, the backends table, the `--url` help), and `dlock generate`.
 
+pub mod capacity;
 pub mod etcd;
 pub mod file;
+pub mod local_queue;
 pub mod postgres;
 pub mod redis;
 pub mod url;
@@ -242,7 +244,9 @@ pub fn install_tls_provider() {
 }
 
 /// Expand `$body` once per backend, with `$backend` bound to the backend `$common`
-/// (the settings' `Common`) selects.
+/// (the settings' `Common`) selects. A remote backend is wrapped in
+/// [`local_queue::LocalQueued`] (the host-local queue and the waiting out of capacity
+/// refusals): `LocalQueued::new(<Backend>::new(…), &$common)`.
 #[macro_export]
 macro_rules! with_backend {
     ($common:expr, $backend:ident => $body:expr) => {
@@ -256,35 +260,47 @@ macro_rules! with_backend {
                 $body
             }
             $crate::backend::Target::Redis(target) => {
-                let $backend = $crate::backend::redis::RedisBackend::new(
-                    target,
-                    &$common.prefix,
-                    &$common.display_url,
+                let $backend = $crate::backend::local_queue::LocalQueued::new(
+                    $crate::backend::redis::RedisBackend::new(
+                        target,
+                        &$common.prefix,
+                        &$common.display_url,
+                    ),
+                    &$common,
                 );
                 $body
             }
             $crate::backend::Target::Etcd(target) => {
-                let $backend = $crate::backend::etcd::EtcdBackend::new(
-                    target,
-                    &$common.prefix,
-                    &$common.display_url,
+                let $backend = $crate::backend::local_queue::LocalQueued::new(
+                    $crate::backend::etcd::EtcdBackend::new(
+                        target,
+                        &$common.prefix,
+                        &$common.display_url,
+                    ),
+                    &$common,
                 );
                 $body
             }
             $crate::backend::Target::Postgres(target) => {
-                let $backend = $crate::backend::postgres::PgBackend::new(
-                    target,
-                    &$common.prefix,
-                    &$common.display_url,
+                let $backend = $crate::backend::local_queue::LocalQueued::new(
+                    $crate::backend::postgres::PgBackend::new(
+                        target,
+                        &$common.prefix,
+                        &$common.display_url,
+                    ),
+                    &$common,
                 );
                 $body
             }
             $crate::backend::Target::Zk(target) => {
-                let $backend = $crate::backend::zk::ZkBackend::new(
-                    target,
-                    &$common.prefix,
-                    &$common.display_url,
-                    $common.ttl,
+                let $backend = $crate::backend::local_queue::LocalQueued::new(
+                    $crate::backend::zk::ZkBackend::new(
+                        target,
+                        &$common.prefix,
+                        &$common.display_url,
+                        $common.ttl,
+                    ),
+                    &$common,
                 );
                 $body
             }
