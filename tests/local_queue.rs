@@ -30,7 +30,13 @@ fn fill_the_server_queue(env: &TestEnv, lock: &str, log: &std::path::Path) -> (H
     let waiters = (0..DEPTH)
         .map(|i| {
             let child = env
-                .dlock(["run", lock, "sh", "-c", &format!("echo {i} >> {}", log.display())])
+                .dlock([
+                    "run",
+                    lock,
+                    "sh",
+                    "-c",
+                    &format!("echo {i} >> {}", log.display()),
+                ])
                 .spawn()
                 .expect("spawn waiter");
             wait_until("waiter queued", PATIENCE, || env.waiters(lock) == i + 1);
@@ -49,12 +55,20 @@ fn waiters_beyond_the_server_queue_wait_on_this_host_in_arrival_order_and_status
     let (mut holder, mut waiters) = fill_the_server_queue(&env, &lock, &log);
     for i in DEPTH..DEPTH + 3 {
         waiters.0.push(
-            env.dlock(["run", &lock, "sh", "-c", &format!("echo {i} >> {}", log.display())])
-                .spawn()
-                .expect("spawn local waiter"),
+            env.dlock([
+                "run",
+                &lock,
+                "sh",
+                "-c",
+                &format!("echo {i} >> {}", log.display()),
+            ])
+            .spawn()
+            .expect("spawn local waiter"),
         );
         // Counted although it is not at the server: status adds this host's queue.
-        wait_until("local waiter counted", PATIENCE, || env.waiters(&lock) == i + 1);
+        wait_until("local waiter counted", PATIENCE, || {
+            env.waiters(&lock) == i + 1
+        });
     }
     holder.signal(Signal::SIGTERM);
     holder.wait();
@@ -120,7 +134,11 @@ fn local_queue_off_and_no_wait_go_to_the_server_at_once() {
     // Not queued behind this host's waiters: --no-wait asks the server, which says held.
     let out = env.run(["run", "--no-wait", &lock, "true"]);
     assert_eq!(out.status.code(), Some(75), "{}", describe(&out));
-    assert!(!stderr_of(&out).contains("on this host"), "{}", describe(&out));
+    assert!(
+        !stderr_of(&out).contains("on this host"),
+        "{}",
+        describe(&out)
+    );
     // Turned off, a run waits at the server (its own entry in the server's queue).
     let mut direct = env
         .dlock(["run", "--local-queue", "off", &lock, "true"])
@@ -179,7 +197,11 @@ fn postgres_max_connections_is_waited_out_and_named_when_the_wait_runs_out() {
     let mut fillers = hold_connections(&env, 4);
     let out = env.run(["run", "--no-wait", &lock, "true"]);
     assert_fails(&out, 69, "--no-wait");
-    assert!(stderr_of(&out).contains("PostgreSQL max_connections"), "{}", describe(&out));
+    assert!(
+        stderr_of(&out).contains("PostgreSQL max_connections"),
+        "{}",
+        describe(&out)
+    );
     let out = env.run(["run", "--wait", "1s", &lock, "true"]);
     assert_fails(&out, 69, "PostgreSQL max_connections");
     assert!(stderr_of(&out).contains("--wait"), "{}", describe(&out));

@@ -158,15 +158,11 @@ mod tests {
     #[test]
     fn no_wait_does_not_retry_and_the_wait_names_the_limit_when_it_runs_out() {
         let mut tries = 0;
-        let result: Result<(), Error> = block_on(wait_out(
-            Wait::No,
-            None,
-            &mut Cancel::never(),
-            async |_| {
+        let result: Result<(), Error> =
+            block_on(wait_out(Wait::No, None, &mut Cancel::never(), async |_| {
                 tries += 1;
                 Err(refused("pg", "PostgreSQL max_connections", "53300"))
-            },
-        ));
+            }));
         assert_eq!(tries, 1);
         assert!(matches!(result, Err(Error::Capacity(m)) if m.contains("--no-wait")));
 

@@ -15,7 +15,10 @@
 //!    lease renews through [`crate::keeper`] where the backend has a lease.
 //! 3. Here: a [`Target`] variant, its schemes in [`Target::parse`], its arms in the `match`es
 //!    of [`Target`]'s methods (scheme, identity, minimum TTL, prefix rules, completion), its
-//!    config table in [`CONFIG_TABLES`], and its arm in [`with_backend!`](crate::with_backend).
+//!    config table in [`CONFIG_TABLES`], and its arm in [`with_backend!`](crate::with_backend),
+//!    wrapped in [`local_queue::LocalQueued`] if it has a server (the host-local queue and
+//!    the waiting out of capacity refusals come with that one line; the backend's error
+//!    classification returns [`capacity::refused`] for its server's "too many connections").
 //! 4. Tests: `contract_tests!(<name>, <Server>::start())` runs the whole contract against a
 //!    real server that the test harness starts; what is particular to the backend goes in its
 //!    own test file. `.ci/run` installs the server's Debian package.

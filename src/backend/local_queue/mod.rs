@@ -42,6 +42,7 @@ use sha2::Digest;
 use self::tickets::{LocalQueue, Ticket};
 use super::capacity;
 use super::file::FileTarget;
+use crate::clock::BootInstant;
 use crate::error::Error;
 use crate::lock::{
     AcquireRequest, Backend, Cancel, CheckReport, Holder, Lease, LockName, LockStatus, Lost, Wait,
@@ -54,6 +55,10 @@ use crate::settings::Common;
 /// so that small queues (up to this many waiters) are exactly the server's queue, in arrival
 /// order. Chosen by measurement (README: "Many waiters on one host").
 pub const DEPTH: u64 = 8;
+
+/// Time in the local queue that the remote acquire's `--wait` may ignore (it then gets the
+/// user's wait, so its deadline is later by at most this and its messages name that wait).
+const QUEUE_SLACK: Duration = Duration::from_millis(100);
 
 /// How long the message of a wait that ran out in the local queue may take to name the holder.
 const DESCRIBE_TIMEOUT: Duration = Duration::from_millis(500);
@@ -70,9 +75,7 @@ impl<B: Backend> LocalQueued<B> {
     pub fn new(remote: B, common: &Common) -> LocalQueued<B> {
         LocalQueued {
             remote,
-            queue: common
-                .local_queue
-                .then(|| queue_for(&common.identity())),
+            queue: common.local_queue.then(|| queue_for(&common.identity())),
         }
     }
 
@@ -82,7 +85,7 @@ impl<B: Backend> LocalQueued<B> {
         &self,
         queue: &LocalQueue,
         request: &AcquireRequest,
-        deadline: Option<crate::clock::BootInstant>,
+        deadline: Option<BootInstant>,
         cancel: &mut Cancel,
     ) -> Result<Option<Ticket>, Error> {
         let admitted = u64::from(request.limit) + DEPTH;
@@ -104,8 +107,7 @@ impl<B: Backend> LocalQueued<B> {
     /// holder where the server says quickly who it is.
     async fn gave_up(&self, request: &AcquireRequest) -> Error {
         let holders =
-            match tokio::time::timeout(DESCRIBE_TIMEOUT, self.remote.status(&request.name)).await
-            {
+            match tokio::time::timeout(DESCRIBE_TIMEOUT, self.remote.status(&request.name)).await {
                 Ok(Ok(status)) => status.held_by(),
                 _ => String::new(),
             };
@@ -136,25 +138,46 @@ impl<B: Backend> Backend for LocalQueued<B> {
         mut cancel: Cancel,
     ) -> Result<QueuedLease<B::Lease>, Error> {
         let deadline = request.wait.deadline();
+        let started = BootInstant::now();
         let local = match (&self.queue, request.wait) {
             (Some(queue), Wait::For(_) | Wait::Forever) => {
-                self.join_local(queue, request, deadline, &mut cancel).await?
+                self.join_local(queue, request, deadline, &mut cancel)
+                    .await?
             }
             _ => None,
         };
+        let queued_for = BootInstant::now().saturating_since(started);
         let remote_cancel = cancel.clone();
         let remote = capacity::wait_out(request.wait, deadline, &mut cancel, async |left| {
             let mut remote_request = request.clone();
             remote_request.wait = match left {
-                // What the local queue left of the wait; a backend reads a zero wait as none.
-                Wait::For(d) => Wait::For(d.max(Duration::from_millis(1))),
+                // Admitted at once: the backend's deadline is the user's, to a few
+                // milliseconds, and its messages name the --wait the user gave.
+                Wait::For(_) if BootInstant::now().saturating_since(started) < QUEUE_SLACK => {
+                    request.wait
+                }
+                // What the local queue (or a capacity refusal) left of the wait.
+                Wait::For(d) => Wait::For(
+                    Duration::from_millis(d.as_millis() as u64).max(Duration::from_millis(1)),
+                ),
                 other => other,
             };
             self.remote
                 .acquire(&remote_request, remote_cancel.clone())
                 .await
         })
-        .await?;
+        .await;
+        let remote = match remote {
+            Err(Error::Busy(why)) if queued_for >= QUEUE_SLACK => {
+                return Err(Error::Busy(format!(
+                    "{why}, after {} in this host's queue",
+                    humantime::format_duration(
+                        Duration::from_millis(queued_for.as_millis() as u64)
+                    )
+                )))
+            }
+            other => other?,
+        };
         Ok(QueuedLease { remote, local })
     }
 

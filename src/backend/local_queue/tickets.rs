@@ -80,7 +80,10 @@ impl LocalQueue {
         cancel: &mut Cancel,
     ) -> Result<Ticket, Error> {
         let dir = self.open(true)?.ok_or_else(|| {
-            Error::CantCreate(format!("{} vanished as it was created", self.path().display()))
+            Error::CantCreate(format!(
+                "{} vanished as it was created",
+                self.path().display()
+            ))
         })?;
         let stem = stem(name);
         let (number, ticket) = take_ticket(dir, &stem)?;
@@ -155,9 +158,8 @@ fn take_ticket(dir: LockDir, stem: &str) -> Result<(u64, Ticket), Error> {
     let counter_name = format!("{stem}.tickets");
     let counter = dir.open_lock_file(&counter_name)?;
     let path = dir.path_of(&counter_name);
-    let io_err = |what: &str, e: io::Error| {
-        Error::from_lock_io(format!("{what} {}", path.display()), &e)
-    };
+    let io_err =
+        |what: &str, e: io::Error| Error::from_lock_io(format!("{what} {}", path.display()), &e);
     header_lock(&counter, true).map_err(|e| io_err("cannot lock", e))?;
     let taken = (|| {
         let mut buf = [0u8; COUNTER_LEN];
@@ -177,10 +179,7 @@ fn take_ticket(dir: LockDir, stem: &str) -> Result<(u64, Ticket), Error> {
         let name = ticket_name(stem, number);
         let file = dir.open_lock_file(&name)?;
         flock(&file, libc::LOCK_EX | libc::LOCK_NB).map_err(|e| {
-            Error::from_lock_io(
-                format!("cannot lock {}", dir.path_of(&name).display()),
-                &e,
-            )
+            Error::from_lock_io(format!("cannot lock {}", dir.path_of(&name).display()), &e)
         })?;
         Ok((number, name, file))
     })();

@@ -21,8 +21,10 @@ pub(super) const OP_TIMEOUT: Duration = Duration::from_secs(5);
 pub(super) const CLOSE_TIMEOUT: Duration = Duration::from_secs(1);
 /// This process was turned away for capacity (a process talks to one ensemble).
 static REFUSED_FOR_CAPACITY: AtomicBool = AtomicBool::new(false);
-/// How long a connection that tells a full server from a down one waits to be closed.
-const CAPACITY_PROBE: Duration = Duration::from_millis(200);
+/// How long a connection that tells a full server from a down one waits to be closed. The
+/// kernel completes the connection before the server accepts it, so a busy server closes it
+/// late; this is only spent when connecting failed.
+const CAPACITY_PROBE: Duration = Duration::from_secs(1);
 /// The least time a server gets to answer while dlock queues, however short `--wait` is.
 pub(super) const MIN_ANSWER: Duration = Duration::from_secs(1);
 
@@ -109,6 +111,7 @@ impl ZkBackend {
     /// first; both are unavailable, not full, unless this process was turned away for
     /// capacity before (the slot freed between the attempt and the probe).
     async fn over_capacity(&self) -> bool {
+        use std::io::ErrorKind;
         use tokio::io::AsyncReadExt;
         for (host, port) in &self.target.endpoints {
             let probe = async {
@@ -116,12 +119,22 @@ impl ZkBackend {
                 let mut byte = [0u8; 1];
                 stream.read(&mut byte).await
             };
-            match tokio::time::timeout(CAPACITY_PROBE, probe).await {
+            let probed = tokio::time::timeout(CAPACITY_PROBE, probe).await;
+            tracing::debug!("capacity probe of {host}:{port}: {probed:?}");
+            match probed {
                 Ok(Ok(0)) => {
                     REFUSED_FOR_CAPACITY.store(true, Ordering::Relaxed);
                     return true;
                 }
-                Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionReset => {
+                Ok(Err(e))
+                    if matches!(
+                        e.kind(),
+                        ErrorKind::ConnectionReset
+                            | ErrorKind::ConnectionAborted
+                            | ErrorKind::BrokenPipe
+                            | ErrorKind::UnexpectedEof
+                    ) =>
+                {
                     REFUSED_FOR_CAPACITY.store(true, Ordering::Relaxed);
                     return true;
                 }
