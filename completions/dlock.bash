@@ -217,7 +217,7 @@ _dlock() {
             return 0
             ;;
         dlock__subcmd__run)
-            opts="-u -w -n -E -t -l -c -v -q -h -V --url --prefix --wait --no-wait --conflict-exit-code --ttl --limit --on-lost --kill-after --command --verbose --quiet --config --help --version"
+            opts="-u -w -n -E -t -l -c -v -q -h -V --url --prefix --wait --no-wait --conflict-exit-code --ttl --limit --on-lost --kill-after --local-queue --command --verbose --quiet --config --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -273,6 +273,10 @@ _dlock() {
                     ;;
                 --kill-after)
                     COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --local-queue)
+                    COMPREPLY=($(compgen -W "true false" -- "${cur}"))
                     return 0
                     ;;
                 --command)

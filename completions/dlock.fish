@@ -45,6 +45,8 @@ complete -c dlock -n "__fish_dlock_using_subcommand run" -l on-lost -d 'What to 
 kill\t'SIGKILL the command\'s process group at once'
 ignore\t'Let the command run on without the lock (a warning is printed)'"
 complete -c dlock -n "__fish_dlock_using_subcommand run" -l kill-after -d 'Grace between SIGTERM and SIGKILL, on lock loss and after a forwarded signal [default: 10s]' -r
+complete -c dlock -n "__fish_dlock_using_subcommand run" -l local-queue -d 'Wait in a queue on this host first, so that only the head of the queue holds a server connection (remote backends, when waiting) [default: on]' -r -f -a "true\t''
+false\t''"
 complete -c dlock -n "__fish_dlock_using_subcommand run" -s c -l command -d 'Run SHELL-COMMAND with "$SHELL -c" (or /bin/sh -c) instead of COMMAND' -r
 complete -c dlock -n "__fish_dlock_using_subcommand run" -l config -d 'Config file (TOML). Default: $XDG_CONFIG_HOME/dlock/config.toml, then /etc/dlock/config.toml' -r -F
 complete -c dlock -n "__fish_dlock_using_subcommand run" -s n -l no-wait -d 'Give up at once if the lock is held (same as --wait 0)'

@@ -33,7 +33,7 @@ command's process group, SIGKILL after --kill-after, exit 124).
 
 Every option can also be set in the environment (DLOCK_URL, DLOCK_WAIT, DLOCK_NO_WAIT,
 DLOCK_CONFLICT_EXIT_CODE, DLOCK_TTL, DLOCK_LIMIT, DLOCK_ON_LOST, DLOCK_KILL_AFTER,
-DLOCK_PREFIX) or in the config file. Precedence: flags > environment > config file >
+DLOCK_PREFIX, DLOCK_LOCAL_QUEUE) or in the config file. Precedence: flags > environment > config file >
 defaults.";
 
 /// Run a command while holding a named lock.
@@ -213,6 +213,12 @@ pub struct RunArgs {
         hide_env_values = true
     )]
     pub kill_after: Option<String>,
+
+    /// Wait in a queue on this host first, so that only the head of the queue holds a server
+    /// connection (remote backends, when waiting) [default: on].
+    #[arg(long, value_name = "on|off", env = "DLOCK_LOCAL_QUEUE", hide_env_values = true,
+          value_parser = clap::builder::BoolishValueParser::new())]
+    pub local_queue: Option<bool>,
 
     /// Run SHELL-COMMAND with "$SHELL -c" (or /bin/sh -c) instead of COMMAND.
     #[arg(short = 'c', long = "command", value_name = "SHELL-COMMAND")]

@@ -32,6 +32,7 @@ pub(crate) struct Values {
     pub(crate) on_lost: Option<String>,
     pub(crate) kill_after: Option<String>,
     pub(crate) prefix: Option<String>,
+    pub(crate) local_queue: Option<bool>,
     /// Read by the remote backends (not needed by the file backend).
     pub(crate) password_file: Option<PathBuf>,
 }

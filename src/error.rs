@@ -17,6 +17,10 @@ pub enum Error {
     /// The backend cannot be reached or did not answer in time.
     #[error("{0}")]
     Unavailable(String),
+    /// The server refused the connection because it serves as many clients as it allows
+    /// (`backend::capacity`): waited out within `--wait`, 69 when it is final.
+    #[error("{0}")]
+    Capacity(String),
     /// The lock file or its directory cannot be created.
     #[error("{0}")]
     CantCreate(String),
@@ -46,7 +50,7 @@ impl Error {
         match self {
             Error::Usage(_) => Code::Usage,
             Error::Busy(_) => Code::NotAcquired,
-            Error::Unavailable(_) => Code::Unavailable,
+            Error::Unavailable(_) | Error::Capacity(_) => Code::Unavailable,
             Error::CantCreate(_) => Code::CantCreate,
             Error::Permission(_) => Code::NoPermission,
             Error::Config(_) => Code::Config,

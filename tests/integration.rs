@@ -3,7 +3,9 @@
 //! - `support`: the harness and one test server per backend;
 //! - `contract`: the promises every backend keeps, expanded per backend by `contract_tests!`;
 //! - `backends`: what is particular to each backend;
-//! - `cli`, `docs`, `safety`, `terminal`: what does not depend on a backend.
+//! - `cli`, `docs`, `safety`, `terminal`: what does not depend on a backend;
+//! - `local_queue`: many waiters on one host (the host-local queue, capacity refusals);
+//! - `scale`: the seed's many-clients test on every backend, at shipped server limits.
 
 mod support;
 #[macro_use]
@@ -12,5 +14,7 @@ mod contract;
 mod backends;
 mod cli;
 mod docs;
+mod local_queue;
 mod safety;
+mod scale;
 mod terminal;

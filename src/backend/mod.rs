@@ -15,16 +15,21 @@
 //!    lease renews through [`crate::keeper`] where the backend has a lease.
 //! 3. Here: a [`Target`] variant, its schemes in [`Target::parse`], its arms in the `match`es
 //!    of [`Target`]'s methods (scheme, identity, minimum TTL, prefix rules, completion), its
-//!    config table in [`CONFIG_TABLES`], and its arm in [`with_backend!`](crate::with_backend).
+//!    config table in [`CONFIG_TABLES`], and its arm in [`with_backend!`](crate::with_backend),
+//!    wrapped in [`local_queue::LocalQueued`] if it has a server (the host-local queue and
+//!    the waiting out of capacity refusals come with that one line; the backend's error
+//!    classification returns [`capacity::refused`] for its server's "too many connections").
 //! 4. Tests: `contract_tests!(<name>, <Server>::start())` runs the whole contract against a
 //!    real server that the test harness starts; what is particular to the backend goes in its
 //!    own test file. `.ci/run` installs the server's Debian package.
 //! 5. README (its section, the backends table, the `--url` help), and `dlock generate`.
 
+pub mod capacity;
 pub mod etcd;
 pub mod file;
-pub mod mysql;
+pub mod local_queue;
 pub mod memcached;
+pub mod mysql;
 pub mod postgres;
 pub mod redis;
 pub mod url;
@@ -39,8 +44,8 @@ use crate::lock::{Holder, HolderStatus, LockName, LockStatus};
 
 pub use etcd::EtcdTarget;
 pub use file::FileTarget;
-pub use mysql::MysqlTarget;
 pub use memcached::MemcachedTarget;
+pub use mysql::MysqlTarget;
 pub use postgres::PgTarget;
 pub use redis::RedisTarget;
 pub use zk::ZkTarget;
@@ -267,7 +272,9 @@ pub fn install_tls_provider() {
 }
 
 /// Expand `$body` once per backend, with `$backend` bound to the backend `$common`
-/// (the settings' `Common`) selects.
+/// (the settings' `Common`) selects. A remote backend is wrapped in
+/// [`local_queue::LocalQueued`] (the host-local queue and the waiting out of capacity
+/// refusals): `LocalQueued::new(<Backend>::new(…), &$common)`.
 #[macro_export]
 macro_rules! with_backend {
     ($common:expr, $backend:ident => $body:expr) => {
@@ -281,49 +288,66 @@ macro_rules! with_backend {
                 $body
             }
             $crate::backend::Target::Redis(target) => {
-                let $backend = $crate::backend::redis::RedisBackend::new(
-                    target,
-                    &$common.prefix,
-                    &$common.display_url,
+                let $backend = $crate::backend::local_queue::LocalQueued::new(
+                    $crate::backend::redis::RedisBackend::new(
+                        target,
+                        &$common.prefix,
+                        &$common.display_url,
+                    ),
+                    &$common,
                 );
                 $body
             }
             $crate::backend::Target::Etcd(target) => {
-                let $backend = $crate::backend::etcd::EtcdBackend::new(
-                    target,
-                    &$common.prefix,
-                    &$common.display_url,
+                let $backend = $crate::backend::local_queue::LocalQueued::new(
+                    $crate::backend::etcd::EtcdBackend::new(
+                        target,
+                        &$common.prefix,
+                        &$common.display_url,
+                    ),
+                    &$common,
                 );
                 $body
             }
             $crate::backend::Target::Postgres(target) => {
-                let $backend = $crate::backend::postgres::PgBackend::new(
-                    target,
-                    &$common.prefix,
-                    &$common.display_url,
+                let $backend = $crate::backend::local_queue::LocalQueued::new(
+                    $crate::backend::postgres::PgBackend::new(
+                        target,
+                        &$common.prefix,
+                        &$common.display_url,
+                    ),
+                    &$common,
                 );
                 $body
             }
             $crate::backend::Target::Zk(target) => {
-                let $backend = $crate::backend::zk::ZkBackend::new(
-                    target,
-                    &$common.prefix,
-                    &$common.display_url,
-                    $common.ttl,
+                let $backend = $crate::backend::local_queue::LocalQueued::new(
+                    $crate::backend::zk::ZkBackend::new(
+                        target,
+                        &$common.prefix,
+                        &$common.display_url,
+                        $common.ttl,
+                    ),
+                    &$common,
                 );
                 $body
             }
             $crate::backend::Target::Mysql(target) => {
-                let $backend = $crate::backend::mysql::MysqlBackend::new(
-                    target,
-                    &$common.prefix,
-                    &$common.display_url,
+                let $backend = $crate::backend::local_queue::LocalQueued::new(
+                    $crate::backend::mysql::MysqlBackend::new(
+                        target,
+                        &$common.prefix,
+                        &$common.display_url,
+                    ),
+                    &$common,
                 );
                 $body
             }
             $crate::backend::Target::Memcached(target) => {
-                let $backend =
-                    $crate::backend::memcached::MemcachedBackend::new(target, &$common.prefix);
+                let $backend = $crate::backend::local_queue::LocalQueued::new(
+                    $crate::backend::memcached::MemcachedBackend::new(target, &$common.prefix),
+                    &$common,
+                );
                 $body
             }
         }

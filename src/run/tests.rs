@@ -130,6 +130,7 @@ fn settings(dir: &std::path::Path, script: &str, wait: Wait) -> RunSettings {
             prefix: "dlock".into(),
             ttl: Duration::from_secs(15),
             display_url: format!("file://{}", dir.display()),
+            local_queue: true,
         },
         name: LockName::new("job").expect("a valid name"),
         command: CommandSpec {

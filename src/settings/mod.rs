@@ -39,6 +39,8 @@ pub struct Common {
     pub ttl: Duration,
     /// The URL as given, with any password replaced by `***` (safe to print or pass on).
     pub display_url: String,
+    /// Queue on this host before the server (`backend::local_queue`); `run` only.
+    pub local_queue: bool,
 }
 
 impl Common {
@@ -237,13 +239,15 @@ pub fn common(
         prefix,
         ttl,
         display_url,
+        local_queue: true,
     })
 }
 
 /// Resolve everything `dlock run` needs, validating it all before the backend is contacted.
 pub fn run(args: cli::RunArgs, file: &FileConfig) -> Result<RunSettings, Error> {
     let name = lock_name(&args.name)?;
-    let common = common(&args.backend, args.ttl, file)?;
+    let mut common = common(&args.backend, args.ttl, file)?;
+    common.local_queue = args.local_queue.or(file.values.local_queue).unwrap_or(true);
     let no_wait = args.no_wait
         || (args.wait.is_none() && file.values.wait.is_none() && file.values.no_wait == Some(true));
     let wait = if no_wait {

@@ -4,8 +4,8 @@
 
 mod etcd;
 mod file;
-mod mysql;
 mod memcached;
+mod mysql;
 mod postgres;
 mod redis;
 mod redis_cluster;

@@ -123,12 +123,22 @@ impl ZkServer {
         ZkServer::build(1, 200)
     }
 
+    /// One standalone server with `maxClientCnxns` as given; `None`: as ZooKeeper ships (no
+    /// line in zoo.cfg, 60 connections per client address). The others allow any number.
+    pub fn with_max_client_cnxns(limit: Option<u32>) -> ZkServer {
+        ZkServer::build_with(1, 200, limit)
+    }
+
     /// `size` members forming one ensemble.
     pub fn ensemble(size: usize, tick_ms: u64) -> ZkServer {
         ZkServer::build(size, tick_ms)
     }
 
     fn build(size: usize, tick_ms: u64) -> ZkServer {
+        ZkServer::build_with(size, tick_ms, Some(0))
+    }
+
+    fn build_with(size: usize, tick_ms: u64, max_client_cnxns: Option<u32>) -> ZkServer {
         let dir = if Path::new("/dev/shm").is_dir() {
             tempfile::tempdir_in("/dev/shm").expect("temp dir")
         } else {
@@ -144,10 +154,13 @@ impl ZkServer {
             std::fs::create_dir_all(&data).expect("data dir");
             let mut config = format!(
                 "tickTime={tick_ms}\ndataDir={}\nclientPort={client}\nclientPortAddress=127.0.0.1\n\
-                 maxClientCnxns=0\nadmin.enableServer=false\nautopurge.purgeInterval=0\n\
+                 admin.enableServer=false\nautopurge.purgeInterval=0\n\
                  4lw.commands.whitelist=srvr,mntr,wchc,wchs,cons,ruok\n",
                 data.display()
             );
+            if let Some(limit) = max_client_cnxns {
+                config.push_str(&format!("maxClientCnxns={limit}\n"));
+            }
             let main_class = if size > 1 {
                 config.push_str("initLimit=10\nsyncLimit=5\n");
                 for (j, &(_, peer, election)) in ports.iter().enumerate() {

@@ -171,7 +171,8 @@ fn since_suffix(holder: &Holder) -> String {
 /// The state of `name` in `dir`, as `locks` shows its slot files held and waited for.
 fn status_of(dir: &LockDir, name: &LockName, locks: &ProcLocks) -> Result<LockStatus, Error> {
     let mut holders = Vec::new();
-    let mut waiters = 0;
+    // A process waiting for any of N slots blocks on each of them: count it once.
+    let mut waiters = std::collections::BTreeSet::<u32>::new();
     let mut last_token = None;
     for (slot, file_name) in existing_slots(dir, name)? {
         let Some(file) = dir.read_lock_file(&file_name)? else {
@@ -186,7 +187,7 @@ fn status_of(dir: &LockDir, name: &LockName, locks: &ProcLocks) -> Result<LockSt
         if slot == 0 {
             last_token = header.filter(|t| *t > 0);
         }
-        waiters += locks.waiters.get(&key).copied().unwrap_or(0);
+        waiters.extend(locks.waiters.get(&key).into_iter().flatten());
         if let Some(&pid) = locks.holders.get(&key) {
             let holder = holder.filter(|h| h.pid == pid).unwrap_or_else(|| Holder {
                 name: name.to_string(),
@@ -204,7 +205,7 @@ fn status_of(dir: &LockDir, name: &LockName, locks: &ProcLocks) -> Result<LockSt
         name: name.to_string(),
         held: !holders.is_empty(),
         holders,
-        waiters: Some(waiters),
+        waiters: Some(waiters.len() as u64),
         queue: Vec::new(),
         last_token,
     })

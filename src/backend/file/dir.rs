@@ -29,7 +29,7 @@ use nix::sys::stat::{FileStat, Mode, SFlag};
 use crate::error::Error;
 
 /// An open lock directory: the base, or the `--prefix` directory in it.
-pub(super) struct LockDir {
+pub(crate) struct LockDir {
     fd: OwnedFd,
     path: PathBuf,
     /// Others (group or world) can create entries in it.
@@ -41,7 +41,7 @@ impl LockDir {
     /// the module doc). With `create`, missing directories are made (mode 0700); without it,
     /// `None` means one does not exist (so there are no locks). `private`: dlock chose `base`
     /// itself, so it must be the user's alone.
-    pub(super) fn open(
+    pub(crate) fn open(
         base: &Path,
         private: bool,
         sub: Option<&str>,
@@ -112,12 +112,12 @@ impl LockDir {
     }
 
     /// The path of the entry `name`, for messages and for watching it.
-    pub(super) fn path_of(&self, name: &str) -> PathBuf {
+    pub(crate) fn path_of(&self, name: &str) -> PathBuf {
         self.path.join(name)
     }
 
     /// Open the lock file `name` for reading and writing, creating it if missing.
-    pub(super) fn open_lock_file(&self, name: &str) -> Result<File, Error> {
+    pub(crate) fn open_lock_file(&self, name: &str) -> Result<File, Error> {
         // A new file in a shared directory must be writable by its owner alone to be trusted
         // later; elsewhere the umask decides, so that an administrator can share lock files.
         let mode = if self.shared { 0o644 } else { 0o666 };
@@ -131,7 +131,7 @@ impl LockDir {
     }
 
     /// Open the existing lock file `name` for reading; `None` when there is none.
-    pub(super) fn read_lock_file(&self, name: &str) -> Result<Option<File>, Error> {
+    pub(crate) fn read_lock_file(&self, name: &str) -> Result<Option<File>, Error> {
         self.open_file(name, OFlag::O_RDONLY, 0)
     }
 
@@ -219,7 +219,7 @@ impl LockDir {
     }
 
     /// (device, inode) of the entry `name` (not following a link); `None` when it is gone.
-    pub(super) fn identity(&self, name: &str) -> io::Result<Option<(u64, u64)>> {
+    pub(crate) fn identity(&self, name: &str) -> io::Result<Option<(u64, u64)>> {
         match nix::sys::stat::fstatat(&self.fd, name, AtFlags::AT_SYMLINK_NOFOLLOW) {
             Ok(stat) => Ok(Some((stat.st_dev, stat.st_ino))),
             Err(Errno::ENOENT) => Ok(None),
@@ -237,7 +237,7 @@ impl LockDir {
     }
 
     /// The names in the directory.
-    pub(super) fn entries(&self) -> Result<Vec<String>, Error> {
+    pub(crate) fn entries(&self) -> Result<Vec<String>, Error> {
         // Through /proc the listing is of this very directory, whatever happened to its path
         // since; the path is only a fallback (names alone cannot redirect anything).
         let entries = std::fs::read_dir(format!("/proc/self/fd/{}", self.fd.as_raw_fd()))
@@ -249,7 +249,7 @@ impl LockDir {
             .collect())
     }
 
-    pub(super) fn remove(&self, name: &str) -> io::Result<()> {
+    pub(crate) fn remove(&self, name: &str) -> io::Result<()> {
         nix::unistd::unlinkat(&self.fd, name, nix::unistd::UnlinkatFlags::NoRemoveDir)
             .map_err(io::Error::from)
     }

@@ -27,12 +27,12 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 mod admin;
-mod dir;
+pub(crate) mod dir;
 mod lease;
-mod proc_locks;
-mod slot;
+pub(crate) mod proc_locks;
+pub(crate) mod slot;
 pub mod target;
-mod wait;
+pub(crate) mod wait;
 
 pub use lease::FileLease;
 pub use target::FileTarget;
@@ -75,6 +75,11 @@ impl FileBackend {
             sub,
             dir,
         }
+    }
+
+    /// Where the lock files are.
+    pub fn dir(&self) -> &Path {
+        &self.dir
     }
 
     /// Open the lock directory, creating it (mode 0700) if missing, after checking that

@@ -8,13 +8,15 @@ use std::collections::HashMap;
 use crate::error::Error;
 
 /// Holders and waiters of flock(2) locks, by (device, inode), from `/proc/locks`.
-pub(super) struct ProcLocks {
-    pub(super) holders: HashMap<(u64, u64), u32>,
-    pub(super) waiters: HashMap<(u64, u64), u64>,
+pub(crate) struct ProcLocks {
+    pub(crate) holders: HashMap<(u64, u64), u32>,
+    /// The pids blocked waiting, by file (a process waiting for any of N slots is listed
+    /// under each).
+    pub(crate) waiters: HashMap<(u64, u64), Vec<u32>>,
 }
 
 impl ProcLocks {
-    pub(super) fn read() -> Result<ProcLocks, Error> {
+    pub(crate) fn read() -> Result<ProcLocks, Error> {
         let text = std::fs::read_to_string("/proc/locks")
             .map_err(|e| Error::Unavailable(format!("cannot read /proc/locks: {e}")))?;
         Ok(ProcLocks::parse(&text))
@@ -53,7 +55,7 @@ impl ProcLocks {
             };
             let key = (libc::makedev(major, minor), inode);
             if waiting {
-                *locks.waiters.entry(key).or_insert(0) += 1;
+                locks.waiters.entry(key).or_default().push(pid);
             } else {
                 locks.holders.insert(key, pid);
             }
@@ -74,7 +76,7 @@ mod tests {
         let locks = ProcLocks::parse(text);
         let key = (libc::makedev(0xfd, 1), 1234);
         assert_eq!(locks.holders.get(&key), Some(&4242));
-        assert_eq!(locks.waiters.get(&key), Some(&1));
+        assert_eq!(locks.waiters.get(&key), Some(&vec![4343]));
         assert_eq!(locks.holders.len(), 1);
     }
 }

@@ -25,7 +25,7 @@ pub(super) const HEADER_LEN: usize = 27;
 const MAX_STEM: usize = 200;
 
 /// The file-name stem of a lock name.
-pub(super) fn stem(name: &LockName) -> String {
+pub(crate) fn stem(name: &LockName) -> String {
     let encoded = name.encoded();
     if encoded.len() <= MAX_STEM {
         return encoded;
@@ -103,7 +103,7 @@ pub(super) fn header(token: u64) -> String {
 }
 
 /// Take or drop a blocking OFD write lock on the header of `file`.
-pub(super) fn header_lock(file: &File, lock: bool) -> io::Result<()> {
+pub(crate) fn header_lock(file: &File, lock: bool) -> io::Result<()> {
     // SAFETY: a zeroed flock struct is a valid starting value; fcntl reads it only.
     let mut range: libc::flock = unsafe { std::mem::zeroed() };
     range.l_type = if lock { libc::F_WRLCK } else { libc::F_UNLCK } as libc::c_short;

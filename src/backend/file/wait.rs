@@ -15,7 +15,7 @@ use tokio::sync::mpsc;
 use crate::error::Error;
 
 /// `flock(2)` on `file`: `libc::LOCK_EX`, `LOCK_EX | LOCK_NB`, …
-pub(super) fn flock(file: &File, operation: libc::c_int) -> io::Result<()> {
+pub(crate) fn flock(file: &File, operation: libc::c_int) -> io::Result<()> {
     // SAFETY: flock on a descriptor we own; no memory is passed.
     if unsafe { libc::flock(file.as_raw_fd(), operation) } == 0 {
         Ok(())
@@ -27,7 +27,7 @@ pub(super) fn flock(file: &File, operation: libc::c_int) -> io::Result<()> {
 /// Blocking `flock(LOCK_EX)` on several slot files at once, one helper thread each; the first
 /// to succeed wins. [`BlockedWait::stop`] interrupts the rest and releases any slot that was
 /// won after the first.
-pub(super) struct BlockedWait {
+pub(crate) struct BlockedWait {
     stop: Arc<AtomicBool>,
     threads: Vec<(u32, std::thread::JoinHandle<()>)>,
     results: mpsc::UnboundedReceiver<(u32, io::Result<(File, String)>)>,
@@ -56,7 +56,7 @@ fn install_interrupt_handler() {
 
 impl BlockedWait {
     /// Start waiting for each of `files`: (slot, open slot file, its file name).
-    pub(super) fn start(files: Vec<(u32, File, String)>) -> BlockedWait {
+    pub(crate) fn start(files: Vec<(u32, File, String)>) -> BlockedWait {
         install_interrupt_handler();
         let stop = Arc::new(AtomicBool::new(false));
         let (tx, results) = mpsc::unbounded_channel();
@@ -95,7 +95,7 @@ impl BlockedWait {
     }
 
     /// The first slot won, with its file.
-    pub(super) async fn first(&mut self) -> Result<(u32, File, String), Error> {
+    pub(crate) async fn first(&mut self) -> Result<(u32, File, String), Error> {
         match self.results.recv().await {
             Some((slot, Ok((file, path)))) => Ok((slot, file, path)),
             Some((_, Err(e))) => Err(Error::from_lock_io("cannot lock".into(), &e)),
@@ -108,7 +108,7 @@ impl BlockedWait {
     /// Interrupt and join every helper thread; slots won meanwhile are released. The thread
     /// that won slot `won` has nothing left to do but return, so it is just joined: this is
     /// on the hand-over path.
-    pub(super) fn stop(mut self, won: Option<u32>) {
+    pub(crate) fn stop(mut self, won: Option<u32>) {
         use std::os::unix::thread::JoinHandleExt;
         self.stop.store(true, Ordering::SeqCst);
         for (slot, thread) in std::mem::take(&mut self.threads) {

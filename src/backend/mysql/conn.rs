@@ -234,12 +234,10 @@ pub(super) fn describe(e: &mysql_async::Error) -> String {
     }
 }
 
-/// MySQL error 1040: the server is at `max_connections`. Written once, here, so that a
-/// capacity back-off can hook it: for now the run is unavailable (69).
+/// MySQL error 1040: the server is at `max_connections`. A capacity refusal, waited out
+/// within `--wait` by [`crate::backend::capacity`] like the other servers' (69 when final).
 pub(super) fn too_many_connections(display: &str, text: &str) -> Error {
-    Error::Unavailable(format!(
-        "{display} refused the connection: {text}; the server is at max_connections (raise it, or run fewer dlock clients at once)"
-    ))
+    crate::backend::capacity::refused(display, "MySQL max_connections", text)
 }
 
 /// The exit status a driver error stands for (README: "Exit status").

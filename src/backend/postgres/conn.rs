@@ -292,6 +292,17 @@ fn is_tls_error(e: &tokio_postgres::Error) -> bool {
     crate::error::caused_by_tls(e) || e.to_string().contains("TLS")
 }
 
+/// The setting behind a `too_many_connections` (53300) refusal, from the server's message.
+fn capacity_limit(text: &str) -> &'static str {
+    if text.contains("for role") {
+        "role's CONNECTION LIMIT"
+    } else if text.contains("for database") {
+        "database's CONNECTION LIMIT"
+    } else {
+        "PostgreSQL max_connections"
+    }
+}
+
 /// The exit status a driver error stands for (README: "Exit status").
 pub(super) fn classify(e: &tokio_postgres::Error, display: &str) -> Error {
     let text = describe(e);
@@ -301,6 +312,7 @@ pub(super) fn classify(e: &tokio_postgres::Error, display: &str) -> Error {
             "28P01" | "28000" | "42501" => Error::Permission(format!("{display}: {text}")),
             "3D000" => Error::Config(format!("{display}: {text}")),
             "55P03" => Error::Busy(text),
+            "53300" => crate::backend::capacity::refused(display, capacity_limit(&text), &text),
             "08P01" if text.contains("startup parameter") => Error::Config(format!(
                 "{display} refused dlock's session settings ({text}); a connection pooler? use a direct connection"
             )),

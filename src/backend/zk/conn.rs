@@ -3,11 +3,13 @@
 //! member for its version with the `srvr` four-letter word (for `check`).
 
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use zookeeper_client::{self as zk, Client};
 
 use super::ZkBackend;
+use crate::backend::capacity;
 use crate::backend::url::join_host_port;
 use crate::clock::BootInstant;
 use crate::error::Error;
@@ -17,6 +19,12 @@ use crate::lock::Wait;
 pub(super) const OP_TIMEOUT: Duration = Duration::from_secs(5);
 /// Bound for closing the session after a release or a cancel.
 pub(super) const CLOSE_TIMEOUT: Duration = Duration::from_secs(1);
+/// This process was turned away for capacity (a process talks to one ensemble).
+static REFUSED_FOR_CAPACITY: AtomicBool = AtomicBool::new(false);
+/// How long a connection that tells a full server from a down one waits to be closed. The
+/// kernel completes the connection before the server accepts it, so a busy server closes it
+/// late; this is only spent when connecting failed.
+const CAPACITY_PROBE: Duration = Duration::from_secs(1);
 /// The least time a server gets to answer while dlock queues, however short `--wait` is.
 pub(super) const MIN_ANSWER: Duration = Duration::from_secs(1);
 
@@ -81,6 +89,11 @@ impl ZkBackend {
         }
         match tokio::time::timeout(budget, connector.connect(&self.connect_string())).await {
             Ok(Ok(client)) => Ok(client),
+            Ok(Err(zk::Error::NoHosts)) if self.over_capacity().await => Err(capacity::refused(
+                &self.display,
+                "ZooKeeper maxClientCnxns (connections per client address, 60 as shipped)",
+                "it closed the connection at once",
+            )),
             Ok(Err(e)) => Err(self.classify(&e, "connecting")),
             Err(_) if budget < OP_TIMEOUT => Err(self.no_answer(wait)),
             Err(_) => Err(Error::Unavailable(format!(
@@ -89,6 +102,49 @@ impl ZkBackend {
                 humantime::format_duration(OP_TIMEOUT)
             ))),
         }
+    }
+
+    /// Whether a member of the ensemble turns connections away for capacity: a server over
+    /// `maxClientCnxns` closes (resets) a connection the moment it accepts it, before reading
+    /// anything, which the client only reports as "no available hosts". A member that is down
+    /// refuses the connection, and one that is not serving (no quorum) waits for the request
+    /// first; both are unavailable, not full, unless this process was turned away for
+    /// capacity before (the slot freed between the attempt and the probe).
+    async fn over_capacity(&self) -> bool {
+        use std::io::ErrorKind;
+        use tokio::io::AsyncReadExt;
+        for (host, port) in &self.target.endpoints {
+            let probe = async {
+                let mut stream = tokio::net::TcpStream::connect((host.as_str(), *port)).await?;
+                let mut byte = [0u8; 1];
+                stream.read(&mut byte).await
+            };
+            let probed = tokio::time::timeout(CAPACITY_PROBE, probe).await;
+            tracing::debug!("capacity probe of {host}:{port}: {probed:?}");
+            match probed {
+                Ok(Ok(0)) => {
+                    REFUSED_FOR_CAPACITY.store(true, Ordering::Relaxed);
+                    return true;
+                }
+                Ok(Err(e))
+                    if matches!(
+                        e.kind(),
+                        ErrorKind::ConnectionReset
+                            | ErrorKind::ConnectionAborted
+                            | ErrorKind::BrokenPipe
+                            | ErrorKind::UnexpectedEof
+                    ) =>
+                {
+                    REFUSED_FOR_CAPACITY.store(true, Ordering::Relaxed);
+                    return true;
+                }
+                // It accepts now; if it turned us away for capacity before, a slot was freed
+                // between our attempt and the probe: try again.
+                Err(_) if REFUSED_FOR_CAPACITY.load(Ordering::Relaxed) => return true,
+                _ => {}
+            }
+        }
+        false
     }
 
     /// The error for a server that did not answer before `--wait` ran out.

@@ -141,7 +141,7 @@ fn the_documented_sql_names_the_same_lock() {
 }
 
 #[test]
-fn a_server_at_max_connections_is_69_naming_the_setting() {
+fn a_server_at_max_connections_is_waited_out_then_69_naming_the_setting() {
     let server = MysqlServer::start();
     let env = TestEnv::new(&server);
     // MariaDB's smallest max_connections is 10: fill them with sleeping sessions.
@@ -156,10 +156,40 @@ fn a_server_at_max_connections_is_69_naming_the_setting() {
     });
     // A user without CONNECTION ADMIN, which MariaDB would let past the limit.
     let app = server.url_as("app", Some(MYSQL_PASSWORD));
-    let out = env.run(["run", "--url", &app, &lock_name("m"), "true"]);
+    // The refusal is retried until --wait runs out; the message names the limit.
+    let out = env.run([
+        "run",
+        "--wait",
+        "1s",
+        "--url",
+        &app,
+        &lock_name("m"),
+        "true",
+    ]);
+    assert_fails(&out, 69, "MySQL max_connections");
+    // Within a longer --wait, room made after a refusal lets the run through.
+    let refusals = || {
+        server.sql("SELECT VARIABLE_VALUE FROM information_schema.GLOBAL_STATUS WHERE VARIABLE_NAME = 'CONNECTION_ERRORS_MAX_CONNECTIONS'")
+    };
+    let before = refusals();
+    let mut waiting = env
+        .dlock([
+            "run",
+            "--wait",
+            "60s",
+            "--url",
+            &app,
+            &lock_name("m"),
+            "true",
+        ])
+        .spawn()
+        .expect("spawn dlock");
+    wait_until("a refused connection", PATIENCE, || refusals() != before);
+    server.sql("SET GLOBAL max_connections = 151");
+    let status = waiting.wait().expect("wait for dlock");
     for sleeper in &mut sleepers {
         let _ = sleeper.kill();
         let _ = sleeper.wait();
     }
-    assert_fails(&out, 69, "max_connections");
+    assert_eq!(status.code(), Some(0), "the run after the refusal passed");
 }

@@ -1,0 +1,187 @@
+//! Capacity refusals: a server that turns a connection away because it already serves as many
+//! clients as it allows (PostgreSQL `max_connections`, ZooKeeper `maxClientCnxns`, Redis
+//! `maxclients`) is neither down nor saying that the lock is held. The refusal passes as soon
+//! as one of the other clients leaves, so it is waited out like a held lock: within `--wait`,
+//! with a jittered exponential backoff so that a crowd of refused clients does not come back
+//! in step (README: "Many waiters on one host").
+//!
+//! Each backend's error classification recognises its server's refusal and returns
+//! [`refused`] (an [`Error::Capacity`], exit status 69 when it is final); [`wait_out`] is the
+//! retry loop, run around the remote `acquire` by [`super::local_queue::LocalQueued`], so every
+//! remote backend gets it by being wrapped there.
+//!
+//! With `--no-wait` a capacity refusal is not retried: it is 69 (unavailable), not 75, because
+//! the lock may well be free; the server could not be asked. When `--wait` runs out, the
+//! message names the limit that refused.
+
+use std::time::Duration;
+
+use crate::clock::{sleep_until, BootInstant};
+use crate::error::Error;
+use crate::lock::{Cancel, Wait};
+
+/// The first pause after a refusal.
+const FIRST_DELAY: Duration = Duration::from_millis(20);
+/// The longest pause between two attempts.
+const MAX_DELAY: Duration = Duration::from_secs(1);
+
+/// The error for a connection refused because the server is full: `limit` names the setting
+/// that refused (e.g. "PostgreSQL max_connections"), `detail` what the server said.
+pub fn refused(display: &str, limit: &str, detail: &str) -> Error {
+    Error::Capacity(format!(
+        "{display} refused the connection: it serves as many clients as its {limit} allows ({detail})"
+    ))
+}
+
+/// Exponential backoff with jitter: each pause is drawn uniformly from the upper half of a
+/// window that doubles from [`FIRST_DELAY`] up to [`MAX_DELAY`].
+#[derive(Debug)]
+pub struct Backoff {
+    window: Duration,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Backoff {
+            window: FIRST_DELAY,
+        }
+    }
+}
+
+impl Backoff {
+    /// The next pause.
+    pub fn next_delay(&mut self) -> Duration {
+        let window = self.window;
+        self.window = (window * 2).min(MAX_DELAY);
+        let half = window / 2;
+        half + half.mul_f64(unit_random())
+    }
+}
+
+/// A number in [0, 1): a v4 UUID's random bits (the kernel's random source, no extra crate).
+fn unit_random() -> f64 {
+    let bits = (uuid::Uuid::new_v4().as_u128() >> 75) as u64; // 53 random bits
+    bits as f64 / (1u64 << 53) as f64
+}
+
+/// Run `attempt` (given the `--wait` still left) until it does not fail with a capacity
+/// refusal; pause with [`Backoff`] between attempts. One deadline for all attempts: the
+/// `--wait` that started at `deadline - wait`. `cancel` ends the pauses (a signal).
+pub async fn wait_out<T>(
+    wait: Wait,
+    deadline: Option<BootInstant>,
+    cancel: &mut Cancel,
+    mut attempt: impl AsyncFnMut(Wait) -> Result<T, Error>,
+) -> Result<T, Error> {
+    let mut backoff = Backoff::default();
+    let mut refusals = 0u32;
+    loop {
+        let left = match (wait, deadline) {
+            (Wait::For(_), Some(at)) => Wait::For(at.remaining()),
+            _ => wait,
+        };
+        let message = match attempt(left).await {
+            Err(Error::Capacity(message)) => message,
+            other => return other,
+        };
+        refusals += 1;
+        if refusals == 1 {
+            tracing::info!("{message}; waiting for a free connection");
+        }
+        let pause = backoff.next_delay();
+        let resume = BootInstant::now() + pause;
+        match (wait, deadline) {
+            (Wait::No, _) => {
+                return Err(Error::Capacity(format!(
+                    "{message}; not retried (--no-wait)"
+                )))
+            }
+            (Wait::For(asked), Some(at)) if resume >= at => {
+                return Err(Error::Capacity(format!(
+                    "{message}; still refused after waiting {} (--wait, {refusals} attempts)",
+                    humantime::format_duration(asked)
+                )))
+            }
+            _ => {}
+        }
+        tokio::select! {
+            () = sleep_until(resume) => {}
+            () = cancel.cancelled() => return Err(Error::Cancelled),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_with_jitter_up_to_the_cap() {
+        let mut backoff = Backoff::default();
+        let pauses: Vec<Duration> = (0..12).map(|_| backoff.next_delay()).collect();
+        assert!(pauses[0] >= FIRST_DELAY / 2 && pauses[0] <= FIRST_DELAY);
+        assert!(pauses.iter().all(|p| *p <= MAX_DELAY));
+        assert!(pauses[11] >= MAX_DELAY / 2);
+        // Two crowds of clients do not pause in step.
+        let mut other = Backoff::default();
+        let theirs: Vec<Duration> = (0..12).map(|_| other.next_delay()).collect();
+        assert_ne!(pauses, theirs);
+    }
+
+    fn block_on<F: std::future::Future>(future: F) -> F::Output {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime")
+            .block_on(future)
+    }
+
+    #[test]
+    fn a_refusal_is_retried_until_it_passes() {
+        let mut tries = 0;
+        let result = block_on(wait_out(
+            Wait::Forever,
+            None,
+            &mut Cancel::never(),
+            async |_| {
+                tries += 1;
+                if tries < 3 {
+                    Err(Error::Capacity("full".into()))
+                } else {
+                    Ok(tries)
+                }
+            },
+        ));
+        assert_eq!(result.ok(), Some(3));
+    }
+
+    #[test]
+    fn no_wait_does_not_retry_and_the_wait_names_the_limit_when_it_runs_out() {
+        let mut tries = 0;
+        let result: Result<(), Error> =
+            block_on(wait_out(Wait::No, None, &mut Cancel::never(), async |_| {
+                tries += 1;
+                Err(refused("pg", "PostgreSQL max_connections", "53300"))
+            }));
+        assert_eq!(tries, 1);
+        assert!(matches!(result, Err(Error::Capacity(m)) if m.contains("--no-wait")));
+
+        let wait = Wait::For(Duration::from_millis(200));
+        let started = BootInstant::now();
+        let result: Result<(), Error> = block_on(wait_out(
+            wait,
+            wait.deadline(),
+            &mut Cancel::never(),
+            async |_| Err(refused("pg", "PostgreSQL max_connections", "53300")),
+        ));
+        let waited = BootInstant::now().saturating_since(started);
+        assert!(waited < Duration::from_secs(1), "waited {waited:?}");
+        match result {
+            Err(Error::Capacity(m)) => {
+                assert!(m.contains("PostgreSQL max_connections"), "{m}");
+                assert!(m.contains("--wait"), "{m}");
+            }
+            other => panic!("expected a capacity refusal, got {:?}", other.err()),
+        }
+    }
+}

@@ -1,0 +1,240 @@
+//! The host-local queue (README: "Many waiters on one host"): `dlock run`s on one host that
+//! wait for the same remote lock first queue on this host, so that only the head of the
+//! host's queue holds a server connection. A thousand waiters on one host then cost the
+//! server two connections instead of a thousand, and a server's connection limit
+//! (PostgreSQL `max_connections`, ZooKeeper `maxClientCnxns`) is no longer a limit on the
+//! number of waiters.
+//!
+//! How: [`LocalQueued`] wraps any remote [`Backend`]. Its `acquire` first takes a ticket in
+//! this host's queue (`tickets.rs`: numbered ticket files, first come first served, each waiter
+//! blocked in the kernel on one file, freed the moment its dlock dies) and waits until at most
+//! `--limit` + [`DEPTH`] processes of this host are at the server; then it takes the remote
+//! lock. Its lease gives back the remote lock first, then the ticket. More than `--limit`
+//! are admitted so that a release hands over at the server's speed: the next waiters have
+//! already connected and queued when a holder is done.
+//!
+//! - Where: the file backend's default directory (`$XDG_RUNTIME_DIR/dlock`, else
+//!   `/tmp/dlock-<uid>`, private to the user and checked as the file backend checks it), in a
+//!   sub-directory named after a digest of the remote backend's identity and prefix. Another
+//!   user has another directory: users do not share a queue, and nobody else can block or
+//!   break it. A queue that cannot be used (a directory someone else planted) is skipped with a
+//!   warning: the remote lock is taken directly, as without the queue.
+//! - When: for every remote backend when the run may wait. `--no-wait` goes to the server at
+//!   once (it never waits, so it would gain nothing), and `--local-queue off`
+//!   (`DLOCK_LOCAL_QUEUE`, `local_queue` in the config file) turns the queue off.
+//! - `--wait` is one deadline over both queues; a signal while in the local queue cancels it
+//!   as a signal while waiting at the server does.
+//! - Reentrancy needs no slot: a nested run of a held lock is recognised by `status` before
+//!   `acquire` is called, and `status` goes straight to the server.
+//! - Fairness: first come first served on the host (ticket order), then the server's own queue
+//!   (FIFO on every remote backend), which has at most `--limit` + [`DEPTH`] entries per host:
+//!   a host with a thousand waiters no longer fills the server's queue ahead of another host.
+//!
+//! Capacity refusals ([`super::capacity`]) are waited out here too, around the remote
+//! `acquire`, so a backend only has to recognise its server's refusal.
+
+mod tickets;
+
+use std::time::Duration;
+
+use sha2::Digest;
+
+use self::tickets::{LocalQueue, Ticket};
+use super::capacity;
+use super::file::FileTarget;
+use crate::clock::BootInstant;
+use crate::error::Error;
+use crate::lock::{
+    AcquireRequest, Backend, Cancel, CheckReport, Holder, Lease, LockName, LockStatus, Lost, Wait,
+};
+use crate::settings::Common;
+
+/// How many processes of a host wait at the server besides the `--limit` holders. More than
+/// one, so that the next waiter has connected and queued before the holder releases even when
+/// connecting takes longer than the command (a PostgreSQL backend start is ~6 ms of CPU), and
+/// so that small queues (up to this many waiters) are exactly the server's queue, in arrival
+/// order. Chosen by measurement (README: "Many waiters on one host").
+pub const DEPTH: u64 = 8;
+
+/// Time in the local queue that the remote acquire's `--wait` may ignore (it then gets the
+/// user's wait, so its deadline is later by at most this and its messages name that wait).
+const QUEUE_SLACK: Duration = Duration::from_millis(100);
+
+/// How long the message of a wait that ran out in the local queue may take to name the holder.
+const DESCRIBE_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// A remote backend whose waiters on one host queue locally first (see the module doc).
+pub struct LocalQueued<B> {
+    remote: B,
+    /// This user's queue for the remote backend's namespace; `None` when turned off.
+    queue: Option<LocalQueue>,
+}
+
+impl<B: Backend> LocalQueued<B> {
+    /// `remote`, with the local queue `common` asks for (`--local-queue`, on by default).
+    pub fn new(remote: B, common: &Common) -> LocalQueued<B> {
+        LocalQueued {
+            remote,
+            queue: common.local_queue.then(|| queue_for(&common.identity())),
+        }
+    }
+
+    /// Take a place in the local queue and wait for our turn to go to the server. `Ok(None)`:
+    /// the queue cannot be used; go to the server directly.
+    async fn join_local(
+        &self,
+        queue: &LocalQueue,
+        request: &AcquireRequest,
+        deadline: Option<BootInstant>,
+        cancel: &mut Cancel,
+    ) -> Result<Option<Ticket>, Error> {
+        let admitted = u64::from(request.limit) + DEPTH;
+        match queue.enter(&request.name, admitted, deadline, cancel).await {
+            Ok(ticket) => Ok(Some(ticket)),
+            Err(Error::Cancelled) => Err(Error::Cancelled),
+            Err(Error::Busy(_)) => Err(self.gave_up(request).await),
+            Err(e) => {
+                tracing::warn!(
+                    "cannot queue for '{}' on this host ({e}); waiting at the server directly",
+                    request.name
+                );
+                Ok(None)
+            }
+        }
+    }
+
+    /// The not-acquired error of a `--wait` that ran out in the local queue, naming the
+    /// holder where the server says quickly who it is.
+    async fn gave_up(&self, request: &AcquireRequest) -> Error {
+        let holders =
+            match tokio::time::timeout(DESCRIBE_TIMEOUT, self.remote.status(&request.name)).await {
+                Ok(Ok(status)) => status.held_by(),
+                _ => String::new(),
+            };
+        Error::Busy(format!(
+            "lock '{}' is held{holders}; gave up after waiting {} (--wait) behind other runs on this host",
+            request.name,
+            request.wait.describe()
+        ))
+    }
+}
+
+/// This user's local queue for the remote namespace `identity`: a sub-directory of the file
+/// backend's default directory, named after a digest of the identity.
+fn queue_for(identity: &str) -> LocalQueue {
+    let digest = sha2::Sha256::digest(identity.as_bytes());
+    let short: String = digest[..10].iter().map(|b| format!("{b:02x}")).collect();
+    LocalQueue::new(&FileTarget::default_dir().dir, format!("queue-{short}"))
+}
+
+impl<B: Backend> Backend for LocalQueued<B> {
+    type Lease = QueuedLease<B::Lease>;
+
+    /// A slot in the local queue (unless `--no-wait` or turned off), then the remote lock,
+    /// with capacity refusals waited out; one `--wait` deadline for all of it.
+    async fn acquire(
+        &self,
+        request: &AcquireRequest,
+        mut cancel: Cancel,
+    ) -> Result<QueuedLease<B::Lease>, Error> {
+        let deadline = request.wait.deadline();
+        let started = BootInstant::now();
+        let local = match (&self.queue, request.wait) {
+            (Some(queue), Wait::For(_) | Wait::Forever) => {
+                self.join_local(queue, request, deadline, &mut cancel)
+                    .await?
+            }
+            _ => None,
+        };
+        let queued_for = BootInstant::now().saturating_since(started);
+        let remote_cancel = cancel.clone();
+        let remote = capacity::wait_out(request.wait, deadline, &mut cancel, async |left| {
+            let mut remote_request = request.clone();
+            remote_request.wait = match left {
+                // Admitted at once: the backend's deadline is the user's, to a few
+                // milliseconds, and its messages name the --wait the user gave.
+                Wait::For(_) if BootInstant::now().saturating_since(started) < QUEUE_SLACK => {
+                    request.wait
+                }
+                // What the local queue (or a capacity refusal) left of the wait.
+                Wait::For(d) => Wait::For(
+                    Duration::from_millis(d.as_millis() as u64).max(Duration::from_millis(1)),
+                ),
+                other => other,
+            };
+            self.remote
+                .acquire(&remote_request, remote_cancel.clone())
+                .await
+        })
+        .await;
+        let remote = match remote {
+            Err(Error::Busy(why)) if queued_for >= QUEUE_SLACK => {
+                return Err(Error::Busy(format!(
+                    "{why}, after {} in this host's queue",
+                    humantime::format_duration(
+                        Duration::from_millis(queued_for.as_millis() as u64)
+                    )
+                )))
+            }
+            other => other?,
+        };
+        Ok(QueuedLease { remote, local })
+    }
+
+    /// The server's view, with the processes waiting in this host's queue added to its waiters
+    /// (they are not at the server yet; the local slots' holders are the ones that are).
+    async fn status(&self, name: &LockName) -> Result<LockStatus, Error> {
+        let mut status = self.remote.status(name).await?;
+        if let (Some(queue), Some(waiters)) = (&self.queue, status.waiters) {
+            match queue.waiting(name) {
+                Ok(local) => status.waiters = Some(waiters + local),
+                Err(e) => tracing::debug!("cannot count this host's waiters: {e}"),
+            }
+        }
+        Ok(status)
+    }
+
+    async fn list(&self) -> Result<Vec<LockStatus>, Error> {
+        self.remote.list().await
+    }
+
+    async fn force_release(&self, name: &LockName) -> Result<Vec<Holder>, Error> {
+        self.remote.force_release(name).await
+    }
+
+    async fn check(&self) -> Result<CheckReport, Error> {
+        let mut report = self.remote.check().await?;
+        let queue = self
+            .queue
+            .as_ref()
+            .map_or_else(|| "off".to_owned(), |q| q.path().display().to_string());
+        report.details.push(("local queue".into(), queue));
+        Ok(report)
+    }
+}
+
+/// A remote hold and the local slot that led to it.
+pub struct QueuedLease<L> {
+    remote: L,
+    /// Dropped after the remote release, which lets the next process of this host go to the
+    /// server.
+    local: Option<Ticket>,
+}
+
+impl<L: Lease> Lease for QueuedLease<L> {
+    fn token(&self) -> u64 {
+        self.remote.token()
+    }
+
+    /// Only the remote hold counts: losing the local slot (its file deleted) costs nothing but
+    /// a second process of this host at the server.
+    async fn lost(&mut self) -> Lost {
+        self.remote.lost().await
+    }
+
+    async fn release(self) -> Result<(), Error> {
+        let released = self.remote.release().await;
+        drop(self.local);
+        released
+    }
+}

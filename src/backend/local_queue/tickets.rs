@@ -1,0 +1,196 @@
+//! The host-local queue itself: numbered tickets in files, first come first served, each
+//! waiter blocked in the kernel on exactly one file, so a hand-over wakes one process and no
+//! herd.
+//!
+//! - `<stem>.tickets` holds the next ticket number; taking a ticket is read, increment and
+//!   create-and-lock the ticket file `<stem>.<n>.ticket`, all under an OFD lock on the counter,
+//!   so a ticket file is locked before anyone can look for it.
+//! - A process holds its ticket file locked (`flock`) from the moment it takes the ticket until
+//!   it has released the remote lock (or given up); then it removes the file. The kernel drops
+//!   the lock when the process dies, however it dies.
+//! - Ticket `n` may go to the server once ticket `n - admitted` is done: its file is gone, or
+//!   it can be locked. With `admitted` = `--limit` + [`super::DEPTH`], a host never has more
+//!   than that many processes at the server, and those it has arrived there in ticket order.
+//!
+//! The directory is opened as the file backend opens its own (`file::dir`): private to the
+//! user, never following a link, refusing files someone else planted.
+
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use crate::backend::file::dir::LockDir;
+use crate::backend::file::proc_locks::ProcLocks;
+use crate::backend::file::slot::{header_lock, stem};
+use crate::backend::file::wait::{flock, BlockedWait};
+use crate::clock::{sleep_until, BootInstant};
+use crate::error::Error;
+use crate::lock::{Cancel, LockName};
+
+/// The width of the counter: 20 digits and a newline.
+const COUNTER_LEN: usize = 21;
+
+/// One user's queue for one remote namespace: a directory of counters and ticket files.
+pub(super) struct LocalQueue {
+    base: PathBuf,
+    sub: String,
+}
+
+/// A place in the queue; removed (and unlocked) when dropped.
+pub(super) struct Ticket {
+    dir: LockDir,
+    name: String,
+    _file: File,
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        // Removed before it is unlocked (the file closes after this): a successor that opened
+        // it already is woken by the unlock, one that looks later finds it gone; both go on.
+        let _ = self.dir.remove(&self.name);
+    }
+}
+
+impl LocalQueue {
+    /// The queue in `base/sub` (`base`: the user's private runtime directory).
+    pub(super) fn new(base: &Path, sub: String) -> LocalQueue {
+        LocalQueue {
+            base: base.to_owned(),
+            sub,
+        }
+    }
+
+    pub(super) fn path(&self) -> PathBuf {
+        self.base.join(&self.sub)
+    }
+
+    fn open(&self, create: bool) -> Result<Option<LockDir>, Error> {
+        LockDir::open(&self.base, true, Some(&self.sub), create)
+    }
+
+    /// Take a ticket for `name` and wait until fewer than `admitted` tickets ahead of it are
+    /// still at work. [`Error::Busy`] when `deadline` passes first, [`Error::Cancelled`] when
+    /// `cancel` fires; either way the ticket is gone.
+    pub(super) async fn enter(
+        &self,
+        name: &LockName,
+        admitted: u64,
+        deadline: Option<BootInstant>,
+        cancel: &mut Cancel,
+    ) -> Result<Ticket, Error> {
+        let dir = self.open(true)?.ok_or_else(|| {
+            Error::CantCreate(format!(
+                "{} vanished as it was created",
+                self.path().display()
+            ))
+        })?;
+        let stem = stem(name);
+        let (number, ticket) = take_ticket(dir, &stem)?;
+        let Some(ahead) = number.checked_sub(admitted) else {
+            return Ok(ticket);
+        };
+        let ahead_name = ticket_name(&stem, ahead);
+        let Some(file) = ticket.dir.read_lock_file(&ahead_name)? else {
+            return Ok(ticket);
+        };
+        match flock(&file, libc::LOCK_EX | libc::LOCK_NB) {
+            Ok(()) => {
+                // Its process died without removing it.
+                let _ = ticket.dir.remove(&ahead_name);
+                return Ok(ticket);
+            }
+            Err(e) if e.raw_os_error() == Some(libc::EWOULDBLOCK) => {}
+            Err(e) => {
+                return Err(Error::from_lock_io(
+                    format!("cannot lock {}", ticket.dir.path_of(&ahead_name).display()),
+                    &e,
+                ))
+            }
+        }
+        let mut blocked = BlockedWait::start(vec![(0, file, ahead_name)]);
+        let outcome = tokio::select! {
+            got = blocked.first() => got.map(|(_, _file, name)| {
+                // Normally gone already; left behind if its process died.
+                let _ = ticket.dir.remove(&name);
+            }),
+            _ = cancel.cancelled() => Err(Error::Cancelled),
+            _ = sleep_until(deadline.unwrap_or(BootInstant::now())), if deadline.is_some() => {
+                Err(Error::Busy("the wait ran out in this host's queue".into()))
+            }
+        };
+        blocked.stop(outcome.as_ref().ok().map(|()| 0));
+        outcome.map(|()| ticket)
+    }
+
+    /// How many processes wait in this queue for `name` (blocked on a ticket ahead of theirs).
+    pub(super) fn waiting(&self, name: &LockName) -> Result<u64, Error> {
+        let Some(dir) = self.open(false)? else {
+            return Ok(0);
+        };
+        let locks = ProcLocks::read()?;
+        let prefix = format!("{}.", stem(name));
+        let mut waiting = 0;
+        for entry in dir.entries()? {
+            let Some(number) = entry
+                .strip_prefix(&prefix)
+                .and_then(|rest| rest.strip_suffix(".ticket"))
+            else {
+                continue;
+            };
+            if number.parse::<u64>().is_err() {
+                continue;
+            }
+            if let Ok(Some(key)) = dir.identity(&entry) {
+                waiting += locks.waiters.get(&key).map_or(0, |pids| pids.len() as u64);
+            }
+        }
+        Ok(waiting)
+    }
+}
+
+fn ticket_name(stem: &str, number: u64) -> String {
+    format!("{stem}.{number}.ticket")
+}
+
+/// Under the lock on the counter: the next number, counted on, and its ticket file, locked.
+fn take_ticket(dir: LockDir, stem: &str) -> Result<(u64, Ticket), Error> {
+    let counter_name = format!("{stem}.tickets");
+    let counter = dir.open_lock_file(&counter_name)?;
+    let path = dir.path_of(&counter_name);
+    let io_err =
+        |what: &str, e: io::Error| Error::from_lock_io(format!("{what} {}", path.display()), &e);
+    header_lock(&counter, true).map_err(|e| io_err("cannot lock", e))?;
+    let taken = (|| {
+        let mut buf = [0u8; COUNTER_LEN];
+        let read = counter
+            .read_at(&mut buf, 0)
+            .map_err(|e| io_err("cannot read", e))?;
+        // An empty (new) or unreadable counter starts again at 0: tickets only order the
+        // queue, and a stale ticket file of the same number is reused or refused below.
+        let number: u64 = std::str::from_utf8(&buf[..read])
+            .ok()
+            .and_then(|text| text.trim().parse().ok())
+            .unwrap_or(0);
+        let next = format!("{:020}\n", number.wrapping_add(1));
+        counter
+            .write_all_at(next.as_bytes(), 0)
+            .map_err(|e| io_err("cannot write", e))?;
+        let name = ticket_name(stem, number);
+        let file = dir.open_lock_file(&name)?;
+        flock(&file, libc::LOCK_EX | libc::LOCK_NB).map_err(|e| {
+            Error::from_lock_io(format!("cannot lock {}", dir.path_of(&name).display()), &e)
+        })?;
+        Ok((number, name, file))
+    })();
+    let _ = header_lock(&counter, false);
+    let (number, name, file) = taken?;
+    Ok((
+        number,
+        Ticket {
+            dir,
+            name,
+            _file: file,
+        },
+    ))
+}

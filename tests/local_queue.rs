@@ -1,0 +1,224 @@
+//! Many waiters on one host (issue #14): the host-local queue in front of a remote backend,
+//! and capacity refusals waited out within `--wait` (README: "Many waiters on one host").
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Stdio};
+
+use nix::sys::signal::Signal;
+
+use crate::support::*;
+
+/// `--limit` + this many processes of a host wait at the server (src: `local_queue::DEPTH`).
+const DEPTH: u64 = 8;
+
+/// Children killed (by pid) when the test ends, however it ends.
+struct Reaped(Vec<Child>);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        for child in &mut self.0 {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// A holder and `DEPTH` waiters, each counted by `status` before the next starts, so that the
+/// next run on this host waits in the local queue.
+fn fill_the_server_queue(env: &TestEnv, lock: &str, log: &std::path::Path) -> (Holding, Reaped) {
+    let holder = env.hold(lock, &[]);
+    let waiters = (0..DEPTH)
+        .map(|i| {
+            let child = env
+                .dlock([
+                    "run",
+                    lock,
+                    "sh",
+                    "-c",
+                    &format!("echo {i} >> {}", log.display()),
+                ])
+                .spawn()
+                .expect("spawn waiter");
+            wait_until("waiter queued", PATIENCE, || env.waiters(lock) == i + 1);
+            child
+        })
+        .collect();
+    (holder, Reaped(waiters))
+}
+
+#[test]
+fn waiters_beyond_the_server_queue_wait_on_this_host_in_arrival_order_and_status_counts_them() {
+    let server = RedisServer::start();
+    let env = TestEnv::new(&server);
+    let lock = lock_name("lq");
+    let log = env.path("order");
+    let (mut holder, mut waiters) = fill_the_server_queue(&env, &lock, &log);
+    for i in DEPTH..DEPTH + 3 {
+        waiters.0.push(
+            env.dlock([
+                "run",
+                &lock,
+                "sh",
+                "-c",
+                &format!("echo {i} >> {}", log.display()),
+            ])
+            .spawn()
+            .expect("spawn local waiter"),
+        );
+        // Counted although it is not at the server: status adds this host's queue.
+        wait_until("local waiter counted", PATIENCE, || {
+            env.waiters(&lock) == i + 1
+        });
+    }
+    holder.signal(Signal::SIGTERM);
+    holder.wait();
+    for waiter in &mut waiters.0 {
+        assert!(wait_within(waiter, PATIENCE).success());
+    }
+    let expected: String = (0..DEPTH + 3).map(|i| format!("{i}\n")).collect();
+    assert_eq!(
+        std::fs::read_to_string(&log).expect("log"),
+        expected,
+        "acquisition order differs from arrival order"
+    );
+    assert_eq!(env.waiters(&lock), 0);
+}
+
+#[test]
+fn wait_runs_out_in_the_local_queue_with_75_and_leaves_nothing_behind() {
+    let server = RedisServer::start();
+    let env = TestEnv::new(&server);
+    let lock = lock_name("lq");
+    let (_holder, _waiters) = fill_the_server_queue(&env, &lock, &env.path("log"));
+    let out = env.run(["run", "--wait", "1s", &lock, "true"]);
+    assert_eq!(out.status.code(), Some(75), "{}", describe(&out));
+    assert!(
+        stderr_of(&out).contains("behind other runs on this host"),
+        "{}",
+        describe(&out)
+    );
+    assert_eq!(env.waiters(&lock), DEPTH);
+}
+
+#[test]
+fn a_signal_in_the_local_queue_cancels_the_wait() {
+    let server = RedisServer::start();
+    let env = TestEnv::new(&server);
+    let lock = lock_name("lq");
+    let marker = env.path("ran");
+    let (_holder, _waiters) = fill_the_server_queue(&env, &lock, &env.path("log"));
+    let mut queued = env
+        .dlock(["run", &lock, "touch", &marker.display().to_string()])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    wait_until("local waiter counted", PATIENCE, || {
+        env.waiters(&lock) == DEPTH + 1
+    });
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(queued.id() as i32),
+        Signal::SIGTERM,
+    )
+    .expect("signal");
+    assert_eq!(wait_within(&mut queued, PATIENCE).code(), Some(128 + 15));
+    assert!(!marker.exists(), "the command ran");
+    assert_eq!(env.waiters(&lock), DEPTH);
+}
+
+#[test]
+fn local_queue_off_and_no_wait_go_to_the_server_at_once() {
+    let server = RedisServer::start();
+    let env = TestEnv::new(&server);
+    let lock = lock_name("lq");
+    let (_holder, _waiters) = fill_the_server_queue(&env, &lock, &env.path("log"));
+    // Not queued behind this host's waiters: --no-wait asks the server, which says held.
+    let out = env.run(["run", "--no-wait", &lock, "true"]);
+    assert_eq!(out.status.code(), Some(75), "{}", describe(&out));
+    assert!(
+        !stderr_of(&out).contains("on this host"),
+        "{}",
+        describe(&out)
+    );
+    // Turned off, a run waits at the server (its own entry in the server's queue).
+    let mut direct = env
+        .dlock(["run", "--local-queue", "off", &lock, "true"])
+        .spawn()
+        .expect("spawn");
+    wait_until("direct waiter at the server", PATIENCE, || {
+        env.waiters(&lock) == DEPTH + 1
+    });
+    let out = env.run(["run", "--wait", "1s", &lock, "true"]);
+    assert!(
+        stderr_of(&out).contains("on this host"),
+        "a queued run still waits here: {}",
+        describe(&out)
+    );
+    let _ = direct.kill();
+    let _ = direct.wait();
+}
+
+/// Start `dlock -v run --wait 30s NAME true` and return once it reports a capacity refusal.
+fn refused_waiter(env: &TestEnv, lock: &str, extra: &[&str]) -> Child {
+    let mut args = vec!["-v", "run", "--wait", "30s"];
+    args.extend_from_slice(extra);
+    args.extend([lock, "true"]);
+    let mut child = env
+        .dlock(&args)
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let stderr = child.stderr.take().expect("stderr");
+    let mut lines = BufReader::new(stderr).lines();
+    let seen = std::thread::spawn(move || {
+        lines.any(|line| line.is_ok_and(|l| l.contains("waiting for a free connection")))
+    });
+    wait_until("capacity refusal reported", PATIENCE, || seen.is_finished());
+    assert!(seen.join().unwrap_or(false), "no capacity refusal reported");
+    child
+}
+
+/// Hold `count` different locks, one server connection each.
+fn hold_connections(env: &TestEnv, count: usize) -> Vec<Holding> {
+    (0..count)
+        .map(|_| env.hold(&lock_name("filler"), &[]))
+        .collect()
+}
+
+#[test]
+fn postgres_max_connections_is_waited_out_and_named_when_the_wait_runs_out() {
+    let server = PgServer::start_with(&[
+        "-c",
+        "max_connections=4",
+        "-c",
+        "superuser_reserved_connections=0",
+    ]);
+    let env = TestEnv::new(&server);
+    let lock = lock_name("cap");
+    let mut fillers = hold_connections(&env, 4);
+    let out = env.run(["run", "--no-wait", &lock, "true"]);
+    assert_fails(&out, 69, "--no-wait");
+    assert!(
+        stderr_of(&out).contains("PostgreSQL max_connections"),
+        "{}",
+        describe(&out)
+    );
+    let out = env.run(["run", "--wait", "1s", &lock, "true"]);
+    assert_fails(&out, 69, "PostgreSQL max_connections");
+    assert!(stderr_of(&out).contains("--wait"), "{}", describe(&out));
+    let mut waiter = refused_waiter(&env, &lock, &[]);
+    drop(fillers.pop());
+    assert!(wait_within(&mut waiter, PATIENCE).success());
+}
+
+#[test]
+fn zookeeper_max_client_cnxns_is_waited_out_and_named() {
+    let server = ZkServer::with_max_client_cnxns(Some(3));
+    let env = TestEnv::new(&server);
+    let lock = lock_name("cap");
+    let mut fillers = hold_connections(&env, 3);
+    let out = env.run(["run", "--wait", "1s", &lock, "true"]);
+    assert_fails(&out, 69, "maxClientCnxns");
+    let mut waiter = refused_waiter(&env, &lock, &[]);
+    drop(fillers.pop());
+    assert!(wait_within(&mut waiter, PATIENCE).success());
+}

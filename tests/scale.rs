@@ -1,0 +1,129 @@
+//! The seed's test at scale (issue #14): N `dlock run`s started together on one name, each
+//! doing a racy read-increment-write of a counter file under the lock, with a `mkdir` sentinel
+//! that detects two commands inside at once and the fencing token appended in grant order.
+//! Servers at their shipped connection limits: PostgreSQL `max_connections=100`, ZooKeeper
+//! without `maxClientCnxns` (60 per client address).
+//!
+//! N is `DLOCK_SCALE_CLIENTS` (default 200, as CI runs it); `scripts/scale` runs 1000 and
+//! compares the wall times, which it reads from `DLOCK_SCALE_REPORT` (one line per backend).
+
+use std::io::Read;
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::support::*;
+
+/// The command each client runs under the lock. `$D` is the test's directory.
+const CRITICAL_SECTION: &str = r#"mkdir "$D/inside" 2>/dev/null || echo overlap >> "$D/overlaps"
+n=$(cat "$D/counter"); echo $((n + 1)) > "$D/counter"
+echo "$DLOCK_FENCING_TOKEN" >> "$D/tokens"
+rmdir "$D/inside""#;
+
+/// Bound for one whole run (all clients), generous for 1000 clients on a loaded machine.
+const RUN_BOUND: Duration = Duration::from_secs(600);
+
+fn clients() -> usize {
+    std::env::var("DLOCK_SCALE_CLIENTS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(200)
+}
+
+/// Start the clients together, wait for all of them, check what the seed checks, and
+/// report the wall time.
+fn seed_test(server: &dyn LockServer, label: &str) {
+    let env = TestEnv::new(server);
+    let n = clients();
+    let dir = env.path("scale");
+    std::fs::create_dir(&dir).expect("scale dir");
+    std::fs::write(dir.join("counter"), "0\n").expect("counter");
+    let lock = lock_name("seed");
+    let started = Instant::now();
+    let mut children: Vec<Child> = (0..n)
+        .map(|_| {
+            env.dlock(["run", "--wait", "10m", &lock, "sh", "-c", CRITICAL_SECTION])
+                .env("D", &dir)
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("spawn dlock")
+        })
+        .collect();
+    let deadline = started + RUN_BOUND;
+    let mut failures = Vec::new();
+    for child in &mut children {
+        let status = wait_within(child, deadline.saturating_duration_since(Instant::now()));
+        if !status.success() {
+            let mut stderr = String::new();
+            if let Some(mut pipe) = child.stderr.take() {
+                let _ = pipe.read_to_string(&mut stderr);
+            }
+            failures.push(format!("{status}: {}", stderr.trim()));
+        }
+    }
+    let wall = started.elapsed();
+    let read = |name: &str| std::fs::read_to_string(dir.join(name)).unwrap_or_default();
+    let tokens: Vec<u64> = read("tokens")
+        .lines()
+        .map(|t| t.trim().parse().expect("a numeric token"))
+        .collect();
+    let report = format!(
+        "{label} clients={n} wall_ms={} count={} overlaps={} failed={} tokens={}",
+        wall.as_millis(),
+        read("counter").trim(),
+        read("overlaps").lines().count(),
+        failures.len(),
+        tokens.len()
+    );
+    eprintln!("scale: {report}");
+    if let Ok(path) = std::env::var("DLOCK_SCALE_REPORT") {
+        use std::io::Write;
+        let mut file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+            .expect("report file");
+        writeln!(file, "{report}").expect("write report");
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {n} runs failed; first: {:?}",
+        failures.len(),
+        &failures[..failures.len().min(3)]
+    );
+    assert_eq!(read("overlaps"), "", "two commands were inside at once");
+    assert_eq!(read("counter").trim(), n.to_string(), "lost increments");
+    assert_eq!(tokens.len(), n, "every command saw a token");
+    assert!(
+        tokens.windows(2).all(|w| w[0] < w[1]),
+        "tokens do not strictly increase in grant order"
+    );
+}
+
+#[test]
+fn scale_file() {
+    seed_test(&FileServer::start(), "file");
+}
+
+#[test]
+fn scale_redis() {
+    seed_test(&RedisServer::start(), "redis");
+}
+
+#[test]
+fn scale_etcd() {
+    seed_test(&EtcdServer::start(), "etcd");
+}
+
+#[test]
+fn scale_zookeeper_at_the_shipped_max_client_cnxns() {
+    seed_test(&ZkServer::with_max_client_cnxns(None), "zookeeper");
+}
+
+#[test]
+fn scale_postgres_at_the_shipped_max_connections() {
+    seed_test(
+        &PgServer::start_with(&["-c", "max_connections=100"]),
+        "postgres",
+    );
+}
