@@ -159,6 +159,13 @@ impl MysqlServer {
             assert!(is_alive(pid), "mariadbd exited: {}", self.log());
             self.socket().exists() && self.try_sql("SELECT 1").is_some_and(|o| o.trim() == "1")
         });
+        // The port must be ours (another test's server may have taken a port we were given).
+        let log = self.log();
+        assert!(
+            log.contains(&format!("port: {}", self.port)),
+            "mariadbd is not listening on port {}: {log}",
+            self.port
+        );
     }
 
     /// What the server logged so far.
@@ -229,6 +236,14 @@ impl MysqlServer {
 
 impl Drop for MysqlServer {
     fn drop(&mut self) {
+        if std::thread::panicking() {
+            let log = self.log();
+            let tail: Vec<&str> = log.lines().rev().take(30).collect();
+            eprintln!("mariadbd's error log ends:");
+            for line in tail.iter().rev() {
+                eprintln!("  {line}");
+            }
+        }
         if let Some(mut child) = self.child.lock().ok().and_then(|mut c| c.take()) {
             let _ = nix::sys::signal::kill(
                 nix::unistd::Pid::from_raw(child.id() as i32),
