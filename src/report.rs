@@ -115,6 +115,19 @@ fn write_holder(out: &mut impl Write, status: &HolderStatus) -> std::io::Result<
     if !h.since.is_empty() {
         writeln!(out, "since:      {}{}", printable(&h.since), ago(&h.since))?;
     }
+    if !h.kept_until.is_empty() {
+        writeln!(
+            out,
+            "finished:   the command has ended; the lock is kept until {} (--min-hold)",
+            printable(&h.kept_until)
+        )?;
+    } else if h.min_hold_ms > 0 {
+        writeln!(
+            out,
+            "min hold:   {} (the lock is kept at least that long, even when the command ends sooner)",
+            humantime::format_duration(Duration::from_millis(h.min_hold_ms))
+        )?;
+    }
     if h.token > 0 {
         writeln!(out, "token:      {}", h.token)?;
     }
