@@ -25,6 +25,19 @@ pub fn clap_error(err: clap::Error) -> u8 {
             let text = err.to_string();
             let first = text.lines().next().unwrap_or("bad usage");
             let message = first.strip_prefix("error: ").unwrap_or(first);
+            // "the following required arguments were not provided:" lists them on the
+            // indented lines below: name them on the one line (`<NAME>`).
+            let listed: Vec<&str> = text
+                .lines()
+                .skip(1)
+                .take_while(|l| l.starts_with("  "))
+                .map(str::trim)
+                .collect();
+            let message = if message.ends_with(':') && !listed.is_empty() {
+                format!("{message} {}", listed.join(", "))
+            } else {
+                message.to_owned()
+            };
             let tip = text
                 .lines()
                 .map(str::trim)

@@ -87,6 +87,7 @@ impl Target {
             }
             "postgres" | "postgresql" => postgres::target::parse_url(url).map(Target::Postgres),
             "zk" => zk::target::parse(rest).map(Target::Zk),
+            "http" | "https" => Err(url::http_hint(&scheme.to_ascii_lowercase())),
             _ => {
                 // A scheme is letters, digits, `+`, `-` and `.`; anything else before the first `:`
                 // is part of something else (perhaps `user:password@host` without a scheme).
