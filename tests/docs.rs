@@ -445,3 +445,33 @@ fn completions_hide_generate_and_stop_options_at_the_command() {
         assert!(!text.contains("generate"), "generate offered");
     }
 }
+
+/// The README's `status` sample is what `status` prints: the same fields, in the same order.
+#[test]
+fn readme_status_sample_is_real_output() {
+    let text = readme();
+    let marker = "`dlock status busy-demo` prints:";
+    let at = text.find(marker).expect("the status sample in README.md") + marker.len();
+    let sample: Vec<String> = text[at..]
+        .split("```text\n")
+        .nth(1)
+        .and_then(|b| b.split("```").next())
+        .expect("a text block after the marker")
+        .lines()
+        .filter_map(|l| l.split_once(':').map(|(k, _)| k.to_owned()))
+        .collect();
+    let scratch = tempfile::tempdir().expect("temp dir");
+    let mut cmd = without_dlock_env(Command::new(dlock_binary()));
+    let out = cmd
+        .args(["run", "busy-demo", "--", dlock_binary().to_str().expect("utf-8")])
+        .args(["status", "busy-demo"])
+        .env("XDG_RUNTIME_DIR", scratch.path())
+        .stdin(Stdio::null())
+        .output()
+        .expect("run dlock");
+    let real: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_once(':').map(|(k, _)| k.to_owned()))
+        .collect();
+    assert_eq!(sample, real, "README's status sample differs from the real output");
+}
