@@ -463,7 +463,12 @@ fn readme_status_sample_is_real_output() {
     let scratch = tempfile::tempdir().expect("temp dir");
     let mut cmd = without_dlock_env(Command::new(dlock_binary()));
     let out = cmd
-        .args(["run", "busy-demo", "--", dlock_binary().to_str().expect("utf-8")])
+        .args([
+            "run",
+            "busy-demo",
+            "--",
+            dlock_binary().to_str().expect("utf-8"),
+        ])
         .args(["status", "busy-demo"])
         .env("XDG_RUNTIME_DIR", scratch.path())
         .stdin(Stdio::null())
@@ -473,5 +478,8 @@ fn readme_status_sample_is_real_output() {
         .lines()
         .filter_map(|l| l.split_once(':').map(|(k, _)| k.to_owned()))
         .collect();
-    assert_eq!(sample, real, "README's status sample differs from the real output");
+    assert_eq!(
+        sample, real,
+        "README's status sample differs from the real output"
+    );
 }
