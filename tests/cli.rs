@@ -361,7 +361,9 @@ fn errors_say_what_to_do() {
     let config = env.path("config.toml");
     std::fs::write(&config, "wait = \"5\"\n").expect("write");
     let config = config.to_str().expect("utf-8");
-    let cases: Vec<(Vec<&str>, Vec<(&str, &str)>, i32, &str)> = vec![
+    // (arguments, environment, status, what the one line must say)
+    type Case<'a> = (Vec<&'a str>, Vec<(&'a str, &'a str)>, i32, &'a str);
+    let cases: Vec<Case> = vec![
         (
             vec!["run", "x", "--no-wait", "true"],
             vec![],
