@@ -180,7 +180,7 @@ pub async fn run<B: Backend>(
         env.push(("DLOCK_HELD".into(), Some(held.into())));
     }
     let outcome = match supervise_command(&settings, &mut signals, sigchld, &mut lease, env).await {
-        Ok(ran) if !ran.lock_lost => Ok(min_hold::keep(
+        Ok(ran) if !ran.lock_lost && !ran.stopping => Ok(min_hold::keep(
             &mut lease,
             &mut signals,
             &settings,
@@ -200,6 +200,8 @@ struct Ran {
     status: u8,
     /// The lock was lost while it ran (and the command was stopped for it).
     lock_lost: bool,
+    /// dlock was asked to stop (a terminating signal was forwarded): release at once.
+    stopping: bool,
 }
 
 /// Start the command and wait for it; map how it ended to dlock's exit status.
@@ -252,11 +254,13 @@ async fn supervise_command<L: Lease>(
             Ok(Ran {
                 status: Code::Lost.value(),
                 lock_lost: true,
+                stopping: ending.terminating_forwarded,
             })
         }
         lost => Ok(Ran {
             status: exit::from_child(ending.status),
             lock_lost: lost.is_some(),
+            stopping: ending.terminating_forwarded,
         }),
     }
 }

@@ -62,6 +62,9 @@ pub struct Ending {
     pub status: ExitStatus,
     /// Set when the lock was lost while the command ran.
     pub lost: Option<Lost>,
+    /// A terminating signal (TERM, INT, HUP, QUIT) was forwarded to the command: dlock was
+    /// asked to stop, so `--min-hold` does not keep the lock after it.
+    pub terminating_forwarded: bool,
 }
 
 /// The controlling terminal, when dlock is its foreground job.
@@ -217,7 +220,11 @@ pub async fn supervise<L: Lease>(
                 if let Some(terminal) = terminal {
                     terminal.take_back();
                 }
-                return Ok(Ending { status, lost });
+                return Ok(Ending {
+                    status,
+                    lost,
+                    terminating_forwarded,
+                });
             }
             Peek::Stopped(sig) => suspend_with_child(&child, terminal, sig, &policy),
             Peek::Running => {}

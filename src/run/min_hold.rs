@@ -7,7 +7,8 @@
 //! suspend counts. Then dlock releases and exits with the command's status. A signal in that
 //! time releases and exits at once with 128+N (as a signal that kills a holding command
 //! would); a lost lock ends the wait with the command's status and a warning (the command
-//! already ran with the lock held, there is nothing to stop).
+//! already ran with the lock held, there is nothing to stop). A terminating signal forwarded
+//! while the command ran means dlock was asked to stop: `run.rs` then skips the hold.
 
 use std::time::{Duration, SystemTime};
 
