@@ -27,7 +27,10 @@ Signals: SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 sent to dlock are
 once to the command's process group. After TERM, INT, HUP or QUIT the command gets
 --kill-after to exit before SIGKILL; a second such signal sends SIGKILL at once. At an
 interactive terminal the command runs in the foreground, so Ctrl-C and Ctrl-Z reach it
-directly. A signal while waiting for the lock cancels the wait and dlock exits 128+N.
+directly; on a lease backend dlock warns when it stops that the lease is not renewed while
+stopped. A signal while waiting for the lock cancels the wait and dlock exits 128+N.
+At a terminal, a wait says whom it waits for, on one line (with -v also elsewhere).
+With --min-hold, a signal after the command has finished releases at once (128+N).
 If the lock is lost while the command runs, --on-lost decides (default: SIGTERM to the
 command's process group, SIGKILL after --kill-after, exit 124).
 
