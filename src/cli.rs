@@ -44,14 +44,14 @@ defaults.";
 #[command(
     name = "dlock",
     version,
-    about = "Run a command while holding a named lock (local file, Redis, etcd, ZooKeeper, PostgreSQL)",
+    about = "Run a command while holding a named lock (local file, Redis, etcd, ZooKeeper, PostgreSQL, MySQL/MariaDB)",
     long_about = "Run a command while holding a named lock.\n\n\
         dlock acquires the lock NAME on a backend chosen by URL (a local file by default), runs \
         the command with the lock held, keeps the lease alive while it runs, releases the lock \
         when the command exits or dlock is signalled, and exits with the command's status.\n\n\
         Backends in this build: file:///dir (default: $XDG_RUNTIME_DIR/dlock, else \
-        /tmp/dlock-<uid>), redis:// (rediss://, redis+unix://), etcd:// (etcds://), zk:// and \
-        postgres:// (postgresql://, or libpq's key=value form).",
+        /tmp/dlock-<uid>), redis:// (rediss://, redis+unix://), etcd:// (etcds://), zk://, \
+        postgres:// (postgresql://, or libpq's key=value form) and mysql:// (mariadb://).",
     after_long_help = exit::TABLE,
     propagate_version = true
 )]
@@ -113,7 +113,8 @@ pub struct BackendArgs {
                 redis+unix:///path, etcd://[user@]host:port[,host:port…], etcds://…, \
                 zk://[user@]host:port[,host:port…][/chroot], \
                 postgres://[user@][host][:port][/dbname][?sslmode=…] (or libpq's key=value \
-                form). Default: the \
+                form), mysql://[user@][host][:port][/database][?ssl-mode=…] (mariadb://…). \
+                Default: the \
                 file backend in $XDG_RUNTIME_DIR/dlock, else /tmp/dlock-<uid>.",
         short,
         long,

@@ -23,6 +23,7 @@
 
 pub mod etcd;
 pub mod file;
+pub mod mysql;
 pub mod postgres;
 pub mod redis;
 pub mod url;
@@ -37,6 +38,7 @@ use crate::lock::{Holder, LockName, LockStatus};
 
 pub use etcd::EtcdTarget;
 pub use file::FileTarget;
+pub use mysql::MysqlTarget;
 pub use postgres::PgTarget;
 pub use redis::RedisTarget;
 pub use zk::ZkTarget;
@@ -45,7 +47,7 @@ pub use zk::ZkTarget;
 pub const MIN_LEASE_TTL: Duration = Duration::from_secs(2);
 
 /// The config file's per-backend tables (secrets and TLS material).
-pub const CONFIG_TABLES: &[&str] = &["redis", "etcd", "zookeeper", "postgres"];
+pub const CONFIG_TABLES: &[&str] = &["redis", "etcd", "zookeeper", "postgres", "mysql"];
 
 /// Where the locks live: a backend and everything needed to reach it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -60,6 +62,8 @@ pub enum Target {
     Postgres(PgTarget),
     /// `zk://h:p[,h:p…][/chroot]`.
     Zk(ZkTarget),
+    /// `mysql://…`, `mariadb://…`.
+    Mysql(MysqlTarget),
 }
 
 impl Target {
@@ -87,6 +91,7 @@ impl Target {
             }
             "postgres" | "postgresql" => postgres::target::parse_url(url).map(Target::Postgres),
             "zk" => zk::target::parse(rest).map(Target::Zk),
+            "mysql" | "mariadb" => mysql::target::parse(rest).map(Target::Mysql),
             "http" | "https" => Err(url::http_hint(&scheme.to_ascii_lowercase())),
             _ => {
                 // A scheme is letters, digits, `+`, `-` and `.`; anything else before the first `:`
@@ -101,7 +106,7 @@ impl Target {
                     String::new()
                 };
                 Err(format!(
-                    "unknown URL scheme{shown}; expected file, redis, rediss, etcd, etcds, zk, postgres or postgresql"
+                    "unknown URL scheme{shown}; expected file, redis, rediss, etcd, etcds, zk, postgres, postgresql, mysql or mariadb"
                 ))
             }
         }
@@ -116,6 +121,7 @@ impl Target {
             Target::Etcd(target) => etcd::target::complete(target, file),
             Target::Postgres(target) => postgres::target::complete(target, file),
             Target::Zk(target) => zk::target::complete(target, file),
+            Target::Mysql(target) => mysql::target::complete(target, file),
         }
     }
 
@@ -127,6 +133,7 @@ impl Target {
             Target::Etcd(target) => target.scheme(),
             Target::Postgres(_) => "postgres",
             Target::Zk(_) => "zk",
+            Target::Mysql(_) => "mysql",
         }
     }
 
@@ -138,6 +145,7 @@ impl Target {
             Target::Etcd(target) => target.identity(),
             Target::Postgres(target) => target.identity(),
             Target::Zk(target) => target.identity(),
+            Target::Mysql(target) => target.identity(),
         }
     }
 
@@ -153,6 +161,8 @@ impl Target {
             Target::Redis(_) | Target::Etcd(_) | Target::Zk(_) | Target::Postgres(_) => {
                 Some(MIN_LEASE_TTL)
             }
+            // The heartbeat schedule of PostgreSQL's, over a server TTL in whole seconds.
+            Target::Mysql(_) => Some(MIN_LEASE_TTL),
         }
     }
 
@@ -161,6 +171,7 @@ impl Target {
         match self {
             Target::Redis(target) => target.check_prefix(prefix),
             Target::File(_) | Target::Etcd(_) | Target::Postgres(_) | Target::Zk(_) => Ok(()),
+            Target::Mysql(_) => Ok(()),
         }
     }
 }
@@ -257,6 +268,14 @@ macro_rules! with_backend {
                     &$common.prefix,
                     &$common.display_url,
                     $common.ttl,
+                );
+                $body
+            }
+            $crate::backend::Target::Mysql(target) => {
+                let $backend = $crate::backend::mysql::MysqlBackend::new(
+                    target,
+                    &$common.prefix,
+                    &$common.display_url,
                 );
                 $body
             }

@@ -4,6 +4,7 @@
 
 mod etcd;
 mod file;
+mod mysql;
 mod postgres;
 mod redis;
 mod zk;

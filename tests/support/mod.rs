@@ -9,7 +9,7 @@
 //! - `process`: bounded waits, output helpers, `assert_fails`, unique names, server binaries;
 //! - `net`: free ports, a `Proxy` that black-holes or slows a link, a `SilentServer`;
 //! - `certs`: throw-away certificates for the TLS tests;
-//! - one file per test server: `redis`, `etcd`, `zk`, `postgres`.
+//! - one file per test server: `redis`, `etcd`, `zk`, `postgres`, `mysql`.
 //!
 //! Tests use all of it through `use crate::support::*;`.
 
@@ -18,6 +18,7 @@
 mod certs;
 mod etcd;
 mod harness;
+mod mysql;
 mod net;
 mod postgres;
 mod process;
@@ -28,6 +29,7 @@ mod zk;
 pub use self::certs::*;
 pub use self::etcd::*;
 pub use self::harness::*;
+pub use self::mysql::*;
 pub use self::net::*;
 pub use self::postgres::*;
 pub use self::process::*;

@@ -1,0 +1,375 @@
+//! Taking the lock: `--limit 1` waits in `GET_LOCK` itself; `--limit N` queues on the
+//! turnstile key (`GET_LOCK` too) and its head takes the first free slot, looking again every
+//! quarter second at most (MySQL has no notification a released slot could send).
+//!
+//! Waiting happens in the server, in rounds of at most [`ROUND`]: between rounds dlock
+//! notices a signal, the `--wait` deadline and a dead server, and a waiter that goes away
+//! leaves the server's queue within a round (at once when cancelled: its wait is ended
+//! with `KILL QUERY`). Every round also re-checks the `--limit` of the holders, so a run
+//! with another `--limit` is refused at once instead of after a long wait.
+
+use std::time::Duration;
+
+use super::conn::{cell, Failure, Session};
+use super::keys::{key, slot_key, turnstile_key};
+use super::sql::{
+    grant_sql, other_limit_sql, settings_sql, single_lock_sql, slot_lock_sql, turnstile_sql,
+    undo_slot_sql, CREATE_TABLE,
+};
+use super::{MysqlBackend, CANCEL_TIMEOUT};
+use crate::clock::{sleep_until, BootInstant};
+use crate::error::Error;
+use crate::lock::{limit_mismatch, AcquireRequest, Cancel, Wait};
+
+/// The longest a lock call waits in the server before dlock looks up.
+pub(super) const ROUND: Duration = Duration::from_secs(2);
+/// How long past its own wait a lock call may take to answer.
+const SLACK: Duration = Duration::from_secs(3);
+/// How often the head of a `--limit N` queue looks for a free slot.
+const SLOT_LOOK: Duration = Duration::from_millis(250);
+
+/// A grant: the token, the key we hold, and when the request that took it was sent.
+pub(super) struct Granted {
+    pub(super) token: u64,
+    pub(super) key: String,
+    pub(super) sent: BootInstant,
+}
+
+/// The report row of [`grant_sql`].
+pub(super) struct Report {
+    granted: bool,
+    token: u64,
+    read_only: bool,
+    connection_id: u64,
+    other_before: Option<u32>,
+    other_after: Option<u32>,
+    slot: Option<u32>,
+}
+
+impl Report {
+    fn read(rows: &[mysql_async::Row]) -> Result<Report, Error> {
+        let row = rows
+            .first()
+            .ok_or_else(|| Error::Internal("the lock statement returned no row".into()))?;
+        Ok(Report {
+            granted: cell::<i64>(row, 0) == Some(1),
+            token: cell::<u64>(row, 1).unwrap_or(0),
+            read_only: cell::<i64>(row, 2).unwrap_or(0) != 0,
+            connection_id: cell::<u64>(row, 3).unwrap_or(0),
+            other_before: cell::<u32>(row, 4),
+            other_after: cell::<u32>(row, 5),
+            slot: cell::<u32>(row, 6),
+        })
+    }
+}
+
+impl MysqlBackend {
+    /// Take the lock on `session` as `request` says.
+    pub(super) async fn take(
+        &self,
+        session: &mut Session,
+        request: &AcquireRequest,
+        cancel: &mut Cancel,
+    ) -> Result<Granted, Error> {
+        let deadline = request.wait.deadline();
+        let name = request.name.as_str();
+        let name_key = key(&self.prefix, name);
+        let slots: Vec<String> = (0..request.limit.max(1))
+            .map(|i| slot_key(&self.prefix, name, i))
+            .collect();
+        let queue = request.limit > 1 && request.wait != Wait::No;
+        if queue {
+            self.queue(session, request, &name_key, deadline, cancel)
+                .await?;
+        }
+        let turnstile = turnstile_key(&self.prefix, name);
+        let grant = grant_sql(
+            &name_key,
+            &slots,
+            request.limit,
+            &request.holder,
+            queue.then_some(turnstile.as_str()),
+        );
+        let mut created = false;
+        for _ in 0..u32::MAX {
+            let wait = round(request.wait, deadline);
+            let lock = if request.limit > 1 {
+                slot_lock_sql(&slots)
+            } else {
+                single_lock_sql(&slots[0], wait)
+            };
+            let sql = format!(
+                "{}{}{lock}{grant}",
+                self.settings(session, request),
+                other_limit_sql(&name_key, request.limit)
+            );
+            let sent = BootInstant::now();
+            let rows = match self.call(session, &sql, wait, cancel).await? {
+                Ok(rows) => rows,
+                Err(f) if f.server_code() == Some(1146) && !created => {
+                    created = true;
+                    self.create_table(session).await?;
+                    continue;
+                }
+                // Slot holders writing their rows at once can deadlock in InnoDB, which rolls
+                // one back: give back its slot and try again (never with --limit 1, whose
+                // one writer holds the lock).
+                Err(f) if matches!(f.server_code(), Some(1213 | 1205)) && request.limit > 1 => {
+                    tracing::debug!("retrying the grant: {}", f.describe());
+                    session.configured = true;
+                    let undo = undo_slot_sql(&slots);
+                    if let Err(f) = session.rows(&undo, CANCEL_TIMEOUT).await {
+                        return Err(self.refused(session, f).await);
+                    }
+                    continue;
+                }
+                Err(f) => return Err(self.refused(session, f).await),
+            };
+            session.configured = true;
+            let report = Report::read(&rows)?;
+            if let Some(theirs) = report.other_before {
+                return Err(limit_mismatch(&request.name, theirs));
+            }
+            if report.granted {
+                let key = match report.slot.and_then(|s| slots.get(s as usize)) {
+                    Some(key) => key.clone(),
+                    None => slots[0].clone(),
+                };
+                let token = self.check_grant(session, request, &report).await?;
+                return Ok(Granted { token, key, sent });
+            }
+            let over = match deadline {
+                Some(d) => BootInstant::now() >= d,
+                None => request.wait == Wait::No,
+            };
+            if over {
+                if queue {
+                    self.leave(session, &turnstile).await;
+                }
+                return Err(self.busy(session, request).await);
+            }
+            if request.limit > 1 {
+                self.pause(deadline, cancel).await?;
+            }
+        }
+        Err(Error::Internal("the lock wait loop ended".into()))
+    }
+
+    /// `--limit N`: wait on the turnstile until we head the queue.
+    async fn queue(
+        &self,
+        session: &mut Session,
+        request: &AcquireRequest,
+        name_key: &str,
+        deadline: Option<BootInstant>,
+        cancel: &mut Cancel,
+    ) -> Result<(), Error> {
+        let turnstile = turnstile_key(&self.prefix, request.name.as_str());
+        let mut created = false;
+        for _ in 0..u32::MAX {
+            let wait = round(request.wait, deadline);
+            let sql = format!(
+                "{}{}{}",
+                self.settings(session, request),
+                other_limit_sql(name_key, request.limit),
+                turnstile_sql(&turnstile, wait)
+            );
+            let rows = match self.call(session, &sql, wait, cancel).await? {
+                Ok(rows) => rows,
+                Err(f) if f.server_code() == Some(1146) && !created => {
+                    created = true;
+                    self.create_table(session).await?;
+                    continue;
+                }
+                Err(f) => return Err(self.refused(session, f).await),
+            };
+            session.configured = true;
+            let row = rows.first();
+            if let Some(theirs) = row.and_then(|r| cell::<u32>(r, 1)) {
+                return Err(limit_mismatch(&request.name, theirs));
+            }
+            if row.and_then(|r| cell::<i64>(r, 0)) == Some(1) {
+                return Ok(());
+            }
+            if deadline.is_some_and(|d| BootInstant::now() >= d) {
+                return Err(self.busy(session, request).await);
+            }
+        }
+        Err(Error::Internal("the queue wait loop ended".into()))
+    }
+
+    /// The session settings, with the first statement only.
+    fn settings(&self, session: &Session, request: &AcquireRequest) -> String {
+        if session.configured {
+            String::new()
+        } else {
+            settings_sql(request.ttl)
+        }
+    }
+
+    /// Run a lock statement that waits up to `wait` in the server, unless cancelled: then
+    /// the wait is ended on the server (`KILL QUERY`) before we return.
+    async fn call(
+        &self,
+        session: &mut Session,
+        sql: &str,
+        wait: Duration,
+        cancel: &mut Cancel,
+    ) -> Result<Result<Vec<mysql_async::Row>, Failure>, Error> {
+        let id = session.id;
+        let work = session.rows(sql, wait + SLACK);
+        tokio::select! {
+            biased;
+            done = work => Ok(done),
+            () = cancel.cancelled() => {
+                self.kill_query(id).await;
+                Err(Error::Cancelled)
+            }
+        }
+    }
+
+    /// End the statement of connection `id` from a connection of its own (best effort,
+    /// bounded): a cancelled waiter must not stay in the server's queue.
+    async fn kill_query(&self, id: u64) {
+        let kill = async {
+            let mut other = self.connect(Some(CANCEL_TIMEOUT)).await.ok()?;
+            other
+                .rows(&format!("KILL QUERY {id}"), CANCEL_TIMEOUT)
+                .await
+                .ok()
+        };
+        if tokio::time::timeout(CANCEL_TIMEOUT, kill).await.is_err() {
+            tracing::debug!(
+                "could not end the waiting lock call; closing the connection ends it within {}s",
+                ROUND.as_secs()
+            );
+        }
+    }
+
+    /// Between looks for a free slot (`--limit N`), unless cancelled or past the deadline.
+    async fn pause(&self, deadline: Option<BootInstant>, cancel: &mut Cancel) -> Result<(), Error> {
+        let next = BootInstant::now() + SLOT_LOOK;
+        let wake = deadline.map_or(next, |d| d.min(next));
+        tokio::select! {
+            () = sleep_until(wake) => Ok(()),
+            () = cancel.cancelled() => Err(Error::Cancelled),
+        }
+    }
+
+    /// Give up our place at the head of a `--limit N` queue (the session ends anyway).
+    async fn leave(&self, session: &mut Session, turnstile: &str) {
+        let sql = format!("DO RELEASE_LOCK('{turnstile}')");
+        let _ = session.rows(&sql, CANCEL_TIMEOUT).await;
+    }
+
+    /// The lock stayed held: who holds it, as far as we can tell, in the words every backend
+    /// uses ([`crate::wording`]).
+    async fn busy(&self, session: &mut Session, request: &AcquireRequest) -> Error {
+        let state = match self.status_on(session, &request.name).await {
+            Ok(status) if status.held => {
+                // Our own session may be in the queue; it is not ahead of us.
+                let me = std::process::id();
+                let ahead = status.queue.iter().filter(|w| w.holder.pid != me).count();
+                let holders: Vec<_> = status.holders.into_iter().map(|h| h.holder).collect();
+                crate::wording::busy_state(&holders, ahead)
+            }
+            _ => "is held".into(),
+        };
+        crate::wording::not_acquired(&request.name, &state, request.wait)
+    }
+
+    /// A granted lock is ours only on a writable server, on our own session (a proxy that
+    /// multiplexes sessions answers with another connection id), with the holders agreeing
+    /// on `--limit`; otherwise it is given back.
+    async fn check_grant(
+        &self,
+        session: &mut Session,
+        request: &AcquireRequest,
+        report: &Report,
+    ) -> Result<u64, Error> {
+        let refusal = if report.read_only {
+            Some(Error::Config(format!(
+                "{} is read-only (@@read_only = 1: a replica, or a server in read-only mode); locks must be taken on the primary",
+                self.display
+            )))
+        } else if report.connection_id != session.id {
+            Some(Error::Config(format!(
+                "the server session behind {} is not the connection dlock opened (CONNECTION_ID() {} ≠ {}): a proxy that multiplexes sessions (ProxySQL?) is in between; connect to the server directly",
+                self.display, report.connection_id, session.id
+            )))
+        } else if let Some(theirs) = report.other_after {
+            Some(limit_mismatch(&request.name, theirs))
+        } else if report.token == 0 {
+            Some(Error::Internal(
+                "the lock was granted but no fencing token was written".into(),
+            ))
+        } else {
+            None
+        };
+        match refusal {
+            Some(e) => {
+                give_back(session).await;
+                Err(e)
+            }
+            None => Ok(report.token),
+        }
+    }
+
+    /// Create `dlock_locks` (first use); a role that may not is told what to run.
+    async fn create_table(&self, session: &mut Session) -> Result<(), Error> {
+        match session.rows(CREATE_TABLE, super::OP_TIMEOUT).await {
+            Ok(_) => Ok(()),
+            Err(f) => Err(self.refused(session, f).await),
+        }
+    }
+
+    /// A lock statement failed: a privilege error says which statement an administrator
+    /// must run; anything else is classified. What the statement took is given back.
+    pub(super) async fn refused(&self, session: &mut Session, f: Failure) -> Error {
+        let code = f.server_code();
+        if !matches!(f, Failure::Timeout(_)) {
+            give_back(session).await;
+        }
+        if matches!(code, Some(1142 | 1044 | 1143)) {
+            let user = self.current_user(session).await;
+            let db = self.target.database.as_deref().unwrap_or("DATABASE");
+            return Error::Permission(format!(
+                "{}: {}; dlock needs its table in database {db}: as an administrator run `{}` in {db}, then `GRANT SELECT, INSERT, UPDATE ON `{db}`.dlock_locks TO {user}` (README: MySQL and MariaDB)",
+                self.display,
+                f.describe(),
+                CREATE_TABLE
+            ));
+        }
+        f.into_error(&self.display)
+    }
+
+    /// `'user'@'host'` as the server knows us, for a GRANT statement.
+    async fn current_user(&self, session: &mut Session) -> String {
+        let rows = session
+            .rows(
+                "SELECT CONCAT('''', SUBSTRING_INDEX(CURRENT_USER(), '@', 1), '''@''', SUBSTRING_INDEX(CURRENT_USER(), '@', -1), '''')",
+                CANCEL_TIMEOUT,
+            )
+            .await;
+        rows.ok()
+            .and_then(|rows| rows.first().and_then(|r| cell::<String>(r, 0)))
+            .unwrap_or_else(|| format!("'{}'@'%'", self.target.user()))
+    }
+}
+
+/// How long the next lock call may wait in the server.
+fn round(wait: Wait, deadline: Option<BootInstant>) -> Duration {
+    match (wait, deadline) {
+        (Wait::No, _) => Duration::ZERO,
+        (_, Some(d)) => d.remaining().min(ROUND),
+        (_, None) => ROUND,
+    }
+}
+
+/// Undo whatever a failed or refused acquisition took on this session (best effort: the
+/// session ends with dlock anyway, which frees everything).
+pub(super) async fn give_back(session: &mut Session) {
+    let _ = session
+        .rows("ROLLBACK; DO RELEASE_ALL_LOCKS()", CANCEL_TIMEOUT)
+        .await;
+}

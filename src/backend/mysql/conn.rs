@@ -1,0 +1,300 @@
+//! Connecting: one connection of dlock's own (never a pooled one), TLS as `ssl-mode` says,
+//! bounded by `--wait`; statements bounded in time; and what a driver error means as an exit
+//! status.
+//!
+//! The client is told the server's `wait_timeout` and `max_allowed_packet` up front, so that
+//! connecting costs no query of its own: the session settings travel with the first lock
+//! statement.
+
+use std::time::Duration;
+
+use mysql_async::prelude::{FromValue, Queryable};
+use mysql_async::{Conn, OptsBuilder, Row, SslOpts};
+
+use super::target::{MysqlHost, SslMode};
+use super::{MysqlBackend, CONNECT_TIMEOUT, OP_TIMEOUT};
+use crate::error::Error;
+
+/// One connection and what we know about it.
+pub(super) struct Session {
+    pub(super) conn: Conn,
+    /// The connection id the server gave in its handshake (`CONNECTION_ID()` must agree:
+    /// behind a proxy that multiplexes sessions it does not).
+    pub(super) id: u64,
+    /// Whether the session settings (`settings_sql`) were sent yet.
+    pub(super) configured: bool,
+}
+
+impl MysqlBackend {
+    /// Connect, bounded by `budget` (what is left of `--wait`, or the connect timeout).
+    pub(super) async fn connect(&self, budget: Option<Duration>) -> Result<Session, Error> {
+        let timeout = self.target.connect_timeout.unwrap_or(CONNECT_TIMEOUT);
+        let limit = budget.map_or(timeout, |b| b.min(timeout));
+        let tls = self.wants_tls();
+        let first = tokio::time::timeout(limit, Conn::new(self.opts(tls)?)).await;
+        let conn = match first {
+            Err(_) => return Err(self.no_answer(limit)),
+            Ok(Ok(conn)) => conn,
+            Ok(Err(e)) if tls && self.target.ssl_mode == SslMode::Preferred && no_tls(&e) => {
+                // PREFERRED: the server offers no TLS, so plaintext (as the mysql client does).
+                match tokio::time::timeout(limit, Conn::new(self.opts(false)?)).await {
+                    Err(_) => return Err(self.no_answer(limit)),
+                    Ok(result) => result.map_err(|e| classify(&e, &self.display))?,
+                }
+            }
+            Ok(Err(e)) if no_tls(&e) => {
+                return Err(Error::Config(format!(
+                    "{} offers no TLS, and ssl-mode={} requires it",
+                    self.display,
+                    self.target.ssl_mode.as_str()
+                )))
+            }
+            Ok(Err(e)) => return Err(classify(&e, &self.display)),
+        };
+        Ok(Session {
+            id: u64::from(conn.id()),
+            conn,
+            configured: false,
+        })
+    }
+
+    fn no_answer(&self, limit: Duration) -> Error {
+        Error::Unavailable(format!(
+            "cannot reach {}: no answer within {}",
+            self.display,
+            humantime::format_duration(limit)
+        ))
+    }
+
+    /// PREFERRED asks for TLS except on this machine (a socket or a loopback address, where
+    /// TLS protects nothing and costs a handshake on every run).
+    fn wants_tls(&self) -> bool {
+        match self.target.ssl_mode {
+            SslMode::Disabled => false,
+            SslMode::Preferred => !self.target.is_local(),
+            _ => !matches!(self.target.host, MysqlHost::Unix(_)),
+        }
+    }
+
+    fn opts(&self, tls: bool) -> Result<OptsBuilder, Error> {
+        let target = &self.target;
+        let mut opts = OptsBuilder::default()
+            .user(Some(target.user()))
+            .pass(target.password.as_ref().map(|p| p.expose().to_owned()))
+            .db_name(target.database.clone())
+            .prefer_socket(false)
+            // Known up front, so connecting runs no query (we set wait_timeout ourselves).
+            .wait_timeout(Some(28_800))
+            .max_allowed_packet(Some(4 << 20))
+            .stmt_cache_size(0)
+            .tcp_nodelay(true)
+            .tcp_keepalive(Some(Duration::from_secs(1)));
+        opts = match &target.host {
+            MysqlHost::Tcp { host, port } => opts.ip_or_hostname(host.clone()).tcp_port(*port),
+            MysqlHost::Unix(path) => opts.socket(Some(path.display().to_string())),
+        };
+        if tls {
+            crate::backend::install_tls_provider();
+            let mut ssl = SslOpts::default();
+            if let Some(ca) = &target.tls_files.ca_file {
+                ssl = ssl
+                    .with_root_certs(vec![ca.clone().into()])
+                    .with_disable_built_in_roots(true);
+            }
+            if let (Some(cert), Some(key)) =
+                (&target.tls_files.cert_file, &target.tls_files.key_file)
+            {
+                ssl = ssl.with_client_identity(Some(mysql_async::ClientIdentity::new(
+                    cert.clone().into(),
+                    key.clone().into(),
+                )));
+            }
+            ssl = match target.ssl_mode {
+                SslMode::VerifyIdentity => ssl,
+                SslMode::VerifyCa => ssl.with_danger_skip_domain_validation(true),
+                _ => ssl
+                    .with_danger_accept_invalid_certs(true)
+                    .with_danger_skip_domain_validation(true),
+            };
+            opts = opts.ssl_opts(Some(ssl));
+        }
+        Ok(opts)
+    }
+}
+
+/// The server offered no TLS.
+fn no_tls(e: &mysql_async::Error) -> bool {
+    matches!(
+        e,
+        mysql_async::Error::Driver(mysql_async::DriverError::NoClientSslFlagFromServer)
+    )
+}
+
+impl Session {
+    /// Run `sql` (one or more statements) and return the rows of the last result set that
+    /// had any, bounded by `limit`.
+    pub(super) async fn rows(&mut self, sql: &str, limit: Duration) -> Result<Vec<Row>, Failure> {
+        tracing::trace!("statement: {sql}");
+        match tokio::time::timeout(limit, last_rows(&mut self.conn, sql)).await {
+            Ok(result) => result.map_err(Failure::Driver),
+            Err(_) => Err(Failure::Timeout(limit)),
+        }
+    }
+
+    /// One statement outside the keeper, bounded by [`OP_TIMEOUT`], as an [`Error`].
+    pub(super) async fn query(&mut self, sql: &str, display: &str) -> Result<Vec<Row>, Error> {
+        self.rows(sql, OP_TIMEOUT)
+            .await
+            .map_err(|f| f.into_error(display))
+    }
+}
+
+/// The rows of the last result set of `sql` that returned any.
+async fn last_rows(conn: &mut Conn, sql: &str) -> Result<Vec<Row>, mysql_async::Error> {
+    let mut result = conn.query_iter(sql).await?;
+    let mut last = Vec::new();
+    // Bounded: one round per statement of `sql`.
+    for _ in 0..64 {
+        let rows: Vec<Row> = result.collect().await?;
+        if !rows.is_empty() {
+            last = rows;
+        }
+        if result.is_empty() {
+            break;
+        }
+    }
+    // A statement after the first that failed leaves its error pending, where `is_empty`
+    // does not see it: one more read raises it.
+    let tail: Vec<Row> = result.collect().await?;
+    if !tail.is_empty() {
+        last = tail;
+    }
+    Ok(last)
+}
+
+/// A statement that failed or did not answer.
+#[derive(Debug)]
+pub(super) enum Failure {
+    Driver(mysql_async::Error),
+    Timeout(Duration),
+}
+
+impl Failure {
+    pub(super) fn server_code(&self) -> Option<u16> {
+        match self {
+            Failure::Driver(mysql_async::Error::Server(e)) => Some(e.code),
+            _ => None,
+        }
+    }
+
+    pub(super) fn describe(&self) -> String {
+        match self {
+            Failure::Driver(e) => describe(e),
+            Failure::Timeout(limit) => {
+                format!("no answer within {}", humantime::format_duration(*limit))
+            }
+        }
+    }
+
+    pub(super) fn into_error(self, display: &str) -> Error {
+        match self {
+            Failure::Driver(e) => classify(&e, display),
+            Failure::Timeout(limit) => Error::Unavailable(format!(
+                "{display} did not answer within {}",
+                humantime::format_duration(limit)
+            )),
+        }
+    }
+}
+
+/// Column `i` of `row`, `None` for NULL or a value of another type.
+pub(super) fn cell<T: FromValue>(row: &Row, i: usize) -> Option<T> {
+    row.get_opt::<Option<T>, usize>(i)
+        .and_then(Result::ok)
+        .flatten()
+}
+
+/// A driver error in words: the server's message and error code where there is one.
+pub(super) fn describe(e: &mysql_async::Error) -> String {
+    match e {
+        mysql_async::Error::Server(s) => format!("{} (error {})", s.message, s.code),
+        other => {
+            let mut text = other.to_string();
+            let mut source = std::error::Error::source(other);
+            while let Some(cause) = source {
+                let more = cause.to_string();
+                if !text.contains(&more) {
+                    text.push_str(": ");
+                    text.push_str(&more);
+                }
+                source = cause.source();
+            }
+            text
+        }
+    }
+}
+
+/// MySQL error 1040: the server is at `max_connections`. Written once, here, so that a
+/// capacity back-off can hook it: for now the run is unavailable (69).
+pub(super) fn too_many_connections(display: &str, text: &str) -> Error {
+    Error::Unavailable(format!(
+        "{display} refused the connection: {text}; the server is at max_connections (raise it, or run fewer dlock clients at once)"
+    ))
+}
+
+/// The exit status a driver error stands for (README: "Exit status").
+pub(super) fn classify(e: &mysql_async::Error, display: &str) -> Error {
+    let text = describe(e);
+    match e {
+        mysql_async::Error::Server(s) => match s.code {
+            1040 => too_many_connections(display, &text),
+            // Access denied (password, database, host, table, privilege, thread owner).
+            1044 | 1045 | 1130 | 1142 | 1143 | 1227 | 1095 | 1698 => {
+                Error::Permission(format!("{display}: {text}"))
+            }
+            // Unknown database, no database selected.
+            1049 | 1046 => Error::Config(format!(
+                "{display}: {text}; name an existing database in the URL (mysql://host/DATABASE)"
+            )),
+            // A read-only server (--read-only, super_read_only, a replica).
+            1290 | 1836 | 1792 => Error::Config(format!(
+                "{display} is read-only ({text}); locks must be taken on the primary"
+            )),
+            1064 => Error::Internal(format!("{display}: {text}")),
+            _ => Error::Unavailable(format!("{display}: {text}")),
+        },
+        mysql_async::Error::Io(mysql_async::IoError::Tls(_)) => {
+            Error::Config(format!("TLS with {display} failed: {text}"))
+        }
+        _ if crate::error::caused_by_tls(e) => {
+            Error::Config(format!("TLS with {display} failed: {text}"))
+        }
+        _ => Error::Unavailable(format!("cannot reach {display}: {text}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn server(code: u16) -> mysql_async::Error {
+        mysql_async::Error::Server(mysql_async::ServerError {
+            code,
+            message: "m".into(),
+            state: "HY000".into(),
+        })
+    }
+
+    #[test]
+    fn server_errors_map_to_exit_statuses() {
+        use crate::exit::Code;
+        assert_eq!(classify(&server(1045), "d").code(), Code::NoPermission);
+        assert_eq!(classify(&server(1142), "d").code(), Code::NoPermission);
+        assert_eq!(classify(&server(1290), "d").code(), Code::Config);
+        assert_eq!(classify(&server(1049), "d").code(), Code::Config);
+        let full = classify(&server(1040), "d");
+        assert_eq!(full.code(), Code::Unavailable);
+        assert!(full.to_string().contains("max_connections"), "{full}");
+        assert_eq!(classify(&server(2013), "d").code(), Code::Unavailable);
+    }
+}

@@ -1,0 +1,101 @@
+//! The MySQL / MariaDB backend: `GET_LOCK` on a connection of dlock's own.
+//!
+//! Keys: a lock name never reaches the server as it is (MySQL limits lock names to 64
+//! characters and folds their case, MariaDB does not): `keys::key` maps it to `dlock:` and 40
+//! hex digits of a SHA-256, the same on both, stable across versions (pinned by tests), so
+//! SQL can take the same lock (README). With `--limit N` the slots are the keys of
+//! `name ‖ "\0slot\0" ‖ i` for `1 ≤ i < N` (slot 0 is the plain key) and waiters queue on a
+//! turnstile key, `name ‖ "\0queue"`.
+//!
+//! One connection per dlock process, and one round trip after connecting on the uncontended
+//! path (`sql`): the session settings (`wait_timeout` = `interactive_timeout` = `--ttl`, so
+//! the server ends a silent holder's session and frees its lock), the `--limit` check, the
+//! `GET_LOCK` call, and, only if it granted, the fencing token (a per-name InnoDB counter
+//! bumped with `LAST_INSERT_ID(token + 1)`, committed before the reply) and the holder's
+//! row in the table `dlock_locks` (readable name and metadata, for `status` and `list`).
+//! The same reply says whether the server is read-only (refused: 78) and which connection
+//! id the statements ran on (a proxy that multiplexes sessions answers with another: 78).
+//!
+//! Waiting happens in the server, in rounds of at most 2 s (`acquire`), so a signal, the
+//! `--wait` deadline and a dead server are noticed between rounds. The hold has no lease of
+//! its own: the [`Keeper`](crate::keeper::Keeper) heartbeats every TTL/3 (`lease`), each
+//! heartbeat restarting the server's idle count, so its deadline arithmetic applies.
+//!
+//! The parts: `target` (the URL), `conn` (connecting, TLS, bounded statements, error
+//! classes), `keys`, `sql` (the statements), `acquire` (waiting, slots, refusals), `lease`
+//! (the hold and its heartbeat), `admin` (`status`, `list`, `release --force`, `check`).
+
+mod acquire;
+mod admin;
+mod conn;
+pub mod keys;
+mod lease;
+mod sql;
+pub mod target;
+
+use std::time::Duration;
+
+pub use lease::MysqlLease;
+pub use target::{MysqlHost, MysqlTarget, SslMode};
+
+use crate::error::Error;
+use crate::lock::{AcquireRequest, Backend, Cancel, CheckReport, Holder, LockName, LockStatus};
+
+/// Bound for connecting (TCP, TLS, authentication) when the URL sets no `connect-timeout`.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// Bound for one statement outside the lock calls and the keeper.
+const OP_TIMEOUT: Duration = Duration::from_secs(5);
+/// Bound for giving back, ending a waiting call, and the unlock at release.
+const CANCEL_TIMEOUT: Duration = Duration::from_secs(2);
+
+pub struct MysqlBackend {
+    target: MysqlTarget,
+    prefix: String,
+    display: String,
+}
+
+impl MysqlBackend {
+    pub fn new(target: &MysqlTarget, prefix: &str, display: &str) -> MysqlBackend {
+        MysqlBackend {
+            target: target.clone(),
+            prefix: prefix.to_owned(),
+            display: display.to_owned(),
+        }
+    }
+}
+
+impl Backend for MysqlBackend {
+    type Lease = MysqlLease;
+
+    async fn acquire(
+        &self,
+        request: &AcquireRequest,
+        mut cancel: Cancel,
+    ) -> Result<MysqlLease, Error> {
+        let budget = request.wait.deadline().map(|d| d.remaining());
+        // Nothing is queued on the server yet: a cancel during connect just drops it.
+        let mut session = tokio::select! {
+            session = self.connect(budget) => session?,
+            () = cancel.cancelled() => return Err(Error::Cancelled),
+        };
+        let granted = self.take(&mut session, request, &mut cancel).await?;
+        MysqlLease::start(session, request, granted).await
+    }
+
+    async fn status(&self, name: &LockName) -> Result<LockStatus, Error> {
+        let mut session = self.admin().await?;
+        self.status_on(&mut session, name).await
+    }
+
+    async fn list(&self) -> Result<Vec<LockStatus>, Error> {
+        self.list_locks().await
+    }
+
+    async fn force_release(&self, name: &LockName) -> Result<Vec<Holder>, Error> {
+        self.release_by_force(name).await
+    }
+
+    async fn check(&self) -> Result<CheckReport, Error> {
+        self.check_server().await
+    }
+}

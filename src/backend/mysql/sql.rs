@@ -1,0 +1,185 @@
+//! The statements of an acquisition, written so that one round trip does everything on the
+//! uncontended path: the session settings (first time only), the `--limit` check, the
+//! `GET_LOCK` call, and, only if it granted, the fencing token bump and the holder's row, in
+//! one transaction that is committed (and, with InnoDB's default
+//! `innodb_flush_log_at_trx_commit=1`, on disk) before the reply, then one `SELECT` that
+//! reports it all.
+//!
+//! The table, `dlock_locks`, has one row per lock name (its fencing counter, and the holder
+//! of slot 0) and one per further slot of a `--limit N` lock. A row names its holder by
+//! connection id; it is believed only while `IS_USED_LOCK(lock_key)` says that connection
+//! holds the key, so rows of past holders are harmless and never need deleting.
+//!
+//! Texts go in as hex literals (`X'…'`), which no `sql_mode` can misread.
+
+use std::time::Duration;
+
+use super::keys::quoted;
+use crate::lock::Holder;
+
+/// The table's definition (created on first use, when the role may).
+pub const CREATE_TABLE: &str = "CREATE TABLE IF NOT EXISTS dlock_locks (\
+     lock_key CHAR(46) CHARACTER SET ascii COLLATE ascii_bin NOT NULL PRIMARY KEY, \
+     name_key CHAR(46) CHARACTER SET ascii COLLATE ascii_bin NOT NULL, \
+     token BIGINT UNSIGNED NOT NULL DEFAULT 0, \
+     conn_id BIGINT UNSIGNED NOT NULL DEFAULT 0, \
+     lim INT NOT NULL DEFAULT 0, \
+     held_token BIGINT UNSIGNED NOT NULL DEFAULT 0, \
+     holder TEXT CHARACTER SET utf8mb4, \
+     KEY dlock_locks_name (name_key)) ENGINE=InnoDB";
+
+/// Session settings, sent with the first statement: the server ends a session that sent
+/// nothing for `ttl` (and so frees a silent holder's lock); whole seconds, at least 1.
+pub fn settings_sql(ttl: Duration) -> String {
+    let seconds = server_seconds(ttl);
+    format!(
+        "SET SESSION wait_timeout = {seconds}, interactive_timeout = {seconds}, autocommit = 1; "
+    )
+}
+
+/// The TTL as the server keeps it (`wait_timeout` counts whole seconds): what the lease
+/// arithmetic must use.
+pub fn server_seconds(ttl: Duration) -> u64 {
+    ttl.as_secs().clamp(1, 31_536_000)
+}
+
+/// `X'…'` as a utf8mb4 string.
+pub fn text(value: &str) -> String {
+    let mut hex = String::with_capacity(value.len() * 2 + 32);
+    hex.push_str("CONVERT(X'");
+    for byte in value.bytes() {
+        hex.push_str(&format!("{byte:02X}"));
+    }
+    hex.push_str("' USING utf8mb4)");
+    hex
+}
+
+/// A `SET` of `@dlock_other` to the smallest `--limit` other than `limit` that another live
+/// holder of the name (`name_key`) records, or NULL.
+pub fn other_limit_sql(name_key: &str, limit: u32) -> String {
+    format!(
+        "SET @dlock_other = (SELECT MIN(lim) FROM dlock_locks WHERE name_key = {nk} \
+         AND lim <> {limit} AND lim > 0 AND conn_id <> CONNECTION_ID() \
+         AND IS_USED_LOCK(lock_key) = conn_id); ",
+        nk = quoted(name_key)
+    )
+}
+
+/// The statements after the lock call, which has set `@dlock_granted` (1: ours now) and
+/// `@dlock_slot` (the slot index): in one transaction, the name's counter is bumped with
+/// `LAST_INSERT_ID(token + 1)` (so `LAST_INSERT_ID()` returns it to this session), and the
+/// slot's row records us; nothing is written unless the lock was granted and the server is
+/// writable. Then the report row (see [`Report`](super::acquire::Report)).
+pub fn grant_sql(
+    name_key: &str,
+    slots: &[String],
+    limit: u32,
+    holder: &Holder,
+    turnstile: Option<&str>,
+) -> String {
+    let nk = quoted(name_key);
+    let slot_key = slot_expression(slots);
+    // Leaving the turnstile comes after the commit: a transaction that fails (a deadlock
+    // between slot holders) is retried from the head of the queue.
+    let leave = match turnstile {
+        Some(t) => format!(
+            "DO IF(@dlock_granted = 1, RELEASE_LOCK({}), 0); ",
+            quoted(t)
+        ),
+        None => String::new(),
+    };
+    let json = serde_json::to_string(holder).unwrap_or_default();
+    let holder = text(&json);
+    let when = "WHERE @dlock_granted = 1 AND @@global.read_only = 0";
+    format!(
+        "START TRANSACTION; \
+         INSERT INTO dlock_locks (lock_key, name_key, token) SELECT {nk}, {nk}, LAST_INSERT_ID(1) \
+         FROM DUAL {when} ON DUPLICATE KEY UPDATE token = LAST_INSERT_ID(token + 1); \
+         INSERT INTO dlock_locks (lock_key, name_key, conn_id, lim, held_token, holder) \
+         SELECT {slot_key}, {nk}, CONNECTION_ID(), {limit}, LAST_INSERT_ID(), {holder} FROM DUAL {when} \
+         ON DUPLICATE KEY UPDATE conn_id = CONNECTION_ID(), lim = {limit}, \
+         held_token = LAST_INSERT_ID(), holder = {holder}; \
+         COMMIT; {leave}\
+         SELECT @dlock_granted, IF(@dlock_granted = 1, LAST_INSERT_ID(), 0), @@global.read_only, \
+         CONNECTION_ID(), @dlock_other, \
+         (SELECT MIN(lim) FROM dlock_locks WHERE name_key = {nk} AND lim <> {limit} AND lim > 0 \
+         AND conn_id <> CONNECTION_ID() AND IS_USED_LOCK(lock_key) = conn_id), @dlock_slot"
+    )
+}
+
+/// `GET_LOCK` waits in the server for at most `wait` (fractional seconds: MariaDB honours
+/// them; MySQL rounds down, and a 0 there only means one more short round).
+pub fn lock_timeout(wait: Duration) -> String {
+    format!("{:.3}", wait.as_secs_f64())
+}
+
+/// The lock call of `--limit 1`: `GET_LOCK(key, wait)` unless another `--limit` holds.
+pub fn single_lock_sql(key: &str, wait: Duration) -> String {
+    format!(
+        "SET @dlock_slot = 0; SET @dlock_granted = IF(@dlock_other IS NULL, \
+         GET_LOCK({}, {}), 0); ",
+        quoted(key),
+        lock_timeout(wait)
+    )
+}
+
+/// The slot call of `--limit N`: the first free slot, in slot order (`CASE` stops at the
+/// first true condition), unless another `--limit` holds.
+pub fn slot_lock_sql(slots: &[String]) -> String {
+    let mut case = String::from("CASE");
+    for (i, slot) in slots.iter().enumerate() {
+        case.push_str(&format!(" WHEN GET_LOCK({}, 0) = 1 THEN {i}", quoted(slot)));
+    }
+    case.push_str(" END");
+    format!(
+        "SET @dlock_slot = IF(@dlock_other IS NULL, {case}, NULL); \
+         SET @dlock_granted = IF(@dlock_slot IS NULL, 0, 1); "
+    )
+}
+
+/// The key of the slot `@dlock_slot` names.
+fn slot_expression(slots: &[String]) -> String {
+    if slots.len() == 1 {
+        quoted(&slots[0])
+    } else {
+        let list: Vec<String> = slots.iter().map(|k| quoted(k)).collect();
+        format!("ELT(@dlock_slot + 1, {})", list.join(", "))
+    }
+}
+
+/// After a failed grant transaction: roll back and give back the slot it took (and only
+/// that: the turnstile stays ours).
+pub fn undo_slot_sql(slots: &[String]) -> String {
+    format!(
+        "ROLLBACK; DO IF(@dlock_granted = 1, RELEASE_LOCK({}), 0); SET @dlock_granted = 0",
+        slot_expression(slots)
+    )
+}
+
+/// The turnstile call of `--limit N`: queue for the head of the line.
+pub fn turnstile_sql(turnstile: &str, wait: Duration) -> String {
+    format!(
+        "SET @dlock_turn = IF(@dlock_other IS NULL, GET_LOCK({}, {}), 0); \
+         SELECT @dlock_turn, @dlock_other",
+        quoted(turnstile),
+        lock_timeout(wait)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn texts_are_hex_and_settings_whole_seconds() {
+        assert_eq!(text("a'b"), "CONVERT(X'612762' USING utf8mb4)");
+        assert_eq!(server_seconds(Duration::from_millis(3500)), 3);
+        assert!(settings_sql(Duration::from_secs(10)).contains("wait_timeout = 10,"));
+        assert_eq!(lock_timeout(Duration::from_millis(300)), "0.300");
+        let slots = slot_lock_sql(&["dlock:a".into(), "dlock:b".into()]);
+        assert!(
+            slots.contains("CASE WHEN GET_LOCK('dlock:a', 0) = 1 THEN 0 WHEN GET_LOCK('dlock:b', 0) = 1 THEN 1 END"),
+            "{slots}"
+        );
+    }
+}

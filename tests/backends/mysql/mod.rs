@@ -1,0 +1,50 @@
+//! The MySQL / MariaDB backend (issue: MySQL / MariaDB backend): the whole contract against a
+//! real MariaDB, the lease contract, and what is particular to `GET_LOCK`: losing the session
+//! (`session`: killed holder, `KILL`, a server crash and its tokens), access and names
+//! (`access`: privileges, read-only, passwords, long/unicode/case-differing names).
+
+mod access;
+mod session;
+
+use crate::support::*;
+
+crate::contract_tests!(mysql_contract, MysqlServer::start());
+crate::lease_contract_tests!(mysql_lease, MysqlServer::start());
+
+#[test]
+fn status_shows_the_holders_connection_and_the_last_token() {
+    let server = MysqlServer::start();
+    let env = TestEnv::new(&server);
+    let lock = lock_name("m");
+    let token = env.token(&lock);
+    let holder = env.hold(&lock, &[]);
+    let out = env.run(["status", "--json", &lock]);
+    assert!(out.status.success(), "{}", describe(&out));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let first = &json["holders"][0];
+    assert_eq!(
+        first["pid"].as_i64(),
+        Some(i64::from(holder.pid())),
+        "{json}"
+    );
+    assert_eq!(first["token"].as_u64(), Some(token + 1), "{json}");
+    assert_eq!(json["last_token"].as_u64(), Some(token + 1), "{json}");
+    let session = first["session"].as_str().unwrap_or_default();
+    assert!(
+        session.starts_with("connection id ") && session.contains("127.0.0.1"),
+        "{json}"
+    );
+    let out = env.run(["list"]);
+    assert!(stdout_of(&out).contains(&lock), "{}", describe(&out));
+}
+
+#[test]
+fn check_reports_the_server_and_its_settings() {
+    let server = MysqlServer::start();
+    let env = TestEnv::new(&server);
+    let out = env.run(["check"]);
+    assert!(out.status.success(), "{}", describe(&out));
+    let text = stdout_of(&out);
+    assert!(text.contains("MariaDB"), "{text}");
+    assert!(text.contains("dlock_locks"), "{text}");
+}
