@@ -19,9 +19,6 @@ _dlock() {
             dlock,check)
                 cmd="dlock__subcmd__check"
                 ;;
-            dlock,generate)
-                cmd="dlock__subcmd__generate"
-                ;;
             dlock,list)
                 cmd="dlock__subcmd__list"
                 ;;
@@ -34,12 +31,6 @@ _dlock() {
             dlock,status)
                 cmd="dlock__subcmd__status"
                 ;;
-            dlock__subcmd__generate,completions)
-                cmd="dlock__subcmd__generate__subcmd__completions"
-                ;;
-            dlock__subcmd__generate,man)
-                cmd="dlock__subcmd__generate__subcmd__man"
-                ;;
             *)
                 ;;
         esac
@@ -47,7 +38,7 @@ _dlock() {
 
     case "${cmd}" in
         dlock)
-            opts="-v -q -h -V --verbose --quiet --config --help --version run status list release check generate"
+            opts="-v -q -h -V --verbose --quiet --config --help --version run status list release check"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 1 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -91,60 +82,6 @@ _dlock() {
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
-                --config)
-                    COMPREPLY=($(compgen -f "${cur}"))
-                    return 0
-                    ;;
-                *)
-                    COMPREPLY=()
-                    ;;
-            esac
-            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
-            return 0
-            ;;
-        dlock__subcmd__generate)
-            opts="-v -q -h -V --verbose --quiet --config --help --version man completions"
-            if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
-                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
-                return 0
-            fi
-            case "${prev}" in
-                --config)
-                    COMPREPLY=($(compgen -f "${cur}"))
-                    return 0
-                    ;;
-                *)
-                    COMPREPLY=()
-                    ;;
-            esac
-            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
-            return 0
-            ;;
-        dlock__subcmd__generate__subcmd__completions)
-            opts="-v -q -h -V --verbose --quiet --config --help --version"
-            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
-                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
-                return 0
-            fi
-            case "${prev}" in
-                --config)
-                    COMPREPLY=($(compgen -f "${cur}"))
-                    return 0
-                    ;;
-                *)
-                    COMPREPLY=()
-                    ;;
-            esac
-            COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
-            return 0
-            ;;
-        dlock__subcmd__generate__subcmd__man)
-            opts="-v -q -h -V --verbose --quiet --config --help --version"
-            if [[ ${cur} == -* || ${COMP_CWORD} -eq 3 ]] ; then
-                COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
-                return 0
-            fi
-            case "${prev}" in
                 --config)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
@@ -217,7 +154,8 @@ _dlock() {
             return 0
             ;;
         dlock__subcmd__run)
-            opts="-u -w -n -E -t -l -c -v -q -h -V --url --prefix --wait --no-wait --conflict-exit-code --ttl --limit --on-lost --kill-after --local-queue --command --verbose --quiet --config --help --version"
+            __dlock_run_after_name && return 0
+            opts="-u -w -n -E -t -l -c -v -q -h -V --url --prefix --wait --no-wait --conflict-exit-code --ttl --limit --on-lost --kill-after --local-queue --min-hold --command --verbose --quiet --config --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -279,6 +217,10 @@ _dlock() {
                     COMPREPLY=($(compgen -W "true false" -- "${cur}"))
                     return 0
                     ;;
+                --min-hold)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 --command)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
@@ -329,6 +271,35 @@ _dlock() {
             return 0
             ;;
     esac
+}
+
+# dlock run: dlock's options stop at NAME; then a command, then its arguments.
+__dlock_run_after_name() {
+    local i=1 first
+    while [[ $i -lt $COMP_CWORD && "${COMP_WORDS[i]}" != run ]]; do
+        i=$((i + 1))
+    done
+    i=$((i + 1))
+    while [[ $i -lt $COMP_CWORD ]]; do
+        case "${COMP_WORDS[i]}" in
+            --) i=$((i + 1)); break ;;
+            -u|--url|--prefix|-w|--wait|-E|--conflict-exit-code|-t|--ttl|-l|--limit|--on-lost|--kill-after|--local-queue|--min-hold|-c|--command|--config) i=$((i + 2)) ;;
+            -*) i=$((i + 1)) ;;
+            *) break ;;
+        esac
+    done
+    [[ $i -lt $COMP_CWORD ]] || return 1
+    first=$((i + 1))
+    case "${COMP_WORDS[first]}" in
+        --) [[ $first -lt $COMP_CWORD ]] && first=$((first + 1)) ;;
+        -c|--command|-c*|--command=*) COMPREPLY=(); return 0 ;;
+    esac
+    if [[ $COMP_CWORD -eq $first ]]; then
+        COMPREPLY=( $(compgen -c -- "${COMP_WORDS[COMP_CWORD]}") )
+    else
+        COMPREPLY=( $(compgen -f -- "${COMP_WORDS[COMP_CWORD]}") )
+    fi
+    return 0
 }
 
 if [[ "${BASH_VERSINFO[0]}" -eq 4 && "${BASH_VERSINFO[1]}" -ge 4 || "${BASH_VERSINFO[0]}" -gt 4 ]]; then

@@ -27,33 +27,33 @@ end
 complete -c dlock -n "__fish_dlock_needs_command" -l config -d 'Config file (TOML). Default: $XDG_CONFIG_HOME/dlock/config.toml, then /etc/dlock/config.toml' -r -F
 complete -c dlock -n "__fish_dlock_needs_command" -s v -l verbose -d 'More messages on stderr (repeat for more). DLOCK_LOG takes a tracing filter instead'
 complete -c dlock -n "__fish_dlock_needs_command" -s q -l quiet -d 'Fewer messages on stderr (repeat for none): `run -q` does not report a lock that was not acquired; `status -q` prints nothing on stdout'
-complete -c dlock -n "__fish_dlock_needs_command" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c dlock -n "__fish_dlock_needs_command" -s h -l help -d 'Print help'
 complete -c dlock -n "__fish_dlock_needs_command" -s V -l version -d 'Print version'
 complete -c dlock -n "__fish_dlock_needs_command" -f -a "run" -d 'Acquire NAME, run COMMAND with the lock held, release, exit with its status'
 complete -c dlock -n "__fish_dlock_needs_command" -f -a "status" -d 'Show who holds NAME (exit 0 when held, 1 when free)'
 complete -c dlock -n "__fish_dlock_needs_command" -f -a "list" -d 'List held locks under the namespace'
 complete -c dlock -n "__fish_dlock_needs_command" -f -a "release" -d 'Break a lock held by someone else (admin; needs --force)'
 complete -c dlock -n "__fish_dlock_needs_command" -f -a "check" -d 'Check that the backend can be reached and used: latency, version, permissions'
-complete -c dlock -n "__fish_dlock_needs_command" -f -a "generate" -d 'Generate the man pages or shell completions (for packagers)'
-complete -c dlock -n "__fish_dlock_using_subcommand run" -s u -l url -d 'Backend URL: file:///dir, redis://[user[:password]@]host[:port][/db], rediss://…, redis+unix:///path, etcd://[user@]host:port[,host:port…], etcds://…, zk://[user@]host:port[,host:port…][/chroot], postgres://[user@][host][:port][/dbname][?sslmode=…] (or libpq\'s key=value form), mysql://[user@][host][:port][/database][?ssl-mode=…] (mariadb://…). Default: the file backend in $XDG_RUNTIME_DIR/dlock, else /tmp/dlock-<uid>.' -r
-complete -c dlock -n "__fish_dlock_using_subcommand run" -l prefix -d 'Namespace for keys and paths [default: dlock]' -r
-complete -c dlock -n "__fish_dlock_using_subcommand run" -s w -l wait -d 'Give up after waiting this long, connecting to the backend included (500ms, 30s, 5m) [default: wait forever]' -r
-complete -c dlock -n "__fish_dlock_using_subcommand run" -s E -l conflict-exit-code -d 'Exit status when the lock was not acquired [default: 75]' -r
-complete -c dlock -n "__fish_dlock_using_subcommand run" -s t -l ttl -d 'Lease length; renewed every TTL/3 while the command runs; 2s to 7 days on the lease backends [default: 15s]' -r
-complete -c dlock -n "__fish_dlock_using_subcommand run" -s l -l limit -d 'Semaphore: up to N holders at once; all holders must agree on N [default: 1]' -r
-complete -c dlock -n "__fish_dlock_using_subcommand run" -l on-lost -d 'What to do when the lock is lost while the command runs [default: term]' -r -f -a "term\t'SIGTERM the command\'s process group, SIGKILL after --kill-after'
+complete -c dlock -n "__fish_dlock_using_subcommand run; and __fish_dlock_run_options" -s u -l url -d 'Backend URL: file:///dir, redis://[user[:password]@]host[:port][/db], rediss://…, redis+unix:///path, etcd://[user@]host:port[,host:port…], etcds://…, zk://[user@]host:port[,host:port…][/chroot], postgres://[user@][host][:port][/dbname][?sslmode=…] (or libpq\'s key=value form), mysql://[user@][host][:port][/database][?ssl-mode=…] (mariadb://…). Default: the file backend in $XDG_RUNTIME_DIR/dlock, else /tmp/dlock-<uid>.' -r
+complete -c dlock -n "__fish_dlock_using_subcommand run; and __fish_dlock_run_options" -l prefix -d 'Namespace for keys and paths [default: dlock]' -r
+complete -c dlock -n "__fish_dlock_using_subcommand run; and __fish_dlock_run_options" -s w -l wait -d 'Give up after waiting this long, connecting to the backend included (500ms, 30s, 5m) [default: wait forever]' -r
+complete -c dlock -n "__fish_dlock_using_subcommand run; and __fish_dlock_run_options" -s E -l conflict-exit-code -d 'Exit status when the lock was not acquired [default: 75]' -r
+complete -c dlock -n "__fish_dlock_using_subcommand run; and __fish_dlock_run_options" -s t -l ttl -d 'Lease length; renewed every TTL/3 while the command runs; 2s to 7 days on the lease backends [default: 15s]' -r
+complete -c dlock -n "__fish_dlock_using_subcommand run; and __fish_dlock_run_options" -s l -l limit -d 'Semaphore: up to N holders at once; all holders must agree on N [default: 1]' -r
+complete -c dlock -n "__fish_dlock_using_subcommand run; and __fish_dlock_run_options" -l on-lost -d 'What to do when the lock is lost while the command runs [default: term]' -r -f -a "term\t'SIGTERM the command\'s process group, SIGKILL after --kill-after'
 kill\t'SIGKILL the command\'s process group at once'
 ignore\t'Let the command run on without the lock (a warning is printed)'"
-complete -c dlock -n "__fish_dlock_using_subcommand run" -l kill-after -d 'Grace between SIGTERM and SIGKILL, on lock loss and after a forwarded signal [default: 10s]' -r
-complete -c dlock -n "__fish_dlock_using_subcommand run" -l local-queue -d 'Wait in a queue on this host first, so that only the head of the queue holds a server connection (remote backends, when waiting) [default: on]' -r -f -a "true\t''
+complete -c dlock -n "__fish_dlock_using_subcommand run; and __fish_dlock_run_options" -l kill-after -d 'Grace between SIGTERM and SIGKILL, on lock loss and after a forwarded signal [default: 10s]' -r
+complete -c dlock -n "__fish_dlock_using_subcommand run; and __fish_dlock_run_options" -l local-queue -d 'Wait in a queue on this host first, so that only the head of the queue holds a server connection (remote backends, when waiting) [default: on]' -r -f -a "true\t''
 false\t''"
-complete -c dlock -n "__fish_dlock_using_subcommand run" -s c -l command -d 'Run SHELL-COMMAND with "$SHELL -c" (or /bin/sh -c) instead of COMMAND' -r
-complete -c dlock -n "__fish_dlock_using_subcommand run" -l config -d 'Config file (TOML). Default: $XDG_CONFIG_HOME/dlock/config.toml, then /etc/dlock/config.toml' -r -F
-complete -c dlock -n "__fish_dlock_using_subcommand run" -s n -l no-wait -d 'Give up at once if the lock is held (same as --wait 0)'
-complete -c dlock -n "__fish_dlock_using_subcommand run" -s v -l verbose -d 'More messages on stderr (repeat for more). DLOCK_LOG takes a tracing filter instead'
-complete -c dlock -n "__fish_dlock_using_subcommand run" -s q -l quiet -d 'Fewer messages on stderr (repeat for none): `run -q` does not report a lock that was not acquired; `status -q` prints nothing on stdout'
-complete -c dlock -n "__fish_dlock_using_subcommand run" -s h -l help -d 'Print help (see more with \'--help\')'
-complete -c dlock -n "__fish_dlock_using_subcommand run" -s V -l version -d 'Print version'
+complete -c dlock -n "__fish_dlock_using_subcommand run; and __fish_dlock_run_options" -l min-hold -d 'Keep the lock at least this long after acquiring it, even when the command ends sooner (the same job from cron on several hosts runs once); the command\'s status is passed on when the time is up [default: none]' -r
+complete -c dlock -n "__fish_dlock_using_subcommand run; and __fish_dlock_run_options" -s c -l command -d 'Run SHELL-COMMAND with "$SHELL -c" (or /bin/sh -c) instead of COMMAND' -r
+complete -c dlock -n "__fish_dlock_using_subcommand run; and __fish_dlock_run_options" -l config -d 'Config file (TOML). Default: $XDG_CONFIG_HOME/dlock/config.toml, then /etc/dlock/config.toml' -r -F
+complete -c dlock -n "__fish_dlock_using_subcommand run; and __fish_dlock_run_options" -s n -l no-wait -d 'Give up at once if the lock is held (same as --wait 0)'
+complete -c dlock -n "__fish_dlock_using_subcommand run; and __fish_dlock_run_options" -s v -l verbose -d 'More messages on stderr (repeat for more). DLOCK_LOG takes a tracing filter instead'
+complete -c dlock -n "__fish_dlock_using_subcommand run; and __fish_dlock_run_options" -s q -l quiet -d 'Fewer messages on stderr (repeat for none): `run -q` does not report a lock that was not acquired; `status -q` prints nothing on stdout'
+complete -c dlock -n "__fish_dlock_using_subcommand run; and __fish_dlock_run_options" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c dlock -n "__fish_dlock_using_subcommand run; and __fish_dlock_run_options" -s V -l version -d 'Print version'
 complete -c dlock -n "__fish_dlock_using_subcommand status" -s u -l url -d 'Backend URL: file:///dir, redis://[user[:password]@]host[:port][/db], rediss://…, redis+unix:///path, etcd://[user@]host:port[,host:port…], etcds://…, zk://[user@]host:port[,host:port…][/chroot], postgres://[user@][host][:port][/dbname][?sslmode=…] (or libpq\'s key=value form), mysql://[user@][host][:port][/database][?ssl-mode=…] (mariadb://…). Default: the file backend in $XDG_RUNTIME_DIR/dlock, else /tmp/dlock-<uid>.' -r
 complete -c dlock -n "__fish_dlock_using_subcommand status" -l prefix -d 'Namespace for keys and paths [default: dlock]' -r
 complete -c dlock -n "__fish_dlock_using_subcommand status" -l config -d 'Config file (TOML). Default: $XDG_CONFIG_HOME/dlock/config.toml, then /etc/dlock/config.toml' -r -F
@@ -87,20 +87,29 @@ complete -c dlock -n "__fish_dlock_using_subcommand check" -s v -l verbose -d 'M
 complete -c dlock -n "__fish_dlock_using_subcommand check" -s q -l quiet -d 'Fewer messages on stderr (repeat for none): `run -q` does not report a lock that was not acquired; `status -q` prints nothing on stdout'
 complete -c dlock -n "__fish_dlock_using_subcommand check" -s h -l help -d 'Print help'
 complete -c dlock -n "__fish_dlock_using_subcommand check" -s V -l version -d 'Print version'
-complete -c dlock -n "__fish_dlock_using_subcommand generate; and not __fish_seen_subcommand_from man completions" -l config -d 'Config file (TOML). Default: $XDG_CONFIG_HOME/dlock/config.toml, then /etc/dlock/config.toml' -r -F
-complete -c dlock -n "__fish_dlock_using_subcommand generate; and not __fish_seen_subcommand_from man completions" -s v -l verbose -d 'More messages on stderr (repeat for more). DLOCK_LOG takes a tracing filter instead'
-complete -c dlock -n "__fish_dlock_using_subcommand generate; and not __fish_seen_subcommand_from man completions" -s q -l quiet -d 'Fewer messages on stderr (repeat for none): `run -q` does not report a lock that was not acquired; `status -q` prints nothing on stdout'
-complete -c dlock -n "__fish_dlock_using_subcommand generate; and not __fish_seen_subcommand_from man completions" -s h -l help -d 'Print help'
-complete -c dlock -n "__fish_dlock_using_subcommand generate; and not __fish_seen_subcommand_from man completions" -s V -l version -d 'Print version'
-complete -c dlock -n "__fish_dlock_using_subcommand generate; and not __fish_seen_subcommand_from man completions" -f -a "man" -d 'Write man pages (dlock.1 and one per subcommand) into DIR'
-complete -c dlock -n "__fish_dlock_using_subcommand generate; and not __fish_seen_subcommand_from man completions" -f -a "completions" -d 'Write completion scripts for bash, zsh and fish into DIR'
-complete -c dlock -n "__fish_dlock_using_subcommand generate; and __fish_seen_subcommand_from man" -l config -d 'Config file (TOML). Default: $XDG_CONFIG_HOME/dlock/config.toml, then /etc/dlock/config.toml' -r -F
-complete -c dlock -n "__fish_dlock_using_subcommand generate; and __fish_seen_subcommand_from man" -s v -l verbose -d 'More messages on stderr (repeat for more). DLOCK_LOG takes a tracing filter instead'
-complete -c dlock -n "__fish_dlock_using_subcommand generate; and __fish_seen_subcommand_from man" -s q -l quiet -d 'Fewer messages on stderr (repeat for none): `run -q` does not report a lock that was not acquired; `status -q` prints nothing on stdout'
-complete -c dlock -n "__fish_dlock_using_subcommand generate; and __fish_seen_subcommand_from man" -s h -l help -d 'Print help'
-complete -c dlock -n "__fish_dlock_using_subcommand generate; and __fish_seen_subcommand_from man" -s V -l version -d 'Print version'
-complete -c dlock -n "__fish_dlock_using_subcommand generate; and __fish_seen_subcommand_from completions" -l config -d 'Config file (TOML). Default: $XDG_CONFIG_HOME/dlock/config.toml, then /etc/dlock/config.toml' -r -F
-complete -c dlock -n "__fish_dlock_using_subcommand generate; and __fish_seen_subcommand_from completions" -s v -l verbose -d 'More messages on stderr (repeat for more). DLOCK_LOG takes a tracing filter instead'
-complete -c dlock -n "__fish_dlock_using_subcommand generate; and __fish_seen_subcommand_from completions" -s q -l quiet -d 'Fewer messages on stderr (repeat for none): `run -q` does not report a lock that was not acquired; `status -q` prints nothing on stdout'
-complete -c dlock -n "__fish_dlock_using_subcommand generate; and __fish_seen_subcommand_from completions" -s h -l help -d 'Print help'
-complete -c dlock -n "__fish_dlock_using_subcommand generate; and __fish_seen_subcommand_from completions" -s V -l version -d 'Print version'
+
+# dlock run: dlock's options stop at NAME (the first word that is not an option).
+function __fish_dlock_run_options
+    set -l seen_run 0
+    set -l skip 0
+    for word in (commandline -opc)[2..-1]
+        if test $seen_run = 0
+            test "$word" = run; and set seen_run 1
+            continue
+        end
+        if test $skip = 1
+            set skip 0
+            continue
+        end
+        switch $word
+            case --
+                return 1
+            case -u --url --prefix -w --wait -E --conflict-exit-code -t --ttl -l --limit --on-lost --kill-after --local-queue --min-hold -c --command --config
+                set skip 1
+            case '-*'
+            case '*'
+                return 1
+        end
+    end
+    return 0
+end

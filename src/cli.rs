@@ -27,13 +27,16 @@ Signals: SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2 sent to dlock are
 once to the command's process group. After TERM, INT, HUP or QUIT the command gets
 --kill-after to exit before SIGKILL; a second such signal sends SIGKILL at once. At an
 interactive terminal the command runs in the foreground, so Ctrl-C and Ctrl-Z reach it
-directly. A signal while waiting for the lock cancels the wait and dlock exits 128+N.
+directly; on a lease backend dlock warns when it stops that the lease is not renewed while
+stopped. A signal while waiting for the lock cancels the wait and dlock exits 128+N.
+At a terminal, a wait says whom it waits for, on one line (with -v also elsewhere).
+With --min-hold, a signal after the command has finished releases at once (128+N).
 If the lock is lost while the command runs, --on-lost decides (default: SIGTERM to the
 command's process group, SIGKILL after --kill-after, exit 124).
 
 Every option can also be set in the environment (DLOCK_URL, DLOCK_WAIT, DLOCK_NO_WAIT,
 DLOCK_CONFLICT_EXIT_CODE, DLOCK_TTL, DLOCK_LIMIT, DLOCK_ON_LOST, DLOCK_KILL_AFTER,
-DLOCK_PREFIX, DLOCK_LOCAL_QUEUE) or in the config file. Precedence: flags > environment > config file >
+DLOCK_MIN_HOLD, DLOCK_PREFIX, DLOCK_LOCAL_QUEUE) or in the config file. Precedence: flags > environment > config file >
 defaults.";
 
 /// Run a command while holding a named lock.
@@ -50,7 +53,6 @@ defaults.";
         /tmp/dlock-<uid>), redis:// (rediss://, redis+unix://), etcd:// (etcds://), zk://, \
         postgres:// (postgresql://, or libpq's key=value form) and mysql:// (mariadb://).",
     after_long_help = exit::TABLE,
-    disable_help_subcommand = true,
     propagate_version = true
 )]
 pub struct Cli {
@@ -125,6 +127,11 @@ pub struct BackendArgs {
     /// Namespace for keys and paths [default: dlock].
     #[arg(long, value_name = "P", env = "DLOCK_PREFIX", hide_env_values = true)]
     pub prefix: Option<String>,
+
+    /// The ids of this subcommand's options whose value clap took from the environment
+    /// (`wait` for DLOCK_WAIT), filled in by [`parse`], so that messages name the variable.
+    #[arg(skip)]
+    pub from_env: Vec<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -219,6 +226,16 @@ pub struct RunArgs {
     #[arg(long, value_name = "on|off", env = "DLOCK_LOCAL_QUEUE", hide_env_values = true,
           value_parser = clap::builder::BoolishValueParser::new())]
     pub local_queue: Option<bool>,
+    /// Keep the lock at least this long after acquiring it, even when the command ends
+    /// sooner (the same job from cron on several hosts runs once); the command's status is
+    /// passed on when the time is up [default: none].
+    #[arg(
+        long,
+        value_name = "DUR",
+        env = "DLOCK_MIN_HOLD",
+        hide_env_values = true
+    )]
+    pub min_hold: Option<String>,
 
     /// Run SHELL-COMMAND with "$SHELL -c" (or /bin/sh -c) instead of COMMAND.
     #[arg(short = 'c', long = "command", value_name = "SHELL-COMMAND")]
@@ -323,7 +340,30 @@ pub fn parse(args: Vec<OsString>) -> Result<Cli, clap::Error> {
     let mut command = Cli::command();
     let args = normalize_run_args(args, &command);
     let matches = command.try_get_matches_from_mut(args)?;
-    Cli::from_arg_matches(&matches).map_err(|e| e.format(&mut command))
+    let mut cli = Cli::from_arg_matches(&matches).map_err(|e| e.format(&mut command))?;
+    if let Some((_, sub)) = matches.subcommand() {
+        let from_env = from_environment(sub);
+        match &mut cli.command {
+            Command::Run(a) => a.backend.from_env = from_env,
+            Command::Status(a) => a.backend.from_env = from_env,
+            Command::List(a) => a.backend.from_env = from_env,
+            Command::Release(a) => a.backend.from_env = from_env,
+            Command::Check(a) => a.backend.from_env = from_env,
+            Command::Generate(_) => {}
+        }
+    }
+    Ok(cli)
+}
+
+/// The ids of the options in `matches` whose value came from their `DLOCK_*` variable.
+fn from_environment(matches: &clap::ArgMatches) -> Vec<String> {
+    matches
+        .ids()
+        .filter(|id| {
+            matches.value_source(id.as_str()) == Some(clap::parser::ValueSource::EnvVariable)
+        })
+        .map(|id| id.as_str().to_owned())
+        .collect()
 }
 
 /// Rewrite `dlock … run [OPTS] NAME [-c CMD] [--] COMMAND…` into

@@ -31,6 +31,7 @@ pub(crate) struct Values {
     pub(crate) limit: Option<i64>,
     pub(crate) on_lost: Option<String>,
     pub(crate) kill_after: Option<String>,
+    pub(crate) min_hold: Option<String>,
     pub(crate) prefix: Option<String>,
     pub(crate) local_queue: Option<bool>,
     /// Read by the remote backends (not needed by the file backend).

@@ -114,10 +114,27 @@ pub struct Holder {
     pub ttl_ms: u64,
     pub token: u64,
     pub version: String,
+    /// `--min-hold` in milliseconds (0: none): the lock is kept at least this long.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub min_hold_ms: u64,
+    /// Set once the command has finished while `--min-hold` keeps the lock: until when, RFC
+    /// 3339 UTC (where the backend can update a holder's metadata, see [`Lease::finished`]).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub kept_until: String,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl Holder {
     pub const MAX_COMMAND: usize = 200;
+
+    /// Whether this entry was left by a client that is not dlock (`etcdctl lock`, Curator):
+    /// it carries no pid and no dlock version.
+    pub fn is_foreign(&self) -> bool {
+        self.pid == 0 && self.version.is_empty()
+    }
 
     /// Metadata for this process running `command` (its display form, passwords already
     /// masked), to be completed with the token.
@@ -144,6 +161,8 @@ impl Holder {
             ttl_ms: u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX),
             token: 0,
             version: env!("CARGO_PKG_VERSION").to_owned(),
+            min_hold_ms: 0,
+            kept_until: String::new(),
         }
     }
 }
@@ -303,22 +322,10 @@ pub struct LockStatus {
 }
 
 impl LockStatus {
-    /// " by pid N on host since T, …" for messages about a held lock ("" when free).
+    /// " by pid N on host (user: command) for 4m12s, …" for messages about a held lock
+    /// ("" when free); see [`crate::wording`].
     pub fn held_by(&self) -> String {
-        if self.holders.is_empty() {
-            return String::new();
-        }
-        let who: Vec<String> = self
-            .holders
-            .iter()
-            .map(|h| {
-                format!(
-                    "pid {} on {} since {}",
-                    h.holder.pid, h.holder.host, h.holder.since
-                )
-            })
-            .collect();
-        format!(" by {}", who.join(", "))
+        crate::wording::held_by(self.holders.iter().map(|h| &h.holder))
     }
 }
 
@@ -372,6 +379,15 @@ pub trait Lease {
 
     /// Give the lock back promptly, so the next waiter does not wait for a TTL.
     async fn release(self) -> Result<(), Error>;
+
+    /// Record in the hold's metadata that the command has finished and the lock is kept
+    /// until `holder.kept_until` (`--min-hold`), so that `status` can say so. Returns
+    /// whether it was recorded: a backend that cannot update its metadata cheaply keeps
+    /// this default, and `status` then shows only the `--min-hold` recorded at the start.
+    async fn finished(&mut self, holder: &Holder) -> Result<bool, Error> {
+        let _ = holder;
+        Ok(false)
+    }
 }
 
 #[cfg(test)]

@@ -61,8 +61,17 @@ pub fn quiet() -> bool {
     QUIET.load(std::sync::atomic::Ordering::Relaxed)
 }
 
+static VERBOSE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Whether `-v` was given (more than `-q`): routine progress, such as waiting, is reported
+/// even when stderr is not a terminal.
+pub fn verbose() -> bool {
+    VERBOSE.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 pub fn init(verbose: u8, quiet: u8) {
     QUIET.store(quiet > verbose, std::sync::atomic::Ordering::Relaxed);
+    VERBOSE.store(verbose > quiet, std::sync::atomic::Ordering::Relaxed);
     // A filter from DLOCK_LOG needs tracing-subscriber's machinery; the plain levels do not,
     // and skipping it keeps start-up lean.
     if std::env::var_os("DLOCK_LOG").is_none_or(|f| f.is_empty()) {

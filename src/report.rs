@@ -25,6 +25,19 @@ pub fn clap_error(err: clap::Error) -> u8 {
             let text = err.to_string();
             let first = text.lines().next().unwrap_or("bad usage");
             let message = first.strip_prefix("error: ").unwrap_or(first);
+            // "the following required arguments were not provided:" lists them on the
+            // indented lines below: name them on the one line (`<NAME>`).
+            let listed: Vec<&str> = text
+                .lines()
+                .skip(1)
+                .take_while(|l| l.starts_with("  "))
+                .map(str::trim)
+                .collect();
+            let message = if message.ends_with(':') && !listed.is_empty() {
+                format!("{message} {}", listed.join(", "))
+            } else {
+                message.to_owned()
+            };
             let tip = text
                 .lines()
                 .map(str::trim)
@@ -114,6 +127,19 @@ fn write_holder(out: &mut impl Write, status: &HolderStatus) -> std::io::Result<
     }
     if !h.since.is_empty() {
         writeln!(out, "since:      {}{}", printable(&h.since), ago(&h.since))?;
+    }
+    if !h.kept_until.is_empty() {
+        writeln!(
+            out,
+            "finished:   the command has ended; the lock is kept until {} (--min-hold)",
+            printable(&h.kept_until)
+        )?;
+    } else if h.min_hold_ms > 0 {
+        writeln!(
+            out,
+            "min hold:   {} (the lock is kept at least that long, even when the command ends sooner)",
+            humantime::format_duration(Duration::from_millis(h.min_hold_ms))
+        )?;
     }
     if h.token > 0 {
         writeln!(out, "token:      {}", h.token)?;

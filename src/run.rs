@@ -20,6 +20,9 @@ use crate::settings::RunSettings;
 use crate::signals::{self, Signals};
 use crate::{clock, logging, reentry, supervise};
 
+mod min_hold;
+mod waiting;
+
 /// How long past `--wait` a backend may take to report that the wait is over.
 const WAIT_BACKSTOP_SLACK: Duration = Duration::from_secs(1);
 /// How long a backend that missed the `--wait` deadline gets to clean up after a cancel.
@@ -64,7 +67,8 @@ pub async fn run<B: Backend>(
                 entry.pid
             );
             return supervise_command(&settings, &mut signals, sigchld, &mut Reentrant, Vec::new())
-                .await;
+                .await
+                .map(|ran| ran.status);
         }
         tracing::info!(
             "DLOCK_HELD names pid {} as the holder of '{}', but the backend does not show it holding; acquiring",
@@ -79,11 +83,16 @@ pub async fn run<B: Backend>(
         ttl: settings.common.ttl,
         wait: settings.wait,
         kill_after: settings.kill_after,
-        holder: Holder::for_this_process(
-            &settings.name,
-            &settings.command.display,
-            settings.common.ttl,
-        ),
+        holder: Holder {
+            min_hold_ms: settings
+                .min_hold
+                .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+            ..Holder::for_this_process(
+                &settings.name,
+                &settings.command.display,
+                settings.common.ttl,
+            )
+        },
     };
     let mut env = child_environment(&settings);
     let started = clock::BootInstant::now();
@@ -97,8 +106,10 @@ pub async fn run<B: Backend>(
         Wait::For(wait) => Some(tokio::time::Instant::now() + wait + WAIT_BACKSTOP_SLACK),
         Wait::No | Wait::Forever => None,
     };
+    let waiting = waiting::Waiting::new(settings.wait == Wait::No);
     let acquired = tokio::select! {
         result = &mut acquire => result,
+        () = waiting.report(&backend, &settings.name) => Err(Error::Internal("the waiting line ended".into())),
         () = sleep_until_some(backstop) => {
             canceller.cancel();
             match tokio::time::timeout(WAIT_BACKSTOP_CLEANUP, &mut acquire).await {
@@ -111,6 +122,7 @@ pub async fn run<B: Backend>(
             }
         }
         signal = signals.recv() => {
+            waiting.finish(&settings.name, false);
             canceller.cancel();
             // Let the backend remove its waiter; if it won the race, give the lock back.
             if let Ok(Ok(lease)) = tokio::time::timeout(Duration::from_secs(10), &mut acquire).await {
@@ -124,6 +136,7 @@ pub async fn run<B: Backend>(
             return Ok(exit::signal_status(signal));
         }
     };
+    waiting.finish(&settings.name, acquired.is_ok());
     let mut lease = match acquired {
         Ok(lease) => lease,
         Err(Error::Busy(message)) => {
@@ -139,6 +152,7 @@ pub async fn run<B: Backend>(
                 .with_context(|| format!("cannot acquire '{}'", settings.name))
         }
     };
+    let acquired_at = min_hold::Acquired::now();
     tracing::info!(
         "acquired '{}' (token {}) in {:?}",
         settings.name,
@@ -165,9 +179,29 @@ pub async fn run<B: Backend>(
         let held = reentry::with_entry(inherited_held, &entry);
         env.push(("DLOCK_HELD".into(), Some(held.into())));
     }
-    let outcome = supervise_command(&settings, &mut signals, sigchld, &mut lease, env).await;
+    let outcome = match supervise_command(&settings, &mut signals, sigchld, &mut lease, env).await {
+        Ok(ran) if !ran.lock_lost && !ran.stopping => Ok(min_hold::keep(
+            &mut lease,
+            &mut signals,
+            &settings,
+            &request.holder,
+            &acquired_at,
+            ran.status,
+        )
+        .await),
+        other => other.map(|ran| ran.status),
+    };
     release(lease, &settings).await;
     outcome
+}
+
+/// How the command's run ended, for dlock's exit status.
+struct Ran {
+    status: u8,
+    /// The lock was lost while it ran (and the command was stopped for it).
+    lock_lost: bool,
+    /// dlock was asked to stop (a terminating signal was forwarded): release at once.
+    stopping: bool,
 }
 
 /// Start the command and wait for it; map how it ended to dlock's exit status.
@@ -177,7 +211,7 @@ async fn supervise_command<L: Lease>(
     sigchld: tokio::signal::unix::Signal,
     lease: &mut L,
     env: Vec<(OsString, Option<OsString>)>,
-) -> anyhow::Result<u8> {
+) -> anyhow::Result<Ran> {
     let terminal = supervise::Terminal::foreground();
     let child = match supervise::spawn(&settings.command, &env, terminal.as_ref()) {
         Ok(child) => child,
@@ -201,6 +235,11 @@ async fn supervise_command<L: Lease>(
     let policy = supervise::Policy {
         on_lost: settings.on_lost,
         kill_after: settings.kill_after,
+        lease: settings
+            .common
+            .target
+            .minimum_ttl()
+            .map(|_| (settings.name.clone(), settings.common.ttl)),
     };
     let ending = supervise::supervise(child, lease, signals, policy, terminal.as_ref(), sigchld)
         .await
@@ -212,9 +251,17 @@ async fn supervise_command<L: Lease>(
                 settings.name,
                 lost.reason
             );
-            Ok(Code::Lost.value())
+            Ok(Ran {
+                status: Code::Lost.value(),
+                lock_lost: true,
+                stopping: ending.terminating_forwarded,
+            })
         }
-        _ => Ok(exit::from_child(ending.status)),
+        lost => Ok(Ran {
+            status: exit::from_child(ending.status),
+            lock_lost: lost.is_some(),
+            stopping: ending.terminating_forwarded,
+        }),
     }
 }
 

@@ -47,10 +47,13 @@ use crate::settings::CommandSpec;
 use crate::signals::{self, Signals};
 
 /// How to treat the command.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct Policy {
     pub on_lost: OnLost,
     pub kill_after: Duration,
+    /// The lock's name and TTL when its hold is a lease that dlock must keep renewing (not
+    /// the file backend's kernel lock): a Ctrl-Z that stops dlock warns that it will lapse.
+    pub lease: Option<(crate::lock::LockName, Duration)>,
 }
 
 /// How the command ended.
@@ -59,6 +62,9 @@ pub struct Ending {
     pub status: ExitStatus,
     /// Set when the lock was lost while the command ran.
     pub lost: Option<Lost>,
+    /// A terminating signal (TERM, INT, HUP, QUIT) was forwarded to the command: dlock was
+    /// asked to stop, so `--min-hold` does not keep the lock after it.
+    pub terminating_forwarded: bool,
 }
 
 /// The controlling terminal, when dlock is its foreground job.
@@ -214,9 +220,13 @@ pub async fn supervise<L: Lease>(
                 if let Some(terminal) = terminal {
                     terminal.take_back();
                 }
-                return Ok(Ending { status, lost });
+                return Ok(Ending {
+                    status,
+                    lost,
+                    terminating_forwarded,
+                });
             }
-            Peek::Stopped(sig) => suspend_with_child(&child, terminal, sig),
+            Peek::Stopped(sig) => suspend_with_child(&child, terminal, sig, &policy),
             Peek::Running => {}
         }
         tokio::select! {
@@ -271,7 +281,12 @@ fn earliest(current: Option<BootInstant>, candidate: BootInstant) -> Option<Boot
 /// The command stopped (Ctrl-Z, SIGTTIN, …). At a terminal, mirror it so the shell's job
 /// control works: take the terminal back, stop dlock; once continued, hand the terminal back
 /// and continue the command. Elsewhere (no job control) there is nothing to mirror.
-fn suspend_with_child(child: &Child, terminal: Option<&Terminal>, sig: Signal) {
+///
+/// On a lease backend a stopped dlock renews nothing, so the lease lapses after its TTL and
+/// another process may take the lock; dlock says so before it stops (and lets it stop, as
+/// `flock` and a shell user expect: refusing would break `bg`). After `fg`, the lost lease is
+/// handled as any lost lock (`--on-lost`).
+fn suspend_with_child(child: &Child, terminal: Option<&Terminal>, sig: Signal, policy: &Policy) {
     let Some(terminal) = terminal else {
         return;
     };
@@ -280,6 +295,14 @@ fn suspend_with_child(child: &Child, terminal: Option<&Terminal>, sig: Signal) {
     }
     terminal.take_back();
     if has_job_control() {
+        if let Some((name, ttl)) = &policy.lease {
+            say!(
+                "stopped: the lease on '{name}' is not renewed while dlock is stopped; after \
+                 {} another process may take the lock, and on 'fg' the command is handled as \
+                 having lost it (--on-lost)",
+                humantime::format_duration(*ttl)
+            );
+        }
         // Stops every thread of dlock until the shell sends SIGCONT (`fg` / `bg`).
         let _ = nix::sys::signal::kill(Pid::from_raw(0), Signal::SIGSTOP);
     }
@@ -369,6 +392,7 @@ mod tests {
         let policy = Policy {
             on_lost: OnLost::Term,
             kill_after: Duration::from_secs(60),
+            lease: None,
         };
         let ending = supervise(child, &mut lease, &mut signals, policy, None, sigchld)
             .await
@@ -404,6 +428,7 @@ mod tests {
         let policy = Policy {
             on_lost: OnLost::Kill,
             kill_after: Duration::from_secs(60),
+            lease: None,
         };
         let started = BootInstant::now();
         let ending = supervise(child, &mut lease, &mut signals, policy, None, sigchld)

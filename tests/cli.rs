@@ -296,6 +296,8 @@ fn help_and_version_exit_0() {
         vec!["run", "--help"],
         vec!["--version"],
         vec!["status", "-h"],
+        vec!["help"],
+        vec!["help", "run"],
     ] {
         let out = env.run(&args);
         assert_eq!(out.status.code(), Some(0), "{args:?}: {}", describe(&out));
@@ -350,4 +352,145 @@ fn quiet_run_does_not_report_a_lock_that_was_not_acquired() {
     // Without -q the same outcome is explained.
     let out = env.run(["run", "--no-wait", "-E", "0", "busy", "true"]);
     assert!(stderr_of(&out).contains("is held"), "{}", describe(&out));
+}
+
+/// Each mistake a new user makes gets a message that says what to do.
+#[test]
+fn errors_say_what_to_do() {
+    let (_server, env) = file_env();
+    let config = env.path("config.toml");
+    std::fs::write(&config, "wait = \"5\"\n").expect("write");
+    let config = config.to_str().expect("utf-8");
+    // (arguments, environment, status, what the one line must say)
+    type Case<'a> = (Vec<&'a str>, Vec<(&'a str, &'a str)>, i32, &'a str);
+    let cases: Vec<Case> = vec![
+        (
+            vec!["run", "x", "--no-wait", "true"],
+            vec![],
+            127,
+            "options go before NAME",
+        ),
+        (vec!["run"], vec![], 64, "<NAME>"),
+        (
+            vec!["run", "x", "true"],
+            vec![("DLOCK_WAIT", "5")],
+            64,
+            "DLOCK_WAIT",
+        ),
+        (
+            vec!["run", "x", "true"],
+            vec![("DLOCK_MIN_HOLD", "5")],
+            64,
+            "DLOCK_MIN_HOLD",
+        ),
+        (
+            vec!["run", "x", "true"],
+            vec![("DLOCK_TTL", "1")],
+            64,
+            "DLOCK_TTL",
+        ),
+        (
+            vec!["--config", config, "run", "x", "true"],
+            vec![],
+            78,
+            "config file: wait: '5' has no unit",
+        ),
+        (
+            vec!["run", "--wait", "1s", "--no-wait", "x", "true"],
+            vec![],
+            64,
+            "contradict",
+        ),
+        (
+            vec!["run", "x", "true"],
+            vec![("DLOCK_WAIT", "1s"), ("DLOCK_NO_WAIT", "1")],
+            64,
+            "contradict",
+        ),
+        (
+            vec!["run", "--url", "http://127.0.0.1:2379", "x", "true"],
+            vec![],
+            64,
+            "etcd://host:port",
+        ),
+        (
+            vec!["run", "--url", "https://127.0.0.1:2379", "x", "true"],
+            vec![],
+            64,
+            "etcds://host:port",
+        ),
+        (
+            vec!["run", "--min-hold", "0s", "x", "true"],
+            vec![],
+            64,
+            "--min-hold",
+        ),
+    ];
+    for (args, vars, code, needle) in cases {
+        let mut command = env.dlock(&args);
+        command.envs(vars.iter().copied());
+        let out = output_within(command, PATIENCE);
+        assert_fails(&out, code, needle);
+        let lines = stderr_of(&out).lines().count();
+        assert_eq!(lines, 1, "{args:?} {vars:?}: one line: {}", describe(&out));
+    }
+    // A flag overrides a variable, so these do not contradict.
+    let mut command = env.dlock(["run", "--wait", "1s", "x", "true"]);
+    command.env("DLOCK_NO_WAIT", "1");
+    let out = output_within(command, PATIENCE);
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+}
+
+/// A `redis://` URL that reaches something else (here a server that greets like SSH) is
+/// one line saying so, 69.
+#[test]
+fn a_redis_url_at_something_else_says_so_in_one_line() {
+    let (_server, env) = file_env();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    std::thread::spawn(move || {
+        // Bounded: the test makes one connection (a retry or two at most).
+        for stream in listener.incoming().take(8) {
+            let Ok(mut stream) = stream else { break };
+            use std::io::{Read, Write};
+            let _ = stream.write_all(b"SSH-2.0-OpenSSH_9.2\r\n");
+            let _ = stream.read(&mut [0u8; 256]);
+        }
+    });
+    let url = format!("redis://127.0.0.1:{port}");
+    let out = env.run(["run", "--wait", "5s", "--url", &url, "x", "true"]);
+    assert_fails(&out, 69, "did not answer in the Redis protocol");
+    assert_eq!(stderr_of(&out).lines().count(), 1, "{}", describe(&out));
+}
+
+/// `check` and `status` on a lock directory that does not exist say so and create nothing.
+#[test]
+fn check_and_status_create_no_lock_directory() {
+    let (_server, env) = file_env();
+    let missing = env.path("missing/locks");
+    let url = format!("file://{}", missing.display());
+    let out = env.run(["check", "--url", &url]);
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+    assert!(
+        stdout_of(&out).contains("does not exist"),
+        "{}",
+        describe(&out)
+    );
+    let out = env.run(["status", "--url", &url, "x"]);
+    assert_eq!(out.status.code(), Some(1), "{}", describe(&out));
+    assert!(
+        stderr_of(&out).contains("does not exist"),
+        "{}",
+        describe(&out)
+    );
+    let out = env.run(["list", "--url", &url]);
+    assert!(
+        stderr_of(&out).contains("does not exist"),
+        "{}",
+        describe(&out)
+    );
+    assert!(
+        !missing.exists() && !env.path("missing").exists(),
+        "created"
+    );
 }

@@ -382,3 +382,104 @@ fn help_mentions_exit_statuses_and_signals() {
         );
     }
 }
+
+/// The completion scripts, loaded into the shell: `dlock <TAB>` offers no `generate`; in
+/// `dlock run`, dlock's options before NAME, then a command, then files, never dlock's options.
+#[test]
+fn completions_hide_generate_and_stop_options_at_the_command() {
+    let script = repo().join("completions/dlock.bash");
+    // Complete the last of `words` as bash would (COMP_WORDS, COMP_CWORD, `_dlock cmd cur prev`).
+    let complete = |words: &[&str]| -> Vec<String> {
+        let quoted: Vec<String> = words.iter().map(|w| format!("'{w}'")).collect();
+        let n = words.len();
+        let program = format!(
+            "source '{}'; COMP_WORDS=({}); COMP_CWORD={}; _dlock dlock '{}' '{}'; \
+             printf '%s\\n' \"${{COMPREPLY[@]}}\"",
+            script.display(),
+            quoted.join(" "),
+            n - 1,
+            words[n - 1],
+            words[n - 2]
+        );
+        let out = Command::new("bash")
+            .args(["--norc", "--noprofile", "-c", &program])
+            .current_dir(repo())
+            .output()
+            .expect("run bash (Debian package bash)");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    };
+    let has = |words: &[String], w: &str| words.iter().any(|x| x == w);
+    let top = complete(&["dlock", ""]);
+    assert!(has(&top, "run") && !has(&top, "generate"), "{top:?}");
+    let options = complete(&["dlock", "run", "-n", "--wait", "5s", "--"]);
+    assert!(
+        has(&options, "--ttl") && has(&options, "--min-hold"),
+        "{options:?}"
+    );
+    let after_name = complete(&["dlock", "run", "--wait", "5s", "job", "--"]);
+    assert!(!has(&after_name, "--ttl"), "{after_name:?}");
+    let command = complete(&["dlock", "-v", "run", "job", "ech"]);
+    assert!(has(&command, "echo"), "{command:?}");
+    let args = complete(&["dlock", "run", "job", "--", "echo", "--"]);
+    assert!(!has(&args, "--ttl") && !has(&args, "--wait"), "{args:?}");
+    // zsh and fish are edited the same way (not run here: checked by their text).
+    let zsh = fs::read_to_string(repo().join("completions/_dlock")).expect("zsh script");
+    assert!(
+        zsh.contains("-A \"-*\"") && zsh.contains(":_normal'"),
+        "zsh run not limited"
+    );
+    let fish = fs::read_to_string(repo().join("completions/dlock.fish")).expect("fish script");
+    assert!(
+        fish.contains("and __fish_dlock_run_options"),
+        "fish run not limited"
+    );
+    for text in [&zsh, &fish] {
+        assert!(!text.contains("generate"), "generate offered");
+    }
+}
+
+/// The README's `status` sample is what `status` prints: the same fields, in the same order.
+#[test]
+fn readme_status_sample_is_real_output() {
+    let text = readme();
+    let marker = "`dlock status busy-demo` prints:";
+    let at = text.find(marker).expect("the status sample in README.md") + marker.len();
+    let sample: Vec<String> = text[at..]
+        .split("```text\n")
+        .nth(1)
+        .and_then(|b| b.split("```").next())
+        .expect("a text block after the marker")
+        .lines()
+        .filter_map(|l| l.split_once(':').map(|(k, _)| k.to_owned()))
+        .collect();
+    let scratch = tempfile::tempdir().expect("temp dir");
+    let mut cmd = without_dlock_env(Command::new(dlock_binary()));
+    let out = cmd
+        .args([
+            "run",
+            "busy-demo",
+            "--",
+            dlock_binary().to_str().expect("utf-8"),
+        ])
+        .args(["status", "busy-demo"])
+        .env("XDG_RUNTIME_DIR", scratch.path())
+        .stdin(Stdio::null())
+        .output()
+        .expect("run dlock");
+    let real: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_once(':').map(|(k, _)| k.to_owned()))
+        .collect();
+    assert_eq!(
+        sample, real,
+        "README's status sample differs from the real output"
+    );
+}

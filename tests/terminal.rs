@@ -77,3 +77,82 @@ fn ctrl_c_at_a_terminal_reaches_the_command_once_and_it_can_read() {
         "Ctrl-C must arrive exactly once and reading must work"
     );
 }
+
+/// Ctrl-Z at a terminal, on a lease backend, under a shell with job control: dlock warns that
+/// the lease is not renewed while it is stopped, then stops with the command (as flock does).
+#[test]
+fn ctrl_z_on_a_lease_backend_warns_that_the_lease_will_lapse() {
+    let server = RedisServer::start();
+    let env = TestEnv::new(&server);
+    let pty = nix::pty::openpty(None, None).expect("openpty");
+    let ready = env.path("ready");
+    // The command records dlock's pid ($PPID) so the test can end the stopped job.
+    // (`\$`: expanded by the inner shell, whose parent is dlock, not by the outer one.)
+    let job = format!("echo \\$PPID > '{}'; exec sleep 1000", ready.display());
+    // The shell stays: a session leader that exits would SIGHUP and continue its stopped job.
+    let line = format!("'{DLOCK}' run tty-z sh -c \"{job}\"; echo shell-went-on; exec sleep 1000");
+    let mut command = std::process::Command::new("sh");
+    command
+        .args(["-m", "-c", &line])
+        .current_dir(env.scratch.path());
+    for (key, _) in std::env::vars_os() {
+        if key.to_string_lossy().starts_with("DLOCK_") {
+            command.env_remove(key);
+        }
+    }
+    command
+        .env("DLOCK_URL", &env.url)
+        .env("DLOCK_TTL", env.ttl.unwrap_or("15s"))
+        .env("XDG_CONFIG_HOME", env.path("no-config"))
+        .env("XDG_RUNTIME_DIR", env.path("runtime"));
+    let slave = pty.slave.as_raw_fd();
+    command
+        .stdin(Stdio::from(pty.slave.try_clone().expect("dup")))
+        .stdout(Stdio::from(pty.slave.try_clone().expect("dup")))
+        .stderr(Stdio::from(pty.slave.try_clone().expect("dup")));
+    // SAFETY: setsid and ioctl are async-signal-safe; the shell gets the pty as its
+    // controlling terminal, as a login shell would, and runs dlock as a job.
+    unsafe {
+        command.pre_exec(move || {
+            if libc::setsid() < 0 || libc::ioctl(slave, libc::TIOCSCTTY, 0) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut shell = command.spawn().expect("spawn sh");
+    drop(command);
+    drop(pty.slave);
+    let output = drain(&pty.master);
+    let mut master = std::fs::File::from(pty.master);
+    wait_until("command ready", PATIENCE, || {
+        std::fs::read_to_string(&ready).is_ok_and(|s| s.ends_with('\n'))
+    });
+    let dlock_pid = read_pid(&ready);
+    assert_ne!(
+        dlock_pid as u32,
+        std::process::id(),
+        "the pid must be dlock's"
+    );
+    master.write_all(b"\x1a").expect("type Ctrl-Z");
+    // dlock stops with its command, and the shell goes on.
+    let stopped = || {
+        std::fs::read_to_string(format!("/proc/{dlock_pid}/stat"))
+            .ok()
+            .and_then(|s| s.rsplit_once(") ").map(|(_, r)| r.starts_with('T')))
+            == Some(true)
+    };
+    wait_until("dlock stopped", PATIENCE, stopped);
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(dlock_pid),
+        nix::sys::signal::Signal::SIGKILL,
+    );
+    let _ = shell.kill();
+    let _ = shell.wait();
+    drop(master);
+    let seen = String::from_utf8_lossy(&output.join().expect("drain")).into_owned();
+    assert!(
+        seen.contains("the lease on 'tty-z' is not renewed while dlock is stopped"),
+        "no warning: {seen:?}"
+    );
+}

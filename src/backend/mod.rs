@@ -40,7 +40,7 @@ use std::time::Duration;
 use crate::clock::BootInstant;
 use crate::config::FileConfig;
 use crate::error::Error;
-use crate::lock::{Holder, HolderStatus, LockName, LockStatus};
+use crate::lock::{Holder, LockName, LockStatus};
 
 pub use etcd::EtcdTarget;
 pub use file::FileTarget;
@@ -106,6 +106,7 @@ impl Target {
             "memcached" | "memcached+unix" => {
                 memcached::target::parse(&scheme.to_ascii_lowercase(), rest).map(Target::Memcached)
             }
+            "http" | "https" => Err(url::http_hint(&scheme.to_ascii_lowercase())),
             _ => {
                 // A scheme is letters, digits, `+`, `-` and `.`; anything else before the first `:`
                 // is part of something else (perhaps `user:password@host` without a scheme).
@@ -216,38 +217,9 @@ pub async fn list_held(
 
 /// Why a lock cannot be had, for the not-acquired message, from the queue ahead of the
 /// waiter: `holders` (who holds it) and `waiting` (waiters ahead that do not hold it yet).
-/// "is held by pid N on host since T[, N waiting ahead]", "is free, N waiting ahead" (the
-/// first waiter is taking it, or was killed and its entry is about to go), or "was held a
-/// moment ago".
+/// The words are [`crate::wording::busy_state`]'s, the same on every backend.
 pub fn busy_reason(holders: Vec<Holder>, waiting: usize) -> String {
-    if holders.is_empty() {
-        return if waiting > 0 {
-            format!("is free, {waiting} waiting ahead")
-        } else {
-            "was held a moment ago".into()
-        };
-    }
-    let held = LockStatus {
-        name: String::new(),
-        held: true,
-        holders: holders
-            .into_iter()
-            .map(|holder| HolderStatus {
-                holder,
-                ttl_left_ms: None,
-                session: None,
-            })
-            .collect(),
-        waiters: None,
-        queue: Vec::new(),
-        last_token: None,
-    };
-    let more = if waiting > 0 {
-        format!(", {waiting} waiting ahead")
-    } else {
-        String::new()
-    };
-    format!("is held{}{more}", held.held_by())
+    crate::wording::busy_state(&holders, waiting)
 }
 
 /// The median of `count` timed round trips of `probe` (for `check`).

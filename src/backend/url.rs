@@ -25,6 +25,16 @@ pub fn split_userinfo(authority: &str) -> Result<(Option<String>, Option<Secret>
     Ok((user, password, rest))
 }
 
+/// The refusal of an `http://` or `https://` URL, which is how etcd's own tools write an
+/// endpoint: dlock names the backend by its scheme, so say how to write it.
+pub fn http_hint(scheme: &str) -> String {
+    let etcd = if scheme == "https" { "etcds" } else { "etcd" };
+    format!(
+        "unknown URL scheme '{scheme}'; for an etcd endpoint write {etcd}://host:port (etcd's \
+         {scheme}://host:port), for the other backends see --url in 'dlock run --help'"
+    )
+}
+
 /// `host:port`, with brackets around an IPv6 address: the inverse of [`split_host_port`].
 pub fn join_host_port(host: &str, port: u16) -> String {
     if host.contains(':') {

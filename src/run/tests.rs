@@ -144,6 +144,7 @@ fn settings(dir: &std::path::Path, script: &str, wait: Wait) -> RunSettings {
         limit: 1,
         on_lost: OnLost::Term,
         kill_after: Duration::from_secs(10),
+        min_hold: None,
     }
 }
 

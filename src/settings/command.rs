@@ -47,7 +47,7 @@ pub(super) fn command_spec(
             (program, words.collect())
         }
     };
-    let program = resolve_program(&arg0)?;
+    let program = resolve_program(&arg0).map_err(|e| options_after_name(e, &arg0))?;
     // Passwords in the command line (a nested `dlock run --url redis://:pw@…`, a libpq
     // `password=…`) are masked: the display form is recorded in the lock's metadata, stored
     // on the backend and shown to anyone who runs `status`.
@@ -61,6 +61,18 @@ pub(super) fn command_spec(
         args,
         display,
     })
+}
+
+/// A "command not found" for a word that looks like an option (`dlock run job --no-wait
+/// cmd`): options after NAME belong to the command, so say where dlock's go.
+fn options_after_name(error: Error, arg0: &std::ffi::OsStr) -> Error {
+    match error {
+        Error::NotFound(message) if arg0.as_bytes().starts_with(b"-") => Error::NotFound(format!(
+            "{message}; dlock's options go before NAME (dlock run [OPTIONS] NAME COMMAND...): \
+             everything after NAME is the command's"
+        )),
+        other => other,
+    }
 }
 
 /// Find `program` the way `execvp` would, so a missing or non-executable command is reported

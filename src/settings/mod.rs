@@ -66,6 +66,8 @@ pub struct RunSettings {
     pub limit: u32,
     pub on_lost: OnLost,
     pub kill_after: Duration,
+    /// `--min-hold`: keep the lock at least this long after acquiring it.
+    pub min_hold: Option<Duration>,
 }
 
 /// A value with the place it came from, so errors can say which setting was wrong.
@@ -89,11 +91,26 @@ fn pick<T>(flag: Option<T>, file: Option<T>) -> Option<Sourced<T>> {
 }
 
 /// A bad value: 64 when it came from a flag or the environment, 78 from the config file.
+/// `what` is the flag (`--wait`) or, for a value from the environment, the variable
+/// ([`origin`]); the config file's key is the flag's name (`kill_after`).
 fn bad(from_file: bool, what: &str, message: String) -> Error {
     if from_file {
-        Error::Config(format!("config file: {what}: {message}"))
+        let key = what.trim_start_matches('-').replace('-', "_");
+        Error::Config(format!("config file: {key}: {message}"))
     } else {
         Error::Usage(format!("{what}: {message}"))
+    }
+}
+
+/// How to name the option `flag` (`--kill-after`) in a message: the flag, or the variable
+/// `DLOCK_KILL_AFTER` when clap took its value from the environment (`from_env` holds the
+/// ids of such options, see [`cli::BackendArgs::from_env`]).
+fn origin(flag: &str, from_env: &[String]) -> String {
+    let id = flag.trim_start_matches('-').replace('-', "_");
+    if from_env.contains(&id) {
+        format!("DLOCK_{} (environment)", id.to_ascii_uppercase())
+    } else {
+        flag.to_owned()
     }
 }
 
@@ -163,6 +180,7 @@ pub fn common(
     ttl: Option<String>,
     file: &FileConfig,
 ) -> Result<Common, Error> {
+    let env = &backend.from_env;
     let file_urls = match &file.values.url {
         None => None,
         Some(OneOrMany::One(u)) => Some(vec![u.clone()]),
@@ -180,7 +198,7 @@ pub fn common(
             LockName::new(&p.value).map_err(|e| {
                 bad(
                     p.from_file,
-                    "--prefix",
+                    &origin("--prefix", env),
                     e.to_string().replace("lock name", "prefix"),
                 )
             })?;
@@ -188,12 +206,12 @@ pub fn common(
         }
     };
     let ttl_from_file = ttl.is_none() && file.values.ttl.is_some();
-    let ttl =
-        duration_setting(ttl, file.values.ttl.clone(), "--ttl", false)?.unwrap_or(DEFAULT_TTL);
+    let ttl = duration_setting(ttl, file.values.ttl.clone(), &origin("--ttl", env), false)?
+        .unwrap_or(DEFAULT_TTL);
     if ttl > MAX_TTL {
         return Err(bad(
             ttl_from_file,
-            "--ttl",
+            &origin("--ttl", env),
             format!(
                 "{} is longer than the limit of {}",
                 humantime::format_duration(ttl),
@@ -207,13 +225,14 @@ pub fn common(
             if s.value.len() > 1 {
                 return Err(bad(
                     s.from_file,
-                    "--url",
+                    &origin("--url", env),
                     "several URLs mean Redlock across independent Redis masters, which this build does not support yet; give one URL".into(),
                 ));
             }
             let url = &s.value[0];
             let display = redact_url(url);
-            let mut target = Target::parse(url).map_err(|m| bad(s.from_file, "--url", m))?;
+            let mut target =
+                Target::parse(url).map_err(|m| bad(s.from_file, &origin("--url", env), m))?;
             target.complete(file)?;
             (target, display)
         }
@@ -222,7 +241,7 @@ pub fn common(
         if ttl < minimum {
             return Err(bad(
                 ttl_from_file,
-                "--ttl",
+                &origin("--ttl", env),
                 format!(
                     "{} is shorter than a lease can be kept; the minimum is {}",
                     humantime::format_duration(ttl),
@@ -233,7 +252,7 @@ pub fn common(
     }
     target
         .check_prefix(&prefix)
-        .map_err(|m| bad(prefix_from_file, "--prefix", m))?;
+        .map_err(|m| bad(prefix_from_file, &origin("--prefix", env), m))?;
     Ok(Common {
         target,
         prefix,
@@ -248,12 +267,31 @@ pub fn run(args: cli::RunArgs, file: &FileConfig) -> Result<RunSettings, Error> 
     let name = lock_name(&args.name)?;
     let mut common = common(&args.backend, args.ttl, file)?;
     common.local_queue = args.local_queue.or(file.values.local_queue).unwrap_or(true);
-    let no_wait = args.no_wait
+    let env = &args.backend.from_env;
+    if args.no_wait && args.wait.is_some() {
+        let no_wait = origin("--no-wait", env);
+        let wait = origin("--wait", env);
+        // Flags override the environment: only two flags, or two variables, contradict.
+        if no_wait.starts_with('-') == wait.starts_with('-') {
+            return Err(Error::Usage(format!(
+                "{no_wait} and {wait} contradict each other; give one of them"
+            )));
+        }
+    }
+    // A flag beats a variable: `DLOCK_NO_WAIT=1 dlock run --wait 5s` waits.
+    let no_wait_from_env = env.iter().any(|id| id == "no_wait");
+    let wait_from_flag = args.wait.is_some() && !env.iter().any(|id| id == "wait");
+    let no_wait = (args.no_wait && !(no_wait_from_env && wait_from_flag))
         || (args.wait.is_none() && file.values.wait.is_none() && file.values.no_wait == Some(true));
     let wait = if no_wait {
         Wait::No
     } else {
-        match duration_setting(args.wait, file.values.wait.clone(), "--wait", true)? {
+        match duration_setting(
+            args.wait,
+            file.values.wait.clone(),
+            &origin("--wait", env),
+            true,
+        )? {
             None => Wait::Forever,
             Some(d) if d.is_zero() => Wait::No,
             Some(d) => Wait::For(d),
@@ -262,14 +300,14 @@ pub fn run(args: cli::RunArgs, file: &FileConfig) -> Result<RunSettings, Error> 
     let conflict_exit_code = integer_setting(
         args.conflict_exit_code,
         file.values.conflict_exit_code,
-        "--conflict-exit-code",
+        &origin("--conflict-exit-code", env),
         (0, 255),
     )?
     .map_or(DEFAULT_CONFLICT_EXIT_CODE, |n| n as u8);
     let limit = integer_setting(
         args.limit,
         file.values.limit,
-        "--limit",
+        &origin("--limit", env),
         (1, i64::from(MAX_LIMIT)),
     )?
     .map_or(1, |n| n as u32);
@@ -292,10 +330,16 @@ pub fn run(args: cli::RunArgs, file: &FileConfig) -> Result<RunSettings, Error> 
     let kill_after = duration_setting(
         args.kill_after,
         file.values.kill_after.clone(),
-        "--kill-after",
+        &origin("--kill-after", env),
         false,
     )?
     .unwrap_or(DEFAULT_KILL_AFTER);
+    let min_hold = duration_setting(
+        args.min_hold,
+        file.values.min_hold.clone(),
+        &origin("--min-hold", env),
+        false,
+    )?;
     let command = command_spec(args.shell_command, args.command)?;
     Ok(RunSettings {
         common,
@@ -306,6 +350,7 @@ pub fn run(args: cli::RunArgs, file: &FileConfig) -> Result<RunSettings, Error> 
         limit,
         on_lost,
         kill_after,
+        min_hold,
     })
 }
 

@@ -9,7 +9,8 @@
 //! The promises, by theme: `exit` (exit statuses, giving up), `signals` (forwarding,
 //! escalation, losing the lock), `exclusion` (one holder, `--limit`, tokens, names),
 //! `command` (what the command sees, reentrancy), `status` (`status`, `list`, `check`),
-//! `lease` (lease backends), `queue` (arrival order, for backends with a queue).
+//! `lease` (lease backends), `queue` (arrival order, for backends with a queue), `wording`
+//! (what a user reads, the same everywhere; `--min-hold`).
 
 mod command;
 mod exclusion;
@@ -18,6 +19,7 @@ mod lease;
 mod queue;
 mod signals;
 mod status;
+mod wording;
 
 pub use self::command::*;
 pub use self::exclusion::*;
@@ -26,6 +28,7 @@ pub use self::lease::*;
 pub use self::queue::*;
 pub use self::signals::*;
 pub use self::status::*;
+pub use self::wording::*;
 
 /// Expand every promise into `#[test]`s for one backend, in a module `$module`, each
 /// starting its own server with `$start`.
@@ -62,6 +65,10 @@ macro_rules! contract_tests {
                 status_reports_holder_and_exits_0_held_1_free,
                 list_shows_held_locks,
                 check_reports_ok,
+                conflict_line_reads_the_same_on_every_backend,
+                waiting_at_a_terminal_names_the_holder,
+                waiting_is_silent_when_not_at_a_terminal,
+                min_hold_keeps_the_lock_after_the_command_ends,
             );
         }
     };

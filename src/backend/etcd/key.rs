@@ -36,6 +36,18 @@ pub(super) fn value_json(request: &AcquireRequest, waiting: bool) -> Result<Stri
     .map_err(|e| Error::Internal(e.to_string()))
 }
 
+/// A holder's value rewritten during the hold (`Lease::finished`): its metadata as held.
+pub(super) fn held_value_json(holder: &Holder, limit: u32) -> Result<String, Error> {
+    serde_json::to_string(&Value {
+        record: Record {
+            holder: holder.clone(),
+            limit,
+        },
+        waiting: false,
+    })
+    .map_err(|e| Error::Internal(e.to_string()))
+}
+
 /// The keys of a lock, oldest first.
 pub(super) struct Queue {
     pub(super) entries: Vec<Entry>,

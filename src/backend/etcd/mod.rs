@@ -142,10 +142,11 @@ impl Backend for EtcdBackend {
         let mut keeper = Keeper::start(renewer, sent, granted, request.kill_after);
         let mut waiter = None;
         let pfx = self.lock_prefix(&request.name);
+        let key = format!("{pfx}{id:x}");
         let acquisition = Acquisition {
             conn: &mut conn,
             request,
-            key: format!("{pfx}{id:x}"),
+            key: key.clone(),
             pfx,
             hold: id,
             limit: request.limit.max(1) as usize,
@@ -167,6 +168,8 @@ impl Backend for EtcdBackend {
                     conn,
                     ttl: granted,
                     own,
+                    key,
+                    limit: request.limit,
                 })
             }
             Err(error) => {
@@ -205,6 +208,9 @@ pub struct EtcdLease {
     conn: Conn,
     ttl: Duration,
     own: OwnKey,
+    /// Our key and the `--limit` recorded in its value (for [`Lease::finished`]).
+    key: String,
+    limit: u32,
 }
 
 impl Lease for EtcdLease {
@@ -222,6 +228,33 @@ impl Lease for EtcdLease {
                 kill_by: None,
             },
         }
+    }
+
+    /// Rewrite our key's value while it is still ours (the same create revision, which is
+    /// the token); the watch on our key ignores puts.
+    async fn finished(&mut self, holder: &Holder) -> Result<bool, Error> {
+        use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
+        let value = key::held_value_json(holder, self.limit)?;
+        let created = i64::try_from(self.token).unwrap_or(i64::MAX);
+        let txn = Txn::new()
+            .when([Compare::create_revision(
+                self.key.clone(),
+                CompareOp::Equal,
+                created,
+            )])
+            .and_then([TxnOp::put(
+                self.key.clone(),
+                value,
+                Some(PutOptions::new().with_lease(self.id)),
+            )]);
+        let reply = self
+            .conn
+            .call(OP_TIMEOUT, |mut c| {
+                let txn = txn.clone();
+                async move { c.txn(txn).await }
+            })
+            .await?;
+        Ok(reply.succeeded())
     }
 
     async fn release(self) -> Result<(), Error> {

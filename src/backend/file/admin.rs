@@ -20,8 +20,20 @@ pub(super) fn status(backend: &FileBackend, name: &LockName) -> Result<LockStatu
     let locks = ProcLocks::read()?;
     match backend.existing_dir()? {
         Some(dir) => status_of(&dir, name, &locks),
-        None => Ok(free(name)),
+        None => {
+            missing_dir(backend);
+            Ok(free(name))
+        }
     }
+}
+
+/// Say that the lock directory does not exist (a mistyped `--url` would otherwise read as
+/// "free"); `status` and `list` never create it.
+fn missing_dir(backend: &FileBackend) {
+    tracing::warn!(
+        "lock directory {} does not exist: no lock was ever taken there (check --url)",
+        backend.dir.display()
+    );
 }
 
 /// Held locks, by name. A lock whose files cannot be trusted is reported on stderr and left
@@ -29,6 +41,7 @@ pub(super) fn status(backend: &FileBackend, name: &LockName) -> Result<LockStatu
 pub(super) async fn list(backend: &FileBackend) -> Result<Vec<LockStatus>, Error> {
     let locks = ProcLocks::read()?;
     let Some(dir) = backend.existing_dir()? else {
+        missing_dir(backend);
         return Ok(Vec::new());
     };
     let names = held_names(&dir, &locks)?;
@@ -93,9 +106,13 @@ pub(super) fn force_release(backend: &FileBackend, name: &LockName) -> Result<Ve
 }
 
 /// Create, lock and remove a probe file in the lock directory; report the file system.
+/// `check` changes nothing: a missing lock directory is reported (with whether a run could
+/// create it), not created.
 pub(super) fn check(backend: &FileBackend) -> Result<CheckReport, Error> {
     let started = BootInstant::now();
-    let dir = backend.prepare_dir()?;
+    let Some(dir) = backend.existing_dir()? else {
+        return check_missing(backend, started);
+    };
     let probe = format!("#check-{}.lock", std::process::id());
     let probe_path = dir.path_of(&probe);
     let file = dir.open_lock_file(&probe)?;
@@ -145,26 +162,17 @@ pub(super) fn check(backend: &FileBackend) -> Result<CheckReport, Error> {
     })
 }
 
-/// " by pid N since T, …" for the message of a busy lock ("" when it cannot tell).
+/// "is held by pid N on host (…) for T[, N waiting ahead]" for the message of a busy lock
+/// ("is held" when it cannot tell who holds it).
 pub(super) fn describe_holders(dir: &LockDir, name: &LockName) -> String {
     match ProcLocks::read().and_then(|locks| status_of(dir, name, &locks)) {
         Ok(status) if status.held => {
-            let who: Vec<String> = status
-                .holders
-                .iter()
-                .map(|h| format!("pid {}{}", h.holder.pid, since_suffix(&h.holder)))
-                .collect();
-            format!(" by {}", who.join(", "))
+            let holders: Vec<Holder> = status.holders.into_iter().map(|h| h.holder).collect();
+            // Called before our own wait starts (--no-wait) or after it ended (--wait).
+            let ahead = status.waiters.unwrap_or(0) as usize;
+            crate::wording::busy_state(&holders, ahead)
         }
-        _ => String::new(),
-    }
-}
-
-fn since_suffix(holder: &Holder) -> String {
-    if holder.since.is_empty() {
-        String::new()
-    } else {
-        format!(" since {}", holder.since)
+        _ => "is held".into(),
     }
 }
 
@@ -221,4 +229,38 @@ fn free(name: &LockName) -> LockStatus {
         queue: Vec::new(),
         last_token: None,
     }
+}
+
+/// The lock directory does not exist: can the first `dlock run` create it? Its nearest
+/// existing ancestor must be a directory we may write to.
+fn check_missing(backend: &FileBackend, started: BootInstant) -> Result<CheckReport, Error> {
+    use nix::unistd::{access, AccessFlags};
+    let missing = &backend.dir;
+    let ancestor = missing.ancestors().skip(1).find(|p| p.exists());
+    let writable = ancestor
+        .is_some_and(|p| p.is_dir() && access(p, AccessFlags::W_OK | AccessFlags::X_OK).is_ok());
+    if !writable {
+        return Err(Error::CantCreate(format!(
+            "lock directory {} does not exist, and {} is not a directory dlock may create it in; \
+             create it (mode 0700) or choose another --url",
+            missing.display(),
+            ancestor.map_or_else(|| "/".into(), |p| p.display().to_string())
+        )));
+    }
+    Ok(CheckReport {
+        backend: "file".into(),
+        location: missing.display().to_string(),
+        version: "-".into(),
+        round_trip_us: u64::try_from(BootInstant::now().saturating_since(started).as_micros())
+            .unwrap_or(u64::MAX),
+        warnings: vec![format!(
+            "lock directory {} does not exist; the first dlock run creates it (mode 0700). \
+             check created nothing",
+            missing.display()
+        )],
+        details: vec![(
+            "directory".into(),
+            format!("{} (missing)", missing.display()),
+        )],
+    })
 }

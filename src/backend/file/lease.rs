@@ -14,7 +14,9 @@ use tokio::io::unix::AsyncFd;
 
 use crate::clock::{sleep_until, BootInstant, Readable};
 use crate::error::Error;
-use crate::lock::{Lease, Lost};
+use crate::lock::{Holder, Lease, Lost, Record};
+
+use super::slot::{write_at, HEADER_LEN};
 
 const RECHECK_EVERY: Duration = Duration::from_secs(5);
 /// How long a hold is checked by polling before an inotify watch is set up.
@@ -28,17 +30,20 @@ pub struct FileLease {
     /// Set up lazily: see [`FileLease::lost`].
     watch: Option<AsyncFd<Readable<Inotify>>>,
     acquired: BootInstant,
+    /// The `--limit` recorded with the hold (rewritten by [`Lease::finished`]).
+    limit: u32,
 }
 
 impl FileLease {
     /// The hold on `file` (locked, at `path`) with fencing token `token`, starting now.
-    pub(super) fn new(file: File, path: PathBuf, token: u64) -> FileLease {
+    pub(super) fn new(file: File, path: PathBuf, token: u64, limit: u32) -> FileLease {
         FileLease {
             file,
             path,
             token,
             watch: None,
             acquired: BootInstant::now(),
+            limit,
         }
     }
 
@@ -99,6 +104,28 @@ impl Lease for FileLease {
                 None => sleep_until(now + Duration::from_secs(1)).await,
             }
         }
+    }
+
+    /// The record follows the header in every slot file; the header (slot 0's fencing
+    /// counter) is not touched, so this needs no lock beyond the hold itself.
+    async fn finished(&mut self, holder: &Holder) -> Result<bool, Error> {
+        let record = Record {
+            holder: Holder {
+                ttl_ms: 0,
+                ..holder.clone()
+            },
+            limit: self.limit,
+        };
+        let mut body =
+            serde_json::to_string(&record).map_err(|e| Error::Internal(e.to_string()))?;
+        body.push('\n');
+        let io_err =
+            |e: io::Error| Error::from_lock_io(format!("cannot write {}", self.path.display()), &e);
+        write_at(&self.file, HEADER_LEN as u64, body.as_bytes()).map_err(io_err)?;
+        self.file
+            .set_len((HEADER_LEN + body.len()) as u64)
+            .map_err(io_err)?;
+        Ok(true)
     }
 
     async fn release(self) -> Result<(), Error> {

@@ -209,7 +209,7 @@ async fn wait_for_slot(
         return Err(busy(
             request,
             &admin::describe_holders(dir, &request.name),
-            "not waiting (--no-wait)",
+            request.wait,
         ));
     }
     let mut blocked = BlockedWait::start(files);
@@ -217,20 +217,24 @@ async fn wait_for_slot(
         got = blocked.first() => got,
         _ = cancel.cancelled() => Err(Error::Cancelled),
         _ = sleep_until(deadline.unwrap_or(BootInstant::now())), if deadline.is_some() => {
-            Err(busy(
-                request,
-                &admin::describe_holders(dir, &request.name),
-                &format!("gave up after waiting {} (--wait)", request.wait.describe()),
-            ))
+            Err(Error::Busy(String::new()))
         }
     };
     let won = outcome.as_ref().ok().map(|(slot, _, _)| *slot);
     blocked.stop(won);
-    outcome
+    match outcome {
+        // Described once our own blocked wait is gone, so it is not counted as waiting ahead.
+        Err(Error::Busy(_)) => Err(busy(
+            request,
+            &admin::describe_holders(dir, &request.name),
+            request.wait,
+        )),
+        other => other,
+    }
 }
 
-fn busy(request: &AcquireRequest, holders: &str, what: &str) -> Error {
-    Error::Busy(format!("lock '{}' is held{holders}; {what}", request.name))
+fn busy(request: &AcquireRequest, state: &str, wait: Wait) -> Error {
+    crate::wording::not_acquired(&request.name, state, wait)
 }
 
 /// Make the slot just locked a hold: under the lock on the counter's header, check the
@@ -283,7 +287,7 @@ fn start_hold(
         });
     let _ = header_lock(counter, false);
     let token = held?;
-    Ok(FileLease::new(file, path, token))
+    Ok(FileLease::new(file, path, token, request.limit))
 }
 
 /// Refuse to hold a lock beside holders that use another `--limit` (all holders must agree

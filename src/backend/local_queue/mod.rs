@@ -237,4 +237,8 @@ impl<L: Lease> Lease for QueuedLease<L> {
         drop(self.local);
         released
     }
+
+    async fn finished(&mut self, holder: &Holder) -> Result<bool, Error> {
+        self.remote.finished(holder).await
+    }
 }

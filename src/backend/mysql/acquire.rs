@@ -262,17 +262,20 @@ impl MysqlBackend {
         let _ = session.rows(&sql, CANCEL_TIMEOUT).await;
     }
 
-    /// The lock stayed held: who holds it, as far as we can tell.
+    /// The lock stayed held: who holds it, as far as we can tell, in the words every backend
+    /// uses ([`crate::wording`]).
     async fn busy(&self, session: &mut Session, request: &AcquireRequest) -> Error {
-        let who = match self.status_on(session, &request.name).await {
-            Ok(status) => status.held_by(),
-            Err(_) => String::new(),
+        let state = match self.status_on(session, &request.name).await {
+            Ok(status) if status.held => {
+                // Our own session may be in the queue; it is not ahead of us.
+                let me = std::process::id();
+                let ahead = status.queue.iter().filter(|w| w.holder.pid != me).count();
+                let holders: Vec<_> = status.holders.into_iter().map(|h| h.holder).collect();
+                crate::wording::busy_state(&holders, ahead)
+            }
+            _ => "is held".into(),
         };
-        let waited = match request.wait {
-            Wait::No => String::new(),
-            wait => format!("; waited {}", wait.describe()),
-        };
-        Error::Busy(format!("{} is held{who}{waited}", request.name))
+        crate::wording::not_acquired(&request.name, &state, request.wait)
     }
 
     /// A granted lock is ours only on a writable server, on our own session (a proxy that

@@ -163,6 +163,14 @@ impl MysqlBackend {
             }
         }
         locks.sort_by(|a, b| a.name.cmp(&b.name));
+        // The waiters, as `status` counts them: the same column on every backend.
+        for lock in &mut locks {
+            if let Ok(name) = LockName::new(&lock.name) {
+                if let Ok(status) = self.status_on(&mut session, &name).await {
+                    lock.waiters = status.waiters;
+                }
+            }
+        }
         Ok(locks)
     }
 

@@ -86,11 +86,21 @@ impl PgBackend {
         })
     }
 
-    /// Who holds `name`, for a busy message (nothing when status cannot be read).
+    /// "is held by …[, N waiting ahead]" for a busy message ("is held" when status cannot be
+    /// read); the words are [`crate::wording::busy_state`]'s.
     pub(super) async fn describe_holders(&self, session: &Session, name: &LockName) -> String {
         match self.status_with(session, name).await {
-            Ok(status) => status.held_by(),
-            Err(_) => String::new(),
+            Ok(status) if status.held => {
+                // Our own session is among the queue once it waited; it is not ahead of us.
+                let ahead = status
+                    .queue
+                    .iter()
+                    .filter(|w| w.holder.pid != std::process::id())
+                    .count();
+                let holders: Vec<_> = status.holders.into_iter().map(|h| h.holder).collect();
+                crate::wording::busy_state(&holders, ahead)
+            }
+            _ => "is held".into(),
         }
     }
 
@@ -100,6 +110,7 @@ impl PgBackend {
         let session = self.admin().await?;
         let rows = query(&session, LIST_SQL, &[], &self.display).await?;
         let mut locks: Vec<LockStatus> = Vec::new();
+        let mut named = std::collections::HashSet::new();
         for row in &rows {
             let seen = Seen::from_row(row);
             // Only dlock's holders: a label or a metadata comment says so.
@@ -121,6 +132,9 @@ impl PgBackend {
             {
                 continue;
             }
+            if seen.metadata.is_some() {
+                named.insert(name.clone());
+            }
             let status = seen.status(&lock_name);
             match locks.iter_mut().find(|l| l.name == name) {
                 Some(lock) => lock.holders.push(status),
@@ -135,6 +149,18 @@ impl PgBackend {
             }
         }
         locks.sort_by(|a, b| a.name.cmp(&b.name));
+        // The waiters, as `status` counts them (the same column on every backend); a lock
+        // known only by its key has no name to count them by.
+        for lock in &mut locks {
+            if !named.contains(&lock.name) {
+                continue;
+            }
+            if let Ok(name) = LockName::new(&lock.name) {
+                if let Ok(status) = self.status_with(&session, &name).await {
+                    lock.waiters = status.waiters;
+                }
+            }
+        }
         Ok(locks)
     }
 

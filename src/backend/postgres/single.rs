@@ -11,11 +11,11 @@ use super::deadline::{backstop, Deadline};
 use super::holders::{holder_label, metadata_comment};
 use super::limit::{limit_key, other_limit, other_limit_sql};
 use super::token::{token_sql, Granted};
-use super::wait::wait_text;
 use super::PgBackend;
 use crate::clock::BootInstant;
 use crate::error::Error;
 use crate::lock::{limit_mismatch, AcquireRequest, Cancel, Wait};
+use crate::wording::not_acquired;
 
 impl PgBackend {
     /// `--limit 1`: the server's lock queue. Returns the token and when its request was sent.
@@ -58,7 +58,7 @@ impl PgBackend {
                 return Err(self.abandon(session, work.as_mut(), key, Error::Cancelled).await);
             }
             () = &mut backstop => {
-                let busy = Error::Busy(format!("{} is held; waited {}", request.name, wait_text(request.wait)));
+                let busy = not_acquired(&request.name, "is held", request.wait);
                 return Err(self.abandon(session, work.as_mut(), key, busy).await);
             }
             _ = ended.wait_for(Option::is_some) => {
@@ -133,8 +133,8 @@ impl PgBackend {
             return Err(limit_mismatch(&request.name, theirs));
         }
         if !granted {
-            let who = self.describe_holders(session, &request.name).await;
-            return Err(Error::Busy(format!("{} is held{who}", request.name)));
+            let state = self.describe_holders(session, &request.name).await;
+            return Err(not_acquired(&request.name, &state, request.wait));
         }
         let token = self
             .check_token(token, client, key, &session.marker, &request.name)

@@ -13,11 +13,11 @@ use super::holders::{holder_label, metadata_comment};
 use super::keys::{channel, slot_key, turnstile_key};
 use super::limit::{limit_key, other_limit, other_limit_sql};
 use super::token::{token_sql, Granted};
-use super::wait::wait_text;
 use super::{PgBackend, CANCEL_TIMEOUT};
 use crate::clock::{sleep_until, BootInstant};
 use crate::error::Error;
 use crate::lock::{limit_mismatch, AcquireRequest, Cancel, Wait};
+use crate::wording::not_acquired;
 
 impl PgBackend {
     /// `--limit N > 1`: queue on the turnstile, then take the first free slot; a released slot
@@ -48,11 +48,8 @@ impl PgBackend {
                 return Ok((Granted { token, sent }, key));
             }
             if request.wait == Wait::No {
-                let who = self.describe_holders(session, &request.name).await;
-                return Err(Error::Busy(format!(
-                    "{} is held by {} holders{who}",
-                    request.name, request.limit
-                )));
+                let state = self.describe_holders(session, &request.name).await;
+                return Err(not_acquired(&request.name, &state, request.wait));
             }
             self.wait_for_slot(session, request, deadline, recheck, cancel)
                 .await?;
@@ -132,7 +129,7 @@ impl PgBackend {
                 Err(self.abandon(session, lock.as_mut(), turnstile, Error::Cancelled).await)
             }
             () = &mut backstop => {
-                let busy = Error::Busy(format!("{} is held by {} holders; waited {}", request.name, request.limit, wait_text(request.wait)));
+                let busy = not_acquired(&request.name, "is held", request.wait);
                 Err(self.abandon(session, lock.as_mut(), turnstile, busy).await)
             }
             _ = ended.wait_for(Option::is_some) => Err(self.lost_while_waiting(session)),
@@ -231,7 +228,8 @@ impl PgBackend {
             () = sleep_until(wake) => {
                 if deadline.is_some_and(|d| BootInstant::now() >= d.at) {
                     self.leave_queue(session, request).await;
-                    return Err(Error::Busy(format!("{} is held by {} holders; waited {}", request.name, request.limit, wait_text(request.wait))));
+                    let state = self.describe_holders(session, &request.name).await;
+                    return Err(not_acquired(&request.name, &state, request.wait));
                 }
                 Ok(())
             }

@@ -10,16 +10,8 @@ use super::conn::{classify, Session};
 use super::deadline::Deadline;
 use super::{PgBackend, CANCEL_TIMEOUT};
 use crate::error::Error;
-use crate::lock::{AcquireRequest, Wait};
-
-/// How long a run waited, for messages.
-pub(super) fn wait_text(wait: Wait) -> String {
-    match wait {
-        Wait::For(d) => humantime::format_duration(d).to_string(),
-        Wait::No => "not at all (--no-wait)".into(),
-        Wait::Forever => "for ever".into(),
-    }
-}
+use crate::lock::AcquireRequest;
+use crate::wording::not_acquired;
 
 impl PgBackend {
     /// A statement did not answer by the `--wait` deadline (and a second more).
@@ -51,12 +43,8 @@ impl PgBackend {
     ) -> Error {
         match e.code().map(|c| c.code()) {
             Some("55P03") => {
-                let who = self.describe_holders(session, &request.name).await;
-                Error::Busy(format!(
-                    "{} is held{who}; waited {}",
-                    request.name,
-                    wait_text(request.wait)
-                ))
+                let state = self.describe_holders(session, &request.name).await;
+                not_acquired(&request.name, &state, request.wait)
             }
             _ => classify(e, &self.display),
         }

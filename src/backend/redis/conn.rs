@@ -123,6 +123,11 @@ pub(super) fn classify(e: &RedisError, display: &str) -> Error {
     if e.is_connection_refusal() || e.is_io_error() || e.is_timeout() || e.is_connection_dropped() {
         return Error::Unavailable(format!("cannot reach {display}: {text}"));
     }
+    if e.kind() == ErrorKind::Parse || text.contains("Parse error") {
+        return Error::Unavailable(format!(
+            "{display} did not answer in the Redis protocol: something else listens there; check the URL's host and port"
+        ));
+    }
     if text.contains("refused to switch database") {
         return Error::Usage(format!(
             "{display}: the server has no such database ({text})"

@@ -130,7 +130,11 @@ impl Backend for RedisBackend {
             };
             if request.wait == Wait::No {
                 let reason = waiter.busy_reason(&mut conn, live, ahead).await;
-                return Err(Error::Busy(format!("{reason}; not waiting (--no-wait)")));
+                return Err(crate::wording::not_acquired(
+                    &request.name,
+                    &reason,
+                    request.wait,
+                ));
             }
             if let Err(stop) = waiter
                 .wait_turn(&mut conn, hint, live, ahead, &mut cancel)

@@ -10,6 +10,7 @@ use crate::clock::BootInstant;
 use crate::error::Error;
 use crate::keeper::Keeper;
 use crate::lock::{limit_mismatch, AcquireRequest, Cancel, Wait};
+use crate::wording::not_acquired;
 
 use super::conn::{Conn, OP_TIMEOUT};
 use super::keys::Keys;
@@ -258,10 +259,11 @@ impl<'a> Waiter<'a> {
             if left.is_zero() {
                 let reason = self.busy_reason(conn, live, ahead).await;
                 self.leave().await;
-                return Err(Stop::Failed(Error::Busy(format!(
-                    "{reason}; gave up after waiting {} (--wait)",
-                    self.request.wait.describe()
-                ))));
+                return Err(Stop::Failed(not_acquired(
+                    &self.request.name,
+                    &reason,
+                    self.request.wait,
+                )));
             }
             block = block.min(left);
         }
@@ -285,7 +287,6 @@ impl<'a> Waiter<'a> {
     /// Why the lock was not ours, from the last acquire reply: held, or free (or not full)
     /// with waiters ahead of us in line.
     pub(super) async fn busy_reason(&self, conn: &mut Conn, live: i64, ahead: i64) -> String {
-        let name = &self.request.name;
         let limit = i64::from(self.request.limit);
         let holders = if live > 0 {
             self.describe_holders(conn).await
@@ -293,12 +294,8 @@ impl<'a> Waiter<'a> {
             String::new()
         };
         if live >= limit {
-            let queue = match ahead {
-                0 => String::new(),
-                1 => ", 1 waiter queued".to_owned(),
-                n => format!(", {n} waiters queued"),
-            };
-            return format!("lock '{name}' is held{holders}{queue}");
+            let queue = crate::wording::waiting_ahead_text(ahead.max(0) as usize);
+            return format!("is held{holders}{queue}");
         }
         let state = if live == 0 {
             "free".to_owned()
@@ -310,7 +307,7 @@ impl<'a> Waiter<'a> {
             n => format!("{n} waiters are"),
         };
         format!(
-            "lock '{name}' is {state}, but {ahead} ahead in the queue (a waiter that was killed \
+            "is {state}, but {ahead} ahead in the queue (a waiter that was killed \
              drops out within {})",
             humantime::format_duration(WAITER_LEASE)
         )

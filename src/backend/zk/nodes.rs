@@ -190,6 +190,7 @@ mod tests {
             ttl_ms: 10_000,
             token: 7,
             version: "0.1.0".into(),
+            ..Holder::default()
         };
         let fields = r#""name":"a","host":"h","pid":42,"user":"u","command":"sleep 1","since":"2026-01-01T00:00:00Z","ttl_ms":10000,"token":7,"version":"0.1.0","limit":3"#;
         for (waiting, tail) in [(false, ""), (true, r#","waiting":true"#)] {

@@ -1,0 +1,91 @@
+//! `--min-hold` (README: "Cron on several hosts"): after the command has finished, keep the
+//! lock until the hold's minimum length is up, so that the same crontab line on hosts whose
+//! clocks differ by less than that finds the lock still held and runs once.
+//!
+//! Meanwhile the lease is kept alive as while the command ran (the lease's own renewer runs
+//! until it is released). The time is measured from the acquisition on `CLOCK_BOOTTIME`, so a
+//! suspend counts. Then dlock releases and exits with the command's status. A signal in that
+//! time releases and exits at once with 128+N (as a signal that kills a holding command
+//! would); a lost lock ends the wait with the command's status and a warning (the command
+//! already ran with the lock held, there is nothing to stop). A terminating signal forwarded
+//! while the command ran means dlock was asked to stop: `run.rs` then skips the hold.
+
+use std::time::{Duration, SystemTime};
+
+use crate::clock::{sleep_until, BootInstant};
+use crate::exit;
+use crate::lock::{Holder, Lease};
+use crate::settings::RunSettings;
+use crate::signals::{self, Signals};
+
+/// How long the metadata update may take (it only helps `status`).
+const RECORD_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// When the lock was acquired, on both clocks: the boot clock to wait on, the wall clock to
+/// tell `status` until when.
+pub(super) struct Acquired {
+    pub(super) at: BootInstant,
+    pub(super) wall: SystemTime,
+}
+
+impl Acquired {
+    pub(super) fn now() -> Acquired {
+        Acquired {
+            at: BootInstant::now(),
+            wall: SystemTime::now(),
+        }
+    }
+}
+
+/// The command ended with `status`; keep the lock until `--min-hold` after `acquired`, then
+/// return the status to exit with.
+pub(super) async fn keep<L: Lease>(
+    lease: &mut L,
+    signals: &mut Signals,
+    settings: &RunSettings,
+    holder: &Holder,
+    acquired: &Acquired,
+    status: u8,
+) -> u8 {
+    let Some(min_hold) = settings.min_hold else {
+        return status;
+    };
+    let until = acquired.at + min_hold;
+    if BootInstant::now() >= until {
+        return status;
+    }
+    let until_text = humantime::format_rfc3339_seconds(acquired.wall + min_hold).to_string();
+    let finished = Holder {
+        token: lease.token(),
+        kept_until: until_text.clone(),
+        ..holder.clone()
+    };
+    match tokio::time::timeout(RECORD_TIMEOUT, lease.finished(&finished)).await {
+        Ok(Ok(_)) => {}
+        Ok(Err(err)) => tracing::debug!("cannot record that the command has finished: {err}"),
+        Err(_) => tracing::debug!("recording that the command has finished timed out"),
+    }
+    tracing::info!(
+        "the command has finished (status {status}); keeping '{}' until {until_text} (--min-hold)",
+        settings.name
+    );
+    tokio::select! {
+        () = sleep_until(until) => status,
+        lost = lease.lost() => {
+            tracing::warn!(
+                "lock '{}' was lost while --min-hold kept it after the command finished ({})",
+                settings.name,
+                lost.reason
+            );
+            status
+        }
+        signal = signals.recv() => {
+            say!(
+                "got {} while --min-hold kept '{}' after the command finished (status {status}); released",
+                signals::name(signal),
+                settings.name
+            );
+            exit::signal_status(signal)
+        }
+    }
+}

@@ -1,0 +1,179 @@
+//! The words every backend shares, written once so that a lock reads the same on every
+//! backend: who holds it ([`holder`]), why a run did not get it ([`not_acquired`]), and the
+//! durations in both ([`short_duration`]).
+//!
+//! A backend says *what* it saw (the holders, how many wait ahead) and calls these; it never
+//! formats a holder itself. A new backend gets the same conflict line, `status` and `list`
+//! for free (README: "Looking at locks").
+
+use std::time::{Duration, SystemTime};
+
+use crate::error::Error;
+use crate::lock::{Holder, LockName, Wait};
+
+/// One holder, for a message: `pid 14028 on ci-3 (deploy: ./deploy.sh) for 4m12s`. A holder
+/// that is not a dlock (an `etcdctl lock`, a Curator client) is named as such.
+pub fn holder(h: &Holder) -> String {
+    let held_for = held_for(&h.since)
+        .map(|d| format!(" for {}", short_duration(d)))
+        .unwrap_or_default();
+    if h.is_foreign() {
+        let what = h
+            .command
+            .strip_prefix("(foreign holder: ")
+            .and_then(|c| c.strip_suffix(')'))
+            .unwrap_or("another client");
+        let host = if h.host.is_empty() {
+            String::new()
+        } else {
+            format!(" on {}", h.host)
+        };
+        return format!("a holder that is not dlock ({what}){host}{held_for}");
+    }
+    let host = if h.host.is_empty() { "?" } else { &h.host };
+    let what = match (h.user.is_empty(), h.command.is_empty()) {
+        (false, false) => format!(" ({}: {})", h.user, h.command),
+        (true, false) => format!(" ({})", h.command),
+        (false, true) => format!(" ({})", h.user),
+        (true, true) => String::new(),
+    };
+    format!("pid {} on {host}{what}{held_for}", h.pid)
+}
+
+/// ` by <holder>, <holder>` for a held lock, `""` when `holders` is empty.
+pub fn held_by<'a>(holders: impl IntoIterator<Item = &'a Holder>) -> String {
+    let who: Vec<String> = holders.into_iter().map(holder).collect();
+    if who.is_empty() {
+        String::new()
+    } else {
+        format!(" by {}", who.join(", "))
+    }
+}
+
+/// The state of a lock a run cannot have, from the queue ahead of it: "is held by …[, N
+/// waiting ahead]", "is free, N waiting ahead" (the first waiter is taking it, or was killed
+/// and its entry is about to go), or "was held a moment ago".
+pub fn busy_state(holders: &[Holder], waiting_ahead: usize) -> String {
+    let ahead = waiting_ahead_text(waiting_ahead);
+    if holders.is_empty() {
+        return if waiting_ahead > 0 {
+            format!("is free{ahead}")
+        } else {
+            "was held a moment ago".into()
+        };
+    }
+    format!("is held{}{ahead}", held_by(holders))
+}
+
+/// `, N waiting ahead` (or nothing for none).
+pub fn waiting_ahead_text(n: usize) -> String {
+    if n > 0 {
+        format!(", {n} waiting ahead")
+    } else {
+        String::new()
+    }
+}
+
+/// Why a run gave up, after the lock's state: `not waiting (--no-wait)` or `gave up after
+/// waiting 5s (--wait)`.
+pub fn gave_up(wait: Wait) -> String {
+    match wait {
+        Wait::No => "not waiting (--no-wait)".into(),
+        Wait::For(_) => format!("gave up after waiting {} (--wait)", wait.describe()),
+        Wait::Forever => "gave up".into(),
+    }
+}
+
+/// The conflict line every backend reports when a run did not get the lock:
+/// `lock 'NAME' <state>; <why it gave up>`, where `state` is [`busy_state`]'s (or a
+/// backend's own, starting with a verb: `is held by 2 of --limit 2 …`).
+pub fn not_acquired(name: &LockName, state: &str, wait: Wait) -> Error {
+    Error::Busy(format!("lock '{name}' {state}; {}", gave_up(wait)))
+}
+
+/// How long ago an RFC 3339 time was (`None` when it is not one, or in the future).
+pub fn held_for(since: &str) -> Option<Duration> {
+    let then = humantime::parse_rfc3339(since).ok()?;
+    SystemTime::now().duration_since(then).ok()
+}
+
+/// A duration to the second in at most two units: `12s`, `4m12s`, `2h3m`, `3d4h`.
+pub fn short_duration(d: Duration) -> String {
+    let s = d.as_secs();
+    let (days, hours, minutes, seconds) = (s / 86_400, s / 3600 % 24, s / 60 % 60, s % 60);
+    if days > 0 {
+        format!("{days}d{hours}h")
+    } else if hours > 0 {
+        format!("{hours}h{minutes}m")
+    } else if minutes > 0 {
+        format!("{minutes}m{seconds}s")
+    } else {
+        format!("{seconds}s")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn holder_since(secs_ago: u64) -> Holder {
+        let since = SystemTime::now() - Duration::from_secs(secs_ago);
+        Holder {
+            host: "ci-3".into(),
+            pid: 14028,
+            user: "deploy".into(),
+            command: "./deploy.sh".into(),
+            since: humantime::format_rfc3339_seconds(since).to_string(),
+            version: "1.0.0".into(),
+            ..Holder::default()
+        }
+    }
+
+    #[test]
+    fn a_holder_reads_as_in_the_readme() {
+        assert_eq!(
+            holder(&holder_since(252)),
+            "pid 14028 on ci-3 (deploy: ./deploy.sh) for 4m12s"
+        );
+    }
+
+    #[test]
+    fn a_foreign_holder_is_named_as_such() {
+        let foreign = Holder {
+            command: "(foreign holder: etcdctl lock or another client)".into(),
+            ..Holder::default()
+        };
+        let text = holder(&foreign);
+        assert_eq!(
+            text,
+            "a holder that is not dlock (etcdctl lock or another client)"
+        );
+        assert!(!text.contains("pid 0"), "{text}");
+    }
+
+    #[test]
+    fn the_conflict_line_has_one_shape() {
+        let name = LockName::new("job").unwrap();
+        let undated = Holder {
+            since: String::new(),
+            ..holder_since(0)
+        };
+        let state = busy_state(&[undated], 2);
+        let Error::Busy(line) = not_acquired(&name, &state, Wait::No) else {
+            panic!("not Busy");
+        };
+        assert_eq!(
+            line,
+            "lock 'job' is held by pid 14028 on ci-3 (deploy: ./deploy.sh), 2 waiting ahead; \
+             not waiting (--no-wait)"
+        );
+    }
+
+    #[test]
+    fn short_durations() {
+        assert_eq!(short_duration(Duration::from_secs(0)), "0s");
+        assert_eq!(short_duration(Duration::from_secs(59)), "59s");
+        assert_eq!(short_duration(Duration::from_secs(3 * 3600 + 125)), "3h2m");
+        assert_eq!(short_duration(Duration::from_secs(86_400 + 7200)), "1d2h");
+    }
+}

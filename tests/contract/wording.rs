@@ -1,0 +1,218 @@
+//! The contract: what a user reads is the same on every backend (the conflict line, the
+//! waiting line at a terminal, `list`), and `--min-hold` keeps the lock after the command.
+
+use std::io::Read;
+use std::os::fd::OwnedFd;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+
+use crate::support::*;
+
+/// `dlock: lock 'NAME' is held by pid N on HOST (USER: COMMAND)[ for T]; WHY` with nothing
+/// else on the line: the one shape of the conflict line.
+fn assert_conflict_line(stderr: &str, lock: &str, pid: i32, why: &str) {
+    let line = stderr.trim_end();
+    assert_eq!(line.lines().count(), 1, "one line: {stderr}");
+    let head = format!("dlock: lock '{lock}' is held by pid {pid} on ");
+    assert!(
+        line.starts_with(&head),
+        "{line:?} does not start with {head:?}"
+    );
+    let rest = &line[head.len()..];
+    let (host, rest) = rest
+        .split_once(" (")
+        .unwrap_or_else(|| panic!("no '(user: …)': {line}"));
+    assert!(
+        !host.is_empty() && !host.contains(' '),
+        "host {host:?}: {line}"
+    );
+    assert!(rest.contains(": sh -c "), "no 'user: command': {line}");
+    assert!(
+        rest.ends_with(&format!("; {why}")),
+        "{line:?} does not end with {why:?}"
+    );
+}
+
+pub fn conflict_line_reads_the_same_on_every_backend(server: &dyn LockServer) {
+    let env = TestEnv::new(server);
+    let lock = lock_name("lock");
+    let holder = env.hold(&lock, &[]);
+    let out = env.run(["run", "--no-wait", &lock, "true"]);
+    assert_eq!(out.status.code(), Some(75), "{}", describe(&out));
+    assert_conflict_line(
+        &stderr_of(&out),
+        &lock,
+        holder.pid(),
+        "not waiting (--no-wait)",
+    );
+    let out = env.run(["run", "--wait", "300ms", &lock, "true"]);
+    assert_eq!(out.status.code(), Some(75), "{}", describe(&out));
+    assert_conflict_line(
+        &stderr_of(&out),
+        &lock,
+        holder.pid(),
+        "gave up after waiting 300ms (--wait)",
+    );
+    // `list` counts waiters in the same column everywhere: a number, never "-".
+    let list = stdout_of(&env.run(["list"]));
+    let row = list
+        .lines()
+        .find(|l| l.starts_with(lock.as_str()))
+        .unwrap_or_else(|| panic!("{lock} not listed: {list}"));
+    let words: Vec<&str> = row.split_whitespace().collect();
+    assert_eq!(words[1], holder.pid().to_string(), "{row}");
+    assert!(
+        words[4].parse::<u64>().is_ok(),
+        "waiting column {:?}: {row}",
+        words[4]
+    );
+}
+
+/// Everything written to a pseudo-terminal's other side, collected by a thread.
+struct Screen {
+    seen: Arc<Mutex<Vec<u8>>>,
+}
+
+impl Screen {
+    fn watch(master: &OwnedFd) -> Screen {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let mut reader = std::fs::File::from(master.try_clone().expect("dup master"));
+        let sink = seen.clone();
+        std::thread::spawn(move || {
+            let mut buf = [0u8; 1024];
+            // EIO once the terminal's last user is gone ends the loop.
+            while let Ok(n) = reader.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                sink.lock().expect("screen").extend_from_slice(&buf[..n]);
+            }
+        });
+        Screen { seen }
+    }
+
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.seen.lock().expect("screen")).into_owned()
+    }
+}
+
+pub fn waiting_at_a_terminal_names_the_holder(server: &dyn LockServer) {
+    let env = TestEnv::new(server);
+    let lock = lock_name("lock");
+    let holder = env.hold(&lock, &[]);
+    let pty = nix::pty::openpty(None, None).expect("openpty");
+    let screen = Screen::watch(&pty.master);
+    let started = Instant::now();
+    let mut waiter = env
+        .dlock(["run", &lock, "true"])
+        .stderr(Stdio::from(pty.slave.try_clone().expect("dup")))
+        .spawn()
+        .expect("spawn waiter");
+    drop(pty.slave);
+    let wanted = format!("waiting for '{lock}': held by pid {} on ", holder.pid());
+    wait_until("the waiting line", PATIENCE, || {
+        screen.text().contains(&wanted)
+    });
+    let shown_after = started.elapsed();
+    // Within a second of starting to wait, on an idle machine; generous for a loaded one.
+    assert!(
+        shown_after < Duration::from_secs(5),
+        "shown after {shown_after:?}"
+    );
+    drop(holder);
+    let status = wait_within(&mut waiter, PATIENCE);
+    assert_eq!(status.code(), Some(0));
+    // The screen is read by a thread: the last line may come a moment after the exit.
+    let finished = format!("acquired '{lock}' after waiting ");
+    wait_until("the finished line", PATIENCE, || {
+        screen.text().contains(&finished)
+    });
+    let text = screen.text();
+    assert!(text.contains("\r\x1b[K"), "not updated in place: {text:?}");
+}
+
+pub fn waiting_is_silent_when_not_at_a_terminal(server: &dyn LockServer) {
+    let env = TestEnv::new(server);
+    let lock = lock_name("lock");
+    let holder = env.hold(&lock, &[]);
+    let out = env.run(["run", "--wait", "1500ms", &lock, "true"]);
+    assert_eq!(out.status.code(), Some(75));
+    assert!(
+        !stderr_of(&out).contains("waiting for"),
+        "{}",
+        describe(&out)
+    );
+    let out = env.run(["run", "-v", "--wait", "1500ms", &lock, "true"]);
+    let wanted = format!("waiting for '{lock}': held by pid {}", holder.pid());
+    assert!(stderr_of(&out).contains(&wanted), "{}", describe(&out));
+}
+
+/// Two runs a second apart with `--min-hold 4s`: the second finds the lock held (75); the
+/// first exits with its command's status once the hold is 4 s old; `status` meanwhile shows
+/// the hold kept. A signal in that time releases at once (128+N).
+pub fn min_hold_keeps_the_lock_after_the_command_ends(server: &dyn LockServer) {
+    let env = TestEnv::new(server);
+    let lock = lock_name("lock");
+    let ran = env.path("ran");
+    let script = format!("touch '{}'; exit 3", ran.display());
+    let started = Instant::now();
+    let mut first = env
+        .dlock(["run", "-n", "--min-hold", "4s", &lock, "sh", "-c", &script])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn first run");
+    wait_until("the first command", PATIENCE, || ran.exists());
+    std::thread::sleep(Duration::from_secs(1));
+    let second = env.run(["run", "-n", "-q", &lock, "touch", "second-ran"]);
+    assert_eq!(second.status.code(), Some(75), "{}", describe(&second));
+    assert!(!env.path("second-ran").exists());
+    let status = stdout_of(&env.run(["status", &lock]));
+    assert!(status.contains("state:      held"), "{status}");
+    assert!(status.contains("kept"), "min hold not shown: {status}");
+    // The backends that rewrite a holder's metadata in place say that the command ended
+    // (README: "Cron"); the others show the min hold the holder started with.
+    if ["file", "etcd"].contains(&server.scheme()) {
+        wait_until("the finish recorded", PATIENCE, || {
+            stdout_of(&env.run(["status", &lock])).contains("finished:   the command has ended")
+        });
+    }
+    let code = wait_within(&mut first, PATIENCE).code();
+    let took = started.elapsed();
+    assert_eq!(code, Some(3), "the command's status");
+    assert!(took >= Duration::from_secs(4), "released after {took:?}");
+    assert!(
+        took < Duration::from_secs(4) + PATIENCE,
+        "released after {took:?}"
+    );
+    assert!(env.is_free(&lock));
+
+    // A signal while the hold is kept: released and 128+N at once.
+    let ran = env.path("ran-2");
+    let script = format!("touch '{}'", ran.display());
+    let mut held = env
+        .dlock(["run", "--min-hold", "60s", &lock, "sh", "-c", &script])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    wait_until("the command", PATIENCE, || ran.exists());
+    // Once dlock has reaped its command, a signal finds it keeping the hold (earlier, it
+    // would be forwarded to the command, and dlock would release at once with its status).
+    let children = format!("/proc/{0}/task/{0}/children", held.id());
+    wait_until("the command reaped", PATIENCE, || {
+        std::fs::read_to_string(&children).is_ok_and(|c| c.trim().is_empty())
+    });
+    assert!(!env.is_free(&lock), "the hold is not kept");
+    let signalled = Instant::now();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(held.id() as i32),
+        Signal::SIGTERM,
+    )
+    .expect("signal");
+    let code = wait_within(&mut held, PATIENCE).code();
+    assert_eq!(code, Some(128 + 15));
+    assert!(signalled.elapsed() < Duration::from_secs(10));
+    assert!(env.is_free(&lock), "not released after the signal");
+}
