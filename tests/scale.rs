@@ -41,12 +41,24 @@ fn seed_test(server: &dyn LockServer, label: &str) {
     let started = Instant::now();
     let mut children: Vec<Child> = (0..n)
         .map(|_| {
-            env.dlock(["run", "--wait", "10m", &lock, "sh", "-c", CRITICAL_SECTION])
-                .env("D", &dir)
-                .stdout(Stdio::null())
-                .stderr(Stdio::piped())
-                .spawn()
-                .expect("spawn dlock")
+            // The default TTL, as a user would run it (the harness's short test TTLs are for
+            // tests of expiry; a thousand processes on two cores delay renewals).
+            env.dlock([
+                "run",
+                "--ttl",
+                "15s",
+                "--wait",
+                "10m",
+                &lock,
+                "sh",
+                "-c",
+                CRITICAL_SECTION,
+            ])
+            .env("D", &dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn dlock")
         })
         .collect();
     let deadline = started + RUN_BOUND;
