@@ -41,6 +41,7 @@ defaults.";
 #[command(
     name = "dlock",
     version,
+    long_version = crate::version::LONG_VERSION,
     about = "Run a command while holding a named lock (local file, Redis, etcd, ZooKeeper, PostgreSQL)",
     long_about = "Run a command while holding a named lock.\n\n\
         dlock acquires the lock NAME on a backend chosen by URL (a local file by default), runs \

@@ -3,7 +3,8 @@
 //! - `support`: the harness and one test server per backend;
 //! - `contract`: the promises every backend keeps, expanded per backend by `contract_tests!`;
 //! - `backends`: what is particular to each backend;
-//! - `cli`, `docs`, `safety`, `terminal`: what does not depend on a backend.
+//! - `cli`, `docs`, `safety`, `terminal`: what does not depend on a backend;
+//! - `packaging`: `--version` and the builds (README "Install").
 
 mod support;
 #[macro_use]
@@ -12,5 +13,6 @@ mod contract;
 mod backends;
 mod cli;
 mod docs;
+mod packaging;
 mod safety;
 mod terminal;
