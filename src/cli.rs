@@ -44,7 +44,8 @@ defaults.";
 #[command(
     name = "dlock",
     version,
-    about = "Run a command while holding a named lock (local file, Redis, etcd, ZooKeeper, PostgreSQL, MySQL/MariaDB)",
+    long_version = crate::version::LONG_VERSION,
+    about = "Run a command while holding a named lock (local file, Redis, etcd, ZooKeeper, PostgreSQL, MySQL/MariaDB, memcached)",
     long_about = "Run a command while holding a named lock.\n\n\
         dlock acquires the lock NAME on a backend chosen by URL (a local file by default), runs \
         the command with the lock held, keeps the lease alive while it runs, releases the lock \

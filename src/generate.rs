@@ -27,7 +27,8 @@ pub fn run(what: Generate) -> anyhow::Result<()> {
 /// `dlock.1` plus `dlock-<subcommand>.1` for every visible subcommand.
 pub fn man_pages(dir: &Path) -> anyhow::Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-    let command = Cli::command();
+    // The plain version: the long one names the commit, and the pages would go stale with it.
+    let command = Cli::command().long_version(None);
     let pages: Vec<String> = std::iter::once("dlock".to_owned())
         .chain(
             command

@@ -25,6 +25,7 @@ pub mod settings;
 pub mod signals;
 mod spawn;
 pub mod supervise;
+pub mod version;
 pub mod wording;
 
 mod generate;

@@ -6,6 +6,7 @@
 //! - `cli`, `docs`, `safety`, `terminal`: what does not depend on a backend;
 //! - `local_queue`: many waiters on one host (the host-local queue, capacity refusals);
 //! - `scale`: the seed's many-clients test on every backend, at shipped server limits.
+//! - `packaging`: `--version` and the builds (README "Install").
 
 mod support;
 #[macro_use]
@@ -15,6 +16,7 @@ mod backends;
 mod cli;
 mod docs;
 mod local_queue;
+mod packaging;
 mod safety;
 mod scale;
 mod terminal;

@@ -58,6 +58,19 @@ pub const MIN_MEMCACHED_TTL: Duration = Duration::from_secs(3);
 /// The config file's per-backend tables (secrets and TLS material).
 pub const CONFIG_TABLES: &[&str] = &["redis", "etcd", "zookeeper", "postgres", "mysql"];
 
+/// Every backend of this build with its URL schemes, the backend's own name first: what
+/// `dlock --version` lists (`crate::version`). A new backend adds its line here; tests check
+/// it against [`Target::parse`] and its unknown-scheme message.
+pub const SCHEMES: &[&[&str]] = &[
+    &["file"],
+    &["redis", "rediss", "redis+unix"],
+    &["etcd", "etcds"],
+    &["zk"],
+    &["postgres", "postgresql"],
+    &["mysql", "mariadb"],
+    &["memcached", "memcached+unix"],
+];
+
 /// Where the locks live: a backend and everything needed to reach it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Target {

@@ -118,8 +118,12 @@ impl BlockedWait {
                     if thread.is_finished() {
                         break;
                     }
+                    // std's handle is an integer; musl's pthread_t is a pointer (the cast is
+                    // needed for the static musl build, a no-op with glibc).
+                    #[allow(clippy::unnecessary_cast)]
+                    let pthread = thread.as_pthread_t() as libc::pthread_t;
                     // SAFETY: the thread is not joined yet, so its pthread_t is valid.
-                    unsafe { libc::pthread_kill(thread.as_pthread_t(), interrupt_signal()) };
+                    unsafe { libc::pthread_kill(pthread, interrupt_signal()) };
                     std::thread::sleep(Duration::from_micros(200));
                 }
             }
