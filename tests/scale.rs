@@ -1,7 +1,8 @@
 //! The seed's test at scale (issue #14): N `dlock run`s started together on one name, each
 //! doing a racy read-increment-write of a counter file under the lock, with a `mkdir` sentinel
 //! that detects two commands inside at once and the fencing token appended in grant order.
-//! Servers at their shipped connection limits: PostgreSQL `max_connections=100`, ZooKeeper
+//! Servers at their shipped connection limits: PostgreSQL `max_connections=100`, MariaDB
+//! `max_connections=151`, ZooKeeper
 //! without `maxClientCnxns` (60 per client address).
 //!
 //! N is `DLOCK_SCALE_CLIENTS` (default 200, as CI runs it); `scripts/scale` runs 1000 and
@@ -138,4 +139,15 @@ fn scale_postgres_at_the_shipped_max_connections() {
         &PgServer::start_with(&["-c", "max_connections=100"]),
         "postgres",
     );
+}
+
+#[test]
+fn scale_mysql_at_the_shipped_max_connections() {
+    // The test server keeps MariaDB's shipped max_connections (151).
+    seed_test(&MysqlServer::start(), "mysql");
+}
+
+#[test]
+fn scale_memcached() {
+    seed_test(&MemcachedServer::start(), "memcached");
 }
