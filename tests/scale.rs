@@ -2,8 +2,7 @@
 //! doing a racy read-increment-write of a counter file under the lock, with a `mkdir` sentinel
 //! that detects two commands inside at once and the fencing token appended in grant order.
 //! Servers at their shipped connection limits: PostgreSQL `max_connections=100`, MariaDB
-//! `max_connections=151`, ZooKeeper
-//! without `maxClientCnxns` (60 per client address).
+//! `max_connections=151`, ZooKeeper without `maxClientCnxns` (60 per client address).
 //!
 //! N is `DLOCK_SCALE_CLIENTS` (default 200, as CI runs it); `scripts/scale` runs 1000 and
 //! compares the wall times, which it reads from `DLOCK_SCALE_REPORT` (one line per backend).
