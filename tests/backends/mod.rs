@@ -6,4 +6,5 @@ mod etcd;
 mod file;
 mod postgres;
 mod redis;
+mod redis_sentinel;
 mod zk;

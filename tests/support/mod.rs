@@ -9,7 +9,7 @@
 //! - `process`: bounded waits, output helpers, `assert_fails`, unique names, server binaries;
 //! - `net`: free ports, a `Proxy` that black-holes or slows a link, a `SilentServer`;
 //! - `certs`: throw-away certificates for the TLS tests;
-//! - one file per test server: `redis`, `etcd`, `zk`, `postgres`.
+//! - one file per test server: `redis`, `sentinel`, `etcd`, `zk`, `postgres`.
 //!
 //! Tests use all of it through `use crate::support::*;`.
 
@@ -22,6 +22,7 @@ mod net;
 mod postgres;
 mod process;
 mod redis;
+mod sentinel;
 mod server;
 mod zk;
 
@@ -32,5 +33,6 @@ pub use self::net::*;
 pub use self::postgres::*;
 pub use self::process::*;
 pub use self::redis::*;
+pub use self::sentinel::*;
 pub use self::server::*;
 pub use self::zk::*;

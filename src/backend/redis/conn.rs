@@ -12,6 +12,7 @@ use redis::{
 
 use crate::error::Error;
 
+use super::sentinel::Locator;
 use super::{RedisAddr, RedisTarget};
 
 /// Bound for connecting (TCP, TLS handshake, AUTH, SELECT).
@@ -23,6 +24,8 @@ pub(super) const OP_TIMEOUT: Duration = Duration::from_secs(5);
 pub(super) enum Failure {
     Redis(RedisError),
     Timeout(Duration),
+    /// Behind Sentinel: no usable master could be located (already classified).
+    Sentinel(Error),
 }
 
 impl Failure {
@@ -31,6 +34,7 @@ impl Failure {
         match self {
             Failure::Timeout(_) => true,
             Failure::Redis(e) => e.is_io_error() || e.is_connection_dropped() || e.is_timeout(),
+            Failure::Sentinel(e) => matches!(e, Error::Unavailable(_)),
         }
     }
 
@@ -39,6 +43,7 @@ impl Failure {
         match self {
             Failure::Timeout(_) => true,
             Failure::Redis(e) => e.is_timeout(),
+            Failure::Sentinel(_) => false,
         }
     }
 
@@ -46,6 +51,7 @@ impl Failure {
         match self {
             Failure::Timeout(d) => format!("no answer within {}", humantime::format_duration(*d)),
             Failure::Redis(e) => e.to_string(),
+            Failure::Sentinel(e) => e.to_string(),
         }
     }
 
@@ -56,6 +62,7 @@ impl Failure {
                 humantime::format_duration(d)
             )),
             Failure::Redis(e) => classify(&e, display),
+            Failure::Sentinel(e) => e,
         }
     }
 }
@@ -144,75 +151,104 @@ pub(super) struct Conn {
     client: Client,
     connection: Option<MultiplexedConnection>,
     dirty: bool,
+    /// Behind Sentinel: where to connect is asked anew at every (re)connect.
+    pub(super) sentinel: Option<Locator>,
 }
 
 impl Conn {
     pub(super) fn new(target: &RedisTarget, display: &str) -> Result<Conn, Error> {
-        let addr = match &target.addr {
-            RedisAddr::Tcp { host, port } => ConnectionAddr::Tcp(host.clone(), *port),
-            RedisAddr::Tls { host, port } => ConnectionAddr::TcpTls {
-                host: host.clone(),
-                port: *port,
-                insecure: false,
-                tls_params: None,
-            },
-            RedisAddr::Unix { path } => ConnectionAddr::Unix(path.clone()),
-        };
-        let mut redis = RedisConnectionInfo::default()
-            .set_db(target.db)
-            .set_skip_set_lib_name();
-        if let Some(user) = &target.user {
-            redis = redis.set_username(user);
-        }
-        if let Some(password) = &target.password {
-            redis = redis.set_password(password.expose());
-        }
-        let setup = |e: RedisError| {
-            Error::Config(format!("cannot set up the connection to {display}: {e}"))
-        };
-        let info = addr
-            .into_connection_info()
-            .map_err(setup)?
-            .set_redis_settings(redis)
-            .set_tcp_settings(redis::io::tcp::TcpSettings::default().set_nodelay(true));
-        let client = match &target.addr {
-            RedisAddr::Tls { .. } => {
-                let read = |path: &std::path::PathBuf| {
-                    std::fs::read(path)
-                        .map_err(|e| Error::Config(format!("cannot read {}: {e}", path.display())))
-                };
-                let root_cert = target.tls.ca_file.as_ref().map(read).transpose()?;
-                let client_tls = match (&target.tls.cert_file, &target.tls.key_file) {
-                    (Some(cert), Some(key)) => Some(redis::ClientTlsConfig {
-                        client_cert: read(cert)?,
-                        client_key: read(key)?,
-                    }),
-                    _ => None,
-                };
-                Client::build_with_tls(
-                    info,
-                    redis::TlsCertificates {
-                        client_tls,
-                        root_cert,
-                    },
-                )
-                .map_err(setup)?
-            }
-            _ => Client::open(info).map_err(setup)?,
-        };
         Ok(Conn {
-            client,
+            client: client_for(target, display)?,
             connection: None,
             dirty: false,
+            sentinel: Locator::new(target, display)?,
         })
     }
 
+    /// Drop the connection: the next call connects again (behind Sentinel, to the master the
+    /// sentinels name then).
+    pub(super) fn reconnect(&mut self) {
+        self.connection = None;
+    }
+
+    /// Behind Sentinel, a connection about to be opened goes to the master the sentinels name
+    /// now, checked with `ROLE`.
+    async fn locate(&mut self) -> Result<(), Failure> {
+        if let (Some(locator), None) = (&mut self.sentinel, &self.connection) {
+            let (client, connection) = locator.locate().await.map_err(Failure::Sentinel)?;
+            self.client = client;
+            self.connection = Some(connection);
+        }
+        Ok(())
+    }
+}
+
+/// A client for the server `target.addr` (nothing is connected yet).
+pub(super) fn client_for(target: &RedisTarget, display: &str) -> Result<Client, Error> {
+    let addr = match &target.addr {
+        RedisAddr::Tcp { host, port } => ConnectionAddr::Tcp(host.clone(), *port),
+        RedisAddr::Tls { host, port } => ConnectionAddr::TcpTls {
+            host: host.clone(),
+            port: *port,
+            insecure: false,
+            tls_params: None,
+        },
+        RedisAddr::Unix { path } => ConnectionAddr::Unix(path.clone()),
+    };
+    let mut redis = RedisConnectionInfo::default()
+        .set_db(target.db)
+        .set_skip_set_lib_name();
+    if let Some(user) = &target.user {
+        redis = redis.set_username(user);
+    }
+    if let Some(password) = &target.password {
+        redis = redis.set_password(password.expose());
+    }
+    let setup =
+        |e: RedisError| Error::Config(format!("cannot set up the connection to {display}: {e}"));
+    let info = addr
+        .into_connection_info()
+        .map_err(setup)?
+        .set_redis_settings(redis)
+        .set_tcp_settings(redis::io::tcp::TcpSettings::default().set_nodelay(true));
+    let client = match &target.addr {
+        RedisAddr::Tls { .. } => {
+            let read = |path: &std::path::PathBuf| {
+                std::fs::read(path)
+                    .map_err(|e| Error::Config(format!("cannot read {}: {e}", path.display())))
+            };
+            let root_cert = target.tls.ca_file.as_ref().map(read).transpose()?;
+            let client_tls = match (&target.tls.cert_file, &target.tls.key_file) {
+                (Some(cert), Some(key)) => Some(redis::ClientTlsConfig {
+                    client_cert: read(cert)?,
+                    client_key: read(key)?,
+                }),
+                _ => None,
+            };
+            Client::build_with_tls(
+                info,
+                redis::TlsCertificates {
+                    client_tls,
+                    root_cert,
+                },
+            )
+            .map_err(setup)?
+        }
+        _ => Client::open(info).map_err(setup)?,
+    };
+    Ok(client)
+}
+
+impl Conn {
     /// The open connection, (re)connecting first if needed.
-    pub(super) async fn ensure(&mut self) -> Result<&mut MultiplexedConnection, RedisError> {
+    pub(super) async fn ensure(&mut self) -> Result<&mut MultiplexedConnection, Failure> {
         if std::mem::take(&mut self.dirty) {
             self.connection = None;
         }
-        open(&self.client, &mut self.connection).await
+        self.locate().await?;
+        open(&self.client, &mut self.connection)
+            .await
+            .map_err(Failure::Redis)
     }
 
     /// Start a call: a connection left dirty by an abandoned call is replaced, and this one
@@ -225,7 +261,7 @@ impl Conn {
 
     fn finish<T>(
         &mut self,
-        outcome: Result<redis::RedisResult<T>, tokio::time::error::Elapsed>,
+        outcome: Result<Result<T, Failure>, tokio::time::error::Elapsed>,
         budget: Duration,
     ) -> Result<T, Failure> {
         match outcome {
@@ -233,12 +269,13 @@ impl Conn {
                 self.dirty = false;
                 Ok(value)
             }
-            Ok(Err(e)) => {
+            Ok(Err(Failure::Redis(e))) => {
                 // A server error leaves the connection usable; a transport error does not.
                 self.dirty =
                     e.is_io_error() || e.is_unrecoverable_error() || e.is_connection_dropped();
                 Err(Failure::Redis(e))
             }
+            Ok(Err(failure)) => Err(failure),
             Err(_) => Err(Failure::Timeout(budget)),
         }
     }
@@ -273,10 +310,12 @@ impl Conn {
         request: impl AsyncFnOnce(&mut MultiplexedConnection) -> Result<T, RedisError>,
     ) -> Result<T, Failure> {
         self.begin();
-        let (client, slot) = (&self.client, &mut self.connection);
         let outcome = tokio::time::timeout(budget, async {
-            let connection = open(client, slot).await?;
-            request(connection).await
+            self.locate().await?;
+            let connection = open(&self.client, &mut self.connection)
+                .await
+                .map_err(Failure::Redis)?;
+            request(connection).await.map_err(Failure::Redis)
         })
         .await;
         self.finish(outcome, budget)

@@ -80,6 +80,10 @@ pub(super) struct Renewer {
 
 impl Renew for Renewer {
     async fn renew(&mut self) -> Result<Duration, RenewError> {
+        // Behind Sentinel, only on the master the sentinels name now (it may have moved).
+        super::sentinel::confirm(&mut self.conn)
+            .await
+            .map_err(RenewError::Failed)?;
         let mut invocation = RENEW.prepare_invoke();
         invocation
             .key(&self.keys.holders)

@@ -39,6 +39,7 @@ mod conn;
 mod keys;
 mod lease;
 mod scripts;
+pub mod sentinel;
 pub mod target;
 mod wait;
 
@@ -47,7 +48,7 @@ use crate::lock::{
     AcquireRequest, Backend, Cancel, CheckReport, Holder, LockName, LockStatus, Wait,
 };
 
-use conn::{classify, Conn};
+use conn::Conn;
 use keys::Keys;
 use scripts::Step;
 use wait::{Stop, Waiter};
@@ -64,6 +65,7 @@ pub struct RedisBackend {
 impl RedisBackend {
     pub fn new(target: &RedisTarget, prefix: &str, display: &str) -> RedisBackend {
         if matches!(target.addr, RedisAddr::Tls { .. }) {
+            // Also `rediss-sentinel://` (its `addr` is the first sentinel, over TLS).
             crate::backend::install_tls_provider();
         }
         RedisBackend {
@@ -77,7 +79,7 @@ impl RedisBackend {
         let mut conn = Conn::new(&self.target, &self.display)?;
         conn.ensure()
             .await
-            .map_err(|e| classify(&e, &self.display))?;
+            .map_err(|f| f.into_error(&self.display))?;
         Ok(conn)
     }
 
@@ -104,6 +106,22 @@ impl Backend for RedisBackend {
                 Ok(answer) => answer,
                 Err(stop) => break stop,
             };
+            // Behind Sentinel, a grant or a place in line on a master that the sentinels no
+            // longer name counts for nothing: take the step again on the new one.
+            let granted = matches!(Step::parse(&reply), Some(Step::Granted { .. }));
+            match sentinel::follow(&mut conn, granted).await {
+                Ok(false) => {}
+                Ok(true) => {
+                    if granted {
+                        waiter.leave().await;
+                    }
+                    continue;
+                }
+                Err(error) => {
+                    waiter.leave().await;
+                    return Err(error);
+                }
+            }
             let (hint, ahead, live) = match Step::parse(&reply) {
                 Some(Step::Granted { fence, ttl_ms }) => {
                     return waiter.granted(conn, &fence, ttl_ms, sent).await;

@@ -8,6 +8,8 @@ use crate::config::FileConfig;
 use crate::error::Error;
 use crate::secrets::{check_tls_files, credentials, Secret, TlsFiles};
 
+use super::sentinel::target::SentinelTarget;
+
 /// How to reach a Redis server.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RedisAddr {
@@ -24,11 +26,21 @@ pub struct RedisTarget {
     pub user: Option<String>,
     pub password: Option<Secret>,
     pub tls: TlsFiles,
+    /// Behind Sentinel: the master is wherever the sentinels say (`addr` is then only the
+    /// first sentinel, see [`super::sentinel::target`]).
+    pub sentinel: Option<Box<SentinelTarget>>,
 }
 
 impl RedisTarget {
     /// The scheme name shown in DLOCK_BACKEND.
     pub fn scheme(&self) -> &'static str {
+        if let Some(sentinel) = &self.sentinel {
+            return if sentinel.tls {
+                "rediss-sentinel"
+            } else {
+                "redis-sentinel"
+            };
+        }
         match self.addr {
             RedisAddr::Tcp { .. } => "redis",
             RedisAddr::Tls { .. } => "rediss",
@@ -38,6 +50,9 @@ impl RedisTarget {
 
     /// The server and database, for reentrancy (DLOCK_HELD).
     pub fn identity(&self) -> String {
+        if let Some(sentinel) = &self.sentinel {
+            return sentinel.identity(self.db);
+        }
         match &self.addr {
             RedisAddr::Tcp { host, port } | RedisAddr::Tls { host, port } => {
                 format!("redis://{host}:{port}/{}", self.db)
@@ -91,6 +106,7 @@ pub fn parse(scheme: &str, rest: &str) -> Result<RedisTarget, String> {
             user: None,
             password: None,
             tls: TlsFiles::default(),
+            sentinel: None,
         });
     }
     if after.contains(['?', '#']) {
@@ -114,6 +130,7 @@ pub fn parse(scheme: &str, rest: &str) -> Result<RedisTarget, String> {
         user,
         password,
         tls: TlsFiles::default(),
+        sentinel: None,
     })
 }
 
@@ -142,6 +159,9 @@ pub fn complete(target: &mut RedisTarget, file: &FileConfig) -> Result<(), Error
     target.tls = tls;
     if matches!(target.addr, RedisAddr::Tls { .. }) {
         check_tls_files(&target.tls)?;
+    }
+    if let Some(sentinel) = &mut target.sentinel {
+        super::sentinel::target::complete(sentinel, file)?;
     }
     Ok(())
 }

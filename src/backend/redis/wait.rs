@@ -178,7 +178,7 @@ impl<'a> Waiter<'a> {
     /// the keeper renews it on this connection from now on.
     pub(super) async fn granted(
         &self,
-        conn: Conn,
+        mut conn: Conn,
         fence: &str,
         granted_ms: i64,
         sent: BootInstant,
@@ -195,6 +195,11 @@ impl<'a> Waiter<'a> {
                 ));
             }
         };
+        // Behind Sentinel with `?replicas=N`: not before N replicas have the hold.
+        if let Err(error) = super::sentinel::replicas::acknowledged(&mut conn).await {
+            self.leave().await;
+            return Err(error);
+        }
         let granted = Duration::from_millis(granted_ms.max(0) as u64);
         let granted = if granted.is_zero() {
             self.request.ttl
