@@ -141,3 +141,65 @@ fn more_replicas_than_acknowledge_refuse_to_start_and_give_the_lock_back() {
     let out = env.run(["run", "--no-wait", "r", "true"]);
     assert!(out.status.success(), "{}", describe(&out));
 }
+
+/// Seconds since the epoch, as `date +%s.%N` wrote them into `file`.
+fn time_in(env: &TestEnv, file: &str) -> f64 {
+    std::fs::read_to_string(env.path(file))
+        .expect("time file")
+        .trim()
+        .parse()
+        .expect("a time")
+}
+
+#[test]
+fn a_hold_the_failover_lost_stops_the_holder_with_124_within_the_window() {
+    let server = SentinelServer::start();
+    let env = TestEnv::new(&server); // TTL 3 s: renewals every 1 s
+    let url = server.url();
+    let lock = "lost";
+    let holder_script = format!(
+        "echo $DLOCK_FENCING_TOKEN > {t}; touch {s}; \
+         trap 'date +%s.%N > {stopped}; exit 143' TERM; while :; do sleep 0.05; done",
+        t = env.path("t1").display(),
+        s = env.path("started1").display(),
+        stopped = env.path("stopped").display(),
+    );
+    let mut holder = spawn(
+        &env,
+        &["run", "--url", &url, lock, "sh", "-c", &holder_script],
+    );
+    wait_until("the holder runs", PATIENCE, || {
+        env.path("started1").exists()
+    });
+    let waiter_script = format!(
+        "date +%s.%N > {started}; echo $DLOCK_FENCING_TOKEN > {t}",
+        started = env.path("started2").display(),
+        t = env.path("t2").display(),
+    );
+    let mut waiter = spawn(
+        &env,
+        &["run", "--url", &url, lock, "sh", "-c", &waiter_script],
+    );
+    wait_until("the waiter queued", PATIENCE, || env.waiters(lock) == 1);
+    // The replica loses everything (the hold and the fencing counter), as if the hold had
+    // never been replicated; then it is promoted.
+    let replica = &server.nodes[1];
+    assert_eq!(replica.command("CONFIG SET replica-read-only no"), "+OK");
+    assert_eq!(replica.command("FLUSHALL"), "+OK");
+    server.failover();
+    let held = wait_within(&mut holder, PATIENCE);
+    assert_eq!(held.code(), Some(124), "the holder must find its hold gone");
+    assert!(wait_within(&mut waiter, PATIENCE).success());
+    // The overlap is bounded by the documented window: TTL/3 + 1 s for the sentinels' answers
+    // (+ the command's own SIGTERM handling, here immediate); generous slack for a loaded
+    // machine.
+    let overlap = time_in(&env, "stopped") - time_in(&env, "started2");
+    assert!(
+        overlap < 1.0 + 1.0 + 1.5,
+        "the two commands overlapped for {overlap:.2} s"
+    );
+    // Tokens still increase although the counter was lost: the new master's TIME in µs.
+    let (t1, t2) = (token_in(&env, "t1"), token_in(&env, "t2"));
+    assert!(t2 > t1, "{t1} then {t2}");
+    assert!(env.token(lock) > t2);
+}
