@@ -15,6 +15,7 @@ use super::conn::{Conn, OP_TIMEOUT};
 use super::keys::Keys;
 use super::lease::{RedisLease, Renewer};
 use super::scripts::{bad_data, fence_exhausted, millis, release_call, Released, Step, ACQUIRE};
+use super::sentinel::watch::SwitchWatch;
 use super::RedisBackend;
 
 /// Attempts of an acquire step after a lost reply or a dropped connection.
@@ -206,6 +207,7 @@ impl<'a> Waiter<'a> {
         } else {
             granted
         };
+        let switch = SwitchWatch::start(&conn, &self.keys.holders, &self.tok);
         let renewer = Renewer {
             conn,
             keys: self.keys.clone(),
@@ -218,6 +220,7 @@ impl<'a> Waiter<'a> {
             keys: self.keys.clone(),
             limit: self.request.limit,
             display: display.clone(),
+            switch,
         })
     }
 

@@ -194,6 +194,7 @@ fn a_hold_the_failover_lost_stops_the_holder_with_124_within_the_window() {
     // (+ the command's own SIGTERM handling, here immediate); generous slack for a loaded
     // machine.
     let overlap = time_in(&env, "stopped") - time_in(&env, "started2");
+    eprintln!("overlap of the two commands: {overlap:.3} s (negative: none)");
     assert!(
         overlap < 1.0 + 1.0 + 1.5,
         "the two commands overlapped for {overlap:.2} s"

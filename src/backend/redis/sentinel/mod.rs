@@ -18,6 +18,8 @@
 //!   there and the renewal runs on the new master: a hold that the failover carried over (it
 //!   was replicated in time; `?replicas=N` makes sure) is kept, one that it lost is gone and
 //!   the command is stopped (124), as on any loss;
+//! - while a lock is held, a `+switch-master` subscription ([`watch`]) looks at the new
+//!   master at once instead of at the next renewal;
 //! - a waiter asks again at least every [`WAITER_RECHECK`], and before a grant counts: a place
 //!   in line or a grant on a master the sentinels no longer name is taken again on the new
 //!   one (a hold that the failover lost is then granted there once, not twice).
@@ -28,6 +30,7 @@
 pub(super) mod check;
 pub(super) mod replicas;
 pub mod target;
+pub(super) mod watch;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -153,6 +156,21 @@ impl Locator {
         Ok((client, connection))
     }
 
+    /// A copy for another task (asking and connecting only; no connection state).
+    fn detached(&self) -> Locator {
+        Locator {
+            sentinels: self.sentinels.clone(),
+            master: self.master.clone(),
+            data: self.data.clone(),
+            display: self.display.clone(),
+            current: None,
+            next: None,
+            asked: None,
+            replicas: self.replicas,
+            replicas_timeout: self.replicas_timeout,
+        }
+    }
+
     /// Connect to `addr` with the data nodes' settings; it must be a master.
     async fn connect_to(&self, addr: &Addr) -> Result<(Client, MultiplexedConnection), Error> {
         let mut data = self.data.clone();
@@ -214,7 +232,7 @@ impl Locator {
         let (addr, _) = newest(&answers, &self.master, &self.display).map_err(|e| e.to_string())?;
         if self.current.as_ref() != Some(&addr) {
             tracing::warn!(
-                "the sentinels name a new master for '{}': {}; renewing there",
+                "the sentinels name a new master for '{}': {}; moving there",
                 self.master,
                 crate::backend::url::join_host_port(&addr.0, addr.1)
             );
