@@ -47,14 +47,21 @@ pub use zk::ZkTarget;
 pub const MIN_LEASE_TTL: Duration = Duration::from_secs(2);
 
 /// The config file's per-backend tables (secrets and TLS material).
-pub const CONFIG_TABLES: &[&str] = &["redis", "etcd", "zookeeper", "postgres", "mysql"];
+pub const CONFIG_TABLES: &[&str] = &[
+    "redis",
+    "etcd",
+    "zookeeper",
+    "postgres",
+    "mysql",
+    redis::sentinel::target::CONFIG_TABLE,
+];
 
 /// Where the locks live: a backend and everything needed to reach it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Target {
     /// `file:///dir`, or the default directory.
     File(FileTarget),
-    /// `redis://`, `rediss://`, `redis+unix://`.
+    /// `redis://`, `rediss://`, `redis+unix://`; `redis-sentinel://`, `rediss-sentinel://`.
     Redis(RedisTarget),
     /// `etcd://h:p[,h:p…]`, `etcds://…`.
     Etcd(EtcdTarget),
@@ -86,6 +93,10 @@ impl Target {
             "redis" | "rediss" | "redis+unix" => {
                 redis::target::parse(&scheme.to_ascii_lowercase(), rest).map(Target::Redis)
             }
+            "redis-sentinel" | "rediss-sentinel" => {
+                redis::sentinel::target::parse(&scheme.to_ascii_lowercase(), rest)
+                    .map(Target::Redis)
+            }
             "etcd" | "etcds" => {
                 etcd::target::parse(&scheme.to_ascii_lowercase(), rest).map(Target::Etcd)
             }
@@ -105,7 +116,7 @@ impl Target {
                     String::new()
                 };
                 Err(format!(
-                    "unknown URL scheme{shown}; expected file, redis, rediss, etcd, etcds, zk, postgres, postgresql, mysql or mariadb"
+                    "unknown URL scheme{shown}; expected file, redis, rediss, redis-sentinel, rediss-sentinel, etcd, etcds, zk, postgres, postgresql, mysql or mariadb"
                 ))
             }
         }
