@@ -61,6 +61,9 @@ pub(super) type Addr = (String, u16);
 pub(super) struct Sentinel {
     pub(super) label: String,
     pub(super) client: Client,
+    /// The connection of the last answer, kept for the next question (a waiter asks every
+    /// second, a holder at every renewal).
+    link: Arc<std::sync::Mutex<Option<MultiplexedConnection>>>,
 }
 
 /// What one sentinel said about the master.
@@ -124,6 +127,7 @@ impl Locator {
             sentinels.push(Sentinel {
                 label: crate::backend::url::join_host_port(host, *port),
                 client: client_for(&own, display)?,
+                link: Arc::default(),
             });
         }
         let mut data = target.clone();
@@ -299,7 +303,23 @@ pub(super) async fn ask_all(sentinels: &Arc<[Sentinel]>, master: &str) -> Vec<An
 
 /// `SENTINEL MASTER <name>` on one sentinel.
 async fn ask(sentinel: &Sentinel, master: &str) -> Answer {
+    let link = |update: &dyn Fn(&mut Option<MultiplexedConnection>)| {
+        if let Ok(mut link) = sentinel.link.lock() {
+            update(&mut link);
+        }
+    };
     let asked = tokio::time::timeout(ASK_TIMEOUT, async {
+        let kept = sentinel.link.lock().ok().and_then(|l| l.clone());
+        let mut command = redis::cmd("SENTINEL");
+        command.arg("MASTER").arg(master);
+        if let Some(mut connection) = kept {
+            match command.query_async::<Value>(&mut connection).await {
+                Ok(reply) => return Ok(reply),
+                // A kept connection may have died since: one more try on a fresh one.
+                Err(e) if e.is_io_error() || e.is_connection_dropped() => link(&|l| *l = None),
+                Err(e) => return Err(e),
+            }
+        }
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(ASK_TIMEOUT))
             .set_response_timeout(Some(ASK_TIMEOUT));
@@ -307,13 +327,14 @@ async fn ask(sentinel: &Sentinel, master: &str) -> Answer {
             .client
             .get_multiplexed_async_connection_with_config(&config)
             .await?;
-        redis::cmd("SENTINEL")
-            .arg("MASTER")
-            .arg(master)
-            .query_async::<Value>(&mut connection)
-            .await
+        let reply = command.query_async::<Value>(&mut connection).await?;
+        link(&|l| *l = Some(connection.clone()));
+        Ok(reply)
     })
     .await;
+    if !matches!(asked, Ok(Ok(_))) {
+        link(&|l| *l = None);
+    }
     let label = &sentinel.label;
     let reply = match asked {
         Ok(Ok(reply)) => reply,
