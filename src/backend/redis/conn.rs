@@ -158,7 +158,7 @@ pub(super) struct Conn {
 impl Conn {
     pub(super) fn new(target: &RedisTarget, display: &str) -> Result<Conn, Error> {
         Ok(Conn {
-            client: client_for(target, display)?,
+            client: Conn::client_for(target, display)?,
             connection: None,
             dirty: false,
             sentinel: Locator::new(target, display)?,
@@ -181,65 +181,64 @@ impl Conn {
         }
         Ok(())
     }
-}
 
-/// A client for the server `target.addr` (nothing is connected yet).
-pub(super) fn client_for(target: &RedisTarget, display: &str) -> Result<Client, Error> {
-    let addr = match &target.addr {
-        RedisAddr::Tcp { host, port } => ConnectionAddr::Tcp(host.clone(), *port),
-        RedisAddr::Tls { host, port } => ConnectionAddr::TcpTls {
-            host: host.clone(),
-            port: *port,
-            insecure: false,
-            tls_params: None,
-        },
-        RedisAddr::Unix { path } => ConnectionAddr::Unix(path.clone()),
-    };
-    let mut redis = RedisConnectionInfo::default()
-        .set_db(target.db)
-        .set_skip_set_lib_name();
-    if let Some(user) = &target.user {
-        redis = redis.set_username(user);
-    }
-    if let Some(password) = &target.password {
-        redis = redis.set_password(password.expose());
-    }
-    let setup =
-        |e: RedisError| Error::Config(format!("cannot set up the connection to {display}: {e}"));
-    let info = addr
-        .into_connection_info()
-        .map_err(setup)?
-        .set_redis_settings(redis)
-        .set_tcp_settings(redis::io::tcp::TcpSettings::default().set_nodelay(true));
-    let client = match &target.addr {
-        RedisAddr::Tls { .. } => {
-            let read = |path: &std::path::PathBuf| {
-                std::fs::read(path)
-                    .map_err(|e| Error::Config(format!("cannot read {}: {e}", path.display())))
-            };
-            let root_cert = target.tls.ca_file.as_ref().map(read).transpose()?;
-            let client_tls = match (&target.tls.cert_file, &target.tls.key_file) {
-                (Some(cert), Some(key)) => Some(redis::ClientTlsConfig {
-                    client_cert: read(cert)?,
-                    client_key: read(key)?,
-                }),
-                _ => None,
-            };
-            Client::build_with_tls(
-                info,
-                redis::TlsCertificates {
-                    client_tls,
-                    root_cert,
-                },
-            )
-            .map_err(setup)?
+    /// A client for the server `target.addr` (nothing is connected yet).
+    pub(super) fn client_for(target: &RedisTarget, display: &str) -> Result<Client, Error> {
+        let addr = match &target.addr {
+            RedisAddr::Tcp { host, port } => ConnectionAddr::Tcp(host.clone(), *port),
+            RedisAddr::Tls { host, port } => ConnectionAddr::TcpTls {
+                host: host.clone(),
+                port: *port,
+                insecure: false,
+                tls_params: None,
+            },
+            RedisAddr::Unix { path } => ConnectionAddr::Unix(path.clone()),
+        };
+        let mut redis = RedisConnectionInfo::default()
+            .set_db(target.db)
+            .set_skip_set_lib_name();
+        if let Some(user) = &target.user {
+            redis = redis.set_username(user);
         }
-        _ => Client::open(info).map_err(setup)?,
-    };
-    Ok(client)
-}
+        if let Some(password) = &target.password {
+            redis = redis.set_password(password.expose());
+        }
+        let setup = |e: RedisError| {
+            Error::Config(format!("cannot set up the connection to {display}: {e}"))
+        };
+        let info = addr
+            .into_connection_info()
+            .map_err(setup)?
+            .set_redis_settings(redis)
+            .set_tcp_settings(redis::io::tcp::TcpSettings::default().set_nodelay(true));
+        let client = match &target.addr {
+            RedisAddr::Tls { .. } => {
+                let read = |path: &std::path::PathBuf| {
+                    std::fs::read(path)
+                        .map_err(|e| Error::Config(format!("cannot read {}: {e}", path.display())))
+                };
+                let root_cert = target.tls.ca_file.as_ref().map(read).transpose()?;
+                let client_tls = match (&target.tls.cert_file, &target.tls.key_file) {
+                    (Some(cert), Some(key)) => Some(redis::ClientTlsConfig {
+                        client_cert: read(cert)?,
+                        client_key: read(key)?,
+                    }),
+                    _ => None,
+                };
+                Client::build_with_tls(
+                    info,
+                    redis::TlsCertificates {
+                        client_tls,
+                        root_cert,
+                    },
+                )
+                .map_err(setup)?
+            }
+            _ => Client::open(info).map_err(setup)?,
+        };
+        Ok(client)
+    }
 
-impl Conn {
     /// The open connection, (re)connecting first if needed.
     pub(super) async fn ensure(&mut self) -> Result<&mut MultiplexedConnection, Failure> {
         if std::mem::take(&mut self.dirty) {

@@ -41,7 +41,7 @@ use redis::{AsyncConnectionConfig, Client, RedisError, Value};
 use crate::clock::BootInstant;
 use crate::error::Error;
 
-use super::conn::{classify, client_for, Conn};
+use super::conn::{classify, Conn};
 use super::{RedisAddr, RedisTarget};
 
 /// Bound for asking one sentinel (connecting, authenticating, the answer).
@@ -126,7 +126,7 @@ impl Locator {
             };
             sentinels.push(Sentinel {
                 label: crate::backend::url::join_host_port(host, *port),
-                client: client_for(&own, display)?,
+                client: Conn::client_for(&own, display)?,
                 link: Arc::default(),
             });
         }
@@ -194,7 +194,7 @@ impl Locator {
             self.master,
             crate::backend::url::join_host_port(&addr.0, addr.1)
         );
-        let client = client_for(&data, &self.display)?;
+        let client = Conn::client_for(&data, &self.display)?;
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(MASTER_CONNECT_TIMEOUT))
             .set_response_timeout(None);
