@@ -35,19 +35,19 @@ impl Conn {
         self.cluster = None;
         Ok(())
     }
-}
 
-/// A client for the server `target.addr` (nothing is connected yet), with that target's
-/// credentials, database and TLS files.
-pub(in crate::backend::redis) fn client_for(
-    target: &RedisTarget,
-    display: &str,
-) -> Result<Client, Error> {
-    let addr = match &target.addr {
-        RedisAddr::Tcp { host, port } | RedisAddr::Tls { host, port } => {
-            ConnectionAddr::Tcp(host.clone(), *port)
-        }
-        RedisAddr::Unix { path } => ConnectionAddr::Unix(path.clone()),
-    };
-    Setup::new(target, display)?.client(addr)
+    /// A client for the server `target.addr` (nothing is connected yet), with that target's
+    /// credentials, database and TLS files: a sentinel, or the master one names.
+    pub(in crate::backend::redis) fn client_for(
+        target: &RedisTarget,
+        display: &str,
+    ) -> Result<Client, Error> {
+        let addr = match &target.addr {
+            RedisAddr::Tcp { host, port } | RedisAddr::Tls { host, port } => {
+                ConnectionAddr::Tcp(host.clone(), *port)
+            }
+            RedisAddr::Unix { path } => ConnectionAddr::Unix(path.clone()),
+        };
+        Setup::new(target, display)?.client(addr)
+    }
 }

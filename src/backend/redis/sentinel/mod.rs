@@ -44,7 +44,6 @@ use crate::error::Error;
 
 use super::conn::{classify, Conn};
 use super::{RedisAddr, RedisTarget};
-use connect::client_for;
 
 /// Bound for asking one sentinel (connecting, authenticating, the answer).
 pub(super) const ASK_TIMEOUT: Duration = Duration::from_secs(1);
@@ -63,6 +62,9 @@ pub(super) type Addr = (String, u16);
 pub(super) struct Sentinel {
     pub(super) label: String,
     pub(super) client: Client,
+    /// The connection of the last answer, kept for the next question (a waiter asks every
+    /// second, a holder at every renewal).
+    link: Arc<std::sync::Mutex<Option<MultiplexedConnection>>>,
 }
 
 /// What one sentinel said about the master.
@@ -126,7 +128,8 @@ impl Locator {
             };
             sentinels.push(Sentinel {
                 label: crate::backend::url::join_host_port(host, *port),
-                client: client_for(&own, display)?,
+                client: Conn::client_for(&own, display)?,
+                link: Arc::default(),
             });
         }
         let mut data = target.clone();
@@ -193,7 +196,7 @@ impl Locator {
             self.master,
             crate::backend::url::join_host_port(&addr.0, addr.1)
         );
-        let client = client_for(&data, &self.display)?;
+        let client = Conn::client_for(&data, &self.display)?;
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(MASTER_CONNECT_TIMEOUT))
             .set_response_timeout(None);
@@ -302,7 +305,23 @@ pub(super) async fn ask_all(sentinels: &Arc<[Sentinel]>, master: &str) -> Vec<An
 
 /// `SENTINEL MASTER <name>` on one sentinel.
 async fn ask(sentinel: &Sentinel, master: &str) -> Answer {
+    let link = |update: &dyn Fn(&mut Option<MultiplexedConnection>)| {
+        if let Ok(mut link) = sentinel.link.lock() {
+            update(&mut link);
+        }
+    };
     let asked = tokio::time::timeout(ASK_TIMEOUT, async {
+        let kept = sentinel.link.lock().ok().and_then(|l| l.clone());
+        let mut command = redis::cmd("SENTINEL");
+        command.arg("MASTER").arg(master);
+        if let Some(mut connection) = kept {
+            match command.query_async::<Value>(&mut connection).await {
+                Ok(reply) => return Ok(reply),
+                // A kept connection may have died since: one more try on a fresh one.
+                Err(e) if e.is_io_error() || e.is_connection_dropped() => link(&|l| *l = None),
+                Err(e) => return Err(e),
+            }
+        }
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(ASK_TIMEOUT))
             .set_response_timeout(Some(ASK_TIMEOUT));
@@ -310,13 +329,14 @@ async fn ask(sentinel: &Sentinel, master: &str) -> Answer {
             .client
             .get_multiplexed_async_connection_with_config(&config)
             .await?;
-        redis::cmd("SENTINEL")
-            .arg("MASTER")
-            .arg(master)
-            .query_async::<Value>(&mut connection)
-            .await
+        let reply = command.query_async::<Value>(&mut connection).await?;
+        link(&|l| *l = Some(connection.clone()));
+        Ok(reply)
     })
     .await;
+    if !matches!(asked, Ok(Ok(_))) {
+        link(&|l| *l = None);
+    }
     let label = &sentinel.label;
     let reply = match asked {
         Ok(Ok(reply)) => reply,
