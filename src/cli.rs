@@ -51,7 +51,8 @@ defaults.";
         the command with the lock held, keeps the lease alive while it runs, releases the lock \
         when the command exits or dlock is signalled, and exits with the command's status.\n\n\
         Backends in this build: file:///dir (default: $XDG_RUNTIME_DIR/dlock, else \
-        /tmp/dlock-<uid>), redis:// (rediss://, redis+unix://), etcd:// (etcds://), zk://, \
+        /tmp/dlock-<uid>), redis:// (rediss://, redis+unix://), redis-sentinel:// \
+        (rediss-sentinel://), etcd:// (etcds://), zk://, \
         postgres:// (postgresql://, or libpq's key=value form) and mysql:// (mariadb://).",
     after_long_help = exit::TABLE,
     propagate_version = true
@@ -111,7 +112,8 @@ pub struct BackendArgs {
     // The help text is an attribute, not a doc comment: its URL syntax would read as links.
     #[arg(
         help = "Backend URL: file:///dir, redis://[user[:password]@]host[:port][/db], rediss://…, \
-                redis+unix:///path, etcd://[user@]host:port[,host:port…], etcds://…, \
+                redis+unix:///path, redis-sentinel://host[:port][,host[:port]…][/db]#master, \
+                rediss-sentinel://…, etcd://[user@]host:port[,host:port…], etcds://…, \
                 zk://[user@]host:port[,host:port…][/chroot], \
                 postgres://[user@][host][:port][/dbname][?sslmode=…] (or libpq's key=value \
                 form), mysql://[user@][host][:port][/database][?ssl-mode=…] (mariadb://…). \

@@ -56,7 +56,14 @@ pub const MIN_LEASE_TTL: Duration = Duration::from_secs(2);
 pub const MIN_MEMCACHED_TTL: Duration = Duration::from_secs(3);
 
 /// The config file's per-backend tables (secrets and TLS material).
-pub const CONFIG_TABLES: &[&str] = &["redis", "etcd", "zookeeper", "postgres", "mysql"];
+pub const CONFIG_TABLES: &[&str] = &[
+    "redis",
+    "etcd",
+    "zookeeper",
+    "postgres",
+    "mysql",
+    redis::sentinel::target::CONFIG_TABLE,
+];
 
 /// Every backend of this build with its URL schemes, the backend's own name first: what
 /// `dlock --version` lists (`crate::version`). A new backend adds its line here; tests check
@@ -64,6 +71,7 @@ pub const CONFIG_TABLES: &[&str] = &["redis", "etcd", "zookeeper", "postgres", "
 pub const SCHEMES: &[&[&str]] = &[
     &["file"],
     &["redis", "rediss", "redis+unix"],
+    &["redis-sentinel", "rediss-sentinel"],
     &["etcd", "etcds"],
     &["zk"],
     &["postgres", "postgresql"],
@@ -76,7 +84,7 @@ pub const SCHEMES: &[&[&str]] = &[
 pub enum Target {
     /// `file:///dir`, or the default directory.
     File(FileTarget),
-    /// `redis://`, `rediss://`, `redis+unix://`.
+    /// `redis://`, `rediss://`, `redis+unix://`; `redis-sentinel://`, `rediss-sentinel://`.
     Redis(RedisTarget),
     /// `etcd://h:p[,h:p…]`, `etcds://…`.
     Etcd(EtcdTarget),
@@ -110,6 +118,10 @@ impl Target {
             "redis" | "rediss" | "redis+unix" => {
                 redis::target::parse(&scheme.to_ascii_lowercase(), rest).map(Target::Redis)
             }
+            "redis-sentinel" | "rediss-sentinel" => {
+                redis::sentinel::target::parse(&scheme.to_ascii_lowercase(), rest)
+                    .map(Target::Redis)
+            }
             "etcd" | "etcds" => {
                 etcd::target::parse(&scheme.to_ascii_lowercase(), rest).map(Target::Etcd)
             }
@@ -133,7 +145,7 @@ impl Target {
                     String::new()
                 };
                 Err(format!(
-                    "unknown URL scheme{shown}; expected file, redis, rediss, etcd, etcds, zk, postgres, postgresql, mysql, mariadb or memcached"
+                    "unknown URL scheme{shown}; expected file, redis, rediss, redis-sentinel, rediss-sentinel, etcd, etcds, zk, postgres, postgresql, mysql, mariadb or memcached"
                 ))
             }
         }

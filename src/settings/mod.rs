@@ -226,7 +226,11 @@ pub fn common(
                 return Err(bad(
                     s.from_file,
                     &origin("--url", env),
-                    "several URLs mean Redlock across independent Redis masters, which this build does not support yet; give one URL".into(),
+                    "several URLs would mean Redlock across independent Redis masters, which dlock does not \
+                     offer (README: Redlock); give one URL: redis-sentinel://s1,s2,s3#master for Redis \
+                     behind Sentinel, a Redis Cluster URL, or etcd:// or zk:// for a lock that \
+                     needs no timing assumptions"
+                        .into(),
                 ));
             }
             let url = &s.value[0];

@@ -9,4 +9,5 @@ mod mysql;
 mod postgres;
 mod redis;
 mod redis_cluster;
+mod redis_sentinel;
 mod zk;

@@ -9,7 +9,7 @@
 //! - `process`: bounded waits, output helpers, `assert_fails`, unique names, server binaries;
 //! - `net`: free ports, a `Proxy` that black-holes or slows a link, a `SilentServer`;
 //! - `certs`: throw-away certificates for the TLS tests;
-//! - one file per test server: `redis`, `redis_cluster`, `etcd`, `zk`, `postgres`, `mysql`, `memcached`.
+//! - one file per test server: `redis`, `redis_cluster`, `sentinel`, `etcd`, `zk`, `postgres`, `mysql`, `memcached`.
 //!
 //! Tests use all of it through `use crate::support::*;`.
 
@@ -25,6 +25,7 @@ mod postgres;
 mod process;
 mod redis;
 mod redis_cluster;
+mod sentinel;
 mod server;
 mod zk;
 
@@ -38,5 +39,6 @@ pub use self::postgres::*;
 pub use self::process::*;
 pub use self::redis::*;
 pub use self::redis_cluster::*;
+pub use self::sentinel::*;
 pub use self::server::*;
 pub use self::zk::*;

@@ -232,14 +232,17 @@ pub(super) async fn check(backend: &RedisBackend) -> Result<CheckReport, Error> 
     ];
     details.extend(cluster_details);
     check_config(&mut conn, &mut warnings, &mut details).await;
-    Ok(CheckReport {
+    let mut report = CheckReport {
         backend: "redis".into(),
         location: display.clone(),
         version,
         round_trip_us: u64::try_from(median.as_micros()).unwrap_or(u64::MAX),
         warnings,
         details,
-    })
+    };
+    // Behind Sentinel: the sentinels, the master they name, its replicas.
+    super::sentinel::check::report(&mut conn, &mut report).await;
+    Ok(report)
 }
 
 /// The server's version and mode; refused unless it is a master that takes writes (any node

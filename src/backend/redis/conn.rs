@@ -1,11 +1,14 @@
 //! One connection to Redis and the calls made on it: connecting (TCP, TLS, a Unix socket;
-//! AUTH and SELECT), every call bounded by its own budget, and the mapping of redis-rs errors
-//! to dlock's error kinds (exit statuses).
+//! AUTH and SELECT) and every call bounded by its own budget (what a failure means is in
+//! `failure.rs`).
 //!
 //! A `Conn` may hold connections to several nodes of a Redis Cluster: every call names the
 //! slot it is for (a script's first key, a `BLPOP`'s key) and goes to that slot's master,
 //! following `MOVED` and `ASK` ([`super::cluster`] has the routing). Against a standalone
 //! server nothing of that costs anything: one node, no discovery.
+//!
+//! Behind Sentinel a `Conn` has one node, the master, and where it is is asked of the
+//! sentinels at every (re)connect ([`super::sentinel`]); cluster routing never applies there.
 
 use std::time::Duration;
 
@@ -17,131 +20,17 @@ use redis::{
 
 use crate::error::Error;
 
+pub(super) use super::failure::{classify, Failure};
+
 use super::cluster::{slot_of, NodeAddr, SlotMap};
 use super::scripts::Invocation;
+use super::sentinel::Locator;
 use super::{RedisAddr, RedisTarget};
 
 /// Bound for connecting (TCP, TLS handshake, AUTH, SELECT).
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Bound for one script call outside the lease keeper.
 pub(super) const OP_TIMEOUT: Duration = Duration::from_secs(5);
-
-/// Why a call failed.
-pub(super) enum Failure {
-    Redis(RedisError),
-    Timeout(Duration),
-    /// What the cluster said makes the request impossible (not a cluster, no such node).
-    Refused(Error),
-}
-
-impl Failure {
-    /// Worth another attempt (the connection, not the request, was the problem).
-    pub(super) fn is_transient(&self) -> bool {
-        match self {
-            Failure::Timeout(_) => true,
-            Failure::Redis(e) => {
-                e.is_io_error()
-                    || e.is_connection_dropped()
-                    || e.is_timeout()
-                    || super::cluster::in_transition(e)
-            }
-            Failure::Refused(_) => false,
-        }
-    }
-
-    /// The call got no answer in time (ours or the client's timeout).
-    pub(super) fn is_timeout(&self) -> bool {
-        match self {
-            Failure::Timeout(_) => true,
-            Failure::Redis(e) => e.is_timeout(),
-            Failure::Refused(_) => false,
-        }
-    }
-
-    pub(super) fn describe(&self) -> String {
-        match self {
-            Failure::Timeout(d) => format!("no answer within {}", humantime::format_duration(*d)),
-            Failure::Redis(e) => e.to_string(),
-            Failure::Refused(e) => e.to_string(),
-        }
-    }
-
-    pub(super) fn into_error(self, display: &str) -> Error {
-        match self {
-            Failure::Timeout(d) => Error::Unavailable(format!(
-                "{display} did not answer within {}",
-                humantime::format_duration(d)
-            )),
-            Failure::Redis(e) => classify(&e, display),
-            Failure::Refused(e) => e,
-        }
-    }
-}
-
-/// Map a redis-rs error to dlock's error kinds (exit statuses).
-pub(super) fn classify(e: &RedisError, display: &str) -> Error {
-    let code = e.code().unwrap_or_default();
-    let detail = e.detail().unwrap_or_default();
-    let text = e.to_string();
-    if text.contains("max number of clients reached") {
-        return crate::backend::capacity::refused(display, "Redis maxclients", &text);
-    }
-    // A server that wants a password closes unauthenticated connections that send scripts
-    // ("Protocol error: unauthenticated multibulk length").
-    if e.kind() == ErrorKind::AuthenticationFailed
-        || code == "NOAUTH"
-        || code == "WRONGPASS"
-        || text.contains("unauthenticated")
-    {
-        return Error::Permission(format!(
-            "{display} refused authentication: wrong user or password, a missing password, or a password \
-             where none is set (give it in the URL, DLOCK_PASSWORD or password_file)"
-        ));
-    }
-    if code == "NOPERM"
-        || detail.starts_with("The user executing the script can't")
-        || text.contains("NOPERM")
-    {
-        return Error::Permission(format!(
-            "{display}: the Redis ACL does not allow dlock's commands: {text}"
-        ));
-    }
-    if code == "READONLY" {
-        return Error::Config(format!(
-            "{display} is a read-only replica; locks must be taken on the master"
-        ));
-    }
-    if let Some(error) = super::cluster::classify(e, display) {
-        return error;
-    }
-    if is_tls_error(e) {
-        return Error::Config(format!("TLS with {display} failed: {text}"));
-    }
-    if e.kind() == ErrorKind::InvalidClientConfig {
-        return Error::Config(format!("cannot set up the connection to {display}: {text}"));
-    }
-    if e.is_connection_refusal() || e.is_io_error() || e.is_timeout() || e.is_connection_dropped() {
-        return Error::Unavailable(format!("cannot reach {display}: {text}"));
-    }
-    if e.kind() == ErrorKind::Parse || text.contains("Parse error") {
-        return Error::Unavailable(format!(
-            "{display} did not answer in the Redis protocol: something else listens there; check the URL's host and port"
-        ));
-    }
-    if text.contains("refused to switch database") {
-        return Error::Usage(format!(
-            "{display}: the server has no such database ({text})"
-        ));
-    }
-    if text.contains("user_script") {
-        return Error::Internal(format!("a dlock script failed on {display}: {text}"));
-    }
-    Error::Unavailable(format!("{display}: {text}"))
-}
-
-fn is_tls_error(e: &RedisError) -> bool {
-    crate::error::caused_by_tls(e)
-}
 
 /// What it takes to open a connection to any node: credentials, database, TLS files (read
 /// once), for the URL's hosts and for the nodes a cluster names.
@@ -152,7 +41,7 @@ pub(super) struct Setup {
 }
 
 impl Setup {
-    fn new(target: &RedisTarget, display: &str) -> Result<Setup, Error> {
+    pub(super) fn new(target: &RedisTarget, display: &str) -> Result<Setup, Error> {
         let mut redis = RedisConnectionInfo::default()
             .set_db(target.db)
             .set_skip_set_lib_name();
@@ -227,8 +116,8 @@ impl Setup {
 pub(super) struct Node {
     /// `None` for a Unix socket (never a cluster node).
     pub(super) addr: Option<NodeAddr>,
-    client: Client,
-    connection: Option<MultiplexedConnection>,
+    pub(super) client: Client,
+    pub(super) connection: Option<MultiplexedConnection>,
 }
 
 impl Node {
@@ -277,6 +166,9 @@ pub(super) struct Conn {
     /// Why the current call is waiting for the cluster to settle (reported if time runs out).
     pub(super) settling: Option<RedisError>,
     dirty: bool,
+    /// Behind Sentinel: where to connect is asked anew at every (re)connect (node 0 is then
+    /// the master they named, never one of the URL's hosts, which are the sentinels).
+    pub(super) sentinel: Option<Locator>,
 }
 
 impl Conn {
@@ -311,14 +203,16 @@ impl Conn {
             cluster: None,
             settling: None,
             dirty: false,
+            sentinel: Locator::new(target, display)?,
         })
     }
 
     /// A connection to the first of the URL's hosts that answers, (re)connecting if needed.
-    pub(super) async fn ensure(&mut self) -> Result<&mut MultiplexedConnection, RedisError> {
+    pub(super) async fn ensure(&mut self) -> Result<&mut MultiplexedConnection, Failure> {
         if std::mem::take(&mut self.dirty) {
             self.drop_connections();
         }
+        self.locate().await?;
         let mut last = None;
         for index in (self.home..self.seeds).chain(0..self.home) {
             match self.open(index).await {
@@ -331,8 +225,8 @@ impl Conn {
             }
         }
         match last {
-            Some(e) => Err(e),
-            None => self.open(self.home).await,
+            Some(e) => Err(Failure::Redis(e)),
+            None => self.open(self.home).await.map_err(Failure::Redis),
         }
     }
 
@@ -343,6 +237,10 @@ impl Conn {
     ) -> Result<&mut MultiplexedConnection, RedisError> {
         let missing = || RedisError::from((ErrorKind::Io, "no connection"));
         let node = self.nodes.get_mut(index).ok_or_else(missing)?;
+        if node.connection.is_none() && self.sentinel.is_some() {
+            // Only `locate` connects behind Sentinel: the URL's hosts are the sentinels.
+            return Err(missing());
+        }
         if node.connection.is_none() {
             let config = AsyncConnectionConfig::new()
                 .set_connection_timeout(Some(CONNECT_TIMEOUT))
@@ -363,7 +261,7 @@ impl Conn {
         }
     }
 
-    fn drop_connections(&mut self) {
+    pub(super) fn drop_connections(&mut self) {
         for node in &mut self.nodes {
             node.connection = None;
         }
@@ -455,7 +353,11 @@ impl Conn {
         budget: Duration,
     ) -> Result<T, Failure> {
         self.begin();
-        let outcome = tokio::time::timeout(budget, self.send_routed(&request)).await;
+        let outcome = tokio::time::timeout(budget, async {
+            self.locate().await?;
+            self.send_routed(&request).await
+        })
+        .await;
         self.finish(outcome, budget)
     }
 
@@ -469,6 +371,7 @@ impl Conn {
         self.begin();
         let request = Request::Command(command, None);
         let outcome = tokio::time::timeout(budget, async {
+            self.locate().await?;
             self.send_on(index, &request, false)
                 .await
                 .map_err(Failure::Redis)

@@ -11,6 +11,7 @@ use crate::lock::{Lease, Lost};
 use super::conn::{Conn, OP_TIMEOUT};
 use super::keys::{owner_token, Keys};
 use super::scripts::{bad_data, release_call, Released, RENEW};
+use super::sentinel::watch::SwitchWatch;
 
 /// A held Redis lock: the keeper renews it; release gives it back and wakes the next waiter.
 pub struct RedisLease {
@@ -19,6 +20,8 @@ pub struct RedisLease {
     pub(super) keys: Keys,
     pub(super) limit: u32,
     pub(super) display: String,
+    /// Behind Sentinel: `+switch-master` looks at the new master at once.
+    pub(super) switch: Option<SwitchWatch>,
 }
 
 impl Lease for RedisLease {
@@ -27,10 +30,17 @@ impl Lease for RedisLease {
     }
 
     async fn lost(&mut self) -> Lost {
-        self.keeper.lost().await
+        match &mut self.switch {
+            None => self.keeper.lost().await,
+            Some(switch) => tokio::select! {
+                lost = self.keeper.lost() => lost,
+                lost = switch.lost() => lost,
+            },
+        }
     }
 
     async fn release(self) -> Result<(), Error> {
+        drop(self.switch);
         let Some(mut renewer) = self.keeper.stop().await else {
             return Err(Error::Internal(
                 "the lease keeper ended unexpectedly".into(),
@@ -80,6 +90,10 @@ pub(super) struct Renewer {
 
 impl Renew for Renewer {
     async fn renew(&mut self) -> Result<Duration, RenewError> {
+        // Behind Sentinel, only on the master the sentinels name now (it may have moved).
+        super::sentinel::confirm(&mut self.conn)
+            .await
+            .map_err(RenewError::Failed)?;
         let mut invocation = RENEW.prepare_invoke();
         invocation
             .key(&self.keys.holders)

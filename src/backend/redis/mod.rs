@@ -29,18 +29,21 @@
 //! else overwrote is reported by name (exit 69), never as an internal error, and `list` skips
 //! (and names) such a lock instead of failing for all of them.
 //!
-//! The parts: `conn.rs` (connecting, bounded calls, error classes), `keys.rs` (the key
-//! layout), `scripts.rs` (the scripts and what their replies say), `wait.rs` (the waiting
-//! protocol of one acquisition), `lease.rs` (the held lock and its renewer), `admin.rs`
+//! The parts: `conn.rs` (connecting, bounded calls), `failure.rs` (error classes), `keys.rs`
+//! (the key layout), `scripts.rs` (the scripts and what their replies say), `wait.rs` (the
+//! waiting protocol of one acquisition), `lease.rs` (the held lock and its renewer), `admin.rs`
 //! (status, list, release --force, check), [`target`] (the URL), `cluster/` (Redis Cluster:
-//! routing each call to its slot's master).
+//! routing each call to its slot's master), [`sentinel`] (Redis behind Sentinel: the master
+//! located through the sentinels at every connect and confirmed at every renewal).
 
 mod admin;
 mod cluster;
 mod conn;
+mod failure;
 mod keys;
 mod lease;
 mod scripts;
+pub mod sentinel;
 pub mod target;
 mod wait;
 
@@ -49,7 +52,7 @@ use crate::lock::{
     AcquireRequest, Backend, Cancel, CheckReport, Holder, LockName, LockStatus, Wait,
 };
 
-use conn::{classify, Conn};
+use conn::Conn;
 use keys::Keys;
 use scripts::Step;
 use wait::{Stop, Waiter};
@@ -66,6 +69,7 @@ pub struct RedisBackend {
 impl RedisBackend {
     pub fn new(target: &RedisTarget, prefix: &str, display: &str) -> RedisBackend {
         if matches!(target.addr, RedisAddr::Tls { .. }) {
+            // Also `rediss-sentinel://` (its `addr` is the first sentinel, over TLS).
             crate::backend::install_tls_provider();
         }
         RedisBackend {
@@ -79,7 +83,7 @@ impl RedisBackend {
         let mut conn = Conn::new(&self.target, &self.display)?;
         conn.ensure()
             .await
-            .map_err(|e| classify(&e, &self.display))?;
+            .map_err(|f| f.into_error(&self.display))?;
         Ok(conn)
     }
 
@@ -106,6 +110,22 @@ impl Backend for RedisBackend {
                 Ok(answer) => answer,
                 Err(stop) => break stop,
             };
+            // Behind Sentinel, a grant or a place in line on a master that the sentinels no
+            // longer name counts for nothing: take the step again on the new one.
+            let granted = matches!(Step::parse(&reply), Some(Step::Granted { .. }));
+            match sentinel::follow(&mut conn, granted).await {
+                Ok(false) => {}
+                Ok(true) => {
+                    if granted {
+                        waiter.leave().await;
+                    }
+                    continue;
+                }
+                Err(error) => {
+                    waiter.leave().await;
+                    return Err(error);
+                }
+            }
             let (hint, ahead, live) = match Step::parse(&reply) {
                 Some(Step::Granted { fence, ttl_ms }) => {
                     return waiter.granted(conn, &fence, ttl_ms, sent).await;

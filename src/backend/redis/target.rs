@@ -8,6 +8,8 @@ use crate::config::FileConfig;
 use crate::error::Error;
 use crate::secrets::{check_tls_files, credentials, Secret, TlsFiles};
 
+use super::sentinel::target::SentinelTarget;
+
 /// How to reach a Redis server.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum RedisAddr {
@@ -26,11 +28,21 @@ pub struct RedisTarget {
     pub tls: TlsFiles,
     /// Redis Cluster: the URL's further hosts (`redis://h1:p1,h2:p2,…`), after `addr`.
     pub more_hosts: Vec<(String, u16)>,
+    /// Behind Sentinel: the master is wherever the sentinels say (`addr` is then only the
+    /// first sentinel, see [`super::sentinel::target`]).
+    pub sentinel: Option<Box<SentinelTarget>>,
 }
 
 impl RedisTarget {
     /// The scheme name shown in DLOCK_BACKEND.
     pub fn scheme(&self) -> &'static str {
+        if let Some(sentinel) = &self.sentinel {
+            return if sentinel.tls {
+                "rediss-sentinel"
+            } else {
+                "redis-sentinel"
+            };
+        }
         match self.addr {
             RedisAddr::Tcp { .. } => "redis",
             RedisAddr::Tls { .. } => "rediss",
@@ -40,6 +52,9 @@ impl RedisTarget {
 
     /// The server and database, for reentrancy (DLOCK_HELD).
     pub fn identity(&self) -> String {
+        if let Some(sentinel) = &self.sentinel {
+            return sentinel.identity(self.db);
+        }
         match &self.addr {
             RedisAddr::Tcp { host, port } | RedisAddr::Tls { host, port }
                 if !self.more_hosts.is_empty() =>
@@ -106,6 +121,7 @@ pub fn parse(scheme: &str, rest: &str) -> Result<RedisTarget, String> {
             password: None,
             tls: TlsFiles::default(),
             more_hosts: Vec::new(),
+            sentinel: None,
         });
     }
     if after.contains(['?', '#']) {
@@ -138,6 +154,7 @@ pub fn parse(scheme: &str, rest: &str) -> Result<RedisTarget, String> {
         password,
         tls: TlsFiles::default(),
         more_hosts,
+        sentinel: None,
     })
 }
 
@@ -166,6 +183,9 @@ pub fn complete(target: &mut RedisTarget, file: &FileConfig) -> Result<(), Error
     target.tls = tls;
     if matches!(target.addr, RedisAddr::Tls { .. }) {
         check_tls_files(&target.tls)?;
+    }
+    if let Some(sentinel) = &mut target.sentinel {
+        super::sentinel::target::complete(sentinel, file)?;
     }
     Ok(())
 }

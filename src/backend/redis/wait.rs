@@ -16,6 +16,7 @@ use super::conn::{Conn, OP_TIMEOUT};
 use super::keys::Keys;
 use super::lease::{RedisLease, Renewer};
 use super::scripts::{bad_data, fence_exhausted, millis, release_call, Released, Step, ACQUIRE};
+use super::sentinel::watch::SwitchWatch;
 use super::RedisBackend;
 
 /// Attempts of an acquire step after a lost reply or a dropped connection.
@@ -179,7 +180,7 @@ impl<'a> Waiter<'a> {
     /// the keeper renews it on this connection from now on.
     pub(super) async fn granted(
         &self,
-        conn: Conn,
+        mut conn: Conn,
         fence: &str,
         granted_ms: i64,
         sent: BootInstant,
@@ -196,12 +197,18 @@ impl<'a> Waiter<'a> {
                 ));
             }
         };
+        // Behind Sentinel with `?replicas=N`: not before N replicas have the hold.
+        if let Err(error) = super::sentinel::replicas::acknowledged(&mut conn).await {
+            self.leave().await;
+            return Err(error);
+        }
         let granted = Duration::from_millis(granted_ms.max(0) as u64);
         let granted = if granted.is_zero() {
             self.request.ttl
         } else {
             granted
         };
+        let switch = SwitchWatch::start(&conn, &self.keys.holders, &self.tok);
         let renewer = Renewer {
             conn,
             keys: self.keys.clone(),
@@ -214,6 +221,7 @@ impl<'a> Waiter<'a> {
             keys: self.keys.clone(),
             limit: self.request.limit,
             display: display.clone(),
+            switch,
         })
     }
 

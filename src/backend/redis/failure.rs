@@ -1,0 +1,128 @@
+//! What a failed call means: the kinds of failure a call on a [`super::conn::Conn`] can end
+//! with, and the mapping of redis-rs errors to dlock's error kinds (exit statuses).
+
+use std::time::Duration;
+
+use redis::{ErrorKind, RedisError};
+
+use crate::error::Error;
+
+/// Why a call failed.
+pub(super) enum Failure {
+    Redis(RedisError),
+    Timeout(Duration),
+    /// What the cluster said makes the request impossible (not a cluster, no such node).
+    Refused(Error),
+    /// Behind Sentinel: no usable master could be located (already classified).
+    Sentinel(Error),
+}
+
+impl Failure {
+    /// Worth another attempt (the connection, not the request, was the problem).
+    pub(super) fn is_transient(&self) -> bool {
+        match self {
+            Failure::Timeout(_) => true,
+            Failure::Redis(e) => {
+                e.is_io_error()
+                    || e.is_connection_dropped()
+                    || e.is_timeout()
+                    || super::cluster::in_transition(e)
+            }
+            Failure::Refused(_) => false,
+            Failure::Sentinel(e) => matches!(e, Error::Unavailable(_)),
+        }
+    }
+
+    /// The call got no answer in time (ours or the client's timeout).
+    pub(super) fn is_timeout(&self) -> bool {
+        match self {
+            Failure::Timeout(_) => true,
+            Failure::Redis(e) => e.is_timeout(),
+            Failure::Refused(_) | Failure::Sentinel(_) => false,
+        }
+    }
+
+    pub(super) fn describe(&self) -> String {
+        match self {
+            Failure::Timeout(d) => format!("no answer within {}", humantime::format_duration(*d)),
+            Failure::Redis(e) => e.to_string(),
+            Failure::Refused(e) | Failure::Sentinel(e) => e.to_string(),
+        }
+    }
+
+    pub(super) fn into_error(self, display: &str) -> Error {
+        match self {
+            Failure::Timeout(d) => Error::Unavailable(format!(
+                "{display} did not answer within {}",
+                humantime::format_duration(d)
+            )),
+            Failure::Redis(e) => classify(&e, display),
+            Failure::Refused(e) | Failure::Sentinel(e) => e,
+        }
+    }
+}
+
+/// Map a redis-rs error to dlock's error kinds (exit statuses).
+pub(super) fn classify(e: &RedisError, display: &str) -> Error {
+    let code = e.code().unwrap_or_default();
+    let detail = e.detail().unwrap_or_default();
+    let text = e.to_string();
+    if text.contains("max number of clients reached") {
+        return crate::backend::capacity::refused(display, "Redis maxclients", &text);
+    }
+    // A server that wants a password closes unauthenticated connections that send scripts
+    // ("Protocol error: unauthenticated multibulk length").
+    if e.kind() == ErrorKind::AuthenticationFailed
+        || code == "NOAUTH"
+        || code == "WRONGPASS"
+        || text.contains("unauthenticated")
+    {
+        return Error::Permission(format!(
+            "{display} refused authentication: wrong user or password, a missing password, or a password \
+             where none is set (give it in the URL, DLOCK_PASSWORD or password_file)"
+        ));
+    }
+    if code == "NOPERM"
+        || detail.starts_with("The user executing the script can't")
+        || text.contains("NOPERM")
+    {
+        return Error::Permission(format!(
+            "{display}: the Redis ACL does not allow dlock's commands: {text}"
+        ));
+    }
+    if code == "READONLY" {
+        return Error::Config(format!(
+            "{display} is a read-only replica; locks must be taken on the master"
+        ));
+    }
+    if let Some(error) = super::cluster::classify(e, display) {
+        return error;
+    }
+    if is_tls_error(e) {
+        return Error::Config(format!("TLS with {display} failed: {text}"));
+    }
+    if e.kind() == ErrorKind::InvalidClientConfig {
+        return Error::Config(format!("cannot set up the connection to {display}: {text}"));
+    }
+    if e.is_connection_refusal() || e.is_io_error() || e.is_timeout() || e.is_connection_dropped() {
+        return Error::Unavailable(format!("cannot reach {display}: {text}"));
+    }
+    if e.kind() == ErrorKind::Parse || text.contains("Parse error") {
+        return Error::Unavailable(format!(
+            "{display} did not answer in the Redis protocol: something else listens there; check the URL's host and port"
+        ));
+    }
+    if text.contains("refused to switch database") {
+        return Error::Usage(format!(
+            "{display}: the server has no such database ({text})"
+        ));
+    }
+    if text.contains("user_script") {
+        return Error::Internal(format!("a dlock script failed on {display}: {text}"));
+    }
+    Error::Unavailable(format!("{display}: {text}"))
+}
+
+fn is_tls_error(e: &RedisError) -> bool {
+    crate::error::caused_by_tls(e)
+}

@@ -1,0 +1,137 @@
+//! What `dlock check` adds behind Sentinel: how many sentinels answered (a warning when fewer
+//! than the quorum did: a failover could not be agreed on now), the master they name and the
+//! configuration epoch, and the master's replicas with their lag.
+
+use crate::lock::CheckReport;
+
+use super::super::conn::{Conn, OP_TIMEOUT};
+use super::{ask_all, newest, Answer};
+
+/// Add the Sentinel details to `report` (nothing when `conn` is not behind Sentinel).
+pub(in crate::backend::redis) async fn report(conn: &mut Conn, report: &mut CheckReport) {
+    let Some(locator) = conn.sentinel.as_ref() else {
+        return;
+    };
+    report.backend = "redis-sentinel".into();
+    let answers = ask_all(&locator.sentinels, &locator.master).await;
+    let listed = locator.sentinels.len();
+    let answered = answers
+        .iter()
+        .filter(|a| matches!(a, Answer::Master { .. }))
+        .count();
+    report.details.push((
+        "sentinels".into(),
+        format!("{answered} of {listed} answered"),
+    ));
+    for answer in &answers {
+        match answer {
+            Answer::Failed(reason, _) => report
+                .warnings
+                .push(format!("a sentinel did not answer: {reason}")),
+            Answer::Unknown => report
+                .warnings
+                .push(format!("a sentinel does not monitor '{}'", locator.master)),
+            Answer::Master { .. } => {}
+        }
+    }
+    let field = |name: &str| {
+        answers.iter().find_map(|a| match a {
+            Answer::Master { fields, .. } => fields
+                .iter()
+                .find(|(k, _)| k == name)
+                .map(|(_, v)| v.clone()),
+            _ => None,
+        })
+    };
+    if let Some(quorum) = field("quorum").and_then(|q| q.parse::<usize>().ok()) {
+        report.details.push(("quorum".into(), quorum.to_string()));
+        if answered < quorum {
+            report.warnings.push(format!(
+                "only {answered} of {listed} sentinels answered, fewer than the quorum of \
+                 {quorum}: a failover cannot be agreed on now, and renewals need a majority"
+            ));
+        }
+    }
+    if answered > 0 && answered < listed / 2 + 1 {
+        report.warnings.push(format!(
+            "only {answered} of {listed} sentinels answered: holds are renewed only while a \
+             majority of the listed sentinels answer"
+        ));
+    }
+    if let Ok(((host, port), epoch)) = newest(&answers, &locator.master, &locator.display) {
+        report.details.push((
+            "master".into(),
+            format!(
+                "'{}' at {} (config epoch {epoch})",
+                locator.master,
+                crate::backend::url::join_host_port(&host, port)
+            ),
+        ));
+    }
+    let wanted = locator.replicas;
+    let replicas = replicas_of(conn).await;
+    match &replicas {
+        Some(replicas) if replicas.is_empty() => report
+            .warnings
+            .push("the master has no replica connected: a failover has nothing to promote".into()),
+        Some(replicas) => {
+            for (i, replica) in replicas.iter().enumerate() {
+                report
+                    .details
+                    .push((format!("replica {i}"), replica.clone()));
+            }
+        }
+        None => report
+            .warnings
+            .push("cannot read the master's replication state (INFO replication)".into()),
+    }
+    let connected = replicas.as_ref().map_or(0, Vec::len);
+    if wanted as usize > connected {
+        report.warnings.push(format!(
+            "replicas={wanted}, but {connected} replica(s) are connected: every run will be \
+             refused (exit 69) until enough replicas are"
+        ));
+    }
+}
+
+/// The master's replicas as `INFO replication` shows them: "ip:port state, lag N s, offset
+/// behind B bytes".
+async fn replicas_of(conn: &mut Conn) -> Option<Vec<String>> {
+    let info: String = conn
+        .query(redis::cmd("INFO").arg("replication"), OP_TIMEOUT)
+        .await
+        .ok()?;
+    let master_offset = info
+        .lines()
+        .find_map(|l| l.strip_prefix("master_repl_offset:"))
+        .and_then(|o| o.trim().parse::<i64>().ok())
+        .unwrap_or(0);
+    let mut replicas = Vec::new();
+    for line in info.lines() {
+        let Some((key, value)) = line.split_once(':') else {
+            continue;
+        };
+        if !key.starts_with("slave") || !key[5..].chars().all(|c| c.is_ascii_digit()) {
+            continue;
+        }
+        let get = |name: &str| {
+            value
+                .split(',')
+                .find_map(|kv| kv.strip_prefix(&format!("{name}=")))
+                .unwrap_or("?")
+                .trim()
+                .to_owned()
+        };
+        let behind = get("offset")
+            .parse::<i64>()
+            .map_or("?".to_owned(), |o| (master_offset - o).max(0).to_string());
+        replicas.push(format!(
+            "{}:{} {}, lag {} s, {behind} bytes behind",
+            get("ip"),
+            get("port"),
+            get("state"),
+            get("lag")
+        ));
+    }
+    Some(replicas)
+}

@@ -1,0 +1,148 @@
+//! Following `+switch-master`: while a lock is held, a task subscribes to the event on one
+//! sentinel (the next one when that connection ends), and when the sentinels switch the master
+//! it looks at once whether the new master has the hold, instead of at the next renewal
+//! (up to TTL/3 later). A hold the failover lost is reported lost there and then (124); one it
+//! carried over is left to the next renewal, which moves to the new master.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+use crate::lock::Lost;
+
+use super::super::conn::Conn;
+use super::{Addr, Locator, Sentinel, ASK_TIMEOUT};
+
+/// How long to wait for the new master to answer `ROLE` with `master`.
+const PROMOTION_PATIENCE: Duration = Duration::from_secs(2);
+
+/// The `+switch-master` follower of one held lock; dropping it stops the task.
+pub(in crate::backend::redis) struct SwitchWatch {
+    lost: watch::Receiver<Option<Lost>>,
+    task: JoinHandle<()>,
+}
+
+impl SwitchWatch {
+    /// Start following failovers for the hold of `owner` in `holders` (`None` unless `conn`
+    /// is behind Sentinel).
+    pub(in crate::backend::redis) fn start(
+        conn: &Conn,
+        holders: &str,
+        owner: &str,
+    ) -> Option<SwitchWatch> {
+        let locator = conn.sentinel.as_ref()?.detached();
+        let (tx, lost) = watch::channel(None);
+        let task = tokio::spawn(follow(locator, holders.to_owned(), owner.to_owned(), tx));
+        Some(SwitchWatch { lost, task })
+    }
+
+    /// Resolves when a failover is seen to have lost the hold; never otherwise. Cancel-safe.
+    pub(in crate::backend::redis) async fn lost(&mut self) -> Lost {
+        if let Ok(lost) = self.lost.wait_for(Option::is_some).await {
+            if let Some(lost) = lost.clone() {
+                return lost;
+            }
+        }
+        // The task ended without a loss: the renewals decide.
+        std::future::pending().await
+    }
+}
+
+impl Drop for SwitchWatch {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn follow(
+    locator: Locator,
+    holders: String,
+    owner: String,
+    lost: watch::Sender<Option<Lost>>,
+) {
+    let sentinels: Arc<[Sentinel]> = locator.sentinels.clone();
+    // For as long as the lock is held (the task is aborted at release): one sentinel after the
+    // other, a pause after each full round that found none to subscribe to.
+    loop {
+        for sentinel in sentinels.iter() {
+            let Some(new_master) = next_switch(sentinel, &locator.master).await else {
+                continue;
+            };
+            if let Some(reason) = check(&locator, &new_master, &holders, &owner).await {
+                lost.send_replace(Some(Lost {
+                    reason,
+                    kill_by: None,
+                }));
+                return;
+            }
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// Subscribe on `sentinel` and wait for the next `+switch-master` of `master`: the new
+/// master's address (`None` when the subscription could not be made or ended).
+async fn next_switch(sentinel: &Sentinel, master: &str) -> Option<Addr> {
+    let mut pubsub = tokio::time::timeout(ASK_TIMEOUT, sentinel.client.get_async_pubsub())
+        .await
+        .ok()?
+        .ok()?;
+    tokio::time::timeout(ASK_TIMEOUT, pubsub.subscribe("+switch-master"))
+        .await
+        .ok()?
+        .ok()?;
+    let mut messages = pubsub.on_message();
+    while let Some(message) = messages.next().await {
+        // "<name> <old ip> <old port> <new ip> <new port>"
+        let Ok(payload) = message.get_payload::<String>() else {
+            continue;
+        };
+        let parts: Vec<&str> = payload.split(' ').collect();
+        if let [name, _, _, ip, port] = parts[..] {
+            if name == master {
+                if let Ok(port) = port.parse::<u16>() {
+                    return Some((ip.to_owned(), port));
+                }
+            }
+        }
+    }
+    None
+}
+
+/// Does the new master have our hold? `Some(reason)` when it plainly does not; `None` when it
+/// does, or when that cannot be told now (the next renewal looks again).
+async fn check(locator: &Locator, addr: &Addr, holders: &str, owner: &str) -> Option<String> {
+    let shown = crate::backend::url::join_host_port(&addr.0, addr.1);
+    // The sentinels announce the switch when the replica reports itself master; allow a
+    // moment in case this one is ahead of it. Bounded: a few attempts within the patience.
+    let deadline = tokio::time::Instant::now() + PROMOTION_PATIENCE;
+    let mut connection = loop {
+        match locator.connect_to(addr).await {
+            Ok((_, connection)) => break connection,
+            Err(e) if tokio::time::Instant::now() >= deadline => {
+                tracing::debug!("after +switch-master, {shown}: {e}");
+                return None;
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    };
+    let member = tokio::time::timeout(
+        ASK_TIMEOUT,
+        redis::cmd("SISMEMBER")
+            .arg(holders)
+            .arg(owner)
+            .query_async::<i64>(&mut connection),
+    )
+    .await;
+    match member {
+        Ok(Ok(0)) => Some(format!(
+            "the sentinels failed '{}' over to {shown}, which does not have this hold \
+             (replication had not carried it over before the failover; ?replicas=N prevents that)",
+            locator.master
+        )),
+        _ => None,
+    }
+}

@@ -1,0 +1,12 @@
+//! Redis behind Sentinel (issue #15): the whole contract through `redis-sentinel://` (a master,
+//! a replica and three sentinels), failovers while a lock is held and waited for
+//! (`failover`), and reaching the sentinels: down, a wrong master name, passwords, `check`
+//! (`connect`).
+
+mod connect;
+mod failover;
+
+use crate::support::*;
+
+crate::contract_tests!(redis_sentinel_contract, SentinelServer::start());
+crate::lease_contract_tests!(redis_sentinel_lease_contract, SentinelServer::start());
