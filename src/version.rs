@@ -94,7 +94,7 @@ mod tests {
         assert_eq!(lines.next(), Some(format!("commit: {COMMIT}").as_str()));
         let backends = lines.next().expect("a backends line");
         assert!(
-            backends.starts_with("backends: file, redis (rediss, redis+unix), etcd (etcds), "),
+            backends.starts_with("backends: file, redis (rediss, redis+unix), "),
             "{backends}"
         );
         for scheme in SCHEMES.iter().flat_map(|s| s.iter()) {
