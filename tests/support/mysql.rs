@@ -173,7 +173,7 @@ impl MysqlServer {
         std::fs::read_to_string(self.dir.path().join("error.log")).unwrap_or_default()
     }
 
-    fn try_sql(&self, sql: &str) -> Option<String> {
+    pub fn try_sql(&self, sql: &str) -> Option<String> {
         let mut client = Command::new(server_binary("mariadb", "mariadb-client"));
         client
             .arg("--no-defaults")
