@@ -322,6 +322,24 @@ pub struct LockStatus {
 }
 
 impl LockStatus {
+    /// Add `holder` to the held lock `name` in `locks`, creating its entry on first sight
+    /// (for backends whose `list` finds holders one at a time).
+    pub fn add_holder(locks: &mut Vec<LockStatus>, name: String, holder: HolderStatus) {
+        match locks.iter_mut().find(|l| l.name == name) {
+            Some(lock) => lock.holders.push(holder),
+            None => locks.push(LockStatus {
+                name,
+                held: true,
+                holders: vec![holder],
+                waiters: None,
+                queue: Vec::new(),
+                last_token: None,
+            }),
+        }
+    }
+}
+
+impl LockStatus {
     /// " by pid N on host (user: command) for 4m12s, …" for messages about a held lock
     /// ("" when free); see [`crate::wording`].
     pub fn held_by(&self) -> String {

@@ -136,17 +136,7 @@ impl PgBackend {
                 named.insert(name.clone());
             }
             let status = seen.status(&lock_name);
-            match locks.iter_mut().find(|l| l.name == name) {
-                Some(lock) => lock.holders.push(status),
-                None => locks.push(LockStatus {
-                    name,
-                    held: true,
-                    holders: vec![status],
-                    waiters: None,
-                    queue: Vec::new(),
-                    last_token: None,
-                }),
-            }
+            LockStatus::add_holder(&mut locks, name, status);
         }
         locks.sort_by(|a, b| a.name.cmp(&b.name));
         // The waiters, as `status` counts them (the same column on every backend); a lock
