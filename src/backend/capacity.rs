@@ -75,6 +75,7 @@ pub async fn wait_out<T>(
 ) -> Result<T, Error> {
     let mut backoff = Backoff::default();
     let mut refusals = 0u32;
+    let mut last: Option<String> = None;
     loop {
         let left = match (wait, deadline) {
             (Wait::For(_), Some(at)) => Wait::For(at.remaining()),
@@ -82,9 +83,25 @@ pub async fn wait_out<T>(
         };
         let message = match attempt(left).await {
             Err(Error::Capacity(message)) => message,
+            // An attempt made in the last moments of --wait after refusals may fail only
+            // because its time ran out (a connect given a millisecond): the refusal is
+            // still the reason the run did not get the lock.
+            Err(e)
+                if !matches!(e, Error::Cancelled)
+                    && deadline.is_some_and(|at| at.remaining().is_zero()) =>
+            {
+                return Err(match (last, wait) {
+                    (Some(message), Wait::For(asked)) => Error::Capacity(format!(
+                        "{message}; still refused when --wait ({}) ran out ({refusals} attempts)",
+                        humantime::format_duration(asked)
+                    )),
+                    _ => e,
+                });
+            }
             other => return other,
         };
         refusals += 1;
+        last = Some(message.clone());
         if refusals == 1 {
             tracing::info!("{message}; waiting for a free connection");
         }
@@ -153,6 +170,42 @@ mod tests {
             },
         ));
         assert_eq!(result.ok(), Some(3));
+    }
+
+    #[test]
+    fn a_connect_timed_out_by_the_end_of_the_wait_still_names_the_limit() {
+        let wait = Wait::For(Duration::from_millis(100));
+        let deadline = wait.deadline();
+        let mut tries = 0;
+        let result: Result<(), Error> = block_on(wait_out(
+            wait,
+            deadline,
+            &mut Cancel::never(),
+            async |left| {
+                tries += 1;
+                if tries == 1 {
+                    return Err(refused("my", "MySQL max_connections", "1040"));
+                }
+                // The next attempt outlives the deadline and times out.
+                if let Wait::For(left) = left {
+                    tokio::time::sleep(left + Duration::from_millis(5)).await;
+                }
+                Err(Error::Unavailable("no answer within 1ms".into()))
+            },
+        ));
+        assert_eq!(tries, 2);
+        match result {
+            Err(Error::Capacity(m)) => assert!(m.contains("MySQL max_connections"), "{m}"),
+            other => panic!("expected a capacity refusal, got {:?}", other.err()),
+        }
+        // A failure before the deadline is reported as it is.
+        let result: Result<(), Error> = block_on(wait_out(
+            Wait::For(Duration::from_secs(30)),
+            Wait::For(Duration::from_secs(30)).deadline(),
+            &mut Cancel::never(),
+            async |_| Err(Error::Unavailable("down".into())),
+        ));
+        assert!(matches!(result, Err(Error::Unavailable(_))));
     }
 
     #[test]

@@ -238,9 +238,14 @@ impl Drop for MysqlServer {
     fn drop(&mut self) {
         if std::thread::panicking() {
             let log = self.log();
-            let tail: Vec<&str> = log.lines().rev().take(30).collect();
+            // A crash report from its first line (the signal and the stack), else the tail.
+            let lines: Vec<&str> = log.lines().collect();
+            let start = lines
+                .iter()
+                .position(|l| l.contains("got signal"))
+                .unwrap_or(lines.len().saturating_sub(30));
             eprintln!("mariadbd's error log ends:");
-            for line in tail.iter().rev() {
+            for line in lines[start..].iter().take(80) {
                 eprintln!("  {line}");
             }
         }

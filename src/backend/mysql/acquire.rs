@@ -111,10 +111,10 @@ impl MysqlBackend {
                     self.create_table(session).await?;
                     continue;
                 }
-                // Slot holders writing their rows at once can deadlock in InnoDB, which rolls
-                // one back: give back its slot and try again (never with --limit 1, whose
-                // one writer holds the lock).
-                Err(f) if matches!(f.server_code(), Some(1213 | 1205)) && request.limit > 1 => {
+                // Slot holders writing their rows at once (or beside a first-use CREATE
+                // TABLE) can deadlock in InnoDB, which rolls one back: give back what the
+                // statement took and try again.
+                Err(f) if transient(&f) => {
                     tracing::debug!("retrying the grant: {}", f.describe());
                     session.configured = true;
                     let undo = undo_slot_sql(&slots);
@@ -179,6 +179,12 @@ impl MysqlBackend {
                 Err(f) if f.server_code() == Some(1146) && !created => {
                     created = true;
                     self.create_table(session).await?;
+                    continue;
+                }
+                // A deadlock victim took nothing: its round is simply tried again.
+                Err(f) if transient(&f) => {
+                    tracing::debug!("retrying the queue call: {}", f.describe());
+                    session.configured = true;
                     continue;
                 }
                 Err(f) => return Err(self.refused(session, f).await),
@@ -315,11 +321,20 @@ impl MysqlBackend {
         }
     }
 
-    /// Create `dlock_locks` (first use); a role that may not is told what to run.
+    /// Create `dlock_locks` (first use); a role that may not is told what to run. Clients
+    /// starting together all try, and InnoDB may pick one as a deadlock victim: it tries
+    /// again (a few times).
     async fn create_table(&self, session: &mut Session) -> Result<(), Error> {
-        match session.rows(CREATE_TABLE, super::OP_TIMEOUT).await {
-            Ok(_) => Ok(()),
-            Err(f) => Err(self.refused(session, f).await),
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            match session.rows(CREATE_TABLE, super::OP_TIMEOUT).await {
+                Ok(_) => return Ok(()),
+                Err(f) if transient(&f) && tries < 5 => {
+                    tracing::debug!("retrying CREATE TABLE: {}", f.describe());
+                }
+                Err(f) => return Err(self.refused(session, f).await),
+            }
         }
     }
 
@@ -355,6 +370,12 @@ impl MysqlBackend {
             .and_then(|rows| rows.first().and_then(|r| cell::<String>(r, 0)))
             .unwrap_or_else(|| format!("'{}'@'%'", self.target.user()))
     }
+}
+
+/// A deadlock (1213) or lock wait timeout (1205): InnoDB or the metadata lock subsystem
+/// rolled the statement back, and trying again is the documented answer.
+fn transient(f: &Failure) -> bool {
+    matches!(f.server_code(), Some(1213 | 1205))
 }
 
 /// How long the next lock call may wait in the server.

@@ -18,7 +18,8 @@ fn killed_holder_frees_the_lock_within_one_second() {
 /// The holder's connection id, from `status`.
 fn holder_connection(env: &TestEnv, lock: &str) -> u64 {
     let out = env.run(["status", "--json", lock]);
-    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .unwrap_or_else(|e| panic!("status --json is not JSON ({e}): {}", describe(&out)));
     json["holders"][0]["session"]
         .as_str()
         .and_then(|s| s.strip_prefix("connection id "))

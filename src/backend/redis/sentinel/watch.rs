@@ -3,6 +3,12 @@
 //! it looks at once whether the new master has the hold, instead of at the next renewal
 //! (up to TTL/3 later). A hold the failover lost is reported lost there and then (124); one it
 //! carried over is left to the next renewal, which moves to the new master.
+//!
+//! The subscription is made [`FIRST_LOOK`] after the grant, not at once: most held commands
+//! are short, and a sentinel connection opened beside the command's own start costs every
+//! run a connection and CPU on the host for nothing. A failover is not missed meanwhile: the
+//! renewals ask the sentinels anyway, and a `+switch-master` sent before any subscription
+//! exists would be missed at any delay.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,6 +24,8 @@ use super::{Addr, Locator, Sentinel, ASK_TIMEOUT};
 
 /// How long to wait for the new master to answer `ROLE` with `master`.
 const PROMOTION_PATIENCE: Duration = Duration::from_secs(2);
+/// How long after the grant the subscription is made.
+const FIRST_LOOK: Duration = Duration::from_millis(300);
 
 /// The `+switch-master` follower of one held lock; dropping it stops the task.
 pub(in crate::backend::redis) struct SwitchWatch {
@@ -64,6 +72,7 @@ async fn follow(
     lost: watch::Sender<Option<Lost>>,
 ) {
     let sentinels: Arc<[Sentinel]> = locator.sentinels.clone();
+    tokio::time::sleep(FIRST_LOOK).await;
     // For as long as the lock is held (the task is aborted at release): one sentinel after the
     // other, a pause after each full round that found none to subscribe to.
     loop {
