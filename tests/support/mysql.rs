@@ -60,10 +60,16 @@ fn template() -> &'static Path {
             return path;
         }
         let dir = tempfile::tempdir().expect("temp dir");
+        // Every server gets a tmpdir of its own: a starting mariadbd deletes every `#sql*`
+        // file in its tmpdir, which in a shared /tmp are other servers' live temporary
+        // tables (their information_schema queries then fail, or the server crashes).
+        let tmp = dir.path().join("tmp");
+        std::fs::create_dir(&tmp).expect("tmpdir");
         let mut command = Command::new(install);
         command
             .arg("--no-defaults")
             .arg(format!("--datadir={}", dir.path().join("data").display()))
+            .arg(format!("--tmpdir={}", tmp.display()))
             .args([
                 "--auth-root-authentication-method=normal",
                 "--skip-test-db",
@@ -128,10 +134,14 @@ impl MysqlServer {
     /// Start `mariadbd` and wait until it answers over its socket.
     fn launch(&self) {
         let d = self.dir.path();
+        // Its own tmpdir (see `template`): never the shared /tmp.
+        let tmp = d.join("tmp");
+        std::fs::create_dir_all(&tmp).expect("tmpdir");
         let mut command = Command::new(mariadbd());
         command
             .arg("--no-defaults")
             .arg(format!("--datadir={}", d.join("data").display()))
+            .arg(format!("--tmpdir={}", tmp.display()))
             .arg(format!("--port={}", self.port))
             .arg("--bind-address=127.0.0.1")
             .arg(format!("--socket={}", self.socket().display()))
