@@ -25,9 +25,9 @@ fn assert_held_by_without_finish(env: &TestEnv, lock: &str, holder: &Holding) {
 /// A finish recorded, or attempted, after the lock was broken (`release --force`) and taken
 /// by another run writes nothing into the new holder's metadata, in both orders:
 ///
-/// 1. the finish is recorded, then the lock is broken and taken again: the old holder's
-///    renewals (which carry the finished metadata now) find the hold gone, write nothing, and
-///    it exits with its command's status;
+/// 1. the finish is recorded (`status` says so, `list --json` has `kept_until`), then the
+///    lock is broken and taken again: the old holder's renewals (which carry the finished
+///    metadata now) find the hold gone, write nothing, and it exits with its command's status;
 /// 2. the lock is broken and taken while the command still runs, then the command ends.
 ///    Where a broken hold is noticed only at the next renewal (`noticed_at_once` false:
 ///    memcached, MySQL) dlock goes on into `--min-hold` and attempts the finish on a hold
@@ -52,6 +52,17 @@ pub fn a_finish_after_the_lock_was_taken_over_writes_nothing(
     wait_until("the finish recorded", PATIENCE, || {
         stdout_of(&env.run(["status", &lock])).contains(FINISHED)
     });
+    // `list` reads the same metadata back.
+    let list = env.run(["list", "--json"]);
+    let json: serde_json::Value = serde_json::from_slice(&list.stdout).expect("list --json");
+    let listed = json
+        .as_array()
+        .and_then(|locks| locks.iter().find(|l| l["name"] == lock.as_str()))
+        .map(|l| l["holders"][0]["kept_until"].clone());
+    assert!(
+        listed.as_ref().is_some_and(serde_json::Value::is_string),
+        "list shows no kept_until: {json}"
+    );
     server.break_hold(&env, &lock);
     let second = env.hold(&lock, &[]);
     assert_held_by_without_finish(&env, &lock, &second);
