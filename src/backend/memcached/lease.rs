@@ -12,12 +12,19 @@
 //! n − 1 and n seconds. The item is written with n = the TTL rounded up to whole seconds, and
 //! the keeper is told the lease is n − 1 seconds long, so the command is stopped before the
 //! item can expire however the ticks fall.
+//!
+//! `--min-hold`'s finish ([`Lease::finished`]) is one more renewal with the new metadata
+//! (the same compare-and-swap), on the connection the renewer uses.
 
+use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::sync::Mutex;
+
+use crate::clock::BootInstant;
 use crate::error::Error;
 use crate::keeper::{Keeper, Renew, RenewError};
-use crate::lock::{Lease, Lost};
+use crate::lock::{Holder, Lease, Lost};
 
 use super::client::{md, mg, ms, Conn, Failure, OP_TIMEOUT};
 use super::keys::Stored;
@@ -156,17 +163,25 @@ impl Held {
     }
 }
 
-/// One renewal round trip (two on a new connection), for the [`Keeper`].
-pub(super) struct Renewer {
+/// The connection and the held item, shared by the renewer and the lease (which rewrites the
+/// item once for [`Lease::finished`]); one exchange at a time.
+pub(super) struct Hold {
     pub(super) conn: Conn,
     pub(super) held: Held,
-    pub(super) display: String,
+}
+
+/// One renewal round trip (two on a new connection), for the [`Keeper`].
+struct Renewer {
+    hold: Arc<Mutex<Hold>>,
+    display: String,
 }
 
 impl Renew for Renewer {
     async fn renew(&mut self) -> Result<Duration, RenewError> {
-        match self.held.touch(&mut self.conn, NO_BUDGET).await {
-            Ok(Ours::Yes) => Ok(expiry_for(Duration::from_secs(self.held.expiry)).1),
+        let mut hold = self.hold.lock().await;
+        let Hold { conn, held } = &mut *hold;
+        match held.touch(conn, NO_BUDGET).await {
+            Ok(Ours::Yes) => Ok(expiry_for(Duration::from_secs(held.expiry)).1),
             Ok(Ours::No(why)) => Err(RenewError::Gone(why.to_owned())),
             Err(failure) => Err(RenewError::Failed(format!(
                 "{}: {}",
@@ -179,9 +194,34 @@ impl Renew for Renewer {
 
 /// A held memcached lock.
 pub struct MemcachedLease {
-    pub(super) keeper: Keeper<Renewer>,
-    pub(super) token: u64,
-    pub(super) display: String,
+    keeper: Keeper<Renewer>,
+    hold: Arc<Mutex<Hold>>,
+    token: u64,
+    display: String,
+}
+
+impl MemcachedLease {
+    /// Keep `hold` (taken by an add sent at `sent`, lasting `lease_ttl`) from now on.
+    pub(super) fn start(
+        hold: Hold,
+        token: u64,
+        display: &str,
+        sent: BootInstant,
+        lease_ttl: Duration,
+        kill_after: Duration,
+    ) -> MemcachedLease {
+        let hold = Arc::new(Mutex::new(hold));
+        let renewer = Renewer {
+            hold: hold.clone(),
+            display: display.to_owned(),
+        };
+        MemcachedLease {
+            keeper: Keeper::start(renewer, sent, lease_ttl, kill_after),
+            hold,
+            token,
+            display: display.to_owned(),
+        }
+    }
 }
 
 impl Lease for MemcachedLease {
@@ -193,17 +233,40 @@ impl Lease for MemcachedLease {
         self.keeper.lost().await
     }
 
+    /// Rewrite the item with the new metadata as a renewal does: a compare-and-swap on the
+    /// CAS value of an item that is still ours (confirmed by its owner on a new connection),
+    /// so an item that is gone is not re-created and somebody else's is not touched. The
+    /// renewals that follow write the same value.
+    async fn finished(&mut self, holder: &Holder) -> Result<bool, Error> {
+        let mut hold = self.hold.lock().await;
+        let Hold { conn, held } = &mut *hold;
+        let Some(mut stored) = Stored::parse(&held.value) else {
+            return Err(Error::Internal(
+                "our own item's value does not parse".into(),
+            ));
+        };
+        stored.record.holder = holder.clone();
+        held.value = stored.to_bytes();
+        match held.touch(conn, OP_TIMEOUT).await {
+            Ok(Ours::Yes) => Ok(true),
+            Ok(Ours::No(_)) => Ok(false),
+            Err(failure) => Err(failure.into_error(&self.display)),
+        }
+    }
+
     async fn release(self) -> Result<(), Error> {
-        let Some(mut renewer) = self.keeper.stop().await else {
+        if self.keeper.stop().await.is_none() {
             return Err(Error::Internal(
                 "the lease keeper ended unexpectedly".into(),
             ));
-        };
+        }
+        let mut hold = self.hold.lock().await;
+        let Hold { conn, held } = &mut *hold;
         let mut last = None;
         // One retry on a fresh connection: a release that never arrives costs the next
         // holder up to a TTL.
         for _ in 0..2 {
-            match renewer.held.delete(&mut renewer.conn, OP_TIMEOUT).await {
+            match held.delete(conn, OP_TIMEOUT).await {
                 Ok(Ours::Yes) => return Ok(()),
                 Ok(Ours::No(why)) => {
                     tracing::warn!("the lock was no longer ours when it was released: {why}");

@@ -46,7 +46,6 @@ mod wait;
 use crate::backend::busy_reason;
 use crate::clock::BootInstant;
 use crate::error::Error;
-use crate::keeper::Keeper;
 use crate::lock::{
     limit_mismatch, AcquireRequest, Backend, Cancel, CheckReport, Holder, LockName, LockStatus,
     Record, Wait,
@@ -54,7 +53,7 @@ use crate::lock::{
 
 use client::{mg, ms, Conn, OP_TIMEOUT};
 use keys::{Keys, Stored};
-use lease::{expiry_for, Held, Renewer};
+use lease::{expiry_for, Held, Hold};
 use wait::{Backoff, Registration};
 
 pub use lease::MemcachedLease;
@@ -229,16 +228,14 @@ impl MemcachedBackend {
                 return Err(f.into_error(display));
             }
         }
-        let renewer = Renewer {
-            conn,
-            held,
-            display: display.to_owned(),
-        };
-        Ok(MemcachedLease {
-            keeper: Keeper::start(renewer, sent, lease_ttl, request.kill_after),
+        Ok(MemcachedLease::start(
+            Hold { conn, held },
             token,
-            display: display.to_owned(),
-        })
+            display,
+            sent,
+            lease_ttl,
+            request.kill_after,
+        ))
     }
 
     /// The holders in slots `0..limit` (one pipelined read).

@@ -6,24 +6,34 @@
 //!
 //! A heartbeat that finds the lock gone (`KILL`, `release --force`, a server restart) is a
 //! loss at once; one that cannot reach the server leaves the command until the deadline.
+//!
+//! `--min-hold`'s finish ([`Lease::finished`]) rewrites the holder's row on our connection
+//! (shared with the renewer), only while the row and the lock are still ours.
 
+use std::sync::Arc;
 use std::time::Duration;
+
+use tokio::sync::Mutex;
 
 use super::acquire::Granted;
 use super::conn::{cell, Failure, Session};
 use super::keys::quoted;
-use super::sql::server_seconds;
-use super::CANCEL_TIMEOUT;
+use super::sql::{finished_sql, server_seconds};
+use super::{CANCEL_TIMEOUT, OP_TIMEOUT};
 use crate::clock::BootInstant;
 use crate::error::Error;
 use crate::keeper::{Keeper, Renew, RenewError, Schedule};
-use crate::lock::{AcquireRequest, Lease, Lost};
+use crate::lock::{AcquireRequest, Holder, Lease, Lost};
 
 /// A held `GET_LOCK` lock on our own connection.
 pub struct MysqlLease {
     keeper: Keeper<Renewer>,
     token: u64,
     schedule: Schedule,
+    /// Our connection, shared with the renewer (for [`Lease::finished`]).
+    session: Arc<Mutex<Session>>,
+    /// The key we hold (the slot's, for `--limit N`).
+    key: String,
 }
 
 impl MysqlLease {
@@ -42,8 +52,8 @@ impl MysqlLease {
                 "SELECT IS_USED_LOCK({}) = CONNECTION_ID()",
                 quoted(&granted.key)
             ),
-            key: granted.key,
-            session,
+            key: granted.key.clone(),
+            session: Arc::new(Mutex::new(session)),
             ttl,
         };
         let mut since = granted.sent;
@@ -59,18 +69,21 @@ impl MysqlLease {
                 )),
             };
             if let Some(why) = failure {
-                super::acquire::give_back(&mut renewer.session).await;
+                super::acquire::give_back(&mut *renewer.session.lock().await).await;
                 return Err(Error::Unavailable(format!(
                     "'{}' was granted but could not be confirmed: {why}; the command was not started",
                     request.name
                 )));
             }
         }
+        let session = renewer.session.clone();
         let keeper = Keeper::start(renewer, since, ttl, request.kill_after);
         Ok(MysqlLease {
             keeper,
             token: granted.token,
             schedule,
+            session,
+            key: granted.key,
         })
     }
 }
@@ -84,14 +97,31 @@ impl Lease for MysqlLease {
         self.keeper.lost().await
     }
 
+    /// Rewrite our row's metadata, only while the row and the lock are still ours (see
+    /// [`finished_sql`]); on our own connection, between heartbeats. A connection that was
+    /// killed (`release --force`) answers with an error and writes nothing.
+    async fn finished(&mut self, holder: &Holder) -> Result<bool, Error> {
+        let sql = finished_sql(&self.key, self.token, holder);
+        let rows = self
+            .session
+            .lock()
+            .await
+            .rows(&sql, OP_TIMEOUT)
+            .await
+            .map_err(|f| {
+                Error::Unavailable(format!("cannot record the finish: {}", f.describe()))
+            })?;
+        Ok(rows.first().and_then(|r| cell::<i64>(r, 0)).unwrap_or(0) > 0)
+    }
+
     async fn release(self) -> Result<(), Error> {
-        let Some(mut renewer) = self.keeper.stop().await else {
+        let Some(renewer) = self.keeper.stop().await else {
             return Ok(());
         };
         // Bounded: after a lost hold the connection may be a black hole.
         let bound = (self.schedule.ttl / 3).min(CANCEL_TIMEOUT);
         let sql = format!("SELECT RELEASE_LOCK({})", quoted(&renewer.key));
-        match renewer.session.rows(&sql, bound).await {
+        match renewer.session.lock().await.rows(&sql, bound).await {
             Ok(rows) if rows.first().and_then(|r| cell::<i64>(r, 0)) == Some(1) => {}
             Ok(_) => {
                 tracing::warn!("the lock was no longer held by our session when it was released")
@@ -108,7 +138,7 @@ impl Lease for MysqlLease {
 
 /// Heartbeats for the [`Keeper`]: the lock must still be our session's.
 struct Renewer {
-    session: Session,
+    session: Arc<Mutex<Session>>,
     key: String,
     heartbeat: String,
     ttl: Duration,
@@ -117,7 +147,13 @@ struct Renewer {
 impl Renew for Renewer {
     async fn renew(&mut self) -> Result<Duration, RenewError> {
         // The keeper bounds the attempt; this bound only keeps a stuck call from lingering.
-        match self.session.rows(&self.heartbeat, self.ttl).await {
+        match self
+            .session
+            .lock()
+            .await
+            .rows(&self.heartbeat, self.ttl)
+            .await
+        {
             Ok(rows) if rows.first().and_then(|r| cell::<i64>(r, 0)) == Some(1) => Ok(self.ttl),
             Ok(_) => Err(RenewError::Gone(format!(
                 "the lock is no longer held by our session (IS_USED_LOCK of {} is not our connection: killed, released by force, or the server restarted)",

@@ -107,6 +107,20 @@ pub fn grant_sql(
     )
 }
 
+/// `--min-hold`'s finish: rewrite the holder's metadata in its slot's row (`lock_key`) only
+/// while the row and the lock are still ours (our connection, our token, and `IS_USED_LOCK`
+/// says our connection holds the key); then the number of rows written (0 or 1: the
+/// metadata always changes, it gains `kept_until`).
+pub fn finished_sql(lock_key: &str, token: u64, holder: &Holder) -> String {
+    let json = serde_json::to_string(holder).unwrap_or_default();
+    format!(
+        "UPDATE dlock_locks SET holder = {} WHERE lock_key = {key} AND conn_id = CONNECTION_ID() \
+         AND held_token = {token} AND IS_USED_LOCK({key}) = CONNECTION_ID(); SELECT ROW_COUNT()",
+        text(&json),
+        key = quoted(lock_key)
+    )
+}
+
 /// `GET_LOCK` waits in the server for at most `wait` (fractional seconds: MariaDB honours
 /// them; MySQL rounds down, and a 0 there only means one more short round).
 pub fn lock_timeout(wait: Duration) -> String {

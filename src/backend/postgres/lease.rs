@@ -1,9 +1,11 @@
 //! The hold: a session lock has no lease, it lives as long as the session. The [`Keeper`]
 //! heartbeats every TTL/3 (the lock must still show up for our backend; each heartbeat also
 //! restarts the server's idle count, so its deadline arithmetic applies as for a lease), and
-//! the end of the connection is noticed at once; either ends the hold.
+//! the end of the connection is noticed at once; either ends the hold. The holder's metadata
+//! is the comment of the heartbeat statement; `--min-hold`'s finish ([`Lease::finished`])
+//! replaces it and sends it at once.
 
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -32,6 +34,9 @@ pub struct PgLease {
     notify: Option<String>,
     schedule: Schedule,
     last_ack: Arc<Mutex<BootInstant>>,
+    /// The heartbeat statement, shared with the renewer: its comment is what `status` shows,
+    /// and [`Lease::finished`] replaces it.
+    heartbeat: Arc<Mutex<String>>,
 }
 
 impl PgLease {
@@ -47,16 +52,17 @@ impl PgLease {
     ) -> Result<PgLease, Error> {
         let schedule = Schedule::new(request.ttl, request.kill_after);
         let last_ack = Arc::new(Mutex::new(granted.sent));
+        let heartbeat = Arc::new(Mutex::new(heartbeat_sql(&Holder {
+            token: granted.token,
+            ..request.holder.clone()
+        })));
         let mut renewer = Renewer {
             client: session.client.clone(),
             marker: session.marker.clone(),
             ended: session.ended.clone(),
             key,
             ttl: request.ttl,
-            sql: heartbeat_sql(&Holder {
-                token: granted.token,
-                ..request.holder.clone()
-            }),
+            sql: heartbeat.clone(),
             last_ack: last_ack.clone(),
         };
         // The server ends a session that was idle for the TTL, counting from the end of its
@@ -93,6 +99,7 @@ impl PgLease {
             notify,
             schedule,
             last_ack,
+            heartbeat,
         })
     }
 }
@@ -127,6 +134,31 @@ impl Lease for PgLease {
             }
             lost = self.keeper.lost() => lost,
         }
+    }
+
+    /// The metadata is the comment of our session's latest statement, which `status` shows
+    /// only while that session holds the key: so the new comment goes out as a heartbeat
+    /// (which says whether the key is still ours), and the renewer's heartbeats carry it
+    /// from now on. A session that lost the key shows nothing of it; one that was ended
+    /// cannot send.
+    async fn finished(&mut self, holder: &Holder) -> Result<bool, Error> {
+        let sql = heartbeat_sql(holder);
+        self.heartbeat
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone_from(&sql);
+        let rows = self
+            .session
+            .client
+            .query_typed(
+                &sql,
+                &[(&self.key, Type::INT8), (&self.session.marker, Type::TEXT)],
+            )
+            .await
+            .map_err(|e| {
+                Error::Unavailable(format!("cannot record the finish: {}", describe(&e)))
+            })?;
+        Ok(rows.first().and_then(|r| r.try_get::<_, bool>(0).ok()) == Some(true))
     }
 
     async fn release(self) -> Result<(), Error> {
@@ -192,7 +224,8 @@ struct Renewer {
     ended: watch::Receiver<Option<End>>,
     key: i64,
     ttl: Duration,
-    sql: String,
+    /// The heartbeat statement (see [`PgLease::heartbeat`]).
+    sql: Arc<Mutex<String>>,
     last_ack: Arc<Mutex<BootInstant>>,
 }
 
@@ -209,11 +242,16 @@ impl Renew for Renewer {
                 RenewError::Failed(reason)
             });
         }
+        let sql = self
+            .sql
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
         let sent = BootInstant::now();
         match self
             .client
             .query_typed(
-                &self.sql,
+                &sql,
                 &[(&self.key, Type::INT8), (&self.marker, Type::TEXT)],
             )
             .await

@@ -2,6 +2,8 @@
 //! touches the session) and declares the hold lost only when that failed for long enough that
 //! the server might expire the session; a watch on our node reports a deleted node or an
 //! ended session at once. Release deletes the node, which wakes the next waiter.
+//! `--min-hold`'s finish ([`Lease::finished`]) rewrites the node's data only while our
+//! session owns it, conditional on the version just read.
 
 use std::time::Duration;
 
@@ -10,10 +12,11 @@ use tokio::task::JoinHandle;
 use zookeeper_client::{self as zk, Client, EventType, SessionState};
 
 use super::conn::{closed, OP_TIMEOUT};
+use super::nodes::Meta;
 use crate::clock::BootInstant;
 use crate::error::Error;
 use crate::keeper::{Keeper, Renew, RenewError};
-use crate::lock::{Lease, Lost};
+use crate::lock::{Holder, Lease, Lost, Record};
 
 /// Watch our node and the session: a deleted node or an expired session is a loss at once;
 /// a disconnection is left to the keeper's deadline.
@@ -88,6 +91,10 @@ pub struct ZkLease {
     client: Client,
     path: String,
     ttl: Duration,
+    /// Our session, the owner of our node (for [`Lease::finished`]).
+    session: i64,
+    /// The `--limit` recorded in our node's data.
+    limit: u32,
 }
 
 impl ZkLease {
@@ -100,6 +107,7 @@ impl ZkLease {
         acquired_sent: BootInstant,
         granted: Duration,
         kill_after: Duration,
+        limit: u32,
     ) -> ZkLease {
         let session = client.session_id().0;
         let renewer = Renewer {
@@ -119,6 +127,8 @@ impl ZkLease {
             client,
             path,
             ttl: granted,
+            session,
+            limit,
         }
     }
 }
@@ -134,6 +144,37 @@ impl Lease for ZkLease {
             Ok(lost) = self.events.wait_for(Option::is_some) => {
                 lost.clone().unwrap_or_else(|| Lost { reason: "the lock was lost".into(), kill_by: None })
             }
+        }
+    }
+
+    /// Rewrite our node's data while the node is still ours: it must still be owned by our
+    /// session, and the write is conditional on the version just read, so a node that was
+    /// deleted, or written by someone else meanwhile, is left alone. Our node's path carries
+    /// our GUID, so no other holder's node can be at it.
+    async fn finished(&mut self, holder: &Holder) -> Result<bool, Error> {
+        let data = serde_json::to_vec(&Meta {
+            record: Record {
+                holder: holder.clone(),
+                limit: self.limit,
+            },
+            waiting: false,
+        })
+        .map_err(|e| Error::Internal(e.to_string()))?;
+        let unavailable =
+            |e: zk::Error| Error::Unavailable(format!("cannot rewrite {}: {e}", self.path));
+        let stat = match self.client.check_stat(&self.path).await {
+            Ok(Some(stat)) if stat.ephemeral_owner == self.session => stat,
+            Ok(_) | Err(zk::Error::NoNode) => return Ok(false),
+            Err(e) => return Err(unavailable(e)),
+        };
+        match self
+            .client
+            .set_data(&self.path, &data, Some(stat.version))
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(zk::Error::NoNode | zk::Error::BadVersion) => Ok(false),
+            Err(e) => Err(unavailable(e)),
         }
     }
 

@@ -135,6 +135,7 @@ impl Backend for ZkBackend {
                     acquired_sent,
                     granted,
                     request.kill_after,
+                    request.limit,
                 ))
             }
             Err(error) => {

@@ -15,3 +15,13 @@ use crate::support::*;
 
 crate::contract_tests!(memcached_contract, MemcachedServer::start());
 crate::lease_contract_tests!(memcached_lease_contract, MemcachedServer::start());
+
+/// `--min-hold`'s finish writes nothing once the lock was taken over
+/// (a deleted or replaced item is noticed at the next renewal).
+#[test]
+fn a_finish_after_the_lock_was_taken_over_writes_nothing() {
+    crate::contract::a_finish_after_the_lock_was_taken_over_writes_nothing(
+        &MemcachedServer::start(),
+        false,
+    );
+}

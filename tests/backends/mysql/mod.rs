@@ -11,6 +11,16 @@ use crate::support::*;
 crate::contract_tests!(mysql_contract, MysqlServer::start());
 crate::lease_contract_tests!(mysql_lease, MysqlServer::start());
 
+/// `--min-hold`'s finish writes nothing once the lock was taken over
+/// (a killed connection is noticed at the next heartbeat).
+#[test]
+fn a_finish_after_the_lock_was_taken_over_writes_nothing() {
+    crate::contract::a_finish_after_the_lock_was_taken_over_writes_nothing(
+        &MysqlServer::start(),
+        false,
+    );
+}
+
 #[test]
 fn status_shows_the_holders_connection_and_the_last_token() {
     let server = MysqlServer::start();

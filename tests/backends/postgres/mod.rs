@@ -16,6 +16,16 @@ use crate::support::*;
 
 crate::contract_tests!(pg_contract, PgServer::start());
 
+/// `--min-hold`'s finish writes nothing once the lock was taken over
+/// (the end of the session is noticed at once).
+#[test]
+fn a_finish_after_the_lock_was_taken_over_writes_nothing() {
+    crate::contract::a_finish_after_the_lock_was_taken_over_writes_nothing(
+        &PgServer::start(),
+        true,
+    );
+}
+
 #[test]
 fn waiters_acquire_in_arrival_order() {
     crate::contract::waiters_acquire_in_arrival_order(&PgServer::start());

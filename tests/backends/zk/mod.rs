@@ -15,6 +15,16 @@ use crate::support::*;
 crate::contract_tests!(zk_contract, ZkServer::start());
 crate::lease_contract_tests!(zk_lease_contract, ZkServer::start());
 
+/// `--min-hold`'s finish writes nothing once the lock was taken over
+/// (the watch on our node notices the deletion at once).
+#[test]
+fn a_finish_after_the_lock_was_taken_over_writes_nothing() {
+    crate::contract::a_finish_after_the_lock_was_taken_over_writes_nothing(
+        &ZkServer::start(),
+        true,
+    );
+}
+
 /// `wchc`: the paths each session watches.
 fn watches_by_session(server: &ZkServer) -> HashMap<String, Vec<String>> {
     let text = zk_four_letter(server.members[0].client_port, "wchc").expect("wchc");
