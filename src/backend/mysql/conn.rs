@@ -2,6 +2,11 @@
 //! bounded by `--wait`; statements bounded in time; and what a driver error means as an exit
 //! status.
 //!
+//! Two second attempts, each within the same bound: VERIFY_CA against a certificate that
+//! names another host (the driver checks names even when told not to), and TLS after an
+//! "Access denied" without it (MariaDB's only answer to a server or account that requires
+//! TLS, which must not read as a wrong password).
+//!
 //! The client is told the server's `wait_timeout` and `max_allowed_packet` up front, so that
 //! connecting costs no query of its own: the session settings travel with the first lock
 //! statement.
