@@ -88,6 +88,60 @@ impl TestCerts {
         TestCerts { dir }
     }
 
+    /// One more certificate signed by the CA, `NAME.crt` and `NAME.key`, for the names in
+    /// `san` (e.g. `DNS:db.example`): a server certificate that does not name this machine.
+    pub fn leaf(&self, name: &str, san: &str) {
+        let openssl = server_binary("openssl", "openssl");
+        std::fs::write(
+            self.dir.path().join(format!("{name}.ext")),
+            format!("subjectAltName={san}\n"),
+        )
+        .expect("write");
+        for args in [
+            vec![
+                "req".to_owned(),
+                "-newkey".into(),
+                "rsa:2048".into(),
+                "-nodes".into(),
+                "-keyout".into(),
+                format!("{name}.key"),
+                "-out".into(),
+                format!("{name}.csr"),
+                "-subj".into(),
+                format!("/CN={name}"),
+            ],
+            vec![
+                "x509".to_owned(),
+                "-req".into(),
+                "-in".into(),
+                format!("{name}.csr"),
+                "-CA".into(),
+                "ca.crt".into(),
+                "-CAkey".into(),
+                "ca.key".into(),
+                "-CAcreateserial".into(),
+                "-out".into(),
+                format!("{name}.crt"),
+                "-days".into(),
+                "2".into(),
+                "-extfile".into(),
+                format!("{name}.ext"),
+            ],
+        ] {
+            let out = Command::new(&openssl)
+                .args(&args)
+                .current_dir(self.dir.path())
+                .stdin(Stdio::null())
+                .output()
+                .expect("run openssl");
+            assert!(
+                out.status.success(),
+                "openssl {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+
     pub fn path(&self, file: &str) -> String {
         self.dir.path().join(file).display().to_string()
     }

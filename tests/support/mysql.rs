@@ -94,10 +94,17 @@ pub struct MysqlServer {
     pub port: u16,
     dir: tempfile::TempDir,
     child: std::sync::Mutex<Option<Child>>,
+    /// More `mariadbd` options (TLS, for instance), given at every start.
+    extra: Vec<String>,
 }
 
 impl MysqlServer {
     pub fn start() -> MysqlServer {
+        MysqlServer::start_with(&[])
+    }
+
+    /// With more `mariadbd` options, e.g. [`MysqlServer::tls_options`].
+    pub fn start_with(extra: &[&str]) -> MysqlServer {
         let dir = tempfile::tempdir().expect("temp dir");
         let mut copy = Command::new("/bin/cp");
         copy.arg("-a")
@@ -108,6 +115,7 @@ impl MysqlServer {
             port: free_port(),
             dir,
             child: std::sync::Mutex::new(None),
+            extra: extra.iter().map(|s| s.to_string()).collect(),
         };
         server.launch();
         server.sql(&format!(
@@ -153,7 +161,9 @@ impl MysqlServer {
                 "--innodb-buffer-pool-size=32M",
                 "--innodb-log-file-size=8M",
                 "--performance-schema=OFF",
-            ]);
+            ])
+            // Later options win.
+            .args(&self.extra);
         if is_root() {
             command.arg("--user=root");
         }
@@ -176,6 +186,27 @@ impl MysqlServer {
             "mariadbd is not listening on port {}: {log}",
             self.port
         );
+    }
+
+    /// `mariadbd` options for TLS with `certs`' CA and its leaf certificate `leaf` (`server`,
+    /// or one made with [`TestCerts::leaf`]).
+    pub fn tls_options(certs: &TestCerts, leaf: &str) -> Vec<String> {
+        vec![
+            format!("--ssl-cert={}", certs.path(&format!("{leaf}.crt"))),
+            format!("--ssl-key={}", certs.path(&format!("{leaf}.key"))),
+            format!("--ssl-ca={}", certs.path("ca.crt")),
+        ]
+    }
+
+    /// Session status variable `name` (e.g. `Ssl_cipher`) of connection `id`, as the server
+    /// sees it (needs `--performance-schema=ON`); `None` if there is no such connection.
+    pub fn session_status(&self, id: u64, name: &str) -> Option<String> {
+        let out = self.sql(&format!(
+            "SELECT CONCAT('=', s.VARIABLE_VALUE) FROM performance_schema.status_by_thread s \
+             JOIN performance_schema.threads t USING (THREAD_ID) \
+             WHERE t.PROCESSLIST_ID = {id} AND s.VARIABLE_NAME = '{name}'"
+        ));
+        out.strip_prefix('=').map(str::to_owned)
     }
 
     /// What the server logged so far.

@@ -2,6 +2,11 @@
 //! bounded by `--wait`; statements bounded in time; and what a driver error means as an exit
 //! status.
 //!
+//! Two second attempts, each within the same bound: VERIFY_CA against a certificate that
+//! names another host (the driver checks names even when told not to), and TLS after an
+//! "Access denied" without it (MariaDB's only answer to a server or account that requires
+//! TLS, which must not read as a wrong password).
+//!
 //! The client is told the server's `wait_timeout` and `max_allowed_packet` up front, so that
 //! connecting costs no query of its own: the session settings travel with the first lock
 //! statement.
@@ -26,36 +31,87 @@ pub(super) struct Session {
 }
 
 impl MysqlBackend {
-    /// Connect, bounded by `budget` (what is left of `--wait`, or the connect timeout).
+    /// Connect, bounded by `budget` (what is left of `--wait`, or the connect timeout); a
+    /// second attempt (see below) shares the same bound.
     pub(super) async fn connect(&self, budget: Option<Duration>) -> Result<Session, Error> {
         let timeout = self.target.connect_timeout.unwrap_or(CONNECT_TIMEOUT);
         let limit = budget.map_or(timeout, |b| b.min(timeout));
-        let tls = self.wants_tls();
-        let first = tokio::time::timeout(limit, Conn::new(self.opts(tls)?)).await;
-        let conn = match first {
-            Err(_) => return Err(self.no_answer(limit)),
-            Ok(Ok(conn)) => conn,
-            Ok(Err(e)) if tls && self.target.ssl_mode == SslMode::Preferred && no_tls(&e) => {
-                // PREFERRED: the server offers no TLS, so plaintext (as the mysql client does).
-                match tokio::time::timeout(limit, Conn::new(self.opts(false)?)).await {
-                    Err(_) => return Err(self.no_answer(limit)),
-                    Ok(result) => result.map_err(|e| classify(&e, &self.display))?,
-                }
+        let deadline = tokio::time::Instant::now() + limit;
+        let attempt = |tls: bool, name: Option<String>| async move {
+            match self.opts(tls, name) {
+                Err(e) => Err(e),
+                Ok(opts) => match tokio::time::timeout_at(deadline, Conn::new(opts)).await {
+                    Err(_) => Err(self.no_answer(limit)),
+                    Ok(result) => Ok(result),
+                },
             }
-            Ok(Err(e)) if no_tls(&e) => {
+        };
+        let tls = self.wants_tls();
+        let conn = match attempt(tls, None).await? {
+            Ok(conn) => conn,
+            Err(e) if self.target.ssl_mode == SslMode::VerifyCa && certified_name(&e).is_some() => {
+                // VERIFY_CA checks no host name, but mysql_async 0.37.1 checks it anyway with
+                // rustls 0.23 (mysql_async issue #404, fixed upstream, not yet released). The
+                // chain was checked before the name, so the certificate is the CA's: connect
+                // again, checking the chain and a name that the certificate gives.
+                let name = certified_name(&e);
+                attempt(true, name)
+                    .await?
+                    .map_err(|e| classify(&e, &self.display))?
+            }
+            Err(e) if tls && self.target.ssl_mode == SslMode::Preferred && no_tls(&e) => {
+                // PREFERRED: the server offers no TLS, so plaintext (as the mysql client does).
+                attempt(false, None)
+                    .await?
+                    .map_err(|e| classify(&e, &self.display))?
+            }
+            Err(e) if no_tls(&e) => {
                 return Err(Error::Config(format!(
                     "{} offers no TLS, and ssl-mode={} requires it",
                     self.display,
                     self.target.ssl_mode.as_str()
                 )))
             }
-            Ok(Err(e)) => return Err(classify(&e, &self.display)),
+            Err(e) if !tls && self.may_need_tls(&e) => {
+                // Refused without TLS over TCP. MariaDB refuses a server's
+                // `require_secure_transport` or an account's `REQUIRE SSL` with the same
+                // "Access denied" (1045) as a wrong password: one attempt with TLS tells them
+                // apart. PREFERRED then keeps the encrypted session (the mysql client would
+                // have used TLS from the start); DISABLED is told which ssl-mode to use.
+                match attempt(true, None).await {
+                    Ok(Ok(conn)) if self.target.ssl_mode == SslMode::Preferred => conn,
+                    Ok(Ok(conn)) => {
+                        let _ = tokio::time::timeout(OP_TIMEOUT, conn.disconnect()).await;
+                        return Err(self.plaintext_refused());
+                    }
+                    _ => return Err(classify(&e, &self.display)),
+                }
+            }
+            Err(e) => return Err(classify(&e, &self.display)),
         };
         Ok(Session {
             id: u64::from(conn.id()),
             conn,
             configured: false,
         })
+    }
+
+    /// Might `e`, from a TCP connection without TLS, be a server that wants TLS? MySQL says
+    /// so (3159); MariaDB says "Access denied" (1045).
+    fn may_need_tls(&self, e: &mysql_async::Error) -> bool {
+        matches!(self.target.host, MysqlHost::Tcp { .. })
+            && matches!(e, mysql_async::Error::Server(s) if s.code == 1045 || s.code == ER_SECURE_TRANSPORT_REQUIRED)
+    }
+
+    /// The server refuses connections without TLS and the ssl-mode sends none.
+    fn plaintext_refused(&self) -> Error {
+        Error::Config(format!(
+            "{} refuses unencrypted connections (the server's require_secure_transport, or the \
+             account's REQUIRE SSL), and ssl-mode={} sends none: use ssl-mode=REQUIRED, or \
+             VERIFY_CA / VERIFY_IDENTITY with ssl-ca=FILE",
+            self.display,
+            self.target.ssl_mode.as_str()
+        ))
     }
 
     fn no_answer(&self, limit: Duration) -> Error {
@@ -76,7 +132,9 @@ impl MysqlBackend {
         }
     }
 
-    fn opts(&self, tls: bool) -> Result<OptsBuilder, Error> {
+    /// The connection's options; `tls_name`: the name to check the certificate against
+    /// instead of the host's.
+    fn opts(&self, tls: bool, tls_name: Option<String>) -> Result<OptsBuilder, Error> {
         let target = &self.target;
         let mut opts = OptsBuilder::default()
             .user(Some(target.user()))
@@ -109,6 +167,7 @@ impl MysqlBackend {
                     key.clone().into(),
                 )));
             }
+            ssl = ssl.with_danger_tls_hostname_override(tls_name);
             ssl = match target.ssl_mode {
                 SslMode::VerifyIdentity => ssl,
                 SslMode::VerifyCa => ssl.with_danger_skip_domain_validation(true),
@@ -120,6 +179,88 @@ impl MysqlBackend {
         }
         Ok(opts)
     }
+}
+
+/// MySQL's refusal of a connection without TLS under `require_secure_transport`.
+const ER_SECURE_TRANSPORT_REQUIRED: u16 = 3159;
+
+/// A name that the server's certificate gives, when `e` is a certificate that failed only
+/// its host name check (rustls checks the chain first). A wildcard's `*` becomes a label.
+fn certified_name(e: &mysql_async::Error) -> Option<String> {
+    match rustls_cause(e)? {
+        rustls::Error::InvalidCertificate(rustls::CertificateError::NotValidForNameContext {
+            presented,
+            ..
+        }) => presented.iter().find_map(|name| usable_name(name)),
+        _ => None,
+    }
+}
+
+/// The TLS error (from rustls) that `e` comes from, if any.
+fn rustls_cause(e: &mysql_async::Error) -> Option<&rustls::Error> {
+    let mut cause: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    // Bounded: a driver error is a few causes deep.
+    for _ in 0..16 {
+        let current = cause?;
+        let tls = current.downcast_ref::<rustls::Error>().or_else(|| {
+            current
+                .downcast_ref::<std::io::Error>()
+                .and_then(|io| io.get_ref())
+                .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+        });
+        if tls.is_some() {
+            return tls;
+        }
+        cause = current.source();
+    }
+    None
+}
+
+/// A failed TLS handshake in words, with what to do about a certificate that was refused.
+fn tls_failure(e: &mysql_async::Error, display: &str) -> Error {
+    use rustls::CertificateError as Cert;
+    let (reason, advice) = match rustls_cause(e) {
+        None => (describe(e), ""),
+        Some(tls) => (
+            tls.to_string(),
+            match tls {
+                rustls::Error::InvalidCertificate(
+                    Cert::NotValidForName | Cert::NotValidForNameContext { .. },
+                ) => {
+                    "; connect by a name the certificate gives, or check only the chain with \
+                     ssl-mode=VERIFY_CA"
+                }
+                rustls::Error::InvalidCertificate(Cert::UnknownIssuer | Cert::BadSignature) => {
+                    "; ssl-ca must name the CA that signed the server's certificate"
+                }
+                _ => "",
+            },
+        ),
+    };
+    Error::Config(format!("TLS with {display} failed: {reason}{advice}"))
+}
+
+/// `DnsName("db.example")` or `IpAddress(192.0.2.1)` (how rustls-webpki lists a
+/// certificate's names) as a name to check the certificate against.
+fn usable_name(presented: &str) -> Option<String> {
+    if let Some(dns) = presented
+        .strip_prefix("DnsName(\"")
+        .and_then(|rest| rest.strip_suffix("\")"))
+    {
+        let name = match dns.strip_prefix("*.") {
+            Some(parent) => format!("dlock.{parent}"),
+            None => dns.to_owned(),
+        };
+        return rustls::pki_types::ServerName::try_from(name.as_str())
+            .is_ok()
+            .then_some(name);
+    }
+    let ip = presented
+        .strip_prefix("IpAddress(")?
+        .strip_suffix(')')?
+        .parse::<std::net::IpAddr>()
+        .ok()?;
+    Some(ip.to_string())
 }
 
 /// The server offered no TLS.
@@ -258,15 +399,14 @@ pub(super) fn classify(e: &mysql_async::Error, display: &str) -> Error {
             1290 | 1836 | 1792 => Error::Config(format!(
                 "{display} is read-only ({text}); locks must be taken on the primary"
             )),
+            ER_SECURE_TRANSPORT_REQUIRED => Error::Config(format!(
+                "{display}: {text}; use ssl-mode=REQUIRED, or VERIFY_CA / VERIFY_IDENTITY with ssl-ca=FILE"
+            )),
             1064 => Error::Internal(format!("{display}: {text}")),
             _ => Error::Unavailable(format!("{display}: {text}")),
         },
-        mysql_async::Error::Io(mysql_async::IoError::Tls(_)) => {
-            Error::Config(format!("TLS with {display} failed: {text}"))
-        }
-        _ if crate::error::caused_by_tls(e) => {
-            Error::Config(format!("TLS with {display} failed: {text}"))
-        }
+        mysql_async::Error::Io(mysql_async::IoError::Tls(_)) => tls_failure(e, display),
+        _ if crate::error::caused_by_tls(e) => tls_failure(e, display),
         _ => Error::Unavailable(format!("cannot reach {display}: {text}")),
     }
 }
@@ -284,6 +424,25 @@ mod tests {
     }
 
     #[test]
+    fn certificate_names_as_rustls_lists_them() {
+        assert_eq!(
+            usable_name("DnsName(\"db.example\")").as_deref(),
+            Some("db.example")
+        );
+        assert_eq!(
+            usable_name("DnsName(\"*.db.example\")").as_deref(),
+            Some("dlock.db.example")
+        );
+        assert_eq!(
+            usable_name("IpAddress(192.0.2.1)").as_deref(),
+            Some("192.0.2.1")
+        );
+        assert_eq!(usable_name("IpAddress(::1)").as_deref(), Some("::1"));
+        assert_eq!(usable_name("UniformResourceIdentifier(\"x\")"), None);
+        assert_eq!(usable_name("DirectoryName"), None);
+    }
+
+    #[test]
     fn server_errors_map_to_exit_statuses() {
         use crate::exit::Code;
         assert_eq!(classify(&server(1045), "d").code(), Code::NoPermission);
@@ -294,5 +453,11 @@ mod tests {
         assert_eq!(full.code(), Code::Unavailable);
         assert!(full.to_string().contains("max_connections"), "{full}");
         assert_eq!(classify(&server(2013), "d").code(), Code::Unavailable);
+        let insecure = classify(&server(ER_SECURE_TRANSPORT_REQUIRED), "d");
+        assert_eq!(insecure.code(), Code::Config);
+        assert!(
+            insecure.to_string().contains("ssl-mode=REQUIRED"),
+            "{insecure}"
+        );
     }
 }

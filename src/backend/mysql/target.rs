@@ -268,6 +268,9 @@ mod tests {
         );
         assert!(t.is_local());
         assert_eq!(t.ssl_mode, SslMode::Preferred);
+        // Not counted as loopback (so PREFERRED tries TLS there): the TLS tests rely on it to
+        // reach PREFERRED's remote path on 127.0.0.1.
+        assert!(!parse("//[::ffff:127.0.0.1]/db").unwrap().is_local());
 
         let t = parse("///db").unwrap();
         assert_eq!(t.host, MysqlHost::Unix(PathBuf::from(DEFAULT_SOCKET)));

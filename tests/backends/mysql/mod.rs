@@ -1,10 +1,12 @@
 //! The MySQL / MariaDB backend (issue: MySQL / MariaDB backend): the whole contract against a
 //! real MariaDB, the lease contract, and what is particular to `GET_LOCK`: losing the session
 //! (`session`: killed holder, `KILL`, a server crash and its tokens), access and names
-//! (`access`: privileges, read-only, passwords, long/unicode/case-differing names).
+//! (`access`: privileges, read-only, passwords, long/unicode/case-differing names), and TLS
+//! (`tls`: every `ssl-mode` against a MariaDB with a test CA's certificate).
 
 mod access;
 mod session;
+mod tls;
 
 use crate::support::*;
 
