@@ -182,6 +182,8 @@ pub fn min_hold_keeps_the_lock_after_the_command_ends(server: &dyn LockServer) {
         "mysql",
         "memcached",
         "memcached+unix",
+        "redis",
+        "redis-sentinel",
     ]
     .contains(&server.scheme())
     {

@@ -15,7 +15,8 @@ use crate::lock::{CheckReport, Holder, LockName, LockStatus};
 use super::cluster;
 use super::conn::{Conn, OP_TIMEOUT};
 use super::scripts::{
-    bad_data, holder_of, int_of, millis, parse_status, text_of, LockScript, FORCE, STATUS, WAKE_TTL,
+    bad_data, holder_of, int_of, millis, parse_status, text_of, tokens_at, wake_call, LockScript,
+    FORCE, OLDER_HOLDER, STATUS,
 };
 use super::RedisBackend;
 
@@ -33,12 +34,12 @@ impl RedisBackend {
     ) -> Result<Result<LockStatus, Error>, Error> {
         let keys = self.keys(name, "");
         let mut invocation = STATUS.prepare_invoke();
-        // `keys.hold` (no token) never exists: see `scripts` on slot migrations.
         invocation
             .key(&keys.fence)
-            .key(&keys.holders)
+            .key(&keys.owners)
+            .key(&keys.hold)
             .key(&keys.qdl)
-            .key(&keys.hold);
+            .key(&keys.legacy);
         let reply: Value = conn
             .invoke(&invocation, budget)
             .await
@@ -87,8 +88,25 @@ async fn lock_names_on(
     conn: &mut Conn,
     node: Option<usize>,
 ) -> Result<Vec<LockName>, Error> {
-    let pattern = format!("{}:{{*}}:holders", glob_escape(&backend.prefix));
     let mut names = Vec::new();
+    // `holders`: locks an older dlock holds (README: "Upgrading").
+    for suffix in ["owners", "holders"] {
+        let pattern = format!("{}:{{*}}:{suffix}", glob_escape(&backend.prefix));
+        scan_names(backend, conn, node, &pattern, &mut names).await?;
+    }
+    names.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+    names.dedup_by(|a, b| a.as_str() == b.as_str());
+    Ok(names)
+}
+
+/// The lock names of the keys matching `pattern` on one node.
+async fn scan_names(
+    backend: &RedisBackend,
+    conn: &mut Conn,
+    node: Option<usize>,
+    pattern: &str,
+    names: &mut Vec<LockName>,
+) -> Result<(), Error> {
     let mut cursor: u64 = 0;
     // Bounded: a SCAN over any keyspace ends; the cap guards against a misbehaving server.
     for _ in 0..100_000 {
@@ -96,7 +114,7 @@ async fn lock_names_on(
         command
             .arg(cursor)
             .arg("MATCH")
-            .arg(&pattern)
+            .arg(pattern)
             .arg("COUNT")
             .arg(1000);
         let reply = match node {
@@ -125,7 +143,7 @@ async fn lock_names_on(
             break;
         }
     }
-    Ok(names)
+    Ok(())
 }
 
 /// A lock that `list` leaves out.
@@ -148,11 +166,11 @@ pub(super) async fn force_release(
     let keys = backend.keys(name, "");
     let mut invocation = FORCE.prepare_invoke();
     invocation
-        .key(&keys.holders)
+        .key(&keys.owners)
+        .key(&keys.hold)
         .key(&keys.queue)
         .key(&keys.qdl)
-        .key(&keys.hold)
-        .arg(millis(WAKE_TTL))
+        .key(&keys.legacy)
         .arg(millis(STALE_WAITER));
     let reply: Vec<Value> = conn
         .invoke(&invocation, OP_TIMEOUT)
@@ -169,6 +187,7 @@ pub(super) async fn force_release(
             )))
         }
     }
+    wake_call(&mut conn, &keys, &tokens_at(&reply, 3), OP_TIMEOUT).await;
     match int(2).unwrap_or(0) {
         0 => {}
         n => tracing::warn!(
@@ -184,6 +203,11 @@ pub(super) async fn force_release(
     Ok(removed
         .iter()
         .map(|entry| match entry {
+            Value::Array(fields) if fields.len() == 1 => Holder {
+                name: name.to_string(),
+                command: OLDER_HOLDER.to_owned(),
+                ..Holder::default()
+            },
             Value::Array(fields) => holder_of(fields.get(2), fields.get(1)),
             _ => Holder::default(),
         })

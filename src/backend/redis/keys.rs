@@ -1,37 +1,50 @@
 //! The keys of one lock. They all share the hash tag `{<encoded name>}`, so one lock lives in
 //! one Cluster slot, and the encoding keeps distinct names from ever sharing a key (the layout
 //! is in the module doc of [`super`]).
+//!
+//! Every key a script touches is one of these, declared in its KEYS: the per-holder data are
+//! fields of the fixed `B:hold`, and a waiter's mailbox (`B:w:<tok>`), which only its owner
+//! and whoever wakes it name, is built here, never inside a script.
 
 use crate::lock::LockName;
 
 /// The keys of one lock (and of one owner token).
 #[derive(Clone, Debug)]
 pub(super) struct Keys {
+    /// The owner token these keys were made for (random per acquisition).
+    pub(super) tok: String,
+    base: String,
     pub(super) fence: String,
-    pub(super) holders: String,
+    pub(super) owners: String,
+    pub(super) hold: String,
     pub(super) queue: String,
     pub(super) qdl: String,
-    pub(super) hold: String,
     pub(super) wake: String,
+    /// The holder index of a dlock before this layout (a set of tokens, each with its own
+    /// `B:h:<tok>`): read to respect its holders, deleted by `release --force`.
+    pub(super) legacy: String,
 }
 
 impl Keys {
     pub(super) fn new(prefix: &str, name: &LockName, tok: &str) -> Keys {
         let base = format!("{prefix}:{{{}}}", name.encoded());
         Keys {
+            tok: tok.to_owned(),
             fence: format!("{base}:fence"),
-            holders: format!("{base}:holders"),
+            owners: format!("{base}:owners"),
+            hold: format!("{base}:hold"),
             queue: format!("{base}:queue"),
             qdl: format!("{base}:qdl"),
-            hold: format!("{base}:h:{tok}"),
             wake: format!("{base}:w:{tok}"),
+            legacy: format!("{base}:holders"),
+            base,
         }
     }
-}
 
-/// The owner token is the last component of the hold key.
-pub(super) fn owner_token(keys: &Keys) -> &str {
-    keys.hold.rsplit(':').next().unwrap_or_default()
+    /// The wake-up mailbox of the waiter with token `tok`.
+    pub(super) fn mailbox(&self, tok: &str) -> String {
+        format!("{}:w:{tok}", self.base)
+    }
 }
 
 #[cfg(test)]
@@ -44,13 +57,16 @@ mod tests {
         let b = Keys::new("dlock", &LockName::new("a:fence").unwrap(), "t");
         let c = Keys::new("dlock", &LockName::new("a}x{").unwrap(), "t");
         for keys in [&a, &b, &c] {
+            let mailbox = keys.mailbox("other");
             let tags: std::collections::HashSet<&str> = [
                 &keys.fence,
-                &keys.holders,
+                &keys.owners,
+                &keys.hold,
                 &keys.queue,
                 &keys.qdl,
-                &keys.hold,
                 &keys.wake,
+                &keys.legacy,
+                &mailbox,
             ]
             .iter()
             .map(|k| k.split_once('{').unwrap().1.split_once('}').unwrap().0)
@@ -58,6 +74,7 @@ mod tests {
             assert_eq!(tags.len(), 1, "{keys:?}");
         }
         assert_ne!(a.fence, b.fence);
-        assert_eq!(owner_token(&a), "t");
+        assert_eq!(a.mailbox("t"), a.wake);
+        assert_eq!(a.tok, "t");
     }
 }

@@ -6,16 +6,19 @@ use std::time::Duration;
 
 use crate::error::Error;
 use crate::keeper::{Keeper, Renew, RenewError};
-use crate::lock::{Lease, Lost};
+use crate::lock::{Holder, Lease, Lost};
 
 use super::conn::{Conn, OP_TIMEOUT};
-use super::keys::{owner_token, Keys};
-use super::scripts::{bad_data, release_call, Released, RENEW};
+use super::keys::Keys;
+use super::scripts::{bad_data, release_call, Released, FINISH, RENEW};
+use super::RedisTarget;
 use super::sentinel::watch::SwitchWatch;
 
 /// A held Redis lock: the keeper renews it; release gives it back and wakes the next waiter.
 pub struct RedisLease {
     pub(super) keeper: Keeper<Renewer>,
+    /// Where the lock is, for [`Lease::finished`] (the keeper owns the lease's connection).
+    pub(super) target: RedisTarget,
     pub(super) token: u64,
     pub(super) keys: Keys,
     pub(super) limit: u32,
@@ -37,6 +40,24 @@ impl Lease for RedisLease {
                 lost = switch.lost() => lost,
             },
         }
+    }
+
+    /// Rewrite our holder metadata (`finish.lua`), only while the hold is still ours; on a
+    /// connection of its own (behind Sentinel: to the master the sentinels name now).
+    async fn finished(&mut self, holder: &Holder) -> Result<bool, Error> {
+        let meta = serde_json::to_string(holder).map_err(|e| Error::Internal(e.to_string()))?;
+        let mut conn = super::conn::Conn::new(&self.target, &self.display)?;
+        let mut invocation = FINISH.prepare_invoke();
+        invocation
+            .key(&self.keys.owners)
+            .key(&self.keys.hold)
+            .arg(&self.keys.tok)
+            .arg(meta);
+        let recorded: i64 = conn
+            .invoke(&invocation, OP_TIMEOUT)
+            .await
+            .map_err(|f| f.into_error(&self.display))?;
+        Ok(recorded == 1)
     }
 
     async fn release(self) -> Result<(), Error> {
@@ -96,16 +117,16 @@ impl Renew for Renewer {
             .map_err(RenewError::Failed)?;
         let mut invocation = RENEW.prepare_invoke();
         invocation
-            .key(&self.keys.holders)
+            .key(&self.keys.owners)
             .key(&self.keys.hold)
-            .arg(owner_token(&self.keys))
+            .arg(&self.keys.tok)
             .arg(&self.ttl_ms);
         // The keeper bounds the call; no timeout of our own.
         match self.conn.invoke::<i64>(&invocation, Duration::from_secs(3600)).await {
             Ok(ms) if ms >= 0 => Ok(Duration::from_millis(ms as u64)),
             Ok(-3) => Err(RenewError::Gone(format!(
                 "a key of the lock ('{}' or '{}') was overwritten with data dlock did not write",
-                self.keys.holders, self.keys.hold
+                self.keys.owners, self.keys.hold
             ))),
             Ok(_) => Err(RenewError::Gone(
                 "the lock entry is gone from Redis: it expired, was deleted (release --force, DEL, FLUSHALL), \

@@ -4,16 +4,16 @@
 //! else overwrote comes back by name and is reported as [`bad_data`] (exit 69), never as an
 //! internal error. Data from the server is shown, never trusted to be text.
 //!
-//! Keys and Redis Cluster: every key a script is called with is declared in KEYS, and the
-//! first one routes the call. The entries of *other* owner tokens (`B:h:<tok>` of the other
-//! holders, `B:w:<tok>` of the waiters a release wakes) cannot be named by the caller, which
-//! does not know them; the scripts build those names from `B`, so they carry the same hash
-//! tag and live in the same slot (Redis 7 runs such a script only on the slot's master and
-//! refuses any key of another slot). While a slot migrates, Redis checks only the declared
-//! keys, so every script but `renew.lua` (which touches nothing else) also declares a key
-//! that never exists at that point (our own `B:h:<tok>` or `B:w:<tok>`, or `B:h:` without a
-//! token): a call during a migration then gets `TRYAGAIN` (or `ASK`, then `TRYAGAIN`) and is
-//! asked again after it, instead of running beside keys that already moved.
+//! Keys and Redis Cluster: every key a script touches is declared in its KEYS (Cluster
+//! requires it), and the first one routes the call. Per-holder data are fields of the fixed
+//! `B:hold`, with the lease deadlines in `B:owners`, so no script needs a key it cannot name.
+//! The one per-token key others must touch is a waiter's mailbox `B:w:<tok>`: a script that
+//! admits a waiter returns its token and the caller wakes it with `wake.lua`, naming the
+//! mailbox ([`wake_call`]; one more round trip, only when there is someone to wake). While a
+//! slot migrates, Redis checks exactly the declared keys, so a script never runs beside keys
+//! that already moved: it gets `TRYAGAIN` (or `ASK`) and is asked again
+//! (`tests/backends/redis/declared.rs` checks, with `MONITOR`, that every key a script
+//! touched was one of its KEYS).
 
 use std::sync::LazyLock;
 use std::time::Duration;
@@ -25,7 +25,7 @@ use crate::lock::{Holder, HolderStatus, LockName, LockStatus};
 
 use super::cluster::slot_of;
 use super::conn::{Conn, Failure};
-use super::keys::{owner_token, Keys};
+use super::keys::Keys;
 
 pub(super) static ACQUIRE: LazyLock<LockScript> =
     LazyLock::new(|| LockScript::new(include_str!("scripts/acquire.lua")));
@@ -37,6 +37,10 @@ pub(super) static STATUS: LazyLock<LockScript> =
     LazyLock::new(|| LockScript::new(include_str!("scripts/status.lua")));
 pub(super) static FORCE: LazyLock<LockScript> =
     LazyLock::new(|| LockScript::new(include_str!("scripts/force.lua")));
+pub(super) static WAKE: LazyLock<LockScript> =
+    LazyLock::new(|| LockScript::new(include_str!("scripts/wake.lua")));
+pub(super) static FINISH: LazyLock<LockScript> =
+    LazyLock::new(|| LockScript::new(include_str!("scripts/finish.lua")));
 
 /// A server-side script: its text and its SHA1 (redis-rs computes it).
 pub(super) struct LockScript {
@@ -125,9 +129,9 @@ pub(super) fn millis(d: Duration) -> String {
 
 /// What `release.lua` did.
 pub(super) enum Released {
-    /// `held`: my hold entry still existed.
+    /// `held`: my hold was still live.
     Done { held: bool },
-    /// A key of the lock holds data dlock did not write (my own entries are gone anyway).
+    /// A key of the lock holds data dlock did not write (my mailbox is gone anyway).
     BadData { key: String, what: String },
 }
 
@@ -141,14 +145,13 @@ pub(super) async fn release_call(
 ) -> Result<Released, Failure> {
     let mut invocation = RELEASE.prepare_invoke();
     invocation
-        .key(&keys.holders)
+        .key(&keys.owners)
+        .key(&keys.hold)
         .key(&keys.queue)
         .key(&keys.qdl)
-        .key(&keys.hold)
         .key(&keys.wake)
-        .arg(owner_token(keys))
+        .arg(&keys.tok)
         .arg(limit)
-        .arg(millis(WAKE_TTL))
         .arg(role);
     let reply: Vec<Value> = conn.invoke(&invocation, budget).await?;
     Ok(match reply.first().and_then(int_of) {
@@ -156,10 +159,44 @@ pub(super) async fn release_call(
             key: reply.get(1).and_then(text_of).unwrap_or_default(),
             what: reply.get(2).and_then(text_of).unwrap_or_default(),
         },
-        held => Released::Done {
-            held: held == Some(1),
-        },
+        held => {
+            if reply.get(1).and_then(int_of) == Some(1) {
+                let woken: Vec<String> = reply.get(2).and_then(text_of).into_iter().collect();
+                wake_call(conn, keys, &woken, budget).await;
+            }
+            Released::Done {
+                held: held == Some(1),
+            }
+        }
     })
+}
+
+/// The waiter tokens in a script reply's list (at `index`) of waiters to wake.
+pub(super) fn tokens_at(reply: &[Value], index: usize) -> Vec<String> {
+    match reply.get(index) {
+        Some(Value::Array(tokens)) => tokens.iter().filter_map(text_of).collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// Wake the waiters `tokens` (an entry in each one's mailbox). Best effort: a wake-up that
+/// does not arrive costs that waiter at most a heartbeat, when it re-checks anyway.
+pub(super) async fn wake_call(conn: &mut Conn, keys: &Keys, tokens: &[String], budget: Duration) {
+    if tokens.is_empty() {
+        return;
+    }
+    let mut invocation = WAKE.prepare_invoke();
+    for tok in tokens {
+        invocation.key(keys.mailbox(tok));
+    }
+    invocation.arg(millis(WAKE_TTL));
+    if let Err(failure) = conn.invoke::<i64>(&invocation, budget).await {
+        tracing::debug!(
+            "waking {} waiter(s) failed: {}; they re-check at their next heartbeat",
+            tokens.len(),
+            failure.describe()
+        );
+    }
 }
 
 /// A key of a lock holds something dlock did not put there (another program, a hand-made
@@ -268,6 +305,10 @@ impl Step {
     }
 }
 
+/// What `status` shows of a holder of a dlock before the current key layout: its entry is in
+/// a key the scripts do not read (README: "Upgrading").
+pub(super) const OLDER_HOLDER: &str = "held by an older dlock, whose details this version does not read";
+
 /// The status script's reply; the inner error when a key of the lock holds data dlock did not
 /// write.
 pub(super) fn parse_status(
@@ -308,6 +349,9 @@ pub(super) fn parse_status(
         })
         .map(|f| {
             let mut holder = holder_of(f.get(3), f.get(2));
+            if f.len() == 2 {
+                holder.command = OLDER_HOLDER.to_owned();
+            }
             if holder.name.is_empty() {
                 holder.name = name.to_string();
             }

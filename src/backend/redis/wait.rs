@@ -15,7 +15,10 @@ use crate::wording::not_acquired;
 use super::conn::{Conn, OP_TIMEOUT};
 use super::keys::Keys;
 use super::lease::{RedisLease, Renewer};
-use super::scripts::{bad_data, fence_exhausted, millis, release_call, Released, Step, ACQUIRE};
+use super::scripts::{
+    bad_data, fence_exhausted, int_of, millis, release_call, tokens_at, wake_call, Released, Step,
+    ACQUIRE,
+};
 use super::sentinel::watch::SwitchWatch;
 use super::RedisBackend;
 
@@ -119,11 +122,12 @@ impl<'a> Waiter<'a> {
         let mut invocation = ACQUIRE.prepare_invoke();
         invocation
             .key(&keys.fence)
-            .key(&keys.holders)
+            .key(&keys.owners)
+            .key(&keys.hold)
             .key(&keys.queue)
             .key(&keys.qdl)
-            .key(&keys.hold)
             .key(&keys.wake)
+            .key(&keys.legacy)
             .arg(&self.tok)
             .arg(self.request.limit)
             .arg(&self.ttl_ms)
@@ -135,13 +139,20 @@ impl<'a> Waiter<'a> {
         let mut attempt = 0;
         loop {
             attempt += 1;
-            let call = conn.invoke(&invocation, call_budget(self.answer_by));
+            let call = conn.invoke::<Vec<Value>>(&invocation, call_budget(self.answer_by));
             let result = tokio::select! {
                 result = call => result,
                 _ = cancel.cancelled() => return Err(Stop::Cancelled),
             };
             match result {
-                Ok(reply) => return Ok((reply, sent)),
+                Ok(reply) => {
+                    // Waiters a purge let move up: wake them (not our own place in line).
+                    if reply.first().and_then(int_of) == Some(0) {
+                        let woken = tokens_at(&reply, 5);
+                        wake_call(conn, keys, &woken, call_budget(self.answer_by)).await;
+                    }
+                    return Ok((reply, sent));
+                }
                 // The script is idempotent for our token: after a lost reply, ask again.
                 // `sent` stays the first attempt's: a grant whose reply was lost dates from
                 // then, and the earlier time keeps the lease deadline conservative.
@@ -208,7 +219,7 @@ impl<'a> Waiter<'a> {
         } else {
             granted
         };
-        let switch = SwitchWatch::start(&conn, &self.keys.holders, &self.tok);
+        let switch = SwitchWatch::start(&conn, &self.keys.owners, &self.tok);
         let renewer = Renewer {
             conn,
             keys: self.keys.clone(),
@@ -217,6 +228,7 @@ impl<'a> Waiter<'a> {
         };
         Ok(RedisLease {
             keeper: Keeper::start(renewer, sent, granted, self.request.kill_after),
+            target: self.backend.target.clone(),
             token,
             keys: self.keys.clone(),
             limit: self.request.limit,

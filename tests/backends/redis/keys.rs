@@ -52,7 +52,7 @@ fn deleting_the_entry_by_hand_stops_the_holder() {
     let env = TestEnv::new(&server);
     let lock = lock_name("r");
     let mut holder = env.hold(&lock, &[]);
-    let deleted = server.command(&format!("DEL dlock:{{{lock}}}:holders"));
+    let deleted = server.command(&format!("DEL dlock:{{{lock}}}:owners"));
     assert_eq!(deleted, ":1");
     assert_eq!(holder.wait().code(), Some(124));
 }
@@ -67,9 +67,11 @@ fn a_retried_acquire_finds_its_own_hold() {
         "/src/backend/redis/scripts/acquire.lua"
     ));
     let base = "dlock:{retry}";
-    let keys =
-        ["fence", "holders", "queue", "qdl", "h:tok1", "w:tok1"].map(|k| format!("{base}:{k}"));
-    let mut args: Vec<&str> = vec!["EVAL", script, "6"];
+    let keys = [
+        "fence", "owners", "hold", "queue", "qdl", "w:tok1", "holders",
+    ]
+    .map(|k| format!("{base}:{k}"));
+    let mut args: Vec<&str> = vec!["EVAL", script, "7"];
     args.extend(keys.iter().map(String::as_str));
     args.extend(["tok1", "1", "3000", "3000", "{}", "wait", "0"]);
     let first = redis_resp(server.port, &args).expect("first acquire");
@@ -82,7 +84,7 @@ fn a_retried_acquire_finds_its_own_hold() {
         fence(&second),
         "the retry was granted a second time: {first:?} {second:?}"
     );
-    assert_eq!(server.command(&format!("SCARD {base}:holders")), ":1");
+    assert_eq!(server.command(&format!("ZCARD {base}:owners")), ":1");
 }
 
 #[test]
@@ -136,7 +138,7 @@ fn a_fencing_counter_at_its_maximum_refuses_rather_than_repeat_or_wrap() {
         "the counter changed"
     );
     assert_eq!(
-        server.command(&format!("EXISTS {}", key(&lock, "holders"))),
+        server.command(&format!("EXISTS {}", key(&lock, "owners"))),
         ":0"
     );
     assert_eq!(
@@ -172,7 +174,7 @@ fn a_holders_key_of_the_wrong_type_is_69_and_does_not_break_list() {
     let server = RedisServer::start();
     let env = TestEnv::new(&server);
     let bad = lock_name("r");
-    let holders = key(&bad, "holders");
+    let holders = key(&bad, "owners");
     assert_eq!(server.command(&format!("RPUSH {holders} x")), ":1");
     let out = env.run(["run", &bad, "touch", "ran"]);
     assert_fails(&out, 69, &holders);
@@ -196,15 +198,14 @@ fn holder_metadata_that_is_not_utf8_is_shown_and_released() {
     let mut holder = env.hold(&lock, &[]);
     // Put a byte that is not UTF-8 into the holder's host name.
     let script = r#"local n = 0
-for _, h in ipairs(redis.call('SMEMBERS', KEYS[1])) do
-  local k = string.sub(KEYS[1], 1, -8) .. 'h:' .. h
-  local m = string.gsub(redis.call('HGET', k, 'meta'), '"host":"', '"host":"\255')
-  redis.call('HSET', k, 'meta', m)
+for _, h in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
+  local m = string.gsub(redis.call('HGET', KEYS[2], h .. ':meta'), '"host":"', '"host":"\255')
+  redis.call('HSET', KEYS[2], h .. ':meta', m)
   n = n + 1
 end
 return n"#;
-    let holders = key(&lock, "holders");
-    let reply = redis_resp(server.port, &["EVAL", script, "1", &holders]).expect("EVAL");
+    let (owners, hold) = (key(&lock, "owners"), key(&lock, "hold"));
+    let reply = redis_resp(server.port, &["EVAL", script, "2", &owners, &hold]).expect("EVAL");
     assert_eq!(reply, ":1\r\n");
     let out = env.run(["status", &lock]);
     assert!(out.status.success(), "{}", describe(&out));

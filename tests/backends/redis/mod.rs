@@ -3,6 +3,7 @@
 //! connecting and authentication (`connect`), TLS (`tls`).
 
 mod connect;
+mod declared;
 mod keys;
 mod tls;
 mod waiting;

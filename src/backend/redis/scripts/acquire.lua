@@ -1,32 +1,37 @@
 -- dlock acquire / re-check / heartbeat.  One call = one attempt.
--- KEYS[1]=B:fence KEYS[2]=B:holders KEYS[3]=B:queue KEYS[4]=B:qdl KEYS[5]=B:h:<tok> KEYS[6]=B:w:<tok>
+-- KEYS[1]=B:fence KEYS[2]=B:owners KEYS[3]=B:hold KEYS[4]=B:queue KEYS[5]=B:qdl KEYS[6]=B:w:<tok>
+-- KEYS[7]=B:holders (the holder index of a dlock before 0.?: read only, to respect its holders)
 -- ARGV[1]=tok ARGV[2]=limit ARGV[3]=ttl_ms ARGV[4]=waiter_lease_ms ARGV[5]=meta_json
 -- ARGV[6]=mode ('try' = never enqueue, 'wait' = enqueue/heartbeat) ARGV[7]=ticket (0 = none yet)
+-- Every key it touches is one of KEYS (Redis Cluster requires it); a holder is a member of
+-- B:owners (score: its lease deadline, server ms) and fields '<tok>:<what>' of B:hold.
 -- Returns {-1, their_limit}                    a holder uses another --limit
 --         {1, 'fence', ttl_ms}                 granted (or already ours: idempotent retry);
 --                                              the fence is a decimal string, exact to 2^63-1
---         {0, hint_ms, ahead, ticket, holders} not granted (hint -1 = none); ahead = waiters
---                                              in line before me (all of them in 'try' mode)
+--         {0, hint_ms, ahead, ticket, holders, {tok, ...}}
+--                                              not granted (hint -1 = none); ahead = waiters
+--                                              in line before me (all of them in 'try' mode);
+--                                              the waiters the caller must wake (B:w:<tok>)
 --         {-2, key, what}                      KEY holds data dlock did not write
 --         {-3, key}                            the fencing counter KEY is at 2^63-1
-local B = string.sub(KEYS[1], 1, -7)
 local tok, limit, ttl, wttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local FIELDS = {'fence', 'meta', 'since', 'ttl', 'limit'}
 
 local function int(x) return string.format('%.0f', x) end   -- never let Redis format a Lua number
 local function keep(key, ms)            -- make KEY live at least MS (a decimal string) more milliseconds
   if redis.call('PTTL', key) < tonumber(ms) then redis.call('PEXPIRE', key, ms) end
 end
 local function kind(key) return redis.call('TYPE', key)['ok'] end
-local function wake(w)                  -- a mailbox someone broke only costs that waiter a heartbeat
-  local box = B .. ':w:' .. w
-  if type(redis.pcall('LPUSH', box, '1')) == 'number' then redis.call('PEXPIRE', box, ARGV[4]) end
+local function drop(h)                  -- forget holder H (its lease ran out)
+  redis.call('ZREM', KEYS[2], h)
+  for _, f in ipairs(FIELDS) do redis.call('HDEL', KEYS[3], h .. ':' .. f) end
 end
 
 -- 0. every key must hold what dlock keeps there (or nothing)
-for _, e in ipairs({{KEYS[1], 'string'}, {KEYS[2], 'set'}, {KEYS[3], 'zset'}, {KEYS[4], 'zset'},
-                    {KEYS[5], 'hash'}, {KEYS[6], 'list'}}) do
+for _, e in ipairs({{KEYS[1], 'string'}, {KEYS[2], 'zset'}, {KEYS[3], 'hash'}, {KEYS[4], 'zset'},
+                    {KEYS[5], 'zset'}, {KEYS[6], 'list'}, {KEYS[7], 'set'}}) do
   local k = kind(e[1])
   if k ~= 'none' and k ~= e[2] then return {-2, e[1], 'a ' .. k .. ', not a ' .. e[2]} end
 end
@@ -57,59 +62,62 @@ local function next_fence()
 end
 
 -- 1. a retry after a lost reply finds its own hold
-if redis.call('SISMEMBER', KEYS[2], tok) == 1 then
-  local f = redis.call('HGET', KEYS[5], 'fence')
-  if f then return {1, f, redis.call('PTTL', KEYS[5])} end
+local mine = tonumber(redis.call('ZSCORE', KEYS[2], tok))
+if mine and mine >= now then
+  local f = redis.call('HGET', KEYS[3], tok .. ':fence')
+  if f then return {1, f, mine - now} end
 end
 
--- 2. live holders: drop index entries whose entry expired or was deleted
+-- 2. live holders: forget those whose lease ran out (a deadline in the past)
+for _, h in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', '(' .. now)) do drop(h) end
 local live, soonest = 0, -1
-for _, h in ipairs(redis.call('SMEMBERS', KEYS[2])) do
-  local k = B .. ':h:' .. h
-  local kt = kind(k)
-  if kt == 'none' then redis.call('SREM', KEYS[2], h)
-  elseif kt ~= 'hash' then return {-2, k, 'a ' .. kt .. ', not a hash'}
-  else
-    local p = redis.call('PTTL', k)
-    local l = tonumber(redis.call('HGET', k, 'limit'))
-    if l and l ~= limit then return {-1, l} end       -- holders disagree on --limit
-    live = live + 1
-    if p >= 0 and (soonest < 0 or p < soonest) then soonest = p end
-  end
+for i, h in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do
+  local l = tonumber(redis.call('HGET', KEYS[3], h .. ':limit'))
+  if l and l ~= limit then return {-1, l} end       -- holders disagree on --limit
+  live = live + 1
+  if i == 1 then soonest = tonumber(redis.call('ZSCORE', KEYS[2], h)) - now end
+end
+-- holders of an older dlock (their entries are out of reach): held while their index lives
+local old = redis.call('SCARD', KEYS[7])
+if old > 0 then
+  live = live + old
+  local p = redis.call('PTTL', KEYS[7])
+  if p >= 0 and (soonest < 0 or p < soonest) then soonest = p end
 end
 
 -- 3. purge waiters whose heartbeat deadline passed (killed, crashed), at most 100 per call
 local purged = 0
-for _, w in ipairs(redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', '(' .. now, 'LIMIT', 0, 100)) do
-  redis.call('ZREM', KEYS[3], w); redis.call('ZREM', KEYS[4], w); redis.call('DEL', B .. ':w:' .. w)
+for _, w in ipairs(redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', '(' .. now, 'LIMIT', 0, 100)) do
+  redis.call('ZREM', KEYS[4], w); redis.call('ZREM', KEYS[5], w)
   purged = purged + 1
 end
 
 -- 4. my place in line (newcomers line up behind everyone)
-local rank = redis.call('ZRANK', KEYS[3], tok)
+local rank = redis.call('ZRANK', KEYS[4], tok)
 local queued = rank ~= false
-if not queued then rank = redis.call('ZCARD', KEYS[3]) end
+if not queued then rank = redis.call('ZCARD', KEYS[4]) end
 
 if live + rank < limit then
   local fence, err = next_fence()
   if not fence then return err end
-  redis.call('HSET', KEYS[5], 'fence', fence, 'meta', ARGV[5], 'since', int(now), 'ttl', ARGV[3], 'limit', ARGV[2])
-  redis.call('PEXPIRE', KEYS[5], ARGV[3])
-  redis.call('SADD', KEYS[2], tok)
-  keep(KEYS[2], ARGV[3])
-  if queued then redis.call('ZREM', KEYS[3], tok); redis.call('ZREM', KEYS[4], tok) end
+  redis.call('HSET', KEYS[3], tok .. ':fence', fence, tok .. ':meta', ARGV[5],
+             tok .. ':since', int(now), tok .. ':ttl', ARGV[3], tok .. ':limit', ARGV[2])
+  redis.call('ZADD', KEYS[2], int(now + ttl), tok)
+  keep(KEYS[2], ARGV[3]); keep(KEYS[3], ARGV[3])
+  if queued then redis.call('ZREM', KEYS[4], tok); redis.call('ZREM', KEYS[5], tok) end
   redis.call('DEL', KEYS[6])
   return {1, fence, ttl}
 end
 
--- a purge may have let waiters ahead of me move up: wake those that now fit
+-- a purge may have let waiters ahead of me move up: the caller wakes those that now fit
+local wake = {}
 if purged > 0 then
-  for _, w in ipairs(redis.call('ZRANGE', KEYS[3], 0, limit - live - 1)) do
-    if w ~= tok then wake(w) end
+  for _, w in ipairs(redis.call('ZRANGE', KEYS[4], 0, limit - live - 1)) do
+    if w ~= tok then table.insert(wake, w) end
   end
 end
 
-if ARGV[6] ~= 'wait' then return {0, soonest, rank, 0, live} end
+if ARGV[6] ~= 'wait' then return {0, soonest, rank, 0, live, wake} end
 
 -- The ticket orders the queue: later than every ticket in line and than the clock in µs
 -- (exact as a sorted-set score until the year 2255). A purged live waiter keeps its old one.
@@ -117,17 +125,17 @@ local ticket = tonumber(ARGV[7])
 if not queued then
   if ticket == 0 then
     ticket = tonumber(t[1]) * 1000000 + tonumber(t[2])
-    local last = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')[2]
+    local last = redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')[2]
     if last and tonumber(last) >= ticket then ticket = tonumber(last) + 1 end
   end
-  redis.call('ZADD', KEYS[3], int(ticket), tok)
-  rank = redis.call('ZRANK', KEYS[3], tok)
+  redis.call('ZADD', KEYS[4], int(ticket), tok)
+  rank = redis.call('ZRANK', KEYS[4], tok)
 else
-  ticket = tonumber(redis.call('ZSCORE', KEYS[3], tok))
+  ticket = tonumber(redis.call('ZSCORE', KEYS[4], tok))
 end
 -- the heartbeat: a waiter that stops calling drops out WAITER_LEASE after its last call
-redis.call('ZADD', KEYS[4], int(now + wttl), tok)
-keep(KEYS[3], ARGV[4]); keep(KEYS[4], ARGV[4])
+redis.call('ZADD', KEYS[5], int(now + wttl), tok)
+keep(KEYS[4], ARGV[4]); keep(KEYS[5], ARGV[4])
 local hint = -1
 if rank < limit then hint = soonest end               -- next in line: watch the holders' expiry
-return {0, hint, rank, ticket, live}
+return {0, hint, rank, ticket, live, wake}

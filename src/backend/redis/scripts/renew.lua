@@ -1,18 +1,23 @@
--- dlock renew: compare-and-renew.  KEYS[1]=B:holders KEYS[2]=B:h:<tok>  ARGV[1]=tok ARGV[2]=ttl_ms
+-- dlock renew: compare-and-renew.  KEYS[1]=B:owners KEYS[2]=B:hold  ARGV[1]=tok ARGV[2]=ttl_ms
 -- Returns the granted TTL in ms, or -2 when the hold is gone (expired, deleted, released by force,
 -- data lost), or -3 when a key of the lock was overwritten with something dlock did not write.
-for _, e in ipairs({{KEYS[1], 'set'}, {KEYS[2], 'hash'}}) do
+local tok, ttl = ARGV[1], tonumber(ARGV[2])
+for _, e in ipairs({{KEYS[1], 'zset'}, {KEYS[2], 'hash'}}) do
   local k = redis.call('TYPE', e[1])['ok']
   if k ~= 'none' and k ~= e[2] then return -3 end
 end
-if redis.call('SISMEMBER', KEYS[1], ARGV[1]) == 0 then
-  redis.call('DEL', KEYS[2])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local mine = tonumber(redis.call('ZSCORE', KEYS[1], tok))
+if not mine or mine < now or redis.call('HEXISTS', KEYS[2], tok .. ':fence') == 0 then
+  redis.call('ZREM', KEYS[1], tok)
+  for _, f in ipairs({'fence', 'meta', 'since', 'ttl', 'limit'}) do
+    redis.call('HDEL', KEYS[2], tok .. ':' .. f)
+  end
   return -2
 end
-if redis.call('PEXPIRE', KEYS[2], ARGV[2]) == 0 then
-  redis.call('SREM', KEYS[1], ARGV[1])
-  return -2
+redis.call('ZADD', KEYS[1], string.format('%.0f', now + ttl), tok)
+for _, k in ipairs({KEYS[1], KEYS[2]}) do
+  if redis.call('PTTL', k) < ttl then redis.call('PEXPIRE', k, ARGV[2]) end
 end
-local p = redis.call('PTTL', KEYS[1])
-if p < tonumber(ARGV[2]) then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
-return redis.call('PTTL', KEYS[2])
+return ttl

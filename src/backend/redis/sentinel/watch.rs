@@ -34,16 +34,16 @@ pub(in crate::backend::redis) struct SwitchWatch {
 }
 
 impl SwitchWatch {
-    /// Start following failovers for the hold of `owner` in `holders` (`None` unless `conn`
-    /// is behind Sentinel).
+    /// Start following failovers for the hold of `owner` in `owners` (the lock's `B:owners`;
+    /// `None` unless `conn` is behind Sentinel).
     pub(in crate::backend::redis) fn start(
         conn: &Conn,
-        holders: &str,
+        owners: &str,
         owner: &str,
     ) -> Option<SwitchWatch> {
         let locator = conn.sentinel.as_ref()?.detached();
         let (tx, lost) = watch::channel(None);
-        let task = tokio::spawn(follow(locator, holders.to_owned(), owner.to_owned(), tx));
+        let task = tokio::spawn(follow(locator, owners.to_owned(), owner.to_owned(), tx));
         Some(SwitchWatch { lost, task })
     }
 
@@ -67,7 +67,7 @@ impl Drop for SwitchWatch {
 
 async fn follow(
     locator: Locator,
-    holders: String,
+    owners: String,
     owner: String,
     lost: watch::Sender<Option<Lost>>,
 ) {
@@ -80,7 +80,7 @@ async fn follow(
             let Some(new_master) = next_switch(sentinel, &locator.master).await else {
                 continue;
             };
-            if let Some(reason) = check(&locator, &new_master, &holders, &owner).await {
+            if let Some(reason) = check(&locator, &new_master, &owners, &owner).await {
                 lost.send_replace(Some(Lost {
                     reason,
                     kill_by: None,
@@ -123,7 +123,7 @@ async fn next_switch(sentinel: &Sentinel, master: &str) -> Option<Addr> {
 
 /// Does the new master have our hold? `Some(reason)` when it plainly does not; `None` when it
 /// does, or when that cannot be told now (the next renewal looks again).
-async fn check(locator: &Locator, addr: &Addr, holders: &str, owner: &str) -> Option<String> {
+async fn check(locator: &Locator, addr: &Addr, owners: &str, owner: &str) -> Option<String> {
     let shown = crate::backend::url::join_host_port(&addr.0, addr.1);
     // The sentinels announce the switch when the replica reports itself master; allow a
     // moment in case this one is ahead of it. Bounded: a few attempts within the patience.
@@ -140,14 +140,14 @@ async fn check(locator: &Locator, addr: &Addr, holders: &str, owner: &str) -> Op
     };
     let member = tokio::time::timeout(
         ASK_TIMEOUT,
-        redis::cmd("SISMEMBER")
-            .arg(holders)
+        redis::cmd("ZSCORE")
+            .arg(owners)
             .arg(owner)
-            .query_async::<i64>(&mut connection),
+            .query_async::<Option<String>>(&mut connection),
     )
     .await;
     match member {
-        Ok(Ok(0)) => Some(format!(
+        Ok(Ok(None)) => Some(format!(
             "the sentinels failed '{}' over to {shown}, which does not have this hold \
              (replication had not carried it over before the failover; ?replicas=N prevents that)",
             locator.master
