@@ -49,6 +49,41 @@ impl RedisCluster {
         RedisCluster::start_full(0, Some(password))
     }
 
+    /// Three nodes, one master serving every slot and two masters serving none: every call
+    /// of every lock goes to the first node, so a proxy in front of it carries all of a
+    /// holder's traffic (the lease contract's black hole).
+    pub fn start_one_master() -> RedisCluster {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut cluster = RedisCluster {
+            nodes: Vec::new(),
+            dir,
+            password: None,
+        };
+        for _ in 0..3 {
+            let port = free_cluster_port();
+            let child = cluster.launch(port);
+            cluster.nodes.push(ClusterNode {
+                port,
+                child: Some(child),
+            });
+        }
+        let ports = cluster.ports();
+        let reply = cluster.text(ports[0], &["CLUSTER", "ADDSLOTSRANGE", "0", "16383"]);
+        assert!(reply.contains("OK"), "CLUSTER ADDSLOTSRANGE: {reply:?}");
+        for &port in &ports[1..] {
+            let first = ports[0].to_string();
+            let reply = cluster.text(port, &["CLUSTER", "MEET", "127.0.0.1", &first]);
+            assert!(reply.contains("OK"), "CLUSTER MEET: {reply:?}");
+        }
+        wait_until("every node knows the others", PATIENCE, || {
+            ports.iter().all(|&p| {
+                cluster.text(p, &["CLUSTER", "INFO"]).contains("cluster_known_nodes:3")
+            })
+        });
+        cluster.wait_ok(&ports);
+        cluster
+    }
+
     fn start_full(replicas: usize, password: Option<&str>) -> RedisCluster {
         let dir = tempfile::tempdir().expect("temp dir");
         let mut cluster = RedisCluster {
@@ -304,5 +339,20 @@ impl LockServer for RedisCluster {
             }
         }
         Some(text)
+    }
+}
+
+impl LeaseServer for RedisCluster {
+    /// The first node (with [`RedisCluster::start_one_master`], the one that serves every slot).
+    fn port(&self) -> u16 {
+        self.ports()[0]
+    }
+
+    fn url_via(&self, port: u16) -> String {
+        format!("redis://127.0.0.1:{port}")
+    }
+
+    fn as_lock_server(&self) -> &dyn LockServer {
+        self
     }
 }
