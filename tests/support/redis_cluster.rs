@@ -31,6 +31,8 @@ pub struct RedisCluster {
     dir: tempfile::TempDir,
     /// `requirepass` of every node (and `masterauth`), if any.
     password: Option<String>,
+    /// With TLS only (clients, the cluster bus, replication): the certificates.
+    tls: Option<TestCerts>,
 }
 
 impl RedisCluster {
@@ -41,12 +43,23 @@ impl RedisCluster {
 
     /// Three masters, each with `replicas` replicas.
     pub fn start_with(replicas: usize) -> RedisCluster {
-        RedisCluster::start_full(replicas, None)
+        RedisCluster::start_full(replicas, None, None)
     }
 
     /// Three masters whose nodes all want `password`.
     pub fn start_with_password(password: &str) -> RedisCluster {
-        RedisCluster::start_full(0, Some(password))
+        RedisCluster::start_full(0, Some(password), None)
+    }
+
+    /// Three masters that speak TLS only, to clients and to each other, and want a client
+    /// certificate signed by the test CA.
+    pub fn start_tls() -> RedisCluster {
+        RedisCluster::start_full(0, None, Some(TestCerts::make()))
+    }
+
+    /// The test certificates of a TLS cluster.
+    pub fn certs(&self) -> &TestCerts {
+        self.tls.as_ref().expect("a TLS cluster")
     }
 
     /// Three nodes, one master serving every slot and two masters serving none: every call
@@ -58,6 +71,7 @@ impl RedisCluster {
             nodes: Vec::new(),
             dir,
             password: None,
+            tls: None,
         };
         for _ in 0..3 {
             let port = free_cluster_port();
@@ -84,12 +98,17 @@ impl RedisCluster {
         cluster
     }
 
-    fn start_full(replicas: usize, password: Option<&str>) -> RedisCluster {
+    fn start_full(
+        replicas: usize,
+        password: Option<&str>,
+        tls: Option<TestCerts>,
+    ) -> RedisCluster {
         let dir = tempfile::tempdir().expect("temp dir");
         let mut cluster = RedisCluster {
             nodes: Vec::new(),
             dir,
             password: password.map(str::to_owned),
+            tls,
         };
         for _ in 0..3 * (1 + replicas) {
             let port = free_cluster_port();
@@ -135,8 +154,36 @@ impl RedisCluster {
         let dir = self.dir.path().join(format!("n{port}"));
         std::fs::create_dir_all(&dir).expect("node dir");
         let log = std::fs::File::create(dir.join("redis.log")).expect("log file");
+        let ports: Vec<String> = match &self.tls {
+            None => vec!["--port".into(), port.to_string()],
+            Some(certs) => [
+                "--port",
+                "0",
+                "--tls-port",
+                &port.to_string(),
+                "--tls-cluster",
+                "yes",
+                "--tls-replication",
+                "yes",
+                "--tls-auth-clients",
+                "yes",
+                "--tls-cert-file",
+                &certs.path("server.crt"),
+                "--tls-key-file",
+                &certs.path("server.key"),
+                "--tls-client-cert-file",
+                &certs.path("client.crt"),
+                "--tls-client-key-file",
+                &certs.path("client.key"),
+                "--tls-ca-cert-file",
+                &certs.path("ca.crt"),
+            ]
+            .map(str::to_owned)
+            .to_vec(),
+        };
         let child = Command::new(binary)
-            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(&ports)
+            .args(["--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
             .args(["--dir", &dir.display().to_string()])
             .args(["--cluster-enabled", "yes", "--cluster-node-timeout", "1000"])
@@ -252,23 +299,33 @@ impl RedisCluster {
         }
     }
 
-    /// `redis-cli -p PORT ARGS…` (with the password, if any).
+    /// `redis-cli -p PORT ARGS…` (with the password and the TLS certificates, if any).
     pub fn cli(&self, port: u16, args: &[&str]) -> Output {
-        match &self.password {
-            Some(password) => {
-                let mut all = vec!["--no-auth-warning", "-a", password.as_str()];
-                all.extend_from_slice(args);
-                cli_output(port, &all)
-            }
-            None => cli_output(port, args),
+        let mut all: Vec<String> = Vec::new();
+        if let Some(password) = &self.password {
+            all.extend(["--no-auth-warning".into(), "-a".into(), password.clone()]);
         }
+        if let Some(certs) = &self.tls {
+            all.extend([
+                "--tls".into(),
+                "--cacert".into(),
+                certs.path("ca.crt"),
+                "--cert".into(),
+                certs.path("client.crt"),
+                "--key".into(),
+                certs.path("client.key"),
+            ]);
+        }
+        all.extend(args.iter().map(|a| (*a).to_owned()));
+        cli_output(port, &all.iter().map(String::as_str).collect::<Vec<_>>())
     }
 
     /// A command's reply as text (RESP when no password is needed, else redis-cli's).
     pub fn text(&self, port: u16, args: &[&str]) -> String {
-        match self.password {
-            Some(_) => String::from_utf8_lossy(&self.cli(port, args).stdout).into_owned(),
-            None => redis_resp(port, args).unwrap_or_default(),
+        if self.password.is_some() || self.tls.is_some() {
+            String::from_utf8_lossy(&self.cli(port, args).stdout).into_owned()
+        } else {
+            redis_resp(port, args).unwrap_or_default()
         }
     }
 }
@@ -301,7 +358,8 @@ impl LockServer for RedisCluster {
             .take(3)
             .map(|p| format!("127.0.0.1:{p}"))
             .collect();
-        format!("redis://{}", hosts.join(","))
+        let scheme = if self.tls.is_some() { "rediss" } else { "redis" };
+        format!("{scheme}://{}", hosts.join(","))
     }
 
     fn scheme(&self) -> &'static str {

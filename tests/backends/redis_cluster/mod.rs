@@ -4,6 +4,7 @@
 //! with its replica promoted), and nodes that are no cluster or a cluster that cannot serve.
 
 mod failover;
+mod tls;
 
 use std::path::PathBuf;
 use std::process::{Child, Stdio};
