@@ -91,18 +91,16 @@ impl RedisCluster {
         }
         wait_until("every node knows the others", PATIENCE, || {
             ports.iter().all(|&p| {
-                cluster.text(p, &["CLUSTER", "INFO"]).contains("cluster_known_nodes:3")
+                cluster
+                    .text(p, &["CLUSTER", "INFO"])
+                    .contains("cluster_known_nodes:3")
             })
         });
         cluster.wait_ok(&ports);
         cluster
     }
 
-    fn start_full(
-        replicas: usize,
-        password: Option<&str>,
-        tls: Option<TestCerts>,
-    ) -> RedisCluster {
+    fn start_full(replicas: usize, password: Option<&str>, tls: Option<TestCerts>) -> RedisCluster {
         let dir = tempfile::tempdir().expect("temp dir");
         let mut cluster = RedisCluster {
             nodes: Vec::new(),
@@ -358,7 +356,11 @@ impl LockServer for RedisCluster {
             .take(3)
             .map(|p| format!("127.0.0.1:{p}"))
             .collect();
-        let scheme = if self.tls.is_some() { "rediss" } else { "redis" };
+        let scheme = if self.tls.is_some() {
+            "rediss"
+        } else {
+            "redis"
+        };
         format!("{scheme}://{}", hosts.join(","))
     }
 

@@ -15,8 +15,8 @@ use crate::lock::{CheckReport, Holder, LockName, LockStatus};
 use super::cluster;
 use super::conn::{Conn, OP_TIMEOUT};
 use super::scripts::{
-    bad_data, holder_of, int_of, millis, parse_status, text_of, tokens_at, wake_call, LockScript,
-    FORCE, OLDER_HOLDER, STATUS,
+    bad_data, holder_of, int_of, millis, older_holder, parse_status, text_of, tokens_at, wake_call,
+    LockScript, FORCE, STATUS,
 };
 use super::RedisBackend;
 
@@ -89,7 +89,7 @@ async fn lock_names_on(
     node: Option<usize>,
 ) -> Result<Vec<LockName>, Error> {
     let mut names = Vec::new();
-    // `holders`: locks an older dlock holds (README: "Upgrading").
+    // `holders`: locks an older dlock holds (README, Redis: upgrading).
     for suffix in ["owners", "holders"] {
         let pattern = format!("{}:{{*}}:{suffix}", glob_escape(&backend.prefix));
         scan_names(backend, conn, node, &pattern, &mut names).await?;
@@ -203,11 +203,7 @@ pub(super) async fn force_release(
     Ok(removed
         .iter()
         .map(|entry| match entry {
-            Value::Array(fields) if fields.len() == 1 => Holder {
-                name: name.to_string(),
-                command: OLDER_HOLDER.to_owned(),
-                ..Holder::default()
-            },
+            Value::Array(fields) if fields.len() == 1 => older_holder(name),
             Value::Array(fields) => holder_of(fields.get(2), fields.get(1)),
             _ => Holder::default(),
         })

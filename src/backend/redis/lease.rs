@@ -11,8 +11,8 @@ use crate::lock::{Holder, Lease, Lost};
 use super::conn::{Conn, OP_TIMEOUT};
 use super::keys::Keys;
 use super::scripts::{bad_data, release_call, Released, FINISH, RENEW};
-use super::RedisTarget;
 use super::sentinel::watch::SwitchWatch;
+use super::RedisTarget;
 
 /// A held Redis lock: the keeper renews it; release gives it back and wakes the next waiter.
 pub struct RedisLease {

@@ -7,16 +7,22 @@
 //! | key | type | content |
 //! |---|---|---|
 //! | `B:fence` | string, no TTL | fencing counter: one more than before (`INCR`, exact up to 2^63-1), never less than the server's `TIME` in µs |
-//! | `B:holders` | set | owner tokens of the holders (an index; the truth is `B:h:<tok>`) |
-//! | `B:h:<tok>` | hash, TTL = lease | `fence`, `meta` (holder JSON), `since`, `ttl`, `limit` |
+//! | `B:owners` | sorted set, TTL ≥ longest lease | holder token → lease deadline (server ms); a holder whose deadline passed is gone |
+//! | `B:hold` | hash, TTL ≥ longest lease | per holder `<tok>:fence`, `<tok>:meta` (holder JSON), `<tok>:since`, `<tok>:ttl`, `<tok>:limit` |
 //! | `B:queue` | sorted set | waiter token → ticket (arrival order) |
 //! | `B:qdl` | sorted set | waiter token → heartbeat deadline (server ms); stale waiters are purged |
 //! | `B:w:<tok>` | list | a waiter's private wake-up mailbox (`BLPOP` target) |
+//! | `B:holders` | set | only from an older dlock (one `B:h:<tok>` hash per holder): read, never written; while it lives, its members count as holders, and `release --force` deletes it |
+//!
+//! Every key a script touches is in its KEYS (Redis Cluster requires it): a holder's data are
+//! fields of the fixed `B:owners` and `B:hold`, checked against the deadline by the scripts
+//! instead of expiring on their own. The mailboxes are the only per-token keys; a script that
+//! admits a waiter returns its token and the caller pushes into its mailbox (`wake.lua`).
 //!
 //! Protocol: `acquire.lua` grants when `live holders + my rank < limit` (no overtaking), else
 //! queues the caller with a ticket. The waiter blocks in `BLPOP` on its own mailbox; a release
-//! (`release.lua`) pushes into exactly the mailbox of the waiter its leaving admits, so one
-//! release wakes one waiter. The `BLPOP` times out every `WAITER_HEARTBEAT` (at most
+//! (`release.lua`) names exactly the waiter its leaving admits, and the releasing dlock pushes
+//! into that one's mailbox, so one release wakes one waiter. The `BLPOP` times out every `WAITER_HEARTBEAT` (at most
 //! TTL/3): a heartbeat that keeps the waiter's place, and a re-check that covers a missed
 //! wake-up. A waiter that stops heartbeating (killed) drops out `WAITER_LEASE` after its
 //! last one, whatever `--ttl` is. The head of the queue also re-checks when the holder's lease

@@ -165,7 +165,10 @@ fn keys_of<'a>(port: u16, commands: impl Iterator<Item = &'a Vec<String>>) -> Ve
     let mut count = 0;
     for args in commands {
         request.extend(format!("*{}\r\n", args.len() + 2).into_bytes());
-        for arg in ["COMMAND", "GETKEYS"].into_iter().chain(args.iter().map(String::as_str)) {
+        for arg in ["COMMAND", "GETKEYS"]
+            .into_iter()
+            .chain(args.iter().map(String::as_str))
+        {
             request.extend(format!("${}\r\n", arg.len()).into_bytes());
             request.extend(arg.as_bytes());
             request.extend(b"\r\n");

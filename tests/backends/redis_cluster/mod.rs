@@ -13,7 +13,10 @@ use crate::support::*;
 
 crate::contract_tests!(redis_cluster_contract, RedisCluster::start());
 // One master serves every slot: a black hole in front of it cuts all of a holder's traffic.
-crate::lease_contract_tests!(redis_cluster_lease_contract, RedisCluster::start_one_master());
+crate::lease_contract_tests!(
+    redis_cluster_lease_contract,
+    RedisCluster::start_one_master()
+);
 
 /// Names (as `lock_name` makes them), one served by each master.
 fn one_name_per_master(cluster: &RedisCluster) -> Vec<(String, u16)> {

@@ -1,6 +1,6 @@
 -- dlock acquire / re-check / heartbeat.  One call = one attempt.
 -- KEYS[1]=B:fence KEYS[2]=B:owners KEYS[3]=B:hold KEYS[4]=B:queue KEYS[5]=B:qdl KEYS[6]=B:w:<tok>
--- KEYS[7]=B:holders (the holder index of a dlock before 0.?: read only, to respect its holders)
+-- KEYS[7]=B:holders (the holder index of an older dlock: read only, to respect its holders)
 -- ARGV[1]=tok ARGV[2]=limit ARGV[3]=ttl_ms ARGV[4]=waiter_lease_ms ARGV[5]=meta_json
 -- ARGV[6]=mode ('try' = never enqueue, 'wait' = enqueue/heartbeat) ARGV[7]=ticket (0 = none yet)
 -- Every key it touches is one of KEYS (Redis Cluster requires it); a holder is a member of
