@@ -17,7 +17,6 @@
 local tok, limit, ttl, wttl = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local FIELDS = {'fence', 'meta', 'since', 'ttl', 'limit'}
 
 local function int(x) return string.format('%.0f', x) end   -- never let Redis format a Lua number
 local function keep(key, ms)            -- make KEY live at least MS (a decimal string) more milliseconds
@@ -26,7 +25,7 @@ end
 local function kind(key) return redis.call('TYPE', key)['ok'] end
 local function drop(h)                  -- forget holder H (its lease ran out)
   redis.call('ZREM', KEYS[2], h)
-  for _, f in ipairs(FIELDS) do redis.call('HDEL', KEYS[3], h .. ':' .. f) end
+  redis.call('HDEL', KEYS[3], h .. ':fence', h .. ':meta', h .. ':since', h .. ':ttl', h .. ':limit')
 end
 
 -- 0. every key must hold what dlock keeps there (or nothing)

@@ -8,10 +8,9 @@
 local tok, limit = ARGV[1], tonumber(ARGV[2])
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local FIELDS = {'fence', 'meta', 'since', 'ttl', 'limit'}
 local function drop(h)
   redis.call('ZREM', KEYS[1], h)
-  for _, f in ipairs(FIELDS) do redis.call('HDEL', KEYS[2], h .. ':' .. f) end
+  redis.call('HDEL', KEYS[2], h .. ':fence', h .. ':meta', h .. ':since', h .. ':ttl', h .. ':limit')
 end
 
 redis.call('DEL', KEYS[5])

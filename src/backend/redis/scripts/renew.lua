@@ -11,9 +11,8 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local mine = tonumber(redis.call('ZSCORE', KEYS[1], tok))
 if not mine or mine < now or redis.call('HEXISTS', KEYS[2], tok .. ':fence') == 0 then
   redis.call('ZREM', KEYS[1], tok)
-  for _, f in ipairs({'fence', 'meta', 'since', 'ttl', 'limit'}) do
-    redis.call('HDEL', KEYS[2], tok .. ':' .. f)
-  end
+  redis.call('HDEL', KEYS[2], tok .. ':fence', tok .. ':meta', tok .. ':since', tok .. ':ttl',
+             tok .. ':limit')
   return -2
 end
 redis.call('ZADD', KEYS[1], string.format('%.0f', now + ttl), tok)
