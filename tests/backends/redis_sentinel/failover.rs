@@ -28,7 +28,7 @@ fn spawn(env: &TestEnv, args: &[&str]) -> Child {
     env.dlock(args).spawn().expect("spawn dlock")
 }
 
-fn token_in(env: &TestEnv, file: &str) -> u64 {
+pub(super) fn token_in(env: &TestEnv, file: &str) -> u64 {
     std::fs::read_to_string(env.path(file))
         .expect("token file")
         .trim()
@@ -38,7 +38,7 @@ fn token_in(env: &TestEnv, file: &str) -> u64 {
 
 /// A holder (through `url`) and a queued waiter (through `waiter_url`); fail over, hold on
 /// for 5 s more (renewals on the new master), then let go.
-fn fail_over_while_held(
+pub(super) fn fail_over_while_held(
     server: &SentinelServer,
     env: &TestEnv,
     url: &str,

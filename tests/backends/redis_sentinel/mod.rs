@@ -1,10 +1,11 @@
 //! Redis behind Sentinel (issue #15): the whole contract through `redis-sentinel://` (a master,
 //! a replica and three sentinels), failovers while a lock is held and waited for
 //! (`failover`), and reaching the sentinels: down, a wrong master name, passwords, `check`
-//! (`connect`).
+//! (`connect`), and `rediss-sentinel://` to TLS-only servers (`tls`).
 
 mod connect;
 mod failover;
+mod tls;
 
 use crate::support::*;
 

@@ -33,6 +33,9 @@ pub(super) mod replicas;
 pub mod target;
 pub(super) mod watch;
 
+#[cfg(test)]
+mod tests;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -375,7 +378,14 @@ fn failed(label: &str, e: &RedisError) -> Answer {
     if text.contains("No such master") {
         return Answer::Unknown;
     }
-    let kind = if e.kind() == redis::ErrorKind::AuthenticationFailed
+    // A sentinel whose certificate the CA does not vouch for (or that refuses ours) is a
+    // set-up error, not an outage: reported as such even though no sentinel answered.
+    let kind = if crate::error::caused_by_tls(e) {
+        Some(Error::Config(format!(
+            "TLS with sentinel {label} failed: {text} (rediss-sentinel:// uses the [redis] \
+             table's ca_file, cert_file and key_file for the sentinels and the data nodes)"
+        )))
+    } else if e.kind() == redis::ErrorKind::AuthenticationFailed
         || matches!(e.code(), Some("NOAUTH" | "WRONGPASS"))
         || text.contains("unauthenticated")
     {
@@ -455,8 +465,17 @@ pub(super) fn newest(
             _ => None,
         })
         .collect();
+    // A sentinel that speaks TLS only resets a plain-text connection at its first bytes.
+    let hint = if display.starts_with("redis-sentinel:")
+        && reasons.iter().any(|r| r.contains("reset by peer"))
+    {
+        "; if the sentinels speak TLS only, use rediss-sentinel:// (with the [redis] table's \
+         ca_file, cert_file, key_file)"
+    } else {
+        ""
+    };
     Err(Error::Unavailable(format!(
-        "cannot reach {display}: no sentinel answered ({})",
+        "cannot reach {display}: no sentinel answered ({}){hint}",
         reasons.join("; ")
     )))
 }
