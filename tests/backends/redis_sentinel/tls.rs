@@ -5,7 +5,7 @@
 //! error (78) before the command could run; plain `redis-sentinel://` never gets through; and
 //! a failover during a hold behaves as without TLS.
 
-use super::failover::{fail_over_while_held, token_in};
+use super::failover::failover_never_runs_two_commands;
 use crate::support::*;
 
 /// Make every dlock of `env` use the test CA and client certificate: the `[redis]` table of
@@ -124,25 +124,7 @@ fn rediss_sentinel_failover_while_held_and_waited_for_never_runs_two_commands() 
     let server = SentinelServer::start_tls();
     let env = TestEnv::new(&server);
     trust_the_test_ca(&env, server.certs());
-    let url = server.url();
-    let (mut holder, mut waiter) = fail_over_while_held(&server, &env, &url, &url);
-    let held = wait_within(&mut holder, PATIENCE);
-    assert!(
-        held.success() || held.code() == Some(124),
-        "the holder must keep its hold or stop with 124: {held:?}"
-    );
-    let waited = wait_within(&mut waiter, PATIENCE);
-    assert!(
-        waited.success(),
-        "the waiter must run alone on the new master (99: two commands at once): {waited:?}"
-    );
-    let (t1, t2) = (token_in(&env, "t1"), token_in(&env, "t2"));
-    assert!(
-        t2 > t1,
-        "tokens must increase across the failover: {t1} then {t2}"
-    );
-    let t3 = env.token("failover");
-    assert!(t3 > t2, "{t2} then {t3}");
+    failover_never_runs_two_commands(&server, &env);
     let keys = server.node_text(server.master_port(), &["KEYS", "dlock:*fence"]);
     assert!(
         keys.contains("dlock:"),
