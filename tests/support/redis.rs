@@ -134,25 +134,7 @@ impl LockServer for RedisServer {
                 .expect("redis-cli (apt-get install redis-tools)");
             String::from_utf8_lossy(&out.stdout).into_owned()
         };
-        let mut text = String::new();
-        for key in cli(&["--scan"]).lines().take(10_000) {
-            let key = key.trim().trim_matches('"');
-            let read: &[&str] = match cli(&["TYPE", key]).trim() {
-                "string" => &["GET"],
-                "hash" => &["HGETALL"],
-                "list" => &["LRANGE"],
-                "zset" => &["ZRANGE"],
-                "set" => &["SMEMBERS"],
-                _ => continue,
-            };
-            let mut args = vec![read[0], key];
-            if matches!(read[0], "LRANGE" | "ZRANGE") {
-                args.extend(["0", "-1"]);
-            }
-            text.push_str(key);
-            text.push_str(&cli(&args));
-        }
-        Some(text)
+        Some(stored_keys(cli))
     }
 }
 
@@ -172,18 +154,25 @@ impl LeaseServer for RedisServer {
 
 /// Send one command as a RESP array and return the raw reply (bounded read).
 pub fn redis_resp(port: u16, args: &[&str]) -> std::io::Result<String> {
+    redis_pipeline(port, &[args])
+}
+
+/// Several commands in one request (RESP arrays); the raw replies (bounded read).
+pub fn redis_pipeline(port: u16, commands: &[&[&str]]) -> std::io::Result<String> {
     use std::io::{Read, Write};
     let mut stream = std::net::TcpStream::connect(("127.0.0.1", port))?;
     stream.set_read_timeout(Some(Duration::from_millis(500)))?;
-    let mut request = format!("*{}\r\n", args.len());
-    for arg in args {
-        request.push_str(&format!("${}\r\n{arg}\r\n", arg.len()));
+    let mut request = String::new();
+    for args in commands {
+        request.push_str(&format!("*{}\r\n", args.len()));
+        for arg in *args {
+            request.push_str(&format!("${}\r\n{arg}\r\n", arg.len()));
+        }
     }
     stream.write_all(request.as_bytes())?;
     let mut reply = Vec::new();
     let mut buf = [0u8; 4096];
     let deadline = Instant::now() + Duration::from_secs(5);
-    // Read until the server has been quiet for a moment (replies here are small).
     while Instant::now() < deadline {
         match stream.read(&mut buf) {
             Ok(0) => break,
@@ -202,4 +191,28 @@ pub fn redis_resp(port: u16, args: &[&str]) -> std::io::Result<String> {
         }
     }
     Ok(String::from_utf8_lossy(&reply).into_owned())
+}
+
+/// Every key of a Redis node with its value, as `redis-cli --no-raw` prints them, through
+/// `cli` (which runs redis-cli with the node's address): what `stored_text` shows.
+pub fn stored_keys(cli: impl Fn(&[&str]) -> String) -> String {
+    let mut text = String::new();
+    for key in cli(&["--scan"]).lines().take(10_000) {
+        let key = key.trim().trim_matches('"');
+        let read: &[&str] = match cli(&["TYPE", key]).trim() {
+            "string" => &["GET"],
+            "hash" => &["HGETALL"],
+            "list" => &["LRANGE"],
+            "zset" => &["ZRANGE"],
+            "set" => &["SMEMBERS"],
+            _ => continue,
+        };
+        let mut args = vec![read[0], key];
+        if matches!(read[0], "LRANGE" | "ZRANGE") {
+            args.extend(["0", "-1"]);
+        }
+        text.push_str(key);
+        text.push_str(&cli(&args));
+    }
+    text
 }

@@ -380,23 +380,7 @@ impl LockServer for RedisCluster {
                 all.extend_from_slice(args);
                 String::from_utf8_lossy(&self.cli(node.port, &all).stdout).into_owned()
             };
-            for key in cli(&["--scan"]).lines().take(10_000) {
-                let key = key.trim().trim_matches('"');
-                let read: &[&str] = match cli(&["TYPE", key]).trim() {
-                    "string" => &["GET"],
-                    "hash" => &["HGETALL"],
-                    "list" => &["LRANGE"],
-                    "zset" => &["ZRANGE"],
-                    "set" => &["SMEMBERS"],
-                    _ => continue,
-                };
-                let mut args = vec![read[0], key];
-                if matches!(read[0], "LRANGE" | "ZRANGE") {
-                    args.extend(["0", "-1"]);
-                }
-                text.push_str(key);
-                text.push_str(&cli(&args));
-            }
+            text.push_str(&stored_keys(cli));
         }
         Some(text)
     }

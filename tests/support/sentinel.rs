@@ -153,8 +153,13 @@ impl SentinelServer {
             return tls_cli(certs, port, self.password.as_deref(), args);
         }
         let reply = match &self.password {
-            // Two commands in one request: AUTH, then the command.
-            Some(password) => redis_pipeline(port, &[&["AUTH", password], args]),
+            // Two commands in one request: AUTH, then the command, whose reply follows
+            // AUTH's +OK (dropped, so that callers see the command's reply).
+            Some(password) => redis_pipeline(port, &[&["AUTH", password], args]).map(|text| {
+                text.strip_prefix("+OK\r\n")
+                    .map(str::to_owned)
+                    .unwrap_or(text)
+            }),
             None => redis_resp(port, args),
         };
         reply.unwrap_or_default()
@@ -328,45 +333,4 @@ fn tls_cli(certs: &TestCerts, port: u16, password: Option<&str>, args: &[&str]) 
     command.args(args).stdin(Stdio::null());
     let out = output_within(command, Duration::from_secs(10));
     String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// Several commands in one request (RESP arrays); the raw replies (bounded read).
-pub fn redis_pipeline(port: u16, commands: &[&[&str]]) -> std::io::Result<String> {
-    use std::io::{Read, Write};
-    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port))?;
-    stream.set_read_timeout(Some(Duration::from_millis(500)))?;
-    let mut request = String::new();
-    for args in commands {
-        request.push_str(&format!("*{}\r\n", args.len()));
-        for arg in *args {
-            request.push_str(&format!("${}\r\n{arg}\r\n", arg.len()));
-        }
-    }
-    stream.write_all(request.as_bytes())?;
-    let mut reply = Vec::new();
-    let mut buf = [0u8; 4096];
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while Instant::now() < deadline {
-        match stream.read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => reply.extend_from_slice(&buf[..n]),
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) =>
-            {
-                if !reply.is_empty() {
-                    break;
-                }
-            }
-            Err(e) => return Err(e),
-        }
-    }
-    let text = String::from_utf8_lossy(&reply).into_owned();
-    // Drop the +OK of AUTH, so that callers see the command's reply.
-    Ok(text
-        .strip_prefix("+OK\r\n")
-        .map(str::to_owned)
-        .unwrap_or(text))
 }
