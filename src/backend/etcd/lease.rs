@@ -10,7 +10,8 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use super::conn::{is_transport, Conn, OP_TIMEOUT};
-use crate::keeper::{Renew, RenewError};
+use crate::clock::BootInstant;
+use crate::keeper::{Renew, RenewError, Schedule};
 
 /// TTL of a waiter's lease, in seconds: etcd's minimum with default settings. A waiter
 /// killed while it waits (SIGKILL: no chance to clean up) keeps its place no longer.
@@ -102,21 +103,52 @@ impl Renew for Renewer {
 
 /// A waiter's own short lease, which holds its place in the queue while it waits (module
 /// docs). It is renewed until stopped, and failed renewals are retried with no deadline:
-/// nothing relies on this lease being alive, because the re-attach at the grant only
-/// succeeds while our key (with its create revision) still exists.
+/// nothing relies on this lease being alive, except a command started before the re-attach
+/// is confirmed ([`super::attach`]), and that one relies only on [`WaiterLease::kill_by`],
+/// the deadline the last acknowledged renewal gives.
 pub(super) struct WaiterLease {
     pub(super) id: i64,
-    /// Turns true when etcd says the lease is gone (and our key with it).
-    gone: watch::Receiver<bool>,
+    /// What the keep-alives have shown so far.
+    state: watch::Receiver<Kept>,
     task: JoinHandle<()>,
 }
 
+/// What a waiter lease's keep-alives have shown.
+#[derive(Clone, Copy, Debug)]
+struct Kept {
+    /// etcd said the lease is gone (and our key with it).
+    gone: bool,
+    /// Until when the lease is surely alive, as the keeper reckons a hold's deadline
+    /// ([`Schedule::kill_by`] of the last acknowledged request's send time).
+    kill_by: BootInstant,
+}
+
 impl WaiterLease {
-    pub(super) fn start(conn: Conn, id: i64, granted: Duration) -> WaiterLease {
-        let (gone_tx, gone) = watch::channel(false);
+    /// Keep lease `id` alive, granted for `granted` by a request sent at `sent`.
+    pub(super) fn start(conn: Conn, id: i64, granted: Duration, sent: BootInstant) -> WaiterLease {
+        let schedule = Schedule::new(granted, Duration::ZERO);
+        let (state_tx, state) = watch::channel(Kept {
+            gone: false,
+            kill_by: schedule.kill_by(sent),
+        });
         let renewer = Renewer::new(conn, id, granted);
-        let task = tokio::spawn(keep_waiting(renewer, gone_tx));
-        WaiterLease { id, gone, task }
+        let task = tokio::spawn(keep_waiting(renewer, schedule, state_tx));
+        WaiterLease { id, state, task }
+    }
+
+    /// Until when the lease (and so our key on it) is surely alive; `None` once etcd said
+    /// it is gone.
+    pub(super) fn kill_by(&self) -> Option<BootInstant> {
+        let kept = *self.state.borrow();
+        (!kept.gone).then_some(kept.kill_by)
+    }
+
+    /// Resolves when the deadline [`WaiterLease::kill_by`] gives may have moved, or the lease
+    /// is gone. Cancel-safe.
+    pub(super) async fn changed(&mut self) {
+        if self.state.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
     }
 
     /// Stop renewing once our key is on the hold lease. The waiter lease holds no key any
@@ -136,7 +168,7 @@ impl Drop for WaiterLease {
 /// Resolves when etcd says the waiter lease is gone; never without one. Cancel-safe.
 pub(super) async fn waiter_gone(waiter: &mut Option<WaiterLease>) {
     if let Some(waiter) = waiter {
-        if waiter.gone.wait_for(|gone| *gone).await.is_ok() {
+        if waiter.state.wait_for(|kept| kept.gone).await.is_ok() {
             return;
         }
     }
@@ -145,16 +177,20 @@ pub(super) async fn waiter_gone(waiter: &mut Option<WaiterLease>) {
 
 /// Renew a waiter lease every quarter of its TTL, retrying failures soon, until aborted. A
 /// slow reply gets up to half the TTL: a reply that comes in time still keeps the place.
-async fn keep_waiting(mut renewer: Renewer, gone: watch::Sender<bool>) {
+async fn keep_waiting(mut renewer: Renewer, schedule: Schedule, state: watch::Sender<Kept>) {
     let every = (renewer.granted / 4).max(Duration::from_millis(250));
     let attempt = renewer.granted / 2;
     let mut pause = every;
     loop {
         tokio::time::sleep(pause).await;
+        let sent = BootInstant::now();
         pause = match tokio::time::timeout(attempt, renewer.renew()).await {
-            Ok(Ok(_)) => every,
+            Ok(Ok(_)) => {
+                state.send_modify(|kept| kept.kill_by = kept.kill_by.max(schedule.kill_by(sent)));
+                every
+            }
             Ok(Err(RenewError::Gone(_))) => {
-                gone.send_replace(true);
+                state.send_modify(|kept| kept.gone = true);
                 return;
             }
             Ok(Err(RenewError::Failed(reason))) => {

@@ -18,14 +18,15 @@
 //! Otherwise dlock grants the waiter lease, and one transaction creates our key on it (if
 //! absent: a retry after a lost reply finds it) and reads the newest keys under the prefix.
 //! We hold the lock when fewer than `--limit` keys are older than ours. A waiter then moves
-//! its key to the hold lease, before its command starts: a Put with the hold lease on
-//! condition that the key still has its create revision. A Put to an existing key keeps its
-//! create revision, so the place in the queue and the fencing token (our key's create
-//! revision) stay what they were; if the key went (the waiter lease died), the Put does not
-//! happen and the command does not start. The waiter lease is kept alive until that Put is
-//! acknowledged, then left to expire (it holds no key, and a revoke would cost etcd one more
-//! request per hand-off). Deletion-only watches do not see
-//! the Put.
+//! its key to the hold lease: a Put with the hold lease on condition that the key still has
+//! its create revision. A Put to an existing key keeps its create revision, so the place in
+//! the queue and the fencing token (our key's create revision) stay what they were; if the
+//! key went (the waiter lease died), the Put does not happen. The move runs while the command
+//! starts, the waiter lease's deadline standing in for the hold's until it is confirmed
+//! (`attach`: why that is safe); a waiter lease too close to its deadline makes the command
+//! wait for the move, and a failed move stops it. The waiter lease is kept alive until the
+//! Put is acknowledged, then left to expire (it holds no key, and a revoke would cost etcd
+//! one more request per hand-off). Deletion-only watches do not see the Put.
 //!
 //! Waiting with `--limit 1`: the waiter watches its predecessor and the key before that, in
 //! one watch that also covers its own key (`Target::Line`). The predecessor's deletion when
@@ -49,12 +50,13 @@
 //!
 //! The parts, after etcd's `client/v3/concurrency`: `conn` (endpoints, failover, bounded
 //! calls, errors → exit classes), `lease` (the two leases and their keep-alives, its
-//! `session.go`), `key` (the keys and their values, its `key.go`), `queue` (taking a place,
+//! `session.go`), `attach` (the move to the hold lease beside the command), `key` (the keys and their values, its `key.go`), `queue` (taking a place,
 //! waiting, the re-attach at the grant: its `mutex.go`), `watch` (what a waiter watches and
 //! what an event means), `before` (`--wait` over every request), `own_key` (the holder's
 //! watch on its key), `admin` (status, list, release --force, check), `target` (the URL).
 
 mod admin;
+mod attach;
 mod before;
 mod conn;
 mod key;
@@ -73,11 +75,12 @@ use crate::keeper::Keeper;
 use crate::lock::{
     AcquireRequest, Backend, Cancel, CheckReport, Holder, Lease, LockName, LockStatus, Lost,
 };
+use attach::Attach;
 use before::Before;
 use conn::{Conn, OP_TIMEOUT};
 use lease::{revoke_all, Renewer};
 use own_key::OwnKey;
-use queue::Acquisition;
+use queue::{Acquisition, Taken};
 
 pub use target::EtcdTarget;
 
@@ -156,8 +159,9 @@ impl Backend for EtcdBackend {
             before: &before,
         };
         match acquisition.queue_and_wait().await {
-            Ok((token, own)) => {
-                // Our key is on the hold's lease now; the waiter lease has none left.
+            Ok(Taken { token, own, attach }) => {
+                // Our key is on the hold's lease now (or moving there: `attach` keeps the
+                // waiter lease until it is); the waiter lease has none left.
                 if let Some(waiter) = waiter {
                     waiter.retire();
                 }
@@ -168,6 +172,7 @@ impl Backend for EtcdBackend {
                     conn,
                     ttl: granted,
                     own,
+                    attach,
                     key,
                     limit: request.limit,
                 })
@@ -199,6 +204,14 @@ impl Backend for EtcdBackend {
     }
 }
 
+/// Resolves when the move of our key is over (never without one). Cancel-safe.
+async fn attached(attach: &mut Option<Attach>) -> Result<(), Lost> {
+    match attach {
+        Some(attach) => attach.done().await,
+        None => std::future::pending().await,
+    }
+}
+
 /// A held etcd lock. Release revokes the lease, which deletes the key and wakes the next
 /// waiter in one step.
 pub struct EtcdLease {
@@ -208,6 +221,8 @@ pub struct EtcdLease {
     conn: Conn,
     ttl: Duration,
     own: OwnKey,
+    /// The move of our key to the hold lease, while it is under way ([`attach`]).
+    attach: Option<Attach>,
     /// Our key and the `--limit` recorded in its value (for [`Lease::finished`]).
     key: String,
     limit: u32,
@@ -219,42 +234,44 @@ impl Lease for EtcdLease {
     }
 
     async fn lost(&mut self) -> Lost {
-        tokio::select! {
-            biased;
-            lost = self.keeper.lost() => lost,
-            reason = self.own.deleted(&mut self.conn) => Lost {
-                reason,
-                // The lock is gone already: there is no later moment to protect.
-                kill_by: None,
-            },
+        loop {
+            tokio::select! {
+                biased;
+                lost = self.keeper.lost() => return lost,
+                reason = self.own.deleted(&mut self.conn) => return Lost {
+                    reason,
+                    // The lock is gone already: there is no later moment to protect.
+                    kill_by: None,
+                },
+                moved = attached(&mut self.attach) => match moved {
+                    Ok(()) => {
+                        if let Some(attach) = self.attach.take() {
+                            attach.retire();
+                        }
+                    }
+                    Err(lost) => return lost,
+                },
+            }
         }
     }
 
     /// Rewrite our key's value while it is still ours (the same create revision, which is
     /// the token); the watch on our key ignores puts.
     async fn finished(&mut self, holder: &Holder) -> Result<bool, Error> {
-        use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
-        let value = key::held_value_json(holder, self.limit)?;
-        let created = i64::try_from(self.token).unwrap_or(i64::MAX);
-        let txn = Txn::new()
-            .when([Compare::create_revision(
-                self.key.clone(),
-                CompareOp::Equal,
-                created,
-            )])
-            .and_then([TxnOp::put(
-                self.key.clone(),
-                value,
-                Some(PutOptions::new().with_lease(self.id)),
-            )]);
-        let reply = self
-            .conn
-            .call(OP_TIMEOUT, |mut c| {
-                let txn = txn.clone();
-                async move { c.txn(txn).await }
-            })
-            .await?;
-        Ok(reply.succeeded())
+        // A move still under way would write the value without the mark after ours.
+        if let Some(mut attach) = self.attach.take() {
+            if attach.done().await.is_err() {
+                return Ok(false);
+            }
+            attach.retire();
+        }
+        let target = attach::Move {
+            key: self.key.clone(),
+            created: i64::try_from(self.token).unwrap_or(i64::MAX),
+            hold: self.id,
+            value: key::held_value_json(holder, self.limit)?,
+        };
+        target.once(&mut self.conn).await
     }
 
     async fn release(self) -> Result<(), Error> {
@@ -264,15 +281,44 @@ impl Lease for EtcdLease {
             mut conn,
             ttl,
             own,
+            attach,
             ..
         } = self;
         drop(own);
+        // A move of our key still under way: our key is on one of the two leases, so both
+        // are revoked (a move that reaches etcd after either revoke finds its lease or our
+        // key gone, and does nothing).
+        let waiter = match attach {
+            Some(mut attach) => match tokio::time::timeout(Duration::ZERO, attach.done()).await {
+                Ok(Ok(())) => {
+                    attach.retire();
+                    None
+                }
+                _ => Some((attach.waiter_id(), attach)),
+            },
+            None => None,
+        };
+        let mut other = conn.clone();
+        let revoke_waiter = async move {
+            if let Some((waiter, attach)) = waiter {
+                drop(attach);
+                let revoked = other
+                    .call(
+                        OP_TIMEOUT,
+                        |mut c| async move { c.lease_revoke(waiter).await },
+                    )
+                    .await;
+                if let Err(e) = revoked {
+                    tracing::debug!("could not revoke the waiter lease {waiter:x}: {e}");
+                }
+            }
+        };
         // The revoke goes out first: the next waiter is waiting for it. A keep-alive that
         // crosses it is harmless.
         let revoke = conn.call(ttl.min(OP_TIMEOUT), |mut c| async move {
             c.lease_revoke(id).await
         });
-        let (revoked, _) = tokio::join!(revoke, keeper.stop());
+        let (revoked, _, ()) = tokio::join!(revoke, keeper.stop(), revoke_waiter);
         match revoked {
             Ok(_) => Ok(()),
             Err(e) if e.to_string().contains("not found") => {

@@ -11,6 +11,7 @@ use etcd_client::{
     WatchResponse, WatchStream,
 };
 
+use super::attach::{Attach, Move};
 use super::before::Before;
 use super::conn::{Conn, OP_TIMEOUT};
 use super::key::{older_keys, oldest_key, same_limit, value_json, why_busy};
@@ -42,6 +43,16 @@ pub(super) struct Acquisition<'a> {
     pub(super) before: &'a Before<'a>,
 }
 
+/// What a holder takes over from its acquisition.
+pub(super) struct Taken {
+    /// Our key's create revision: the fencing token.
+    pub(super) token: u64,
+    /// The watch on our key.
+    pub(super) own: OwnKey,
+    /// The move of our key to the hold lease, when it runs beside the command.
+    pub(super) attach: Option<Attach>,
+}
+
 /// Where our key stands in the queue.
 struct Place {
     /// Our key's create revision (the fencing token).
@@ -66,9 +77,8 @@ pub(super) fn place_lost() -> Error {
 }
 
 impl Acquisition<'_> {
-    /// Put our key in the queue and wait until it is among the first `limit`. Returns the
-    /// fencing token (our key's create revision) and the watch on our key for the holder.
-    pub(super) async fn queue_and_wait(mut self) -> Result<(u64, OwnKey), Error> {
+    /// Put our key in the queue and wait until it is among the first `limit`.
+    pub(super) async fn queue_and_wait(mut self) -> Result<Taken, Error> {
         let held = value_json(self.request, false)?;
         let mut place = self.join(&held).await?;
         loop {
@@ -157,12 +167,13 @@ impl Acquisition<'_> {
 
     /// Take a place in the queue: our key on a short waiter lease of its own (module docs).
     async fn enqueue(&mut self) -> Result<Place, Error> {
+        let sent = BootInstant::now();
         let grant = self.conn.call(OP_TIMEOUT, |mut c| async move {
             c.lease_grant(WAITER_TTL_S, None).await
         });
         let grant = self.before.answer(self.cancel, grant).await?;
         let granted = Duration::from_secs(u64::try_from(grant.ttl()).unwrap_or(1));
-        let lease = WaiterLease::start(self.conn.clone(), grant.id(), granted);
+        let lease = WaiterLease::start(self.conn.clone(), grant.id(), granted, sent);
         let lease = self.waiter.insert(lease).id;
         // Create our key if absent (a retry after a lost reply finds it) and read the newest
         // limit+2 keys: ours and the limit+1 just before it (as `recheck` reads them).
@@ -213,31 +224,39 @@ impl Acquisition<'_> {
     }
 
     /// Our key is among the first `limit`: move it to the hold's lease if it is still on the
-    /// waiter lease, and hand over the token and the watch on our key.
-    async fn take(mut self, place: Place, held: &str) -> Result<(u64, OwnKey), Error> {
-        if !place.attached {
-            // The waiter lease is kept alive until this is acknowledged. For --limit > 1 the
-            // rewrite also wakes the waiter behind us (module docs).
-            let reattach = Txn::new()
-                .when([Compare::create_revision(
-                    self.key.clone(),
-                    CompareOp::Equal,
-                    place.my_rev,
-                )])
-                .and_then([TxnOp::put(
-                    self.key.clone(),
-                    held,
-                    Some(PutOptions::new().with_lease(self.hold)),
-                )]);
-            if !self.txn(reattach).await?.succeeded() {
-                return Err(place_lost());
-            }
-        }
+    /// waiter lease (while the command starts, where the waiter lease leaves room for it:
+    /// [`super::attach`]), and hand over the token and the watch on our key.
+    async fn take(self, place: Place, held: &str) -> Result<Taken, Error> {
         let my_rev = place.my_rev;
         let token = u64::try_from(my_rev)
             .map_err(|_| Error::Internal(format!("negative revision {my_rev}")))?;
+        let mut attach = None;
+        if !place.attached {
+            // For --limit > 1 the rewrite also wakes the waiter behind us (module docs).
+            let target = Move {
+                key: self.key.clone(),
+                created: my_rev,
+                hold: self.hold,
+                value: held.to_owned(),
+            };
+            let waiter = self.waiter.take().ok_or_else(|| {
+                Error::Internal("a waiting etcd key without its waiter lease".into())
+            })?;
+            match Attach::start(self.conn.clone(), target.clone(), waiter) {
+                Ok(started) => attach = Some(started),
+                Err(waiter) => {
+                    // The waiter lease is kept alive until this is acknowledged.
+                    *self.waiter = Some(waiter);
+                    let moved = target.once(self.conn);
+                    if !self.before.answer(self.cancel, moved).await? {
+                        return Err(place_lost());
+                    }
+                    tracing::debug!(target: "dlock::handoff", "attached");
+                }
+            }
+        }
         let own = OwnKey::new(self.key, place.watching, place.read_at, my_rev);
-        Ok((token, own))
+        Ok(Taken { token, own, attach })
     }
 
     /// A transaction whose answer dlock needs before it can go on ([`Before::answer`]).
@@ -310,7 +329,10 @@ impl Acquisition<'_> {
                     (Seen::Own, _) => return Err(place_lost()),
                     // Our key existed at the holder's deletion (not necessarily at the
                     // response's header revision, which can be later).
-                    (Seen::Holder, at) => return Ok(Wake::Head(Box::new(stream), at)),
+                    (Seen::Holder, at) => {
+                        tracing::debug!(target: "dlock::handoff", "woken");
+                        return Ok(Wake::Head(Box::new(stream), at));
+                    }
                     (Seen::Watched, _) if self.limit > 1 => return Ok(Wake::Changed),
                     (Seen::Watched, _) => true,
                     (Seen::Other, _) => false,
