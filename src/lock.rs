@@ -239,6 +239,10 @@ pub struct AcquireRequest {
     pub kill_after: Duration,
     /// Metadata to record; the backend fills in the token.
     pub holder: Holder,
+    /// Another process of this host is ahead of this one at the server (the host-local queue
+    /// knows): the lock is most likely held, so a backend may skip its attempt to take a free
+    /// lock and queue at once. Only a hint: the lock may still turn out to be free.
+    pub likely_held: bool,
 }
 
 /// Tells a waiting `acquire` to give up and clean up after itself.

@@ -83,6 +83,7 @@ pub async fn run<B: Backend>(
         ttl: settings.common.ttl,
         wait: settings.wait,
         kill_after: settings.kill_after,
+        likely_held: false,
         holder: Holder {
             min_hold_ms: settings
                 .min_hold

@@ -122,8 +122,14 @@ impl Acquisition<'_> {
     }
 
     /// Take the lock if it has no key at all, or find our key (a retry after a lost reply),
-    /// or take a place in the queue.
+    /// or take a place in the queue (at once, when the lock is [likely held](AcquireRequest::likely_held)).
     async fn join(&mut self, held: &str) -> Result<Place, Error> {
+        if self.request.likely_held && self.request.wait != Wait::No {
+            // Another process of this host is at the server ahead of us: the lock is taken,
+            // and trying to take it free would cost etcd a request for nothing. If it is
+            // free after all, our key is the oldest and we hold it all the same.
+            return self.enqueue().await;
+        }
         // A lock without any key is taken in one step, with our key on the hold's lease.
         // (etcd compares every key of a range; an empty range compares as create revision 0.)
         let take_free = Txn::new()

@@ -42,6 +42,8 @@ pub(super) struct Ticket {
     dir: LockDir,
     name: String,
     _file: File,
+    /// The ticket just before this one was still in use when this one was admitted.
+    pub(super) peer_ahead: bool,
 }
 
 impl Drop for Ticket {
@@ -86,7 +88,10 @@ impl LocalQueue {
             ))
         })?;
         let stem = stem(name);
-        let (number, ticket) = take_ticket(dir, &stem)?;
+        let (number, mut ticket) = take_ticket(dir, &stem)?;
+        ticket.peer_ahead = number
+            .checked_sub(1)
+            .is_some_and(|previous| in_use(&ticket.dir, &ticket_name(&stem, previous)));
         let Some(ahead) = number.checked_sub(admitted) else {
             return Ok(ticket);
         };
@@ -149,6 +154,18 @@ impl LocalQueue {
     }
 }
 
+/// Whether ticket file `name` exists and its process still holds it (to the best of a quick
+/// look: any failure says no).
+fn in_use(dir: &LockDir, name: &str) -> bool {
+    match dir.read_lock_file(name) {
+        Ok(Some(file)) => matches!(
+            flock(&file, libc::LOCK_SH | libc::LOCK_NB),
+            Err(e) if e.raw_os_error() == Some(libc::EWOULDBLOCK)
+        ),
+        _ => false,
+    }
+}
+
 fn ticket_name(stem: &str, number: u64) -> String {
     format!("{stem}.{number}.ticket")
 }
@@ -191,6 +208,7 @@ fn take_ticket(dir: LockDir, stem: &str) -> Result<(u64, Ticket), Error> {
             dir,
             name,
             _file: file,
+            peer_ahead: false,
         },
     ))
 }

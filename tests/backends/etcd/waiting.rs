@@ -66,6 +66,40 @@ fn txn_requests(server: &EtcdServer) -> u64 {
 }
 
 #[test]
+fn a_waiter_behind_a_run_of_this_host_queues_at_once() {
+    // The holder came through this host's queue and keeps its ticket: a run behind it knows
+    // the lock is taken and queues with one Txn, without first trying to take it free. With
+    // the host's queue off it cannot know, and tries (two). The store is idle meanwhile, so
+    // no re-check adds to either count.
+    let server = EtcdServer::start();
+    let env = TestEnv::new(&server);
+    let lock = lock_name("e");
+    let _holder = env.hold(&lock, &[]);
+    let mut counts = Vec::new();
+    for queue in ["on", "off"] {
+        let before = txn_requests(&server);
+        let out = env.run([
+            "run",
+            "--local-queue",
+            queue,
+            "--wait",
+            "300ms",
+            &lock,
+            "touch",
+            "ran",
+        ]);
+        assert_fails(&out, 75, "gave up after waiting");
+        counts.push(txn_requests(&server) - before);
+    }
+    assert!(!env.path("ran").exists());
+    assert_eq!(
+        counts,
+        [1, 2],
+        "Txn requests of a waiter behind a run of this host (local queue on, off)"
+    );
+}
+
+#[test]
 fn a_waiter_on_a_busy_cluster_keeps_its_watch() {
     // Revisions are cluster-wide: on a busy cluster the store has always moved on by the
     // time a waiter's watch exists. The waiter re-checks once and keeps that watch; it must
@@ -139,9 +173,9 @@ fn a_waiter_on_a_busy_cluster_keeps_its_watch() {
 #[test]
 fn the_waiter_next_in_line_starts_on_the_holders_deletion_without_reading_again() {
     // Its own key is in the same watch as the holder's: the deletion of the holder's key,
-    // with no deletion of its own before it, is proof enough. So after queueing (two Txns:
-    // trying for a free lock, then taking a place) the hand-off costs it no read, only the
-    // write that moves its key to its --ttl lease.
+    // with no deletion of its own before it, is proof enough. So after queueing (one Txn:
+    // the holder is a run of this host, so it does not try for a free lock) the hand-off
+    // costs it no read, only the write that moves its key to its --ttl lease.
     let server = EtcdServer::start();
     let env = TestEnv::new(&server);
     let lock = lock_name("e");
@@ -149,9 +183,9 @@ fn the_waiter_next_in_line_starts_on_the_holders_deletion_without_reading_again(
     let before = txn_requests(&server);
     let mut waiter = queue_toucher(&env, &lock, "ran", 1);
     let queueing = txn_requests(&server) - before;
-    // Trying for a free lock, then queueing on the waiter lease.
+    // Queueing on the waiter lease.
     assert_eq!(
-        queueing, 2,
+        queueing, 1,
         "the waiter made {queueing} Txn requests to queue"
     );
     let queued = txn_requests(&server);
