@@ -166,7 +166,10 @@ fn lost(reason: String, kill_by: Option<BootInstant>) -> Lost {
 async fn move_until_done(mut conn: Conn, target: Move) -> Result<(), String> {
     loop {
         match target.once(&mut conn).await {
-            Ok(true) => return Ok(()),
+            Ok(true) => {
+                tracing::debug!(target: "dlock::handoff", "attached");
+                return Ok(());
+            }
             Ok(false) => return Err(KEY_GONE.into()),
             Err(e) if e.to_string().contains("not found") => {
                 return Err(format!("the etcd lease to hold the lock on is gone ({e})"))
