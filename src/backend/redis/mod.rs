@@ -119,6 +119,9 @@ impl Backend for RedisBackend {
             // Behind Sentinel, a grant or a place in line on a master that the sentinels no
             // longer name counts for nothing: take the step again on the new one.
             let granted = matches!(Step::parse(&reply), Some(Step::Granted { .. }));
+            if granted {
+                tracing::debug!(target: crate::logging::HANDOFF, "granted");
+            }
             match sentinel::follow(&mut conn, granted).await {
                 Ok(false) => {}
                 Ok(true) => {
