@@ -1,6 +1,6 @@
 //! Where a hand-off's time goes (issue #14): P `dlock run` loops contend for one lock, each
 //! run's command a ~1 ms `sleep`, with the hand-off events on (`DLOCK_LOG=dlock::handoff=debug`,
-//! README "Where a hand-off's time goes"). All processes' events are merged by their wall-clock
+//! README, "Many waiters on one host": "Where a hand-off's time goes"). All processes' events are merged by their wall-clock
 //! stamps and cut into hand-offs, each from one process's `exited` to the next `spawned` (of
 //! another process); the parts of a hand-off are the intervals between the consecutive
 //! events of the path it waited on (the holder's events until the waiter's first, then the
@@ -10,11 +10,12 @@
 //! `acquired` < `spawned` < `exited` < `release-sent` < `released`); the commands never
 //! overlap (spawns and exits alternate on the merged time line); in every hand-off the
 //! holder's `release-sent` comes before the waiter's `acquired`, and a `woken` of the waiter
-//! before its `acquired`; and the parts add up to the gap. The figures are measured, not
-//! asserted: `DLOCK_HANDOFF_REPORT=FILE` appends each backend's parts (median, p90, and the
-//! time per hand-off, whose sum is the mean gap) to FILE as rows of one markdown table. The
-//! figures count only the hand-offs to a waiter that was already acquiring when the holder's
-//! command exited (a loop that had not restarted its next run yet would add its start-up).
+//! before its `acquired`; and the parts, and the phases, add up to the gap. The figures are measured, not
+//! asserted: `DLOCK_HANDOFF_REPORT=FILE` appends each backend's gap, its four phases
+//! ([`Handoff::phases`]) and its parts (median, p90, and the time per hand-off, whose sum is
+//! the mean gap) to FILE as rows of one markdown table. The figures count only the
+//! hand-offs to a waiter that was already acquiring when the holder's command exited (a loop
+//! that had not restarted its next run yet would add its start-up).
 //! Size: P = 4 loops, K = `DLOCK_HANDOFF_RUNS` runs each (default 10); `scripts/handoff-parts`
 //! runs every backend with more.
 
