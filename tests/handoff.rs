@@ -14,10 +14,13 @@
 //! asserted: `DLOCK_HANDOFF_REPORT=FILE` appends each backend's gap, its four phases
 //! ([`Handoff::phases`]) and its parts (median, p90, and the time per hand-off, whose sum is
 //! the mean gap) to FILE as rows of one markdown table. The figures count only the
-//! hand-offs to a waiter that was already acquiring when the holder's command exited (a loop
-//! that had not restarted its next run yet would add its start-up).
-//! Size: P = 4 loops, K = `DLOCK_HANDOFF_RUNS` runs each (default 10); `scripts/handoff-parts`
-//! runs every backend with more.
+//! hand-offs to a waiter that was already queued (its backend's `queued` event; `acquiring`
+//! where a backend has none) when the holder's command exited: a loop still starting or
+//! connecting its next run would add that to the gap.
+//! Size: P = `DLOCK_HANDOFF_PROCESSES` loops (default 4; more keep the server's queue fuller,
+//! so fewer hand-offs are left out), K = `DLOCK_HANDOFF_RUNS` runs each (default 10);
+//! `scripts/handoff-parts` runs every backend with more. `DLOCK_HANDOFF_TIMELINE=FILE` writes the merged time line
+//! (µs from the first event, pid, event) for a closer look.
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -25,8 +28,14 @@ use std::time::Duration;
 
 use crate::support::*;
 
-/// Concurrent `dlock run` loops.
-const PROCESSES: usize = 4;
+/// Concurrent `dlock run` loops: `DLOCK_HANDOFF_PROCESSES`, default 4.
+fn processes() -> usize {
+    std::env::var("DLOCK_HANDOFF_PROCESSES")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(4)
+        .max(2)
+}
 /// Bound for one run (waiting for the others included).
 const RUN_BOUND: Duration = Duration::from_secs(120);
 /// The common events of one run, in the order they must come.
@@ -82,7 +91,7 @@ fn contend(server: &dyn LockServer) -> Vec<Vec<Event>> {
     let lock = lock_name("handoff");
     let k = runs();
     std::thread::scope(|scope| {
-        let loops: Vec<_> = (0..PROCESSES)
+        let loops: Vec<_> = (0..processes())
             .map(|_| {
                 let (env, lock) = (&env, &lock);
                 scope.spawn(move || {
@@ -133,8 +142,9 @@ struct Handoff {
     /// beside the waiter and is left out, so the parts do not depend on how the two
     /// processes' events happen to interleave.
     path: Vec<(String, u64)>,
-    /// The waiter was already acquiring when the holder's command exited (otherwise the
-    /// hand-off includes the waiter's start, and it is left out of the figures).
+    /// The waiter was already in the server's queue (`queued`; on a backend that does not
+    /// mark it, acquiring) when the holder's command exited; otherwise the hand-off includes
+    /// the waiter's start and connection, and it is left out of the figures.
     waited: bool,
 }
 
@@ -205,6 +215,21 @@ fn handoffs(runs: &[Vec<Event>]) -> Vec<Handoff> {
     // By time; within one process, in the order it wrote them.
     all.sort_by_key(|(i, e)| (e.at, e.pid, *i));
     let all: Vec<Event> = all.into_iter().map(|(_, e)| e).collect();
+    // A waiter counts as waiting once it is in the server's queue (`queued`, on backends
+    // that mark it), else once it is acquiring.
+    let waiting_event = if all.iter().any(|e| e.name == "queued") {
+        "queued"
+    } else {
+        "acquiring"
+    };
+    if let Ok(path) = std::env::var("DLOCK_HANDOFF_TIMELINE") {
+        let start = all.first().map_or(0, |e| e.at);
+        let text: String = all
+            .iter()
+            .map(|e| format!("{:>10} {:>8} {}\n", e.at - start, e.pid, e.name))
+            .collect();
+        std::fs::write(&path, text).expect("write the time line");
+    }
     let commands: Vec<&Event> = all
         .iter()
         .filter(|e| e.name == "spawned" || e.name == "exited")
@@ -235,7 +260,7 @@ fn handoffs(runs: &[Vec<Event>]) -> Vec<Handoff> {
             assert_ne!(holder, waiter, "one process spawned twice");
             let waited = all
                 .iter()
-                .any(|e| e.pid == waiter && e.name == "acquiring" && e.at < exited.at);
+                .any(|e| e.pid == waiter && e.name == waiting_event && e.at < exited.at);
             let events: Vec<(String, u64)> = all[index_of(exited)..=index_of(spawned)]
                 .iter()
                 .filter(|e| e.pid == holder || e.pid == waiter)
@@ -367,7 +392,7 @@ fn report(label: &str, handoffs: &[Handoff]) -> String {
     if late > 0 {
         let _ = writeln!(
             rows,
-            "| {label} | left out: the waiter was not yet waiting | {late} | | | | |"
+            "| {label} | left out: the waiter was not yet queued | {late} | | | | |"
         );
     }
     rows
@@ -376,7 +401,7 @@ fn report(label: &str, handoffs: &[Handoff]) -> String {
 /// Contend, check, and report one backend.
 fn measure(server: &dyn LockServer, label: &str) {
     let runs = contend(server);
-    assert_eq!(runs.len(), PROCESSES * self::runs());
+    assert_eq!(runs.len(), processes() * self::runs());
     assert_common_events_in_order(&runs);
     let handoffs = handoffs(&runs);
     assert_eq!(handoffs.len(), runs.len() - 1, "one hand-off between runs");

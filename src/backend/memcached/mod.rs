@@ -389,6 +389,10 @@ impl Backend for MemcachedBackend {
                     .await
                     .unwrap_or(None),
             };
+            if !waited {
+                // Polling from now on: the next free poll after a release wins.
+                tracing::debug!(target: crate::logging::HANDOFF, "queued");
+            }
             tokio::select! {
                 () = cancel.cancelled() => {
                     wait::leave(&mut registration, &mut conn, &owner, OP_TIMEOUT).await;

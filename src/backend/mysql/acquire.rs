@@ -105,6 +105,8 @@ impl MysqlBackend {
             );
             let marks = handoff_marks(&sql);
             let sent = BootInstant::now();
+            // The GET_LOCK call waits in the server's queue from now on (a round at a time).
+            tracing::debug!(target: crate::logging::HANDOFF, "queued");
             let rows = match self.call(session, &sql, wait, &marks, cancel).await? {
                 Ok(rows) => rows,
                 Err(f) if f.server_code() == Some(1146) && !created => {

@@ -41,6 +41,8 @@ impl PgBackend {
             (&session.marker, Type::TEXT),
         ];
         let sent = BootInstant::now();
+        // The lock call goes out at the first poll below: in the server's queue from then on.
+        tracing::debug!(target: HANDOFF, "queued");
         // Each answer is marked as it arrives (the hand-off events, `logging::HANDOFF`); the
         // wrappers put their request on the wire at their first poll, as the bare calls do.
         let lock = async {

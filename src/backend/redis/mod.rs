@@ -145,6 +145,10 @@ impl Backend for RedisBackend {
                     ticket: theirs,
                     live,
                 }) => {
+                    if ticket == 0 {
+                        // Our first place in line: woken by a release from now on.
+                        tracing::debug!(target: crate::logging::HANDOFF, "queued");
+                    }
                     if theirs != 0 {
                         ticket = theirs;
                     }

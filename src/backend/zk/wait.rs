@@ -78,6 +78,7 @@ impl ZkBackend {
             }
             waiter.mark().await?;
             if let Some(watcher) = waiter.watch_ahead(index, &children).await? {
+                tracing::debug!(target: crate::logging::HANDOFF, "queued");
                 waiter.sleep(watcher, deadline, cancel).await?;
             }
             listed_sent = BootInstant::now();
