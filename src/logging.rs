@@ -2,6 +2,13 @@
 //!
 //! Default level: warnings. `-v` info, `-vv` debug, `-vvv` trace; `-q` errors only, `-qq`
 //! nothing. `DLOCK_LOG` takes a tracing filter (e.g. `dlock=debug`) and overrides both.
+//!
+//! Hand-off events (target [`HANDOFF`], debug level: `DLOCK_LOG=dlock::handoff=debug`) mark
+//! the moments of a lock's hand-over from one process to the next (the command exited, the
+//! release was sent, the waiter was woken, the token was written, …). Their lines carry the
+//! wall clock in microseconds and the pid, `dlock: handoff 1764611101.123456 pid=1234 woken`,
+//! so that the lines of several processes on one host merge into one time line
+//! (`tests/handoff.rs` cuts it into hand-offs; `scripts/handoff-parts` reports the parts).
 
 use std::borrow::Cow;
 use std::fmt;
@@ -52,6 +59,34 @@ pub fn printable(text: &str) -> Cow<'_, str> {
 fn needs_escape(c: char) -> bool {
     c.is_control()
         || matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+}
+
+/// The target of the hand-off events: `tracing::debug!(target: "dlock::handoff", "woken")`.
+pub const HANDOFF: &str = "dlock::handoff";
+
+/// The start of a hand-off event's line after `dlock: `: `handoff <unix seconds>.<µs> pid=<pid> `.
+/// The clock is read here, as the event is written, which is when the macro at the event's
+/// place in the code runs (both subscribers write synchronously).
+fn handoff_stamp() -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    format!(
+        "handoff {}.{:06} pid={} ",
+        now.as_secs(),
+        now.subsec_micros(),
+        std::process::id()
+    )
+}
+
+/// What follows `dlock: ` before the message: the level's label, or for a hand-off event
+/// its time stamp and pid.
+fn prefix(metadata: &tracing::Metadata<'_>) -> Cow<'static, str> {
+    if metadata.target() == HANDOFF {
+        Cow::Owned(handoff_stamp())
+    } else {
+        Cow::Borrowed(label(*metadata.level()))
+    }
 }
 
 static QUIET: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
@@ -127,13 +162,10 @@ impl Subscriber for Stderr {
     fn record_follows_from(&self, _: &span::Id, _: &span::Id) {}
 
     fn event(&self, event: &Event<'_>) {
+        let prefix = prefix(event.metadata());
         let mut line = Line(String::new());
         event.record(&mut line);
-        say(format_args!(
-            "{}{}",
-            label(*event.metadata().level()),
-            line.0
-        ));
+        say(format_args!("{prefix}{}", line.0));
     }
 
     fn enter(&self, _: &span::Id) {}
@@ -171,7 +203,7 @@ fn init_filtered(verbose: u8, quiet: u8) {
     drop(result);
 }
 
-/// `dlock: warning: message` / `dlock: message`.
+/// `dlock: warning: message` / `dlock: message` / `dlock: handoff <time> pid=<pid> message`.
 struct DlockFormat;
 
 impl<S, N> FormatEvent<S, N> for DlockFormat
@@ -185,14 +217,37 @@ where
         mut writer: Writer<'_>,
         event: &Event<'_>,
     ) -> fmt::Result {
+        let prefix = prefix(event.metadata());
         let mut fields = String::new();
         ctx.field_format()
             .format_fields(Writer::new(&mut fields), event)?;
-        writeln!(
-            writer,
-            "dlock: {}{}",
-            label(*event.metadata().level()),
-            printable(&fields)
-        )
+        writeln!(writer, "dlock: {prefix}{}", printable(&fields))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_handoff_stamp_is_wall_clock_microseconds_and_the_pid() {
+        let before = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .expect("after 1970")
+            .as_secs_f64();
+        let stamp = handoff_stamp();
+        let words: Vec<&str> = stamp.split(' ').collect();
+        assert_eq!(words.len(), 4, "{stamp:?}");
+        assert_eq!(words[0], "handoff");
+        let (secs, micros) = words[1].split_once('.').expect("seconds.micros");
+        assert_eq!(micros.len(), 6, "{stamp:?}");
+        assert!(secs
+            .chars()
+            .chain(micros.chars())
+            .all(|c| c.is_ascii_digit()));
+        let at: f64 = words[1].parse().expect("a number");
+        assert!((at - before).abs() < 60.0, "{at} vs {before}");
+        assert_eq!(words[2], format!("pid={}", std::process::id()));
+        assert_eq!(words[3], "", "the message follows after one space");
     }
 }

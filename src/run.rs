@@ -98,6 +98,7 @@ pub async fn run<B: Backend>(
     let mut env = child_environment(&settings);
     let started = clock::BootInstant::now();
     let (canceller, cancel) = lock::cancellation();
+    tracing::debug!(target: logging::HANDOFF, "acquiring");
     let acquire = backend.acquire(&request, cancel);
     tokio::pin!(acquire);
     // `--wait` bounds everything before the command starts, connecting included. Backends
@@ -139,7 +140,10 @@ pub async fn run<B: Backend>(
     };
     waiting.finish(&settings.name, acquired.is_ok());
     let mut lease = match acquired {
-        Ok(lease) => lease,
+        Ok(lease) => {
+            tracing::debug!(target: logging::HANDOFF, "acquired");
+            lease
+        }
         Err(Error::Busy(message)) => {
             // `-q` silences this one: `dlock run -q -n job -- …` in cron mails nothing when an
             // earlier run still holds the lock.
@@ -215,7 +219,10 @@ async fn supervise_command<L: Lease>(
 ) -> anyhow::Result<Ran> {
     let terminal = supervise::Terminal::foreground();
     let child = match supervise::spawn(&settings.command, &env, terminal.as_ref()) {
-        Ok(child) => child,
+        Ok(child) => {
+            tracing::debug!(target: logging::HANDOFF, "spawned");
+            child
+        }
         Err(err) => {
             let shown = settings.command.arg0.to_string_lossy();
             let error = match err.raw_os_error() {
@@ -268,7 +275,10 @@ async fn supervise_command<L: Lease>(
 
 async fn release<L: Lease>(lease: L, settings: &RunSettings) {
     let budget = settings.common.ttl.min(Duration::from_secs(10));
-    match tokio::time::timeout(budget, lease.release()).await {
+    tracing::debug!(target: logging::HANDOFF, "release-sent");
+    let released = tokio::time::timeout(budget, lease.release()).await;
+    tracing::debug!(target: logging::HANDOFF, "released");
+    match released {
         Ok(Ok(())) => {}
         Ok(Err(err)) => tracing::warn!("could not release '{}': {err}", settings.name),
         Err(_) => tracing::warn!(

@@ -217,6 +217,7 @@ pub async fn supervise<L: Lease>(
                     child.signal_group(libc::SIGKILL);
                 }
                 child.reap();
+                tracing::debug!(target: crate::logging::HANDOFF, "exited");
                 if let Some(terminal) = terminal {
                     terminal.take_back();
                 }

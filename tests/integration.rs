@@ -6,6 +6,7 @@
 //! - `cli`, `docs`, `safety`, `terminal`: what does not depend on a backend;
 //! - `local_queue`: many waiters on one host (the host-local queue, capacity refusals);
 //! - `scale`: the seed's many-clients test on every backend, at shipped server limits.
+//! - `handoff`: where a hand-off's time goes, part by part, on every backend.
 //! - `packaging`: `--version` and the builds (README "Install").
 
 mod support;
@@ -15,6 +16,7 @@ mod contract;
 mod backends;
 mod cli;
 mod docs;
+mod handoff;
 mod local_queue;
 mod packaging;
 mod safety;

@@ -117,11 +117,18 @@ impl Backend for FileBackend {
             let (slot, file, file_name) = match try_slots(&dir, &stem, request.limit)? {
                 Attempt::Taken(taken) => taken,
                 Attempt::AllHeld(files) => {
-                    wait_for_slot(&dir, request, &stem, files, deadline, &mut cancel).await?
+                    let won =
+                        wait_for_slot(&dir, request, &stem, files, deadline, &mut cancel).await?;
+                    tracing::debug!(target: crate::logging::HANDOFF, "woken");
+                    won
                 }
             };
             match dir.is_current(&file, &file_name) {
-                Ok(true) => return start_hold(&dir, request, &stem, slot, file, &file_name),
+                Ok(true) => {
+                    let hold = start_hold(&dir, request, &stem, slot, file, &file_name);
+                    tracing::debug!(target: crate::logging::HANDOFF, "token-written");
+                    return hold;
+                }
                 Ok(false) => {
                     tracing::debug!(
                         "{} was replaced while we locked it; retrying",
@@ -213,6 +220,7 @@ async fn wait_for_slot(
         ));
     }
     let mut blocked = BlockedWait::start(files);
+    tracing::debug!(target: crate::logging::HANDOFF, "queued");
     let outcome = tokio::select! {
         got = blocked.first() => got,
         _ = cancel.cancelled() => Err(Error::Cancelled),

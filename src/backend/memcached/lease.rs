@@ -266,7 +266,9 @@ impl Lease for MemcachedLease {
         // One retry on a fresh connection: a release that never arrives costs the next
         // holder up to a TTL.
         for _ in 0..2 {
-            match held.delete(conn, OP_TIMEOUT).await {
+            let deleted = held.delete(conn, OP_TIMEOUT).await;
+            tracing::debug!(target: crate::logging::HANDOFF, "deleted");
+            match deleted {
                 Ok(Ours::Yes) => return Ok(()),
                 Ok(Ours::No(why)) => {
                     tracing::warn!("the lock was no longer ours when it was released: {why}");

@@ -202,6 +202,7 @@ impl MemcachedBackend {
             }
         };
         let taken = token::next(&mut conn, keys, request.limit, OP_TIMEOUT, display, agree).await;
+        tracing::debug!(target: crate::logging::HANDOFF, "token-taken");
         let token = match taken {
             Ok(token) => token,
             Err(e) => {
@@ -216,7 +217,9 @@ impl MemcachedBackend {
             record,
         }
         .to_bytes();
-        match held.touch(&mut conn, OP_TIMEOUT).await {
+        let touched = held.touch(&mut conn, OP_TIMEOUT).await;
+        tracing::debug!(target: crate::logging::HANDOFF, "slot-written");
+        match touched {
             Ok(lease::Ours::Yes) => {}
             Ok(lease::Ours::No(why)) => {
                 return Err(Error::Unavailable(format!(
@@ -327,11 +330,19 @@ impl Backend for MemcachedBackend {
         let deadline = request.wait.deadline();
         let mut backoff = Backoff::new();
         let mut registration: Option<Registration> = None;
+        let mut waited = false;
         loop {
             let attempt = self.attempt(&mut conn, &ctx, &value, &mut backoff).await;
             let holders = match attempt {
                 Ok(Attempt::Won(won)) => {
+                    if waited {
+                        // A poll found the lock free: memcached tells a waiter nothing sooner.
+                        tracing::debug!(target: crate::logging::HANDOFF, "woken");
+                    }
                     wait::leave(&mut registration, &mut conn, &owner, OP_TIMEOUT).await;
+                    if waited {
+                        tracing::debug!(target: crate::logging::HANDOFF, "unregistered");
+                    }
                     return self.finish(conn, ctx, won).await;
                 }
                 Ok(Attempt::Held(holders)) => holders,
@@ -378,6 +389,10 @@ impl Backend for MemcachedBackend {
                     .await
                     .unwrap_or(None),
             };
+            if !waited {
+                // Polling from now on: the next free poll after a release wins.
+                tracing::debug!(target: crate::logging::HANDOFF, "queued");
+            }
             tokio::select! {
                 () = cancel.cancelled() => {
                     wait::leave(&mut registration, &mut conn, &owner, OP_TIMEOUT).await;
@@ -385,6 +400,7 @@ impl Backend for MemcachedBackend {
                 }
                 () = tokio::time::sleep(pause) => {}
             }
+            waited = true;
         }
     }
 

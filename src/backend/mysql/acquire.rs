@@ -103,8 +103,11 @@ impl MysqlBackend {
                 self.settings(session, request),
                 other_limit_sql(&name_key, request.limit)
             );
+            let marks = handoff_marks(&sql);
             let sent = BootInstant::now();
-            let rows = match self.call(session, &sql, wait, cancel).await? {
+            // The GET_LOCK call waits in the server's queue from now on (a round at a time).
+            tracing::debug!(target: crate::logging::HANDOFF, "queued");
+            let rows = match self.call(session, &sql, wait, &marks, cancel).await? {
                 Ok(rows) => rows,
                 Err(f) if f.server_code() == Some(1146) && !created => {
                     created = true;
@@ -174,7 +177,7 @@ impl MysqlBackend {
                 other_limit_sql(name_key, request.limit),
                 turnstile_sql(&turnstile, wait)
             );
-            let rows = match self.call(session, &sql, wait, cancel).await? {
+            let rows = match self.call(session, &sql, wait, &[], cancel).await? {
                 Ok(rows) => rows,
                 Err(f) if f.server_code() == Some(1146) && !created => {
                     created = true;
@@ -220,10 +223,11 @@ impl MysqlBackend {
         session: &mut Session,
         sql: &str,
         wait: Duration,
+        marks: &[(usize, &'static str)],
         cancel: &mut Cancel,
     ) -> Result<Result<Vec<mysql_async::Row>, Failure>, Error> {
         let id = session.id;
-        let work = session.rows(sql, wait + SLACK);
+        let work = session.rows_marked(sql, wait + SLACK, marks);
         tokio::select! {
             biased;
             done = work => Ok(done),
@@ -376,6 +380,21 @@ impl MysqlBackend {
 /// rolled the statement back, and trying again is the documented answer.
 fn transient(f: &Failure) -> bool {
     matches!(f.server_code(), Some(1213 | 1205))
+}
+
+/// The hand-off events (`logging::HANDOFF`) of a lock statement `sql`: `granted` when the
+/// result of the statement with the `GET_LOCK` call arrives, `token-written` when the
+/// `COMMIT` of the token's transaction does (statements counted by their `;`: the texts in
+/// them are hex literals). Nothing when the events are not printed.
+fn handoff_marks(sql: &str) -> Vec<(usize, &'static str)> {
+    if !tracing::enabled!(target: crate::logging::HANDOFF, tracing::Level::DEBUG) {
+        return Vec::new();
+    }
+    let statement_at = |needle: &str| sql.find(needle).map(|at| sql[..at].matches(';').count());
+    [("GET_LOCK(", "granted"), ("COMMIT;", "token-written")]
+        .into_iter()
+        .filter_map(|(needle, event)| Some((statement_at(needle)?, event)))
+        .collect()
 }
 
 /// How long the next lock call may wait in the server.

@@ -275,8 +275,20 @@ impl Session {
     /// Run `sql` (one or more statements) and return the rows of the last result set that
     /// had any, bounded by `limit`.
     pub(super) async fn rows(&mut self, sql: &str, limit: Duration) -> Result<Vec<Row>, Failure> {
+        self.rows_marked(sql, limit, &[]).await
+    }
+
+    /// [`Session::rows`], with a hand-off event (`logging::HANDOFF`) as the result of each
+    /// statement that `marks` names arrives: `(i, event)` for the `i`-th statement of `sql`
+    /// (from 0). The server may send several results in one packet; the events then show it.
+    pub(super) async fn rows_marked(
+        &mut self,
+        sql: &str,
+        limit: Duration,
+        marks: &[(usize, &'static str)],
+    ) -> Result<Vec<Row>, Failure> {
         tracing::trace!("statement: {sql}");
-        match tokio::time::timeout(limit, last_rows(&mut self.conn, sql)).await {
+        match tokio::time::timeout(limit, last_rows(&mut self.conn, sql, marks)).await {
             Ok(result) => result.map_err(Failure::Driver),
             Err(_) => Err(Failure::Timeout(limit)),
         }
@@ -291,12 +303,19 @@ impl Session {
 }
 
 /// The rows of the last result set of `sql` that returned any.
-async fn last_rows(conn: &mut Conn, sql: &str) -> Result<Vec<Row>, mysql_async::Error> {
+async fn last_rows(
+    conn: &mut Conn,
+    sql: &str,
+    marks: &[(usize, &'static str)],
+) -> Result<Vec<Row>, mysql_async::Error> {
     let mut result = conn.query_iter(sql).await?;
     let mut last = Vec::new();
     // Bounded: one round per statement of `sql`.
-    for _ in 0..64 {
+    for statement in 0..64 {
         let rows: Vec<Row> = result.collect().await?;
+        if let Some((_, event)) = marks.iter().find(|(at, _)| *at == statement) {
+            tracing::debug!(target: crate::logging::HANDOFF, "{event}");
+        }
         if !rows.is_empty() {
             last = rows;
         }

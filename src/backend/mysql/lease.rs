@@ -61,7 +61,10 @@ impl MysqlLease {
             since = BootInstant::now();
             let confirmed = tokio::time::timeout(schedule.attempt_timeout(), renewer.renew()).await;
             let failure = match confirmed {
-                Ok(Ok(_)) => None,
+                Ok(Ok(_)) => {
+                    tracing::debug!(target: crate::logging::HANDOFF, "confirmed");
+                    None
+                }
                 Ok(Err(RenewError::Gone(why) | RenewError::Failed(why))) => Some(why),
                 Err(_) => Some(format!(
                     "the server did not confirm it within {}",
@@ -121,7 +124,9 @@ impl Lease for MysqlLease {
         // Bounded: after a lost hold the connection may be a black hole.
         let bound = (self.schedule.ttl / 3).min(CANCEL_TIMEOUT);
         let sql = format!("SELECT RELEASE_LOCK({})", quoted(&renewer.key));
-        match renewer.session.lock().await.rows(&sql, bound).await {
+        let unlocked = renewer.session.lock().await.rows(&sql, bound).await;
+        tracing::debug!(target: crate::logging::HANDOFF, "unlocked");
+        match unlocked {
             Ok(rows) if rows.first().and_then(|r| cell::<i64>(r, 0)) == Some(1) => {}
             Ok(_) => {
                 tracing::warn!("the lock was no longer held by our session when it was released")

@@ -74,7 +74,10 @@ impl PgLease {
             since = BootInstant::now();
             let confirmed = tokio::time::timeout(schedule.attempt_timeout(), renewer.renew()).await;
             let failure = match confirmed {
-                Ok(Ok(_)) => None,
+                Ok(Ok(_)) => {
+                    tracing::debug!(target: crate::logging::HANDOFF, "confirmed");
+                    None
+                }
                 Ok(Err(RenewError::Gone(why) | RenewError::Failed(why))) => Some(why),
                 Err(_) => Some(format!(
                     "the server did not confirm it within {}",
@@ -191,7 +194,9 @@ impl Lease for PgLease {
                         .await,
                 }
             };
-        let Ok(unlocked) = tokio::time::timeout(bound, unlock).await else {
+        let unlocked = tokio::time::timeout(bound, unlock).await;
+        tracing::debug!(target: crate::logging::HANDOFF, "unlocked");
+        let Ok(unlocked) = unlocked else {
             tracing::warn!(
                 "the server did not answer the unlock; closing the session frees the lock"
             );

@@ -15,6 +15,7 @@ use super::PgBackend;
 use crate::clock::BootInstant;
 use crate::error::Error;
 use crate::lock::{limit_mismatch, AcquireRequest, Cancel, Wait};
+use crate::logging::HANDOFF;
 use crate::wording::not_acquired;
 
 impl PgBackend {
@@ -40,8 +41,20 @@ impl PgBackend {
             (&session.marker, Type::TEXT),
         ];
         let sent = BootInstant::now();
-        let lock = client.query_typed(&lock_sql, &lock_params);
-        let token = client.query_typed(&token_sql, &token_params);
+        // The lock call goes out at the first poll below: in the server's queue from then on.
+        tracing::debug!(target: HANDOFF, "queued");
+        // Each answer is marked as it arrives (the hand-off events, `logging::HANDOFF`); the
+        // wrappers put their request on the wire at their first poll, as the bare calls do.
+        let lock = async {
+            let answer = client.query_typed(&lock_sql, &lock_params).await;
+            tracing::debug!(target: HANDOFF, "granted");
+            answer
+        };
+        let token = async {
+            let answer = client.query_typed(&token_sql, &token_params).await;
+            tracing::debug!(target: HANDOFF, "token-written");
+            answer
+        };
         // Both requests go out at once, in the order `join` first polls them: the lock call,
         // then the token statement, which the server runs as soon as the lock is granted.
         let work = async { tokio::join!(lock, token) };

@@ -380,14 +380,14 @@ impl Conn {
         self.finish(outcome, budget)
     }
 
-    /// Block until our mailbox gets a wake-up or `block` passes.
-    pub(super) async fn blpop(&mut self, key: &str, block: Duration) -> Result<(), Failure> {
+    /// Block until our mailbox gets a wake-up (true) or `block` passes (false).
+    pub(super) async fn blpop(&mut self, key: &str, block: Duration) -> Result<bool, Failure> {
         let mut command = redis::cmd("BLPOP");
         command.arg(key).arg(format!("{:.3}", block.as_secs_f64()));
         let request = Request::Command(&command, Some(slot_of(key.as_bytes())));
         self.call::<Option<(String, String)>>(request, block + OP_TIMEOUT)
             .await
-            .map(drop)
+            .map(|popped| popped.is_some())
     }
 }
 

@@ -119,6 +119,9 @@ impl Backend for RedisBackend {
             // Behind Sentinel, a grant or a place in line on a master that the sentinels no
             // longer name counts for nothing: take the step again on the new one.
             let granted = matches!(Step::parse(&reply), Some(Step::Granted { .. }));
+            if granted {
+                tracing::debug!(target: crate::logging::HANDOFF, "granted");
+            }
             match sentinel::follow(&mut conn, granted).await {
                 Ok(false) => {}
                 Ok(true) => {
@@ -142,6 +145,10 @@ impl Backend for RedisBackend {
                     ticket: theirs,
                     live,
                 }) => {
+                    if ticket == 0 {
+                        // Our first place in line: woken by a release from now on.
+                        tracing::debug!(target: crate::logging::HANDOFF, "queued");
+                    }
                     if theirs != 0 {
                         ticket = theirs;
                     }

@@ -154,6 +154,7 @@ pub(super) async fn release_call(
         .arg(limit)
         .arg(role);
     let reply: Vec<Value> = conn.invoke(&invocation, budget).await?;
+    tracing::debug!(target: crate::logging::HANDOFF, "unlocked");
     Ok(match reply.first().and_then(int_of) {
         Some(-2) => Released::BadData {
             key: reply.get(1).and_then(text_of).unwrap_or_default(),
@@ -163,6 +164,7 @@ pub(super) async fn release_call(
             if reply.get(1).and_then(int_of) == Some(1) {
                 let woken: Vec<String> = reply.get(2).and_then(text_of).into_iter().collect();
                 wake_call(conn, keys, &woken, budget).await;
+                tracing::debug!(target: crate::logging::HANDOFF, "wake-sent");
             }
             Released::Done {
                 held: held == Some(1),

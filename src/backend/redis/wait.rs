@@ -294,8 +294,10 @@ impl<'a> Waiter<'a> {
         // the --wait deadline is also kept by our own clock.
         tokio::select! {
             woken = conn.blpop(&self.keys.wake, block) => {
-                if let Err(failure) = woken {
-                    tracing::debug!("waiting for a wake-up failed: {}; re-checking", failure.describe());
+                match woken {
+                    Ok(true) => tracing::debug!(target: crate::logging::HANDOFF, "woken"),
+                    Ok(false) => {}
+                    Err(failure) => tracing::debug!("waiting for a wake-up failed: {}; re-checking", failure.describe()),
                 }
             }
             _ = crate::clock::sleep_until(deadline.unwrap_or(BootInstant::now())), if deadline.is_some() => {}

@@ -195,7 +195,9 @@ impl Lease for ZkLease {
         let delete = client.delete(&path, None);
         let states = client.state_watcher();
         drop(client);
-        let result = match tokio::time::timeout(ttl.min(OP_TIMEOUT), delete).await {
+        let deleted = tokio::time::timeout(ttl.min(OP_TIMEOUT), delete).await;
+        tracing::debug!(target: crate::logging::HANDOFF, "deleted");
+        let result = match deleted {
             Ok(Ok(())) => Ok(()),
             Ok(Err(zk::Error::NoNode)) => {
                 tracing::warn!("the lock node was already gone when the lock was released");
@@ -209,6 +211,7 @@ impl Lease for ZkLease {
             ))),
         };
         closed(states).await;
+        tracing::debug!(target: crate::logging::HANDOFF, "closed");
         result
     }
 }

@@ -78,6 +78,7 @@ impl ZkBackend {
             }
             waiter.mark().await?;
             if let Some(watcher) = waiter.watch_ahead(index, &children).await? {
+                tracing::debug!(target: crate::logging::HANDOFF, "queued");
                 waiter.sleep(watcher, deadline, cancel).await?;
             }
             listed_sent = BootInstant::now();
@@ -85,6 +86,7 @@ impl ZkBackend {
                 r = waiter.list() => r?,
                 _ = cancel.cancelled() => return Err(Error::Cancelled),
             };
+            tracing::debug!(target: crate::logging::HANDOFF, "children-read");
         }
     }
 
@@ -167,6 +169,7 @@ impl Waiter<'_> {
             self.backend
                 .check_limit(&self.client, &self.dir, &children[0], self.request)
                 .await?;
+            tracing::debug!(target: crate::logging::HANDOFF, "limit-checked");
             self.limit_checked = true;
         }
         Ok(index)
@@ -182,6 +185,7 @@ impl Waiter<'_> {
                     self.backend
                         .classify(&e, &format!("writing {}", self.own_path))
                 })?;
+            tracing::debug!(target: crate::logging::HANDOFF, "data-written");
         } else if self.marked {
             // Our node is a hold now, for `status`. The request goes out as it is
             // made; nothing waits for its reply (the command starts at once).
@@ -288,6 +292,7 @@ impl Waiter<'_> {
         };
         tokio::select! {
             event = watcher.changed() => {
+                tracing::debug!(target: crate::logging::HANDOFF, "woken");
                 if event.event_type == EventType::Session && event.session_state.is_terminated() {
                     return Err(Error::Unavailable(format!(
                         "the ZooKeeper session ended while waiting ({}); the command was not started",
