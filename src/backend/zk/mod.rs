@@ -21,7 +21,9 @@
 //! before its own (for `--limit N > 1`, the head of the queue watches the children instead, and
 //! every waiter that gets the lock rewrites its data, which wakes the one behind it). After
 //! every wake-up it lists again instead of assuming, and a waiter whose own node is gone never
-//! starts the command. Cancel and release delete our node before the session is closed.
+//! starts the command; the one exception is a `--limit 1` waiter whose predecessor's data
+//! changed (it took the lock and dropped its waiting mark): that node is still there, so the
+//! waiter only watches it again. Cancel and release delete our node before the session is closed.
 //!
 //! A waiter killed with SIGKILL cannot delete its node, which then lives as long as its
 //! session: up to the negotiated session timeout. With `--limit 1` a waiter marks its node

@@ -77,9 +77,21 @@ impl ZkBackend {
                 return Err(waiter.busy("not waiting (--no-wait)").await);
             }
             waiter.mark().await?;
-            if let Some(watcher) = waiter.watch_ahead(index, &children).await? {
+            if let Some(mut watcher) = waiter.watch_ahead(index, &children).await? {
                 tracing::debug!(target: crate::logging::HANDOFF, "queued");
-                waiter.sleep(watcher, deadline, cancel).await?;
+                // `--limit 1`: the node ahead rewrote its data (it took the lock and dropped
+                // its waiting mark, or recorded its finish) and is still there, so only its
+                // deletion can make our turn: watch it again instead of listing the queue,
+                // which would cost a read, and at a hand-off a second one.
+                while waiter.sleep(watcher, deadline, cancel).await?
+                    == Some(EventType::NodeDataChanged)
+                    && waiter.limit == 1
+                {
+                    match waiter.watch_predecessor(&children[index - 1]).await? {
+                        Some(again) => watcher = again,
+                        None => break,
+                    }
+                }
             }
             listed_sent = BootInstant::now();
             children = tokio::select! {
@@ -270,14 +282,15 @@ impl Waiter<'_> {
         }
     }
 
-    /// Sleep until `watcher` fires or `cancel` does; give up at `deadline` (the end of
-    /// `--wait`) with who holds the lock.
+    /// Sleep until `watcher` fires (returns what happened to the node it watched) or
+    /// `cancel` does; give up at `deadline` (the end of `--wait`) with who holds the lock.
+    /// `None`: a semaphore waiter's periodic look.
     async fn sleep(
         &self,
         watcher: OneshotWatcher,
         deadline: Option<BootInstant>,
         cancel: &mut Cancel,
-    ) -> Result<(), Error> {
+    ) -> Result<Option<EventType>, Error> {
         // A semaphore waiter also looks again every TTL, in case a wake-up was missed.
         let recheck_at = (self.limit > 1).then(|| BootInstant::now() + self.request.ttl);
         let wake = match (deadline, recheck_at) {
@@ -299,6 +312,7 @@ impl Waiter<'_> {
                         event.session_state
                     )));
                 }
+                return Ok(Some(event.event_type));
             }
             _ = cancel.cancelled() => return Err(Error::Cancelled),
             _ = wake => {
@@ -309,7 +323,7 @@ impl Waiter<'_> {
                 }
             }
         }
-        Ok(())
+        Ok(None)
     }
 
     /// The queue again after a wake-up: never assume, look.

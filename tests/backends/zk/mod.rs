@@ -25,6 +25,60 @@ fn a_finish_after_the_lock_was_taken_over_writes_nothing() {
     );
 }
 
+#[test]
+fn a_waiter_whose_predecessor_takes_the_lock_watches_it_again_without_listing() {
+    // --limit 1: B waits behind the holder A, C behind B. When A leaves, B takes the lock and
+    // drops its waiting mark: a data change on B's node, which C watches. C watches B again
+    // instead of listing the queue, so it lists once, after B's release, not twice.
+    let server = ZkServer::start();
+    let env = TestEnv::new(&server);
+    let lock = lock_name("z");
+    let dir = format!("/dlock/{lock}");
+    let mut a = env.hold(&lock, &[]);
+    let mut b = env
+        .dlock(["run", &lock, "sh", "-c", "touch b-ran; exec sleep 1000"])
+        .spawn()
+        .expect("spawn B");
+    wait_until("B queued", PATIENCE, || env.waiters(&lock) == 1);
+    let mut c = env
+        .dlock(["run", &lock, "touch", "c-ran"])
+        .env("DLOCK_LOG", "dlock::handoff=debug")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn C");
+    // C watches the node ahead of its own: B's, the second in the queue.
+    wait_until("C watching B", PATIENCE, || {
+        let mut queue: Vec<String> = owners(&server, &dir).into_keys().collect();
+        queue.sort_by_key(|path| path.rsplit('-').next().map(str::to_owned));
+        queue.len() == 3
+            && watches_by_session(&server)
+                .values()
+                .flatten()
+                .any(|path| *path == queue[1])
+    });
+    a.signal(nix::sys::signal::Signal::SIGTERM);
+    a.wait();
+    wait_until("B runs", PATIENCE, || env.path("b-ran").exists());
+    assert!(!env.path("c-ran").exists(), "C ran while B held the lock");
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(b.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .expect("signal B");
+    wait_within(&mut b, PATIENCE);
+    assert!(wait_within(&mut c, PATIENCE).success());
+    assert!(env.path("c-ran").exists());
+    let mut said = String::new();
+    if let Some(mut stderr) = c.stderr.take() {
+        std::io::Read::read_to_string(&mut stderr, &mut said).expect("C's stderr");
+    }
+    let listings = said
+        .lines()
+        .filter(|l| l.ends_with(" children-read"))
+        .count();
+    assert_eq!(listings, 1, "C listed the queue {listings} times:\n{said}");
+}
+
 /// `wchc`: the paths each session watches.
 fn watches_by_session(server: &ZkServer) -> HashMap<String, Vec<String>> {
     let text = zk_four_letter(server.members[0].client_port, "wchc").expect("wchc");
