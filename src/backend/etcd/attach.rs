@@ -167,7 +167,7 @@ async fn move_until_done(mut conn: Conn, target: Move) -> Result<(), String> {
     loop {
         match target.once(&mut conn).await {
             Ok(true) => {
-                tracing::debug!(target: "dlock::handoff", "attached");
+                tracing::debug!(target: crate::logging::HANDOFF, "attached");
                 return Ok(());
             }
             Ok(false) => return Err(KEY_GONE.into()),

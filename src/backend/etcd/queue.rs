@@ -257,7 +257,7 @@ impl Acquisition<'_> {
                     if !self.before.answer(self.cancel, moved).await? {
                         return Err(place_lost());
                     }
-                    tracing::debug!(target: "dlock::handoff", "attached");
+                    tracing::debug!(target: crate::logging::HANDOFF, "attached");
                 }
             }
         }
@@ -325,6 +325,7 @@ impl Acquisition<'_> {
             }
             let reread = if response.created() {
                 created = true;
+                tracing::debug!(target: crate::logging::HANDOFF, "queued");
                 // The watch started after `read_at`: read again, now that it exists.
                 response.header().map_or(0, |h| h.revision()) != read_at
             } else if !created {
@@ -336,7 +337,7 @@ impl Acquisition<'_> {
                     // Our key existed at the holder's deletion (not necessarily at the
                     // response's header revision, which can be later).
                     (Seen::Holder, at) => {
-                        tracing::debug!(target: "dlock::handoff", "woken");
+                        tracing::debug!(target: crate::logging::HANDOFF, "woken");
                         return Ok(Wake::Head(Box::new(stream), at));
                     }
                     (Seen::Watched, _) if self.limit > 1 => return Ok(Wake::Changed),
