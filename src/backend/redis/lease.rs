@@ -25,6 +25,8 @@ pub struct RedisLease {
     pub(super) display: String,
     /// Behind Sentinel: `+switch-master` looks at the new master at once.
     pub(super) switch: Option<SwitchWatch>,
+    /// The waiter first in line at our grant: the release wakes it in the same script.
+    pub(super) next: Option<String>,
 }
 
 impl Lease for RedisLease {
@@ -77,6 +79,7 @@ impl Lease for RedisLease {
                 self.limit,
                 "holder",
                 OP_TIMEOUT,
+                self.next.as_deref(),
             )
             .await
             {

@@ -22,7 +22,10 @@
 //! Protocol: `acquire.lua` grants when `live holders + my rank < limit` (no overtaking), else
 //! queues the caller with a ticket. The waiter blocks in `BLPOP` on its own mailbox; a release
 //! (`release.lua`) names exactly the waiter its leaving admits, and the releasing dlock pushes
-//! into that one's mailbox, so one release wakes one waiter. The `BLPOP` times out every `WAITER_HEARTBEAT` (at most
+//! into that one's mailbox, so one release wakes one waiter. A grant names the waiter then
+//! first in line; the holder's release declares that one's mailbox too and, when it is the
+//! waiter to admit (the common case), pushes into it in the same script: one round trip on
+//! the hand-off's path instead of two. The `BLPOP` times out every `WAITER_HEARTBEAT` (at most
 //! TTL/3): a heartbeat that keeps the waiter's place, and a re-check that covers a missed
 //! wake-up. A waiter that stops heartbeating (killed) drops out `WAITER_LEASE` after its
 //! last one, whatever `--ttl` is. The head of the queue also re-checks when the holder's lease
@@ -136,8 +139,12 @@ impl Backend for RedisBackend {
                 }
             }
             let (hint, ahead, live) = match Step::parse(&reply) {
-                Some(Step::Granted { fence, ttl_ms }) => {
-                    return waiter.granted(conn, &fence, ttl_ms, sent).await;
+                Some(Step::Granted {
+                    fence,
+                    ttl_ms,
+                    next,
+                }) => {
+                    return waiter.granted(conn, &fence, ttl_ms, sent, next).await;
                 }
                 Some(Step::Waiting {
                     hint,

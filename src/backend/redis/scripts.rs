@@ -136,12 +136,15 @@ pub(super) enum Released {
 }
 
 /// Leave: give back a hold (or a place in line) and wake the waiter that leaving admits.
+/// `next`: the waiter that was first in line at our grant. When it is the one to wake, the
+/// script wakes it itself, one round trip instead of two on the hand-off's path.
 pub(super) async fn release_call(
     conn: &mut Conn,
     keys: &Keys,
     limit: u32,
     role: &str,
     budget: Duration,
+    next: Option<&str>,
 ) -> Result<Released, Failure> {
     let mut invocation = RELEASE.prepare_invoke();
     invocation
@@ -153,6 +156,12 @@ pub(super) async fn release_call(
         .arg(&keys.tok)
         .arg(limit)
         .arg(role);
+    if let Some(next) = next {
+        invocation
+            .key(keys.mailbox(next))
+            .arg(next)
+            .arg(millis(WAKE_TTL));
+    }
     let reply: Vec<Value> = conn.invoke(&invocation, budget).await?;
     tracing::debug!(target: crate::logging::HANDOFF, "unlocked");
     Ok(match reply.first().and_then(int_of) {
@@ -161,10 +170,14 @@ pub(super) async fn release_call(
             what: reply.get(2).and_then(text_of).unwrap_or_default(),
         },
         held => {
-            if reply.get(1).and_then(int_of) == Some(1) {
-                let woken: Vec<String> = reply.get(2).and_then(text_of).into_iter().collect();
-                wake_call(conn, keys, &woken, budget).await;
-                tracing::debug!(target: crate::logging::HANDOFF, "wake-sent");
+            match reply.get(1).and_then(int_of) {
+                Some(1) => {
+                    let woken: Vec<String> = reply.get(2).and_then(text_of).into_iter().collect();
+                    wake_call(conn, keys, &woken, budget).await;
+                    tracing::debug!(target: crate::logging::HANDOFF, "wake-sent");
+                }
+                Some(2) => tracing::debug!(target: crate::logging::HANDOFF, "woke-next"),
+                _ => {}
             }
             Released::Done {
                 held: held == Some(1),
@@ -264,6 +277,9 @@ pub(super) enum Step {
     Granted {
         fence: String,
         ttl_ms: i64,
+        /// The waiter first in line at the grant, if any: most likely the one our release
+        /// wakes.
+        next: Option<String>,
     },
     OtherLimit(i64),
     Waiting {
@@ -289,6 +305,7 @@ impl Step {
             1 => Step::Granted {
                 fence: text(1)?,
                 ttl_ms: int(2).unwrap_or(0),
+                next: text(3).filter(|next| !next.is_empty()),
             },
             -1 => Step::OtherLimit(int(1).unwrap_or(0)),
             0 => Step::Waiting {
@@ -398,9 +415,14 @@ mod tests {
             Value::Int(3000),
         ];
         match Step::parse(&reply) {
-            Some(Step::Granted { fence, ttl_ms }) => {
+            Some(Step::Granted {
+                fence,
+                ttl_ms,
+                next,
+            }) => {
                 assert_eq!(fence.parse::<u64>().ok(), Some(9_223_372_036_854_775_807));
                 assert_eq!(ttl_ms, 3000);
+                assert_eq!(next, None);
             }
             _ => panic!("not a grant"),
         }

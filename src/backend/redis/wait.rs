@@ -195,6 +195,7 @@ impl<'a> Waiter<'a> {
         fence: &str,
         granted_ms: i64,
         sent: BootInstant,
+        next: Option<String>,
     ) -> Result<RedisLease, Error> {
         let display = &self.backend.display;
         let token = match fence.parse::<u64>() {
@@ -234,6 +235,7 @@ impl<'a> Waiter<'a> {
             limit: self.request.limit,
             display: display.clone(),
             switch,
+            next,
         })
     }
 
@@ -355,7 +357,16 @@ impl<'a> Waiter<'a> {
         let (keys, request, display) = (&self.keys, self.request, &self.backend.display);
         let attempt = async {
             let mut conn = Conn::new(&self.backend.target, display)?;
-            match release_call(&mut conn, keys, request.limit, "holder", LEAVE_TIMEOUT).await {
+            match release_call(
+                &mut conn,
+                keys,
+                request.limit,
+                "holder",
+                LEAVE_TIMEOUT,
+                None,
+            )
+            .await
+            {
                 Ok(Released::BadData { key, what }) => Err(bad_data(display, &key, &what)),
                 Ok(Released::Done { .. }) => Ok(()),
                 Err(f) => Err(f.into_error(display)),

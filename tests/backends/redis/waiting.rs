@@ -10,6 +10,46 @@ use crate::support::*;
 use super::{key, sigkill};
 
 #[test]
+fn a_release_wakes_the_waiter_that_was_next_at_the_grant_in_the_same_script() {
+    // B takes the lock from A while C waits behind it: B's grant names C as next in line, so
+    // B's release wakes C inside the release script ("woke-next") instead of with a second
+    // call ("wake-sent"), one round trip less on the hand-off's path.
+    let server = RedisServer::start();
+    let env = TestEnv::new(&server);
+    let lock = lock_name("r");
+    let mut a = env.hold(&lock, &[]);
+    let mut b = env
+        .dlock(["run", &lock, "sh", "-c", "touch b-ran; exec sleep 1000"])
+        .env("DLOCK_LOG", "dlock::handoff=debug")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn B");
+    wait_until("B queued", PATIENCE, || env.waiters(&lock) == 1);
+    let mut c = env
+        .dlock(["run", &lock, "touch", "c-ran"])
+        .spawn()
+        .expect("spawn C");
+    wait_until("C queued", PATIENCE, || env.waiters(&lock) == 2);
+    a.signal(Signal::SIGTERM);
+    a.wait();
+    wait_until("B runs", PATIENCE, || env.path("b-ran").exists());
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(b.id() as i32), Signal::SIGTERM)
+        .expect("signal B");
+    wait_within(&mut b, PATIENCE);
+    assert!(wait_within(&mut c, PATIENCE).success());
+    assert!(env.path("c-ran").exists());
+    let mut said = String::new();
+    if let Some(mut stderr) = b.stderr.take() {
+        std::io::Read::read_to_string(&mut stderr, &mut said).expect("B's stderr");
+    }
+    let ends = |event: &str| said.lines().any(|l| l.ends_with(&format!(" {event}")));
+    assert!(
+        ends("woke-next") && !ends("wake-sent"),
+        "B's release should wake C in the release script:\n{said}"
+    );
+}
+
+#[test]
 fn a_dead_waiter_drops_out_of_the_queue() {
     let server = RedisServer::start();
     let env = TestEnv::new(&server);

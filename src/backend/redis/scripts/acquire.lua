@@ -6,8 +6,10 @@
 -- Every key it touches is one of KEYS (Redis Cluster requires it); a holder is a member of
 -- B:owners (score: its lease deadline, server ms) and fields '<tok>:<what>' of B:hold.
 -- Returns {-1, their_limit}                    a holder uses another --limit
---         {1, 'fence', ttl_ms}                 granted (or already ours: idempotent retry);
---                                              the fence is a decimal string, exact to 2^63-1
+--         {1, 'fence', ttl_ms, next}           granted (or already ours: idempotent retry);
+--                                              the fence is a decimal string, exact to 2^63-1;
+--                                              next: the waiter now first in line ('' none),
+--                                              whom my release will most likely wake
 --         {0, hint_ms, ahead, ticket, holders, {tok, ...}}
 --                                              not granted (hint -1 = none); ahead = waiters
 --                                              in line before me (all of them in 'try' mode);
@@ -105,7 +107,7 @@ if live + rank < limit then
   keep(KEYS[2], ARGV[3]); keep(KEYS[3], ARGV[3])
   if queued then redis.call('ZREM', KEYS[4], tok); redis.call('ZREM', KEYS[5], tok) end
   redis.call('DEL', KEYS[6])
-  return {1, fence, ttl}
+  return {1, fence, ttl, redis.call('ZRANGE', KEYS[4], 0, 0)[1] or ''}
 end
 
 -- a purge may have let waiters ahead of me move up: the caller wakes those that now fit

@@ -1,9 +1,12 @@
 -- dlock release / cancel ("leave"): remove my hold and/or my place in line, then say who now fits.
 -- KEYS[1]=B:owners KEYS[2]=B:hold KEYS[3]=B:queue KEYS[4]=B:qdl KEYS[5]=B:w:<tok>
+-- KEYS[6]=B:w:<next> (optional: the mailbox of the waiter that was next in line at my grant)
 -- ARGV[1]=tok ARGV[2]=limit ARGV[3]='holder'|'waiter' (what the caller believes it is)
+-- ARGV[4]=next (with KEYS[6]) ARGV[5]=wake_ttl_ms (with KEYS[6])
 -- Returns {held, woken, tok}: held=1 if my hold was still live (0 = it had expired or been
 --         deleted); woken=1 with the token of the waiter my leaving admits, which the caller
---         wakes (B:w:<tok>: a key this script cannot declare, so it does not touch it)
+--         wakes (B:w:<tok>: a key this script cannot declare, so it does not touch it);
+--         woken=2 when that waiter is ARGV[4]: its mailbox is KEYS[6], woken here already
 --         {-2, key, what}: KEY holds data dlock did not write (my mailbox is gone all the same)
 local tok, limit = ARGV[1], tonumber(ARGV[2])
 local t = redis.call('TIME')
@@ -37,6 +40,10 @@ end
 local free = limit - live
 if free > 0 and (held == 1 or ARGV[3] == 'holder' or (rank and rank < free)) then
   local w = redis.call('ZRANGE', KEYS[3], free - 1, free - 1)[1]
+  if w and KEYS[6] and w == ARGV[4] and type(redis.pcall('LPUSH', KEYS[6], '1')) == 'number' then
+    redis.call('PEXPIRE', KEYS[6], ARGV[5])
+    return {held, 2, w}
+  end
   if w then return {held, 1, w} end
 end
 return {held, 0}
