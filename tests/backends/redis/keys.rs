@@ -76,9 +76,9 @@ fn a_retried_acquire_finds_its_own_hold() {
     args.extend(["tok1", "1", "3000", "3000", "{}", "wait", "0"]);
     let first = redis_resp(server.port, &args).expect("first acquire");
     let second = redis_resp(server.port, &args).expect("retried acquire");
-    // {1, "<fence>", ttl}: the fence is a bulk string (exact beyond 2^53)
+    // {1, "<fence>", ttl, next}: the fence is a bulk string (exact beyond 2^53)
     let fence = |reply: &str| reply.lines().nth(3).map(str::to_owned);
-    assert!(first.starts_with("*3\r\n:1\r\n$"), "not granted: {first:?}");
+    assert!(first.starts_with("*4\r\n:1\r\n$"), "not granted: {first:?}");
     assert_eq!(
         fence(&first),
         fence(&second),
