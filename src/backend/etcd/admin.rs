@@ -117,17 +117,7 @@ pub(super) async fn force_release(
         let lease = entry.lease;
         if lease != 0 {
             // Revoke, not delete: the holder then finds its lease gone at its next renewal.
-            let revoked = conn
-                .call(
-                    OP_TIMEOUT,
-                    |mut c| async move { c.lease_revoke(lease).await },
-                )
-                .await;
-            if let Err(e) = revoked {
-                if !e.to_string().contains("not found") {
-                    return Err(e);
-                }
-            }
+            conn.revoke(lease, OP_TIMEOUT).await?;
         } else {
             conn.call(OP_TIMEOUT, |mut c| {
                 let key = entry.key.clone();

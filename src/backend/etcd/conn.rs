@@ -95,6 +95,19 @@ impl Conn {
         Ok(client)
     }
 
+    /// Revoke `lease`, which deletes the keys on it. `Ok(false)`: etcd no longer has it (it
+    /// expired, or someone revoked it first).
+    pub(super) async fn revoke(&mut self, lease: i64, budget: Duration) -> Result<bool, Error> {
+        match self
+            .call(budget, |mut c| async move { c.lease_revoke(lease).await })
+            .await
+        {
+            Ok(_) => Ok(true),
+            Err(e) if e.to_string().contains("not found") => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
     /// Run `op` on the current endpoint; after a transport failure or a timeout move to the
     /// next endpoint and try again, until `budget` is spent. Other errors return at once.
     pub(super) async fn call<T, F, Fut>(&mut self, budget: Duration, op: F) -> Result<T, Error>

@@ -302,32 +302,18 @@ impl Lease for EtcdLease {
         let revoke_waiter = async move {
             if let Some((waiter, attach)) = waiter {
                 drop(attach);
-                let revoked = other
-                    .call(
-                        OP_TIMEOUT,
-                        |mut c| async move { c.lease_revoke(waiter).await },
-                    )
-                    .await;
-                if let Err(e) = revoked {
+                if let Err(e) = other.revoke(waiter, OP_TIMEOUT).await {
                     tracing::debug!("could not revoke the waiter lease {waiter:x}: {e}");
                 }
             }
         };
         // The revoke goes out first: the next waiter is waiting for it. A keep-alive that
         // crosses it is harmless.
-        let revoke = conn.call(ttl.min(OP_TIMEOUT), |mut c| async move {
-            c.lease_revoke(id).await
-        });
+        let revoke = conn.revoke(id, ttl.min(OP_TIMEOUT));
         let (revoked, _, ()) = tokio::join!(revoke, keeper.stop(), revoke_waiter);
-        match revoked {
-            Ok(_) => Ok(()),
-            Err(e) if e.to_string().contains("not found") => {
-                tracing::warn!(
-                    "the lock had already expired or been removed before it was released"
-                );
-                Ok(())
-            }
-            Err(e) => Err(e),
+        if !revoked? {
+            tracing::warn!("the lock had already expired or been removed before it was released");
         }
+        Ok(())
     }
 }
