@@ -30,11 +30,7 @@ use crate::support::*;
 
 /// Concurrent `dlock run` loops: `DLOCK_HANDOFF_PROCESSES`, default 4.
 fn processes() -> usize {
-    std::env::var("DLOCK_HANDOFF_PROCESSES")
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(4)
-        .max(2)
+    env_count("DLOCK_HANDOFF_PROCESSES", 4).max(2)
 }
 /// Bound for one run (waiting for the others included).
 const RUN_BOUND: Duration = Duration::from_secs(120);
@@ -49,10 +45,7 @@ const COMMON: [&str; 6] = [
 ];
 
 fn runs() -> usize {
-    std::env::var("DLOCK_HANDOFF_RUNS")
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(10)
+    env_count("DLOCK_HANDOFF_RUNS", 10)
 }
 
 /// One hand-off event: when (µs since the epoch), which process, what.
@@ -407,21 +400,7 @@ fn measure(server: &dyn LockServer, label: &str) {
     assert_eq!(handoffs.len(), runs.len() - 1, "one hand-off between runs");
     let rows = report(label, &handoffs);
     eprintln!("{HEADER}{rows}");
-    if let Ok(path) = std::env::var("DLOCK_HANDOFF_REPORT") {
-        use std::io::Write;
-        let mut file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&path)
-            .expect("report file");
-        let empty = file.metadata().map(|m| m.len() == 0).unwrap_or(true);
-        let text = if empty {
-            format!("{HEADER}{rows}")
-        } else {
-            rows
-        };
-        file.write_all(text.as_bytes()).expect("write report");
-    }
+    append_report("DLOCK_HANDOFF_REPORT", HEADER, &rows);
 }
 
 #[test]

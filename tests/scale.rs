@@ -23,10 +23,7 @@ rmdir "$D/inside""#;
 const RUN_BOUND: Duration = Duration::from_secs(600);
 
 fn clients() -> usize {
-    std::env::var("DLOCK_SCALE_CLIENTS")
-        .ok()
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(200)
+    env_count("DLOCK_SCALE_CLIENTS", 200)
 }
 
 /// Start the clients together, wait for all of them, check what the seed checks, and
@@ -88,15 +85,7 @@ fn seed_test(server: &dyn LockServer, label: &str) {
         tokens.len()
     );
     eprintln!("scale: {report}");
-    if let Ok(path) = std::env::var("DLOCK_SCALE_REPORT") {
-        use std::io::Write;
-        let mut file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(path)
-            .expect("report file");
-        writeln!(file, "{report}").expect("write report");
-    }
+    append_report("DLOCK_SCALE_REPORT", "", &format!("{report}\n"));
     assert!(
         failures.is_empty(),
         "{} of {n} runs failed; first: {:?}",

@@ -97,6 +97,17 @@ impl TestCerts {
     pub fn path(&self, file: &str) -> String {
         self.dir.path().join(file).display().to_string()
     }
+
+    /// A backend table's TLS lines: trust the CA in `ca` (a file of this set, e.g. `ca.crt`, or
+    /// `other.crt` for a CA the servers do not use), with the client certificate and key.
+    pub fn client_config(&self, ca: &str) -> String {
+        format!(
+            "ca_file = \"{}\"\ncert_file = \"{}\"\nkey_file = \"{}\"\n",
+            self.path(ca),
+            self.path("client.crt"),
+            self.path("client.key")
+        )
+    }
 }
 
 /// `openssl ARGS` in `dir`; a failure fails the test with openssl's own message.

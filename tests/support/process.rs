@@ -155,3 +155,38 @@ pub fn server_binary(name: &str, package: &str) -> PathBuf {
     }
     panic!("{name} is not installed: run `apt-get install -y {package}` (or `bash .ci/run`, which installs every test server)");
 }
+
+/// A size a measuring test takes from the environment (`var`), else `default`.
+pub fn env_count(var: &str, default: usize) -> usize {
+    std::env::var(var)
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(default)
+}
+
+/// Append `text` to the report file the environment names in `var` (nothing without one),
+/// after `header` when the file is new or empty.
+pub fn append_report(var: &str, header: &str, text: &str) {
+    use std::io::Write;
+    let Ok(path) = std::env::var(var) else {
+        return;
+    };
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)
+        .expect("report file");
+    let empty = file.metadata().map(|m| m.len() == 0).unwrap_or(true);
+    let header = if empty { header } else { "" };
+    file.write_all(format!("{header}{text}").as_bytes())
+        .expect("write report");
+}
+
+/// What an exited child wrote to its piped stderr (empty when it was not piped).
+pub fn stderr_left(child: &mut Child) -> String {
+    let mut text = String::new();
+    if let Some(mut pipe) = child.stderr.take() {
+        std::io::Read::read_to_string(&mut pipe, &mut text).expect("read stderr");
+    }
+    text
+}

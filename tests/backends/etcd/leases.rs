@@ -93,10 +93,7 @@ fn a_waiter_whose_lease_died_never_starts_its_command() {
         holder.signal(Signal::SIGTERM);
         holder.wait();
         let status = wait_within(&mut waiter, PATIENCE);
-        let mut said = String::new();
-        if let Some(mut stderr) = waiter.stderr.take() {
-            let _ = std::io::Read::read_to_string(&mut stderr, &mut said);
-        }
+        let said = stderr_left(&mut waiter);
         if revoked == "waiter" {
             assert!(!status.success(), "the waiter must not report success");
             assert!(

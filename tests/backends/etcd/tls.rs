@@ -9,12 +9,7 @@ fn tls_with_the_configured_ca_and_client_certificate() {
     let server = EtcdServer::start_tls(&certs);
     let env = TestEnv::new(&server);
     let config = |body: String| env.config_file("etcd", &body);
-    let good = config(format!(
-        "ca_file = \"{}\"\ncert_file = \"{}\"\nkey_file = \"{}\"\n",
-        certs.path("ca.crt"),
-        certs.path("client.crt"),
-        certs.path("client.key")
-    ));
+    let good = config(certs.client_config("ca.crt"));
     let out = env.run([
         "--config",
         &good,
@@ -26,12 +21,7 @@ fn tls_with_the_configured_ca_and_client_certificate() {
     ]);
     assert!(out.status.success(), "{}", describe(&out));
     assert_eq!(stdout_of(&out), "etcds\n");
-    let wrong_ca = config(format!(
-        "ca_file = \"{}\"\ncert_file = \"{}\"\nkey_file = \"{}\"\n",
-        certs.path("other.crt"),
-        certs.path("client.crt"),
-        certs.path("client.key")
-    ));
+    let wrong_ca = config(certs.client_config("other.crt"));
     let out = env.run(["--config", &wrong_ca, "run", "tls", "touch", "ran"]);
     assert_fails(&out, 78, "TLS");
     let no_client_cert = config(format!("ca_file = \"{}\"\n", certs.path("ca.crt")));

@@ -137,11 +137,7 @@ fn a_waiter_that_gets_the_lock_beside_another_limit_refuses() {
     drop(sql.stdin.take());
     let _ = wait_within(&mut sql, PATIENCE);
     let status = wait_within(&mut waiter, PATIENCE);
-    let mut stderr = String::new();
-    if let Some(mut err) = waiter.stderr.take() {
-        use std::io::Read;
-        let _ = err.read_to_string(&mut stderr);
-    }
+    let stderr = stderr_left(&mut waiter);
     assert_eq!(status.code(), Some(64), "{stderr}");
     assert!(stderr.contains("--limit 2"), "{stderr}");
     assert!(!env.path("waiter-ran").exists(), "the waiter's command ran");

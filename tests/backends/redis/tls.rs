@@ -43,15 +43,7 @@ fn tls_with_the_configured_ca_and_client_certificate() {
     );
     let env = TestEnv::new(&server);
     let url = format!("rediss://127.0.0.1:{port}/0");
-    let good = env.config_file(
-        "redis",
-        &format!(
-            "ca_file = \"{}\"\ncert_file = \"{}\"\nkey_file = \"{}\"\n",
-            certs.path("ca.crt"),
-            certs.path("client.crt"),
-            certs.path("client.key")
-        ),
-    );
+    let good = env.config_file("redis", &certs.client_config("ca.crt"));
     let out = env.run([
         "--config",
         &good,

@@ -38,10 +38,7 @@ fn a_release_wakes_the_waiter_that_was_next_at_the_grant_in_the_same_script() {
     wait_within(&mut b, PATIENCE);
     assert!(wait_within(&mut c, PATIENCE).success());
     assert!(env.path("c-ran").exists());
-    let mut said = String::new();
-    if let Some(mut stderr) = b.stderr.take() {
-        std::io::Read::read_to_string(&mut stderr, &mut said).expect("B's stderr");
-    }
+    let said = stderr_left(&mut b);
     let ends = |event: &str| said.lines().any(|l| l.ends_with(&format!(" {event}")));
     assert!(
         ends("woke-next") && !ends("wake-sent"),

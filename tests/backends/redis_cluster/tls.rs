@@ -11,15 +11,7 @@ fn rediss_reaches_every_master_of_a_tls_cluster_with_the_configured_certificates
     let cluster = RedisCluster::start_tls();
     let env = TestEnv::new(&cluster);
     let certs = cluster.certs();
-    let good = env.config_file(
-        "redis",
-        &format!(
-            "ca_file = \"{}\"\ncert_file = \"{}\"\nkey_file = \"{}\"\n",
-            certs.path("ca.crt"),
-            certs.path("client.crt"),
-            certs.path("client.key")
-        ),
-    );
+    let good = env.config_file("redis", &certs.client_config("ca.crt"));
     let names = one_name_per_master(&cluster);
     assert!(env.url.starts_with("rediss://"), "{}", env.url);
     for (name, _) in &names {
@@ -41,15 +33,7 @@ fn rediss_reaches_every_master_of_a_tls_cluster_with_the_configured_certificates
     assert!(out.status.success(), "{}", describe(&out));
 
     // Another CA: refused as a configuration error, and the command never runs.
-    let wrong_ca = env.config_file(
-        "redis",
-        &format!(
-            "ca_file = \"{}\"\ncert_file = \"{}\"\nkey_file = \"{}\"\n",
-            certs.path("other.crt"),
-            certs.path("client.crt"),
-            certs.path("client.key")
-        ),
-    );
+    let wrong_ca = env.config_file("redis", &certs.client_config("other.crt"));
     let out = env.run(["--config", &wrong_ca, "run", &names[0].0, "touch", "ran"]);
     assert_fails(&out, 78, "TLS");
     // Plain text to the TLS ports: never a fallback.

@@ -65,6 +65,25 @@ fn sentinels_with_a_password_want_it_given_and_never_show_it() {
 fn check_reports_the_sentinels_the_master_and_its_replicas() {
     let server = SentinelServer::start();
     let env = TestEnv::new(&server);
+    check_names_the_sentinels_the_master_and_its_replica(&server, &env);
+    // One sentinel listed and down, two others up: fewer than the quorum (2) answer.
+    let url = format!(
+        "redis-sentinel://127.0.0.1:{},127.0.0.1:{}/0#{MASTER_NAME}",
+        free_port(),
+        server.sentinel_ports[0]
+    );
+    let out = env.run(["check", "--url", &url]);
+    assert!(out.status.success(), "{}", describe(&out));
+    let all = format!("{}{}", stdout_of(&out), stderr_of(&out));
+    assert!(all.contains("fewer than the quorum of 2"), "{all}");
+}
+
+/// `dlock check` succeeds and names all three sentinels answering, the master and the replica
+/// online.
+pub(super) fn check_names_the_sentinels_the_master_and_its_replica(
+    server: &SentinelServer,
+    env: &TestEnv,
+) {
     let out = env.run(["check"]);
     assert!(out.status.success(), "{}", describe(&out));
     let text = stdout_of(&out);
@@ -77,14 +96,4 @@ fn check_reports_the_sentinels_the_master_and_its_replicas() {
         text.contains(&format!("127.0.0.1:{} online", server.nodes[1].port)),
         "{text}"
     );
-    // One sentinel listed and down, two others up: fewer than the quorum (2) answer.
-    let url = format!(
-        "redis-sentinel://127.0.0.1:{},127.0.0.1:{}/0#{MASTER_NAME}",
-        free_port(),
-        server.sentinel_ports[0]
-    );
-    let out = env.run(["check", "--url", &url]);
-    assert!(out.status.success(), "{}", describe(&out));
-    let all = format!("{}{}", stdout_of(&out), stderr_of(&out));
-    assert!(all.contains("fewer than the quorum of 2"), "{all}");
 }

@@ -5,6 +5,7 @@
 //! error (78) before the command could run; plain `redis-sentinel://` never gets through; and
 //! a failover during a hold behaves as without TLS.
 
+use super::connect::check_names_the_sentinels_the_master_and_its_replica;
 use super::failover::failover_never_runs_two_commands;
 use crate::support::*;
 
@@ -17,10 +18,9 @@ fn trust_the_test_ca(env: &TestEnv, certs: &TestCerts) {
     std::fs::write(
         dir.join("config.toml"),
         format!(
-            "[redis]\nca_file = \"{}\"\ncert_file = \"{}\"\nkey_file = \"{}\"\n",
-            certs.path("ca.crt"),
-            certs.path("client.crt"),
-            certs.path("client.key")
+            "[redis]
+{}",
+            certs.client_config("ca.crt")
         ),
     )
     .expect("write config");
@@ -74,29 +74,10 @@ fn rediss_sentinel_takes_locks_with_the_configured_certificates_and_refuses_othe
     holder.signal(nix::sys::signal::Signal::SIGTERM);
     let _ = holder.wait();
     assert!(env.is_free("tls"), "the lock was not given back");
-    let out = env.run(["check"]);
-    assert!(out.status.success(), "{}", describe(&out));
-    let text = stdout_of(&out);
-    assert!(text.contains("3 of 3 answered"), "{text}");
-    assert!(
-        text.contains(&format!("127.0.0.1:{}", server.master_port())),
-        "{text}"
-    );
-    assert!(
-        text.contains(&format!("127.0.0.1:{} online", server.nodes[1].port)),
-        "{text}"
-    );
+    check_names_the_sentinels_the_master_and_its_replica(&server, &env);
 
     // Another CA: a configuration error, and the command never runs.
-    let wrong_ca = env.config_file(
-        "redis",
-        &format!(
-            "ca_file = \"{}\"\ncert_file = \"{}\"\nkey_file = \"{}\"\n",
-            certs.path("other.crt"),
-            certs.path("client.crt"),
-            certs.path("client.key")
-        ),
-    );
+    let wrong_ca = env.config_file("redis", &certs.client_config("other.crt"));
     let out = env.run(["--config", &wrong_ca, "run", "tls", "touch", "ran"]);
     assert_fails(&out, 78, "TLS");
     assert!(!env.path("ran").exists(), "the command ran");

@@ -68,10 +68,7 @@ fn a_waiter_whose_predecessor_takes_the_lock_watches_it_again_without_listing() 
     wait_within(&mut b, PATIENCE);
     assert!(wait_within(&mut c, PATIENCE).success());
     assert!(env.path("c-ran").exists());
-    let mut said = String::new();
-    if let Some(mut stderr) = c.stderr.take() {
-        std::io::Read::read_to_string(&mut stderr, &mut said).expect("C's stderr");
-    }
+    let said = stderr_left(&mut c);
     let listings = said
         .lines()
         .filter(|l| l.ends_with(" children-read"))
