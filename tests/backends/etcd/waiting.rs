@@ -48,8 +48,9 @@ fn a_signal_while_waiting_leaves_no_key_and_no_lease() {
     assert!(!env.path("ran").exists());
 }
 
-/// How many `Txn` requests the server has handled (from its `/metrics`).
-fn txn_requests(server: &EtcdServer) -> u64 {
+/// How many `method` requests (`Txn`, `Range`, ...) the server has handled (from its
+/// `/metrics`).
+fn requests(server: &EtcdServer, method: &str) -> u64 {
     use std::io::{Read, Write};
     let endpoint = server.endpoints();
     let first = endpoint.split(',').next().expect("an endpoint");
@@ -57,12 +58,15 @@ fn txn_requests(server: &EtcdServer) -> u64 {
     write!(stream, "GET /metrics HTTP/1.0\r\nHost: {first}\r\n\r\n").expect("request");
     let mut body = String::new();
     stream.read_to_string(&mut body).expect("metrics");
+    let label = format!("grpc_method=\"{method}\"");
     body.lines()
-        .filter(|l| {
-            l.starts_with("grpc_server_msg_received_total{") && l.contains("grpc_method=\"Txn\"")
-        })
+        .filter(|l| l.starts_with("grpc_server_msg_received_total{") && l.contains(&label))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum::<f64>() as u64
+}
+
+fn txn_requests(server: &EtcdServer) -> u64 {
+    requests(server, "Txn")
 }
 
 #[test]
@@ -175,13 +179,25 @@ fn the_waiter_next_in_line_starts_on_the_holders_deletion_without_reading_again(
     // Its own key is in the same watch as the holder's: the deletion of the holder's key,
     // with no deletion of its own before it, is proof enough. So after queueing (one Txn:
     // the holder is a run of this host, so it does not try for a free lock) the hand-off
-    // costs it no read, only the write that moves its key to its --ttl lease.
+    // costs it no read, only the write that moves its key to its --ttl lease, which runs
+    // while the command starts. The command here waits for that write to be seen; a command
+    // that ends first has its release overtake the move, which is then never sent.
     let server = EtcdServer::start();
     let env = TestEnv::new(&server);
     let lock = lock_name("e");
     let mut holder = env.hold(&lock, &[]);
     let before = txn_requests(&server);
-    let mut waiter = queue_toucher(&env, &lock, "ran", 1);
+    let mut waiter = env
+        .dlock([
+            "run",
+            &lock,
+            "sh",
+            "-c",
+            "touch ran; for i in $(seq 1 600); do [ -e go ] && exit 0; sleep 0.05; done; exit 1",
+        ])
+        .spawn()
+        .expect("spawn waiter");
+    wait_until("waiter queued", PATIENCE, || env.waiters(&lock) == 1);
     let queueing = txn_requests(&server) - before;
     // Queueing on the waiter lease.
     assert_eq!(
@@ -189,15 +205,22 @@ fn the_waiter_next_in_line_starts_on_the_holders_deletion_without_reading_again(
         "the waiter made {queueing} Txn requests to queue"
     );
     let queued = txn_requests(&server);
+    let reads = requests(&server, "Range");
     holder.signal(Signal::SIGTERM);
     holder.wait();
+    wait_until("the command started", PATIENCE, || env.path("ran").exists());
+    wait_until("the move of the key", PATIENCE, || {
+        txn_requests(&server) > queued
+    });
+    std::fs::write(env.path("go"), "").expect("let the command end");
     assert!(wait_within(&mut waiter, PATIENCE).success());
-    assert!(env.path("ran").exists());
     let txns = txn_requests(&server) - queued;
     assert_eq!(
         txns, 1,
-        "the waiter made {txns} Txn requests at the hand-off; 1 (the re-attach, a write) expected"
+        "the waiter made {txns} Txn requests at the hand-off; 1 (the move, a write) expected"
     );
+    let read = requests(&server, "Range") - reads;
+    assert_eq!(read, 0, "the waiter read {read} times at the hand-off");
 }
 
 #[test]
