@@ -235,9 +235,20 @@ impl MysqlBackend {
         })
         .await?;
         self.probe(&mut session, first_id).await?;
+        // What the session uses, not what was asked for: PREFERRED goes on in plaintext when
+        // the server offers no TLS.
+        let tls: Option<String> = session
+            .query("SHOW SESSION STATUS LIKE 'Ssl_version'", &self.display)
+            .await?
+            .first()
+            .and_then(|row| cell::<String>(row, 1))
+            .filter(|version| !version.is_empty());
+        let ssl_mode = self.target.ssl_mode.as_str();
         let mut warnings = Vec::new();
-        if !self.target.is_local() && self.target.ssl_mode == super::SslMode::Disabled {
-            warnings.push("the connection is not encrypted (ssl-mode=DISABLED)".into());
+        if !self.target.is_local() && tls.is_none() {
+            warnings.push(format!(
+                "the connection is not encrypted (ssl-mode={ssl_mode})"
+            ));
         }
         let process = self.has_privilege(&mut session, "PROCESS").await;
         if !process {
@@ -263,7 +274,10 @@ impl MysqlBackend {
                     format!("{wait_timeout}s; dlock sets its session's to --ttl"),
                 ),
                 ("max_connections".into(), max_connections.to_string()),
-                ("ssl-mode".into(), self.target.ssl_mode.as_str().into()),
+                (
+                    "tls".into(),
+                    format!("{} (ssl-mode={ssl_mode})", tls.as_deref().unwrap_or("none")),
+                ),
                 (
                     "connect".into(),
                     humantime::format_duration(Duration::from_micros(

@@ -71,7 +71,25 @@ fn the_lock_session_is_encrypted_as_ssl_mode_says() {
             encrypted,
             "{url}: Ssl_cipher '{cipher}'"
         );
+        // `check` reports the session's TLS as the server sees it, not the ssl-mode asked for.
+        let tls = check_tls_line(&env, &url);
+        assert_eq!(
+            tls.starts_with("tls:        TLSv"),
+            encrypted,
+            "{url}: {tls}"
+        );
     }
+}
+
+/// The `tls:` line of `dlock check --url URL`, which must succeed.
+fn check_tls_line(env: &TestEnv, url: &str) -> String {
+    let out = env.run(["check", "--url", url]);
+    assert!(out.status.success(), "{}", describe(&out));
+    let text = stdout_of(&out);
+    text.lines()
+        .find(|l| l.starts_with("tls:"))
+        .unwrap_or_else(|| panic!("no tls line: {text}"))
+        .to_owned()
 }
 
 #[test]
@@ -219,4 +237,13 @@ fn a_server_without_tls_is_78_for_required_and_plaintext_for_preferred() {
     let out = env.run(["run", "--url", &preferred, &lock, "touch", "preferred"]);
     assert!(out.status.success(), "{}", describe(&out));
     assert!(env.path("preferred").exists());
+    // `check` says so: the session has no TLS, and towards another host that is a warning.
+    let out = env.run(["check", "--url", &preferred]);
+    assert!(out.status.success(), "{}", describe(&out));
+    let text = stdout_of(&out);
+    assert!(
+        text.contains("tls:        none (ssl-mode=PREFERRED)")
+            && text.contains("warning:    the connection is not encrypted (ssl-mode=PREFERRED)"),
+        "{text}"
+    );
 }
