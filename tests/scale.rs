@@ -7,7 +7,6 @@
 //! N is `DLOCK_SCALE_CLIENTS` (default 200, as CI runs it); `scripts/scale` runs 1000 and
 //! compares the wall times, which it reads from `DLOCK_SCALE_REPORT` (one line per backend).
 
-use std::io::Read;
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
@@ -63,11 +62,7 @@ fn seed_test(server: &dyn LockServer, label: &str) {
     for child in &mut children {
         let status = wait_within(child, deadline.saturating_duration_since(Instant::now()));
         if !status.success() {
-            let mut stderr = String::new();
-            if let Some(mut pipe) = child.stderr.take() {
-                let _ = pipe.read_to_string(&mut stderr);
-            }
-            failures.push(format!("{status}: {}", stderr.trim()));
+            failures.push(format!("{status}: {}", stderr_left(child).trim()));
         }
     }
     let wall = started.elapsed();

@@ -22,7 +22,7 @@ use std::time::Duration;
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
 use tokio::task::JoinHandle;
 
-use super::conn::{Conn, OP_TIMEOUT};
+use super::conn::{lease_not_found, Conn, OP_TIMEOUT};
 use super::lease::WaiterLease;
 use crate::clock::{sleep_until, BootInstant};
 use crate::error::Error;
@@ -171,7 +171,7 @@ async fn move_until_done(mut conn: Conn, target: Move) -> Result<(), String> {
                 return Ok(());
             }
             Ok(false) => return Err(KEY_GONE.into()),
-            Err(e) if e.to_string().contains("not found") => {
+            Err(e) if lease_not_found(&e) => {
                 return Err(format!("the etcd lease to hold the lock on is gone ({e})"))
             }
             Err(e) => {

@@ -103,7 +103,7 @@ impl Conn {
             .await
         {
             Ok(_) => Ok(true),
-            Err(e) if e.to_string().contains("not found") => Ok(false),
+            Err(e) if lease_not_found(&e) => Ok(false),
             Err(e) => Err(e),
         }
     }
@@ -236,4 +236,10 @@ fn is_tls_error(e: &etcd_client::Error) -> bool {
     text.contains("invalid peer certificate")
         || text.contains("UnknownIssuer")
         || text.contains("InvalidCertificate")
+}
+
+/// etcd's answer for a lease it does not have (expired, or revoked first): "requested lease
+/// not found", which reaches us only as the error's text.
+pub(super) fn lease_not_found(e: &Error) -> bool {
+    e.to_string().contains("not found")
 }

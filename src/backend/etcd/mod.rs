@@ -50,10 +50,11 @@
 //!
 //! The parts, after etcd's `client/v3/concurrency`: `conn` (endpoints, failover, bounded
 //! calls, errors → exit classes), `lease` (the two leases and their keep-alives, its
-//! `session.go`), `attach` (the move to the hold lease beside the command), `key` (the keys and their values, its `key.go`), `queue` (taking a place,
-//! waiting, the re-attach at the grant: its `mutex.go`), `watch` (what a waiter watches and
-//! what an event means), `before` (`--wait` over every request), `own_key` (the holder's
-//! watch on its key), `admin` (status, list, release --force, check), `target` (the URL).
+//! `session.go`), `attach` (the move to the hold lease beside the command), `key` (the keys
+//! and their values, its `key.go`), `queue` (taking a place, waiting, the re-attach at the
+//! grant: its `mutex.go`), `watch` (what a waiter watches and what an event means), `before`
+//! (`--wait` over every request), `own_key` (the holder's watch on its key), `admin`
+//! (status, list, release --force, check), `target` (the URL).
 
 mod admin;
 mod attach;

@@ -23,7 +23,8 @@
 //! every wake-up it lists again instead of assuming, and a waiter whose own node is gone never
 //! starts the command; the one exception is a `--limit 1` waiter whose predecessor's data
 //! changed (it took the lock and dropped its waiting mark): that node is still there, so the
-//! waiter only watches it again. Cancel and release delete our node before the session is closed.
+//! waiter only watches it again. Cancel and release delete our node before the session is
+//! closed.
 //!
 //! A waiter killed with SIGKILL cannot delete its node, which then lives as long as its
 //! session: up to the negotiated session timeout. With `--limit 1` a waiter marks its node

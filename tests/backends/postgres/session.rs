@@ -194,11 +194,7 @@ fn a_stopped_waiter_granted_while_stopped_frees_the_lock_and_never_runs() {
     nix::sys::signal::kill(waiter_pid, Signal::SIGCONT).expect("resume waiter");
     assert!(freed, "the stopped waiter kept the lock for {PATIENCE:?}");
     let status = wait_within(&mut waiter, PATIENCE);
-    let mut stderr = String::new();
-    if let Some(mut err) = waiter.stderr.take() {
-        use std::io::Read;
-        let _ = err.read_to_string(&mut stderr);
-    }
+    let stderr = stderr_left(&mut waiter);
     assert_eq!(status.code(), Some(69), "{stderr}");
     assert!(!env.path("waiter-ran").exists(), "the waiter's command ran");
 }
