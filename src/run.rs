@@ -105,7 +105,10 @@ pub async fn run<B: Backend>(
     // honour the deadline themselves; this backstop catches a server that accepted the
     // connection and then never answered.
     let backstop = match settings.wait {
-        Wait::For(wait) => Some(tokio::time::Instant::now() + wait + WAIT_BACKSTOP_SLACK),
+        // No backstop for a wait too long for the clock: it is as good as forever.
+        Wait::For(wait) => {
+            tokio::time::Instant::now().checked_add(wait.saturating_add(WAIT_BACKSTOP_SLACK))
+        }
         Wait::No | Wait::Forever => None,
     };
     let waiting = waiting::Waiting::new(settings.wait == Wait::No);

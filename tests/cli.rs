@@ -494,3 +494,57 @@ fn check_and_status_create_no_lock_directory() {
         "created"
     );
 }
+
+/// A duration too long for any clock is refused before anything runs, naming the option or
+/// the variable it came from (64), instead of overflowing a deadline (a panic, 70) — for
+/// `--min-hold` after the command already ran.
+#[test]
+fn huge_durations_are_refused_before_the_command_runs() {
+    let (_server, env) = file_env();
+    let huge = "18446744073709551615s";
+    let ran = env.path("ran");
+    let touch = ["touch", ran.to_str().expect("utf-8 path")];
+    for option in ["--wait", "--min-hold", "--kill-after", "--ttl"] {
+        for value in [huge, "9000y"] {
+            let mut args = vec!["run", option, value, "x"];
+            args.extend(touch);
+            let out = env.run(&args);
+            assert_fails(&out, 64, option);
+            assert!(!ran.exists(), "{option} {value}: the command ran");
+        }
+    }
+    for variable in [
+        "DLOCK_WAIT",
+        "DLOCK_MIN_HOLD",
+        "DLOCK_KILL_AFTER",
+        "DLOCK_TTL",
+    ] {
+        let out = output_within(
+            {
+                let mut c = env.dlock(["run", "x"]);
+                c.args(touch).env(variable, huge);
+                c
+            },
+            PATIENCE,
+        );
+        assert_fails(&out, 64, variable);
+        assert!(!ran.exists(), "{variable}: the command ran");
+    }
+    let config = env.path("huge.toml");
+    std::fs::write(&config, format!("min_hold = \"{huge}\"\n")).expect("write config");
+    let mut args = vec!["--config", config.to_str().expect("utf-8 path"), "run", "x"];
+    args.extend(touch);
+    let out = env.run(&args);
+    assert_fails(&out, 78, "min_hold");
+    assert!(!ran.exists(), "config min_hold: the command ran");
+    // A URL's connect timeout is refused as it is parsed, before any connection.
+    let url = format!(
+        "mysql://dlock@127.0.0.1:1/dlock?connect-timeout={}",
+        &huge[..huge.len() - 1]
+    );
+    let mut args = vec!["run", "--url", &url, "x"];
+    args.extend(touch);
+    let out = env.run(&args);
+    assert_fails(&out, 64, "connect-timeout");
+    assert!(!ran.exists(), "connect-timeout: the command ran");
+}

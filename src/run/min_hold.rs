@@ -54,7 +54,12 @@ pub(super) async fn keep<L: Lease>(
     if BootInstant::now() >= until {
         return status;
     }
-    let until_text = humantime::format_rfc3339_seconds(acquired.wall + min_hold).to_string();
+    // Settings bound --min-hold far below the clock's end; any doubt shows no time.
+    let until_text = acquired
+        .wall
+        .checked_add(min_hold)
+        .map(|wall| humantime::format_rfc3339_seconds(wall).to_string())
+        .unwrap_or_default();
     let finished = Holder {
         token: lease.token(),
         kept_until: until_text.clone(),

@@ -30,6 +30,10 @@ pub const DEFAULT_CONFLICT_EXIT_CODE: u8 = 75;
 use crate::lock::{DEFAULT_PREFIX, MAX_LIMIT};
 /// A crashed holder blocks everyone for up to one TTL; beyond a week is surely a mistake.
 pub const MAX_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
+/// The longest duration any option takes (100 years, humantime's `100y`): longer is surely a
+/// typo, and a deadline this far ahead still fits every clock dlock adds it to (the boot
+/// clock, the wall clock for `status`, tokio's timers), so no arithmetic on it can overflow.
+pub const MAX_DURATION: Duration = Duration::from_secs(100 * 31_557_600);
 
 /// Settings every subcommand shares.
 #[derive(Clone, Debug)]
@@ -129,6 +133,12 @@ pub fn parse_duration(text: &str, zero_allowed: bool) -> Result<Duration, String
         humantime::parse_duration(text).map_err(|e| format!("'{text}' is not a duration ({e})"))?;
     if duration.is_zero() && !zero_allowed {
         return Err(format!("'{text}' must be greater than zero"));
+    }
+    if duration > MAX_DURATION {
+        return Err(format!(
+            "'{text}' is longer than the limit of {}",
+            humantime::format_duration(MAX_DURATION)
+        ));
     }
     Ok(duration)
 }
@@ -384,5 +394,14 @@ mod tests {
         assert!(parse_duration("5x", false).is_err());
         assert!(parse_duration("0s", false).is_err());
         assert!(parse_duration("", false).is_err());
+    }
+
+    #[test]
+    fn durations_beyond_the_limit_are_refused() {
+        assert_eq!(parse_duration("100y", false), Ok(MAX_DURATION));
+        for text in ["18446744073709551615s", "9000y", "101y"] {
+            let err = parse_duration(text, true).expect_err(text);
+            assert!(err.contains("longer than the limit of 100years"), "{err}");
+        }
     }
 }

@@ -71,6 +71,7 @@ macro_rules! contract_tests {
                 waiting_at_a_terminal_names_the_holder,
                 waiting_is_silent_when_not_at_a_terminal,
                 min_hold_keeps_the_lock_after_the_command_ends,
+                a_huge_min_hold_is_refused_before_anything_runs,
             );
         }
     };

@@ -228,3 +228,24 @@ pub fn min_hold_keeps_the_lock_after_the_command_ends(server: &dyn LockServer) {
     assert!(signalled.elapsed() < Duration::from_secs(10));
     assert!(env.is_free(&lock), "not released after the signal");
 }
+
+/// A `--min-hold` too long for any clock is refused (64, naming the option) before the lock
+/// is taken or the command runs; the lock stays free.
+pub fn a_huge_min_hold_is_refused_before_anything_runs(server: &dyn LockServer) {
+    let env = TestEnv::new(server);
+    let lock = lock_name("lock");
+    let ran = env.path("ran");
+    for value in ["9000y", "18446744073709551615s"] {
+        let out = env.run([
+            "run",
+            "--min-hold",
+            value,
+            &lock,
+            "touch",
+            ran.to_str().expect("utf-8 path"),
+        ]);
+        assert_fails(&out, 64, "--min-hold");
+        assert!(!ran.exists(), "--min-hold {value}: the command ran");
+        assert!(env.is_free(&lock), "--min-hold {value}: the lock is held");
+    }
+}

@@ -186,7 +186,9 @@ pub fn parse(rest: &str) -> Result<MysqlTarget, String> {
             "connect-timeout" => {
                 let seconds: u64 = value
                     .parse()
-                    .map_err(|_| format!("connect-timeout '{value}' is not a number of seconds"))?;
+                    .ok()
+                    .filter(|s| *s <= 86_400)
+                    .ok_or_else(|| format!("connect-timeout '{value}' is not a number of seconds up to 86400 (a day)"))?;
                 target.connect_timeout = Some(Duration::from_secs(seconds)).filter(|d| !d.is_zero());
             }
             other => {
