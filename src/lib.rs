@@ -52,11 +52,17 @@ pub fn main_entry(args: Vec<OsString>) -> u8 {
 }
 
 fn main_inner(args: Vec<OsString>) -> u8 {
+    // Before anything reads the environment (clap reads DLOCK_URL): a nested dlock gets back
+    // the credentials its ancestor hid from the command.
+    let ignored = secrets::restore_inherited();
     let cli = match cli::parse(args) {
         Ok(cli) => cli,
         Err(err) => return report::clap_error(err),
     };
     logging::init(cli.global.verbose, cli.global.quiet);
+    if let Some(why) = ignored {
+        tracing::info!("{why}");
+    }
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()

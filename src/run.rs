@@ -16,6 +16,7 @@ use crate::cli::OnLost;
 use crate::error::Error;
 use crate::exit::{self, Code};
 use crate::lock::{self, AcquireRequest, Backend, Holder, Lease, LockName, Lost, Wait};
+use crate::secrets::{Handoff, CREDENTIALS_FD};
 use crate::settings::RunSettings;
 use crate::signals::{self, Signals};
 use crate::{clock, logging, reentry, supervise};
@@ -66,7 +67,8 @@ pub async fn run<B: Backend>(
                 settings.name,
                 entry.pid
             );
-            return supervise_command(&settings, &mut signals, sigchld, &mut Reentrant, Vec::new())
+            let env = child_environment(&settings);
+            return supervise_command(&settings, &mut signals, sigchld, &mut Reentrant, env)
                 .await
                 .map(|ran| ran.status);
         }
@@ -177,7 +179,7 @@ pub async fn run<B: Backend>(
         );
         return Ok(exit::signal_status(signal));
     }
-    env.push((
+    env.vars.push((
         "DLOCK_FENCING_TOKEN".into(),
         Some(lease.token().to_string().into()),
     ));
@@ -185,7 +187,7 @@ pub async fn run<B: Backend>(
     if let Some(entry) = reentry::Entry::for_this_process(&identity, &settings.name, lease.token())
     {
         let held = reentry::with_entry(inherited_held, &entry);
-        env.push(("DLOCK_HELD".into(), Some(held.into())));
+        env.vars.push(("DLOCK_HELD".into(), Some(held.into())));
     }
     let outcome = match supervise_command(&settings, &mut signals, sigchld, &mut lease, env).await {
         Ok(ran) if !ran.lock_lost && !ran.stopping => Ok(min_hold::keep(
@@ -218,10 +220,14 @@ async fn supervise_command<L: Lease>(
     signals: &mut Signals,
     sigchld: tokio::signal::unix::Signal,
     lease: &mut L,
-    env: Vec<(OsString, Option<OsString>)>,
+    env: ChildEnv,
 ) -> anyhow::Result<Ran> {
     let terminal = supervise::Terminal::foreground();
-    let child = match supervise::spawn(&settings.command, &env, terminal.as_ref()) {
+    let inherit = env.handoff.as_ref().map(Handoff::raw_fd);
+    let spawned = supervise::spawn(&settings.command, &env.vars, terminal.as_ref(), inherit);
+    // The command has its copy; dlock needs none.
+    drop(env.handoff);
+    let child = match spawned {
         Ok(child) => {
             tracing::debug!(target: logging::HANDOFF, "spawned");
             child
@@ -292,9 +298,18 @@ async fn release<L: Lease>(lease: L, settings: &RunSettings) {
     }
 }
 
-/// The environment changes for the command (README: "What the command sees"): the lock's variables in, consumed
-/// credentials out.
-fn child_environment(settings: &RunSettings) -> Vec<(OsString, Option<OsString>)> {
+/// What dlock changes in the command's environment.
+struct ChildEnv {
+    /// Variables set, or removed (`None`).
+    vars: Vec<(OsString, Option<OsString>)>,
+    /// The credentials taken out of the environment, for nested dlocks ([`Handoff`]).
+    handoff: Option<Handoff>,
+}
+
+/// The environment changes for the command (README: "What the command sees"): the lock's
+/// variables in, consumed credentials out, and handed on to nested dlocks through an
+/// inherited descriptor instead.
+fn child_environment(settings: &RunSettings) -> ChildEnv {
     let mut env: Vec<(OsString, Option<OsString>)> = vec![
         ("DLOCK_NAME".into(), Some(settings.name.as_str().into())),
         (
@@ -302,19 +317,32 @@ fn child_environment(settings: &RunSettings) -> Vec<(OsString, Option<OsString>)
             Some(settings.common.scheme().into()),
         ),
     ];
-    for (key, _) in std::env::vars_os() {
+    let mut hidden = Vec::new();
+    for (key, value) in std::env::vars_os() {
         let upper = key.to_string_lossy().to_ascii_uppercase();
         if upper.starts_with("DLOCK_") && upper.contains("PASSWORD") {
-            env.push((key, None));
+            env.push((key.clone(), None));
+            hidden.push((key, value));
         }
     }
     if let Some(url) = std::env::var_os("DLOCK_URL") {
         let redacted = crate::secrets::redact_url(&url.to_string_lossy());
         if redacted != url.to_string_lossy() {
             env.push(("DLOCK_URL".into(), Some(redacted.into())));
+            hidden.push(("DLOCK_URL".into(), url));
         }
     }
-    env
+    let handoff = Handoff::new(&hidden).unwrap_or_else(|err| {
+        tracing::info!("cannot hand the credentials on to nested dlocks: {err}");
+        None
+    });
+    if let Some(handoff) = &handoff {
+        env.push((
+            CREDENTIALS_FD.into(),
+            Some(handoff.raw_fd().to_string().into()),
+        ));
+    }
+    ChildEnv { vars: env, handoff }
 }
 
 /// Whether the backend shows `entry`'s process (an ancestor of ours) holding `name` with the

@@ -2,11 +2,15 @@
 //! files a backend is given, and redaction, so that no password is ever printed, stored in
 //! a lock's metadata or passed to the command.
 
+mod inherit;
+
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use crate::config::{BackendFileConfig, FileConfig};
 use crate::error::Error;
+
+pub use inherit::{restore_inherited, Handoff, CREDENTIALS_FD};
 
 /// A credential: never printed.
 #[derive(Clone, PartialEq, Eq)]

@@ -29,6 +29,8 @@ struct Plan {
     argv: Vec<*const c_char>,
     envp: Vec<*const c_char>,
     tty: Option<RawFd>,
+    /// A close-on-exec descriptor the command inherits all the same.
+    inherit: Option<RawFd>,
     /// dlock's pid: the child checks that it is still dlock's child once its death signal is set.
     parent: libc::pid_t,
     /// The highest signal number, for resetting handlers.
@@ -44,12 +46,14 @@ const CHILD_STACK: usize = 32 * 1024;
 
 /// Start `program` with `argv` (`argv[0]` included) and `env` (the whole environment) in a new
 /// process group, with `PR_SET_PDEATHSIG(SIGKILL)`, and give it the terminal `tty` if set.
+/// `inherit`, a descriptor dlock keeps close-on-exec, stays open in the command alone.
 /// Returns once the child has called `exec`; an `exec` failure is returned as its `errno`.
 pub fn spawn(
     program: &Path,
     argv: &[&OsStr],
     env: &[(OsString, OsString)],
     tty: Option<RawFd>,
+    inherit: Option<RawFd>,
 ) -> io::Result<libc::pid_t> {
     let program = c_string(program.as_os_str())?;
     let argv_strings = argv
@@ -71,6 +75,7 @@ pub fn spawn(
         argv: null_terminated(&argv_strings),
         envp: null_terminated(&env_strings),
         tty,
+        inherit,
         parent: std::process::id() as libc::pid_t,
         last_signal: libc::SIGRTMAX(),
         error: AtomicI32::new(0),
@@ -143,6 +148,12 @@ extern "C" fn child_main(plan: *mut libc::c_void) -> libc::c_int {
                 let mut default: libc::sigaction = std::mem::zeroed();
                 default.sa_sigaction = libc::SIG_DFL;
                 libc::sigaction(signal, &default, std::ptr::null_mut());
+            }
+        }
+        // The child has its own descriptor table: this changes nothing in dlock.
+        if let Some(fd) = plan.inherit {
+            if libc::fcntl(fd, libc::F_SETFD, 0) != 0 {
+                return fail(plan);
             }
         }
         if libc::setpgid(0, 0) != 0 {

@@ -121,6 +121,7 @@ pub fn spawn(
     spec: &CommandSpec,
     env: &[(OsString, Option<OsString>)],
     terminal: Option<&Terminal>,
+    inherit: Option<std::os::fd::RawFd>,
 ) -> io::Result<Child> {
     let mut environment: Vec<(OsString, OsString)> = std::env::vars_os()
         .filter(|(key, _)| !env.iter().any(|(changed, _)| changed == key))
@@ -133,7 +134,7 @@ pub fn spawn(
         .chain(spec.args.iter().map(OsString::as_os_str))
         .collect();
     let tty = terminal.map(|t| t.tty.as_raw_fd());
-    let pid = crate::spawn::spawn(&spec.program, &argv, &environment, tty)?;
+    let pid = crate::spawn::spawn(&spec.program, &argv, &environment, tty, inherit)?;
     // The child made its own group (and took the terminal) before exec, and the parent
     // resumes only after that exec: the group exists before dlock could signal it.
     Ok(Child {
@@ -384,7 +385,7 @@ mod tests {
             "trap '' TERM; touch {}; while :; do sleep 1; done",
             ready.display()
         );
-        let child = spawn(&shell(&script), &[], None).expect("spawn");
+        let child = spawn(&shell(&script), &[], None, None).expect("spawn");
         let started = BootInstant::now();
         let mut lease = LostLease {
             kill_by: Some(started + Duration::from_millis(300)),
@@ -421,7 +422,7 @@ mod tests {
             "trap '' TERM; touch {}; while :; do sleep 1; done",
             ready.display()
         );
-        let child = spawn(&shell(&script), &[], None).expect("spawn");
+        let child = spawn(&shell(&script), &[], None, None).expect("spawn");
         let mut lease = LostLease {
             kill_by: None,
             ready,

@@ -548,3 +548,25 @@ fn huge_durations_are_refused_before_the_command_runs() {
     assert_fails(&out, 64, "connect-timeout");
     assert!(!ran.exists(), "connect-timeout: the command ran");
 }
+
+/// A `DLOCK_URL` whose password is the `***` a holder's command sees, with no credentials
+/// handed on, says what happened and what to do (78) instead of failing at the server.
+#[test]
+fn a_masked_password_in_dlock_url_says_where_it_went() {
+    let (_server, env) = file_env();
+    for url in [
+        "mysql://app:***@127.0.0.1:1/dlock",
+        "postgres://127.0.0.1:1/db?password=***",
+    ] {
+        let out = output_within(
+            {
+                let mut c = env.dlock(["status", "x"]);
+                // A descriptor that is not dlock's credentials file is never read.
+                c.env("DLOCK_URL", url).env("DLOCK_CREDENTIALS_FD", "0");
+                c
+            },
+            PATIENCE,
+        );
+        assert_fails(&out, 78, "password_file");
+    }
+}

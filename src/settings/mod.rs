@@ -184,6 +184,11 @@ fn integer_setting(
     }
 }
 
+/// Whether `url` carries the `***` that a holder's command sees in place of a password.
+fn url_password_is_masked(url: &str) -> bool {
+    url.contains(":***@") || url.contains("password=***")
+}
+
 /// Resolve the backend options shared by every subcommand.
 pub fn common(
     backend: &cli::BackendArgs,
@@ -245,6 +250,16 @@ pub fn common(
             }
             let url = &s.value[0];
             let display = redact_url(url);
+            if !s.from_file
+                && env.iter().any(|id| id == "url")
+                && display == *url
+                && url_password_is_masked(url)
+            {
+                return Err(Error::Config(format!(
+                    "DLOCK_URL (environment): its password is *** as the dlock running this command                      hid it; that dlock hands it to nested dlocks through {} (an inherited                      descriptor), which did not reach this one; give the password with                      password_file in the config file (README: \"What the command sees\")",
+                    crate::secrets::CREDENTIALS_FD
+                )));
+            }
             let mut target =
                 Target::parse(url).map_err(|m| bad(s.from_file, &origin("--url", env), m))?;
             target.complete(file)?;

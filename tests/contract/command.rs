@@ -154,3 +154,63 @@ pub fn an_orphan_of_a_past_holder_acquires_normally(server: &dyn LockServer) {
     );
     assert!(!env.path("ran").exists());
 }
+
+/// A `dlock run` inside the command, of the same lock and of another, reaches the server with
+/// the credentials the outer run was given (in `DLOCK_URL` or `DLOCK_PASSWORD`), two levels
+/// deep, while no password is in the command's environment.
+pub fn nested_runs_reach_the_server_with_the_outer_credentials(server: &dyn LockServer) {
+    let env = TestEnv::new(server);
+    let lock = lock_name("lock");
+    let other = lock_name("other");
+    let dlock = DLOCK;
+    let script = format!(
+        "{dlock} run --no-wait {lock} sh -c 'echo inner:$DLOCK_FENCING_TOKEN' && \
+         {dlock} run --no-wait {other} sh -c '{dlock} status {lock} >/dev/null && echo deeper:ok' && \
+         echo outer:$DLOCK_FENCING_TOKEN; env"
+    );
+    let mut cases: Vec<(String, Option<String>)> = vec![(server.url(), None)];
+    if let Some(url) = server.password_url() {
+        cases.push((url.clone(), None));
+        // The same password in DLOCK_PASSWORD, the URL naming only the user.
+        let start = url.find("://").expect("a URL") + 3;
+        let at = url.rfind('@').expect("user info");
+        let colon = start + url[start..at].find(':').expect("a password");
+        let without = format!("{}{}", &url[..colon], &url[at..]);
+        cases.push((without, Some(url[colon + 1..at].to_owned())));
+    }
+    for (url, password) in cases {
+        let out = output_within(
+            {
+                let mut c = env.dlock(["run", &lock, "sh", "-c", &script]);
+                c.env("DLOCK_URL", &url);
+                if let Some(password) = &password {
+                    c.env("DLOCK_PASSWORD", password);
+                }
+                c
+            },
+            PATIENCE,
+        );
+        assert!(out.status.success(), "{url}: {}", describe(&out));
+        let text = stdout_of(&out);
+        let line = |prefix: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(prefix))
+                .map(str::to_owned)
+        };
+        assert!(line("inner:").is_some(), "{url}: {text}");
+        assert_eq!(line("inner:"), line("outer:"), "{url}: {text}");
+        assert_eq!(line("deeper:").as_deref(), Some("ok"), "{url}: {text}");
+        let secret = password.clone().or_else(|| {
+            let start = url.find("://")? + 3;
+            let at = url.rfind('@')?;
+            let colon = start + url[start..at].find(':')?;
+            Some(url[colon + 1..at].to_owned())
+        });
+        if let Some(secret) = secret {
+            assert!(
+                !text.contains(&secret),
+                "{url}: the password is in the command's environment: {text}"
+            );
+        }
+    }
+}

@@ -59,6 +59,7 @@ macro_rules! contract_tests {
                 names_are_opaque_and_isolated,
                 command_sees_lock_variables_and_no_credentials,
                 nested_run_of_a_held_lock_is_reentrant,
+                nested_runs_reach_the_server_with_the_outer_credentials,
                 a_copied_held_environment_is_not_reentrant,
                 an_orphan_of_a_past_holder_acquires_normally,
                 holder_metadata_reaches_terminals_escaped,

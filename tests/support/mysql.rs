@@ -312,6 +312,10 @@ impl LockServer for MysqlServer {
     fn ttl(&self) -> Option<&'static str> {
         Some("3s")
     }
+
+    fn password_url(&self) -> Option<String> {
+        Some(self.url_as("app", Some(MYSQL_PASSWORD)))
+    }
 }
 
 impl LeaseServer for MysqlServer {

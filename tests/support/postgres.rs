@@ -339,6 +339,10 @@ impl LockServer for PgServer {
     fn ttl(&self) -> Option<&'static str> {
         Some("3s")
     }
+
+    fn password_url(&self) -> Option<String> {
+        Some(self.url_as("app", Some(APP_PASSWORD)))
+    }
 }
 
 impl LeaseServer for PgServer {

@@ -21,6 +21,11 @@ pub trait LockServer: Send + Sync {
         );
     }
     /// The `--ttl` the tests use (short, so that renewals and loss detection are quick).
+    /// A URL of this server that carries a password the server checks, where it has one.
+    fn password_url(&self) -> Option<String> {
+        None
+    }
+
     fn ttl(&self) -> Option<&'static str> {
         None
     }
