@@ -155,7 +155,7 @@ _dlock() {
             ;;
         dlock__subcmd__run)
             __dlock_run_after_name && return 0
-            opts="-u -w -n -E -t -l -c -v -q -h -V --url --prefix --wait --no-wait --conflict-exit-code --ttl --limit --on-lost --kill-after --local-queue --min-hold --command --verbose --quiet --config --help --version"
+            opts="-u -w -n -E -t -l -c -v -q -h -V --url --prefix --wait --no-wait --conflict-exit-code --ttl --limit --on-lost --kill-after --local-queue --record-command --min-hold --command --verbose --quiet --config --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -214,6 +214,10 @@ _dlock() {
                     return 0
                     ;;
                 --local-queue)
+                    COMPREPLY=($(compgen -W "true false" -- "${cur}"))
+                    return 0
+                    ;;
+                --record-command)
                     COMPREPLY=($(compgen -W "true false" -- "${cur}"))
                     return 0
                     ;;
@@ -283,7 +287,7 @@ __dlock_run_after_name() {
     while [[ $i -lt $COMP_CWORD ]]; do
         case "${COMP_WORDS[i]}" in
             --) i=$((i + 1)); break ;;
-            -u|--url|--prefix|-w|--wait|-E|--conflict-exit-code|-t|--ttl|-l|--limit|--on-lost|--kill-after|--local-queue|--min-hold|-c|--command|--config) i=$((i + 2)) ;;
+            -u|--url|--prefix|-w|--wait|-E|--conflict-exit-code|-t|--ttl|-l|--limit|--on-lost|--kill-after|--local-queue|--record-command|--min-hold|-c|--command|--config) i=$((i + 2)) ;;
             -*) i=$((i + 1)) ;;
             *) break ;;
         esac

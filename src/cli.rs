@@ -229,6 +229,11 @@ pub struct RunArgs {
     #[arg(long, value_name = "on|off", env = "DLOCK_LOCAL_QUEUE", hide_env_values = true,
           value_parser = clap::builder::BoolishValueParser::new())]
     pub local_queue: Option<bool>,
+    /// Record the command line in the lock's metadata, where `status` and `list` show it
+    /// (secret-looking values masked); off records none [default: on].
+    #[arg(long, value_name = "on|off", env = "DLOCK_RECORD_COMMAND", hide_env_values = true,
+          value_parser = clap::builder::BoolishValueParser::new())]
+    pub record_command: Option<bool>,
     /// Keep the lock at least this long after acquiring it, even when the command ends
     /// sooner (the same job from cron on several hosts runs once); the command's status is
     /// passed on when the time is up [default: none].

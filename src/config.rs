@@ -34,6 +34,7 @@ pub(crate) struct Values {
     pub(crate) min_hold: Option<String>,
     pub(crate) prefix: Option<String>,
     pub(crate) local_queue: Option<bool>,
+    pub(crate) record_command: Option<bool>,
     /// Read by the remote backends (not needed by the file backend).
     pub(crate) password_file: Option<PathBuf>,
 }

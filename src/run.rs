@@ -92,7 +92,11 @@ pub async fn run<B: Backend>(
                 .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
             ..Holder::for_this_process(
                 &settings.name,
-                &settings.command.display,
+                if settings.record_command {
+                    &settings.command.display
+                } else {
+                    &[]
+                },
                 settings.common.ttl,
             )
         },

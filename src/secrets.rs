@@ -155,6 +155,98 @@ pub fn check_tls_files(tls: &TlsFiles) -> Result<(), Error> {
     }
 }
 
+/// Words in an option's or a variable's name that say its value is a secret.
+const SECRET_WORDS: [&str; 6] = ["password", "passwd", "pwd", "token", "secret", "key"];
+
+fn names_a_secret(name: &str) -> bool {
+    let name = name.to_ascii_lowercase();
+    SECRET_WORDS.iter().any(|word| name.contains(word))
+}
+
+/// The command line as it may be stored and shown (`status`, `list`): each word with
+/// [`redact_url`] applied, and the values of secret-bearing options and variables replaced by
+/// `***` — `--password=X`, `--token X`, `--key-file X`, `NAME=X` where NAME says password,
+/// passwd, pwd, token, secret or key (`MYSQL_PWD=X`, `API_SECRET=X`), and `-pX` in a line
+/// that runs the MySQL or MariaDB client. Words of a shell script (`sh -c '…'`) are looked at
+/// one by one too. Masking a value that was no secret is the safe mistake.
+pub fn redact_command(words: &[String]) -> Vec<String> {
+    let mysql = words
+        .iter()
+        .flat_map(|w| w.split_whitespace())
+        .any(|token| {
+            let base = token.rsplit('/').next().unwrap_or(token);
+            base.starts_with("mysql") || base.starts_with("mariadb")
+        });
+    let mut mask_next = false;
+    words
+        .iter()
+        .map(|word| {
+            let word = redact_url(word);
+            let mut out = String::with_capacity(word.len());
+            let mut rest = word.as_str();
+            while !rest.is_empty() {
+                let space = rest.len() - rest.trim_start().len();
+                out.push_str(&rest[..space]);
+                rest = &rest[space..];
+                let end = rest.find(char::is_whitespace).unwrap_or(rest.len());
+                let (token, after) = rest.split_at(end);
+                rest = after;
+                if token.is_empty() {
+                    continue;
+                }
+                if std::mem::take(&mut mask_next) && !token.starts_with('-') {
+                    out.push_str("***");
+                    continue;
+                }
+                let (masked, next) = redact_token(token, mysql);
+                mask_next = next;
+                out.push_str(&masked);
+            }
+            word_end_keeps(&mut mask_next, &word);
+            out
+        })
+        .collect()
+}
+
+/// A word ending in white space (a script's last token) does not carry `mask_next` into the
+/// next word of the command line; a word that is one token does.
+fn word_end_keeps(mask_next: &mut bool, word: &str) {
+    if word.ends_with(char::is_whitespace) {
+        *mask_next = false;
+    }
+}
+
+/// One token: its masked form, and whether the next token is an option's secret value.
+fn redact_token(token: &str, mysql: bool) -> (String, bool) {
+    if let Some(long) = token.strip_prefix("--") {
+        let (name, value) = match long.split_once('=') {
+            Some((name, value)) => (name, Some(value)),
+            None => (long, None),
+        };
+        if names_a_secret(name) && !name.starts_with("no-") {
+            return match value {
+                Some(_) => (format!("--{name}=***"), false),
+                None => (token.to_owned(), true),
+            };
+        }
+        return (token.to_owned(), false);
+    }
+    if mysql && token.len() > 2 && token.starts_with("-p") {
+        return ("-p***".to_owned(), false);
+    }
+    if let Some((name, _)) = token.split_once('=') {
+        let is_name = !name.is_empty()
+            && name
+                .trim_start_matches('-')
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
+        if is_name && names_a_secret(name) {
+            return (format!("{name}=***"), false);
+        }
+    }
+    (token.to_owned(), false)
+}
+
 /// Replace the password in a URL's user info with `***`.
 pub fn redact_url(url: &str) -> String {
     redact_password_parameter(&redact_userinfo(url))
@@ -279,6 +371,69 @@ mod tests {
         assert_eq!(
             redact_url("postgres://u:pa/ss@db/app"),
             "postgres://u:***@db/app"
+        );
+    }
+
+    fn shown(words: &[&str]) -> String {
+        let words: Vec<String> = words.iter().map(|w| (*w).to_owned()).collect();
+        redact_command(&words).join(" ")
+    }
+
+    #[test]
+    fn secrets_in_a_command_line_are_masked() {
+        let cases: &[(&[&str], &str)] = &[
+            (&["mysql", "-pS3cret", "-u", "app"], "mysql -p*** -u app"),
+            (&["/usr/bin/mariadb", "-pS3cret"], "/usr/bin/mariadb -p***"),
+            (&["tool", "--password=S3cret", "x"], "tool --password=*** x"),
+            (&["tool", "--token", "S3cret", "x"], "tool --token *** x"),
+            (&["tool", "--api-key", "S3cret"], "tool --api-key ***"),
+            (
+                &["tool", "--key-file", "/k/S3cret.pem"],
+                "tool --key-file ***",
+            ),
+            (
+                &["tool", "--Client-Secret=S3cret"],
+                "tool --Client-Secret=***",
+            ),
+            (
+                &["env", "MYSQL_PWD=S3cret", "mysql"],
+                "env MYSQL_PWD=*** mysql",
+            ),
+            (
+                &["env", "PGPASSWORD=S3cret", "psql"],
+                "env PGPASSWORD=*** psql",
+            ),
+            (&["env", "API_SECRET=S3cret", "x"], "env API_SECRET=*** x"),
+            (&["env", "github_token=S3cret"], "env github_token=***"),
+            (
+                &[
+                    "sh",
+                    "-c",
+                    "MYSQL_PWD=S3cret mysql -pS3cret --token S3cret db",
+                ],
+                "sh -c MYSQL_PWD=*** mysql -p*** --token *** db",
+            ),
+            (&["tool", "--passwd", "S3cret"], "tool --passwd ***"),
+        ];
+        for (words, expected) in cases {
+            let line = shown(words);
+            assert!(!line.contains("S3cret"), "{words:?} -> {line}");
+            assert_eq!(&line, expected, "{words:?}");
+        }
+        // What is no secret stays as it is.
+        for words in [
+            &["ssh", "-p", "22", "host"][..],
+            &["find", ".", "-print"],
+            &["tool", "--no-password", "-h", "db"],
+            &["make", "CC=gcc", "-j4"],
+            &["tool", "--keep", "x"],
+        ] {
+            assert_eq!(shown(words), words.join(" "));
+        }
+        // An option without its value at the end of a script does not mask the next word.
+        assert_eq!(
+            shown(&["sh", "-c", "prompt --password ", "next"]),
+            "sh -c prompt --password  next"
         );
     }
 

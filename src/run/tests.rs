@@ -145,6 +145,7 @@ fn settings(dir: &std::path::Path, script: &str, wait: Wait) -> RunSettings {
         on_lost: OnLost::Term,
         kill_after: Duration::from_secs(10),
         min_hold: None,
+        record_command: true,
     }
 }
 

@@ -8,7 +8,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use crate::error::Error;
-use crate::secrets::redact_url;
+use crate::secrets::redact_command;
 
 /// The program to run.
 #[derive(Clone, Debug)]
@@ -48,13 +48,14 @@ pub(super) fn command_spec(
         }
     };
     let program = resolve_program(&arg0).map_err(|e| options_after_name(e, &arg0))?;
-    // Passwords in the command line (a nested `dlock run --url redis://:pw@…`, a libpq
-    // `password=…`) are masked: the display form is recorded in the lock's metadata, stored
-    // on the backend and shown to anyone who runs `status`.
-    let display = std::iter::once(&arg0)
+    // Secrets in the command line (a nested `dlock run --url redis://:pw@…`, a libpq
+    // `password=…`, `--token X`, `MYSQL_PWD=X`) are masked: the display form is recorded in
+    // the lock's metadata, stored on the backend and shown to anyone who runs `status`.
+    let words: Vec<String> = std::iter::once(&arg0)
         .chain(args.iter())
-        .map(|w| redact_url(&w.to_string_lossy()))
+        .map(|w| w.to_string_lossy().into_owned())
         .collect();
+    let display = redact_command(&words);
     Ok(CommandSpec {
         program,
         arg0,

@@ -72,6 +72,8 @@ pub struct RunSettings {
     pub kill_after: Duration,
     /// `--min-hold`: keep the lock at least this long after acquiring it.
     pub min_hold: Option<Duration>,
+    /// `--record-command`: store the command line in the lock's metadata.
+    pub record_command: bool,
 }
 
 /// A value with the place it came from, so errors can say which setting was wrong.
@@ -380,6 +382,10 @@ pub fn run(args: cli::RunArgs, file: &FileConfig) -> Result<RunSettings, Error> 
         on_lost,
         kill_after,
         min_hold,
+        record_command: args
+            .record_command
+            .or(file.values.record_command)
+            .unwrap_or(true),
     })
 }
 

@@ -64,6 +64,7 @@ macro_rules! contract_tests {
                 an_orphan_of_a_past_holder_acquires_normally,
                 holder_metadata_reaches_terminals_escaped,
                 passwords_in_the_holders_command_line_are_not_stored,
+                secrets_in_the_holders_command_line_are_masked_or_not_recorded,
                 stdin_and_stdout_pass_through_untouched,
                 status_reports_holder_and_exits_0_held_1_free,
                 list_shows_held_locks,

@@ -153,3 +153,68 @@ pub fn passwords_in_the_holders_command_line_are_not_stored(server: &dyn LockSer
     }
     server.assert_nothing_stored_contains("Hunter2Secret");
 }
+
+/// Secret-bearing options and variables in the holder's command line (`-pX` to the MySQL
+/// client, `--password=X`, `--token X`, `MYSQL_PWD=X`, `PGPASSWORD=X`, `API_SECRET=X`) are
+/// masked in what is stored and shown; with `--record-command off` (or
+/// `DLOCK_RECORD_COMMAND=0`) no command line is stored at all.
+pub fn secrets_in_the_holders_command_line_are_masked_or_not_recorded(server: &dyn LockServer) {
+    let env = TestEnv::new(server);
+    let words = "MYSQL_PWD=Pw1Secret PGPASSWORD=Pw2Secret API_SECRET=Pw3Secret mysql -pPw4Secret \
+                 --password=Pw5Secret --token Pw6Secret";
+    let hold = |lock: &str, extra: &[&str], variable: Option<&str>| {
+        let ready = env.path(&format!("ready-{}", unique()));
+        let script = format!(": {words}; echo $$ > {}; exec sleep 1000", ready.display());
+        let mut args = vec!["run"];
+        args.extend(extra);
+        args.extend([lock, "sh", "-c", &script]);
+        let mut command = env.dlock(&args);
+        if let Some(variable) = variable {
+            command.env("DLOCK_RECORD_COMMAND", variable);
+        }
+        let child = command.stderr(Stdio::null()).spawn().expect("spawn holder");
+        let mut holding = Holding { child, ready };
+        wait_until("holder ready", PATIENCE, || {
+            std::fs::read_to_string(&holding.ready).is_ok_and(|s| s.ends_with('\n'))
+        });
+        let status = env.run(["status", lock]);
+        let list = env.run(["list", "--json"]);
+        let _ = holding.child.kill();
+        let _ = holding.child.wait();
+        // This lock's entry only: an earlier holder's lease may still be listed.
+        let json: serde_json::Value = serde_json::from_slice(&list.stdout).expect("list --json");
+        let listed = json
+            .as_array()
+            .and_then(|locks| locks.iter().find(|l| l["name"] == lock))
+            .map(ToString::to_string)
+            .unwrap_or_default();
+        (stdout_of(&status), listed)
+    };
+    let lock = lock_name("masked");
+    let (status, list) = hold(&lock, &[], None);
+    assert!(
+        status.contains(
+            "MYSQL_PWD=*** PGPASSWORD=*** API_SECRET=*** mysql -p*** --password=*** --token ***"
+        ),
+        "{status}"
+    );
+    for shown in [&status, &list] {
+        assert!(!shown.contains("Secret"), "a secret is shown: {shown}");
+    }
+    server.assert_nothing_stored_contains("Secret");
+    for (extra, variable) in [
+        (&["--record-command", "off"][..], None),
+        (&[][..], Some("0")),
+    ] {
+        let lock = lock_name("unrecorded");
+        let (status, list) = hold(&lock, extra, variable);
+        assert!(status.contains("state:      held"), "{status}");
+        assert!(!status.contains("command:"), "a command is shown: {status}");
+        for shown in [&status, &list] {
+            assert!(
+                !shown.contains("MYSQL_PWD"),
+                "the command is shown: {shown}"
+            );
+        }
+    }
+}
