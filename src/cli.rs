@@ -50,8 +50,8 @@ defaults.";
         dlock acquires the lock NAME on a backend chosen by URL (a local file by default), runs \
         the command with the lock held, keeps the lease alive while it runs, releases the lock \
         when the command exits or dlock is signalled, and exits with the command's status.\n\n\
-        Backends in this build: file:///dir (default: $XDG_RUNTIME_DIR/dlock, else \
-        /tmp/dlock-<uid>), redis:// (rediss://, redis+unix://), redis-sentinel:// \
+        Backends in this build: file:///dir (default: $DLOCK_DIR, else /run/lock/dlock-<uid> \
+        where /run/lock is sticky, else /tmp/dlock-<uid>), redis:// (rediss://, redis+unix://), redis-sentinel:// \
         (rediss-sentinel://), etcd:// (etcds://), zk://, \
         postgres:// (postgresql://, or libpq's key=value form) and mysql:// (mariadb://).",
     after_long_help = exit::TABLE,
@@ -118,7 +118,8 @@ pub struct BackendArgs {
                 postgres://[user@][host][:port][/dbname][?sslmode=…] (or libpq's key=value \
                 form), mysql://[user@][host][:port][/database][?ssl-mode=…] (mariadb://…). \
                 Default: the \
-                file backend in $XDG_RUNTIME_DIR/dlock, else /tmp/dlock-<uid>.",
+                file backend in $DLOCK_DIR, else /run/lock/dlock-<uid> where /run/lock is \
+                sticky, else /tmp/dlock-<uid>: the same from cron and a login shell.",
         short,
         long,
         value_name = "URL",

@@ -153,6 +153,7 @@ fn run_block(code: &str) -> BlockRun {
         .current_dir(scratch.path())
         .env("PATH", path)
         .env("XDG_RUNTIME_DIR", runtime.path())
+        .env("DLOCK_DIR", runtime.path().join("dlock"))
         .env("XDG_CONFIG_HOME", config_home.path())
         .stdin(Stdio::null())
         .stdout(fs::File::create(&stdout_path).expect("stdout file"))
@@ -517,6 +518,7 @@ fn readme_status_sample_is_real_output() {
         ])
         .args(["status", "busy-demo"])
         .env("XDG_RUNTIME_DIR", scratch.path())
+        .env("DLOCK_DIR", scratch.path().join("dlock"))
         .stdin(Stdio::null())
         .output()
         .expect("run dlock");

@@ -104,7 +104,8 @@ fn ctrl_z_on_a_lease_backend_warns_that_the_lease_will_lapse() {
         .env("DLOCK_URL", &env.url)
         .env("DLOCK_TTL", env.ttl.unwrap_or("15s"))
         .env("XDG_CONFIG_HOME", env.path("no-config"))
-        .env("XDG_RUNTIME_DIR", env.path("runtime"));
+        .env("XDG_RUNTIME_DIR", env.path("runtime"))
+        .env("DLOCK_DIR", env.path("runtime").join("dlock"));
     let slave = pty.slave.as_raw_fd();
     command
         .stdin(Stdio::from(pty.slave.try_clone().expect("dup")))

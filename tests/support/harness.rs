@@ -59,6 +59,8 @@ impl TestEnv {
             .env("DLOCK_URL", &self.url)
             .env("XDG_CONFIG_HOME", self.path("no-config"))
             .env("XDG_RUNTIME_DIR", self.path("runtime"))
+            // dlock's own directory (file locks without --url, host-local queues), one per test.
+            .env("DLOCK_DIR", self.path("runtime").join("dlock"))
             .stdin(Stdio::null());
         if let Some(ttl) = self.ttl {
             command.env("DLOCK_TTL", ttl);

@@ -1,6 +1,7 @@
 //! Where the file backend keeps its lock files: `file:///dir`, or the default directory.
 
-use std::path::PathBuf;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
 
 /// A lock directory.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -11,11 +12,20 @@ pub struct FileTarget {
 }
 
 impl FileTarget {
-    /// `$XDG_RUNTIME_DIR/dlock` when set, else `/tmp/dlock-<uid>` (README: "The file backend's lock files").
+    /// dlock's own directory, for file locks without `--url` and the host-local queues
+    /// (README: "The file backend's lock files"): `$DLOCK_DIR` when set, else
+    /// `/run/lock/dlock-<uid>` where `/run/lock` is root's and sticky (as on Debian), else
+    /// `/tmp/dlock-<uid>`. One per user, the same from cron and from a login session (nothing
+    /// depends on `XDG_RUNTIME_DIR`, which cron does not set and logout removes), and not
+    /// aged out by tmp cleaners where `/run/lock` is used.
     pub fn default_dir() -> FileTarget {
-        let dir = match std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from) {
-            Some(dir) if dir.is_absolute() => dir.join("dlock"),
-            _ => PathBuf::from(format!("/tmp/dlock-{}", nix::unistd::getuid())),
+        let uid = nix::unistd::getuid();
+        let dir = match std::env::var_os("DLOCK_DIR").map(PathBuf::from) {
+            Some(dir) if dir.is_absolute() => dir,
+            _ if shared_sticky_root_dir(Path::new(RUN_LOCK)) => {
+                Path::new(RUN_LOCK).join(format!("dlock-{uid}"))
+            }
+            _ => PathBuf::from(format!("/tmp/dlock-{uid}")),
         };
         FileTarget { dir, default: true }
     }
@@ -24,6 +34,16 @@ impl FileTarget {
     pub fn identity(&self) -> String {
         format!("file://{}", self.dir.display())
     }
+}
+
+/// Where the default directory goes when users may create directories there.
+const RUN_LOCK: &str = "/run/lock";
+
+/// Whether `dir` is a real directory (no link) of root's that everyone may create entries in
+/// and only their owners may remove (mode 1777), like /tmp.
+fn shared_sticky_root_dir(dir: &Path) -> bool {
+    std::fs::symlink_metadata(dir)
+        .is_ok_and(|meta| meta.is_dir() && meta.uid() == 0 && meta.mode() & 0o1777 == 0o1777)
 }
 
 /// `file:///dir`, `file://localhost/dir`; `file://` alone is the default directory.

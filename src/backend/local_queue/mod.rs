@@ -13,8 +13,8 @@
 //! are admitted so that a release hands over at the server's speed: the next waiters have
 //! already connected and queued when a holder is done.
 //!
-//! - Where: the file backend's default directory (`$XDG_RUNTIME_DIR/dlock`, else
-//!   `/tmp/dlock-<uid>`, private to the user and checked as the file backend checks it), in a
+//! - Where: the file backend's default directory ([`FileTarget::default_dir`], one per user
+//!   whatever the session, private to the user and checked as the file backend checks it), in a
 //!   sub-directory named after a digest of the remote backend's identity and prefix. Another
 //!   user has another directory: users do not share a queue, and nobody else can block or
 //!   break it. A queue that cannot be used (a directory someone else planted) is skipped with a

@@ -31,6 +31,46 @@ fn default_directory_is_created_private() {
     assert!(dir.join("x.lock").exists());
 }
 
+/// Without `--url` (and without `DLOCK_DIR`), a run from cron (no `XDG_RUNTIME_DIR`) and
+/// one from a login session use the same directory, so they exclude each other.
+#[test]
+fn cron_and_a_login_session_share_the_default_directory() {
+    let server = FileServer::start();
+    let env = TestEnv::new(&server);
+    let lock = lock_name("cron");
+    let session = |c: &mut std::process::Command| {
+        c.env_remove("DLOCK_URL").env_remove("DLOCK_DIR");
+    };
+    let ready = env.path("ready");
+    let script = format!("echo $$ > '{}'; exec sleep 1000", ready.display());
+    let mut login = env.dlock(["run", &lock, "sh", "-c", &script]);
+    session(&mut login);
+    let child = login
+        .env("XDG_RUNTIME_DIR", env.path("login-session"))
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn the login session's run");
+    let holding = Holding { child, ready };
+    wait_until("the login session's run holds", PATIENCE, || {
+        std::fs::read_to_string(&holding.ready).is_ok_and(|s| s.ends_with('\n'))
+    });
+    let out = output_within(
+        {
+            let mut cron = env.dlock(["run", "--no-wait", &lock, "touch", "ran"]);
+            session(&mut cron);
+            cron.env_remove("XDG_RUNTIME_DIR");
+            cron
+        },
+        PATIENCE,
+    );
+    assert_eq!(out.status.code(), Some(75), "{}", describe(&out));
+    assert!(
+        !env.path("ran").exists(),
+        "cron's run ran beside the login session's"
+    );
+    drop(holding);
+}
+
 #[test]
 fn default_directory_writable_by_others_is_refused() {
     let server = FileServer::start();
