@@ -412,6 +412,24 @@ pub trait Lease {
     }
 }
 
+/// Whether this process has told the user that its hold was lost.
+static LOSS_REPORTED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// The user has been told that the hold was lost (the supervisor's or `--min-hold`'s warning).
+pub fn loss_reported() {
+    LOSS_REPORTED.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// A release found the hold gone already: a warning, unless the loss was reported while the
+/// command ran (one loss, one warning); then only at `-vv`.
+pub fn warn_gone_at_release(message: std::fmt::Arguments<'_>) {
+    if LOSS_REPORTED.load(std::sync::atomic::Ordering::Relaxed) {
+        tracing::debug!("{message}");
+    } else {
+        tracing::warn!("{message}");
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -247,6 +247,7 @@ pub async fn supervise<L: Lease>(
                 }
             }
             gone = lease.lost(), if lost.is_none() => {
+                crate::lock::loss_reported();
                 match policy.on_lost {
                     OnLost::Term => {
                         tracing::warn!("{}; stopping the command (SIGTERM)", gone.reason);

@@ -77,6 +77,7 @@ pub(super) async fn keep<L: Lease>(
     tokio::select! {
         () = sleep_until(until) => status,
         lost = lease.lost() => {
+            crate::lock::loss_reported();
             tracing::warn!(
                 "lock '{}' was lost while --min-hold kept it after the command finished ({})",
                 settings.name,

@@ -51,6 +51,7 @@ macro_rules! contract_tests {
                 second_terminating_signal_kills_at_once,
                 kill_after_escalates_to_sigkill,
                 lock_loss_kills_the_whole_process_group_and_exits_124,
+                a_lost_lock_is_reported_once,
                 on_lost_ignore_lets_the_command_finish,
                 sigkill_of_dlock_takes_the_command_down,
                 mutual_exclusion_under_contention_with_increasing_tokens,

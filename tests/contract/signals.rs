@@ -212,3 +212,30 @@ pub fn sigkill_of_dlock_takes_the_command_down(server: &dyn LockServer) {
     holder.wait();
     wait_until("command dead", PATIENCE, || !is_alive(command));
 }
+
+/// A lock lost while the command ran is reported once: the release that follows, finding
+/// the hold gone, adds no second warning about it.
+pub fn a_lost_lock_is_reported_once(server: &dyn LockServer) {
+    let env = TestEnv::new(server);
+    let lock = lock_name("lock");
+    let mut holding = env.hold(&lock, &["--kill-after", "2s"]);
+    server.break_hold(&env, &lock);
+    let status = holding.wait();
+    assert_eq!(status.code(), Some(124));
+    let stderr = holding.stderr();
+    assert!(
+        stderr.contains("was lost while the command ran"),
+        "no loss message: {stderr}"
+    );
+    for repeated in [
+        "already expired or been removed",
+        "no longer ours",
+        "no longer held",
+        "already gone",
+    ] {
+        assert!(
+            !stderr.contains(repeated),
+            "the loss is reported twice: {stderr}"
+        );
+    }
+}

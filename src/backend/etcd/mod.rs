@@ -313,7 +313,9 @@ impl Lease for EtcdLease {
         let revoke = conn.revoke(id, ttl.min(OP_TIMEOUT));
         let (revoked, _, ()) = tokio::join!(revoke, keeper.stop(), revoke_waiter);
         if !revoked? {
-            tracing::warn!("the lock had already expired or been removed before it was released");
+            crate::lock::warn_gone_at_release(format_args!(
+                "the lock had already expired or been removed before it was released"
+            ));
         }
         Ok(())
     }

@@ -271,7 +271,9 @@ impl Lease for MemcachedLease {
             match deleted {
                 Ok(Ours::Yes) => return Ok(()),
                 Ok(Ours::No(why)) => {
-                    tracing::warn!("the lock was no longer ours when it was released: {why}");
+                    crate::lock::warn_gone_at_release(format_args!(
+                        "the lock was no longer ours when it was released: {why}"
+                    ));
                     return Ok(());
                 }
                 Err(failure) => last = Some(failure),

@@ -128,9 +128,9 @@ impl Lease for MysqlLease {
         tracing::debug!(target: crate::logging::HANDOFF, "unlocked");
         match unlocked {
             Ok(rows) if rows.first().and_then(|r| cell::<i64>(r, 0)) == Some(1) => {}
-            Ok(_) => {
-                tracing::warn!("the lock was no longer held by our session when it was released")
-            }
+            Ok(_) => crate::lock::warn_gone_at_release(format_args!(
+                "the lock was no longer held by our session when it was released"
+            )),
             // Closing the session frees the lock anyway.
             Err(f) => tracing::debug!(
                 "unlock failed ({}); closing the session frees the lock",

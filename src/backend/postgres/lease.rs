@@ -207,7 +207,9 @@ impl Lease for PgLease {
                 Ok(())
             }
             Ok(_) => {
-                tracing::warn!("the lock was no longer held by our session when it was released");
+                crate::lock::warn_gone_at_release(format_args!(
+                    "the lock was no longer held by our session when it was released"
+                ));
                 Ok(())
             }
             // Closing the session frees the lock anyway.

@@ -85,9 +85,9 @@ impl Lease for RedisLease {
             {
                 Ok(Released::Done { held }) => {
                     if !held {
-                        tracing::warn!(
+                        crate::lock::warn_gone_at_release(format_args!(
                             "the lock had already expired or been removed before it was released"
-                        );
+                        ));
                     }
                     return Ok(());
                 }

@@ -200,7 +200,9 @@ impl Lease for ZkLease {
         let result = match deleted {
             Ok(Ok(())) => Ok(()),
             Ok(Err(zk::Error::NoNode)) => {
-                tracing::warn!("the lock node was already gone when the lock was released");
+                crate::lock::warn_gone_at_release(format_args!(
+                    "the lock node was already gone when the lock was released"
+                ));
                 Ok(())
             }
             Ok(Err(e)) => Err(Error::Unavailable(format!(
