@@ -255,3 +255,70 @@ fn the_commands_dlock_url_has_a_percent_encoded_password_key_redacted() {
     assert!(!stderr_of(&out).contains("S3cretPW"), "{}", describe(&out));
     assert!(!stdout_of(&out).contains("S3cretPW"), "{}", describe(&out));
 }
+
+/// The host-local queue leaves no directory behind: runs against servers that are not there
+/// (a typo in a URL) and a run that waited and got the lock remove their queue's directory
+/// when the last of them leaves.
+#[test]
+fn the_host_queue_leaves_no_directory_behind() {
+    let (_server, env) = file_env();
+    let queues = || -> Vec<String> {
+        std::fs::read_dir(env.path("runtime").join("dlock"))
+            .map(|entries| {
+                entries
+                    .filter_map(|e| e.ok())
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|name| name.starts_with("queue-"))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let closed = free_port();
+    for url in [
+        format!("redis://127.0.0.1:{closed}"),
+        format!("memcached://127.0.0.1:{closed}"),
+        format!("redis://127.0.0.1:{closed}/1"),
+    ] {
+        let out = env.run(["run", "--url", &url, "--wait", "5s", "x", "true"]);
+        assert_eq!(out.status.code(), Some(69), "{}", describe(&out));
+        assert_eq!(queues(), Vec::<String>::new(), "{url}: a queue is left");
+    }
+    // Several waiters at once: the directory stays while one of them is in it, and goes with
+    // the last.
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let holder = {
+        let ready = env.path("ready");
+        let script = format!(
+            "echo $$ > '{}'; i=0; while [ ! -e '{}' ] && [ $i -lt 400 ]; do sleep 0.05; i=$((i+1)); done",
+            ready.display(),
+            env.path("go").display()
+        );
+        let child = env
+            .dlock(["run", "--url", &url, "q", "sh", "-c", &script])
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn holder");
+        let holding = Holding { child, ready };
+        wait_until("holder ready", PATIENCE, || {
+            std::fs::read_to_string(&holding.ready).is_ok_and(|s| s.ends_with('\n'))
+        });
+        holding
+    };
+    let waiters: Vec<_> = (0..3)
+        .map(|_| {
+            env.dlock(["run", "--url", &url, "--wait", "60s", "q", "true"])
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("spawn waiter")
+        })
+        .collect();
+    wait_until("the waiters queued", PATIENCE, || queues().len() == 1);
+    std::fs::write(env.path("go"), "").expect("go file");
+    let mut holder = holder;
+    assert!(holder.wait().success());
+    for mut waiter in waiters {
+        assert!(wait_within(&mut waiter, PATIENCE).success());
+    }
+    assert_eq!(queues(), Vec::<String>::new(), "a queue is left");
+}

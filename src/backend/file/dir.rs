@@ -130,6 +130,11 @@ impl LockDir {
         })
     }
 
+    /// Open the existing lock file `name` for reading and writing; `None` when there is none.
+    pub(crate) fn open_existing_lock_file(&self, name: &str) -> Result<Option<File>, Error> {
+        self.open_file(name, OFlag::O_RDWR, 0)
+    }
+
     /// Open the existing lock file `name` for reading; `None` when there is none.
     pub(crate) fn read_lock_file(&self, name: &str) -> Result<Option<File>, Error> {
         self.open_file(name, OFlag::O_RDONLY, 0)
@@ -228,7 +233,7 @@ impl LockDir {
     }
 
     /// Whether `file` is still the entry `name` (it was not deleted or replaced).
-    pub(super) fn is_current(&self, file: &File, name: &str) -> io::Result<bool> {
+    pub(crate) fn is_current(&self, file: &File, name: &str) -> io::Result<bool> {
         let held = file.metadata()?;
         if held.nlink() == 0 {
             return Ok(false);
@@ -252,6 +257,21 @@ impl LockDir {
     pub(crate) fn remove(&self, name: &str) -> io::Result<()> {
         nix::unistd::unlinkat(&self.fd, name, nix::unistd::UnlinkatFlags::NoRemoveDir)
             .map_err(io::Error::from)
+    }
+
+    /// Remove the directory `name` in this one if it is empty (the kernel checks, atomically
+    /// with the removal); `Ok(false)` when it is not empty or gone.
+    pub(crate) fn remove_empty_dir(&self, name: &str) -> io::Result<bool> {
+        match nix::unistd::unlinkat(&self.fd, name, nix::unistd::UnlinkatFlags::RemoveDir) {
+            Ok(()) => Ok(true),
+            Err(Errno::ENOTEMPTY | Errno::EEXIST | Errno::ENOENT) => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Whether this directory has been removed (a file can no longer be created in it).
+    pub(crate) fn is_removed(&self) -> bool {
+        nix::sys::stat::fstat(&self.fd).is_ok_and(|stat| stat.st_nlink == 0)
     }
 
     pub(super) fn statfs(&self) -> Option<nix::sys::statfs::Statfs> {

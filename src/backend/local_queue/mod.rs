@@ -17,8 +17,9 @@
 //!   whatever the session, private to the user and checked as the file backend checks it), in a
 //!   sub-directory named after a digest of the remote backend's identity and prefix. Another
 //!   user has another directory: users do not share a queue, and nobody else can block or
-//!   break it. A queue that cannot be used (a directory someone else planted) is skipped with a
-//!   warning: the remote lock is taken directly, as without the queue.
+//!   break it. The last waiter to leave removes the directory (`tickets.rs`). A queue that
+//!   cannot be used (a directory someone else planted) is skipped with a warning: the remote
+//!   lock is taken directly, as without the queue.
 //! - When: for every remote backend when the run may wait. `--no-wait` goes to the server at
 //!   once (it never waits, so it would gain nothing), and `--local-queue off`
 //!   (`DLOCK_LOCAL_QUEUE`, `local_queue` in the config file) turns the queue off.

@@ -14,6 +14,14 @@
 //!
 //! The directory is opened as the file backend opens its own (`file::dir`): private to the
 //! user, never following a link, refusing files someone else planted.
+//!
+//! Nothing is left behind: the last ticket of a lock name to leave removes its counter, and
+//! the queue's directory once it is empty, so a directory per server ever tried (a typo in a
+//! URL included) does not stay. Race-free against a newcomer: the counter is removed only
+//! under its lock and only when no ticket file is left, and a newcomer that locked a counter
+//! that is no longer in the directory, or finds the directory removed, starts again (a new
+//! counter from 0: no ticket of the old numbering is left). `rmdir` itself fails on a
+//! directory that is not empty.
 
 use std::fs::File;
 use std::io;
@@ -31,6 +39,10 @@ use crate::lock::{Cancel, LockName};
 /// The width of the counter: 20 digits and a newline.
 const COUNTER_LEN: usize = 21;
 
+/// How often taking a ticket starts again because a leaver removed the counter or the
+/// directory meanwhile (each time needs another process to empty the queue in between).
+const MAX_FRESH_STARTS: usize = 100;
+
 /// One user's queue for one remote namespace: a directory of counters and ticket files.
 pub(super) struct LocalQueue {
     base: PathBuf,
@@ -41,6 +53,10 @@ pub(super) struct LocalQueue {
 pub(super) struct Ticket {
     dir: LockDir,
     name: String,
+    stem: String,
+    /// The queue's parent directory and the queue's name in it, to remove it when empty.
+    base: PathBuf,
+    sub: String,
     _file: File,
     /// The ticket just before this one was still in use when this one was admitted.
     pub(super) peer_ahead: bool,
@@ -51,6 +67,70 @@ impl Drop for Ticket {
         // Removed before it is unlocked (the file closes after this): a successor that opened
         // it already is woken by the unlock, one that looks later finds it gone; both go on.
         let _ = self.dir.remove(&self.name);
+        if let Err(e) = self.tidy() {
+            tracing::debug!(
+                "cannot tidy {}: {e}",
+                self.dir.path_of(&self.stem).display()
+            );
+        }
+    }
+}
+
+impl Ticket {
+    /// The last ticket of its name to leave removes the counter, and the queue's directory
+    /// if nothing else is in it (see the module doc).
+    fn tidy(&self) -> Result<(), Error> {
+        let counter_name = format!("{}.tickets", self.stem);
+        let Some(counter) = self.dir.open_existing_lock_file(&counter_name)? else {
+            return Ok(());
+        };
+        let lock_err = |e| {
+            Error::from_lock_io(
+                format!("cannot lock {}", self.dir.path_of(&counter_name).display()),
+                &e,
+            )
+        };
+        header_lock(&counter, true).map_err(lock_err)?;
+        let prefix = format!("{}.", self.stem);
+        let removed = (|| {
+            if !self
+                .dir
+                .is_current(&counter, &counter_name)
+                .unwrap_or(false)
+            {
+                return Ok(false);
+            }
+            let in_use = self
+                .dir
+                .entries()?
+                .iter()
+                .any(|e| e.starts_with(&prefix) && e.ends_with(".ticket"));
+            if in_use {
+                return Ok(false);
+            }
+            self.dir.remove(&counter_name).map_err(|e| {
+                Error::from_lock_io(
+                    format!(
+                        "cannot remove {}",
+                        self.dir.path_of(&counter_name).display()
+                    ),
+                    &e,
+                )
+            })?;
+            Ok(true)
+        })();
+        let _ = header_lock(&counter, false);
+        if removed? {
+            if let Some(base) = LockDir::open(&self.base, true, None, false)? {
+                base.remove_empty_dir(&self.sub).map_err(|e| {
+                    Error::from_lock_io(
+                        format!("cannot remove {}", self.dir.path_of("").display()),
+                        &e,
+                    )
+                })?;
+            }
+        }
+        Ok(())
     }
 }
 
@@ -81,14 +161,26 @@ impl LocalQueue {
         deadline: Option<BootInstant>,
         cancel: &mut Cancel,
     ) -> Result<Ticket, Error> {
-        let dir = self.open(true)?.ok_or_else(|| {
-            Error::CantCreate(format!(
-                "{} vanished as it was created",
-                self.path().display()
-            ))
-        })?;
         let stem = stem(name);
-        let (number, mut ticket) = take_ticket(dir, &stem)?;
+        let mut taken = None;
+        for _ in 0..MAX_FRESH_STARTS {
+            let dir = self.open(true)?.ok_or_else(|| {
+                Error::CantCreate(format!(
+                    "{} vanished as it was created",
+                    self.path().display()
+                ))
+            })?;
+            taken = take_ticket(dir, &stem, self)?;
+            if taken.is_some() {
+                break;
+            }
+        }
+        let Some((number, mut ticket)) = taken else {
+            return Err(Error::CantCreate(format!(
+                "{} kept being removed while a ticket was taken",
+                self.path().display()
+            )));
+        };
         ticket.peer_ahead = number
             .checked_sub(1)
             .is_some_and(|previous| in_use(&ticket.dir, &ticket_name(&stem, previous)));
@@ -171,13 +263,29 @@ fn ticket_name(stem: &str, number: u64) -> String {
 }
 
 /// Under the lock on the counter: the next number, counted on, and its ticket file, locked.
-fn take_ticket(dir: LockDir, stem: &str) -> Result<(u64, Ticket), Error> {
+/// `None`: a leaver removed the counter or the directory meanwhile; start again.
+fn take_ticket(
+    dir: LockDir,
+    stem: &str,
+    queue: &LocalQueue,
+) -> Result<Option<(u64, Ticket)>, Error> {
     let counter_name = format!("{stem}.tickets");
-    let counter = dir.open_lock_file(&counter_name)?;
+    let counter = match dir.open_lock_file(&counter_name) {
+        Ok(counter) => counter,
+        Err(_) if dir.is_removed() => return Ok(None),
+        Err(e) => return Err(e),
+    };
     let path = dir.path_of(&counter_name);
     let io_err =
         |what: &str, e: io::Error| Error::from_lock_io(format!("{what} {}", path.display()), &e);
     header_lock(&counter, true).map_err(|e| io_err("cannot lock", e))?;
+    if !dir
+        .is_current(&counter, &counter_name)
+        .map_err(|e| io_err("cannot inspect", e))?
+    {
+        let _ = header_lock(&counter, false);
+        return Ok(None);
+    }
     let taken = (|| {
         let mut buf = [0u8; COUNTER_LEN];
         let read = counter
@@ -202,13 +310,16 @@ fn take_ticket(dir: LockDir, stem: &str) -> Result<(u64, Ticket), Error> {
     })();
     let _ = header_lock(&counter, false);
     let (number, name, file) = taken?;
-    Ok((
+    Ok(Some((
         number,
         Ticket {
             dir,
             name,
+            stem: stem.to_owned(),
+            base: queue.base.clone(),
+            sub: queue.sub.clone(),
             _file: file,
             peer_ahead: false,
         },
-    ))
+    )))
 }
