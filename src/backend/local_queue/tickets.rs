@@ -57,16 +57,19 @@ pub(super) struct Ticket {
     /// The queue's parent directory and the queue's name in it, to remove it when empty.
     base: PathBuf,
     sub: String,
-    _file: File,
+    /// Locked while the ticket is in use; closed (unlocked) first when it is dropped.
+    file: Option<File>,
     /// The ticket just before this one was still in use when this one was admitted.
     pub(super) peer_ahead: bool,
 }
 
 impl Drop for Ticket {
     fn drop(&mut self) {
-        // Removed before it is unlocked (the file closes after this): a successor that opened
-        // it already is woken by the unlock, one that looks later finds it gone; both go on.
+        // Removed before it is unlocked: a successor that opened it already is woken by the
+        // unlock, one that looks later finds it gone; both go on. Unlocked before the tidying,
+        // which the successor need not wait for.
         let _ = self.dir.remove(&self.name);
+        drop(self.file.take());
         if let Err(e) = self.tidy() {
             tracing::debug!(
                 "cannot tidy {}: {e}",
@@ -318,7 +321,7 @@ fn take_ticket(
             stem: stem.to_owned(),
             base: queue.base.clone(),
             sub: queue.sub.clone(),
-            _file: file,
+            file: Some(file),
             peer_ahead: false,
         },
     )))
