@@ -67,6 +67,9 @@ impl Schedule {
         }
     }
 
+    /// ε: room for what happens after the deadline is computed (scheduling delay, SIGKILL
+    /// delivery). The 500 ms floor is deliberate: it only moves dlock's own deadline earlier
+    /// (safer), it never makes an answer count as late.
     fn margin_for(ttl: Duration) -> Duration {
         (ttl / 10).max(Duration::from_millis(500))
     }
