@@ -1,6 +1,7 @@
-//! A grant that waited is confirmed by a heartbeat before the command starts: that round trip
-//! may take what the lease allows (the keeper's give-up point for the hold it proves), not a
-//! fixed part of the TTL.
+//! A slow link (or a busy machine) delays answers, not the lock: a grant that waited is
+//! confirmed by a heartbeat before the command starts, and that round trip may take what the
+//! lease allows (the keeper's give-up point for the hold it proves), not a fixed part of the
+//! TTL.
 
 use std::time::Duration;
 
