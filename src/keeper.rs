@@ -14,6 +14,13 @@
 //! - if no renewal succeeded by `kill_by − grace`, the hold is declared lost with `kill_by`
 //!   attached, so the supervisor can send SIGTERM now and SIGKILL no later than `kill_by`;
 //! - a renewal that finds the hold gone (deleted key, expired session) is a loss at once.
+//!
+//! The same rule bounds what happens before the command starts: a command may only start
+//! while it can still be stopped before the lease can expire, so a check of a grant may take
+//! until the keeper's own give-up point for the round trip that proves the hold
+//! ([`GrantBudget`]), and [`confirm`] retries a proving round trip within that rule. No
+//! fixed sub-second bound decides whether a granted run starts: on a busy machine (or a slow
+//! link) an answer that is late by a fixed constant but well within the lease still counts.
 
 use std::future::Future;
 use std::time::Duration;
@@ -60,6 +67,9 @@ impl Schedule {
         }
     }
 
+    /// ε: room for what happens after the deadline is computed (scheduling delay, SIGKILL
+    /// delivery). The 500 ms floor is deliberate: it only moves dlock's own deadline earlier
+    /// (safer), it never makes an answer count as late.
     fn margin_for(ttl: Duration) -> Duration {
         (ttl / 10).max(Duration::from_millis(500))
     }
@@ -76,6 +86,15 @@ impl Schedule {
         (self.ttl / 6).max(Duration::from_millis(100))
     }
 
+    /// How long after a round trip's send time the keeper still keeps the hold it proved
+    /// (`give_up_at(sent) − sent`).
+    pub fn hold_for(&self) -> Duration {
+        self.ttl
+            .mul_f64(0.99)
+            .saturating_sub(self.margin())
+            .saturating_sub(self.grace)
+    }
+
     /// The instant by which the command must be dead, for a renewal sent at `sent`.
     pub fn kill_by(&self, sent: BootInstant) -> BootInstant {
         (sent + self.ttl.mul_f64(0.99)).saturating_sub(self.margin())
@@ -84,6 +103,110 @@ impl Schedule {
     /// When to give up renewing and start stopping the command.
     pub fn give_up_at(&self, sent: BootInstant) -> BootInstant {
         self.kill_by(sent).saturating_sub(self.grace)
+    }
+
+    /// Backoff after a failed round trip: soon, in proportion to the lease. The floor keeps a
+    /// connection that fails at once from being hammered; the ceiling keeps a long lease from
+    /// waiting long between tries.
+    fn retry_after(&self) -> Duration {
+        (self.ttl / 20).clamp(Duration::from_millis(50), Duration::from_secs(1))
+    }
+}
+
+/// How long the check of a grant may take before the command starts.
+///
+/// The keeper's rule: a hold proved by a round trip sent at `since` (the acquisition request,
+/// or a later round trip that confirmed the hold) is kept until [`Schedule::give_up_at`]
+/// `(since)`; a command started later could not get its grace before the lease could expire.
+/// So a backend that checks a grant before starting the command (a second statement, a
+/// read-back, a move of its key) may take until [`GrantBudget::ends`], retrying within it,
+/// and gives up only then, saying so with [`GrantBudget::ran_out`].
+#[derive(Clone, Copy, Debug)]
+pub struct GrantBudget {
+    schedule: Schedule,
+    since: BootInstant,
+}
+
+impl GrantBudget {
+    /// The budget of a hold whose lease started no earlier than `since`, kept on `schedule`
+    /// (the TTL the server granted, and the user's `--kill-after`).
+    pub fn new(schedule: Schedule, since: BootInstant) -> GrantBudget {
+        GrantBudget { schedule, since }
+    }
+
+    /// The last moment the command may start.
+    pub fn ends(&self) -> BootInstant {
+        self.schedule.give_up_at(self.since)
+    }
+
+    /// What is left of the budget (zero once it is spent).
+    pub fn left(&self) -> Duration {
+        self.ends().remaining()
+    }
+
+    pub fn is_spent(&self) -> bool {
+        BootInstant::now() >= self.ends()
+    }
+
+    /// Which budget ran out, in words for the `could not be confirmed: …` line.
+    pub fn ran_out(&self) -> String {
+        format!(
+            "no answer within {}, the most that leaves the command stoppable before its {} lease (--ttl) can expire",
+            humantime::format_duration(round_ms(self.schedule.hold_for())),
+            humantime::format_duration(round_ms(self.schedule.ttl)),
+        )
+    }
+}
+
+/// Confirm a hold before the command starts, with the renewer's round trip.
+///
+/// An attempt sent at `t` counts if its answer comes within the [`GrantBudget`] of `t`: a
+/// hold it proves is one the keeper would keep, and the keeper starts counting from `t`
+/// (returned). A late answer, a timeout or a failed round trip is retried (a timed-out
+/// request may still be answered; a later one proves the hold from its own send time), for
+/// one TTL from the first attempt: a hold that no round trip could prove for a whole TTL is
+/// one the keeper of a running command would have given up (at [`Schedule::give_up_at`],
+/// within the TTL). A renewal that finds the hold gone ends it at once.
+pub async fn confirm<R: Renew>(renewer: &mut R, schedule: Schedule) -> Result<BootInstant, String> {
+    let start = BootInstant::now();
+    let patience = start + schedule.ttl;
+    let mut tries = 0u32;
+    let mut last_failure = None;
+    loop {
+        let sent = BootInstant::now();
+        if tries > 0 && sent >= patience {
+            let why = last_failure
+                .map(|f| format!("; the last try failed: {f}"))
+                .unwrap_or_default();
+            return Err(format!(
+                "{} ({tries} tries over {}){why}",
+                GrantBudget::new(schedule, sent).ran_out(),
+                humantime::format_duration(round_ms(sent.saturating_since(start))),
+            ));
+        }
+        tries += 1;
+        let budget = GrantBudget::new(schedule, sent);
+        match tokio::time::timeout(budget.left(), renewer.renew()).await {
+            Ok(Ok(granted)) => {
+                // The server may grant another TTL than asked: its own give-up point counts.
+                let kept = Schedule::new(granted, schedule.grace);
+                if !GrantBudget::new(kept, sent).is_spent() {
+                    return Ok(sent);
+                }
+                tracing::debug!("a confirmation came back too late to start on; trying again");
+                last_failure = None;
+            }
+            Ok(Err(RenewError::Gone(reason))) => return Err(reason),
+            Ok(Err(RenewError::Failed(reason))) => {
+                tracing::debug!("a confirmation failed ({reason}); trying again");
+                last_failure = Some(reason);
+                sleep_until((BootInstant::now() + schedule.retry_after()).min(patience)).await;
+            }
+            Err(_) => {
+                tracing::debug!("a confirmation timed out; trying again");
+                last_failure = None;
+            }
+        }
     }
 }
 
@@ -213,8 +336,7 @@ async fn run<R: Renew>(
 
 /// After a failed renewal, try again soon, but never later than the give-up point.
 fn retry_at(schedule: &Schedule, give_up: BootInstant) -> BootInstant {
-    let backoff = (schedule.ttl / 20).clamp(Duration::from_millis(50), Duration::from_secs(1));
-    (BootInstant::now() + backoff).min(give_up)
+    (BootInstant::now() + schedule.retry_after()).min(give_up)
 }
 
 fn round_ms(d: Duration) -> Duration {
@@ -257,6 +379,113 @@ mod tests {
             );
             assert!(s.kill_by(t0) < t0 + Duration::from_secs(ttl));
         }
+    }
+
+    /// Answers the n-th call (0-based) after `delays[n]` (the last entry repeats) with
+    /// `answer`.
+    struct Slow {
+        calls: Arc<AtomicU32>,
+        delays: Vec<Duration>,
+        answer: Result<Duration, RenewError>,
+    }
+
+    impl Renew for Slow {
+        async fn renew(&mut self) -> Result<Duration, RenewError> {
+            let n = self.calls.fetch_add(1, Ordering::SeqCst) as usize;
+            tokio::time::sleep(self.delays[n.min(self.delays.len() - 1)]).await;
+            self.answer.clone()
+        }
+    }
+
+    #[test]
+    fn a_grant_may_be_checked_until_the_keeper_would_give_the_hold_up() {
+        let t0 = BootInstant::now();
+        for ttl in [2, 3, 15, 60] {
+            let s = Schedule::new(Duration::from_secs(ttl), Duration::from_secs(10));
+            let budget = GrantBudget::new(s, t0);
+            assert_eq!(budget.ends(), s.give_up_at(t0));
+            assert_eq!(budget.ends().saturating_since(t0), s.hold_for());
+            // More than one renewal attempt of a running command is given.
+            assert!(s.hold_for() > s.attempt_timeout(), "ttl {ttl}s");
+        }
+        // 3 s lease: 2.97 s − 0.5 s margin − 0.97 s grace.
+        let s = Schedule::new(Duration::from_secs(3), Duration::from_secs(10));
+        assert_eq!(s.hold_for(), Duration::from_millis(1500));
+        let words = GrantBudget::new(s, t0).ran_out();
+        assert!(
+            words.contains("1s 500ms") && words.contains("3s lease (--ttl)"),
+            "{words}"
+        );
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_slow_confirmation_within_the_budget_counts() {
+        let ttl = Duration::from_secs(3);
+        let schedule = Schedule::new(ttl, Duration::from_secs(10));
+        let calls = Arc::new(AtomicU32::new(0));
+        // Slower than a renewal attempt of a running command (ttl/6), within the budget.
+        let mut renewer = Slow {
+            calls: calls.clone(),
+            delays: vec![Duration::from_millis(900)],
+            answer: Ok(ttl),
+        };
+        let start = BootInstant::now();
+        let since = confirm(&mut renewer, schedule).await.expect("confirmed");
+        assert!(since >= start && since < start + Duration::from_millis(300));
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_confirmation_too_late_to_start_on_is_tried_again() {
+        let ttl = Duration::from_secs(2);
+        let schedule = Schedule::new(ttl, Duration::from_secs(10));
+        let calls = Arc::new(AtomicU32::new(0));
+        let mut renewer = Slow {
+            calls: calls.clone(),
+            delays: vec![
+                schedule.hold_for() + Duration::from_millis(300),
+                Duration::ZERO,
+            ],
+            answer: Ok(ttl),
+        };
+        let start = BootInstant::now();
+        let since = confirm(&mut renewer, schedule).await.expect("confirmed");
+        assert_eq!(calls.load(Ordering::SeqCst), 2);
+        // The keeper counts from the try that was answered in time.
+        assert!(since >= start + schedule.hold_for(), "since {since:?}");
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn confirming_gives_up_after_a_ttl_and_says_which_budget_ran_out() {
+        let ttl = Duration::from_secs(2);
+        let schedule = Schedule::new(ttl, Duration::from_secs(10));
+        let mut renewer = Slow {
+            calls: Arc::new(AtomicU32::new(0)),
+            delays: vec![Duration::ZERO],
+            answer: Err(RenewError::Failed("connection refused".into())),
+        };
+        let start = BootInstant::now();
+        let why = confirm(&mut renewer, schedule)
+            .await
+            .expect_err("never confirmed");
+        let took = BootInstant::now().saturating_since(start);
+        assert!(took >= ttl && took < ttl * 2, "gave up after {took:?}");
+        assert!(why.contains("2s lease (--ttl)"), "{why}");
+        assert!(why.contains("connection refused"), "{why}");
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_hold_found_gone_is_not_confirmed_again() {
+        let calls = Arc::new(AtomicU32::new(0));
+        let mut renewer = Slow {
+            calls: calls.clone(),
+            delays: vec![Duration::ZERO],
+            answer: Err(RenewError::Gone("key deleted".into())),
+        };
+        let schedule = Schedule::new(Duration::from_secs(2), Duration::from_secs(1));
+        let why = confirm(&mut renewer, schedule).await.expect_err("gone");
+        assert_eq!(why, "key deleted");
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
     }
 
     #[tokio::test(flavor = "current_thread")]

@@ -20,9 +20,10 @@ use crate::clock::{sleep_until, BootInstant};
 use crate::error::Error;
 use crate::lock::{Cancel, Wait};
 
-/// The first pause after a refusal.
+/// The first pause after a refusal. Pauses are not deadlines: `--wait` bounds the whole, and
+/// a busy machine only makes a pause longer, never an attempt fail.
 const FIRST_DELAY: Duration = Duration::from_millis(20);
-/// The longest pause between two attempts.
+/// The longest pause between two attempts: a slot freed meanwhile is noticed within it.
 const MAX_DELAY: Duration = Duration::from_secs(1);
 
 /// The error for a connection refused because the server is full: `limit` names the setting

@@ -10,8 +10,10 @@
 //! escalation, losing the lock), `exclusion` (one holder, `--limit`, tokens, names),
 //! `command` (what the command sees, reentrancy), `status` (`status`, `list`, `check`),
 //! `lease` (lease backends), `queue` (arrival order, for backends with a queue), `wording`
-//! (what a user reads, the same everywhere; `--min-hold`).
+//! (what a user reads, the same everywhere; `--min-hold`), `busy` (contention and hand-offs
+//! on a machine whose cores are kept busy).
 
+mod busy;
 mod command;
 mod exclusion;
 mod exit;
@@ -22,6 +24,7 @@ mod signals;
 mod status;
 mod wording;
 
+pub use self::busy::*;
 pub use self::command::*;
 pub use self::exclusion::*;
 pub use self::exit::*;
@@ -75,6 +78,7 @@ macro_rules! contract_tests {
                 waiting_is_silent_when_not_at_a_terminal,
                 min_hold_keeps_the_lock_after_the_command_ends,
                 a_huge_min_hold_is_refused_before_anything_runs,
+                a_busy_machine_fails_no_run_and_overlaps_none,
             );
         }
     };

@@ -8,6 +8,7 @@
 //! - `server`: the `LockServer` and `LeaseServer` traits, and `FileServer`;
 //! - `process`: bounded waits, output helpers, `assert_fails`, unique names, server binaries;
 //! - `net`: free ports, a `Proxy` that black-holes or slows a link, a `SilentServer`;
+//! - `busy`: every core kept busy for a bounded time (a loaded machine);
 //! - `certs`: throw-away certificates for the TLS tests;
 //! - one file per test server: `redis`, `redis_cluster`, `sentinel`, `etcd`, `zk`, `postgres`, `mysql`, `memcached`.
 //!
@@ -15,6 +16,7 @@
 
 #![allow(dead_code)]
 
+mod busy;
 mod certs;
 mod etcd;
 mod harness;
@@ -29,6 +31,7 @@ mod sentinel;
 mod server;
 mod zk;
 
+pub use self::busy::*;
 pub use self::certs::*;
 pub use self::etcd::*;
 pub use self::harness::*;

@@ -30,6 +30,13 @@ use crate::lock::Lost;
 
 /// The re-attach must be confirmed this long before the waiter lease's deadline; a grant
 /// that leaves less waits for the re-attach before the command starts.
+///
+/// Not a bound on the move's answer: the waiter lease is renewed meanwhile, and every
+/// acknowledged keep-alive moves its deadline (and this point) on, so a slow move on a busy
+/// machine only costs a lost hold if the waiter lease itself can no longer be renewed. It is
+/// the command's room between SIGTERM and that deadline, which already has the keeper's
+/// safety margin ε taken off; the keeper's grace for the 2 s waiter lease would be at most
+/// 0.48 s (`Schedule::new`), and more room would only declare the loss earlier.
 pub(super) const MARGIN: Duration = Duration::from_millis(300);
 
 /// Where our key goes at the grant.

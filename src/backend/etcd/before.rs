@@ -9,7 +9,9 @@ use crate::clock::{sleep_until, BootInstant};
 use crate::error::Error;
 use crate::lock::{Cancel, Wait};
 
-/// The least time a server gets to answer while dlock queues, however short `--wait` is.
+/// The least time a server gets to answer while dlock queues, however short `--wait` is. A
+/// floor, not a bound: it only lengthens a `--wait` shorter than itself, which is the bound
+/// the user chose; a longer `--wait` (or none) is the bound as it is.
 const MIN_ANSWER: Duration = Duration::from_secs(1);
 
 /// `--wait` over every request of an acquisition.

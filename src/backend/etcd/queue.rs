@@ -251,10 +251,17 @@ impl Acquisition<'_> {
             match Attach::start(self.conn.clone(), target.clone(), waiter) {
                 Ok(started) => attach = Some(started),
                 Err(waiter) => {
-                    // The waiter lease is kept alive until this is acknowledged.
+                    // The waiter lease is kept alive until this is acknowledged. The lock is
+                    // ours already: the move is bounded by the request's own bound and by the
+                    // waiter lease (after it, the move finds our key gone), not by `--wait`,
+                    // whose end must not throw a grant away.
                     *self.waiter = Some(waiter);
-                    let moved = target.once(self.conn);
-                    if !self.before.answer(self.cancel, moved).await? {
+                    let moved = tokio::select! {
+                        biased;
+                        () = self.cancel.cancelled() => return Err(Error::Cancelled),
+                        moved = target.once(self.conn) => moved?,
+                    };
+                    if !moved {
                         return Err(place_lost());
                     }
                     tracing::debug!(target: crate::logging::HANDOFF, "attached");

@@ -11,7 +11,7 @@ use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{AsyncMessage, CancelToken, Client, Config, Connection};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
-use super::deadline::Deadline;
+use super::deadline::{Deadline, MIN_ANSWER};
 use super::settings::{client_keepalives, session_options, Features};
 use super::target::{PgHost, SslMode};
 use super::{tls, PgBackend, CONNECT_TIMEOUT, MAX_APPLICATION_NAME, OP_TIMEOUT};
@@ -69,15 +69,22 @@ impl PgBackend {
         let config = self.config(label, ttl, lock_timeout, features, timeout);
         let hosts = u32::try_from(self.target.hosts.len()).unwrap_or(1).max(1);
         let mut budget = timeout.saturating_mul(hosts);
-        // The whole acquisition ends by the --wait deadline, connecting included.
-        let wait = deadline.filter(|d| d.at.remaining() < budget);
+        // The whole acquisition ends by the --wait deadline, connecting included (but the
+        // server gets at least `MIN_ANSWER` to answer).
+        let wait = deadline.filter(|d| d.answer_by.remaining() < budget);
         if let Some(d) = wait {
-            budget = d.at.remaining();
+            budget = d.answer_by.remaining();
         }
         let (client, connection) =
             match tokio::time::timeout(budget, config.connect(tls.clone())).await {
                 Err(_) => {
                     return Err(Error::Unavailable(match wait {
+                        Some(d) if d.wait < MIN_ANSWER => format!(
+                            "no answer from {} within {} (--wait {})",
+                            self.display,
+                            humantime::format_duration(MIN_ANSWER),
+                            humantime::format_duration(d.wait)
+                        ),
                         Some(d) => format!(
                             "no answer from {} within --wait {}",
                             self.display,

@@ -1,5 +1,6 @@
 //! The `--wait` deadline: when it ends, what is left of it as the server's `lock_timeout`,
-//! and the client's own backstop a second later for what the server does not end.
+//! how long the server gets to answer at all (at least [`MIN_ANSWER`]), and the client's own
+//! backstop a second after that for what the server does not end.
 
 use std::future::Future;
 use std::time::Duration;
@@ -7,10 +8,19 @@ use std::time::Duration;
 use crate::clock::{sleep_until, BootInstant};
 use crate::lock::Wait;
 
+/// The least time the server gets to answer (connecting included), however short `--wait`
+/// is: a floor, not a bound. It only lengthens a `--wait` shorter than itself, so that on a
+/// busy machine a short `--wait` still reaches a healthy server and takes a free lock (or
+/// hears that it is held: 75, not 69); the lock's own wait still ends with `--wait`
+/// ([`Deadline::lock_timeout_sql`]). The same floor as etcd's and ZooKeeper's.
+pub(super) const MIN_ANSWER: Duration = Duration::from_secs(1);
+
 /// When a `--wait` ends, and how long it was (for messages).
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Deadline {
     pub(super) at: BootInstant,
+    /// `at`, but at least [`MIN_ANSWER`] from the start: until then the server may answer.
+    pub(super) answer_by: BootInstant,
     pub(super) wait: Duration,
 }
 
@@ -20,8 +30,10 @@ impl Deadline {
         let Wait::For(length) = wait else {
             return None;
         };
+        let at = wait.deadline()?;
         Some(Deadline {
-            at: wait.deadline()?,
+            at,
+            answer_by: at.max(BootInstant::now() + MIN_ANSWER),
             wait: length,
         })
     }
@@ -38,25 +50,41 @@ impl Deadline {
     }
 }
 
-/// Ends a second after the `--wait` deadline (never without one): the client's own limit on
-/// a lock call, should the server's `lock_timeout` not end it.
+/// Ends a second after the server's time to answer (never without a `--wait`): the client's
+/// own limit on a lock call, should the server's `lock_timeout` not end it.
 pub(super) async fn backstop(deadline: Option<Deadline>) {
     match deadline {
-        Some(d) => sleep_until(d.at + Duration::from_secs(1)).await,
+        Some(d) => sleep_until(d.answer_by + Duration::from_secs(1)).await,
         None => std::future::pending().await,
     }
 }
 
-/// `work`, ended a second after the `--wait` deadline if it has not answered by then.
+/// `work`, ended a second after the server's time to answer if it has not answered by then.
 pub(super) async fn within<F: Future>(
     deadline: Option<Deadline>,
     work: F,
 ) -> Result<F::Output, ()> {
     match deadline {
         Some(d) => {
-            let limit = (d.at + Duration::from_secs(1)).remaining();
+            let limit = (d.answer_by + Duration::from_secs(1)).remaining();
             tokio::time::timeout(limit, work).await.map_err(|_| ())
         }
         None => Ok(work.await),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_short_wait_still_gives_the_server_time_to_answer() {
+        let start = BootInstant::now();
+        let d = Deadline::of(Wait::For(Duration::from_millis(1))).expect("a deadline");
+        assert!(d.at < start + Duration::from_millis(100));
+        assert!(d.answer_by >= start + MIN_ANSWER);
+        let d = Deadline::of(Wait::For(Duration::from_secs(5))).expect("a deadline");
+        assert_eq!(d.answer_by, d.at);
+        assert!(Deadline::of(Wait::No).is_none());
     }
 }

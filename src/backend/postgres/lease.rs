@@ -19,7 +19,7 @@ use super::token::Granted;
 use super::CANCEL_TIMEOUT;
 use crate::clock::BootInstant;
 use crate::error::Error;
-use crate::keeper::{Keeper, Renew, RenewError, Schedule};
+use crate::keeper::{confirm, Keeper, Renew, RenewError, Schedule};
 use crate::lock::{AcquireRequest, Holder, Lease, Lost};
 
 /// A held advisory lock on our own connection.
@@ -68,28 +68,23 @@ impl PgLease {
         // The server ends a session that was idle for the TTL, counting from the end of its
         // last statement, which it ran after we sent it. After a prompt grant that is the
         // token statement, sent with the lock call; after a wait (or a stopped process)
-        // the grant may be old news, so one heartbeat confirms the hold and restarts the count.
+        // the grant may be old news, so a heartbeat confirms the hold and restarts the count.
+        // It may take as long as the keeper's rule allows, retried ([`confirm`]): a busy
+        // machine or server delays the answer, not the hold.
         let mut since = granted.sent;
         if BootInstant::now().saturating_since(granted.sent) > schedule.attempt_timeout() {
-            since = BootInstant::now();
-            let confirmed = tokio::time::timeout(schedule.attempt_timeout(), renewer.renew()).await;
-            let failure = match confirmed {
-                Ok(Ok(_)) => {
+            match confirm(&mut renewer, schedule).await {
+                Ok(sent) => {
                     tracing::debug!(target: crate::logging::HANDOFF, "confirmed");
-                    None
+                    since = sent;
                 }
-                Ok(Err(RenewError::Gone(why) | RenewError::Failed(why))) => Some(why),
-                Err(_) => Some(format!(
-                    "the server did not confirm it within {}",
-                    humantime::format_duration(schedule.attempt_timeout())
-                )),
-            };
-            if let Some(why) = failure {
-                give_back(&session.client, key, &session.marker).await;
-                return Err(Error::Unavailable(format!(
-                "'{}' was granted but could not be confirmed: {why}; the command was not started",
-                request.name
-            )));
+                Err(why) => {
+                    give_back(&session.client, key, &session.marker).await;
+                    return Err(Error::Unavailable(format!(
+                        "'{}' was granted but could not be confirmed: {why}; the command was not started",
+                        request.name
+                    )));
+                }
             }
         }
         let keeper = Keeper::start(renewer, since, request.ttl, request.kill_after);

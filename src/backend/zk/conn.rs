@@ -25,7 +25,9 @@ static REFUSED_FOR_CAPACITY: AtomicBool = AtomicBool::new(false);
 /// kernel completes the connection before the server accepts it, so a busy server closes it
 /// late; this is only spent when connecting failed.
 const CAPACITY_PROBE: Duration = Duration::from_secs(1);
-/// The least time a server gets to answer while dlock queues, however short `--wait` is.
+/// The least time a server gets to answer while dlock queues, however short `--wait` is. A
+/// floor, not a bound: it only lengthens a `--wait` shorter than itself, which is the bound
+/// the user chose; a longer `--wait` (or none) is the bound as it is.
 pub(super) const MIN_ANSWER: Duration = Duration::from_secs(1);
 
 /// The end of `--wait`: when, and the duration asked for (for messages).

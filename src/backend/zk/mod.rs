@@ -65,10 +65,6 @@ pub use target::ZkTarget;
 use conn::{close, WaitEnd};
 use queue::Queue;
 
-/// How long after the end of `--wait` a waiter may still be finishing (a re-check, the
-/// report of who is ahead) before it counts as a server that stopped answering.
-const WAIT_BACKSTOP: Duration = Duration::from_secs(2);
-
 /// Locks in a ZooKeeper ensemble under `--prefix`; `ttl` is the session timeout asked for
 /// by the commands other than `run` (which asks for the request's).
 pub struct ZkBackend {
@@ -114,10 +110,13 @@ impl Backend for ZkBackend {
         }
         let mut queue = Queue::new(client.clone(), dir);
         // `--wait` bounds queueing (in `queue_and_wait`) and waiting; this is the backstop for a
-        // server that stops answering while dlock waits.
+        // server that stops answering while dlock waits. A waiter may still be finishing after
+        // `--wait` (a re-check, a grant that came at the end, the report of who is ahead) on a
+        // busy machine; only a server silent for a whole session timeout past it has stopped
+        // answering (by then it has expired our session by its own rule).
         let outcome = match wait {
             Some(w) => {
-                let backstop = sleep_until(w.answer_by + WAIT_BACKSTOP);
+                let backstop = sleep_until(w.answer_by + granted);
                 tokio::select! {
                     outcome = self.queue_and_wait(&mut queue, request, wait, &mut cancel) => outcome,
                     () = backstop => Err(self.no_answer(wait)),

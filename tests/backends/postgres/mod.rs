@@ -2,8 +2,10 @@
 //! the session (terminated, black-holed, server restart), clean cancellation, the key's SQL
 //! formula, TLS and authentication (issue: PostgreSQL backend): losing the session
 //! (`session`), waiting and `--limit` (`waiting`), connecting, authentication and poolers
-//! (`connect`), TLS (`tls`), the documented SQL (`sql`).
+//! (`connect`), TLS (`tls`), the documented SQL (`sql`), a grant confirmed over a slow link
+//! (`confirm`).
 
+mod confirm;
 mod connect;
 mod session;
 mod sql;
