@@ -6,6 +6,9 @@ use std::time::Duration;
 
 use crate::lock::{Holder, HolderStatus, LockName};
 
+/// 9999-12-31T23:59:59Z + 1 s: RFC 3339 has four digits for the year.
+const LAST_RFC3339_SECOND: u64 = 253_402_300_800;
+
 /// The label's two parts around the token (filled in by the token statement, which alone
 /// knows it): `dlock <pid> <since> t` and ` <host>`.
 pub(super) fn holder_label(holder: &Holder) -> (String, String) {
@@ -108,8 +111,12 @@ impl Seen {
                     holder.host = words.collect::<Vec<_>>().join(" ");
                 }
             } else if let Ok(secs) = since.parse::<u64>() {
-                if holder.since.is_empty() {
-                    let at = std::time::UNIX_EPOCH + Duration::from_secs(secs);
+                // Any session can name itself like a holder: a start time past what RFC 3339
+                // can write (the year 9999) is not believed.
+                let at = (secs < LAST_RFC3339_SECOND)
+                    .then(|| std::time::UNIX_EPOCH.checked_add(Duration::from_secs(secs)))
+                    .flatten();
+                if let (true, Some(at)) = (holder.since.is_empty(), at) {
                     holder.since = humantime::format_rfc3339_seconds(at).to_string();
                 }
                 if let Some(token) = words.next().and_then(|t| t.strip_prefix('t')) {

@@ -80,3 +80,42 @@ fn documented_sql_formula_names_the_same_key() {
 pub(super) const KEY_SQL: &str = "('x' || encode(substr(sha256('\\x646c6f636b00763100'::bytea \
      || convert_to(:'prefix', 'UTF8') || '\\x00'::bytea || convert_to(:'name', 'UTF8')), 1, 8), \
      'hex'))::bit(64)::bigint";
+
+/// Any session may hold a lock's key and name itself like a dlock holder; `status` reads its
+/// `application_name` as data, so a start time no clock can show is not believed, never a
+/// panic.
+#[test]
+fn a_holder_with_an_impossible_start_time_is_shown_not_fatal() {
+    let server = PgServer::start();
+    let env = TestEnv::new(&server);
+    let lock = lock_name("p");
+    let mut sql = server.psql_session(&["prefix=dlock", &format!("name={lock}")]);
+    {
+        use std::io::Write;
+        let stdin = sql.stdin.as_mut().expect("psql stdin");
+        writeln!(
+            stdin,
+            "SET application_name = 'dlock 4242 18446744073709551615 t7 elsewhere';\n\
+             SELECT pg_advisory_lock({KEY_SQL});"
+        )
+        .expect("write to psql");
+        stdin.flush().expect("flush psql");
+    }
+    wait_until("psql holds the key", PATIENCE, || {
+        server.granted_advisory_locks() == 1
+    });
+    let out = env.run(["status", &lock]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "status of a held lock; stderr: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("4242"),
+        "the holder's pid is shown: {stdout}"
+    );
+    drop(sql.stdin.take());
+    let _ = wait_within(&mut sql, PATIENCE);
+}
