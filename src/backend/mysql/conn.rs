@@ -31,11 +31,13 @@ pub(super) struct Session {
 }
 
 impl MysqlBackend {
-    /// Connect, bounded by `budget` (what is left of `--wait`, or the connect timeout); a
-    /// second attempt (see below) shares the same bound.
+    /// Connect, bounded by the connect timeout and by `budget` (what is left of `--wait`)
+    /// plus [`WAIT_GRACE`]: a `--wait` that is nearly or wholly spent still gets a connection
+    /// that can try the lock once, and its run ends within `--wait` + 0.5 s. A second attempt
+    /// (see below) shares the same bound.
     pub(super) async fn connect(&self, budget: Option<Duration>) -> Result<Session, Error> {
         let timeout = self.target.connect_timeout.unwrap_or(CONNECT_TIMEOUT);
-        let limit = budget.map_or(timeout, |b| b.min(timeout));
+        let limit = budget.map_or(timeout, |b| b.saturating_add(WAIT_GRACE).min(timeout));
         let deadline = tokio::time::Instant::now() + limit;
         let attempt = |tls: bool, name: Option<String>| async move {
             match self.opts(tls, name) {
@@ -180,6 +182,13 @@ impl MysqlBackend {
         Ok(opts)
     }
 }
+
+/// How far past the end of `--wait` connecting may go. The design allows a run to end
+/// 0.5 s after its `--wait`; this leaves the rest of that half second for the one lock
+/// call (`GET_LOCK(key, 0)`, a round trip) and the exit. Not derived from the lease: no
+/// lease exists yet, and a lower value makes a short `--wait` fail on a healthy but busy
+/// server with "cannot reach".
+pub(super) const WAIT_GRACE: Duration = Duration::from_millis(400);
 
 /// MySQL's refusal of a connection without TLS under `require_secure_transport`.
 const ER_SECURE_TRANSPORT_REQUIRED: u16 = 3159;
@@ -347,6 +356,18 @@ impl Failure {
         }
     }
 
+    /// The connection itself is gone: the server closed it (`KILL`, `release --force`, a
+    /// shutdown), it broke, or the driver already knows it is closed. A `GET_LOCK` lock
+    /// does not outlive its session, so on the lock's connection this means the lock is
+    /// gone (or going: the server frees it when it sees the end). A timeout is not this:
+    /// a silent connection may still be the server's live session.
+    pub(super) fn closed(&self) -> bool {
+        match self {
+            Failure::Driver(e) => connection_gone(e),
+            Failure::Timeout(_) => false,
+        }
+    }
+
     pub(super) fn describe(&self) -> String {
         match self {
             Failure::Driver(e) => describe(e),
@@ -364,6 +385,18 @@ impl Failure {
                 humantime::format_duration(limit)
             )),
         }
+    }
+}
+
+/// See [`Failure::closed`]. Server errors that end the session: 1927 (connection killed),
+/// 1053 (server shutdown in progress), and the client-side 2006 / 2013 (server gone, lost
+/// during a query) should a server send them.
+pub(super) fn connection_gone(e: &mysql_async::Error) -> bool {
+    match e {
+        mysql_async::Error::Io(mysql_async::IoError::Io(_)) => true,
+        mysql_async::Error::Driver(mysql_async::DriverError::ConnectionClosed) => true,
+        mysql_async::Error::Server(s) => matches!(s.code, 1927 | 1053 | 2006 | 2013),
+        _ => false,
     }
 }
 
