@@ -28,6 +28,10 @@ pub(super) struct Session {
     pub(super) id: u64,
     /// Whether the session settings (`settings_sql`) were sent yet.
     pub(super) configured: bool,
+    /// A statement was sent and its answer not read to the end: when that is still so at
+    /// the next statement, the earlier one was abandoned (a timeout, a cancelled future),
+    /// and the connection is out of step (its answer would be taken for the next one's).
+    in_flight: bool,
 }
 
 impl MysqlBackend {
@@ -95,6 +99,7 @@ impl MysqlBackend {
             id: u64::from(conn.id()),
             conn,
             configured: false,
+            in_flight: false,
         })
     }
 
@@ -297,8 +302,15 @@ impl Session {
         marks: &[(usize, &'static str)],
     ) -> Result<Vec<Row>, Failure> {
         tracing::trace!("statement: {sql}");
+        if self.in_flight {
+            return Err(Failure::OutOfStep);
+        }
+        self.in_flight = true;
         match tokio::time::timeout(limit, last_rows(&mut self.conn, sql, marks)).await {
-            Ok(result) => result.map_err(Failure::Driver),
+            Ok(result) => {
+                self.in_flight = false;
+                result.map_err(Failure::Driver)
+            }
             Err(_) => Err(Failure::Timeout(limit)),
         }
     }
@@ -346,6 +358,8 @@ async fn last_rows(
 pub(super) enum Failure {
     Driver(mysql_async::Error),
     Timeout(Duration),
+    /// An earlier statement on the connection was abandoned before its answer was read.
+    OutOfStep,
 }
 
 impl Failure {
@@ -364,7 +378,7 @@ impl Failure {
     pub(super) fn closed(&self) -> bool {
         match self {
             Failure::Driver(e) => connection_gone(e),
-            Failure::Timeout(_) => false,
+            Failure::Timeout(_) | Failure::OutOfStep => false,
         }
     }
 
@@ -373,6 +387,10 @@ impl Failure {
             Failure::Driver(e) => describe(e),
             Failure::Timeout(limit) => {
                 format!("no answer within {}", humantime::format_duration(*limit))
+            }
+            Failure::OutOfStep => {
+                "the connection is out of step: an earlier statement on it got no answer in time"
+                    .into()
             }
         }
     }
@@ -384,6 +402,7 @@ impl Failure {
                 "{display} did not answer within {}",
                 humantime::format_duration(limit)
             )),
+            Failure::OutOfStep => Error::Unavailable(format!("{display}: {}", self.describe())),
         }
     }
 }

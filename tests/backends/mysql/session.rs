@@ -276,3 +276,38 @@ fn tokens_increase_after_the_table_was_emptied() {
         "token {fourth} after {third} and a dropped table"
     );
 }
+
+#[test]
+fn a_grant_confirmed_slower_than_a_sixth_of_the_ttl_still_runs_the_command() {
+    // Through a proxy that holds every chunk 300 ms, a round trip takes 600 ms: more than a
+    // renewal's bound (TTL/6 = 500 ms), well within what the 3 s lease allows a
+    // confirmation before the command starts.
+    let server = MysqlServer::start();
+    let env = TestEnv::new(&server);
+    let lock = lock_name("m");
+    let proxy = Proxy::with_delay(server.port, Duration::from_millis(300));
+    let mut holder = env.hold(&lock, &[]);
+    let ran = env.path("ran");
+    let mut waiter = env
+        .dlock([
+            "run",
+            "--url",
+            &server.url_via(proxy.port),
+            "--ttl",
+            "3s",
+            &lock,
+            "sh",
+            "-c",
+            &format!("echo ok > {}", ran.display()),
+        ])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn waiter");
+    wait_until("waiter queued", PATIENCE, || env.waiters(&lock) == 1);
+    holder.signal(nix::sys::signal::Signal::SIGTERM);
+    holder.wait();
+    let status = wait_within(&mut waiter, PATIENCE);
+    let stderr = stderr_left(&mut waiter);
+    assert!(status.success(), "{stderr}");
+    assert!(ran.exists(), "{stderr}");
+}
