@@ -2,16 +2,19 @@
 //! turnstile key (`GET_LOCK` too) and its head takes the first free slot, looking again every
 //! quarter second at most (MySQL has no notification a released slot could send).
 //!
-//! Waiting happens in the server, in rounds of at most [`ROUND`]: between rounds dlock
-//! notices a signal, the `--wait` deadline and a dead server, and a waiter that goes away
-//! leaves the server's queue within a round (at once when cancelled: its wait is ended
-//! with `KILL QUERY`). Every round also re-checks the `--limit` of the holders, so a run
-//! with another `--limit` is refused at once instead of after a long wait.
+//! A waiter makes one lock call for its whole wait (what is left of `--wait`, or a year at a
+//! time without one), so it keeps its place in the server's queue, which grants in arrival
+//! order. A signal ends the call at once with `KILL QUERY` from a second connection; a
+//! waiter that dies without it leaves the queue within a second (the server checks a
+//! user-lock waiter's connection every second, MySQL 5.7+ and MariaDB 10.1+). A connection
+//! that closes while waiting (a server restart) is opened again with backoff, and the wait
+//! goes on within `--wait`. The `--limit` of the holders is checked before the wait and
+//! again right after the grant.
 
 use std::time::Duration;
 
 use super::conn::{cell, Failure, Session};
-use super::keys::{key, slot_key, turnstile_key};
+use super::keys::{key, session_key, slot_key, turnstile_key};
 use super::sql::{
     grant_sql, other_limit_sql, settings_sql, single_lock_sql, slot_lock_sql, turnstile_sql,
     undo_slot_sql, CREATE_TABLE,
@@ -21,17 +24,36 @@ use crate::clock::{sleep_until, BootInstant};
 use crate::error::Error;
 use crate::lock::{limit_mismatch, AcquireRequest, Cancel, Wait};
 
-/// The longest a lock call waits in the server before dlock looks up.
-pub(super) const ROUND: Duration = Duration::from_secs(2);
-/// How long past its own wait a lock call may take to answer.
+/// The longest one lock call waits in the server without `--wait`: a year, in whole seconds
+/// that MySQL and MariaDB both accept (a negative timeout means "for ever" only on MySQL).
+pub(super) const UNBOUNDED: Duration = Duration::from_secs(365 * 24 * 3600);
+/// How long past its own wait a lock call may take to answer before the server counts as
+/// not answering. The server itself ends the call at the end of `--wait` (`GET_LOCK`'s
+/// timeout), so this only bounds a server that is stuck, where a few seconds are right and
+/// a deadline from the lease would not be (no lease exists yet); with `--wait`, `run.rs`'s
+/// backstop ends the run a second after the wait anyway.
 const SLACK: Duration = Duration::from_secs(3);
-/// How often the head of a `--limit N` queue looks for a free slot.
+/// The first pause before connecting again after the connection closed while waiting, and
+/// the longest (doubling in between): a restarting server is tried often at first, a server
+/// that stays down is not hammered.
+const RECONNECT_FIRST: Duration = Duration::from_millis(100);
+const RECONNECT_MAX: Duration = Duration::from_secs(2);
+
+/// The connection closed under a waiter (why, in words): it holds nothing on the server any
+/// more, and may connect again and queue anew.
+pub(super) struct Closed(String);
+/// How often the head of a `--limit N` queue looks for a free slot: a period, not a
+/// deadline (nothing fails when a look takes longer). It trades a hand-off's delay (an
+/// eighth of a second on average) against one cheap statement per look from the one waiter
+/// at the head of the queue; no lease exists yet to derive it from.
 const SLOT_LOOK: Duration = Duration::from_millis(250);
 
 /// A grant: the token, the key we hold, and when the request that took it was sent.
 pub(super) struct Granted {
     pub(super) token: u64,
     pub(super) key: String,
+    /// The key only our session holds with the lock (`keys::session_key`).
+    pub(super) session_key: String,
     pub(super) sent: BootInstant,
 }
 
@@ -64,14 +86,82 @@ impl Report {
 }
 
 impl MysqlBackend {
-    /// Take the lock on `session` as `request` says.
+    /// Take the lock on `session` as `request` says, by `deadline` (`--wait`); a waiter
+    /// whose connection closes connects again (with backoff) and waits on.
     pub(super) async fn take(
         &self,
         session: &mut Session,
         request: &AcquireRequest,
+        deadline: Option<BootInstant>,
         cancel: &mut Cancel,
     ) -> Result<Granted, Error> {
-        let deadline = request.wait.deadline();
+        let mut pause = RECONNECT_FIRST;
+        // Bounded: each round ends in a grant, an error, or a reconnection that waits longer.
+        for _ in 0..u32::MAX {
+            let Closed(why) = match self.take_on(session, request, deadline, cancel).await? {
+                Ok(granted) => return Ok(granted),
+                Err(closed) => closed,
+            };
+            if request.wait == Wait::No {
+                return Err(Error::Unavailable(format!(
+                    "the connection to {} closed: {why}",
+                    self.display
+                )));
+            }
+            tracing::info!(
+                "the connection to {} closed while waiting ({why}); connecting again",
+                self.display
+            );
+            *session = self.reconnect(deadline, &mut pause, cancel).await?;
+        }
+        Err(Error::Internal("the lock wait loop ended".into()))
+    }
+
+    /// Connect again after a pause (doubling from [`RECONNECT_FIRST`] to [`RECONNECT_MAX`]),
+    /// until it works or `deadline` passes. Only a server that cannot be reached is tried
+    /// again; a refusal (password, privileges, TLS) is final.
+    async fn reconnect(
+        &self,
+        deadline: Option<BootInstant>,
+        pause: &mut Duration,
+        cancel: &mut Cancel,
+    ) -> Result<Session, Error> {
+        // Bounded: each try waits longer, up to RECONNECT_MAX, and --wait ends it.
+        for _ in 0..u32::MAX {
+            let next = BootInstant::now() + *pause;
+            let wake = deadline.map_or(next, |d| d.min(next));
+            tokio::select! {
+                () = sleep_until(wake) => {}
+                () = cancel.cancelled() => return Err(Error::Cancelled),
+            }
+            *pause = pause.saturating_mul(2).min(RECONNECT_MAX);
+            let budget = deadline.map(BootInstant::remaining);
+            let connected = tokio::select! {
+                connected = self.connect(budget) => connected,
+                () = cancel.cancelled() => return Err(Error::Cancelled),
+            };
+            match connected {
+                Ok(session) => return Ok(session),
+                Err(e @ (Error::Unavailable(_) | Error::Capacity(_))) => {
+                    if deadline.is_some_and(|d| BootInstant::now() >= d) {
+                        return Err(e);
+                    }
+                    tracing::debug!("connecting again: {e}");
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(Error::Internal("the reconnect loop ended".into()))
+    }
+
+    /// One try on `session`: a grant, a final error, or the connection closed under us.
+    async fn take_on(
+        &self,
+        session: &mut Session,
+        request: &AcquireRequest,
+        deadline: Option<BootInstant>,
+        cancel: &mut Cancel,
+    ) -> Result<Result<Granted, Closed>, Error> {
         let name = request.name.as_str();
         let name_key = key(&self.prefix, name);
         let slots: Vec<String> = (0..request.limit.max(1))
@@ -79,8 +169,12 @@ impl MysqlBackend {
             .collect();
         let queue = request.limit > 1 && request.wait != Wait::No;
         if queue {
-            self.queue(session, request, &name_key, deadline, cancel)
-                .await?;
+            if let Err(closed) = self
+                .queue(session, request, &name_key, deadline, cancel)
+                .await?
+            {
+                return Ok(Err(closed));
+            }
         }
         let turnstile = turnstile_key(&self.prefix, name);
         let grant = grant_sql(
@@ -89,10 +183,11 @@ impl MysqlBackend {
             request.limit,
             &request.holder,
             queue.then_some(turnstile.as_str()),
+            &session_key(&self.prefix, name, session.id),
         );
         let mut created = false;
         for _ in 0..u32::MAX {
-            let wait = round(request.wait, deadline);
+            let wait = whole_wait(request.wait, deadline);
             let lock = if request.limit > 1 {
                 slot_lock_sql(&slots)
             } else {
@@ -105,10 +200,11 @@ impl MysqlBackend {
             );
             let marks = handoff_marks(&sql);
             let sent = BootInstant::now();
-            // The GET_LOCK call waits in the server's queue from now on (a round at a time).
+            // The GET_LOCK call waits in the server's queue from now on.
             tracing::debug!(target: crate::logging::HANDOFF, "queued");
             let rows = match self.call(session, &sql, wait, &marks, cancel).await? {
                 Ok(rows) => rows,
+                Err(f) if f.closed() => return Ok(Err(Closed(f.describe()))),
                 Err(f) if f.server_code() == Some(1146) && !created => {
                     created = true;
                     self.create_table(session).await?;
@@ -139,7 +235,12 @@ impl MysqlBackend {
                     None => slots[0].clone(),
                 };
                 let token = self.check_grant(session, request, &report).await?;
-                return Ok(Granted { token, key, sent });
+                return Ok(Ok(Granted {
+                    token,
+                    key,
+                    session_key: session_key(&self.prefix, name, session.id),
+                    sent,
+                }));
             }
             let over = match deadline {
                 Some(d) => BootInstant::now() >= d,
@@ -166,11 +267,11 @@ impl MysqlBackend {
         name_key: &str,
         deadline: Option<BootInstant>,
         cancel: &mut Cancel,
-    ) -> Result<(), Error> {
+    ) -> Result<Result<(), Closed>, Error> {
         let turnstile = turnstile_key(&self.prefix, request.name.as_str());
         let mut created = false;
         for _ in 0..u32::MAX {
-            let wait = round(request.wait, deadline);
+            let wait = whole_wait(request.wait, deadline);
             let sql = format!(
                 "{}{}{}",
                 self.settings(session, request),
@@ -179,6 +280,7 @@ impl MysqlBackend {
             );
             let rows = match self.call(session, &sql, wait, &[], cancel).await? {
                 Ok(rows) => rows,
+                Err(f) if f.closed() => return Ok(Err(Closed(f.describe()))),
                 Err(f) if f.server_code() == Some(1146) && !created => {
                     created = true;
                     self.create_table(session).await?;
@@ -198,7 +300,7 @@ impl MysqlBackend {
                 return Err(limit_mismatch(&request.name, theirs));
             }
             if row.and_then(|r| cell::<i64>(r, 0)) == Some(1) {
-                return Ok(());
+                return Ok(Ok(()));
             }
             if deadline.is_some_and(|d| BootInstant::now() >= d) {
                 return Err(self.busy(session, request).await);
@@ -250,8 +352,7 @@ impl MysqlBackend {
         };
         if tokio::time::timeout(CANCEL_TIMEOUT, kill).await.is_err() {
             tracing::debug!(
-                "could not end the waiting lock call; closing the connection ends it within {}s",
-                ROUND.as_secs()
+                "could not end the waiting lock call; the server ends it within a second of the connection closing"
             );
         }
     }
@@ -397,12 +498,12 @@ fn handoff_marks(sql: &str) -> Vec<(usize, &'static str)> {
         .collect()
 }
 
-/// How long the next lock call may wait in the server.
-fn round(wait: Wait, deadline: Option<BootInstant>) -> Duration {
+/// How long the next lock call may wait in the server: all that is left of the wait.
+fn whole_wait(wait: Wait, deadline: Option<BootInstant>) -> Duration {
     match (wait, deadline) {
         (Wait::No, _) => Duration::ZERO,
-        (_, Some(d)) => d.remaining().min(ROUND),
-        (_, None) => ROUND,
+        (_, Some(d)) => d.remaining().min(UNBOUNDED),
+        (_, None) => UNBOUNDED,
     }
 }
 

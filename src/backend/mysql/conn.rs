@@ -28,14 +28,20 @@ pub(super) struct Session {
     pub(super) id: u64,
     /// Whether the session settings (`settings_sql`) were sent yet.
     pub(super) configured: bool,
+    /// A statement was sent and its answer not read to the end: when that is still so at
+    /// the next statement, the earlier one was abandoned (a timeout, a cancelled future),
+    /// and the connection is out of step (its answer would be taken for the next one's).
+    in_flight: bool,
 }
 
 impl MysqlBackend {
-    /// Connect, bounded by `budget` (what is left of `--wait`, or the connect timeout); a
-    /// second attempt (see below) shares the same bound.
+    /// Connect, bounded by the connect timeout and by `budget` (what is left of `--wait`)
+    /// plus [`WAIT_GRACE`]: a `--wait` that is nearly or wholly spent still gets a connection
+    /// that can try the lock once, and its run ends within `--wait` + 0.5 s. A second attempt
+    /// (see below) shares the same bound.
     pub(super) async fn connect(&self, budget: Option<Duration>) -> Result<Session, Error> {
         let timeout = self.target.connect_timeout.unwrap_or(CONNECT_TIMEOUT);
-        let limit = budget.map_or(timeout, |b| b.min(timeout));
+        let limit = budget.map_or(timeout, |b| b.saturating_add(WAIT_GRACE).min(timeout));
         let deadline = tokio::time::Instant::now() + limit;
         let attempt = |tls: bool, name: Option<String>| async move {
             match self.opts(tls, name) {
@@ -93,6 +99,7 @@ impl MysqlBackend {
             id: u64::from(conn.id()),
             conn,
             configured: false,
+            in_flight: false,
         })
     }
 
@@ -180,6 +187,13 @@ impl MysqlBackend {
         Ok(opts)
     }
 }
+
+/// How far past the end of `--wait` connecting may go. The design allows a run to end
+/// 0.5 s after its `--wait`; this leaves the rest of that half second for the one lock
+/// call (`GET_LOCK(key, 0)`, a round trip) and the exit. Not derived from the lease: no
+/// lease exists yet, and a lower value makes a short `--wait` fail on a healthy but busy
+/// server with "cannot reach".
+pub(super) const WAIT_GRACE: Duration = Duration::from_millis(400);
 
 /// MySQL's refusal of a connection without TLS under `require_secure_transport`.
 const ER_SECURE_TRANSPORT_REQUIRED: u16 = 3159;
@@ -288,8 +302,15 @@ impl Session {
         marks: &[(usize, &'static str)],
     ) -> Result<Vec<Row>, Failure> {
         tracing::trace!("statement: {sql}");
+        if self.in_flight {
+            return Err(Failure::OutOfStep);
+        }
+        self.in_flight = true;
         match tokio::time::timeout(limit, last_rows(&mut self.conn, sql, marks)).await {
-            Ok(result) => result.map_err(Failure::Driver),
+            Ok(result) => {
+                self.in_flight = false;
+                result.map_err(Failure::Driver)
+            }
             Err(_) => Err(Failure::Timeout(limit)),
         }
     }
@@ -337,6 +358,8 @@ async fn last_rows(
 pub(super) enum Failure {
     Driver(mysql_async::Error),
     Timeout(Duration),
+    /// An earlier statement on the connection was abandoned before its answer was read.
+    OutOfStep,
 }
 
 impl Failure {
@@ -347,11 +370,27 @@ impl Failure {
         }
     }
 
+    /// The connection itself is gone: the server closed it (`KILL`, `release --force`, a
+    /// shutdown), it broke, or the driver already knows it is closed. A `GET_LOCK` lock
+    /// does not outlive its session, so on the lock's connection this means the lock is
+    /// gone (or going: the server frees it when it sees the end). A timeout is not this:
+    /// a silent connection may still be the server's live session.
+    pub(super) fn closed(&self) -> bool {
+        match self {
+            Failure::Driver(e) => connection_gone(e),
+            Failure::Timeout(_) | Failure::OutOfStep => false,
+        }
+    }
+
     pub(super) fn describe(&self) -> String {
         match self {
             Failure::Driver(e) => describe(e),
             Failure::Timeout(limit) => {
                 format!("no answer within {}", humantime::format_duration(*limit))
+            }
+            Failure::OutOfStep => {
+                "the connection is out of step: an earlier statement on it got no answer in time"
+                    .into()
             }
         }
     }
@@ -363,7 +402,20 @@ impl Failure {
                 "{display} did not answer within {}",
                 humantime::format_duration(limit)
             )),
+            Failure::OutOfStep => Error::Unavailable(format!("{display}: {}", self.describe())),
         }
+    }
+}
+
+/// See [`Failure::closed`]. Server errors that end the session: 1927 (connection killed),
+/// 1053 (server shutdown in progress), and the client-side 2006 / 2013 (server gone, lost
+/// during a query) should a server send them.
+pub(super) fn connection_gone(e: &mysql_async::Error) -> bool {
+    match e {
+        mysql_async::Error::Io(mysql_async::IoError::Io(_)) => true,
+        mysql_async::Error::Driver(mysql_async::DriverError::ConnectionClosed) => true,
+        mysql_async::Error::Server(s) => matches!(s.code, 1927 | 1053 | 2006 | 2013),
+        _ => false,
     }
 }
 

@@ -48,6 +48,13 @@ pub fn turnstile_key(prefix: &str, name: &str) -> String {
     key_with(prefix, name, b"\0queue")
 }
 
+/// A key that only the lock session of connection `id` holds while it holds a lock of
+/// `name`: a watcher on a second connection waits for it, and is granted it the moment that
+/// session ends (`lease`).
+pub fn session_key(prefix: &str, name: &str, id: u64) -> String {
+    key_with(prefix, name, format!("\0session\0{id}").as_bytes())
+}
+
 /// A key made of `dlock:` and hex digits is safe inside single quotes as it is.
 pub fn quoted(key: &str) -> String {
     debug_assert!(key.bytes().all(|b| b.is_ascii_alphanumeric() || b == b':'));

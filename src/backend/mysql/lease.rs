@@ -4,8 +4,13 @@
 //! which ends a session that went silent for the TTL: so the keeper's deadline arithmetic
 //! applies as for a lease, with the TTL the server keeps (whole seconds).
 //!
-//! A heartbeat that finds the lock gone (`KILL`, `release --force`, a server restart) is a
-//! loss at once; one that cannot reach the server leaves the command until the deadline.
+//! The session's end is the lock's end, and is noticed at once: a watcher on a second
+//! connection waits in `GET_LOCK` for the session key that only our lock session holds
+//! (`keys::session_key`), which the server grants the moment that session ends (`KILL`,
+//! `release --force`); a watcher whose own connection closes (a server restart) has the
+//! lock session checked at once. A heartbeat that finds the lock gone or its connection
+//! closed is a loss at once, without retries; one that gets no answer leaves the command
+//! until the keeper's deadline.
 //!
 //! `--min-hold`'s finish ([`Lease::finished`]) rewrites the holder's row on our connection
 //! (shared with the renewer), only while the row and the lock are still ours.
@@ -14,13 +19,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::Mutex;
+use tokio::task::JoinHandle;
 
 use super::acquire::Granted;
 use super::conn::{cell, Failure, Session};
 use super::keys::quoted;
 use super::sql::{finished_sql, server_seconds};
-use super::{CANCEL_TIMEOUT, OP_TIMEOUT};
-use crate::clock::BootInstant;
+use super::{MysqlBackend, CANCEL_TIMEOUT, OP_TIMEOUT};
+use crate::clock::{sleep_until, BootInstant};
 use crate::error::Error;
 use crate::keeper::{Keeper, Renew, RenewError, Schedule};
 use crate::lock::{AcquireRequest, Holder, Lease, Lost};
@@ -34,12 +40,15 @@ pub struct MysqlLease {
     session: Arc<Mutex<Session>>,
     /// The key we hold (the slot's, for `--limit N`).
     key: String,
+    /// Notices the end of our lock session at once (`watch`); `None` once it has reported.
+    watcher: Option<JoinHandle<Watched>>,
 }
 
 impl MysqlLease {
     /// Start keeping the lock `granted` took on `session`; a grant that may be old news (a
-    /// long round, a stopped process) is confirmed by one heartbeat first.
+    /// long wait, a stopped process) is confirmed by a heartbeat first.
     pub(super) async fn start(
+        backend: MysqlBackend,
         session: Session,
         request: &AcquireRequest,
         granted: Granted,
@@ -58,28 +67,25 @@ impl MysqlLease {
         };
         let mut since = granted.sent;
         if BootInstant::now().saturating_since(granted.sent) > schedule.attempt_timeout() {
-            since = BootInstant::now();
-            let confirmed = tokio::time::timeout(schedule.attempt_timeout(), renewer.renew()).await;
-            let failure = match confirmed {
-                Ok(Ok(_)) => {
-                    tracing::debug!(target: crate::logging::HANDOFF, "confirmed");
-                    None
+            match confirm(&mut renewer, &schedule).await {
+                Ok(sent) => since = sent,
+                Err(why) => {
+                    super::acquire::give_back(&mut *renewer.session.lock().await).await;
+                    return Err(Error::Unavailable(format!(
+                        "'{}' was granted but could not be confirmed: {why}; the command was not started",
+                        request.name
+                    )));
                 }
-                Ok(Err(RenewError::Gone(why) | RenewError::Failed(why))) => Some(why),
-                Err(_) => Some(format!(
-                    "the server did not confirm it within {}",
-                    humantime::format_duration(schedule.attempt_timeout())
-                )),
-            };
-            if let Some(why) = failure {
-                super::acquire::give_back(&mut *renewer.session.lock().await).await;
-                return Err(Error::Unavailable(format!(
-                    "'{}' was granted but could not be confirmed: {why}; the command was not started",
-                    request.name
-                )));
             }
         }
         let session = renewer.session.clone();
+        let watcher = tokio::spawn(watch(
+            backend,
+            granted.session_key,
+            session.clone(),
+            renewer.heartbeat.clone(),
+            schedule.attempt_timeout(),
+        ));
         let keeper = Keeper::start(renewer, since, ttl, request.kill_after);
         Ok(MysqlLease {
             keeper,
@@ -87,8 +93,118 @@ impl MysqlLease {
             schedule,
             session,
             key: granted.key,
+            watcher: Some(watcher),
         })
     }
+}
+
+/// Confirm a grant with a heartbeat, allowed as long as the keeper's rule allows: until
+/// the point at which the keeper would give up a hold last confirmed when the first
+/// heartbeat was sent (an answer by then leaves the command stoppable before the server
+/// could end the session; a slow server on a busy machine is still an answer). A heartbeat
+/// that fails quickly is tried again within the same budget. Returns when the confirming
+/// heartbeat was sent, or why there is none.
+async fn confirm(renewer: &mut Renewer, schedule: &Schedule) -> Result<BootInstant, String> {
+    let first = BootInstant::now();
+    let give_up = schedule.give_up_at(first);
+    let mut last = String::new();
+    // Bounded: each attempt ends by give_up, and the loop ends there.
+    for _ in 0..u32::MAX {
+        let sent = BootInstant::now();
+        let bound = give_up.saturating_since(sent);
+        if bound.is_zero() {
+            break;
+        }
+        match tokio::time::timeout(bound, renewer.renew()).await {
+            Ok(Ok(_)) => {
+                tracing::debug!(target: crate::logging::HANDOFF, "confirmed");
+                return Ok(sent);
+            }
+            Ok(Err(RenewError::Gone(why))) => return Err(why),
+            Ok(Err(RenewError::Failed(why))) => last = why,
+            Err(_) => last = "no answer".into(),
+        }
+        let backoff = (schedule.ttl / 20).clamp(Duration::from_millis(50), Duration::from_secs(1));
+        sleep_until((BootInstant::now() + backoff).min(give_up)).await;
+    }
+    Err(format!(
+        "the server did not confirm it within {} (the budget --ttl {} leaves for a confirmation): {last}",
+        humantime::format_duration(round_ms(give_up.saturating_since(first))),
+        humantime::format_duration(schedule.ttl)
+    ))
+}
+
+fn round_ms(d: Duration) -> Duration {
+    Duration::from_millis(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// What the watcher saw.
+enum Watched {
+    /// Our lock session ended (or its lock is gone): why, in words.
+    Ended(String),
+    /// Nothing more to see: no watcher connection, or ours broke while the lock session
+    /// still answers; the keeper's heartbeats remain.
+    Unwatched,
+}
+
+/// Wait on a connection of its own for `session_key`, which our lock session holds until it
+/// ends: a grant means it ended. When the watcher's own connection closes instead, the lock
+/// session is checked at once with `heartbeat` (a server restart closes both).
+async fn watch(
+    backend: MysqlBackend,
+    session_key: String,
+    lock_session: Arc<Mutex<Session>>,
+    heartbeat: String,
+    bound: Duration,
+) -> Watched {
+    let mut conn = match backend.connect(None).await {
+        Ok(conn) => conn,
+        Err(e) => {
+            tracing::debug!("no watcher for the lock session (heartbeats only): {e}");
+            return Watched::Unwatched;
+        }
+    };
+    let sql = format!(
+        "SELECT GET_LOCK({}, {})",
+        quoted(&session_key),
+        super::acquire::UNBOUNDED.as_secs()
+    );
+    // Bounded by the lock session's life: the server grants this when that session ends.
+    let failure = match conn
+        .rows(&sql, super::acquire::UNBOUNDED + OP_TIMEOUT)
+        .await
+    {
+        Ok(rows) if rows.first().and_then(|r| cell::<i64>(r, 0)) == Some(1) => {
+            return Watched::Ended(
+                "the server ended our session (KILL, release --force, or a restart)".into(),
+            )
+        }
+        Ok(_) => return Watched::Unwatched,
+        Err(f) => f,
+    };
+    tracing::debug!("the watcher's connection ended: {}", failure.describe());
+    let checked =
+        tokio::time::timeout(bound, lock_session.lock().await.rows(&heartbeat, bound)).await;
+    match checked {
+        Ok(Ok(rows)) if rows.first().and_then(|r| cell::<i64>(r, 0)) == Some(1) => {
+            Watched::Unwatched
+        }
+        Ok(Ok(_)) => Watched::Ended(gone_reason()),
+        Ok(Err(f)) if f.closed() => Watched::Ended(closed_reason(&f)),
+        _ => Watched::Unwatched,
+    }
+}
+
+fn gone_reason() -> String {
+    "the lock is no longer held by our session (killed, released by force, or the server restarted)"
+        .into()
+}
+
+fn closed_reason(f: &Failure) -> String {
+    format!(
+        "the connection of our lock session closed, which ends the session and frees the lock ({})",
+        f.describe()
+    )
 }
 
 impl Lease for MysqlLease {
@@ -97,6 +213,22 @@ impl Lease for MysqlLease {
     }
 
     async fn lost(&mut self) -> Lost {
+        // Bounded: the watcher reports once, then only the keeper is left.
+        for _ in 0..2 {
+            let Some(watcher) = self.watcher.as_mut() else {
+                break;
+            };
+            tokio::select! {
+                biased;
+                seen = watcher => {
+                    self.watcher = None;
+                    if let Ok(Watched::Ended(reason)) = seen {
+                        return Lost { reason, kill_by: None };
+                    }
+                }
+                lost = self.keeper.lost() => return lost,
+            }
+        }
         self.keeper.lost().await
     }
 
@@ -117,7 +249,12 @@ impl Lease for MysqlLease {
         Ok(rows.first().and_then(|r| cell::<i64>(r, 0)).unwrap_or(0) > 0)
     }
 
-    async fn release(self) -> Result<(), Error> {
+    async fn release(mut self) -> Result<(), Error> {
+        if let Some(watcher) = self.watcher.take() {
+            // Its connection closes; the server drops its wait within a second, or grants
+            // it the session key when our session ends, and then drops it.
+            watcher.abort();
+        }
         let Some(renewer) = self.keeper.stop().await else {
             return Ok(());
         };
@@ -151,19 +288,22 @@ struct Renewer {
 
 impl Renew for Renewer {
     async fn renew(&mut self) -> Result<Duration, RenewError> {
-        // The keeper bounds the attempt; this bound only keeps a stuck call from lingering.
-        match self
-            .session
-            .lock()
-            .await
-            .rows(&self.heartbeat, self.ttl)
-            .await
-        {
+        // The keeper bounds the attempt by dropping it; the statement goes on in a task of its
+        // own, so its answer is still read (the next statement waits for it) and the
+        // connection stays in step. Its own bound, the TTL, is past the keeper's give-up.
+        let session = self.session.clone();
+        let heartbeat = self.heartbeat.clone();
+        let ttl = self.ttl;
+        let sent = tokio::spawn(async move { session.lock().await.rows(&heartbeat, ttl).await });
+        let answer = match sent.await {
+            Ok(answer) => answer,
+            Err(e) => return Err(RenewError::Failed(format!("the heartbeat task ended: {e}"))),
+        };
+        match answer {
             Ok(rows) if rows.first().and_then(|r| cell::<i64>(r, 0)) == Some(1) => Ok(self.ttl),
-            Ok(_) => Err(RenewError::Gone(format!(
-                "the lock is no longer held by our session (IS_USED_LOCK of {} is not our connection: killed, released by force, or the server restarted)",
-                self.key
-            ))),
+            Ok(_) => Err(RenewError::Gone(gone_reason())),
+            // The lock does not outlive its session's connection.
+            Err(f) if f.closed() => Err(RenewError::Gone(closed_reason(&f))),
             // The server answered with an error: the session is no longer usable as ours.
             Err(f @ Failure::Driver(mysql_async::Error::Server(_))) => Err(RenewError::Gone(
                 format!("the heartbeat failed: {}", f.describe()),

@@ -7,19 +7,23 @@
 //! `name ‖ "\0slot\0" ‖ i` for `1 ≤ i < N` (slot 0 is the plain key) and waiters queue on a
 //! turnstile key, `name ‖ "\0queue"`.
 //!
-//! One connection per dlock process, and one round trip after connecting on the uncontended
-//! path (`sql`): the session settings (`wait_timeout` = `interactive_timeout` = `--ttl`, so
-//! the server ends a silent holder's session and frees its lock), the `--limit` check, the
-//! `GET_LOCK` call, and, only if it granted, the fencing token (a per-name InnoDB counter
-//! bumped with `LAST_INSERT_ID(token + 1)`, committed before the reply) and the holder's
-//! row in the table `dlock_locks` (readable name and metadata, for `status` and `list`).
-//! The same reply says whether the server is read-only (refused: 78) and which connection
-//! id the statements ran on (a proxy that multiplexes sessions answers with another: 78).
+//! One connection per waiting dlock process, and one round trip after connecting on the
+//! uncontended path (`sql`): the session settings (`wait_timeout` = `interactive_timeout`
+//! = `--ttl`, so the server ends a silent holder's session and frees its lock), the
+//! `--limit` check, the `GET_LOCK` call, and, only if it granted, the fencing token (a
+//! per-name InnoDB counter bumped with `LAST_INSERT_ID(GREATEST(token + 1, clock))`, the
+//! server's clock in µs as its floor, committed before the reply), the holder's row in the
+//! table `dlock_locks` (readable name and metadata, for `status` and `list`), and the
+//! session key the lease's watcher waits for. The same reply says whether the server is
+//! read-only (refused: 78) and which connection id the statements ran on (a proxy that
+//! multiplexes sessions answers with another: 78).
 //!
-//! Waiting happens in the server, in rounds of at most 2 s (`acquire`), so a signal, the
-//! `--wait` deadline and a dead server are noticed between rounds. The hold has no lease of
-//! its own: the [`Keeper`](crate::keeper::Keeper) heartbeats every TTL/3 (`lease`), each
-//! heartbeat restarting the server's idle count, so its deadline arithmetic applies.
+//! Waiting happens in the server, in one `GET_LOCK` call for the whole wait (`acquire`), so
+//! waiters are served in arrival order; a signal ends it with `KILL QUERY`, and a waiter
+//! whose connection closes connects again. The hold has no lease of its own: the
+//! [`Keeper`](crate::keeper::Keeper) heartbeats every TTL/3 (`lease`), each heartbeat
+//! restarting the server's idle count, so its deadline arithmetic applies; a watcher on a
+//! second connection notices the end of the lock session at once.
 //!
 //! The parts: `target` (the URL), `conn` (connecting, TLS, bounded statements, error
 //! classes), `keys`, `sql` (the statements), `acquire` (waiting, slots, refusals), `lease`
@@ -48,6 +52,7 @@ const OP_TIMEOUT: Duration = Duration::from_secs(5);
 /// Bound for giving back, ending a waiting call, and the unlock at release.
 const CANCEL_TIMEOUT: Duration = Duration::from_secs(2);
 
+#[derive(Clone)]
 pub struct MysqlBackend {
     target: MysqlTarget,
     prefix: String,
@@ -72,14 +77,17 @@ impl Backend for MysqlBackend {
         request: &AcquireRequest,
         mut cancel: Cancel,
     ) -> Result<MysqlLease, Error> {
-        let budget = request.wait.deadline().map(|d| d.remaining());
+        let deadline = request.wait.deadline();
+        let budget = deadline.map(|d| d.remaining());
         // Nothing is queued on the server yet: a cancel during connect just drops it.
         let mut session = tokio::select! {
             session = self.connect(budget) => session?,
             () = cancel.cancelled() => return Err(Error::Cancelled),
         };
-        let granted = self.take(&mut session, request, &mut cancel).await?;
-        MysqlLease::start(session, request, granted).await
+        let granted = self
+            .take(&mut session, request, deadline, &mut cancel)
+            .await?;
+        MysqlLease::start(self.clone(), session, request, granted).await
     }
 
     async fn status(&self, name: &LockName) -> Result<LockStatus, Error> {

@@ -65,19 +65,33 @@ pub fn other_limit_sql(name_key: &str, limit: u32) -> String {
     )
 }
 
+/// The floor of every fencing token: the server's clock, in microseconds since the epoch
+/// (UTC, so no time zone or daylight saving change moves it). `GET_LOCK` names are
+/// server-wide but `dlock_locks` lives in one database: two databases on one server, or a
+/// table that was emptied or recreated, would start their counters again at 1. With the
+/// floor, a grant's token exceeds every earlier grant's of the lock on that server, whatever
+/// table counted it, as long as the server's clock does not step back (grants of one lock
+/// are at least a round trip apart, so the clock has moved on between them).
+pub const TOKEN_FLOOR: &str =
+    "CAST(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) AS UNSIGNED)";
+
 /// The statements after the lock call, which has set `@dlock_granted` (1: ours now) and
 /// `@dlock_slot` (the slot index): in one transaction, the name's counter is bumped with
-/// `LAST_INSERT_ID(token + 1)` (so `LAST_INSERT_ID()` returns it to this session), and the
+/// `LAST_INSERT_ID(GREATEST(token + 1, floor))` (so `LAST_INSERT_ID()` returns it to this
+/// session; the floor is [`TOKEN_FLOOR`]), and the
 /// slot's row records us; nothing is written unless the lock was granted and the server is
-/// writable. Then the report row (see [`Report`](super::acquire::Report)).
+/// writable. A granted session also takes its session key (`keys::session_key`, for the
+/// lease's watcher). Then the report row (see [`Report`](super::acquire::Report)).
 pub fn grant_sql(
     name_key: &str,
     slots: &[String],
     limit: u32,
     holder: &Holder,
     turnstile: Option<&str>,
+    session_key: &str,
 ) -> String {
     let nk = quoted(name_key);
+    let sk = quoted(session_key);
     let slot_key = slot_expression(slots);
     // Leaving the turnstile comes after the commit: a transaction that fails (a deadlock
     // between slot holders) is retried from the head of the queue.
@@ -93,13 +107,13 @@ pub fn grant_sql(
     let when = "WHERE @dlock_granted = 1 AND @@global.read_only = 0";
     format!(
         "START TRANSACTION; \
-         INSERT INTO dlock_locks (lock_key, name_key, token) SELECT {nk}, {nk}, LAST_INSERT_ID(1) \
-         FROM DUAL {when} ON DUPLICATE KEY UPDATE token = LAST_INSERT_ID(token + 1); \
+         INSERT INTO dlock_locks (lock_key, name_key, token) SELECT {nk}, {nk}, LAST_INSERT_ID({TOKEN_FLOOR}) \
+         FROM DUAL {when} ON DUPLICATE KEY UPDATE token = LAST_INSERT_ID(GREATEST(token + 1, {TOKEN_FLOOR})); \
          INSERT INTO dlock_locks (lock_key, name_key, conn_id, lim, held_token, holder) \
          SELECT {slot_key}, {nk}, CONNECTION_ID(), {limit}, LAST_INSERT_ID(), {holder} FROM DUAL {when} \
          ON DUPLICATE KEY UPDATE conn_id = CONNECTION_ID(), lim = {limit}, \
          held_token = LAST_INSERT_ID(), holder = {holder}; \
-         COMMIT; {leave}\
+         COMMIT; DO IF(@dlock_granted = 1, GET_LOCK({sk}, 0), 0); {leave}\
          SELECT @dlock_granted, IF(@dlock_granted = 1, LAST_INSERT_ID(), 0), @@global.read_only, \
          CONNECTION_ID(), @dlock_other, \
          (SELECT MIN(lim) FROM dlock_locks WHERE name_key = {nk} AND lim <> {limit} AND lim > 0 \

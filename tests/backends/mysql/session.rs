@@ -1,8 +1,10 @@
-//! Losing the session: a SIGKILLed holder frees the lock at once, `KILL` of the holder's
-//! connection stops its command (124), and fencing tokens keep increasing across a server
-//! crash right after a grant.
+//! Losing the session: a SIGKILLed holder frees the lock at once; `KILL` of the holder's
+//! connection, `release --force` and a server restart stop its command (124) by the time the
+//! next holder's starts, with one line; fencing tokens keep increasing across a server crash
+//! right after a grant, across databases of one server, and across an emptied table.
 
-use std::process::Stdio;
+use std::path::PathBuf;
+use std::process::{Child, Stdio};
 use std::time::Duration;
 
 use crate::support::*;
@@ -88,4 +90,224 @@ fn tokens_increase_across_a_server_crash_right_after_a_grant() {
         after > granted,
         "token {after} after the crash is not above {granted}, granted before it"
     );
+}
+
+/// How much later than the next holder's command start the old holder's stop may be
+/// noted: the server frees the lock and tells both at the same instant, and each side then
+/// runs a shell (the notes are `date` runs); far below a heartbeat interval (10 s here).
+const SAME_MOMENT: Duration = Duration::from_millis(300);
+
+/// A holder with `--ttl 30s` (a heartbeat every 10 s) whose command notes when SIGTERM
+/// reached it, and a queued waiter (no `--wait`) whose command notes when it started.
+struct Handover {
+    holder: Child,
+    waiter: Child,
+    stopped: PathBuf,
+    started: PathBuf,
+}
+
+fn handover(env: &TestEnv, lock: &str) -> Handover {
+    let stopped = env.path("stopped");
+    let started = env.path("started");
+    let ready = env.path("ready");
+    let holder = env
+        .dlock([
+            "run",
+            "--ttl",
+            "30s",
+            "--kill-after",
+            "5s",
+            lock,
+            "sh",
+            "-c",
+            &format!(
+                "trap 'date +%s%N > {s}; exit 0' TERM; echo ok > {r}; sleep 1000 & wait",
+                s = stopped.display(),
+                r = ready.display()
+            ),
+        ])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn holder");
+    wait_until("holder ready", PATIENCE, || ready.exists());
+    let waiter = env
+        .dlock([
+            "run",
+            "--ttl",
+            "30s",
+            lock,
+            "sh",
+            "-c",
+            &format!("date +%s%N > {}", started.display()),
+        ])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn waiter");
+    wait_until("waiter queued", PATIENCE, || env.waiters(lock) == 1);
+    Handover {
+        holder,
+        waiter,
+        stopped,
+        started,
+    }
+}
+
+impl Handover {
+    /// The holder exits 124 and its command was stopped no later than the waiter's started
+    /// (within [`SAME_MOMENT`]); the waiter succeeds. Returns the holder's stderr.
+    fn assert_no_overlap(mut self) -> String {
+        let status = wait_within(&mut self.holder, PATIENCE);
+        let holder_err = stderr_left(&mut self.holder);
+        assert_eq!(status.code(), Some(124), "{holder_err}");
+        let status = wait_within(&mut self.waiter, PATIENCE);
+        let waiter_err = stderr_left(&mut self.waiter);
+        assert!(status.success(), "the waiter: {waiter_err}");
+        let stamp = |path: &PathBuf| -> u128 {
+            std::fs::read_to_string(path)
+                .unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+                .trim()
+                .parse()
+                .expect("a time stamp")
+        };
+        let (stopped, started) = (stamp(&self.stopped), stamp(&self.started));
+        assert!(
+            stopped <= started + SAME_MOMENT.as_nanos(),
+            "the old holder's command was stopped {} ms after the next holder's started: {holder_err}",
+            (stopped - started) / 1_000_000
+        );
+        holder_err
+    }
+}
+
+/// The holder says what happened once, as it happens (one warning, no retries), besides
+/// its final line.
+fn assert_one_line(stderr: &str) {
+    let warnings = stderr
+        .lines()
+        .filter(|l| l.starts_with("dlock: warning:"))
+        .count();
+    assert_eq!(warnings, 1, "{stderr}");
+    assert_eq!(stderr.lines().count(), 2, "{stderr}");
+}
+
+#[test]
+fn kill_of_the_holders_connection_stops_its_command_before_the_next_holder_starts() {
+    let server = MysqlServer::start();
+    let env = TestEnv::new(&server);
+    let lock = lock_name("m");
+    let run = handover(&env, &lock);
+    let id = holder_connection(&env, &lock);
+    server.sql(&format!("KILL {id}"));
+    assert_one_line(&run.assert_no_overlap());
+}
+
+#[test]
+fn release_by_force_stops_the_holders_command_before_the_next_holder_starts() {
+    let server = MysqlServer::start();
+    let env = TestEnv::new(&server);
+    let lock = lock_name("m");
+    let run = handover(&env, &lock);
+    let out = env.run(["release", "--force", &lock]);
+    assert!(out.status.success(), "{}", describe(&out));
+    assert_one_line(&run.assert_no_overlap());
+}
+
+#[test]
+fn a_server_restart_stops_the_holders_command_before_the_waiter_gets_the_lock() {
+    let server = MysqlServer::start();
+    let env = TestEnv::new(&server);
+    let lock = lock_name("m");
+    let run = handover(&env, &lock);
+    server.restart_after_crash();
+    assert_one_line(&run.assert_no_overlap());
+}
+
+#[test]
+fn tokens_increase_across_databases_of_one_server() {
+    // GET_LOCK names are server-wide: the same lock taken through another database.
+    let server = MysqlServer::start();
+    server.sql(
+        "CREATE DATABASE dlock2; GRANT ALL ON dlock2.* TO 'dlock'@'%'; \
+         CREATE DATABASE dlock3; GRANT ALL ON dlock3.* TO 'dlock'@'%'",
+    );
+    let env = TestEnv::new(&server);
+    let lock = lock_name("m");
+    let mut seen = Vec::new();
+    for database in ["dlock", "dlock", "dlock", "dlock2", "dlock", "dlock3"] {
+        let url = server.url().replace("/dlock?", &format!("/{database}?"));
+        let out = env.run([
+            "run",
+            "--url",
+            &url,
+            &lock,
+            "sh",
+            "-c",
+            "echo $DLOCK_FENCING_TOKEN",
+        ]);
+        assert!(out.status.success(), "{}", describe(&out));
+        let token: u64 = stdout_of(&out).trim().parse().expect("a numeric token");
+        let highest = seen.iter().copied().max().unwrap_or(0);
+        assert!(
+            token > highest,
+            "token {token} through {database} after {seen:?}"
+        );
+        seen.push(token);
+    }
+}
+
+#[test]
+fn tokens_increase_after_the_table_was_emptied() {
+    let server = MysqlServer::start();
+    let env = TestEnv::new(&server);
+    let lock = lock_name("m");
+    let first = env.token(&lock);
+    let second = env.token(&lock);
+    assert!(second > first);
+    server.sql("DELETE FROM dlock.dlock_locks");
+    let third = env.token(&lock);
+    assert!(
+        third > second,
+        "token {third} after {first}, {second} and a reset"
+    );
+    server.sql("DROP TABLE dlock.dlock_locks");
+    let fourth = env.token(&lock);
+    assert!(
+        fourth > third,
+        "token {fourth} after {third} and a dropped table"
+    );
+}
+
+#[test]
+fn a_grant_confirmed_slower_than_a_sixth_of_the_ttl_still_runs_the_command() {
+    // Through a proxy that holds every chunk 300 ms, a round trip takes 600 ms: more than a
+    // renewal's bound (TTL/6 = 500 ms), well within what the 3 s lease allows a
+    // confirmation before the command starts.
+    let server = MysqlServer::start();
+    let env = TestEnv::new(&server);
+    let lock = lock_name("m");
+    let proxy = Proxy::with_delay(server.port, Duration::from_millis(300));
+    let mut holder = env.hold(&lock, &[]);
+    let ran = env.path("ran");
+    let mut waiter = env
+        .dlock([
+            "run",
+            "--url",
+            &server.url_via(proxy.port),
+            "--ttl",
+            "3s",
+            &lock,
+            "sh",
+            "-c",
+            &format!("echo ok > {}", ran.display()),
+        ])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn waiter");
+    wait_until("waiter queued", PATIENCE, || env.waiters(&lock) == 1);
+    holder.signal(nix::sys::signal::Signal::SIGTERM);
+    holder.wait();
+    let status = wait_within(&mut waiter, PATIENCE);
+    let stderr = stderr_left(&mut waiter);
+    assert!(status.success(), "{stderr}");
+    assert!(ran.exists(), "{stderr}");
 }
