@@ -11,10 +11,9 @@
 //! on naming it, and a client that reaches only that sentinel would take the lock there while
 //! another client holds it on the new master. So:
 //!
-//! - the distinct sentinels of the URL are asked at once (`SENTINEL MASTER <name>` and
-//!   `SENTINEL MYID` in one round trip, each bounded by [`ASK_TIMEOUT`]); entries whose names
-//!   resolve to the same address (IPv4-mapped IPv6 counted as IPv4) are one sentinel, asked
-//!   once, and answers with the same sentinel ID count once;
+//! - the distinct sentinels of the URL are asked at once (`SENTINEL MASTER <name>`, each
+//!   bounded by [`ASK_TIMEOUT`]); entries whose names resolve to a common address
+//!   (IPv4-mapped IPv6 counted as IPv4) are one sentinel, asked once and counted once;
 //! - the group is as large as the sentinels know it (`num-other-sentinels` + 1, the largest
 //!   any of them reports), and never smaller than the URL's distinct sentinels; a master
 //!   counts only when a majority of that group names it ([`Round::agreed`]). The asking stops
@@ -49,7 +48,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, Client, RedisError, RedisResult, Value};
+use redis::{AsyncConnectionConfig, Client, RedisError, Value};
 use tokio::sync::OnceCell;
 
 use crate::clock::BootInstant;
@@ -59,11 +58,12 @@ use super::conn::{classify, Conn};
 use super::{RedisAddr, RedisTarget};
 
 /// Bound for asking one sentinel (connecting, authenticating, the answer). A sentinel answers
-/// from memory in well under a millisecond on a LAN; one slower than this is taken as not
-/// answering. It delays nothing while a majority answers (the asking stops when one agrees),
-/// and every caller bounds the whole round by its own budget as well (the keeper's attempt
+/// from memory in well under a millisecond on a LAN, but a new TLS connection with a client
+/// certificate took up to about 1 s on a loaded 2-core machine (debug build): this leaves it
+/// room. It delays nothing while a majority answers (the asking stops when one agrees), and
+/// every caller bounds the whole round by its own budget as well (the keeper's attempt
 /// timeout for a renewal, `--wait` for a waiter).
-pub(super) const ASK_TIMEOUT: Duration = Duration::from_secs(1);
+pub(super) const ASK_TIMEOUT: Duration = Duration::from_secs(2);
 /// How often a waiter asks the sentinels whether the master moved.
 pub(super) const WAITER_RECHECK: Duration = Duration::from_secs(1);
 /// A grant counts without asking again when a majority of the sentinels named its master
@@ -97,12 +97,11 @@ pub(super) struct Sentinel {
 /// What one sentinel said about the master.
 pub(super) enum Answer {
     /// Its current view: the master's address and the configuration epoch it dates from,
-    /// the sentinel's own ID and how many other sentinels it knows, with the rest of the
-    /// `SENTINEL MASTER` fields (for `check`).
+    /// and how many other sentinels it knows, with the rest of the `SENTINEL MASTER` fields
+    /// (for `check`).
     Master {
         addr: Addr,
         epoch: u64,
-        id: Option<String>,
         others: usize,
         fields: Vec<(String, String)>,
     },
@@ -200,7 +199,7 @@ impl Locator {
                 if let Some(error) = recent_failure(&key) {
                     return Err(error);
                 }
-                let round = self.ask(ASK_TIMEOUT, true).await;
+                let round = self.ask(self.budget(), true).await;
                 let (addr, _) = round
                     .agreed(&self.master, &self.display)
                     .inspect_err(|e| remember_failure(key, e))?;
@@ -285,6 +284,10 @@ impl Locator {
                 }
             }
         }
+        // The sentinels not waited for finish on their own (each within ASK_TIMEOUT) and
+        // keep their connection for the next round: a TLS handshake cut off at every round
+        // would be made again at every round.
+        asks.detach_all();
         answers.sort_by_key(|(i, _)| *i);
         Round {
             answers: answers.into_iter().map(|(_, a)| a).collect(),
@@ -331,15 +334,20 @@ impl Locator {
         }
     }
 
+    /// How long a round of asking may take: [`ASK_TIMEOUT`], and for a waiter no longer than
+    /// its `--wait` (but [`LAST_CHECK`] at least).
+    fn budget(&self) -> Duration {
+        match self.deadline {
+            Some(deadline) => ASK_TIMEOUT.min(deadline.remaining().max(LAST_CHECK)),
+            None => ASK_TIMEOUT,
+        }
+    }
+
     /// Before a renewal or a grant counts: does a majority of the sentinels still name the
     /// master this connection is on? `Ok(false)` when it does, `Ok(true)` when it names
     /// another one (the next connect goes there), an error when no majority names one.
-    /// `waiting`: for a waiter, whose checks end with its `--wait`.
-    async fn confirm(&mut self, waiting: bool) -> Result<bool, String> {
-        let budget = match self.deadline {
-            Some(deadline) if waiting => ASK_TIMEOUT.min(deadline.remaining().max(LAST_CHECK)),
-            _ => ASK_TIMEOUT,
-        };
+    async fn confirm(&mut self) -> Result<bool, String> {
+        let budget = self.budget();
         let round = self.ask(budget, true).await;
         let (addr, _) = round
             .agreed(&self.master, &self.display)
@@ -361,13 +369,12 @@ impl Locator {
 impl Round {
     /// The group's size as the sentinels know it (the largest `num-other-sentinels` + 1 any
     /// of them reports; never fewer than the distinct sentinels that answered, or than the
-    /// URL lists), the distinct sentinels that answered, and the votes for each master
-    /// (address, newest epoch, how many).
+    /// URL lists), the sentinels that answered (each a distinct one of the URL's), and the
+    /// votes for each master (address, newest epoch, how many).
     pub(super) fn tally<'a>(
         &self,
         answers: impl Iterator<Item = &'a Answer>,
     ) -> (usize, usize, Vec<(Addr, u64, usize)>) {
-        let mut ids: Vec<&str> = Vec::new();
         let mut group = self.listed;
         let mut answered = 0;
         let mut votes: Vec<(Addr, u64, usize)> = Vec::new();
@@ -375,19 +382,12 @@ impl Round {
             let Answer::Master {
                 addr,
                 epoch,
-                id,
                 others,
                 ..
             } = answer
             else {
                 continue;
             };
-            if let Some(id) = id.as_deref() {
-                if ids.contains(&id) {
-                    continue;
-                }
-                ids.push(id);
-            }
             answered += 1;
             group = group.max(others.saturating_add(1)).max(answered);
             match votes.iter_mut().find(|(a, ..)| a == addr) {
@@ -498,7 +498,7 @@ fn remember_failure(key: String, error: &Error) {
 /// the one they name (the renewal then finds there whether the hold survived the failover).
 /// Nothing to do when `conn` is not behind Sentinel.
 pub(super) async fn confirm(conn: &mut Conn) -> Result<(), String> {
-    moved(conn, Duration::ZERO, false).await.map(drop)
+    moved(conn, Duration::ZERO).await.map(drop)
 }
 
 /// A waiter's checks of the sentinels on `conn` end by `deadline` (its `--wait`).
@@ -513,17 +513,18 @@ pub(super) fn bound(conn: &mut Conn, deadline: Option<BootInstant>) {
 /// place in line every [`WAITER_RECHECK`].
 pub(super) async fn follow(conn: &mut Conn, granted: bool) -> Result<bool, Error> {
     let max_age = if granted { FRESH } else { WAITER_RECHECK };
-    moved(conn, max_age, true).await.map_err(Error::Unavailable)
+    let moved = moved(conn, max_age).await.map_err(Error::Unavailable)?;
+    if granted && !moved {
+        // The wait is over: from now on this connection keeps a hold, on the keeper's budget.
+        bound(conn, None);
+    }
+    Ok(moved)
 }
 
 /// Has the master moved since the sentinels were last asked for `conn`? They are asked again
-/// unless that was less than `max_age` ago (by a waiter when `waiting`); when it moved, `conn`
-/// reconnects to the new one. `Ok(false)` when `conn` is not behind Sentinel.
-pub(super) async fn moved(
-    conn: &mut Conn,
-    max_age: Duration,
-    waiting: bool,
-) -> Result<bool, String> {
+/// unless that was less than `max_age` ago; when it moved, `conn` reconnects to the new one.
+/// `Ok(false)` when `conn` is not behind Sentinel.
+pub(super) async fn moved(conn: &mut Conn, max_age: Duration) -> Result<bool, String> {
     let Some(locator) = conn.sentinel.as_mut() else {
         return Ok(false);
     };
@@ -534,7 +535,7 @@ pub(super) async fn moved(
     {
         return Ok(false);
     }
-    let moved = locator.confirm(waiting).await?;
+    let moved = locator.confirm().await?;
     if moved {
         conn.reconnect();
     }
@@ -577,26 +578,20 @@ async fn distinct(sentinels: &[Sentinel]) -> Vec<usize> {
     kept
 }
 
-/// `SENTINEL MASTER <name>` and `SENTINEL MYID` on one sentinel, in one round trip.
+/// `SENTINEL MASTER <name>` on one sentinel.
 async fn ask(sentinel: &Sentinel, master: &str) -> Answer {
     let link = |update: &dyn Fn(&mut Option<MultiplexedConnection>)| {
         if let Ok(mut link) = sentinel.link.lock() {
             update(&mut link);
         }
     };
-    let mut pipe = redis::pipe();
-    pipe.cmd("SENTINEL").arg("MASTER").arg(master);
-    // Sentinels before Redis 6.2 do not know MYID: its error is kept apart.
-    pipe.cmd("SENTINEL").arg("MYID");
-    pipe.ignore_errors();
     let asked = tokio::time::timeout(ASK_TIMEOUT, async {
         let kept = sentinel.link.lock().ok().and_then(|l| l.clone());
+        let mut command = redis::cmd("SENTINEL");
+        command.arg("MASTER").arg(master);
         if let Some(mut connection) = kept {
-            match pipe
-                .query_async::<Vec<RedisResult<Value>>>(&mut connection)
-                .await
-            {
-                Ok(replies) => return Ok(replies),
+            match command.query_async::<Value>(&mut connection).await {
+                Ok(reply) => return Ok(reply),
                 // A kept connection may have died since: one more try on a fresh one.
                 Err(e) if e.is_io_error() || e.is_connection_dropped() => link(&|l| *l = None),
                 Err(e) => return Err(e),
@@ -609,19 +604,17 @@ async fn ask(sentinel: &Sentinel, master: &str) -> Answer {
             .client
             .get_multiplexed_async_connection_with_config(&config)
             .await?;
-        let replies = pipe
-            .query_async::<Vec<RedisResult<Value>>>(&mut connection)
-            .await?;
+        let reply = command.query_async::<Value>(&mut connection).await?;
         link(&|l| *l = Some(connection.clone()));
-        Ok(replies)
+        Ok(reply)
     })
     .await;
     if !matches!(asked, Ok(Ok(_))) {
         link(&|l| *l = None);
     }
     let label = &sentinel.label;
-    let mut replies = match asked {
-        Ok(Ok(replies)) => replies.into_iter(),
+    let reply = match asked {
+        Ok(Ok(reply)) => reply,
         Ok(Err(e)) => return failed(label, &e),
         Err(_) => {
             return Answer::Failed(
@@ -633,18 +626,6 @@ async fn ask(sentinel: &Sentinel, master: &str) -> Answer {
             )
         }
     };
-    let reply = match replies.next() {
-        Some(Ok(reply)) => reply,
-        Some(Err(e)) => return failed(label, &e),
-        None => {
-            return Answer::Failed(format!("{label}: an empty answer"), None);
-        }
-    };
-    let id = match replies.next() {
-        Some(Ok(Value::BulkString(id))) => Some(String::from_utf8_lossy(&id).into_owned()),
-        Some(Ok(Value::SimpleString(id))) => Some(id),
-        _ => None,
-    };
     let fields = fields_of(&reply);
     let get = |k: &str| fields.iter().find(|(f, _)| f == k).map(|(_, v)| v.as_str());
     match (get("ip"), get("port").and_then(|p| p.parse::<u16>().ok())) {
@@ -653,7 +634,6 @@ async fn ask(sentinel: &Sentinel, master: &str) -> Answer {
             epoch: get("config-epoch")
                 .and_then(|e| e.parse().ok())
                 .unwrap_or(0),
-            id,
             others: get("num-other-sentinels")
                 .and_then(|n| n.parse().ok())
                 .unwrap_or(0),

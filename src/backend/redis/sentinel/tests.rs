@@ -1,6 +1,6 @@
 //! What [`Round::agreed`] makes of the sentinels' answers: a master only when a majority of
-//! the group names it (the group as the sentinels know it, each sentinel counted once), and
-//! when none does, the exit class and the way out.
+//! the group names it (the group as the sentinels know it, never smaller than the URL's distinct
+//! sentinels), and when none does, the exit class and the way out.
 
 use super::{none_answered, Answer, Round};
 use crate::error::Error;
@@ -9,11 +9,10 @@ fn failed(reason: &str) -> Answer {
     Answer::Failed(reason.to_owned(), None)
 }
 
-fn names(port: u16, epoch: u64, id: &str, others: usize) -> Answer {
+fn names(port: u16, epoch: u64, others: usize) -> Answer {
     Answer::Master {
         addr: ("127.0.0.1".to_owned(), port),
         epoch,
-        id: Some(id.to_owned()),
         others,
         fields: Vec::new(),
     }
@@ -25,23 +24,13 @@ fn round(answers: Vec<Answer>, listed: usize) -> Round {
 
 #[test]
 fn one_sentinel_of_three_is_not_enough() {
-    let one = round(vec![names(6379, 1, "a", 2), failed("s2: refused")], 2);
+    let one = round(vec![names(6379, 1, 2), failed("s2: refused")], 2);
     let Err(Error::Unavailable(message)) = one.agreed("m", "redis-sentinel://h/0#m") else {
         panic!("one of three sentinels was enough");
     };
     assert!(message.contains("only 1 of the 3 sentinels"), "{message}");
-    // The same sentinel reached under three spellings counts once.
-    let thrice = round(
-        vec![
-            names(6379, 1, "a", 2),
-            names(6379, 1, "a", 2),
-            names(6379, 1, "a", 2),
-        ],
-        3,
-    );
-    assert!(thrice.agreed("m", "d").is_err());
     // The URL listing one sentinel of three: said so.
-    let listed_one = round(vec![names(6379, 1, "a", 2)], 1);
+    let listed_one = round(vec![names(6379, 1, 2)], 1);
     let Err(Error::Unavailable(message)) = listed_one.agreed("m", "d") else {
         panic!("one listed sentinel of three was enough");
     };
@@ -50,37 +39,27 @@ fn one_sentinel_of_three_is_not_enough() {
 
 #[test]
 fn a_majority_naming_one_master_wins_over_a_stale_or_foreign_minority() {
-    let answers = vec![
-        names(6380, 2, "a", 2),
-        names(6379, 1, "b", 2),
-        names(6380, 2, "c", 2),
-    ];
+    let answers = vec![names(6380, 2, 2), names(6379, 1, 2), names(6380, 2, 2)];
     assert_eq!(
         round(answers, 3).agreed("m", "d").ok(),
         Some((("127.0.0.1".to_owned(), 6380), 2))
     );
     // A lone sentinel that knows no others cannot outvote the URL's other two, silent.
     let lone = round(
-        vec![names(7000, 9, "x", 0), failed("s2: refused"), failed("s3")],
+        vec![names(7000, 9, 0), failed("s2: refused"), failed("s3")],
         3,
     );
     assert!(lone.agreed("m", "d").is_err());
     // Two of three agree, the third says another master: it is outvoted, whatever its epoch.
     let split = round(
-        vec![
-            names(6379, 1, "a", 2),
-            names(6379, 1, "b", 2),
-            names(6380, 5, "c", 2),
-        ],
+        vec![names(6379, 1, 2), names(6379, 1, 2), names(6380, 5, 2)],
         3,
     );
     assert_eq!(split.agreed("m", "d").ok().map(|(a, _)| a.1), Some(6379));
     // One each: no majority, said so.
-    let Err(Error::Unavailable(message)) = round(
-        vec![names(6379, 1, "a", 2), names(6380, 2, "b", 2), failed("s3")],
-        3,
-    )
-    .agreed("m", "d") else {
+    let Err(Error::Unavailable(message)) =
+        round(vec![names(6379, 1, 2), names(6380, 2, 2), failed("s3")], 3).agreed("m", "d")
+    else {
         panic!("a split vote named a master");
     };
     assert!(message.contains("no majority"), "{message}");
