@@ -112,4 +112,3 @@ fn rediss_sentinel_failover_while_held_and_waited_for_never_runs_two_commands() 
         "no lock keys on the new master: {keys:?}"
     );
 }
-
