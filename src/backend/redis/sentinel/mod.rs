@@ -199,7 +199,18 @@ impl Locator {
                 if let Some(error) = recent_failure(&key) {
                     return Err(error);
                 }
+                // A waiter's round cut off by its call's budget counts as one that found no
+                // majority (what follows, such as leaving the queue, must not ask again).
+                let mut cut_off = CutOff(self.deadline.map(|_| {
+                    let message = format!(
+                        "cannot reach {}: no majority of the sentinels of '{}' named its \
+                         master in time",
+                        self.display, self.master
+                    );
+                    (key.clone(), message)
+                }));
                 let round = self.ask(self.budget(), true).await;
+                cut_off.0 = None;
                 let (addr, _) = round
                     .agreed(&self.master, &self.display)
                     .inspect_err(|e| remember_failure(key, e))?;
@@ -485,6 +496,18 @@ fn recent_failure(key: &str) -> Option<Error> {
             Some(Error::Unavailable(message.clone()))
         }
         _ => None,
+    }
+}
+
+/// Remembers a round that did not finish (dropped by its caller's timeout) as one that found
+/// no majority: the key and what to say.
+struct CutOff(Option<(String, String)>);
+
+impl Drop for CutOff {
+    fn drop(&mut self) {
+        if let Some((key, message)) = self.0.take() {
+            remember_failure(key, &Error::Unavailable(message));
+        }
     }
 }
 
