@@ -50,7 +50,6 @@ impl SentinelServer {
     }
 
     fn start_full(password: Option<&str>, tls: Option<TestCerts>) -> SentinelServer {
-        let binary = server_binary("redis-sentinel", "redis-sentinel");
         let settings = tls.as_ref().map(tls_settings).unwrap_or_default();
         // A data node: with TLS, on a TLS port only (later arguments win over the harness's
         // `--port`).
@@ -101,17 +100,7 @@ impl SentinelServer {
                 text.push_str(&format!("requirepass {password}\n"));
             }
             std::fs::write(&config, text).expect("sentinel config");
-            let log = std::fs::File::create(dir.path().join(format!("sentinel-{port}.log")))
-                .expect("log file");
-            sentinels.push(
-                Command::new(&binary)
-                    .arg(&config)
-                    .stdin(Stdio::null())
-                    .stdout(log.try_clone().expect("log"))
-                    .stderr(log)
-                    .spawn()
-                    .expect("start redis-sentinel"),
-            );
+            sentinels.push(spawn_sentinel(dir.path(), port));
         }
         let server = SentinelServer {
             nodes: [master, replica],
@@ -243,6 +232,46 @@ impl SentinelServer {
         });
     }
 
+    /// Send `signal` to sentinel `i` (SIGSTOP: it stops answering, as behind a partition;
+    /// SIGCONT: it goes on from where it was, with the view it had).
+    pub fn signal_sentinel(&self, i: usize, signal: nix::sys::signal::Signal) {
+        let pid = nix::unistd::Pid::from_raw(self.sentinels[i].id() as i32);
+        nix::sys::signal::kill(pid, signal).expect("signal a sentinel");
+    }
+
+    /// Kill sentinel `i` and start it again from its configuration file, which holds what
+    /// it knew when it last wrote it (the master, the epoch, the other sentinels); returns
+    /// when it answers.
+    pub fn restart_sentinel(&mut self, i: usize) {
+        let _ = self.sentinels[i].kill();
+        let _ = self.sentinels[i].wait();
+        let port = self.sentinel_ports[i];
+        self.sentinels[i] = spawn_sentinel(self.dir.path(), port);
+        wait_until("the sentinel answers again", PATIENCE, || {
+            self.pace();
+            self.ask(port, &["PING"]).contains("PONG")
+        });
+    }
+
+    /// The pid of the data node on `port`, as the server itself reports it (for SIGSTOP /
+    /// SIGCONT with [`signal_pid`]; asked while it still answers).
+    pub fn node_pid(&self, port: u16) -> i32 {
+        assert!(
+            self.nodes.iter().any(|n| n.port == port),
+            "not one of our data nodes"
+        );
+        let info = self.node_text(port, &["INFO", "server"]);
+        info.lines()
+            .find_map(|l| l.strip_prefix("process_id:"))
+            .and_then(|p| p.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no process_id in {info:?}"))
+    }
+
+    /// A URL naming `hosts` (`host:port` each) as the sentinels.
+    pub fn url_of(&self, hosts: &[String]) -> String {
+        format!("{}://{}/0#{MASTER_NAME}", self.scheme(), hosts.join(","))
+    }
+
     /// Kill every sentinel (the data nodes keep running).
     pub fn stop_sentinels(&mut self) {
         for mut child in self.sentinels.drain(..) {
@@ -289,18 +318,45 @@ impl LockServer for SentinelServer {
 }
 
 impl LeaseServer for SentinelServer {
-    /// The first sentinel: a holder that cannot reach the sentinels cannot renew.
+    /// The first sentinel: [`LeaseServer::url_via`] lists it with one other of the three, so
+    /// that without it no majority answers and the holder cannot renew.
     fn port(&self) -> u16 {
         self.sentinel_ports[0]
     }
 
     fn url_via(&self, port: u16) -> String {
-        format!("redis-sentinel://127.0.0.1:{port}/0#{MASTER_NAME}")
+        format!(
+            "redis-sentinel://127.0.0.1:{port},127.0.0.1:{}/0#{MASTER_NAME}",
+            self.sentinel_ports[1]
+        )
     }
 
     fn as_lock_server(&self) -> &dyn LockServer {
         self
     }
+}
+
+/// Send `signal` to `pid` (a process the harness started).
+pub fn signal_pid(pid: i32, signal: nix::sys::signal::Signal) {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), signal).expect("signal a process");
+}
+
+/// Start `redis-sentinel` with the configuration file for `port` in `dir` (its log appended
+/// to `sentinel-<port>.log` there).
+fn spawn_sentinel(dir: &std::path::Path, port: u16) -> Child {
+    let config = dir.join(format!("sentinel-{port}.conf"));
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join(format!("sentinel-{port}.log")))
+        .expect("log file");
+    Command::new(server_binary("redis-sentinel", "redis-sentinel"))
+        .arg(&config)
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().expect("log"))
+        .stderr(log)
+        .spawn()
+        .expect("start redis-sentinel")
 }
 
 /// The TLS settings of every process, as `redis.conf` directives (`--directive value` on the

@@ -113,6 +113,8 @@ impl Backend for RedisBackend {
         mut cancel: Cancel,
     ) -> Result<RedisLease, Error> {
         let (waiter, mut conn) = Waiter::start(self, request)?;
+        // Behind Sentinel, the checks of the sentinels end with the `--wait` budget too.
+        sentinel::bound(&mut conn, request.wait.deadline());
         let mut ticket: i64 = 0;
         let stop = loop {
             let (reply, sent) = match waiter.call(&mut conn, ticket, &mut cancel).await {

@@ -209,26 +209,37 @@ impl<'a> Waiter<'a> {
                 ));
             }
         };
-        // Behind Sentinel with `?replicas=N`: not before N replicas have the hold.
-        if let Err(error) = super::sentinel::replicas::acknowledged(&mut conn).await {
-            self.leave().await;
-            return Err(error);
-        }
         let granted = Duration::from_millis(granted_ms.max(0) as u64);
         let granted = if granted.is_zero() {
             self.request.ttl
         } else {
             granted
         };
-        let switch = SwitchWatch::start(&conn, &self.keys.owners, &self.tok);
-        let renewer = Renewer {
+        // Behind Sentinel with `?replicas=N`: not before N replicas have the hold.
+        if let Err(error) = super::sentinel::replicas::acknowledged(&mut conn, granted).await {
+            self.leave().await;
+            return Err(error);
+        }
+        let mut renewer = Renewer {
             conn,
             keys: self.keys.clone(),
             ttl_ms: self.ttl_ms.clone(),
             display: display.clone(),
         };
+        let (since, granted) = match renewer.confirm_grant(sent, granted).await {
+            Ok(confirmed) => confirmed,
+            Err(why) => {
+                self.leave().await;
+                return Err(Error::Unavailable(format!(
+                    "'{}' was granted but could not be confirmed: {why}; the command was not \
+                     started",
+                    self.request.name
+                )));
+            }
+        };
+        let switch = SwitchWatch::start(&renewer.conn, &self.keys.owners, &self.tok);
         Ok(RedisLease {
-            keeper: Keeper::start(renewer, sent, granted, self.request.kill_after),
+            keeper: Keeper::start(renewer, since, granted, self.request.kill_after),
             target: self.backend.target.clone(),
             token,
             keys: self.keys.clone(),

@@ -66,16 +66,26 @@ fn check_reports_the_sentinels_the_master_and_its_replicas() {
     let server = SentinelServer::start();
     let env = TestEnv::new(&server);
     check_names_the_sentinels_the_master_and_its_replica(&server, &env);
-    // One sentinel listed and down, two others up: fewer than the quorum (2) answer.
+    // One sentinel listed and down, two others up: a majority of the three answers, and the
+    // silent one is named.
+    let down = free_port();
     let url = format!(
-        "redis-sentinel://127.0.0.1:{},127.0.0.1:{}/0#{MASTER_NAME}",
-        free_port(),
-        server.sentinel_ports[0]
+        "redis-sentinel://127.0.0.1:{down},127.0.0.1:{},127.0.0.1:{}/0#{MASTER_NAME}",
+        server.sentinel_ports[0], server.sentinel_ports[1]
     );
     let out = env.run(["check", "--url", &url]);
     assert!(out.status.success(), "{}", describe(&out));
     let all = format!("{}{}", stdout_of(&out), stderr_of(&out));
-    assert!(all.contains("fewer than the quorum of 2"), "{all}");
+    assert!(all.contains("2 of 3 answered"), "{all}");
+    assert!(all.contains(&format!("127.0.0.1:{down}")), "{all}");
+    // One listed and down, one up: fewer than the quorum (2) answer, and no majority of the
+    // three names the master, so runs could not take the lock: check says so and fails.
+    let url = format!(
+        "redis-sentinel://127.0.0.1:{down},127.0.0.1:{}/0#{MASTER_NAME}",
+        server.sentinel_ports[0]
+    );
+    let out = env.run(["check", "--url", &url]);
+    assert_fails(&out, 69, "only 1 of the 3 sentinels");
 }
 
 /// `dlock check` succeeds and names all three sentinels answering, the master and the replica

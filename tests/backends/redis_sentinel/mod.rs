@@ -1,10 +1,14 @@
 //! Redis behind Sentinel (issue #15): the whole contract through `redis-sentinel://` (a master,
 //! a replica and three sentinels), failovers while a lock is held and waited for
 //! (`failover`), and reaching the sentinels: down, a wrong master name, passwords, `check`
-//! (`connect`), and `rediss-sentinel://` to TLS-only servers (`tls`).
+//! (`connect`), a majority of the sentinels before a grant and every renewal (`majority`), a
+//! stopped replica with `?replicas=N` (`replicas`), and `rediss-sentinel://` to TLS-only
+//! servers (`tls`).
 
 mod connect;
 mod failover;
+mod majority;
+mod replicas;
 mod tls;
 
 use crate::support::*;

@@ -5,7 +5,7 @@
 use crate::lock::CheckReport;
 
 use super::super::conn::{Conn, OP_TIMEOUT};
-use super::{ask_all, newest, Answer};
+use super::{Answer, ASK_TIMEOUT};
 
 /// Add the Sentinel details to `report` (nothing when `conn` is not behind Sentinel).
 pub(in crate::backend::redis) async fn report(conn: &mut Conn, report: &mut CheckReport) {
@@ -13,8 +13,9 @@ pub(in crate::backend::redis) async fn report(conn: &mut Conn, report: &mut Chec
         return;
     };
     report.backend = "redis-sentinel".into();
-    let answers = ask_all(&locator.sentinels, &locator.master).await;
-    let listed = locator.sentinels.len();
+    let round = locator.ask(ASK_TIMEOUT, false).await;
+    let answers = &round.answers;
+    let listed = round.listed;
     let answered = answers
         .iter()
         .filter(|a| matches!(a, Answer::Master { .. }))
@@ -23,7 +24,16 @@ pub(in crate::backend::redis) async fn report(conn: &mut Conn, report: &mut Chec
         "sentinels".into(),
         format!("{answered} of {listed} answered"),
     ));
-    for answer in &answers {
+    let (group, _, _) = round.tally(answers.iter());
+    report.details.push((
+        "sentinel group".into(),
+        format!(
+            "{group} (as the sentinels know it); a majority ({}) must name the master for a \
+             run to take the lock or renew it",
+            group / 2 + 1
+        ),
+    ));
+    for answer in answers {
         match answer {
             Answer::Failed(reason, _) => report
                 .warnings
@@ -48,27 +58,38 @@ pub(in crate::backend::redis) async fn report(conn: &mut Conn, report: &mut Chec
         if answered < quorum {
             report.warnings.push(format!(
                 "only {answered} of {listed} sentinels answered, fewer than the quorum of \
-                 {quorum}: a failover cannot be agreed on now, and renewals need a majority"
+                 {quorum}: a failover cannot be agreed on now, and runs and renewals need a \
+                 majority of the group"
             ));
         }
     }
-    if answered > 0 && answered < listed / 2 + 1 {
-        report.warnings.push(format!(
-            "only {answered} of {listed} sentinels answered: holds are renewed only while a \
-             majority of the listed sentinels answer"
-        ));
-    }
-    if let Ok(((host, port), epoch)) = newest(&answers, &locator.master, &locator.display) {
-        report.details.push((
+    match round.agreed(&locator.master, &locator.display) {
+        Ok(((host, port), epoch)) => report.details.push((
             "master".into(),
             format!(
                 "'{}' at {} (config epoch {epoch})",
                 locator.master,
                 crate::backend::url::join_host_port(&host, port)
             ),
-        ));
+        )),
+        Err(e) if answered > 0 => report.warnings.push(format!(
+            "runs are refused (69) and holders stopped (124) until a majority of the sentinels \
+             names the master: {e}"
+        )),
+        Err(_) => {}
     }
     let wanted = locator.replicas;
+    if wanted > 0 {
+        report.details.push((
+            "replicas".into(),
+            format!(
+                "{wanted} must acknowledge each hold within {} (at most the lease's safety \
+                 margin, max(500ms, --ttl/10); an older grant is confirmed by a renewal before \
+                 the command starts)",
+                humantime::format_duration(locator.replicas_timeout)
+            ),
+        ));
+    }
     let replicas = replicas_of(conn).await;
     match &replicas {
         Some(replicas) if replicas.is_empty() => report

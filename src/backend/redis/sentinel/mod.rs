@@ -1,23 +1,30 @@
 //! Redis behind Sentinel: where the master is, asked of the sentinels at every connect and at
-//! every renewal, so that a hold is only ever renewed on the master the sentinels name now.
+//! every renewal, so that a hold is only ever taken and renewed on the master that a majority
+//! of the sentinels name now.
 //!
 //! Why not only at connect (the client guideline) and `ROLE`: after `SENTINEL FAILOVER` the old
 //! master keeps answering `ROLE` with `master` and keeps accepting writes for seconds (about
 //! 10 s measured with Redis 7.0.15 on loopback) until the sentinels reconfigure it. A holder
 //! that kept renewing there would see its renewals succeed while its hold runs out on the new
-//! master, where the waiters now are: two holders. So:
+//! master, where the waiters now are: two holders. And why a majority, not the one sentinel
+//! that answers: a sentinel cut off with the old master (a partition, a stopped process) goes
+//! on naming it, and a client that reaches only that sentinel would take the lock there while
+//! another client holds it on the new master. So:
 //!
-//! - every sentinel of the URL is asked at once (`SENTINEL MASTER <name>`, each bounded by
-//!   [`ASK_TIMEOUT`]), and the answer with the highest `config-epoch` wins: a failover always
-//!   raises the epoch, so a sentinel that has not heard of it yet cannot send us back to the
-//!   old master;
+//! - the distinct sentinels of the URL are asked at once (`SENTINEL MASTER <name>`, each
+//!   bounded by [`ASK_TIMEOUT`]); entries whose names resolve to a common address
+//!   (IPv4-mapped IPv6 counted as IPv4) are one sentinel, asked once and counted once;
+//! - the group is as large as the sentinels know it (`num-other-sentinels` + 1, the largest
+//!   any of them reports), and never smaller than the URL's distinct sentinels; a master
+//!   counts only when a majority of that group names it ([`Round::agreed`]). The asking stops
+//!   as soon as one does (a black-holed sentinel costs nothing then); fewer is "unavailable"
+//!   (69), for a grant and for a renewal alike;
 //! - a connection goes to that master, which must answer `ROLE` with `master`;
 //! - a renewal ([`Locator::confirm`], run by the lease's renewer before `renew.lua`) counts
-//!   only when a majority of the listed sentinels answered and the newest of their answers
-//!   names the master this connection is on. When it names another one, the connection moves
-//!   there and the renewal runs on the new master: a hold that the failover carried over (it
-//!   was replicated in time; `?replicas=N` makes sure) is kept, one that it lost is gone and
-//!   the command is stopped (124), as on any loss;
+//!   only when a majority names the master this connection is on. When they name another one,
+//!   the connection moves there and the renewal runs on the new master: a hold that the
+//!   failover carried over (it was replicated in time; `?replicas=N` makes sure) is kept, one
+//!   that it lost is gone and the command is stopped (124), as on any loss;
 //! - while a lock is held, a `+switch-master` subscription ([`watch`]) looks at the new
 //!   master at once instead of at the next renewal;
 //! - a waiter asks again at least every [`WAITER_RECHECK`], and before a grant counts: a place
@@ -36,11 +43,13 @@ pub(super) mod watch;
 #[cfg(test)]
 mod tests;
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Client, RedisError, Value};
+use tokio::sync::OnceCell;
 
 use crate::clock::BootInstant;
 use crate::error::Error;
@@ -48,12 +57,25 @@ use crate::error::Error;
 use super::conn::{classify, Conn};
 use super::{RedisAddr, RedisTarget};
 
-/// Bound for asking one sentinel (connecting, authenticating, the answer).
-pub(super) const ASK_TIMEOUT: Duration = Duration::from_secs(1);
+/// Bound for asking one sentinel (connecting, authenticating, the answer). A sentinel answers
+/// from memory in well under a millisecond on a LAN, but a new TLS connection with a client
+/// certificate took up to about 1 s on a loaded 2-core machine (debug build): this leaves it
+/// room. It delays nothing while a majority answers (the asking stops when one agrees), and
+/// every caller bounds the whole round by its own budget as well (the keeper's attempt
+/// timeout for a renewal, `--wait` for a waiter).
+pub(super) const ASK_TIMEOUT: Duration = Duration::from_secs(2);
 /// How often a waiter asks the sentinels whether the master moved.
 pub(super) const WAITER_RECHECK: Duration = Duration::from_secs(1);
-/// A grant counts without asking again when the sentinels were asked this recently.
+/// A grant counts without asking again when a majority of the sentinels named its master
+/// this recently. Asking again could only tell something new if a majority had learnt of a
+/// failover meanwhile, and a sentinel learns of one from the others' hello messages, which
+/// they send every 2 s: 100 ms is far inside that, and it saves every uncontended run a
+/// second round to the sentinels.
 pub(super) const FRESH: Duration = Duration::from_millis(100);
+/// The least time a waiter's check of the sentinels gets at the `--wait` deadline (an answer
+/// on a LAN takes milliseconds), so that a grant right at the deadline can still count, and
+/// the run still ends within `--wait` + 0.5 s.
+const LAST_CHECK: Duration = Duration::from_millis(250);
 /// Bound for connecting to the master the sentinels name.
 const MASTER_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -64,6 +86,8 @@ pub(super) type Addr = (String, u16);
 #[derive(Clone)]
 pub(super) struct Sentinel {
     pub(super) label: String,
+    host: String,
+    port: u16,
     pub(super) client: Client,
     /// The connection of the last answer, kept for the next question (a waiter asks every
     /// second, a holder at every renewal).
@@ -73,10 +97,12 @@ pub(super) struct Sentinel {
 /// What one sentinel said about the master.
 pub(super) enum Answer {
     /// Its current view: the master's address and the configuration epoch it dates from,
-    /// with the rest of the `SENTINEL MASTER` fields (for `check`).
+    /// and how many other sentinels it knows, with the rest of the `SENTINEL MASTER` fields
+    /// (for `check`).
     Master {
         addr: Addr,
         epoch: u64,
+        others: usize,
         fields: Vec<(String, String)>,
     },
     /// It monitors no master of that name.
@@ -84,9 +110,17 @@ pub(super) enum Answer {
     Failed(String, Option<Error>),
 }
 
+/// The answers of one round of asking, and how many distinct sentinels the URL lists.
+pub(super) struct Round {
+    pub(super) answers: Vec<Answer>,
+    pub(super) listed: usize,
+}
+
 /// Where the master is, for one connection.
 pub(crate) struct Locator {
     pub(super) sentinels: Arc<[Sentinel]>,
+    /// Which of `sentinels` are distinct servers (resolved once, on first use).
+    distinct: Arc<OnceCell<Vec<usize>>>,
     pub(super) master: String,
     data: RedisTarget,
     pub(super) display: String,
@@ -94,8 +128,10 @@ pub(crate) struct Locator {
     pub(super) current: Option<Addr>,
     /// Where the next connect goes without asking again (a renewal just asked).
     next: Option<Addr>,
-    /// When the sentinels were last asked for this connection.
+    /// When a majority of the sentinels last named the master of this connection.
     asked: Option<BootInstant>,
+    /// A waiter's `--wait` deadline: its checks of the sentinels end by then.
+    deadline: Option<BootInstant>,
     /// `?replicas=N` and how long to wait for them.
     pub(super) replicas: u32,
     pub(super) replicas_timeout: Duration,
@@ -131,6 +167,8 @@ impl Locator {
             };
             sentinels.push(Sentinel {
                 label: crate::backend::url::join_host_port(host, *port),
+                host: host.clone(),
+                port: *port,
                 client: Conn::client_for(&own, display)?,
                 link: Arc::default(),
             });
@@ -139,12 +177,14 @@ impl Locator {
         data.sentinel = None;
         Ok(Some(Locator {
             sentinels: sentinels.into(),
+            distinct: Arc::default(),
             master: sentinel.master.clone(),
             data,
             display: display.to_owned(),
             current: None,
             next: None,
             asked: None,
+            deadline: None,
             replicas: sentinel.replicas,
             replicas_timeout: sentinel.replicas_timeout,
         }))
@@ -155,9 +195,27 @@ impl Locator {
         let addr = match self.next.take() {
             Some(addr) => addr,
             None => {
+                let key = self.key();
+                if let Some(error) = recent_failure(&key) {
+                    return Err(error);
+                }
+                // A waiter's round cut off by its call's budget counts as one that found no
+                // majority (what follows, such as leaving the queue, must not ask again).
+                let mut cut_off = CutOff(self.deadline.map(|_| {
+                    let message = format!(
+                        "cannot reach {}: no majority of the sentinels of '{}' named its \
+                         master in time",
+                        self.display, self.master
+                    );
+                    (key.clone(), message)
+                }));
+                let round = self.ask(self.budget(), true).await;
+                cut_off.0 = None;
+                let (addr, _) = round
+                    .agreed(&self.master, &self.display)
+                    .inspect_err(|e| remember_failure(key, e))?;
                 self.asked = Some(BootInstant::now());
-                let answers = ask_all(&self.sentinels, &self.master).await;
-                newest(&answers, &self.master, &self.display)?.0
+                addr
             }
         };
         let (client, connection) = self.connect_to(&addr).await?;
@@ -165,18 +223,86 @@ impl Locator {
         Ok((client, connection))
     }
 
+    /// Which sentinels and master this is, for [`recent_failure`].
+    fn key(&self) -> String {
+        let labels: Vec<&str> = self.sentinels.iter().map(|s| s.label.as_str()).collect();
+        format!("{}#{}", labels.join(","), self.master)
+    }
+
     /// A copy for another task (asking and connecting only; no connection state).
     fn detached(&self) -> Locator {
         Locator {
             sentinels: self.sentinels.clone(),
+            distinct: self.distinct.clone(),
             master: self.master.clone(),
             data: self.data.clone(),
             display: self.display.clone(),
             current: None,
             next: None,
             asked: None,
+            deadline: None,
             replicas: self.replicas,
             replicas_timeout: self.replicas_timeout,
+        }
+    }
+
+    /// Ask the distinct sentinels at once, within `budget` (each within [`ASK_TIMEOUT`]);
+    /// with `early`, stop as soon as a majority names one master (the others are not waited
+    /// for). The answers in the URL's order.
+    pub(super) async fn ask(&self, budget: Duration, early: bool) -> Round {
+        let distinct = self
+            .distinct
+            .get_or_init(|| distinct(&self.sentinels))
+            .await;
+        let listed = distinct.len();
+        let mut asks = tokio::task::JoinSet::new();
+        for &i in distinct {
+            let (sentinel, master) = (self.sentinels[i].clone(), self.master.clone());
+            asks.spawn(async move { (i, ask(&sentinel, &master).await) });
+        }
+        let until = tokio::time::Instant::now() + budget;
+        let mut answers: Vec<(usize, Answer)> = Vec::with_capacity(listed);
+        loop {
+            let done = match tokio::time::timeout_at(until, asks.join_next()).await {
+                Ok(Some(done)) => done,
+                Ok(None) => break,
+                Err(_) => {
+                    answers.push((
+                        usize::MAX,
+                        Answer::Failed(
+                            format!(
+                                "{} more sentinel(s): no answer within {}",
+                                asks.len(),
+                                humantime::format_duration(budget)
+                            ),
+                            None,
+                        ),
+                    ));
+                    break;
+                }
+            };
+            match done {
+                Ok(answer) => answers.push(answer),
+                Err(e) => answers.push((usize::MAX, Answer::Failed(e.to_string(), None))),
+            }
+            if early {
+                let round = Round {
+                    answers: Vec::new(),
+                    listed,
+                };
+                if round.majority_of(answers.iter().map(|(_, a)| a)).is_some() {
+                    break;
+                }
+            }
+        }
+        // The sentinels not waited for finish on their own (each within ASK_TIMEOUT) and
+        // keep their connection for the next round: a TLS handshake cut off at every round
+        // would be made again at every round.
+        asks.detach_all();
+        answers.sort_by_key(|(i, _)| *i);
+        Round {
+            answers: answers.into_iter().map(|(_, a)| a).collect(),
+            listed,
         }
     }
 
@@ -219,26 +345,25 @@ impl Locator {
         }
     }
 
-    /// Before a renewal: do the sentinels still name the master this connection is on?
-    /// `Ok(false)` when they do, `Ok(true)` when they name another one (the next connect goes
-    /// there), an error when too few sentinels answered to tell.
-    async fn confirm(&mut self) -> Result<bool, String> {
-        self.asked = Some(BootInstant::now());
-        let answers = ask_all(&self.sentinels, &self.master).await;
-        let answered = answers
-            .iter()
-            .filter(|a| !matches!(a, Answer::Failed(..)))
-            .count();
-        let majority = self.sentinels.len() / 2 + 1;
-        if answered < majority {
-            return Err(format!(
-                "only {answered} of {} sentinels answered, fewer than a majority: cannot tell \
-                 whether '{}' is still the master",
-                self.sentinels.len(),
-                self.master
-            ));
+    /// How long a round of asking may take: [`ASK_TIMEOUT`], and for a waiter no longer than
+    /// its `--wait` (but [`LAST_CHECK`] at least).
+    fn budget(&self) -> Duration {
+        match self.deadline {
+            Some(deadline) => ASK_TIMEOUT.min(deadline.remaining().max(LAST_CHECK)),
+            None => ASK_TIMEOUT,
         }
-        let (addr, _) = newest(&answers, &self.master, &self.display).map_err(|e| e.to_string())?;
+    }
+
+    /// Before a renewal or a grant counts: does a majority of the sentinels still name the
+    /// master this connection is on? `Ok(false)` when it does, `Ok(true)` when it names
+    /// another one (the next connect goes there), an error when no majority names one.
+    async fn confirm(&mut self) -> Result<bool, String> {
+        let budget = self.budget();
+        let round = self.ask(budget, true).await;
+        let (addr, _) = round
+            .agreed(&self.master, &self.display)
+            .map_err(|e| e.to_string())?;
+        self.asked = Some(BootInstant::now());
         if self.current.as_ref() != Some(&addr) {
             tracing::warn!(
                 "the sentinels name a new master for '{}': {}; moving there",
@@ -252,6 +377,146 @@ impl Locator {
     }
 }
 
+impl Round {
+    /// The group's size as the sentinels know it (the largest `num-other-sentinels` + 1 any
+    /// of them reports; never fewer than the distinct sentinels that answered, or than the
+    /// URL lists), the sentinels that answered (each a distinct one of the URL's), and the
+    /// votes for each master (address, newest epoch, how many).
+    pub(super) fn tally<'a>(
+        &self,
+        answers: impl Iterator<Item = &'a Answer>,
+    ) -> (usize, usize, Vec<(Addr, u64, usize)>) {
+        let mut group = self.listed;
+        let mut answered = 0;
+        let mut votes: Vec<(Addr, u64, usize)> = Vec::new();
+        for answer in answers {
+            let Answer::Master {
+                addr,
+                epoch,
+                others,
+                ..
+            } = answer
+            else {
+                continue;
+            };
+            answered += 1;
+            group = group.max(others.saturating_add(1)).max(answered);
+            match votes.iter_mut().find(|(a, ..)| a == addr) {
+                Some((_, newest, count)) => {
+                    *newest = (*newest).max(*epoch);
+                    *count += 1;
+                }
+                None => votes.push((addr.clone(), *epoch, 1)),
+            }
+        }
+        (group, answered, votes)
+    }
+
+    /// The master a majority of the group names among `answers`, with its newest epoch.
+    fn majority_of<'a>(&self, answers: impl Iterator<Item = &'a Answer>) -> Option<(Addr, u64)> {
+        let (group, _, votes) = self.tally(answers);
+        votes
+            .into_iter()
+            .find(|(_, _, count)| *count > group / 2)
+            .map(|(addr, epoch, _)| (addr, epoch))
+    }
+
+    /// The master a majority of the sentinel group names, or why there is none: no sentinel
+    /// knows the name (78), none answered (69; 77 or 78 when they all refused us for the same
+    /// reason), fewer than a majority answered, or they do not agree (69).
+    pub(super) fn agreed(&self, master: &str, display: &str) -> Result<(Addr, u64), Error> {
+        if let Some(found) = self.majority_of(self.answers.iter()) {
+            return Ok(found);
+        }
+        let (group, answered, votes) = self.tally(self.answers.iter());
+        if answered == 0 {
+            return Err(none_answered(&self.answers, master, display));
+        }
+        let majority = group / 2 + 1;
+        let reasons: Vec<&str> = self
+            .answers
+            .iter()
+            .filter_map(|a| match a {
+                Answer::Failed(reason, _) => Some(reason.as_str()),
+                _ => None,
+            })
+            .collect();
+        let why = if reasons.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", reasons.join("; "))
+        };
+        if answered < majority {
+            let listed = if self.listed < majority {
+                format!(
+                    "; the URL lists only {} of them: list at least {majority}",
+                    self.listed
+                )
+            } else {
+                String::new()
+            };
+            return Err(Error::Unavailable(format!(
+                "cannot reach {display}: only {answered} of the {group} sentinels of '{master}' \
+                 answered, and a majority ({majority}) must name its master before dlock uses \
+                 it{why}{listed}"
+            )));
+        }
+        let named: Vec<String> = votes
+            .iter()
+            .map(|(addr, epoch, count)| {
+                format!(
+                    "{count} name {} (epoch {epoch})",
+                    crate::backend::url::join_host_port(&addr.0, addr.1)
+                )
+            })
+            .collect();
+        Err(Error::Unavailable(format!(
+            "{display}: no majority ({majority} of {group}) of the sentinels names the same \
+             master for '{master}' ({}): a failover in progress?",
+            named.join(", ")
+        )))
+    }
+}
+
+/// The last time no majority of a set of sentinels named a master while connecting: the key
+/// ([`Locator::key`]), when, and what was said.
+static NO_MAJORITY: std::sync::Mutex<Option<(String, BootInstant, String)>> =
+    std::sync::Mutex::new(None);
+
+/// A connect within [`ASK_TIMEOUT`] of a round that found no majority (the acquire call's
+/// retries, the withdrawal after it) fails the same way at once instead of asking again:
+/// the round itself waited up to [`ASK_TIMEOUT`] for the silent sentinels, and asking them
+/// again at once would only make the run take that long again, past `--wait`.
+fn recent_failure(key: &str) -> Option<Error> {
+    let last = NO_MAJORITY.lock().ok()?;
+    match last.as_ref() {
+        Some((k, at, message))
+            if k == key && BootInstant::now().saturating_since(*at) < ASK_TIMEOUT =>
+        {
+            Some(Error::Unavailable(message.clone()))
+        }
+        _ => None,
+    }
+}
+
+/// Remembers a round that did not finish (dropped by its caller's timeout) as one that found
+/// no majority: the key and what to say.
+struct CutOff(Option<(String, String)>);
+
+impl Drop for CutOff {
+    fn drop(&mut self) {
+        if let Some((key, message)) = self.0.take() {
+            remember_failure(key, &Error::Unavailable(message));
+        }
+    }
+}
+
+fn remember_failure(key: String, error: &Error) {
+    if let (Error::Unavailable(message), Ok(mut last)) = (error, NO_MAJORITY.lock()) {
+        *last = Some((key, BootInstant::now(), message.clone()));
+    }
+}
+
 /// Before a renewal on `conn`: confirm that the sentinels name its master now, or move it to
 /// the one they name (the renewal then finds there whether the hold survived the failover).
 /// Nothing to do when `conn` is not behind Sentinel.
@@ -259,12 +524,24 @@ pub(super) async fn confirm(conn: &mut Conn) -> Result<(), String> {
     moved(conn, Duration::ZERO).await.map(drop)
 }
 
+/// A waiter's checks of the sentinels on `conn` end by `deadline` (its `--wait`).
+pub(super) fn bound(conn: &mut Conn, deadline: Option<BootInstant>) {
+    if let Some(locator) = conn.sentinel.as_mut() {
+        locator.deadline = deadline;
+    }
+}
+
 /// For a waiter, after each acquire step (`granted`: the step granted the lock): has the
-/// master moved? A grant is checked unless the sentinels were asked within [`FRESH`], a
+/// master moved? A grant is checked unless a majority named its master within [`FRESH`], a
 /// place in line every [`WAITER_RECHECK`].
 pub(super) async fn follow(conn: &mut Conn, granted: bool) -> Result<bool, Error> {
     let max_age = if granted { FRESH } else { WAITER_RECHECK };
-    moved(conn, max_age).await.map_err(Error::Unavailable)
+    let moved = moved(conn, max_age).await.map_err(Error::Unavailable)?;
+    if granted && !moved {
+        // The wait is over: from now on this connection keeps a hold, on the keeper's budget.
+        bound(conn, None);
+    }
+    Ok(moved)
 }
 
 /// Has the master moved since the sentinels were last asked for `conn`? They are asked again
@@ -288,22 +565,40 @@ pub(super) async fn moved(conn: &mut Conn, max_age: Duration) -> Result<bool, St
     Ok(moved)
 }
 
-/// Ask every sentinel at once; each answer within [`ASK_TIMEOUT`].
-pub(super) async fn ask_all(sentinels: &Arc<[Sentinel]>, master: &str) -> Vec<Answer> {
-    let mut asks = tokio::task::JoinSet::new();
-    for (i, sentinel) in sentinels.iter().enumerate() {
-        let (sentinel, master) = (sentinel.clone(), master.to_owned());
-        asks.spawn(async move { (i, ask(&sentinel, &master).await) });
-    }
-    let mut answers: Vec<(usize, Answer)> = Vec::with_capacity(sentinels.len());
-    while let Some(done) = asks.join_next().await {
-        match done {
-            Ok(answer) => answers.push(answer),
-            Err(e) => answers.push((usize::MAX, Answer::Failed(e.to_string(), None))),
+/// Which of `sentinels` to ask: one per server, where entries whose names resolve to a
+/// common address (IPv4-mapped IPv6 as IPv4) are one server. A name that does not resolve
+/// stays an entry of its own (asking it reports why). Resolved once per run, each name within
+/// [`ASK_TIMEOUT`].
+async fn distinct(sentinels: &[Sentinel]) -> Vec<usize> {
+    let lookups = sentinels.iter().map(|s| async {
+        let found = tokio::time::timeout(
+            ASK_TIMEOUT,
+            tokio::net::lookup_host((s.host.as_str(), s.port)),
+        )
+        .await;
+        match found {
+            Ok(Ok(addrs)) => addrs
+                .map(|a| SocketAddr::new(a.ip().to_canonical(), a.port()))
+                .collect(),
+            _ => Vec::new(),
+        }
+    });
+    let resolved: Vec<Vec<SocketAddr>> = futures_util::future::join_all(lookups).await;
+    let mut kept: Vec<usize> = Vec::new();
+    for (i, addrs) in resolved.iter().enumerate() {
+        let same = kept.iter().any(|&k| {
+            let other = &resolved[k];
+            if addrs.is_empty() || other.is_empty() {
+                sentinels[k].host == sentinels[i].host && sentinels[k].port == sentinels[i].port
+            } else {
+                addrs.iter().any(|a| other.contains(a))
+            }
+        });
+        if !same {
+            kept.push(i);
         }
     }
-    answers.sort_by_key(|(i, _)| *i);
-    answers.into_iter().map(|(_, a)| a).collect()
+    kept
 }
 
 /// `SENTINEL MASTER <name>` on one sentinel.
@@ -361,6 +656,9 @@ async fn ask(sentinel: &Sentinel, master: &str) -> Answer {
             addr: (ip.to_owned(), port),
             epoch: get("config-epoch")
                 .and_then(|e| e.parse().ok())
+                .unwrap_or(0),
+            others: get("num-other-sentinels")
+                .and_then(|n| n.parse().ok())
                 .unwrap_or(0),
             fields: fields.clone(),
         },
@@ -427,36 +725,21 @@ fn fields_of(reply: &Value) -> Vec<(String, String)> {
     }
 }
 
-/// The master named by the newest configuration among the answers (highest epoch), or why
-/// there is none: no sentinel knows the name (78), or none answered (69; 77 or 78 when they
-/// all refused us for the same reason).
-pub(super) fn newest(
-    answers: &[Answer],
-    master: &str,
-    display: &str,
-) -> Result<(Addr, u64), Error> {
-    let best = answers
-        .iter()
-        .filter_map(|a| match a {
-            Answer::Master { addr, epoch, .. } => Some((addr.clone(), *epoch)),
-            _ => None,
-        })
-        .max_by_key(|(_, epoch)| *epoch);
-    if let Some(best) = best {
-        return Ok(best);
-    }
+/// Why no sentinel named a master: none knows the name (78), or none answered (69; 77 or 78
+/// when they all refused us for the same reason).
+pub(super) fn none_answered(answers: &[Answer], master: &str, display: &str) -> Error {
     if answers.iter().any(|a| matches!(a, Answer::Unknown)) {
-        return Err(Error::Config(format!(
+        return Error::Config(format!(
             "{display}: the sentinels monitor no master named '{master}' (the name after '#' \
              must be the one in 'sentinel monitor <name> …')"
-        )));
+        ));
     }
     if let Some(kind) = answers.iter().find_map(|a| match a {
         Answer::Failed(_, Some(Error::Permission(m))) => Some(Error::Permission(m.clone())),
         Answer::Failed(_, Some(Error::Config(m))) => Some(Error::Config(m.clone())),
         _ => None,
     }) {
-        return Err(kind);
+        return kind;
     }
     let reasons: Vec<&str> = answers
         .iter()
@@ -474,8 +757,8 @@ pub(super) fn newest(
     } else {
         ""
     };
-    Err(Error::Unavailable(format!(
+    Error::Unavailable(format!(
         "cannot reach {display}: no sentinel answered ({}){hint}",
         reasons.join("; ")
-    )))
+    ))
 }

@@ -1,11 +1,68 @@
-//! What [`super::newest`] makes of the sentinels' answers when none names a master: the exit
-//! class, and the way out when plain text met sentinels that speak only TLS.
+//! What [`Round::agreed`] makes of the sentinels' answers: a master only when a majority of
+//! the group names it (the group as the sentinels know it, never smaller than the URL's distinct
+//! sentinels), and when none does, the exit class and the way out.
 
-use super::{newest, Answer};
+use super::{none_answered, Answer, Round};
 use crate::error::Error;
 
 fn failed(reason: &str) -> Answer {
     Answer::Failed(reason.to_owned(), None)
+}
+
+fn names(port: u16, epoch: u64, others: usize) -> Answer {
+    Answer::Master {
+        addr: ("127.0.0.1".to_owned(), port),
+        epoch,
+        others,
+        fields: Vec::new(),
+    }
+}
+
+fn round(answers: Vec<Answer>, listed: usize) -> Round {
+    Round { answers, listed }
+}
+
+#[test]
+fn one_sentinel_of_three_is_not_enough() {
+    let one = round(vec![names(6379, 1, 2), failed("s2: refused")], 2);
+    let Err(Error::Unavailable(message)) = one.agreed("m", "redis-sentinel://h/0#m") else {
+        panic!("one of three sentinels was enough");
+    };
+    assert!(message.contains("only 1 of the 3 sentinels"), "{message}");
+    // The URL listing one sentinel of three: said so.
+    let listed_one = round(vec![names(6379, 1, 2)], 1);
+    let Err(Error::Unavailable(message)) = listed_one.agreed("m", "d") else {
+        panic!("one listed sentinel of three was enough");
+    };
+    assert!(message.contains("lists only 1 of them"), "{message}");
+}
+
+#[test]
+fn a_majority_naming_one_master_wins_over_a_stale_or_foreign_minority() {
+    let answers = vec![names(6380, 2, 2), names(6379, 1, 2), names(6380, 2, 2)];
+    assert_eq!(
+        round(answers, 3).agreed("m", "d").ok(),
+        Some((("127.0.0.1".to_owned(), 6380), 2))
+    );
+    // A lone sentinel that knows no others cannot outvote the URL's other two, silent.
+    let lone = round(
+        vec![names(7000, 9, 0), failed("s2: refused"), failed("s3")],
+        3,
+    );
+    assert!(lone.agreed("m", "d").is_err());
+    // Two of three agree, the third says another master: it is outvoted, whatever its epoch.
+    let split = round(
+        vec![names(6379, 1, 2), names(6379, 1, 2), names(6380, 5, 2)],
+        3,
+    );
+    assert_eq!(split.agreed("m", "d").ok().map(|(a, _)| a.1), Some(6379));
+    // One each: no majority, said so.
+    let Err(Error::Unavailable(message)) =
+        round(vec![names(6379, 1, 2), names(6380, 2, 2), failed("s3")], 3).agreed("m", "d")
+    else {
+        panic!("a split vote named a master");
+    };
+    assert!(message.contains("no majority"), "{message}");
 }
 
 #[test]
@@ -14,17 +71,17 @@ fn reset_plain_connections_suggest_rediss_sentinel() {
         failed("127.0.0.1:26379: Connection reset by peer (os error 104)"),
         failed("127.0.0.1:26380: Connection refused (os error 111)"),
     ];
-    let Err(Error::Unavailable(message)) = newest(&reset, "m", "redis-sentinel://h/0#m") else {
+    let Error::Unavailable(message) = none_answered(&reset, "m", "redis-sentinel://h/0#m") else {
         panic!("not unavailable");
     };
     assert!(message.contains("use rediss-sentinel://"), "{message}");
     // Already TLS, or no reset: no such hint.
-    let Err(Error::Unavailable(message)) = newest(&reset, "m", "rediss-sentinel://h/0#m") else {
+    let Error::Unavailable(message) = none_answered(&reset, "m", "rediss-sentinel://h/0#m") else {
         panic!("not unavailable");
     };
     assert!(!message.contains("use rediss-sentinel://"), "{message}");
     let refused = [failed("127.0.0.1:26380: Connection refused (os error 111)")];
-    let Err(Error::Unavailable(message)) = newest(&refused, "m", "redis-sentinel://h/0#m") else {
+    let Error::Unavailable(message) = none_answered(&refused, "m", "redis-sentinel://h/0#m") else {
         panic!("not unavailable");
     };
     assert!(!message.contains("rediss"), "{message}");
@@ -40,9 +97,9 @@ fn a_tls_failure_of_every_sentinel_is_a_configuration_error() {
             ))),
         )
     };
-    let answers = [tls(26379), failed("127.0.0.1:26380: no answer within 1s")];
+    let answers = vec![tls(26379), failed("127.0.0.1:26380: no answer within 1s")];
     assert!(matches!(
-        newest(&answers, "m", "rediss-sentinel://h/0#m"),
+        round(answers, 2).agreed("m", "rediss-sentinel://h/0#m"),
         Err(Error::Config(m)) if m.contains("TLS")
     ));
 }
