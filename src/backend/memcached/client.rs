@@ -516,7 +516,7 @@ mod tests {
     use super::*;
 
     /// A server that answers every line it reads with `HD c<connection number>`, after
-    /// `delay`.
+    /// `delay` (and `mn` with `MN`, at once).
     fn slow_server(delay: Duration) -> u16 {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
@@ -529,8 +529,13 @@ mod tests {
                     let mut writer = stream;
                     let mut line = String::new();
                     while reader.read_line(&mut line).is_ok_and(|n| n > 0) {
-                        std::thread::sleep(delay);
-                        let _ = writer.write_all(format!("HD c{}\r\n", n + 1).as_bytes());
+                        // The no-ops that pad a connection's first request answer at once.
+                        if line.starts_with("mn") {
+                            let _ = writer.write_all(b"MN\r\n");
+                        } else {
+                            std::thread::sleep(delay);
+                            let _ = writer.write_all(format!("HD c{}\r\n", n + 1).as_bytes());
+                        }
                         line.clear();
                     }
                 });
