@@ -107,15 +107,26 @@ impl MemcachedServer {
             .expect("start memcached");
         self.child = Some(child);
         let port = self.port;
+        // A binary-only (`-B binary`) or authenticating (`-Y`) server never answers `version`
+        // in text: ready when it accepts connections.
+        let silent = self.extra.iter().any(|a| a == "-B" || a == "-Y");
         match self.socket_path() {
             Some(path) => wait_until("memcached socket ready", PATIENCE, || {
                 std::os::unix::net::UnixStream::connect(path).is_ok()
+            }),
+            None if silent => wait_until("memcached listening", PATIENCE, || {
+                std::net::TcpStream::connect(("127.0.0.1", port)).is_ok()
             }),
             None => wait_until("memcached ready", PATIENCE, || {
                 memcached_request(port, "version\r\n", "\r\n")
                     .is_ok_and(|r| r.starts_with("VERSION"))
             }),
         }
+    }
+
+    /// The server's pid (to stop it with SIGSTOP).
+    pub fn pid(&self) -> Option<i32> {
+        self.child.as_ref().map(|c| c.id() as i32)
     }
 
     /// Kill the server (everything it held is gone) and start a fresh one on the same port.

@@ -1,11 +1,19 @@
-//! What `status`, `list`, `release --force` and `check` ask of memcached, and the refusal of
-//! a server that evicts.
+//! What `status`, `list`, `release --force` and `check` ask of memcached, and the settings
+//! that make a server unfit for locks.
 //!
 //! `status` reads the counter item (the last token, and the `--limit` in use), the holder
 //! slots (metadata, token, TTL left in whole seconds) and the waiter registrations (a count;
-//! see `wait.rs` for what it misses). `list` needs the server to enumerate its keys, which
-//! memcached does only through its LRU crawler (`lru_crawler metadump all`, a walk over every
-//! item on the server); a server with the crawler disabled cannot `list`, and says so.
+//! see `wait.rs` for what it misses).
+//!
+//! `list` needs the server to enumerate its keys, which memcached does only through its LRU
+//! crawler. dlock asks for the walk over the hash table (`lru_crawler metadump hash`), never
+//! the walk over the LRU lists (`metadump all`): an item that is read or rewritten during an
+//! LRU walk moves between lists and can be passed over (a held lock missing from `list`),
+//! while the hash walk holds off table growth for its whole length and visits each bucket
+//! under that bucket's lock, so every item that lives throughout the walk is listed once,
+//! also when it is rewritten meanwhile. A lock is listed when its counter or one of its
+//! holder slots is. A server that cannot do the hash walk (crawler off, or too old) makes
+//! `list` fail (69) rather than answer incompletely.
 
 use std::time::Duration;
 
@@ -16,23 +24,39 @@ use crate::lock::{CheckReport, Holder, HolderStatus, LockName, LockStatus};
 
 use super::client::{md, mg, ms, Conn, Failure, OP_TIMEOUT};
 use super::keys::{parse_fence, Keys, Stored, WAITER_SLOTS};
-use super::target::McAddr;
+use super::target::Server;
 use super::token::now_micros;
 use super::MemcachedBackend;
 
 /// The most keys `list` reads from one server's listing.
 const MAX_LISTED: usize = 10_000_000;
+/// Bound for one server's key listing: a walk over every item, paced by the crawler (about
+/// 10 µs an item with its default sleep), so millions of items fit; not on a path anybody
+/// waits on for a lock.
+const LISTING_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// Refuse (78) a server that may evict items: an evicted hold is a broken lock.
-pub(super) async fn refuse_evictions(conn: &mut Conn, display: &str) -> Result<(), Error> {
-    let settings = conn
-        .stats("settings", OP_TIMEOUT)
-        .await
-        .map_err(|f| f.into_error(display))?;
-    if stat(&settings, "evictions") == "on" {
-        return Err(evicting(display));
+/// Why a server whose settings are `settings` cannot hold locks: it evicts (unless the URL
+/// allows it), or its CAS values are off.
+pub(super) fn refusal(
+    settings: &[(String, String)],
+    display: &str,
+    allow_evictions: bool,
+) -> Option<Error> {
+    if stat(settings, "cas_enabled") == "no" {
+        return Some(cas_disabled(display));
     }
-    Ok(())
+    if stat(settings, "evictions") == "on" && !allow_evictions {
+        return Some(evicting(display));
+    }
+    None
+}
+
+/// A server started with `-C`: no CAS values, so no compare-and-swap renewal or release.
+pub(super) fn cas_disabled(display: &str) -> Error {
+    Error::Config(format!(
+        "{display} runs with CAS disabled (memcached -C); dlock renews and releases a lock by \
+         compare-and-swap: start memcached without -C"
+    ))
 }
 
 fn evicting(display: &str) -> Error {
@@ -41,6 +65,17 @@ fn evicting(display: &str) -> Error {
          lock item lets a second holder in; start memcached with -M, or accept the risk with \
          ?allow-evictions=1 in the URL"
     ))
+}
+
+/// The warning for a server that may move memory between slab classes: `slabs reassign`
+/// (and the automover) drops the items of a page it moves when it cannot re-home them, even
+/// with -M, and counts no eviction.
+fn slab_reassign_warning(display: &str) -> String {
+    format!(
+        "{display} allows slab reassignment (slab_reassign yes): an admin's `slabs reassign`, \
+         or the automover (slab_automove), can drop held lock items when memory is full, even \
+         with -M; start memcached with -o no_slab_reassign"
+    )
 }
 
 fn stat<'a>(pairs: &'a [(String, String)], name: &str) -> &'a str {
@@ -110,16 +145,22 @@ pub(super) async fn status(
     backend: &MemcachedBackend,
     name: &LockName,
 ) -> Result<LockStatus, Error> {
-    let addr = backend.target.server_for(name);
-    let mut conn = Conn::new(addr);
-    status_at(&mut conn, &backend.keys(name), Some(name), &addr.display()).await
+    let server = backend.target.server_for(name, OP_TIMEOUT).await?;
+    let mut conn = Conn::new(&server.at);
+    status_at(
+        &mut conn,
+        &backend.keys(name),
+        Some(name),
+        &server.display(),
+    )
+    .await
 }
 
 pub(super) async fn list(backend: &MemcachedBackend) -> Result<Vec<LockStatus>, Error> {
     let mut held = Vec::new();
-    for addr in &backend.target.servers {
-        let display = addr.display();
-        let mut conn = Conn::new(addr);
+    for server in backend.target.resolve(OP_TIMEOUT).await? {
+        let display = server.display();
+        let mut conn = Conn::new(&server.at);
         for keys in lock_keys(&mut conn, &backend.prefix, &display).await? {
             let status = status_at(&mut conn, &keys, None, &display).await?;
             if status.held {
@@ -131,20 +172,17 @@ pub(super) async fn list(backend: &MemcachedBackend) -> Result<Vec<LockStatus>, 
     Ok(held)
 }
 
-/// The locks on one server: the keys of their counter items, from the LRU crawler.
+/// The locks on one server: the keys of their counter and holder items, from the crawler's
+/// walk over the hash table (see the module doc).
 async fn lock_keys(conn: &mut Conn, prefix: &str, display: &str) -> Result<Vec<Keys>, Error> {
     let lines = conn
-        .lines(
-            "lru_crawler metadump all",
-            MAX_LISTED,
-            Duration::from_secs(60),
-        )
+        .lines("lru_crawler metadump hash", MAX_LISTED, LISTING_TIMEOUT)
         .await
         .map_err(|f| match f {
             Failure::Protocol(answer) => Error::Unavailable(format!(
-                "{display} cannot list its keys (lru_crawler metadump answered {answer}); \
-                 `list` needs memcached's LRU crawler (on unless memcached runs with \
-                 -o no_lru_crawler); `dlock status NAME` works without it"
+                "{display} cannot list its keys (lru_crawler metadump hash answered {answer}); \
+                 `list` needs memcached's LRU crawler with its hash-table walk (memcached 1.6 \
+                 without -o no_lru_crawler); `dlock status NAME` works without it"
             )),
             other => other.into_error(display),
         })?;
@@ -152,7 +190,7 @@ async fn lock_keys(conn: &mut Conn, prefix: &str, display: &str) -> Result<Vec<K
         .iter()
         .filter_map(|line| line.split(' ').find_map(|w| w.strip_prefix("key=")))
         .filter_map(crate::lock::decode_component)
-        .filter_map(|key| Keys::from_fence_key(prefix, &key))
+        .filter_map(|key| Keys::from_listed_key(prefix, &key))
         .collect();
     found.sort_by(|a, b| a.base.cmp(&b.base));
     found.dedup();
@@ -163,11 +201,11 @@ pub(super) async fn force_release(
     backend: &MemcachedBackend,
     name: &LockName,
 ) -> Result<Vec<Holder>, Error> {
-    let addr = backend.target.server_for(name);
-    let display = addr.display();
+    let server = backend.target.server_for(name, OP_TIMEOUT).await?;
+    let display = server.display();
     let fail = |f: Failure| f.into_error(&display);
     let keys = backend.keys(name);
-    let mut conn = Conn::new(addr);
+    let mut conn = Conn::new(&server.at);
     let fence = conn
         .one(&mg(&keys.fence(), "v"), OP_TIMEOUT)
         .await
@@ -203,8 +241,9 @@ pub(super) async fn check(backend: &MemcachedBackend) -> Result<CheckReport, Err
     let mut details = Vec::new();
     let mut version = String::new();
     let mut round_trip = Duration::ZERO;
-    for addr in &backend.target.servers {
-        let (v, rtt) = check_server(backend, addr, &mut warnings, &mut details).await?;
+    let servers = backend.target.resolve(OP_TIMEOUT).await?;
+    for server in &servers {
+        let (v, rtt) = check_server(backend, server, &mut warnings, &mut details).await?;
         if version.is_empty() {
             version = v;
         }
@@ -219,7 +258,7 @@ pub(super) async fn check(backend: &MemcachedBackend) -> Result<CheckReport, Err
             ),
         ));
     }
-    let location: Vec<String> = backend.target.servers.iter().map(McAddr::display).collect();
+    let location: Vec<String> = servers.iter().map(Server::display).collect();
     Ok(CheckReport {
         backend: backend.target.scheme().into(),
         location: location.join(","),
@@ -234,13 +273,13 @@ pub(super) async fn check(backend: &MemcachedBackend) -> Result<CheckReport, Err
 /// a test item created and deleted. Returns its version and median round trip.
 async fn check_server(
     backend: &MemcachedBackend,
-    addr: &McAddr,
+    server: &Server,
     warnings: &mut Vec<String>,
     details: &mut Vec<(String, String)>,
 ) -> Result<(String, Duration), Error> {
-    let display = addr.display();
+    let display = server.display();
     let fail = |f: Failure| f.into_error(&display);
-    let mut conn = Conn::new(addr);
+    let mut conn = Conn::new(&server.at);
     let started = BootInstant::now();
     conn.ensure(OP_TIMEOUT).await.map_err(fail)?;
     let connect = BootInstant::now().saturating_since(started);
@@ -253,11 +292,14 @@ async fn check_server(
         )));
     }
     let settings = conn.stats("settings", OP_TIMEOUT).await.map_err(fail)?;
+    if let Some(refusal) = refusal(&settings, &display, backend.target.allow_evictions) {
+        return Err(refusal);
+    }
     let evictions = stat(&settings, "evictions");
+    if stat(&settings, "slab_reassign") != "no" {
+        warnings.push(slab_reassign_warning(&display));
+    }
     if evictions == "on" {
-        if !backend.target.allow_evictions {
-            return Err(evicting(&display));
-        }
         warnings.push(format!(
             "{display} may evict lock items (allowed by ?allow-evictions=1): an evicted hold is \
              a broken lock; run memcached with -M"
@@ -293,7 +335,7 @@ async fn check_server(
             "{display}: a test item could not be added and deleted with its CAS value"
         )));
     }
-    let label = addr.label();
+    let label = server.at.label();
     details.push((
         format!("server {label}"),
         format!("memcached {version}, evictions {evictions}"),

@@ -16,10 +16,23 @@ use crate::error::Error;
 
 use super::target::McAddr;
 
-/// Bound for connecting.
+/// Bound for connecting, inside the exchange's own budget: an unanswered SYN retransmits
+/// after 1 s and 3 s, so 5 s still lets a lossy link connect while a dead host fails soon.
 pub(super) const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-/// Bound for one exchange outside the lease keeper.
+/// Bound for one exchange when no `--wait` bounds it (`--no-wait`, waiting without end,
+/// `status`, `release --force`, the release after the command): a healthy server answers in
+/// well under a millisecond, so 5 s only ever ends a stalled or unreachable one; with
+/// `--wait`, the acquisition derives its bound from the wait instead (`super::budget`).
 pub(super) const OP_TIMEOUT: Duration = Duration::from_secs(5);
+/// Bound for asking a server that closed the connection at dlock's first request whether it
+/// speaks only the binary protocol: one loopback-or-LAN round trip on a fresh connection, and
+/// only after the real request already failed, so a short fixed bound costs nothing else.
+const PROBE_TIMEOUT: Duration = Duration::from_millis(500);
+/// A memcached started with `-B binary` waits for a 24-byte binary header and closes the
+/// connection when the first byte is not the binary magic. The first request on a connection
+/// is padded to this length with `mn` no-ops, so such a server closes at once instead of
+/// leaving dlock waiting for an answer that never comes.
+const BINARY_HEADER: usize = 24;
 /// The longest reply line or value accepted (items dlock writes are a few hundred bytes).
 const MAX_REPLY: usize = 1 << 20;
 /// The longest key listing accepted (`lru_crawler metadump`, about 100 bytes per item).
@@ -32,23 +45,43 @@ pub(super) enum Failure {
     Timeout(Duration),
     /// The server answered something this client does not expect.
     Protocol(String),
+    /// The server speaks only the binary protocol (`-B binary`).
+    BinaryOnly,
+    /// The server requires authentication (`-Y` or SASL).
+    Unauthenticated,
 }
 
 impl Failure {
     pub(super) fn describe(&self) -> String {
         match self {
             Failure::Io(e) => e.to_string(),
-            Failure::Timeout(d) => format!("no answer within {}", humantime::format_duration(*d)),
+            Failure::Timeout(d) => format!("no answer within {}", millis(*d)),
             Failure::Protocol(text) => text.clone(),
+            Failure::BinaryOnly => "the server speaks only the binary protocol".into(),
+            Failure::Unauthenticated => "the server requires authentication".into(),
         }
+    }
+
+    /// A failure of the link (the server may come back on a new connection), as opposed to
+    /// an answer that says what the server is.
+    pub(super) fn is_link(&self) -> bool {
+        matches!(self, Failure::Io(_) | Failure::Timeout(_))
     }
 
     pub(super) fn into_error(self, display: &str) -> Error {
         match self {
             Failure::Io(e) => Error::Unavailable(format!("cannot reach {display}: {e}")),
-            Failure::Timeout(d) => Error::Unavailable(format!(
-                "{display} did not answer within {}",
-                humantime::format_duration(d)
+            Failure::Timeout(d) => {
+                Error::Unavailable(format!("{display} did not answer within {}", millis(d)))
+            }
+            Failure::BinaryOnly => Error::Config(format!(
+                "{display} speaks only the binary protocol (memcached -B binary); dlock needs \
+                 the text/meta protocol (-B ascii or -B auto, the default)"
+            )),
+            Failure::Unauthenticated => Error::Permission(format!(
+                "{display} requires authentication (memcached -Y or -S), and dlock does not \
+                 send memcached credentials; use a server without authentication that only \
+                 trusted clients can reach (a private network or a Unix socket)"
             )),
             // "SERVER_ERROR out of memory storing object": full, and not evicting (-M).
             Failure::Protocol(text) if text.contains("SERVER_ERROR") => {
@@ -167,6 +200,9 @@ pub(super) struct Conn {
     /// An exchange has started and not finished: if it was abandoned (its future dropped by
     /// a timeout around it), its late answer must never be read as the next one's.
     in_flight: bool,
+    /// An exchange has completed on this connection (the first one is padded; see
+    /// [`BINARY_HEADER`]).
+    spoken: bool,
 }
 
 impl Conn {
@@ -178,6 +214,7 @@ impl Conn {
             buf: Vec::new(),
             epoch: 0,
             in_flight: false,
+            spoken: false,
         }
     }
 
@@ -209,6 +246,7 @@ impl Conn {
         self.stream = Some(stream);
         self.buf.clear();
         self.epoch += 1;
+        self.spoken = false;
         Ok(())
     }
 
@@ -258,7 +296,7 @@ impl Conn {
                     return Ok(pairs);
                 }
                 let Some(stat) = line.strip_prefix("STAT ") else {
-                    return Err(Failure::Protocol(format!("stats answered '{line}'")));
+                    return Err(unexpected(&line));
                 };
                 let (name, value) = stat.split_once(' ').unwrap_or((stat, ""));
                 pairs.push((name.to_owned(), value.to_owned()));
@@ -284,6 +322,9 @@ impl Conn {
                 for line in chunk.split('\n').filter(|l| !l.is_empty()) {
                     if line == "END" {
                         return Ok(lines);
+                    }
+                    if line.starts_with(UNAUTHENTICATED) {
+                        return Err(Failure::Unauthenticated);
                     }
                     if line.starts_with("ERROR")
                         || line.starts_with("CLIENT_ERROR")
@@ -314,18 +355,46 @@ impl Conn {
         budget: Duration,
         read: impl AsyncFnOnce(&mut Conn) -> Result<T, Failure>,
     ) -> Result<T, Failure> {
+        let mut fresh = false;
         let result = tokio::time::timeout(budget, async {
             self.ensure(budget).await?;
+            fresh = !self.spoken;
             self.in_flight = true;
+            let noops = if fresh {
+                BINARY_HEADER.saturating_sub(request.len()).div_ceil(4)
+            } else {
+                0
+            };
+            let mut padded = b"mn\r\n".repeat(noops);
+            padded.extend_from_slice(request);
             match &self.stream {
-                Some(stream) => stream.write_all(request).await.map_err(Failure::Io)?,
+                Some(stream) => stream.write_all(&padded).await.map_err(Failure::Io)?,
                 None => return Err(Failure::Protocol("not connected".into())),
+            }
+            for _ in 0..noops {
+                let line = self.read_line(MAX_REPLY).await?;
+                if line != "MN" {
+                    return Err(unexpected(&line));
+                }
             }
             read(self).await
         })
         .await
         .unwrap_or(Err(Failure::Timeout(budget)));
         self.in_flight = false;
+        if result.is_ok() {
+            self.spoken = true;
+        }
+        let result = match result {
+            Err(Failure::Io(e)) if fresh && e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                if speaks_binary(&self.addr).await {
+                    Err(Failure::BinaryOnly)
+                } else {
+                    Err(Failure::Io(e))
+                }
+            }
+            other => other,
+        };
         if result.is_err() {
             self.reset();
         }
@@ -357,10 +426,7 @@ impl Conn {
                 flags: words.map(str::to_owned).collect(),
                 value: None,
             }),
-            _ => Err(Failure::Protocol(format!(
-                "'{}'",
-                crate::logging::printable(&line)
-            ))),
+            _ => Err(unexpected(&line)),
         }
     }
 
@@ -403,12 +469,54 @@ impl Conn {
     }
 }
 
+/// `d` to the millisecond, for messages.
+fn millis(d: Duration) -> humantime::FormattedDuration {
+    humantime::format_duration(Duration::from_millis(
+        u64::try_from(d.as_millis()).unwrap_or(u64::MAX),
+    ))
+}
+
+/// What a server started with `-Y` answers every command before a login.
+const UNAUTHENTICATED: &str = "CLIENT_ERROR unauthenticated";
+
+/// An answer line this client does not expect (an authentication demand named as such).
+fn unexpected(line: &str) -> Failure {
+    if line.starts_with(UNAUTHENTICATED) {
+        return Failure::Unauthenticated;
+    }
+    Failure::Protocol(format!("'{}'", crate::logging::printable(line)))
+}
+
+/// Whether the server answers a binary-protocol `version` request (magic 0x80, opcode
+/// 0x0b, no body) with a binary response (magic 0x81), on a fresh connection.
+async fn speaks_binary(addr: &McAddr) -> bool {
+    let probe = async {
+        let stream = match addr {
+            McAddr::Tcp { host, port } => {
+                Stream::Tcp(TcpStream::connect((host.as_str(), *port)).await?)
+            }
+            McAddr::Unix { path } => Stream::Unix(UnixStream::connect(path).await?),
+        };
+        let mut header = [0u8; BINARY_HEADER];
+        header[0] = 0x80;
+        header[1] = 0x0b;
+        stream.write_all(&header).await?;
+        let mut answer = Vec::new();
+        stream.read_more(&mut answer).await?;
+        Ok::<bool, std::io::Error>(answer.first() == Some(&0x81))
+    };
+    matches!(
+        tokio::time::timeout(PROBE_TIMEOUT, probe).await,
+        Ok(Ok(true))
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     /// A server that answers every line it reads with `HD c<connection number>`, after
-    /// `delay`.
+    /// `delay` (and `mn` with `MN`, at once).
     fn slow_server(delay: Duration) -> u16 {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
@@ -421,8 +529,13 @@ mod tests {
                     let mut writer = stream;
                     let mut line = String::new();
                     while reader.read_line(&mut line).is_ok_and(|n| n > 0) {
-                        std::thread::sleep(delay);
-                        let _ = writer.write_all(format!("HD c{}\r\n", n + 1).as_bytes());
+                        // The no-ops that pad a connection's first request answer at once.
+                        if line.starts_with("mn") {
+                            let _ = writer.write_all(b"MN\r\n");
+                        } else {
+                            std::thread::sleep(delay);
+                            let _ = writer.write_all(format!("HD c{}\r\n", n + 1).as_bytes());
+                        }
                         line.clear();
                     }
                 });

@@ -33,10 +33,13 @@ impl Keys {
         }
     }
 
-    /// The lock's base from the key of its fencing counter, as `lru_crawler metadump` lists
-    /// it (`None` for any other key).
-    pub(super) fn from_fence_key(prefix: &str, key: &str) -> Option<Keys> {
-        let base = key.strip_suffix(":f")?;
+    /// The lock's base from the key of its fencing counter or of a holder slot, as
+    /// `lru_crawler metadump` lists it (`None` for any other key).
+    pub(super) fn from_listed_key(prefix: &str, key: &str) -> Option<Keys> {
+        let (base, suffix) = key.rsplit_once(':')?;
+        if suffix != "f" && (suffix.is_empty() || !suffix.bytes().all(|b| b.is_ascii_digit())) {
+            return None;
+        }
         let rest = base.strip_prefix(prefix)?.strip_prefix(':')?;
         // The part after the prefix is an encoded name or `#hash`: never a `:`.
         if rest.is_empty() || rest.contains(':') {
@@ -114,11 +117,15 @@ mod tests {
         assert_eq!(short.base, "dlock:a%2Fb");
         assert_eq!(short.name().unwrap().as_str(), "a/b");
         assert_eq!(
-            Keys::from_fence_key("dlock", &short.fence()),
+            Keys::from_listed_key("dlock", &short.fence()),
             Some(short.clone())
         );
-        assert_eq!(Keys::from_fence_key("dlock", &short.slot(0)), None);
-        assert_eq!(Keys::from_fence_key("other", &short.fence()), None);
+        assert_eq!(
+            Keys::from_listed_key("dlock", &short.slot(7)),
+            Some(short.clone())
+        );
+        assert_eq!(Keys::from_listed_key("dlock", &short.waiter(0)), None);
+        assert_eq!(Keys::from_listed_key("other", &short.fence()), None);
         let long = Keys::new("dlock", &LockName::new(&"锁".repeat(85)).unwrap());
         assert!(long.waiter(WAITER_SLOTS - 1).len() <= 250);
         assert!(long.base.starts_with("dlock:#"));

@@ -10,12 +10,17 @@
 //!   deletes it with the same compare. Loss = the item is gone or somebody else's.
 //! - **Evictions** would break a hold silently, so a server whose `stats settings` say
 //!   `evictions on` (memcached started without `-M`) is refused (78) by every acquisition and
-//!   by `check`, unless the URL says `?allow-evictions=1`.
+//!   by `check`, unless the URL says `?allow-evictions=1`. So is a server without CAS values
+//!   (`-C`), read from the same settings on every new connection; `check` warns of slab
+//!   reassignment, which drops items even with `-M` (`admin.rs`).
 //! - **Waiting** is polling with short jittered intervals (`wait.rs`); waiters are not FIFO.
+//!   A waiter whose connection breaks once the server has answered (a restart) reconnects
+//!   with backoff ([`RELINK_FIRST`] to [`RELINK_CAP`]) and waits on. With `--wait`, every
+//!   exchange of an acquisition ends by `--wait` + [`WAIT_GRACE`] ([`budget`]).
 //! - **Fencing tokens** come from a counter item advanced to `max(last + 1, now µs)` by
 //!   compare-and-swap (`token.rs`, which also says what holds when clocks differ).
 //! - **Several servers** are independent: each lock lives on one, chosen by a hash of its
-//!   name (`target.rs`).
+//!   name over the servers' resolved addresses, whatever their spelling (`target.rs`).
 //!
 //! Items of a lock (`B = <prefix>:<encoded name>`, or `<prefix>:#<sha-256>` for long names):
 //!
@@ -43,6 +48,8 @@ pub mod target;
 mod token;
 mod wait;
 
+use std::time::Duration;
+
 use crate::backend::busy_reason;
 use crate::clock::BootInstant;
 use crate::error::Error;
@@ -51,13 +58,62 @@ use crate::lock::{
     Record, Wait,
 };
 
-use client::{mg, ms, Conn, OP_TIMEOUT};
+use client::{mg, ms, Conn, Failure, OP_TIMEOUT};
 use keys::{Keys, Stored};
 use lease::{expiry_for, Held, Hold};
 use wait::{Backoff, Registration};
 
 pub use lease::MemcachedLease;
 pub use target::{McAddr, MemcachedTarget};
+
+/// What an acquisition adds to `--wait` for the exchange in flight when the wait ends: that
+/// exchange may still carry the grant, and an unanswering server is then given up within
+/// `--wait` + 0.3 s, leaving 0.2 s of the promised `--wait` + 0.5 s for the process's own
+/// start and exit on a loaded machine.
+const WAIT_GRACE: Duration = Duration::from_millis(300);
+/// The first pause before reconnecting after a waiter lost its connection: a restarting
+/// server is not back sooner, and faster retries would only flood it as it comes up.
+const RELINK_FIRST: Duration = Duration::from_millis(100);
+/// The longest pause between reconnection attempts: a server that is back is noticed within
+/// 2 s, a delay a waiter without `--wait` does not feel, at one connection attempt per 2 s.
+const RELINK_CAP: Duration = Duration::from_secs(2);
+/// Bound for leaving the waiter registrations after a cancel or a failure: best effort only,
+/// since a registration expires by itself within 3 s, so a stalled server must not hold up
+/// the exit for longer than this.
+const LEAVE_BUDGET: Duration = Duration::from_millis(500);
+
+/// The bound of one exchange of an acquisition: with `--wait`, what is left of it plus
+/// [`WAIT_GRACE`] (at most [`OP_TIMEOUT`]), so an exchange started at any time ends by
+/// `--wait` + the grace; otherwise [`OP_TIMEOUT`].
+fn budget(deadline: Option<BootInstant>) -> Duration {
+    match deadline {
+        Some(deadline) => (deadline.remaining() + WAIT_GRACE).min(OP_TIMEOUT),
+        None => OP_TIMEOUT,
+    }
+}
+
+/// Why an attempt failed: the link (a new connection may work) or the server's answer.
+enum Failed {
+    Link(Failure),
+    Answer(Error),
+}
+
+impl Failed {
+    fn of(failure: Failure, display: &str) -> Failed {
+        if failure.is_link() {
+            Failed::Link(failure)
+        } else {
+            Failed::Answer(failure.into_error(display))
+        }
+    }
+
+    fn into_error(self, display: &str) -> Error {
+        match self {
+            Failed::Link(failure) => failure.into_error(display),
+            Failed::Answer(error) => error,
+        }
+    }
+}
 
 pub struct MemcachedBackend {
     target: MemcachedTarget,
@@ -110,10 +166,12 @@ impl MemcachedBackend {
         ctx: &Ctx<'_>,
         value: &[u8],
         backoff: &mut Backoff,
-    ) -> Result<Attempt, Error> {
+        budget: Duration,
+    ) -> Result<Attempt, Failed> {
         let (keys, limit, display) = (&ctx.keys, ctx.request.limit, ctx.display.as_str());
         let add = format!("ME T{} c", ctx.expiry);
-        let fail = |f: client::Failure| f.into_error(display);
+        let fail = |f: Failure| Failed::of(f, display);
+        let answer = Failed::Answer;
         // Bounded: each round loses only to another client taking a slot.
         for _ in 0..100 {
             if limit == 1 {
@@ -121,14 +179,14 @@ impl MemcachedBackend {
                 let mut request = ms(&key, &add, value);
                 request.extend(mg(&key, "v"));
                 let sent = BootInstant::now();
-                let replies = conn.meta(&request, 2, OP_TIMEOUT).await.map_err(fail)?;
+                let replies = conn.meta(&request, 2, budget).await.map_err(fail)?;
                 match (replies.first(), replies.get(1)) {
                     (Some(added), _) if added.is("HD") => {
-                        let cas = added.cas().ok_or_else(|| no_cas(display))?;
+                        let cas = cas_of(added, display).map_err(answer)?;
                         return Ok(Attempt::Won(Won { slot: 0, cas, sent }));
                     }
                     (_, Some(holder)) if holder.is("VA") => {
-                        let holder = holder_in(holder, &key, display)?;
+                        let holder = holder_in(holder, &key, display).map_err(answer)?;
                         return Ok(Attempt::Held(vec![holder]));
                     }
                     // Released between the add and the read: try again at once.
@@ -140,7 +198,7 @@ impl MemcachedBackend {
                 request.extend(mg(&keys.slot(i), "v"));
             }
             let replies = conn
-                .meta(&request, limit as usize, OP_TIMEOUT)
+                .meta(&request, limit as usize, budget)
                 .await
                 .map_err(fail)?;
             let free: Vec<u32> = (0..limit)
@@ -149,24 +207,24 @@ impl MemcachedBackend {
             if free.is_empty() {
                 let mut holders = Vec::new();
                 for (i, reply) in (0..limit).zip(&replies) {
-                    holders.push(holder_in(reply, &keys.slot(i), display)?);
+                    holders.push(holder_in(reply, &keys.slot(i), display).map_err(answer)?);
                 }
                 return Ok(Attempt::Held(holders));
             }
             let slot = free[backoff.random(free.len() as u64) as usize];
             let sent = BootInstant::now();
             let added = conn
-                .one(&ms(&keys.slot(slot), &add, value), OP_TIMEOUT)
+                .one(&ms(&keys.slot(slot), &add, value), budget)
                 .await
                 .map_err(fail)?;
             if added.is("HD") {
-                let cas = added.cas().ok_or_else(|| no_cas(display))?;
+                let cas = cas_of(&added, display).map_err(answer)?;
                 return Ok(Attempt::Won(Won { slot, cas, sent }));
             }
         }
-        Err(Error::Unavailable(format!(
+        Err(answer(Error::Unavailable(format!(
             "{display}: the slots of this lock changed under 100 attempts in a row"
-        )))
+        ))))
     }
 
     /// The slot is ours: take a token, write it into the slot, and check that the holders
@@ -176,6 +234,7 @@ impl MemcachedBackend {
         mut conn: Conn,
         ctx: Ctx<'_>,
         won: Won,
+        budget: Duration,
     ) -> Result<MemcachedLease, Error> {
         let Won { slot, cas, sent } = won;
         let (keys, request, display) = (&ctx.keys, ctx.request, ctx.display.as_str());
@@ -192,7 +251,7 @@ impl MemcachedBackend {
         let owner = stored.owner.clone();
         let agree = async |conn: &mut Conn, theirs: u32| {
             let slots = theirs.max(request.limit);
-            let others = self.holders_of(conn, keys, slots, display).await?;
+            let others = self.holders_of(conn, keys, slots, display, budget).await?;
             match others
                 .iter()
                 .find(|h| h.owner != owner && h.record.limit != request.limit)
@@ -201,12 +260,12 @@ impl MemcachedBackend {
                 None => Ok(()),
             }
         };
-        let taken = token::next(&mut conn, keys, request.limit, OP_TIMEOUT, display, agree).await;
+        let taken = token::next(&mut conn, keys, request.limit, budget, display, agree).await;
         tracing::debug!(target: crate::logging::HANDOFF, "token-taken");
         let token = match taken {
             Ok(token) => token,
             Err(e) => {
-                let _ = held.delete(&mut conn, OP_TIMEOUT).await;
+                let _ = held.delete(&mut conn, budget).await;
                 return Err(e);
             }
         };
@@ -217,7 +276,7 @@ impl MemcachedBackend {
             record,
         }
         .to_bytes();
-        let touched = held.touch(&mut conn, OP_TIMEOUT).await;
+        let touched = held.touch(&mut conn, budget).await;
         tracing::debug!(target: crate::logging::HANDOFF, "slot-written");
         match touched {
             Ok(lease::Ours::Yes) => {}
@@ -227,7 +286,7 @@ impl MemcachedBackend {
                 )))
             }
             Err(f) => {
-                let _ = held.delete(&mut conn, OP_TIMEOUT).await;
+                let _ = held.delete(&mut conn, budget).await;
                 return Err(f.into_error(display));
             }
         }
@@ -241,6 +300,32 @@ impl MemcachedBackend {
         ))
     }
 
+    /// Read the server's settings once per connection and refuse a server dlock cannot hold
+    /// a lock on (evictions without the opt-in, CAS disabled).
+    async fn settle(
+        &self,
+        conn: &mut Conn,
+        settled: &mut u64,
+        display: &str,
+        budget: Duration,
+    ) -> Result<(), Failed> {
+        conn.ensure(budget)
+            .await
+            .map_err(|f| Failed::of(f, display))?;
+        if *settled == conn.epoch {
+            return Ok(());
+        }
+        let settings = conn
+            .stats("settings", budget)
+            .await
+            .map_err(|f| Failed::of(f, display))?;
+        if let Some(refusal) = admin::refusal(&settings, display, self.target.allow_evictions) {
+            return Err(Failed::Answer(refusal));
+        }
+        *settled = conn.epoch;
+        Ok(())
+    }
+
     /// The holders in slots `0..limit` (one pipelined read).
     async fn holders_of(
         &self,
@@ -248,6 +333,7 @@ impl MemcachedBackend {
         keys: &Keys,
         limit: u32,
         display: &str,
+        budget: Duration,
     ) -> Result<Vec<Stored>, Error> {
         let limit = limit.clamp(1, crate::lock::MAX_LIMIT);
         let mut request = Vec::new();
@@ -255,7 +341,7 @@ impl MemcachedBackend {
             request.extend(mg(&keys.slot(i), "v"));
         }
         let replies = conn
-            .meta(&request, limit as usize, OP_TIMEOUT)
+            .meta(&request, limit as usize, budget)
             .await
             .map_err(|f| f.into_error(display))?;
         Ok(replies
@@ -279,10 +365,13 @@ fn holder_in(reply: &client::Reply, key: &str, display: &str) -> Result<Stored, 
         })
 }
 
-fn no_cas(display: &str) -> Error {
-    Error::Unavailable(format!(
-        "{display} returned no CAS value; dlock needs CAS enabled (do not run memcached with -C)"
-    ))
+/// The CAS value a store returned; none (or 0, what a server started with `-C` returns) is
+/// a server dlock cannot use (78).
+fn cas_of(reply: &client::Reply, display: &str) -> Result<u64, Error> {
+    reply
+        .cas()
+        .filter(|&cas| cas != 0)
+        .ok_or_else(|| admin::cas_disabled(display))
 }
 
 /// The not-acquired message: who holds it.
@@ -304,12 +393,13 @@ impl Backend for MemcachedBackend {
         request: &AcquireRequest,
         mut cancel: Cancel,
     ) -> Result<MemcachedLease, Error> {
-        let addr = self.target.server_for(&request.name);
-        let display = addr.display();
-        let mut conn = Conn::new(addr);
-        if !self.target.allow_evictions {
-            admin::refuse_evictions(&mut conn, &display).await?;
-        }
+        let deadline = request.wait.deadline();
+        let server = self
+            .target
+            .server_for(&request.name, budget(deadline))
+            .await?;
+        let display = server.display();
+        let mut conn = Conn::new(&server.at);
         let owner = uuid::Uuid::new_v4().simple().to_string();
         let mut holder = request.holder.clone();
         holder.token = 0;
@@ -326,36 +416,87 @@ impl Backend for MemcachedBackend {
             expiry: expiry_for(request.ttl).0,
             display,
         };
+        let display = ctx.display.as_str();
         let value = ctx.stored.to_bytes();
-        let deadline = request.wait.deadline();
         let mut backoff = Backoff::new();
+        let mut relink = RELINK_FIRST;
         let mut registration: Option<Registration> = None;
+        // The connection whose server settings were read (0: none yet). A reconnected
+        // waiter may reach a server restarted with other options: read them again.
+        let mut settled = 0;
+        // The server has answered that the lock is held: from then on a lost connection is
+        // a restart to wait out, not a wrong URL to report.
+        let mut answered = false;
         let mut waited = false;
         loop {
-            let attempt = self.attempt(&mut conn, &ctx, &value, &mut backoff).await;
+            let step = budget(deadline);
+            let attempt = match self.settle(&mut conn, &mut settled, display, step).await {
+                Ok(()) => {
+                    self.attempt(&mut conn, &ctx, &value, &mut backoff, step)
+                        .await
+                }
+                Err(failed) => Err(failed),
+            };
             let holders = match attempt {
                 Ok(Attempt::Won(won)) => {
                     if waited {
                         // A poll found the lock free: memcached tells a waiter nothing sooner.
                         tracing::debug!(target: crate::logging::HANDOFF, "woken");
                     }
-                    wait::leave(&mut registration, &mut conn, &owner, OP_TIMEOUT).await;
+                    wait::leave(&mut registration, &mut conn, &owner, step).await;
                     if waited {
                         tracing::debug!(target: crate::logging::HANDOFF, "unregistered");
                     }
-                    return self.finish(conn, ctx, won).await;
+                    return self.finish(conn, ctx, won, budget(deadline)).await;
                 }
-                Ok(Attempt::Held(holders)) => holders,
-                Err(e) => {
-                    wait::leave(&mut registration, &mut conn, &owner, OP_TIMEOUT).await;
-                    return Err(e);
+                Ok(Attempt::Held(holders)) => {
+                    answered = true;
+                    relink = RELINK_FIRST;
+                    holders
+                }
+                Err(Failed::Link(failure))
+                    if answered && deadline.is_none_or(|d| !d.remaining().is_zero()) =>
+                {
+                    // Waiting on through a server restart (or a broken link), reconnecting
+                    // with backoff; `--wait` still ends the wait.
+                    let why = failure.describe();
+                    let server = ctx.display.as_str();
+                    tracing::warn!("{server}: {why}; reconnecting and waiting on");
+                    let mut pause = relink / 2
+                        + Duration::from_micros(
+                            backoff.random(u64::try_from(relink.as_micros()).unwrap_or(1) / 2 + 1),
+                        );
+                    relink = (relink * 2).min(RELINK_CAP);
+                    if let Some(deadline) = deadline {
+                        pause = pause.min(deadline.remaining());
+                    }
+                    tokio::select! {
+                        () = cancel.cancelled() => {
+                            wait::leave(&mut registration, &mut conn, &owner, LEAVE_BUDGET).await;
+                            return Err(Error::Cancelled);
+                        }
+                        () = tokio::time::sleep(pause) => {}
+                    }
+                    continue;
+                }
+                Err(failed) => {
+                    wait::leave(&mut registration, &mut conn, &owner, LEAVE_BUDGET).await;
+                    return Err(match failed {
+                        Failed::Link(Failure::Timeout(_)) if deadline.is_some() => {
+                            Error::Unavailable(format!(
+                                "{display} did not answer within --wait {}",
+                                request.wait.describe()
+                            ))
+                        }
+                        failed => failed.into_error(display),
+                    });
                 }
             };
             if let Some(other) = holders
                 .iter()
                 .find(|h| h.record.limit != 0 && h.record.limit != request.limit)
             {
-                wait::leave(&mut registration, &mut conn, &owner, OP_TIMEOUT).await;
+                wait::leave(&mut registration, &mut conn, &owner, LEAVE_BUDGET).await;
                 return Err(limit_mismatch(&request.name, other.record.limit));
             }
             if request.wait == Wait::No {
@@ -369,7 +510,7 @@ impl Backend for MemcachedBackend {
             if let Some(deadline) = deadline {
                 let left = deadline.remaining();
                 if left.is_zero() {
-                    wait::leave(&mut registration, &mut conn, &owner, OP_TIMEOUT).await;
+                    wait::leave(&mut registration, &mut conn, &owner, LEAVE_BUDGET).await;
                     let why = format!("gave up after waiting {} (--wait)", request.wait.describe());
                     return Err(busy(&request.name, &holders, why));
                 }
@@ -377,15 +518,16 @@ impl Backend for MemcachedBackend {
             }
             // Registering is for the waiter count only; a failure here shows on the next
             // attempt.
+            let step = budget(deadline);
             registration = match registration {
                 None => {
                     let start = backoff.random(keys::WAITER_SLOTS as u64) as usize;
-                    wait::register(&mut conn, &ctx.keys, &owner, start, OP_TIMEOUT)
+                    wait::register(&mut conn, &ctx.keys, &owner, start, step)
                         .await
                         .unwrap_or(None)
                 }
                 Some(r) => r
-                    .refresh(&mut conn, &ctx.keys, &owner, OP_TIMEOUT)
+                    .refresh(&mut conn, &ctx.keys, &owner, step)
                     .await
                     .unwrap_or(None),
             };
@@ -395,7 +537,7 @@ impl Backend for MemcachedBackend {
             }
             tokio::select! {
                 () = cancel.cancelled() => {
-                    wait::leave(&mut registration, &mut conn, &owner, OP_TIMEOUT).await;
+                    wait::leave(&mut registration, &mut conn, &owner, LEAVE_BUDGET).await;
                     return Err(Error::Cancelled);
                 }
                 () = tokio::time::sleep(pause) => {}

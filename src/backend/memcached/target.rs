@@ -3,17 +3,29 @@
 //! which of several servers holds a given lock.
 //!
 //! Several servers are not a cluster: each lock lives on exactly one of them, chosen by
-//! rendezvous hashing of the lock name over the servers' `host:port` (highest score wins).
-//! There is no failover: while that server is down, its locks cannot be taken. Adding a
-//! server moves only the names that now score highest on it; removing one moves only its
-//! own names; the order of the list does not matter. Every client of a lock must list the
-//! same servers, or two of them can hold the "same" lock on different servers.
+//! rendezvous hashing of the lock name over the servers' canonical identities (highest score
+//! wins). There is no failover: while that server is down, its locks cannot be taken. Adding
+//! a server moves only the names that now score highest on it; removing one moves only its
+//! own names. Every client of a lock must list the same servers, or two of them can hold the
+//! "same" lock on different servers.
+//!
+//! A server's identity is its resolved address and port, never its spelling: `localhost`,
+//! `LOCALHOST`, `127.0.0.1` and `[::ffff:127.0.0.1]` are one server, in any order of the
+//! list. A name that resolves to several addresses stands for the lowest of them (IPv4
+//! before IPv6, then numerically), and dlock connects to that address only, so every client
+//! that resolves the name alike reaches the same server (a round-robin name is not a
+//! failover). Every listed name is resolved before any lock is touched: when one cannot be
+//! resolved, no lock on any of the servers can be placed (69), because the lock might
+//! belong to that server. Two entries that resolve to the same address are refused (78).
 
+use std::net::IpAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
 use crate::backend::url::{join_host_port, split_host_port};
+use crate::error::Error;
 use crate::lock::LockName;
 
 /// memcached's default port.
@@ -85,27 +97,106 @@ impl MemcachedTarget {
         Ok(())
     }
 
-    /// The server that holds `name` (rendezvous hashing; see the module doc).
-    pub fn server_for(&self, name: &LockName) -> &McAddr {
-        let score = |addr: &McAddr| {
-            let mut hash = Sha256::new();
-            hash.update(addr.label().as_bytes());
-            hash.update([0u8]);
-            hash.update(name.as_str().as_bytes());
-            let digest = hash.finalize();
-            let mut first = [0u8; 8];
-            first.copy_from_slice(&digest[..8]);
-            u64::from_be_bytes(first)
-        };
-        // Ties (never seen in practice) go to the smaller label, so every client agrees.
-        self.servers
-            .iter()
-            .max_by(|a, b| {
-                score(a)
-                    .cmp(&score(b))
-                    .then_with(|| b.label().cmp(&a.label()))
-            })
-            .unwrap_or(&self.servers[0])
+    /// Every listed server with the address dlock connects to (see the module doc), within
+    /// `budget` for each name's resolution.
+    pub async fn resolve(&self, budget: Duration) -> Result<Vec<Server>, Error> {
+        let mut servers: Vec<Server> = Vec::new();
+        for written in &self.servers {
+            let at = match written {
+                McAddr::Unix { .. } => written.clone(),
+                McAddr::Tcp { host, port } => McAddr::Tcp {
+                    host: canonical_ip(host, *port, budget).await?.to_string(),
+                    port: *port,
+                },
+            };
+            if let Some(same) = servers.iter().find(|s| s.at == at) {
+                return Err(Error::Config(format!(
+                    "the URL lists one server twice: {} and {} are both {}",
+                    same.written.label(),
+                    written.label(),
+                    at.label()
+                )));
+            }
+            servers.push(Server {
+                at,
+                written: written.clone(),
+            });
+        }
+        Ok(servers)
+    }
+
+    /// The server that holds `name` (rendezvous hashing over the resolved addresses).
+    pub async fn server_for(&self, name: &LockName, budget: Duration) -> Result<Server, Error> {
+        let servers = self.resolve(budget).await?;
+        choose(&servers, name)
+            .cloned()
+            .ok_or_else(|| Error::Internal("a memcached URL without servers".into()))
+    }
+}
+
+/// One server: where dlock connects, and how the URL spells it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Server {
+    /// The resolved address (or the socket path): the server's identity.
+    pub at: McAddr,
+    /// As the URL lists it.
+    pub written: McAddr,
+}
+
+impl Server {
+    /// The server for messages: as written, with the address when that differs.
+    pub fn display(&self) -> String {
+        if self.at == self.written {
+            self.written.display()
+        } else {
+            format!("{} ({})", self.written.display(), self.at.label())
+        }
+    }
+}
+
+/// The server with the highest score for `name`; ties (never seen in practice) go to the
+/// smaller address, so every client agrees.
+fn choose<'a>(servers: &'a [Server], name: &LockName) -> Option<&'a Server> {
+    let score = |server: &Server| {
+        let mut hash = Sha256::new();
+        hash.update(server.at.label().as_bytes());
+        hash.update([0u8]);
+        hash.update(name.as_str().as_bytes());
+        let digest = hash.finalize();
+        let mut first = [0u8; 8];
+        first.copy_from_slice(&digest[..8]);
+        u64::from_be_bytes(first)
+    };
+    servers.iter().max_by(|a, b| {
+        score(a)
+            .cmp(&score(b))
+            .then_with(|| b.at.label().cmp(&a.at.label()))
+    })
+}
+
+/// The address `host` stands for: itself when it is one (an IPv4-mapped IPv6 address as
+/// IPv4), else the lowest address it resolves to.
+async fn canonical_ip(host: &str, port: u16, budget: Duration) -> Result<IpAddr, Error> {
+    if let Ok(ip) = host.parse::<IpAddr>() {
+        return Ok(ip.to_canonical());
+    }
+    let cannot = |why: String| {
+        Error::Unavailable(format!(
+            "cannot resolve the memcached server '{}' ({why}); dlock needs the address of \
+             every listed server to know which one holds a lock",
+            join_host_port(host, port)
+        ))
+    };
+    match tokio::time::timeout(budget, tokio::net::lookup_host((host, port))).await {
+        Ok(Ok(found)) => found
+            .map(|a| a.ip().to_canonical())
+            .min()
+            .ok_or_else(|| cannot("no addresses".into())),
+        Ok(Err(e)) => Err(cannot(e.to_string())),
+        Err(_) => Err(cannot(format!(
+            "no answer within {}",
+            humantime::format_duration(budget)
+        ))),
     }
 }
 
@@ -232,22 +323,68 @@ mod tests {
         }
     }
 
+    /// The servers of `url` as if each name were its own address.
+    fn unresolved(url: &str) -> Vec<Server> {
+        parse_ok(url)
+            .servers
+            .into_iter()
+            .map(|a| Server {
+                at: a.clone(),
+                written: a,
+            })
+            .collect()
+    }
+
     #[test]
     fn a_name_maps_to_one_server_and_moves_only_when_its_server_changes() {
-        let three = parse_ok("memcached://a,b,c");
-        let two = parse_ok("memcached://a,b");
-        let reordered = parse_ok("memcached://c,a,b");
+        let three = unresolved("memcached://a,b,c");
+        let two = unresolved("memcached://a,b");
+        let reordered = unresolved("memcached://c,a,b");
         let mut used = std::collections::HashSet::new();
         for i in 0..300 {
             let name = LockName::new(&format!("job-{i}")).unwrap();
-            let chosen = three.server_for(&name);
-            used.insert(chosen.label());
-            assert_eq!(chosen, reordered.server_for(&name));
-            if chosen.label() != "c:11211" {
-                assert_eq!(chosen, two.server_for(&name), "{name} moved needlessly");
+            let chosen = choose(&three, &name).unwrap();
+            used.insert(chosen.at.label());
+            assert_eq!(chosen, choose(&reordered, &name).unwrap());
+            if chosen.at.label() != "c:11211" {
+                assert_eq!(
+                    chosen,
+                    choose(&two, &name).unwrap(),
+                    "{name} moved needlessly"
+                );
             }
         }
         assert_eq!(used.len(), 3, "every server gets some names");
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn every_spelling_of_a_server_is_one_identity() {
+        let budget = Duration::from_secs(5);
+        let spellings = [
+            "memcached://127.0.0.1:7001,127.0.0.1:7002",
+            "memcached://localhost:7002,LOCALHOST:7001",
+            "memcached://[::ffff:127.0.0.1]:7001,localhost:7002",
+        ];
+        let mut seen = Vec::new();
+        for url in spellings {
+            let mut at: Vec<String> = parse_ok(url)
+                .resolve(budget)
+                .await
+                .unwrap()
+                .iter()
+                .map(|s| s.at.label())
+                .collect();
+            at.sort();
+            seen.push(at);
+        }
+        assert!(seen.windows(2).all(|w| w[0] == w[1]), "{seen:?}");
+        let twice = parse_ok("memcached://localhost:7001,127.0.0.1:7001");
+        assert!(matches!(twice.resolve(budget).await, Err(Error::Config(_))));
+        let nowhere = parse_ok("memcached://no-such-host.invalid:7001,127.0.0.1:7002");
+        assert!(matches!(
+            nowhere.resolve(budget).await,
+            Err(Error::Unavailable(_))
+        ));
     }
 
     #[test]

@@ -138,3 +138,32 @@ fn list_says_when_the_server_cannot_enumerate_and_status_still_works() {
     assert!(out.status.success(), "{}", describe(&out));
     assert!(stdout_of(&out).contains("crawler"), "{}", describe(&out));
 }
+
+#[test]
+fn every_spelling_and_order_of_the_servers_puts_a_lock_on_the_same_server() {
+    let (a, b) = (MemcachedServer::start(), MemcachedServer::start());
+    let env = TestEnv::new(&a);
+    let spellings = [
+        format!("memcached://127.0.0.1:{},127.0.0.1:{}", a.port, b.port),
+        format!("memcached://LOCALHOST:{},localhost:{}", b.port, a.port),
+        format!(
+            "memcached://localhost:{},[::ffff:127.0.0.1]:{}",
+            a.port, b.port
+        ),
+    ];
+    for _ in 0..8 {
+        let lock = lock_name("mc");
+        let holder = env.hold(&lock, &["--url", &spellings[0]]);
+        for url in &spellings[1..] {
+            let out = env.run(["run", "--no-wait", "--url", url, &lock, "true"]);
+            assert_eq!(out.status.code(), Some(75), "{url}: {}", describe(&out));
+        }
+        drop(holder);
+        let fence = format!("mg dlock:{lock}:f v\r\n");
+        let on: Vec<bool> = [&a, &b]
+            .iter()
+            .map(|s| s.request(&fence, "\r\n").starts_with("VA"))
+            .collect();
+        assert_eq!(on.iter().filter(|f| **f).count(), 1, "{lock} on {on:?}");
+    }
+}

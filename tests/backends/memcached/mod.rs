@@ -9,6 +9,8 @@
 
 mod evictions;
 mod keys;
+mod listing;
+mod servers;
 mod tokens;
 
 use crate::support::*;
