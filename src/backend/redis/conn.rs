@@ -18,6 +18,7 @@ use redis::{
     RedisConnectionInfo, RedisError, ServerErrorKind, TlsCertificates,
 };
 
+use crate::clock::BootInstant;
 use crate::error::Error;
 
 pub(super) use super::failure::{classify, Failure};
@@ -166,6 +167,9 @@ pub(super) struct Conn {
     /// Why the current call is waiting for the cluster to settle (reported if time runs out).
     pub(super) settling: Option<RedisError>,
     dirty: bool,
+    /// When the current call last sent its request (a redirected or settling call sends it
+    /// more than once): its reply describes the server after this instant.
+    pub(super) last_send: Option<BootInstant>,
     /// Behind Sentinel: where to connect is asked anew at every (re)connect (node 0 is then
     /// the master they named, never one of the URL's hosts, which are the sentinels).
     pub(super) sentinel: Option<Locator>,
@@ -203,6 +207,7 @@ impl Conn {
             cluster: None,
             settling: None,
             dirty: false,
+            last_send: None,
             sentinel: Locator::new(target, display)?,
         })
     }
@@ -275,6 +280,7 @@ impl Conn {
         request: &Request<'_>,
         asking: bool,
     ) -> Result<T, RedisError> {
+        self.last_send = Some(BootInstant::now());
         let connection = self.open(index).await?;
         let result = match request {
             Request::Command(command, _) => send(connection, command, asking).await,
@@ -299,6 +305,7 @@ impl Conn {
     /// counts as dirty until its reply is in (the future may be dropped by a caller's timeout).
     fn begin(&mut self) {
         self.settling = None;
+        self.last_send = None;
         if std::mem::replace(&mut self.dirty, true) {
             self.drop_connections();
         }

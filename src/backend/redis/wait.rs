@@ -29,6 +29,9 @@ const ACQUIRE_ATTEMPTS: u32 = 3;
 pub(super) const WAITER_LEASE: Duration = Duration::from_secs(2);
 /// How often a waiter heartbeats (and re-checks); well inside [`WAITER_LEASE`].
 pub(super) const WAITER_HEARTBEAT: Duration = Duration::from_millis(500);
+/// The pause between two acquire calls that met a settling cluster (each call already waited
+/// out the cluster within its budget, pausing up to 200 ms at a time): the same spacing.
+const SETTLE_RETRY_PAUSE: Duration = Duration::from_millis(200);
 /// With `--no-wait`, the server must have answered within this (connecting included).
 const NO_WAIT_BOUND: Duration = OP_TIMEOUT;
 /// The least time an acquire call gets, also for the last check at the `--wait` deadline.
@@ -111,7 +114,7 @@ impl<'a> Waiter<'a> {
     }
 
     /// One step of `acquire.lua` (`ticket`: our place in line, 0 before we have one): its
-    /// reply, and when it was first sent.
+    /// reply, and when the request that got it was sent.
     pub(super) async fn call(
         &self,
         conn: &mut Conn,
@@ -135,7 +138,7 @@ impl<'a> Waiter<'a> {
             .arg(&self.meta)
             .arg(self.mode)
             .arg(ticket);
-        let sent = BootInstant::now();
+        let started = BootInstant::now();
         let mut attempt = 0;
         loop {
             attempt += 1;
@@ -146,6 +149,10 @@ impl<'a> Waiter<'a> {
             };
             match result {
                 Ok(reply) => {
+                    // The lease dates from the send that got this reply: a fresh grant was
+                    // made after it, and a retry that finds its own hold (after a lost reply)
+                    // is told the time that hold has left, counted from after it too.
+                    let sent = conn.last_send.unwrap_or(started);
                     // Waiters a purge let move up: wake them (not our own place in line).
                     if reply.first().and_then(int_of) == Some(0) {
                         let woken = tokens_at(&reply, 5);
@@ -153,9 +160,19 @@ impl<'a> Waiter<'a> {
                     }
                     return Ok((reply, sent));
                 }
+                // A cluster that is moving the lock's slot answers "not now" for as long as
+                // the move takes: ask again until --wait runs out (for ever without it), as
+                // a waiter whose place in line is kept (a lapsed heartbeat rejoins with the
+                // same ticket).
+                Err(failure) if failure.is_settling() && !passed(self.answer_by) => {
+                    tracing::debug!(
+                        "the cluster is settling ({}); asking again",
+                        failure.describe()
+                    );
+                    attempt = 0;
+                    tokio::time::sleep(SETTLE_RETRY_PAUSE).await;
+                }
                 // The script is idempotent for our token: after a lost reply, ask again.
-                // `sent` stays the first attempt's: a grant whose reply was lost dates from
-                // then, and the earlier time keeps the lease deadline conservative.
                 Err(failure)
                     if failure.is_transient()
                         && attempt < ACQUIRE_ATTEMPTS
