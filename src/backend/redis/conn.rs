@@ -84,6 +84,11 @@ impl Setup {
         &self.display
     }
 
+    /// Over TLS (`rediss://`).
+    pub(super) fn tls(&self) -> bool {
+        self.tls.is_some()
+    }
+
     /// A client for one node (a host and port; TLS when the URL said `rediss://`).
     pub(super) fn client(&self, addr: ConnectionAddr) -> Result<Client, Error> {
         let setup = |e: RedisError| {
@@ -360,12 +365,19 @@ impl Conn {
         budget: Duration,
     ) -> Result<T, Failure> {
         self.begin();
+        let started = BootInstant::now();
         let outcome = tokio::time::timeout(budget, async {
             self.locate().await?;
             self.send_routed(&request).await
         })
         .await;
-        self.finish(outcome, budget)
+        match self.finish(outcome, budget) {
+            Err(failure) => {
+                let left = budget.saturating_sub(BootInstant::now().saturating_since(started));
+                Err(self.explain(failure, left).await)
+            }
+            done => done,
+        }
     }
 
     /// One command on node `index` only (no redirections), within `budget`.

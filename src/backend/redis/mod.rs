@@ -51,6 +51,7 @@ mod conn;
 mod failure;
 mod keys;
 mod lease;
+mod role;
 mod scripts;
 pub mod sentinel;
 pub mod target;
