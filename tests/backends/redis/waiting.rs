@@ -225,3 +225,30 @@ fn wait_bounds_a_server_that_accepts_and_never_answers() {
     assert!(took < Duration::from_secs(12), "took {took:?}");
     assert!(!env.path("ran").exists());
 }
+
+#[test]
+fn a_place_in_line_without_a_heartbeat_does_not_hold_up_the_lock() {
+    // Written by hand (or half of it lost): a queue entry with no heartbeat deadline at all
+    // would never lapse; it is dropped like a dead waiter.
+    let server = RedisServer::start();
+    let env = TestEnv::new(&server);
+    let lock = lock_name("r");
+    let queue = key(&lock, "queue");
+    assert_eq!(server.command(&format!("ZADD {queue} 1 ghost")), ":1");
+    let out = env.run(["run", "--no-wait", &lock, "touch", "ran"]);
+    assert!(out.status.success(), "{}", describe(&out));
+    assert!(env.path("ran").exists());
+    // Behind a holder too: the release admits the live waiter, not the ghost before it.
+    let mut holder = env.hold(&lock, &[]);
+    assert_eq!(server.command(&format!("ZADD {queue} 1 ghost")), ":1");
+    let mut waiter = env
+        .dlock(["run", "--wait", "60s", &lock, "touch", "waited"])
+        .spawn()
+        .expect("spawn waiter");
+    wait_until("the waiter queued", PATIENCE, || env.waiters(&lock) == 1);
+    holder.signal(Signal::SIGTERM);
+    holder.wait();
+    assert!(wait_within(&mut waiter, PATIENCE).success());
+    assert!(env.path("waited").exists());
+    assert_eq!(server.command(&format!("ZSCORE {queue} ghost")), "$-1");
+}
