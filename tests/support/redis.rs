@@ -104,6 +104,11 @@ impl RedisServer {
     pub fn command(&self, command: &str) -> String {
         redis_command(self.port, command).expect("redis command")
     }
+
+    /// The server's pid (to stop and continue it).
+    pub fn pid(&self) -> i32 {
+        self.child.as_ref().map_or(0, |c| c.id() as i32)
+    }
 }
 
 impl Drop for RedisServer {
