@@ -169,6 +169,8 @@ pub(super) struct Conn {
     /// `Some` once the server turned out to be a cluster node (or several hosts were given
     /// and `CLUSTER SLOTS` answered).
     pub(super) cluster: Option<SlotMap>,
+    /// Every host of the URL was found to be a node of that cluster.
+    pub(super) seeds_checked: bool,
     /// Why the current call is waiting for the cluster to settle (reported if time runs out).
     pub(super) settling: Option<RedisError>,
     dirty: bool,
@@ -210,6 +212,7 @@ impl Conn {
             nodes,
             home: 0,
             cluster: None,
+            seeds_checked: false,
             settling: None,
             dirty: false,
             last_send: None,

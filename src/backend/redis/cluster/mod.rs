@@ -23,6 +23,7 @@
 mod admin;
 mod map;
 mod route;
+mod seeds;
 mod slot;
 
 pub(super) use admin::{check_details, masters};

@@ -166,6 +166,10 @@ impl Conn {
                     })?;
                     self.cluster = Some(map);
                     self.home = index;
+                    if self.seeds > 1 && !self.seeds_checked {
+                        self.check_seeds(index).await?;
+                        self.seeds_checked = true;
+                    }
                     return Ok(true);
                 }
                 // One host whose answer is an error (an ACL that denies CLUSTER, say): it is
