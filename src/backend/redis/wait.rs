@@ -27,7 +27,10 @@ const ACQUIRE_ATTEMPTS: u32 = 3;
 /// How long a waiter keeps its place in line after its last heartbeat: a waiter killed with
 /// SIGKILL holds up a freed lock at most this long, whatever `--ttl` is.
 pub(super) const WAITER_LEASE: Duration = Duration::from_secs(2);
-/// How often a waiter heartbeats (and re-checks); well inside [`WAITER_LEASE`].
+/// How often a waiter heartbeats (and re-checks): a quarter of [`WAITER_LEASE`], so that three
+/// heartbeats in a row can be late or lost (a busy machine, a dropped connection) before the
+/// waiter loses its place; also how late a lost wake-up is noticed. With a short `--ttl` it is
+/// `--ttl`/3 instead (see [`Waiter::start`]).
 pub(super) const WAITER_HEARTBEAT: Duration = Duration::from_millis(500);
 /// The pause between two acquire calls that met a settling cluster (each call already waited
 /// out the cluster within its budget, pausing up to 200 ms at a time): the same spacing.
@@ -103,7 +106,8 @@ impl<'a> Waiter<'a> {
         let meta =
             serde_json::to_string(&request.holder).map_err(|e| Error::Internal(e.to_string()))?;
         // Waiters heartbeat (and re-check) often, whatever the TTL: a killed waiter drops out
-        // of the queue WAITER_LEASE after its last heartbeat.
+        // of the queue WAITER_LEASE after its last heartbeat. The 10 ms floor only matters for
+        // a --ttl under 30 ms: a heartbeat more often than that would be all the waiter does.
         let heartbeat = (request.ttl / 3)
             .min(WAITER_HEARTBEAT)
             .max(Duration::from_millis(10));
@@ -198,6 +202,8 @@ impl<'a> Waiter<'a> {
                         "acquire attempt {attempt} failed: {}; retrying",
                         failure.describe()
                     );
+                    // 50 ms, then 100 ms: a dropped connection is re-opened at once, and a
+                    // server that is restarting gets a moment; --wait bounds it all.
                     tokio::time::sleep(Duration::from_millis(50 * u64::from(attempt))).await;
                 }
                 Err(failure) => {
@@ -306,7 +312,9 @@ impl<'a> Waiter<'a> {
     ) -> Result<(), Stop> {
         let mut block = self.heartbeat;
         if hint >= 0 {
-            // The head of the queue re-checks when a holder's lease would run out.
+            // The head of the queue re-checks when a holder's lease would run out: 5 ms after
+            // it, as the server counts in whole milliseconds and a re-check just before the
+            // deadline would find the holder still live.
             block = block.min(Duration::from_millis(hint as u64 + 5));
         }
         if let Some(deadline) = self.deadline {
