@@ -67,10 +67,9 @@ impl Members {
             .iter()
             .filter_map(|(h, p)| h.parse::<IpAddr>().ok().map(|ip| (ip.to_canonical(), *p)))
             .collect();
-        let found = resolved
+        resolved
             .into_iter()
-            .any(|a| listed.contains(&(a.ip().to_canonical(), a.port())));
-        found
+            .any(|a| listed.contains(&(a.ip().to_canonical(), a.port())))
     }
 }
 
