@@ -161,6 +161,7 @@ impl Backend for RedisBackend {
                     if theirs != 0 {
                         ticket = theirs;
                     }
+                    waiter.saw(live, ahead);
                     (hint, ahead, live)
                 }
                 refused => {

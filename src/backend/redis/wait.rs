@@ -77,6 +77,8 @@ pub(super) struct Waiter<'a> {
     meta: String,
     ttl_ms: String,
     heartbeat: Duration,
+    /// Live holders and waiters ahead of us, as the last acquire reply said.
+    last: std::cell::Cell<(i64, i64)>,
 }
 
 impl<'a> Waiter<'a> {
@@ -124,6 +126,7 @@ impl<'a> Waiter<'a> {
             meta,
             ttl_ms: millis(request.ttl),
             heartbeat,
+            last: std::cell::Cell::new((1, 0)),
         };
         Ok((waiter, conn))
     }
@@ -207,7 +210,16 @@ impl<'a> Waiter<'a> {
                     tokio::time::sleep(Duration::from_millis(50 * u64::from(attempt))).await;
                 }
                 Err(failure) => {
-                    let error = if failure.is_timeout() && passed(self.answer_by) {
+                    let error = if failure.is_timeout() && passed(self.answer_by) && ticket != 0 {
+                        // The server answered all along the wait: only the last check at the
+                        // deadline was late. Not acquired, for the reason it last gave.
+                        let (live, ahead) = self.last.get();
+                        not_acquired(
+                            &self.request.name,
+                            &self.reason(live, ahead, ""),
+                            self.request.wait,
+                        )
+                    } else if failure.is_timeout() && passed(self.answer_by) {
                         Error::Unavailable(format!(
                             "no answer from {} within {}",
                             self.backend.display, self.within
@@ -352,12 +364,22 @@ impl<'a> Waiter<'a> {
     /// Why the lock was not ours, from the last acquire reply: held, or free (or not full)
     /// with waiters ahead of us in line.
     pub(super) async fn busy_reason(&self, conn: &mut Conn, live: i64, ahead: i64) -> String {
-        let limit = i64::from(self.request.limit);
         let holders = if live > 0 {
             self.describe_holders(conn).await
         } else {
             String::new()
         };
+        self.reason(live, ahead, &holders)
+    }
+
+    /// What the last acquire reply said: `live` holders, `ahead` waiters before us.
+    pub(super) fn saw(&self, live: i64, ahead: i64) {
+        self.last.set((live, ahead));
+    }
+
+    /// The reason of [`Waiter::busy_reason`], with `holders` already described.
+    fn reason(&self, live: i64, ahead: i64, holders: &str) -> String {
+        let limit = i64::from(self.request.limit);
         if live >= limit {
             let queue = crate::wording::waiting_ahead_text(ahead.max(0) as usize);
             return format!("is held{holders}{queue}");
