@@ -104,6 +104,11 @@ impl RedisServer {
     pub fn command(&self, command: &str) -> String {
         redis_command(self.port, command).expect("redis command")
     }
+
+    /// The server's pid (to stop and continue it).
+    pub fn pid(&self) -> i32 {
+        self.child.as_ref().map_or(0, |c| c.id() as i32)
+    }
 }
 
 impl Drop for RedisServer {
@@ -215,4 +220,54 @@ pub fn stored_keys(cli: impl Fn(&[&str]) -> String) -> String {
         text.push_str(&cli(&args));
     }
     text
+}
+
+/// One `redis-server --sentinel` on a free loopback port, watching a master called `name`
+/// at `master_port` (it need not be up); killed on drop. For what dlock says when it is given
+/// a sentinel as if it were a Redis server.
+pub struct LoneSentinel {
+    pub port: u16,
+    _dir: tempfile::TempDir,
+    child: Child,
+}
+
+impl LoneSentinel {
+    pub fn start(name: &str, master_port: u16) -> LoneSentinel {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let config = dir.path().join("sentinel.conf");
+        std::fs::write(
+            &config,
+            format!("sentinel monitor {name} 127.0.0.1 {master_port} 1\n"),
+        )
+        .expect("sentinel.conf");
+        let port = free_port();
+        let log = dir.path().join("sentinel.log");
+        let file = std::fs::File::create(&log).expect("log file");
+        let child = Command::new(server_binary("redis-server", "redis-server"))
+            .arg(&config)
+            .arg("--sentinel")
+            .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
+            .args(["--dir", &dir.path().display().to_string()])
+            .stdin(Stdio::null())
+            .stdout(file.try_clone().expect("log"))
+            .stderr(file)
+            .spawn()
+            .expect("start redis-server --sentinel");
+        let sentinel = LoneSentinel {
+            port,
+            _dir: dir,
+            child,
+        };
+        wait_until("the sentinel ready", PATIENCE, || {
+            std::fs::read_to_string(&log).is_ok_and(|l| l.contains("+monitor master"))
+        });
+        sentinel
+    }
+}
+
+impl Drop for LoneSentinel {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }

@@ -14,6 +14,7 @@ use crate::lock::{CheckReport, Holder, LockName, LockStatus};
 
 use super::cluster;
 use super::conn::{Conn, OP_TIMEOUT};
+use super::role;
 use super::scripts::{
     bad_data, holder_of, int_of, millis, older_holder, parse_status, text_of, tokens_at, wake_call,
     LockScript, FORCE, STATUS,
@@ -285,9 +286,21 @@ async fn server_info(
     let version = field("redis_version");
     let mode = field("redis_mode");
     if mode == "sentinel" {
-        return Err(Error::Config(format!(
-            "{display} is a Sentinel, not a Redis master; point --url at the master"
-        )));
+        let names = conn.sentinel_names(OP_TIMEOUT).await.unwrap_or_default();
+        let addr = conn
+            .nodes
+            .get(conn.home)
+            .and_then(|n| n.addr.as_ref())
+            .map_or_else(
+                || "HOST:PORT".to_owned(),
+                |(h, p)| crate::backend::url::join_host_port(h, *p),
+            );
+        return Err(role::sentinel_given(
+            display,
+            &addr,
+            conn.setup.tls(),
+            &names,
+        ));
     }
     if clustered {
         return Ok((version, mode));
@@ -296,11 +309,18 @@ async fn server_info(
         .query(&redis::cmd("ROLE"), OP_TIMEOUT)
         .await
         .map_err(|f| f.into_error(display))?;
-    if let Some(Value::BulkString(role)) = role.first() {
-        if role != b"master" {
-            return Err(Error::Config(format!(
-                "{display} is a read-only replica; locks must be taken on the master"
-            )));
+    if let Some(Value::BulkString(kind)) = role.first() {
+        if kind != b"master" {
+            let master = match (role.get(1), role.get(2)) {
+                (Some(Value::BulkString(host)), Some(Value::Int(port))) => {
+                    crate::backend::url::join_host_port(
+                        &String::from_utf8_lossy(host),
+                        u16::try_from(*port).unwrap_or(0),
+                    )
+                }
+                _ => "its master".to_owned(),
+            };
+            return Err(role::replica_of(display, &master));
         }
     }
     Ok((version, mode))

@@ -18,6 +18,7 @@ use redis::{
     RedisConnectionInfo, RedisError, ServerErrorKind, TlsCertificates,
 };
 
+use crate::clock::BootInstant;
 use crate::error::Error;
 
 pub(super) use super::failure::{classify, Failure};
@@ -81,6 +82,11 @@ impl Setup {
 
     pub(super) fn display(&self) -> &str {
         &self.display
+    }
+
+    /// Over TLS (`rediss://`).
+    pub(super) fn tls(&self) -> bool {
+        self.tls.is_some()
     }
 
     /// A client for one node (a host and port; TLS when the URL said `rediss://`).
@@ -163,9 +169,14 @@ pub(super) struct Conn {
     /// `Some` once the server turned out to be a cluster node (or several hosts were given
     /// and `CLUSTER SLOTS` answered).
     pub(super) cluster: Option<SlotMap>,
+    /// Every host of the URL was found to be a node of that cluster.
+    pub(super) seeds_checked: bool,
     /// Why the current call is waiting for the cluster to settle (reported if time runs out).
     pub(super) settling: Option<RedisError>,
     dirty: bool,
+    /// When the current call last sent its request (a redirected or settling call sends it
+    /// more than once): its reply describes the server after this instant.
+    pub(super) last_send: Option<BootInstant>,
     /// Behind Sentinel: where to connect is asked anew at every (re)connect (node 0 is then
     /// the master they named, never one of the URL's hosts, which are the sentinels).
     pub(super) sentinel: Option<Locator>,
@@ -201,8 +212,10 @@ impl Conn {
             nodes,
             home: 0,
             cluster: None,
+            seeds_checked: false,
             settling: None,
             dirty: false,
+            last_send: None,
             sentinel: Locator::new(target, display)?,
         })
     }
@@ -275,6 +288,7 @@ impl Conn {
         request: &Request<'_>,
         asking: bool,
     ) -> Result<T, RedisError> {
+        self.last_send = Some(BootInstant::now());
         let connection = self.open(index).await?;
         let result = match request {
             Request::Command(command, _) => send(connection, command, asking).await,
@@ -299,6 +313,7 @@ impl Conn {
     /// counts as dirty until its reply is in (the future may be dropped by a caller's timeout).
     fn begin(&mut self) {
         self.settling = None;
+        self.last_send = None;
         if std::mem::replace(&mut self.dirty, true) {
             self.drop_connections();
         }
@@ -353,12 +368,19 @@ impl Conn {
         budget: Duration,
     ) -> Result<T, Failure> {
         self.begin();
+        let started = BootInstant::now();
         let outcome = tokio::time::timeout(budget, async {
             self.locate().await?;
             self.send_routed(&request).await
         })
         .await;
-        self.finish(outcome, budget)
+        match self.finish(outcome, budget) {
+            Err(failure) => {
+                let left = budget.saturating_sub(BootInstant::now().saturating_since(started));
+                Err(self.explain(failure, left).await)
+            }
+            done => done,
+        }
     }
 
     /// One command on node `index` only (no redirections), within `budget`.

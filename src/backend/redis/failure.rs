@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use redis::{ErrorKind, RedisError};
+use redis::{ErrorKind, RedisError, ServerErrorKind};
 
 use crate::error::Error;
 
@@ -30,6 +30,22 @@ impl Failure {
             }
             Failure::Refused(_) => false,
             Failure::Sentinel(e) => matches!(e, Error::Unavailable(_)),
+        }
+    }
+
+    /// A Redis Cluster in the middle of a slot migration or a failover (`TRYAGAIN`,
+    /// `CLUSTERDOWN`, redirections back and forth): the cluster answers, and the same request
+    /// gets through once it settles.
+    pub(super) fn is_settling(&self) -> bool {
+        match self {
+            Failure::Redis(e) => {
+                super::cluster::in_transition(e)
+                    || matches!(
+                        e.kind(),
+                        ErrorKind::Server(ServerErrorKind::Moved | ServerErrorKind::Ask)
+                    )
+            }
+            _ => false,
         }
     }
 

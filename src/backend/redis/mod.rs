@@ -41,7 +41,8 @@
 //! The parts: `conn.rs` (connecting, bounded calls), `failure.rs` (error classes), `keys.rs`
 //! (the key layout), `scripts.rs` (the scripts and what their replies say), `wait.rs` (the
 //! waiting protocol of one acquisition), `lease.rs` (the held lock and its renewer), `admin.rs`
-//! (status, list, release --force, check), [`target`] (the URL), `cluster/` (Redis Cluster:
+//! (status, list, release --force, check), `role.rs` (refusing a replica or a Sentinel given as
+//! `redis://`), [`target`] (the URL), `cluster/` (Redis Cluster:
 //! routing each call to its slot's master), [`sentinel`] (Redis behind Sentinel: the master
 //! located through the sentinels at every connect and confirmed at every renewal).
 
@@ -51,6 +52,7 @@ mod conn;
 mod failure;
 mod keys;
 mod lease;
+mod role;
 mod scripts;
 pub mod sentinel;
 pub mod target;
@@ -161,6 +163,7 @@ impl Backend for RedisBackend {
                     if theirs != 0 {
                         ticket = theirs;
                     }
+                    waiter.saw(live, ahead);
                     (hint, ahead, live)
                 }
                 refused => {

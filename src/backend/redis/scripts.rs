@@ -27,16 +27,28 @@ use super::cluster::slot_of;
 use super::conn::{Conn, Failure};
 use super::keys::Keys;
 
-pub(super) static ACQUIRE: LazyLock<LockScript> =
-    LazyLock::new(|| LockScript::new(include_str!("scripts/acquire.lua")));
+pub(super) static ACQUIRE: LazyLock<LockScript> = LazyLock::new(|| {
+    LockScript::new(concat!(
+        include_str!("scripts/master.lua"),
+        include_str!("scripts/acquire.lua")
+    ))
+});
 pub(super) static RELEASE: LazyLock<LockScript> =
     LazyLock::new(|| LockScript::new(include_str!("scripts/release.lua")));
 pub(super) static RENEW: LazyLock<LockScript> =
     LazyLock::new(|| LockScript::new(include_str!("scripts/renew.lua")));
-pub(super) static STATUS: LazyLock<LockScript> =
-    LazyLock::new(|| LockScript::new(include_str!("scripts/status.lua")));
-pub(super) static FORCE: LazyLock<LockScript> =
-    LazyLock::new(|| LockScript::new(include_str!("scripts/force.lua")));
+pub(super) static STATUS: LazyLock<LockScript> = LazyLock::new(|| {
+    LockScript::new(concat!(
+        include_str!("scripts/master.lua"),
+        include_str!("scripts/status.lua")
+    ))
+});
+pub(super) static FORCE: LazyLock<LockScript> = LazyLock::new(|| {
+    LockScript::new(concat!(
+        include_str!("scripts/master.lua"),
+        include_str!("scripts/force.lua")
+    ))
+});
 pub(super) static WAKE: LazyLock<LockScript> =
     LazyLock::new(|| LockScript::new(include_str!("scripts/wake.lua")));
 pub(super) static FINISH: LazyLock<LockScript> =

@@ -121,3 +121,61 @@ fn a_unix_socket_url_works() {
     assert!(out.status.success(), "{}", describe(&out));
     assert_eq!(stdout_of(&out), "redis+unix\n");
 }
+
+#[test]
+fn a_writable_replica_is_refused_with_78_naming_its_master() {
+    // A replica that takes writes would keep a lock its master never sees: one client holds
+    // through the master while another holds through the replica.
+    let master = RedisServer::start();
+    let replica = RedisServer::start_with(&[
+        "--replicaof",
+        "127.0.0.1",
+        &master.port.to_string(),
+        "--replica-read-only",
+        "no",
+    ]);
+    let env = TestEnv::new(&master);
+    let lock = lock_name("r");
+    let _holder = env.hold(&lock, &[]);
+    let via_replica = TestEnv::new(&replica);
+    let named = format!("is a replica of 127.0.0.1:{}", master.port);
+    let out = via_replica.run(["run", "--no-wait", &lock, "touch", "ran"]);
+    assert_fails(&out, 78, &named);
+    assert!(
+        stderr_of(&out).contains("redis-sentinel://"),
+        "{}",
+        describe(&out)
+    );
+    assert!(!via_replica.path("ran").exists());
+    for args in [
+        vec!["status", lock.as_str()],
+        vec!["release", "--force", lock.as_str()],
+        vec!["check"],
+    ] {
+        let out = via_replica.run(&args);
+        assert_fails(&out, 78, &named);
+    }
+    // The holder still holds on the master.
+    assert_eq!(env.run(["status", &lock]).status.code(), Some(0));
+}
+
+#[test]
+fn a_sentinel_given_as_a_redis_url_is_78_with_the_url_to_use() {
+    let sentinel = LoneSentinel::start("themaster", free_port());
+    let env = TestEnv::new(&FileServer::start());
+    let url = format!("redis://127.0.0.1:{}", sentinel.port);
+    let form = format!("redis-sentinel://127.0.0.1:{}#themaster", sentinel.port);
+    for args in [
+        vec!["run", "x", "touch", "ran"],
+        vec!["status", "x"],
+        vec!["list"],
+        vec!["release", "--force", "x"],
+        vec!["check"],
+    ] {
+        let mut all = vec![args[0], "--url", url.as_str()];
+        all.extend(&args[1..]);
+        let out = env.run(&all);
+        assert_fails(&out, 78, &form);
+    }
+    assert!(!env.path("ran").exists());
+}

@@ -166,3 +166,27 @@ fn a_password_protected_cluster_takes_the_password_as_a_standalone_server_does()
     assert!(out.status.success(), "{}", describe(&out));
     assert!(!stdout_of(&out).contains("s3cret"), "{}", describe(&out));
 }
+
+#[test]
+fn a_url_mixing_a_cluster_node_with_another_server_is_refused_naming_it() {
+    // Only the first host that answers used to be looked at: a standalone server or a
+    // sentinel after a cluster node went unnoticed until it answered first.
+    let cluster = RedisCluster::start();
+    let standalone = RedisServer::start();
+    let sentinel = LoneSentinel::start("m", free_port());
+    let mut env = TestEnv::new(&cluster);
+    let node = cluster.ports()[0];
+    for odd in [standalone.port, sentinel.port] {
+        env.url = format!("redis://127.0.0.1:{node},127.0.0.1:{odd}");
+        let named = format!("127.0.0.1:{odd} is ");
+        let out = env.run(["run", &lock_name("mixed"), "touch", "ran"]);
+        assert_fails(&out, 78, &named);
+        let out = env.run(["check"]);
+        assert_fails(&out, 78, &named);
+    }
+    assert!(!env.path("ran").exists());
+    // The cluster's own nodes, however many, are fine.
+    env.url = format!("redis://127.0.0.1:{node},localhost:{}", cluster.ports()[1]);
+    let out = env.run(["run", &lock_name("nodes"), "touch", "ran"]);
+    assert!(out.status.success(), "{}", describe(&out));
+}

@@ -10,7 +10,10 @@
 //! Slot migration (`redis-cli --cluster reshard`): while a slot moves, a script whose keys are
 //! not all on one side gets `TRYAGAIN` (asked again after a pause), a script whose keys have
 //! all moved gets `ASK` (sent once to the importing node after `ASKING`), and after the
-//! migration `MOVED` (remembered). A waiter blocked in `BLPOP` on the old master is unblocked
+//! migration `MOVED` (remembered). A script that declares a key the slot does not hold (an
+//! empty mailbox) meets `TRYAGAIN`, or `ASK` then `TRYAGAIN`, until the migration ends: the
+//! pauses back off to 200 ms and last as long as the call's budget, and a waiter asks again
+//! until `--wait` runs out. A waiter blocked in `BLPOP` on the old master is unblocked
 //! with `MOVED` and blocks again on the new one. Master failover: the connection to the dead
 //! master fails; the slot table is read again from the other nodes until the promoted replica
 //! serves the slot (`CLUSTERDOWN` meanwhile is waited out, bounded by the call's budget).
@@ -23,6 +26,7 @@
 mod admin;
 mod map;
 mod route;
+mod seeds;
 mod slot;
 
 pub(super) use admin::{check_details, masters};

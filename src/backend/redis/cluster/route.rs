@@ -15,12 +15,21 @@ use crate::error::Error;
 use super::map::{parse_node, NodeAddr, SlotMap};
 use crate::backend::redis::conn::{Conn, Failure, Node, Request};
 
-/// Redirections one call follows before it gives up (a slot moves once per migration).
+/// Redirections one call follows in a row before it pauses as for a migration: a slot moves
+/// once per migration, so more in a row means the nodes disagree for a moment (between the
+/// `SETSLOT … NODE` of a migration's last step, or an `ASK` answered by `TRYAGAIN`).
 const MAX_REDIRECTS: u32 = 16;
-/// Waits for a migration or failover to settle within one call (the budget bounds it too).
-const MAX_SETTLE: u32 = 100;
-/// The pause before asking again while a migration or a failover settles.
-const SETTLE_PAUSE: Duration = Duration::from_millis(50);
+/// Pauses within one call while a migration or failover settles (the call's budget bounds
+/// them in time: `--wait`, the keeper's attempt, or `OP_TIMEOUT`).
+const MAX_SETTLE: u32 = 1000;
+/// The first pause before asking again while a migration or a failover settles; it doubles up
+/// to [`SETTLE_PAUSE_MAX`]. Not derived from the lease: it only spaces out questions to a
+/// cluster that has said "not now", and the call's budget (which is derived) ends the wait.
+const SETTLE_PAUSE_FIRST: Duration = Duration::from_millis(20);
+/// The longest pause between two questions while the cluster settles: once the migration
+/// ends, a waiter or a release gets through within this (a hand-off is late by at most this),
+/// and a cluster that keeps saying "not now" for seconds is asked 5 times a second.
+const SETTLE_PAUSE_MAX: Duration = Duration::from_millis(200);
 
 impl Conn {
     /// Send `request` to its slot's master, following the cluster.
@@ -30,6 +39,7 @@ impl Conn {
     ) -> Result<T, Failure> {
         let slot = request.slot();
         let (mut redirects, mut settles) = (0, 0);
+        let mut pause = SETTLE_PAUSE_FIRST;
         let mut ask: Option<usize> = None;
         loop {
             let asking = ask.is_some();
@@ -44,12 +54,11 @@ impl Conn {
             let redirect = error
                 .redirect_node()
                 .and_then(|(node, s)| parse_node(node).map(|node| (node, s)));
-            match (error.kind(), redirect) {
+            let settle = match (error.kind(), redirect) {
                 (
                     ErrorKind::Server(kind @ (ServerErrorKind::Moved | ServerErrorKind::Ask)),
                     Some((node, s)),
-                ) if redirects < MAX_REDIRECTS => {
-                    redirects += 1;
+                ) => {
                     let target = self.index_of(&node).map_err(Failure::Refused)?;
                     let map = self.cluster.get_or_insert_with(SlotMap::default);
                     if kind == ServerErrorKind::Moved {
@@ -57,28 +66,62 @@ impl Conn {
                     } else {
                         ask = Some(target);
                     }
+                    redirects += 1;
+                    // Redirected back and forth: the nodes disagree while a migration
+                    // finishes; ask again after a pause.
+                    redirects > MAX_REDIRECTS
                 }
-                _ if settles < MAX_SETTLE && in_transition(&error) => {
-                    settles += 1;
-                    self.settling = Some(error);
-                    tokio::time::sleep(SETTLE_PAUSE).await;
-                }
-                _ if settles < MAX_SETTLE && self.cluster.is_some() && lost_node(&error) => {
+                _ if in_transition(&error) => true,
+                _ if self.cluster.is_some() && lost_node(&error) => {
                     // The master died or is being replaced: ask the others who serves it now.
-                    settles += 1;
                     tracing::debug!(
                         "cluster node did not answer ({error}); re-reading the slot table"
                     );
                     if let (Some(slot), Some(map)) = (slot, self.cluster.as_mut()) {
                         map.forget(slot);
                     }
-                    self.settling = Some(error);
-                    tokio::time::sleep(SETTLE_PAUSE).await;
+                    self.settle(error, &mut pause).await;
                     let _ = self.discover(Some(index)).await;
+                    settles += 1;
+                    if settles >= MAX_SETTLE {
+                        return Err(self.settled_out());
+                    }
+                    continue;
                 }
                 _ => return Err(Failure::Redis(error)),
+            };
+            if settle {
+                if settles >= MAX_SETTLE {
+                    return Err(Failure::Redis(error));
+                }
+                settles += 1;
+                redirects = 0;
+                ask = None;
+                self.settle(error, &mut pause).await;
             }
         }
+    }
+
+    /// Wait out a migration or a failover (`error`: what the cluster said, reported if the
+    /// call runs out of time): one pause, each twice as long as the one before, up to
+    /// [`SETTLE_PAUSE_MAX`].
+    async fn settle(&mut self, error: RedisError, pause: &mut Duration) {
+        self.settling = Some(error);
+        tokio::time::sleep(*pause).await;
+        *pause = (*pause * 2).min(SETTLE_PAUSE_MAX);
+    }
+
+    /// The call gave up after [`MAX_SETTLE`] pauses: what the cluster said last.
+    fn settled_out(&mut self) -> Failure {
+        self.settling.take().map_or_else(
+            || {
+                Failure::Redis(RedisError::from((
+                    ErrorKind::Io,
+                    "no cluster node answered",
+                )))
+            },
+            Failure::Redis,
+        )
     }
 
     /// The node for `slot`: its master when known, else the node at hand. With several hosts
@@ -123,6 +166,10 @@ impl Conn {
                     })?;
                     self.cluster = Some(map);
                     self.home = index;
+                    if self.seeds > 1 && !self.seeds_checked {
+                        self.check_seeds(index).await?;
+                        self.seeds_checked = true;
+                    }
                     return Ok(true);
                 }
                 // One host whose answer is an error (an ACL that denies CLUSTER, say): it is

@@ -86,11 +86,22 @@ if old > 0 then
   if p >= 0 and (soonest < 0 or p < soonest) then soonest = p end
 end
 
--- 3. purge waiters whose heartbeat deadline passed (killed, crashed), at most 100 per call
+-- 3. purge waiters whose heartbeat deadline passed (killed, crashed), at most 100 per call,
+-- and places in line at the head of the queue with no heartbeat at all (no dlock writes one
+-- without the other: written by hand, or half of it lost): they would never lapse
 local purged = 0
 for _, w in ipairs(redis.call('ZRANGEBYSCORE', KEYS[5], '-inf', '(' .. now, 'LIMIT', 0, 100)) do
   redis.call('ZREM', KEYS[4], w); redis.call('ZREM', KEYS[5], w)
   purged = purged + 1
+end
+for _ = 1, 100 do
+  local dropped = false
+  for _, w in ipairs(redis.call('ZRANGE', KEYS[4], 0, limit - 1)) do
+    if w ~= tok and not redis.call('ZSCORE', KEYS[5], w) then
+      redis.call('ZREM', KEYS[4], w); purged = purged + 1; dropped = true
+    end
+  end
+  if not dropped then break end
 end
 
 -- 4. my place in line (newcomers line up behind everyone)
