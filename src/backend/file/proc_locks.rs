@@ -181,4 +181,67 @@ mod tests {
         assert_eq!(locks.holder(key(&file), Some(pid)), Some(pid));
         assert_eq!(locks.holder(key(&other), Some(pid)), None);
     }
+
+    /// A lock held while hundreds of unrelated flock(2) locks are taken and released ahead
+    /// of it in the kernel's table is seen by every read.
+    #[test]
+    fn held_lock_is_seen_while_other_locks_churn() {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::fs::MetadataExt;
+        use std::sync::atomic::{AtomicBool, Ordering};
+        use std::sync::Arc;
+        use std::time::{Duration, Instant};
+        let dir = tempfile::tempdir().expect("temp dir");
+        let open = |name: String| std::fs::File::create(dir.path().join(name)).expect("create");
+        let lock = |file: &std::fs::File, op| {
+            // SAFETY: flock on a descriptor this test owns.
+            assert_eq!(unsafe { libc::flock(file.as_raw_fd(), op) }, 0);
+        };
+        let ours = open("ours".into());
+        lock(&ours, libc::LOCK_EX);
+        let meta = ours.metadata().expect("stat");
+        let key = (meta.dev(), meta.ino());
+        // Newer locks are listed ahead of older ones: these push ours pages deep.
+        let held: Vec<std::fs::File> = (0..300).map(|i| open(format!("held-{i}"))).collect();
+        for file in &held {
+            lock(file, libc::LOCK_EX | libc::LOCK_NB);
+        }
+        let stop = Arc::new(AtomicBool::new(false));
+        let churners: Vec<_> = (0..3)
+            .map(|t| {
+                let files: Vec<std::fs::File> =
+                    (0..40).map(|i| open(format!("churn-{t}-{i}"))).collect();
+                let stop = Arc::clone(&stop);
+                std::thread::spawn(move || {
+                    let started = Instant::now();
+                    while !stop.load(Ordering::Relaxed)
+                        && started.elapsed() < Duration::from_secs(60)
+                    {
+                        for file in &files {
+                            lock(file, libc::LOCK_EX | libc::LOCK_NB);
+                        }
+                        for file in &files {
+                            lock(file, libc::LOCK_UN);
+                        }
+                    }
+                })
+            })
+            .collect();
+        let pid = std::process::id();
+        let keys = HashSet::from([key]);
+        let started = Instant::now();
+        let (mut reads, mut missed) = (0, 0);
+        while reads < 3000 && started.elapsed() < Duration::from_secs(30) {
+            reads += 1;
+            match ProcLocks::read(&keys) {
+                Ok(locks) if locks.holder(key, Some(pid)) == Some(pid) => {}
+                _ => missed += 1,
+            }
+        }
+        stop.store(true, Ordering::Relaxed);
+        for churner in churners {
+            let _ = churner.join();
+        }
+        assert_eq!(missed, 0, "{missed} of {reads} reads missed a held lock");
+    }
 }
