@@ -91,7 +91,7 @@ impl Drop for Churn {
 
 /// Holders under test: each record sits on a page boundary of the table now and then, so
 /// more of them make a skipped record likelier in each answer.
-const HOLDERS: usize = 16;
+const HOLDERS: usize = 32;
 /// How many times each question is asked while the table churns (bounded in time too).
 const TRIES: usize = 60;
 const TRYING: Duration = Duration::from_secs(90);
