@@ -3,6 +3,7 @@
 //! are read from `/proc/locks`; their recorded metadata is believed only while the same pid
 //! holds the file.
 
+use std::collections::HashSet;
 use std::os::unix::fs::MetadataExt;
 
 use super::dir::LockDir;
@@ -17,14 +18,25 @@ use crate::lock::{CheckReport, Holder, HolderStatus, LockName, LockStatus};
 
 /// The holders and waiters of `name`, and the last token handed out for it.
 pub(super) fn status(backend: &FileBackend, name: &LockName) -> Result<LockStatus, Error> {
-    let locks = ProcLocks::read()?;
     match backend.existing_dir()? {
-        Some(dir) => status_of(&dir, name, &locks),
+        Some(dir) => {
+            let locks = ProcLocks::read(&slot_keys(&dir, name)?)?;
+            status_of(&dir, name, &locks)
+        }
         None => {
+            ProcLocks::read(&HashSet::new())?;
             missing_dir(backend);
             Ok(free(name))
         }
     }
+}
+
+/// The files (device, inode) of `name`'s slots.
+fn slot_keys(dir: &LockDir, name: &LockName) -> Result<HashSet<(u64, u64)>, Error> {
+    Ok(existing_slots(dir, name)?
+        .iter()
+        .filter_map(|(_, file_name)| dir.identity(file_name).ok().flatten())
+        .collect())
 }
 
 /// Say that the lock directory does not exist (a mistyped `--url` would otherwise read as
@@ -39,11 +51,18 @@ fn missing_dir(backend: &FileBackend) {
 /// Held locks, by name. A lock whose files cannot be trusted is reported on stderr and left
 /// out, so that one planted file cannot hide the others.
 pub(super) async fn list(backend: &FileBackend) -> Result<Vec<LockStatus>, Error> {
-    let locks = ProcLocks::read()?;
     let Some(dir) = backend.existing_dir()? else {
+        ProcLocks::read(&HashSet::new())?;
         missing_dir(backend);
         return Ok(Vec::new());
     };
+    let keys = dir
+        .entries()?
+        .iter()
+        .filter(|entry| split_file_name(entry).is_some())
+        .filter_map(|entry| dir.identity(entry).ok().flatten())
+        .collect();
+    let locks = ProcLocks::read(&keys)?;
     let names = held_names(&dir, &locks)?;
     list_held(names, async |name: &LockName| {
         match status_of(&dir, name, &locks) {
@@ -67,16 +86,20 @@ fn held_names(dir: &LockDir, locks: &ProcLocks) -> Result<Vec<LockName>, Error> 
         let Ok(Some(key)) = dir.identity(&entry) else {
             continue;
         };
-        if !locks.holders.contains_key(&key) {
+        let record = dir
+            .read_lock_file(&entry)
+            .ok()
+            .flatten()
+            .and_then(|file| read_contents(file).1);
+        if locks
+            .holder(key, record.as_ref().map(|r| r.holder.pid))
+            .is_none()
+        {
             continue;
         }
         // The name is in the metadata; decode the file name when the holder has not
         // written it yet (or the file is not one to read: status_of reports that).
-        let name = dir
-            .read_lock_file(&entry)
-            .ok()
-            .flatten()
-            .and_then(|file| read_contents(file).1)
+        let name = record
             .map(|record| record.holder.name)
             .or_else(|| crate::lock::decode_component(entry_stem));
         if let Some(name) = name.and_then(|n| LockName::new(&n).ok()) {
@@ -139,7 +162,7 @@ pub(super) fn check(backend: &FileBackend) -> Result<CheckReport, Error> {
         Some(t) => format!("0x{:x}", t.0),
         None => "unknown".to_owned(),
     };
-    if ProcLocks::read().is_err() {
+    if !ProcLocks::readable() {
         warnings.push("/proc/locks is not readable: status and list cannot see holders".to_owned());
     }
     let kernel = nix::sys::utsname::uname()
@@ -165,7 +188,10 @@ pub(super) fn check(backend: &FileBackend) -> Result<CheckReport, Error> {
 /// "is held by pid N on host (…) for T[, N waiting ahead]" for the message of a busy lock
 /// ("is held" when it cannot tell who holds it).
 pub(super) fn describe_holders(dir: &LockDir, name: &LockName) -> String {
-    match ProcLocks::read().and_then(|locks| status_of(dir, name, &locks)) {
+    let status = slot_keys(dir, name)
+        .and_then(|keys| ProcLocks::read(&keys))
+        .and_then(|locks| status_of(dir, name, &locks));
+    match status {
         Ok(status) if status.held => {
             let holders: Vec<Holder> = status.holders.into_iter().map(|h| h.holder).collect();
             // Called before our own wait starts (--no-wait) or after it ended (--wait).
@@ -196,7 +222,7 @@ fn status_of(dir: &LockDir, name: &LockName, locks: &ProcLocks) -> Result<LockSt
             last_token = header.filter(|t| *t > 0);
         }
         waiters.extend(locks.waiters.get(&key).into_iter().flatten());
-        if let Some(&pid) = locks.holders.get(&key) {
+        if let Some(pid) = locks.holder(key, holder.as_ref().map(|h| h.pid)) {
             let holder = holder.filter(|h| h.pid == pid).unwrap_or_else(|| Holder {
                 name: name.to_string(),
                 pid,

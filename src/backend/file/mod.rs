@@ -300,7 +300,7 @@ fn start_hold(
 
 /// Refuse to hold a lock beside holders that use another `--limit` (all holders must agree
 /// on N), as the other backends do. Each holder records its limit in its record, believed
-/// while `/proc/locks` shows its pid holding the file. Slot files are created in order and
+/// while the kernel shows its pid holding the file (`proc_locks.rs`). Slot files are created in order and
 /// never removed, so the probe stops at the first missing one: for a plain lock it costs one
 /// `stat`. `own`: the slot we hold, if any.
 fn check_limits(
@@ -320,23 +320,27 @@ fn check_limits(
     if others.is_empty() {
         return Ok(());
     }
-    let locks = match ProcLocks::read() {
+    let keys = others.iter().map(|(_, key)| *key).collect();
+    // Without /proc the limits cannot be compared; a table that never reads the same twice
+    // is an error, not a reason to skip the check.
+    let locks = match ProcLocks::read(&keys) {
         Ok(locks) => locks,
-        Err(e) => {
+        Err(e) if !ProcLocks::readable() => {
             tracing::debug!("cannot compare --limit with the other holders: {e}");
             return Ok(());
         }
+        Err(e) => return Err(e),
     };
     for (file_name, key) in others {
-        let Some(&pid) = locks.holders.get(&key) else {
-            continue;
-        };
         // A file that cannot be read or trusted says nothing about a limit.
         let record = dir
             .read_lock_file(&file_name)
             .ok()
             .flatten()
             .and_then(|file| read_contents(file).1);
+        let Some(pid) = locks.holder(key, record.as_ref().map(|r| r.holder.pid)) else {
+            continue;
+        };
         if let Some(record) = record.filter(|r| r.holder.pid == pid) {
             if record.limit != 0 && record.limit != request.limit {
                 return Err(limit_mismatch(&request.name, record.limit));

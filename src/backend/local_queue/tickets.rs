@@ -228,23 +228,23 @@ impl LocalQueue {
         let Some(dir) = self.open(false)? else {
             return Ok(0);
         };
-        let locks = ProcLocks::read()?;
         let prefix = format!("{}.", stem(name));
-        let mut waiting = 0;
-        for entry in dir.entries()? {
-            let Some(number) = entry
-                .strip_prefix(&prefix)
-                .and_then(|rest| rest.strip_suffix(".ticket"))
-            else {
-                continue;
-            };
-            if number.parse::<u64>().is_err() {
-                continue;
-            }
-            if let Ok(Some(key)) = dir.identity(&entry) {
-                waiting += locks.waiters.get(&key).map_or(0, |pids| pids.len() as u64);
-            }
-        }
+        let keys: std::collections::HashSet<(u64, u64)> = dir
+            .entries()?
+            .iter()
+            .filter(|entry| {
+                entry
+                    .strip_prefix(&prefix)
+                    .and_then(|rest| rest.strip_suffix(".ticket"))
+                    .is_some_and(|number| number.parse::<u64>().is_ok())
+            })
+            .filter_map(|entry| dir.identity(entry).ok().flatten())
+            .collect();
+        let locks = ProcLocks::read(&keys)?;
+        let waiting = keys
+            .iter()
+            .map(|key| locks.waiters.get(key).map_or(0, |pids| pids.len() as u64))
+            .sum();
         Ok(waiting)
     }
 }

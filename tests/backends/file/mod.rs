@@ -2,6 +2,7 @@
 //! directory, names, `--limit`; the fencing counter (`tokens`), what else may stand where a
 //! lock file should be (`special_files`), and shared directories (`shared_dirs`).
 
+mod busy_lock_table;
 mod shared_dirs;
 mod special_files;
 mod tokens;
