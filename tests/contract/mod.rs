@@ -72,6 +72,7 @@ macro_rules! contract_tests {
                 stdin_and_stdout_pass_through_untouched,
                 status_reports_holder_and_exits_0_held_1_free,
                 list_shows_held_locks,
+                every_list_shows_every_held_lock,
                 check_reports_ok,
                 conflict_line_reads_the_same_on_every_backend,
                 waiting_at_a_terminal_names_the_holder,

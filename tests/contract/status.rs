@@ -58,6 +58,34 @@ pub fn list_shows_held_locks(server: &dyn LockServer) {
     assert!(text.contains(&a) && text.contains(&b), "{text}");
 }
 
+/// `list` is complete every time, or fails: back-to-back lists, each right after the locks
+/// were read by `status` (a read that some servers' listings skip), show every held lock.
+pub fn every_list_shows_every_held_lock(server: &dyn LockServer) {
+    let env = TestEnv::new(server);
+    let locks: Vec<String> = (0..3).map(|_| lock_name("lock")).collect();
+    let _holders: Vec<Holding> = locks.iter().map(|l| env.hold(l, &[])).collect();
+    for round in 0..10 {
+        for lock in &locks {
+            assert_eq!(env.run(["status", "-q", lock]).status.code(), Some(0));
+        }
+        let out = env.run(["list", "--json"]);
+        assert!(out.status.success(), "round {round}: {}", describe(&out));
+        let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+        let names: HashSet<&str> = json
+            .as_array()
+            .expect("array")
+            .iter()
+            .filter_map(|l| l["name"].as_str())
+            .collect();
+        for lock in &locks {
+            assert!(
+                names.contains(lock.as_str()),
+                "round {round}: {lock} missing from {json}"
+            );
+        }
+    }
+}
+
 pub fn check_reports_ok(server: &dyn LockServer) {
     let env = TestEnv::new(server);
     let out = env.run(["check"]);
