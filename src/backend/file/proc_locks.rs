@@ -13,8 +13,13 @@
 //! runs):
 //!
 //! - [`ProcLocks::read`] reads the whole file again until two consecutive reads agree on
-//!   every entry for the files we ask about (a skip depends on timing, so two reads skipping
-//!   the same line are unlikely), a bounded number of times, else a clear error.
+//!   who holds the files we ask about (a skip depends on timing, so two reads skipping the
+//!   same line are unlikely), a bounded number of times, else a clear error (`status`,
+//!   `list`: complete or loud). Waiters are not compared: a contended lock's queue changes
+//!   all the time, and a waiter count is a count, not a promise.
+//! - [`ProcLocks::read_best`] is the same, but keeps the last read when no two agree: for
+//!   the `--limit` check on the way to a command and the host queue's waiter count, where
+//!   a busy table must not fail a run that the lock itself lets through.
 //! - [`ProcLocks::holder`] asks the process a lock file's record names directly when the
 //!   table shows nobody holding that file: the `lock:` lines of `/proc/<pid>/fdinfo/*` list
 //!   that process's own locks, one small file per descriptor, each read in one piece. This
@@ -43,6 +48,22 @@ impl ProcLocks {
     /// The holders and waiters of the files `keys`, from two consecutive whole reads of
     /// `/proc/locks` that agree on them. Entries for other files are left out.
     pub(crate) fn read(keys: &HashSet<(u64, u64)>) -> Result<ProcLocks, Error> {
+        match Self::reads(keys)? {
+            (locks, true) => Ok(locks),
+            (_, false) => Err(Error::Unavailable(format!(
+                "/proc/locks changed under each of {READS} reads: cannot tell who holds the \
+                 lock files; try again"
+            ))),
+        }
+    }
+
+    /// As [`ProcLocks::read`], but the last read when no two agree.
+    pub(crate) fn read_best(keys: &HashSet<(u64, u64)>) -> Result<ProcLocks, Error> {
+        Self::reads(keys).map(|(locks, _)| locks)
+    }
+
+    /// Up to [`READS`] whole reads: the first of two that agree (`true`), else the last.
+    fn reads(keys: &HashSet<(u64, u64)>) -> Result<(ProcLocks, bool), Error> {
         let mut last: Option<ProcLocks> = None;
         for _ in 0..READS {
             let text = std::fs::read_to_string("/proc/locks")
@@ -53,24 +74,23 @@ impl ProcLocks {
             for pids in locks.waiters.values_mut() {
                 pids.sort_unstable();
             }
-            if last.as_ref().is_some_and(|last| last.same_as(&locks)) {
-                return Ok(locks);
+            if last
+                .as_ref()
+                .is_some_and(|last| last.holders == locks.holders)
+            {
+                return Ok((locks, true));
             }
             last = Some(locks);
         }
-        Err(Error::Unavailable(format!(
-            "/proc/locks changed under each of {READS} reads: cannot tell who holds the lock \
-             files; try again"
-        )))
+        match last {
+            Some(locks) => Ok((locks, false)),
+            None => Err(Error::Unavailable("/proc/locks was not read".into())),
+        }
     }
 
     /// Whether `/proc/locks` can be read at all.
     pub(crate) fn readable() -> bool {
         std::fs::File::open("/proc/locks").is_ok()
-    }
-
-    fn same_as(&self, other: &ProcLocks) -> bool {
-        self.holders == other.holders && self.waiters == other.waiters
     }
 
     /// The pid holding file `key`: the table's answer, else `recorded` (the pid the file's

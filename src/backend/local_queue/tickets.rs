@@ -240,7 +240,7 @@ impl LocalQueue {
             })
             .filter_map(|entry| dir.identity(entry).ok().flatten())
             .collect();
-        let locks = ProcLocks::read(&keys)?;
+        let locks = ProcLocks::read_best(&keys)?;
         let waiting = keys
             .iter()
             .map(|key| locks.waiters.get(key).map_or(0, |pids| pids.len() as u64))
