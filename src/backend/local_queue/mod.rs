@@ -154,14 +154,22 @@ impl<B: Backend> Backend for LocalQueued<B> {
             _ => None,
         };
         let queued_for = BootInstant::now().saturating_since(started);
+        // Admitted without waiting behind another run: the time spent here was bookkeeping
+        // (long only on a busy machine), not a wait that --wait should be charged for.
+        let admitted_at_once = !local.as_ref().is_some_and(|t| t.waited);
+        let mut first_try = true;
         let remote_cancel = cancel.clone();
         let remote = capacity::wait_out(request.wait, deadline, &mut cancel, async |left| {
             let mut remote_request = request.clone();
             remote_request.likely_held = local.as_ref().is_some_and(|t| t.peer_ahead);
+            let at_once = std::mem::take(&mut first_try) && admitted_at_once;
             remote_request.wait = match left {
                 // Admitted at once: the backend's deadline is the user's, to a few
-                // milliseconds, and its messages name the --wait the user gave.
-                Wait::For(_) if BootInstant::now().saturating_since(started) < QUEUE_SLACK => {
+                // milliseconds (to the queue's bookkeeping on a busy machine), and its
+                // messages name the --wait the user gave.
+                Wait::For(_)
+                    if at_once || BootInstant::now().saturating_since(started) < QUEUE_SLACK =>
+                {
                     request.wait
                 }
                 // What the local queue (or a capacity refusal) left of the wait.

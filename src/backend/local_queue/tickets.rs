@@ -61,6 +61,9 @@ pub(super) struct Ticket {
     file: Option<File>,
     /// The ticket just before this one was still in use when this one was admitted.
     pub(super) peer_ahead: bool,
+    /// This ticket had to wait for one ahead of it (time behind other runs, which counts
+    /// against `--wait`), rather than being admitted at once.
+    pub(super) waited: bool,
 }
 
 impl Drop for Ticket {
@@ -220,6 +223,7 @@ impl LocalQueue {
             }
         };
         blocked.stop(outcome.as_ref().ok().map(|()| 0));
+        ticket.waited = true;
         outcome.map(|()| ticket)
     }
 
@@ -323,6 +327,7 @@ fn take_ticket(
             sub: queue.sub.clone(),
             file: Some(file),
             peer_ahead: false,
+            waited: false,
         },
     )))
 }
