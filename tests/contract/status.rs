@@ -41,19 +41,8 @@ pub fn list_shows_held_locks(server: &dyn LockServer) {
     let (a, b) = (lock_name("lock"), lock_name("lock"));
     let _ha = env.hold(&a, &[]);
     let _hb = env.hold(&b, &[]);
-    let out = env.run(["list", "--json"]);
-    assert!(out.status.success(), "{}", describe(&out));
-    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
-    let names: HashSet<&str> = json
-        .as_array()
-        .expect("array")
-        .iter()
-        .filter_map(|l| l["name"].as_str())
-        .collect();
-    assert!(
-        names.contains(a.as_str()) && names.contains(b.as_str()),
-        "{json}"
-    );
+    let (json, names) = listed(&env, "");
+    assert!(names.contains(&a) && names.contains(&b), "{json}");
     let text = stdout_of(&env.run(["list"]));
     assert!(text.contains(&a) && text.contains(&b), "{text}");
 }
@@ -68,22 +57,28 @@ pub fn every_list_shows_every_held_lock(server: &dyn LockServer) {
         for lock in &locks {
             assert_eq!(env.run(["status", "-q", lock]).status.code(), Some(0));
         }
-        let out = env.run(["list", "--json"]);
-        assert!(out.status.success(), "round {round}: {}", describe(&out));
-        let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
-        let names: HashSet<&str> = json
-            .as_array()
-            .expect("array")
-            .iter()
-            .filter_map(|l| l["name"].as_str())
-            .collect();
-        for lock in &locks {
-            assert!(
-                names.contains(lock.as_str()),
-                "round {round}: {lock} missing from {json}"
-            );
-        }
+        let (json, names) = listed(&env, &format!("round {round}: "));
+        let missing: Vec<&String> = locks.iter().filter(|l| !names.contains(*l)).collect();
+        assert!(
+            missing.is_empty(),
+            "round {round}: {missing:?} missing from {json}"
+        );
     }
+}
+
+/// `list --json`, which must succeed (`context` starts its failure message), and the names
+/// it lists.
+fn listed(env: &TestEnv, context: &str) -> (serde_json::Value, HashSet<String>) {
+    let out = env.run(["list", "--json"]);
+    assert!(out.status.success(), "{context}{}", describe(&out));
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let names = json
+        .as_array()
+        .expect("array")
+        .iter()
+        .filter_map(|l| l["name"].as_str().map(str::to_owned))
+        .collect();
+    (json, names)
 }
 
 pub fn check_reports_ok(server: &dyn LockServer) {
