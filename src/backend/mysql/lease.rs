@@ -26,9 +26,9 @@ use super::conn::{cell, Failure, Session};
 use super::keys::quoted;
 use super::sql::{finished_sql, server_seconds};
 use super::{MysqlBackend, CANCEL_TIMEOUT, OP_TIMEOUT};
-use crate::clock::{sleep_until, BootInstant};
+use crate::clock::BootInstant;
 use crate::error::Error;
-use crate::keeper::{Keeper, Renew, RenewError, Schedule};
+use crate::keeper::{confirm, Keeper, Renew, RenewError, Schedule};
 use crate::lock::{AcquireRequest, Holder, Lease, Lost};
 
 /// A held `GET_LOCK` lock on our own connection.
@@ -67,8 +67,13 @@ impl MysqlLease {
         };
         let mut since = granted.sent;
         if BootInstant::now().saturating_since(granted.sent) > schedule.attempt_timeout() {
-            match confirm(&mut renewer, &schedule).await {
-                Ok(sent) => since = sent,
+            // As long as the keeper's rule allows, retried: a busy machine or server delays
+            // the answer, not the hold.
+            match confirm(&mut renewer, schedule).await {
+                Ok(sent) => {
+                    tracing::debug!(target: crate::logging::HANDOFF, "confirmed");
+                    since = sent;
+                }
                 Err(why) => {
                     super::acquire::give_back(&mut *renewer.session.lock().await).await;
                     return Err(Error::Unavailable(format!(
@@ -96,46 +101,6 @@ impl MysqlLease {
             watcher: Some(watcher),
         })
     }
-}
-
-/// Confirm a grant with a heartbeat, allowed as long as the keeper's rule allows: until
-/// the point at which the keeper would give up a hold last confirmed when the first
-/// heartbeat was sent (an answer by then leaves the command stoppable before the server
-/// could end the session; a slow server on a busy machine is still an answer). A heartbeat
-/// that fails quickly is tried again within the same budget. Returns when the confirming
-/// heartbeat was sent, or why there is none.
-async fn confirm(renewer: &mut Renewer, schedule: &Schedule) -> Result<BootInstant, String> {
-    let first = BootInstant::now();
-    let give_up = schedule.give_up_at(first);
-    let mut last = String::new();
-    // Bounded: each attempt ends by give_up, and the loop ends there.
-    for _ in 0..u32::MAX {
-        let sent = BootInstant::now();
-        let bound = give_up.saturating_since(sent);
-        if bound.is_zero() {
-            break;
-        }
-        match tokio::time::timeout(bound, renewer.renew()).await {
-            Ok(Ok(_)) => {
-                tracing::debug!(target: crate::logging::HANDOFF, "confirmed");
-                return Ok(sent);
-            }
-            Ok(Err(RenewError::Gone(why))) => return Err(why),
-            Ok(Err(RenewError::Failed(why))) => last = why,
-            Err(_) => last = "no answer".into(),
-        }
-        let backoff = (schedule.ttl / 20).clamp(Duration::from_millis(50), Duration::from_secs(1));
-        sleep_until((BootInstant::now() + backoff).min(give_up)).await;
-    }
-    Err(format!(
-        "the server did not confirm it within {} (the budget --ttl {} leaves for a confirmation): {last}",
-        humantime::format_duration(round_ms(give_up.saturating_since(first))),
-        humantime::format_duration(schedule.ttl)
-    ))
-}
-
-fn round_ms(d: Duration) -> Duration {
-    Duration::from_millis(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 /// What the watcher saw.
