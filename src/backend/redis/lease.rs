@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use crate::clock::BootInstant;
 use crate::error::Error;
-use crate::keeper::{Keeper, Renew, RenewError, Schedule};
+use crate::keeper::{self, Keeper, Renew, RenewError, Schedule};
 use crate::lock::{Holder, Lease, Lost};
 
 use super::conn::{Conn, OP_TIMEOUT};
@@ -118,30 +118,24 @@ impl Renewer {
     /// round trip, a `WAIT` for replicas, a stopped process) may be near the end of its lease,
     /// or past it, which the keeper, counting from the grant, would find out only after the
     /// command started. Such a grant is confirmed by one renewal (behind Sentinel: a majority
-    /// of the sentinels names its master, then `renew.lua`), bounded by the attempt timeout,
-    /// and the lease dates from that renewal. When the lease dates from and its TTL, or why
-    /// the grant does not count.
+    /// of the sentinels names its master, then `renew.lua`), retried within the keeper's rule
+    /// ([`keeper::confirm`]), and the lease dates from that renewal. Returns when the lease
+    /// dates from and its TTL, or why the grant does not count.
     pub(super) async fn confirm_grant(
         &mut self,
         sent: BootInstant,
         ttl: Duration,
+        kill_after: Duration,
     ) -> Result<(BootInstant, Duration), String> {
-        let bound = Schedule::new(ttl, Duration::ZERO).attempt_timeout();
-        if BootInstant::now().saturating_since(sent) <= bound {
+        let schedule = Schedule::new(ttl, kill_after);
+        if BootInstant::now().saturating_since(sent) <= schedule.attempt_timeout() {
             return Ok((sent, ttl));
         }
-        let since = BootInstant::now();
-        match tokio::time::timeout(bound, self.renew()).await {
-            Ok(Ok(granted)) => {
-                tracing::debug!(target: crate::logging::HANDOFF, "confirmed");
-                Ok((since, granted))
-            }
-            Ok(Err(RenewError::Gone(why) | RenewError::Failed(why))) => Err(why),
-            Err(_) => Err(format!(
-                "the server did not confirm it within {}",
-                humantime::format_duration(bound)
-            )),
-        }
+        // As long as the keeper's rule allows, retried: a busy machine or server delays the
+        // answer, not the hold.
+        let since = keeper::confirm(self, schedule).await?;
+        tracing::debug!(target: crate::logging::HANDOFF, "confirmed");
+        Ok((since, ttl))
     }
 }
 

@@ -277,7 +277,10 @@ impl<'a> Waiter<'a> {
             ttl_ms: self.ttl_ms.clone(),
             display: display.clone(),
         };
-        let (since, granted) = match renewer.confirm_grant(sent, granted).await {
+        let (since, granted) = match renewer
+            .confirm_grant(sent, granted, self.request.kill_after)
+            .await
+        {
             Ok(confirmed) => confirmed,
             Err(why) => {
                 self.leave().await;
