@@ -1,7 +1,7 @@
 //! A private etcd cluster per test (one member, three, or one serving TLS), with `etcdctl`
 //! against it and a way to find its leader.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -43,14 +43,13 @@ impl EtcdMember {
             .append(true)
             .open(&self.log)
             .expect("etcd log");
-        let child = Command::new(binary)
+        let mut command = Command::new(binary);
+        command
             .args(&self.args)
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log"))
-            .stderr(log)
-            .spawn()
-            .expect("start etcd");
-        self.child = Some(child);
+            .stderr(log);
+        self.child = Some(spawn_server(&mut command, "etcd"));
     }
 
     pub fn stop(&mut self) {
@@ -115,6 +114,13 @@ pub struct EtcdServer {
 }
 
 impl EtcdServer {
+    /// A one-member etcd shared by every test of the run that calls this (see
+    /// `shared`), as [`EtcdServer::start`] starts it.
+    pub fn shared() -> Shared<EtcdServer> {
+        static SERVER: std::sync::OnceLock<EtcdServer> = std::sync::OnceLock::new();
+        shared(&SERVER, EtcdServer::start)
+    }
+
     pub fn start() -> EtcdServer {
         EtcdServer::cluster(1, &[])
     }
@@ -156,15 +162,7 @@ impl EtcdServer {
     fn try_build(size: usize, extra: &[&str], tls: Option<()>) -> Result<EtcdServer, String> {
         let client_scheme = if tls.is_some() { "https" } else { "http" };
         // Data on tmpfs when there is one: etcd fsyncs every write.
-        let base = if Path::new("/dev/shm").is_dir() {
-            Some("/dev/shm")
-        } else {
-            None
-        };
-        let dir = match base {
-            Some(base) => tempfile::tempdir_in(base).expect("temp dir"),
-            None => tempfile::tempdir().expect("temp dir"),
-        };
+        let dir = fast_server_dir();
         let ports: Vec<(u16, u16)> = (0..size).map(|_| (free_port(), free_port())).collect();
         let cluster: Vec<String> = ports
             .iter()

@@ -19,6 +19,7 @@ pub struct TestEnv {
     pub scratch: tempfile::TempDir,
     pub url: String,
     pub ttl: Option<&'static str>,
+    pub prefix: Option<String>,
 }
 
 impl TestEnv {
@@ -27,6 +28,7 @@ impl TestEnv {
             scratch: tempfile::tempdir().expect("temp dir"),
             url: server.url(),
             ttl: server.ttl(),
+            prefix: server.prefix(),
         }
     }
 
@@ -64,6 +66,9 @@ impl TestEnv {
             .stdin(Stdio::null());
         if let Some(ttl) = self.ttl {
             command.env("DLOCK_TTL", ttl);
+        }
+        if let Some(prefix) = &self.prefix {
+            command.env("DLOCK_PREFIX", prefix);
         }
         command
     }

@@ -37,6 +37,13 @@ pub struct MemcachedServer {
 }
 
 impl MemcachedServer {
+    /// A memcached shared by every test of the run that calls this (see
+    /// `shared`), as [`MemcachedServer::start`] starts it.
+    pub fn shared() -> Shared<MemcachedServer> {
+        static SERVER: std::sync::OnceLock<MemcachedServer> = std::sync::OnceLock::new();
+        shared(&SERVER, MemcachedServer::start)
+    }
+
     /// With `-M`: memcached answers "out of memory" instead of evicting.
     pub fn start() -> MemcachedServer {
         MemcachedServer::launch_new(false, &[])
@@ -99,13 +106,11 @@ impl MemcachedServer {
             command.arg("-M");
         }
         command.args(&self.extra);
-        let child = command
+        command
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start memcached");
-        self.child = Some(child);
+            .stderr(Stdio::null());
+        self.child = Some(spawn_server(&mut command, "memcached"));
         let port = self.port;
         // A binary-only (`-B binary`) or authenticating (`-Y`) server never answers `version`
         // in text: ready when it accepts connections.

@@ -6,6 +6,7 @@
 //!
 //! - `harness`: `TestEnv` (one test's world) and `Holding` (a running holder);
 //! - `server`: the `LockServer` and `LeaseServer` traits, and `FileServer`;
+//! - `shared`: one server of each kind for the whole run (`Shared`), torn down by a watchdog;
 //! - `process`: bounded waits, output helpers, `assert_fails`, unique names, server binaries;
 //! - `net`: free ports, a `Proxy` that black-holes or slows a link, a `SilentServer`;
 //! - `busy`: every core kept busy for a bounded time (a loaded machine);
@@ -29,6 +30,7 @@ mod redis;
 mod redis_cluster;
 mod sentinel;
 mod server;
+mod shared;
 mod zk;
 
 pub use self::busy::*;
@@ -44,4 +46,5 @@ pub use self::redis::*;
 pub use self::redis_cluster::*;
 pub use self::sentinel::*;
 pub use self::server::*;
+pub use self::shared::*;
 pub use self::zk::*;

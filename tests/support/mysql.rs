@@ -99,13 +99,20 @@ pub struct MysqlServer {
 }
 
 impl MysqlServer {
+    /// A MariaDB server shared by every test of the run that calls this (see
+    /// `shared`), as [`MysqlServer::start`] starts it.
+    pub fn shared() -> Shared<MysqlServer> {
+        static SERVER: std::sync::OnceLock<MysqlServer> = std::sync::OnceLock::new();
+        shared(&SERVER, MysqlServer::start)
+    }
+
     pub fn start() -> MysqlServer {
         MysqlServer::start_with(&[])
     }
 
     /// With more `mariadbd` options, e.g. [`MysqlServer::tls_options`].
     pub fn start_with(extra: &[&str]) -> MysqlServer {
-        let dir = tempfile::tempdir().expect("temp dir");
+        let dir = server_dir();
         let mut copy = Command::new("/bin/cp");
         copy.arg("-a")
             .arg(template().join("data"))
@@ -167,12 +174,11 @@ impl MysqlServer {
         if is_root() {
             command.arg("--user=root");
         }
-        let child = command
+        command
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn mariadbd");
+            .stderr(Stdio::null());
+        let child = spawn_server(&mut command, "mariadbd");
         let pid = child.id() as i32;
         *self.child.lock().expect("child") = Some(child);
         wait_until("mariadbd answering", Duration::from_secs(60), || {

@@ -142,13 +142,20 @@ pub struct PgServer {
 }
 
 impl PgServer {
+    /// A PostgreSQL server shared by every test of the run that calls this (see
+    /// `shared`), as [`PgServer::start`] starts it.
+    pub fn shared() -> Shared<PgServer> {
+        static SERVER: std::sync::OnceLock<PgServer> = std::sync::OnceLock::new();
+        shared(&SERVER, PgServer::start)
+    }
+
     pub fn start() -> PgServer {
         PgServer::start_with(&[])
     }
 
     /// With extra server settings, e.g. `["-c", "ssl=on"]`.
     pub fn start_with(extra: &[&str]) -> PgServer {
-        let dir = tempfile::tempdir().expect("temp dir");
+        let dir = server_dir();
         make_accessible(dir.path());
         let mut copy = pg_command(Path::new("/bin/cp"));
         copy.arg("-a")
@@ -207,6 +214,10 @@ impl PgServer {
             .args(["-w", "-t", "60", "-o", &options, "start"])
             .stdout(Stdio::null());
         run_ok(start, "pg_ctl start");
+        // `pg_ctl` starts the postmaster in a session of its own.
+        if let Some(postmaster) = self.postmaster() {
+            register_group(postmaster);
+        }
     }
 
     pub fn data(&self) -> PathBuf {

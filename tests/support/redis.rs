@@ -27,6 +27,13 @@ pub struct RedisServer {
 }
 
 impl RedisServer {
+    /// A private `redis-server` shared by every test of the run that calls this (see
+    /// `shared`), as [`RedisServer::start`] starts it.
+    pub fn shared() -> Shared<RedisServer> {
+        static SERVER: std::sync::OnceLock<RedisServer> = std::sync::OnceLock::new();
+        shared(&SERVER, RedisServer::start)
+    }
+
     pub fn start() -> RedisServer {
         RedisServer::start_with(&[])
     }
@@ -41,7 +48,7 @@ impl RedisServer {
     pub fn start_on(port: u16, extra: &[&str]) -> RedisServer {
         let mut server = RedisServer {
             port,
-            dir: tempfile::tempdir().expect("temp dir"),
+            dir: server_dir(),
             child: None,
             extra: extra.iter().map(|s| s.to_string()).collect(),
         };
@@ -52,7 +59,8 @@ impl RedisServer {
     fn launch(&mut self) {
         let binary = server_binary("redis-server", "redis-server");
         let log = std::fs::File::create(self.dir.path().join("redis.log")).expect("log file");
-        let child = Command::new(binary)
+        let mut command = Command::new(binary);
+        command
             .args([
                 "--port",
                 &self.port.to_string(),
@@ -72,10 +80,8 @@ impl RedisServer {
             .args(&self.extra)
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log"))
-            .stderr(log)
-            .spawn()
-            .expect("start redis-server");
-        self.child = Some(child);
+            .stderr(log);
+        self.child = Some(spawn_server(&mut command, "redis-server"));
         // Ready when it says so (works for TLS-only servers too).
         let log = self.dir.path().join("redis.log");
         wait_until("redis-server ready", PATIENCE, || {

@@ -36,6 +36,20 @@ pub struct RedisCluster {
 }
 
 impl RedisCluster {
+    /// A three-master cluster shared by every test of the run that calls this (see
+    /// `shared`), as [`RedisCluster::start`] starts it.
+    pub fn shared() -> Shared<RedisCluster> {
+        static SERVER: std::sync::OnceLock<RedisCluster> = std::sync::OnceLock::new();
+        shared(&SERVER, RedisCluster::start)
+    }
+
+    /// A cluster whose first master serves every slot shared by every test of the run that calls this (see
+    /// `shared`), as [`RedisCluster::start_one_master`] starts it.
+    pub fn shared_one_master() -> Shared<RedisCluster> {
+        static SERVER: std::sync::OnceLock<RedisCluster> = std::sync::OnceLock::new();
+        shared(&SERVER, RedisCluster::start_one_master)
+    }
+
     /// Three masters, no replicas.
     pub fn start() -> RedisCluster {
         RedisCluster::start_with(0)
@@ -66,7 +80,7 @@ impl RedisCluster {
     /// of every lock goes to the first node, so a proxy in front of it carries all of a
     /// holder's traffic (the lease contract's black hole).
     pub fn start_one_master() -> RedisCluster {
-        let dir = tempfile::tempdir().expect("temp dir");
+        let dir = server_dir();
         let mut cluster = RedisCluster {
             nodes: Vec::new(),
             dir,
@@ -101,7 +115,7 @@ impl RedisCluster {
     }
 
     fn start_full(replicas: usize, password: Option<&str>, tls: Option<TestCerts>) -> RedisCluster {
-        let dir = tempfile::tempdir().expect("temp dir");
+        let dir = server_dir();
         let mut cluster = RedisCluster {
             nodes: Vec::new(),
             dir,
@@ -179,7 +193,8 @@ impl RedisCluster {
             .map(str::to_owned)
             .to_vec(),
         };
-        let child = Command::new(binary)
+        let mut command = Command::new(binary);
+        command
             .args(&ports)
             .args(["--bind", "127.0.0.1"])
             .args(["--save", "", "--appendonly", "no", "--daemonize", "no"])
@@ -196,9 +211,8 @@ impl RedisCluster {
             )
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log"))
-            .stderr(log)
-            .spawn()
-            .expect("start redis-server");
+            .stderr(log);
+        let child = spawn_server(&mut command, "redis-server");
         let log = dir.join("redis.log");
         wait_until("cluster node ready", PATIENCE, || {
             std::fs::read_to_string(&log).is_ok_and(|l| l.contains("Ready to accept connections"))

@@ -29,6 +29,13 @@ pub struct SentinelServer {
 }
 
 impl SentinelServer {
+    /// A Sentinel group (master, replica, three sentinels) shared by every test of the run that calls this (see
+    /// `shared`), as [`SentinelServer::start`] starts it.
+    pub fn shared() -> Shared<SentinelServer> {
+        static SERVER: std::sync::OnceLock<SentinelServer> = std::sync::OnceLock::new();
+        shared(&SERVER, SentinelServer::start)
+    }
+
     pub fn start() -> SentinelServer {
         SentinelServer::start_with(None)
     }
@@ -69,7 +76,7 @@ impl SentinelServer {
         let master = node(&[]);
         let master_port = master.port.to_string();
         let replica = node(&["--replicaof", "127.0.0.1", &master_port]);
-        let dir = tempfile::tempdir().expect("temp dir");
+        let dir = server_dir();
         let sentinel_ports = [free_port(), free_port(), free_port()];
         let mut sentinels = Vec::new();
         for port in sentinel_ports {
@@ -350,13 +357,13 @@ fn spawn_sentinel(dir: &std::path::Path, port: u16) -> Child {
         .append(true)
         .open(dir.join(format!("sentinel-{port}.log")))
         .expect("log file");
-    Command::new(server_binary("redis-sentinel", "redis-sentinel"))
+    let mut command = Command::new(server_binary("redis-sentinel", "redis-sentinel"));
+    command
         .arg(&config)
         .stdin(Stdio::null())
         .stdout(log.try_clone().expect("log"))
-        .stderr(log)
-        .spawn()
-        .expect("start redis-sentinel")
+        .stderr(log);
+    spawn_server(&mut command, "redis-sentinel")
 }
 
 /// The TLS settings of every process, as `redis.conf` directives (`--directive value` on the

@@ -20,13 +20,19 @@ pub trait LockServer: Send + Sync {
             describe(&out)
         );
     }
-    /// The `--ttl` the tests use (short, so that renewals and loss detection are quick).
     /// A URL of this server that carries a password the server checks, where it has one.
     fn password_url(&self) -> Option<String> {
         None
     }
 
+    /// The `--ttl` the tests use (short, so that renewals and loss detection are quick).
     fn ttl(&self) -> Option<&'static str> {
+        None
+    }
+
+    /// The `--prefix` of the test on this server, where the server is shared by other tests
+    /// of the run (see `shared`).
+    fn prefix(&self) -> Option<String> {
         None
     }
     /// Everything the backend stores, as text, where a test can read it raw (lock files,

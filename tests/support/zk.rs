@@ -62,7 +62,8 @@ impl ZkMember {
             .expect("zookeeper log");
         let log_dir = self.log.parent().expect("log dir").display().to_string();
         // `java` itself, not a wrapper script, so that killing the child kills the server.
-        let child = Command::new(java)
+        let mut command = Command::new(java);
+        command
             .args([
                 "-Xms32m",
                 "-Xmx128m",
@@ -81,10 +82,8 @@ impl ZkMember {
             .arg(&self.config)
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log"))
-            .stderr(log)
-            .spawn()
-            .expect("start java");
-        self.child = Some(child);
+            .stderr(log);
+        self.child = Some(spawn_server(&mut command, "java (ZooKeeper)"));
     }
 
     pub fn stop(&mut self) {
@@ -118,6 +117,13 @@ pub struct ZkServer {
 }
 
 impl ZkServer {
+    /// A standalone ZooKeeper shared by every test of the run that calls this (see
+    /// `shared`), as [`ZkServer::start`] starts it.
+    pub fn shared() -> Shared<ZkServer> {
+        static SERVER: std::sync::OnceLock<ZkServer> = std::sync::OnceLock::new();
+        shared(&SERVER, ZkServer::start)
+    }
+
     /// One standalone server, tickTime 200 ms: session timeouts 0.4 s to 4 s.
     pub fn start() -> ZkServer {
         ZkServer::build(1, 200)
@@ -139,11 +145,7 @@ impl ZkServer {
     }
 
     fn build_with(size: usize, tick_ms: u64, max_client_cnxns: Option<u32>) -> ZkServer {
-        let dir = if Path::new("/dev/shm").is_dir() {
-            tempfile::tempdir_in("/dev/shm").expect("temp dir")
-        } else {
-            tempfile::tempdir().expect("temp dir")
-        };
+        let dir = fast_server_dir();
         let ports: Vec<(u16, u16, u16)> = (0..size)
             .map(|_| (free_port(), free_port(), free_port()))
             .collect();

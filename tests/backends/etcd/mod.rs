@@ -12,8 +12,8 @@ mod waiting;
 
 use crate::support::*;
 
-crate::contract_tests!(etcd_contract, EtcdServer::start());
-crate::lease_contract_tests!(etcd_lease_contract, EtcdServer::start());
+crate::contract_tests!(etcd_contract, EtcdServer::shared());
+crate::lease_contract_tests!(etcd_lease_contract, EtcdServer::shared());
 
 #[test]
 fn waiters_acquire_in_arrival_order() {

@@ -15,8 +15,8 @@ mod tokens;
 
 use crate::support::*;
 
-crate::contract_tests!(memcached_contract, MemcachedServer::start());
-crate::lease_contract_tests!(memcached_lease_contract, MemcachedServer::start());
+crate::contract_tests!(memcached_contract, MemcachedServer::shared());
+crate::lease_contract_tests!(memcached_lease_contract, MemcachedServer::shared());
 
 /// `--min-hold`'s finish writes nothing once the lock was taken over
 /// (a deleted or replaced item is noticed at the next renewal).

@@ -13,8 +13,8 @@ mod waiting;
 
 use crate::support::*;
 
-crate::contract_tests!(mysql_contract, MysqlServer::start());
-crate::lease_contract_tests!(mysql_lease, MysqlServer::start());
+crate::contract_tests!(mysql_contract, MysqlServer::shared());
+crate::lease_contract_tests!(mysql_lease, MysqlServer::shared());
 
 /// `--min-hold`'s finish writes nothing once the lock was taken over
 /// (a killed connection is noticed at once, by the lease's watcher).

@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use crate::support::*;
 
-crate::contract_tests!(pg_contract, PgServer::start());
+crate::contract_tests!(pg_contract, PgServer::shared());
 
 /// `--min-hold`'s finish writes nothing once the lock was taken over
 /// (the end of the session is noticed at once).

@@ -12,8 +12,8 @@ use nix::sys::signal::Signal;
 
 use crate::support::*;
 
-crate::contract_tests!(redis_contract, RedisServer::start());
-crate::lease_contract_tests!(redis_lease_contract, RedisServer::start());
+crate::contract_tests!(redis_contract, RedisServer::shared());
+crate::lease_contract_tests!(redis_lease_contract, RedisServer::shared());
 
 /// Start `dlock run` in the background; its command appends `label` to `log` and exits.
 #[test]

@@ -11,11 +11,11 @@ use std::process::{Child, Stdio};
 
 use crate::support::*;
 
-crate::contract_tests!(redis_cluster_contract, RedisCluster::start());
+crate::contract_tests!(redis_cluster_contract, RedisCluster::shared());
 // One master serves every slot: a black hole in front of it cuts all of a holder's traffic.
 crate::lease_contract_tests!(
     redis_cluster_lease_contract,
-    RedisCluster::start_one_master()
+    RedisCluster::shared_one_master()
 );
 
 /// Names (as `lock_name` makes them), one served by each master.

@@ -13,5 +13,5 @@ mod tls;
 
 use crate::support::*;
 
-crate::contract_tests!(redis_sentinel_contract, SentinelServer::start());
-crate::lease_contract_tests!(redis_sentinel_lease_contract, SentinelServer::start());
+crate::contract_tests!(redis_sentinel_contract, SentinelServer::shared());
+crate::lease_contract_tests!(redis_sentinel_lease_contract, SentinelServer::shared());

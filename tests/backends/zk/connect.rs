@@ -57,6 +57,7 @@ fn nothing_listening_is_69() {
         scratch: tempfile::tempdir().expect("temp dir"),
         url: format!("zk://127.0.0.1:{port}"),
         ttl: Some("3s"),
+        prefix: None,
     };
     let started = Instant::now();
     let out = env.run(["run", &lock_name("z"), "touch", "ran"]);

@@ -12,8 +12,8 @@ use std::collections::{HashMap, HashSet};
 
 use crate::support::*;
 
-crate::contract_tests!(zk_contract, ZkServer::start());
-crate::lease_contract_tests!(zk_lease_contract, ZkServer::start());
+crate::contract_tests!(zk_contract, ZkServer::shared());
+crate::lease_contract_tests!(zk_lease_contract, ZkServer::shared());
 
 /// `--min-hold`'s finish writes nothing once the lock was taken over
 /// (the watch on our node notices the deletion at once).

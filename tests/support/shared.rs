@@ -1,0 +1,223 @@
+//! One server of each kind for the whole test run, for the tests that only take, hold and
+//! release locks on it (the contract): `Shared<S>` is such a server seen by one test, which
+//! gets its own `--prefix` (`DLOCK_PREFIX`) on it besides its unique lock names. A test that
+//! restarts, pauses, fails over, reconfigures or fills a server starts a private one.
+//!
+//! A shared server lives in a static and is never dropped, so it is torn down from outside:
+//! its processes run in process groups of their own and its files lie under this run's root
+//! directory, and a watchdog process, started with the first shared server, kills those
+//! groups and removes the root as soon as this test process is gone, however it ends (every
+//! test done, a panic, Ctrl-C, SIGKILL). The watchdog notices by the end of a pipe that only
+//! this process holds reaching end-of-file.
+
+use std::cell::Cell;
+use std::io::Write;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Mutex, OnceLock};
+
+use super::*;
+
+/// Waits for end-of-file on its stdin, then kills every process group listed in
+/// `$1/groups` and removes `$1` and `$2`. It ignores the signals a terminal or `timeout` sends the
+/// test run, so that it outlives the run it cleans up after; removal is retried briefly
+/// while killed servers close their files.
+const WATCHDOG: &str = r#"trap '' INT TERM HUP QUIT
+cat > /dev/null
+if [ -f "$1/groups" ]; then
+    while read -r group; do kill -s KILL -- "-$group" 2>/dev/null; done < "$1/groups"
+fi
+for try in 1 2 3 4 5 6 7 8 9 10; do
+    rm -rf "$1" "$2" 2>/dev/null
+    [ ! -e "$1" ] && [ ! -e "$2" ] && break
+    sleep 0.2
+done"#;
+
+/// This run's root for shared servers' files, and the pipe that keeps its watchdog waiting.
+struct Run {
+    root: PathBuf,
+    /// On tmpfs where there is one, for servers that sync every write (etcd, ZooKeeper).
+    fast_root: PathBuf,
+    groups: Mutex<std::fs::File>,
+    /// Never waited for (it outlives this process); its stdin is never written and never
+    /// closed while this process lives.
+    _watchdog: Child,
+}
+
+fn this_run() -> &'static Run {
+    static RUN: OnceLock<Run> = OnceLock::new();
+    RUN.get_or_init(|| {
+        let leaf = format!("dlock-tests-{}", std::process::id());
+        let root = std::env::temp_dir().join(&leaf);
+        let shm = Path::new("/dev/shm");
+        let fast_root = if shm.is_dir() {
+            shm.join(&leaf)
+        } else {
+            root.clone()
+        };
+        for dir in [&root, &fast_root] {
+            std::fs::create_dir_all(dir).expect("shared servers' root directory");
+            // The PostgreSQL server runs as `postgres` and must reach its directory below.
+            std::fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+                .expect("chmod the shared servers' root");
+        }
+        let groups = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(root.join("groups"))
+            .expect("the list of shared servers' process groups");
+        let watchdog = Command::new("/bin/sh")
+            .args(["-c", WATCHDOG, "dlock-test-watchdog"])
+            .arg(&root)
+            .arg(&fast_root)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .process_group(0)
+            .spawn()
+            .expect("start the shared servers' watchdog (/bin/sh)");
+        Run {
+            root,
+            fast_root,
+            groups: Mutex::new(groups),
+            _watchdog: watchdog,
+        }
+    })
+}
+
+thread_local! {
+    /// Whether this thread is starting a shared server (see [`spawn_server`], [`server_dir`]).
+    static STARTING_SHARED: Cell<bool> = const { Cell::new(false) };
+}
+
+fn starting_shared() -> bool {
+    STARTING_SHARED.with(Cell::get)
+}
+
+/// A directory for a server's files: under this run's root while a shared server starts
+/// (removed by the watchdog), else a temp dir removed when dropped.
+pub fn server_dir() -> tempfile::TempDir {
+    if starting_shared() {
+        tempfile::tempdir_in(&this_run().root).expect("temp dir")
+    } else {
+        tempfile::tempdir().expect("temp dir")
+    }
+}
+
+/// A directory on tmpfs where there is one (for servers that sync every write), under this
+/// run's root while a shared server starts.
+pub fn fast_server_dir() -> tempfile::TempDir {
+    let shm = Path::new("/dev/shm");
+    if starting_shared() {
+        tempfile::tempdir_in(&this_run().fast_root).expect("temp dir")
+    } else if shm.is_dir() {
+        tempfile::tempdir_in(shm).expect("temp dir")
+    } else {
+        tempfile::tempdir().expect("temp dir")
+    }
+}
+
+/// Spawn a server process. While a shared server starts, the process leads a process group
+/// of its own, which the watchdog kills when the run is over.
+pub fn spawn_server(command: &mut Command, what: &str) -> Child {
+    let shared = starting_shared();
+    if shared {
+        command.process_group(0);
+    }
+    let child = command
+        .spawn()
+        .unwrap_or_else(|e| panic!("start {what}: {e}"));
+    if shared {
+        register_group(child.id() as i32);
+    }
+    child
+}
+
+/// Have the watchdog kill process group `group` (a server that started its own session,
+/// such as the PostgreSQL postmaster under `pg_ctl`) when the run is over. Only while a shared
+/// server starts; otherwise the server's owner stops it.
+pub fn register_group(group: i32) {
+    if starting_shared() {
+        let run = this_run();
+        let mut groups = run.groups.lock().unwrap_or_else(|e| e.into_inner());
+        writeln!(groups, "{group}").expect("record a shared server's process group");
+    }
+}
+
+/// The server in `cell`, started by `start` on first use (and then by every test of the
+/// run), seen by one test under a prefix of its own.
+pub fn shared<S: LockServer>(cell: &'static OnceLock<S>, start: fn() -> S) -> Shared<S> {
+    let server = cell.get_or_init(|| {
+        struct Reset;
+        impl Drop for Reset {
+            fn drop(&mut self) {
+                STARTING_SHARED.with(|s| s.set(false));
+            }
+        }
+        this_run();
+        STARTING_SHARED.with(|s| s.set(true));
+        let _reset = Reset;
+        start()
+    });
+    Shared {
+        server,
+        prefix: format!("t-{}", unique()),
+    }
+}
+
+/// A shared server as one test sees it: the server, and the test's own prefix on it.
+pub struct Shared<S: 'static> {
+    server: &'static S,
+    prefix: String,
+}
+
+impl<S> Shared<S> {
+    pub fn server(&self) -> &'static S {
+        self.server
+    }
+}
+
+impl<S: LockServer> LockServer for Shared<S> {
+    fn url(&self) -> String {
+        self.server.url()
+    }
+
+    fn scheme(&self) -> &'static str {
+        self.server.scheme()
+    }
+
+    fn break_hold(&self, env: &TestEnv, name: &str) {
+        self.server.break_hold(env, name)
+    }
+
+    fn password_url(&self) -> Option<String> {
+        self.server.password_url()
+    }
+
+    fn ttl(&self) -> Option<&'static str> {
+        self.server.ttl()
+    }
+
+    fn stored_text(&self) -> Option<String> {
+        self.server.stored_text()
+    }
+
+    fn prefix(&self) -> Option<String> {
+        Some(self.prefix.clone())
+    }
+}
+
+impl<S: LeaseServer> LeaseServer for Shared<S> {
+    fn port(&self) -> u16 {
+        self.server.port()
+    }
+
+    fn url_via(&self, port: u16) -> String {
+        self.server.url_via(port)
+    }
+
+    fn as_lock_server(&self) -> &dyn LockServer {
+        self
+    }
+}
