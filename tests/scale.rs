@@ -4,7 +4,9 @@
 //! Servers at their shipped connection limits: PostgreSQL `max_connections=100`, MariaDB
 //! `max_connections=151`, ZooKeeper without `maxClientCnxns` (60 per client address).
 //!
-//! N is `DLOCK_SCALE_CLIENTS` (default 200, as CI runs it); `scripts/scale` runs 1000 and
+//! N is `DLOCK_SCALE_CLIENTS`. The test suite runs a smoke of 20 clients per backend, which
+//! checks correctness only (every run succeeds, no two inside at once, no lost increment,
+//! tokens increasing in grant order); the measurement is `scripts/scale`, which runs 1000 and
 //! compares the wall times, which it reads from `DLOCK_SCALE_REPORT` (one line per backend).
 
 use std::process::{Child, Stdio};
@@ -22,7 +24,7 @@ rmdir "$D/inside""#;
 const RUN_BOUND: Duration = Duration::from_secs(600);
 
 fn clients() -> usize {
-    env_count("DLOCK_SCALE_CLIENTS", 200)
+    env_count("DLOCK_SCALE_CLIENTS", 20)
 }
 
 /// Start the clients together, wait for all of them, check what the seed checks, and

@@ -162,18 +162,33 @@ pub fn shared<S: LockServer>(cell: &'static OnceLock<S>, start: fn() -> S) -> Sh
     });
     Shared {
         server,
-        prefix: format!("t-{}", unique()),
+        prefix: Some(format!("t-{}", unique())),
     }
 }
 
 /// A shared server as one test sees it: the server, and the test's own prefix on it.
 pub struct Shared<S: 'static> {
     server: &'static S,
-    prefix: String,
+    prefix: Option<String>,
 }
 
 impl<S> Shared<S> {
-    pub fn server(&self) -> &'static S {
+    /// Without a prefix of its own (dlock's default one): for a test that finds its locks on
+    /// the server by their default keys or paths. Its unique lock names keep it apart from
+    /// the other tests; it must not count what the whole server holds.
+    pub fn unprefixed(self) -> Shared<S> {
+        Shared {
+            server: self.server,
+            prefix: None,
+        }
+    }
+}
+
+/// The server's own methods (its port, raw commands), as on a private one.
+impl<S> std::ops::Deref for Shared<S> {
+    type Target = S;
+
+    fn deref(&self) -> &S {
         self.server
     }
 }
@@ -204,7 +219,7 @@ impl<S: LockServer> LockServer for Shared<S> {
     }
 
     fn prefix(&self) -> Option<String> {
-        Some(self.prefix.clone())
+        self.prefix.clone()
     }
 }
 

@@ -44,7 +44,7 @@ fn read_only_server_exits_78() {
 
 #[test]
 fn wrong_password_exits_77_and_the_right_one_from_anywhere_works() {
-    let server = MysqlServer::start();
+    let server = MysqlServer::shared();
     let env = TestEnv::new(&server);
     let lock = lock_name("m");
     let url = server.url_as("app", Some("not-the-password"));
@@ -78,7 +78,7 @@ fn wrong_password_exits_77_and_the_right_one_from_anywhere_works() {
 
 #[test]
 fn long_unicode_and_case_differing_names_are_distinct_locks() {
-    let server = MysqlServer::start();
+    let server = MysqlServer::shared();
     let env = TestEnv::new(&server);
     let base = lock_name("m");
     let long = format!("{base}-{}", "x".repeat(255 - base.len() - 1));
@@ -126,7 +126,7 @@ fn long_unicode_and_case_differing_names_are_distinct_locks() {
 /// The README's SQL takes the same lock as dlock (prefix `dlock`).
 #[test]
 fn the_documented_sql_names_the_same_lock() {
-    let server = MysqlServer::start();
+    let server = MysqlServer::shared().unprefixed();
     let env = TestEnv::new(&server);
     let lock = lock_name("deploy-prod");
     let sql = format!(

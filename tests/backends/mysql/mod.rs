@@ -21,14 +21,14 @@ crate::lease_contract_tests!(mysql_lease, MysqlServer::shared());
 #[test]
 fn a_finish_after_the_lock_was_taken_over_writes_nothing() {
     crate::contract::a_finish_after_the_lock_was_taken_over_writes_nothing(
-        &MysqlServer::start(),
+        &MysqlServer::shared(),
         true,
     );
 }
 
 #[test]
 fn status_shows_the_holders_connection_and_the_last_token() {
-    let server = MysqlServer::start();
+    let server = MysqlServer::shared();
     let env = TestEnv::new(&server);
     let lock = lock_name("m");
     let token = env.token(&lock);
@@ -56,7 +56,7 @@ fn status_shows_the_holders_connection_and_the_last_token() {
 
 #[test]
 fn check_reports_the_server_and_its_settings() {
-    let server = MysqlServer::start();
+    let server = MysqlServer::shared();
     let env = TestEnv::new(&server);
     let out = env.run(["check"]);
     assert!(out.status.success(), "{}", describe(&out));

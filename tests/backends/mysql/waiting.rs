@@ -91,7 +91,7 @@ fn a_waiter_without_wait_survives_a_server_restart() {
 
 #[test]
 fn the_shortest_wait_still_tries_the_lock() {
-    let server = MysqlServer::start();
+    let server = MysqlServer::shared();
     let env = TestEnv::new(&server);
     let lock = lock_name("m");
     let out = env.run(["run", "--wait", "1ns", &lock, "true"]);

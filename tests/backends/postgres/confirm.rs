@@ -11,7 +11,7 @@ use crate::support::*;
 
 #[test]
 fn a_slow_confirmation_within_the_lease_still_starts_the_command() {
-    let server = PgServer::start();
+    let server = PgServer::shared();
     let env = TestEnv::new(&server);
     let lock = lock_name("slow");
     let mut holder = env.hold(&lock, &[]);

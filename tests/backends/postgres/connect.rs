@@ -24,7 +24,7 @@ fn a_role_that_may_not_make_the_token_durable_is_77_without_running_the_command(
 
 #[test]
 fn wrong_password_is_77_and_nothing_listening_is_69() {
-    let server = PgServer::start();
+    let server = PgServer::shared();
     let env = TestEnv::new(&server);
     let out = env.run([
         "run",
@@ -54,7 +54,7 @@ fn wrong_password_is_77_and_nothing_listening_is_69() {
 
 #[test]
 fn password_comes_from_pgpassfile_and_never_reaches_the_command() {
-    let server = PgServer::start();
+    let server = PgServer::shared();
     let env = TestEnv::new(&server);
     let pgpass = env.path("pgpass");
     std::fs::write(
@@ -103,7 +103,7 @@ fn password_comes_from_pgpassfile_and_never_reaches_the_command() {
 
 #[test]
 fn force_release_without_the_privilege_is_77() {
-    let server = PgServer::start();
+    let server = PgServer::shared();
     let env = TestEnv::new(&server);
     let lock = lock_name("p");
     let _holder = env.hold(&lock, &[]);
@@ -120,7 +120,7 @@ fn force_release_without_the_privilege_is_77() {
 
 #[test]
 fn a_pooler_that_drops_the_session_settings_is_refused_with_78() {
-    let server = PgServer::start();
+    let server = PgServer::shared();
     let pooler = Pooler::start(&server);
     let env = TestEnv::new(&server);
     let lock = lock_name("p");
@@ -184,7 +184,7 @@ fn hot_standby_is_refused_with_78() {
 
 #[test]
 fn key_value_form_over_the_unix_socket_where_sslmode_does_not_apply() {
-    let server = PgServer::start();
+    let server = PgServer::shared();
     let env = TestEnv::new(&server);
     let url = format!(
         "host={} port={} user=postgres dbname=postgres sslmode=require",
@@ -209,7 +209,7 @@ fn wait_bounds_connecting_to_a_server_that_never_answers() {
     // Accepts and holds connections open, never answering.
     let silent = SilentServer::start();
     let port = silent.port;
-    let server = PgServer::start();
+    let server = PgServer::shared();
     let env = TestEnv::new(&server);
     // connect_timeout=60: only --wait can end this in time.
     let url = format!("postgres://postgres@127.0.0.1:{port}/x?connect_timeout=60");

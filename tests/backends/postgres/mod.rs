@@ -23,27 +23,27 @@ crate::contract_tests!(pg_contract, PgServer::shared());
 #[test]
 fn a_finish_after_the_lock_was_taken_over_writes_nothing() {
     crate::contract::a_finish_after_the_lock_was_taken_over_writes_nothing(
-        &PgServer::start(),
+        &PgServer::shared(),
         true,
     );
 }
 
 #[test]
 fn waiters_acquire_in_arrival_order() {
-    crate::contract::waiters_acquire_in_arrival_order(&PgServer::start());
+    crate::contract::waiters_acquire_in_arrival_order(&PgServer::shared());
 }
 
 #[test]
 fn killed_holder_frees_the_lock_within_one_second() {
     crate::contract::killed_holder_frees_the_lock_within(
-        &PgServer::start(),
+        &PgServer::shared(),
         Duration::from_secs(1),
     );
 }
 
 #[test]
 fn status_shows_the_holders_session() {
-    let server = PgServer::start();
+    let server = PgServer::shared();
     let env = TestEnv::new(&server);
     let lock = lock_name("p");
     let holder = env.hold(&lock, &[]);

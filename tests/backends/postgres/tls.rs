@@ -5,7 +5,7 @@ use crate::support::*;
 
 #[test]
 fn tls_require_never_falls_back_to_plaintext() {
-    let server = PgServer::start();
+    let server = PgServer::shared();
     let env = TestEnv::new(&server);
     let url = format!(
         "postgres://postgres@127.0.0.1:{}/postgres?sslmode=require",

@@ -53,7 +53,7 @@ fn cancelled_waits_leave_no_lock_request_behind() {
 
 #[test]
 fn semaphore_waiter_is_woken_by_a_release() {
-    let server = PgServer::start();
+    let server = PgServer::shared();
     let env = TestEnv::new(&server);
     let lock = lock_name("p");
     let mut first = env.hold(&lock, &["--limit", "2"]);

@@ -68,7 +68,7 @@ fn read_token(path: &std::path::Path) -> u64 {
 
 #[test]
 fn locks_on_every_master_are_held_at_once_and_listed() {
-    let cluster = RedisCluster::start();
+    let cluster = RedisCluster::shared().unprefixed();
     let env = TestEnv::new(&cluster);
     let names = one_name_per_master(&cluster);
     let holders: Vec<Holding> = names.iter().map(|(n, _)| env.hold(n, &[])).collect();
@@ -93,7 +93,7 @@ fn locks_on_every_master_are_held_at_once_and_listed() {
 
 #[test]
 fn one_node_of_a_cluster_is_enough_in_the_url() {
-    let cluster = RedisCluster::start();
+    let cluster = RedisCluster::shared().unprefixed();
     let mut env = TestEnv::new(&cluster);
     let names = one_name_per_master(&cluster);
     env.url = format!("redis://127.0.0.1:{}", cluster.ports()[0]);
@@ -171,7 +171,7 @@ fn a_password_protected_cluster_takes_the_password_as_a_standalone_server_does()
 fn a_url_mixing_a_cluster_node_with_another_server_is_refused_naming_it() {
     // Only the first host that answers used to be looked at: a standalone server or a
     // sentinel after a cluster node went unnoticed until it answered first.
-    let cluster = RedisCluster::start();
+    let cluster = RedisCluster::shared();
     let standalone = RedisServer::start();
     let sentinel = LoneSentinel::start("m", free_port());
     let mut env = TestEnv::new(&cluster);

@@ -18,7 +18,7 @@ fn all_sentinels_down_is_69_with_a_clear_message() {
 
 #[test]
 fn a_master_name_the_sentinels_do_not_monitor_is_78() {
-    let server = SentinelServer::start();
+    let server = SentinelServer::shared();
     let env = TestEnv::new(&server);
     let url = server.url().replace("#mymaster", "#nosuchmaster");
     let out = env.run(["run", "--url", &url, "x", "touch", "ran"]);
@@ -63,7 +63,7 @@ fn sentinels_with_a_password_want_it_given_and_never_show_it() {
 
 #[test]
 fn check_reports_the_sentinels_the_master_and_its_replicas() {
-    let server = SentinelServer::start();
+    let server = SentinelServer::shared();
     let env = TestEnv::new(&server);
     check_names_the_sentinels_the_master_and_its_replica(&server, &env);
     // One sentinel listed and down, two others up: a majority of the three answers, and the

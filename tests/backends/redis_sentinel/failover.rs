@@ -136,7 +136,7 @@ fn with_replicas_1_a_failover_during_a_hold_keeps_the_hold() {
 
 #[test]
 fn more_replicas_than_acknowledge_refuse_to_start_and_give_the_lock_back() {
-    let server = SentinelServer::start();
+    let server = SentinelServer::shared();
     let env = TestEnv::new(&server);
     let url = server
         .url()

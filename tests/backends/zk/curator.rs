@@ -117,7 +117,7 @@ impl Drop for Curator {
 
 #[test]
 fn curator_holds_and_dlock_waits_for_it() {
-    let server = ZkServer::start();
+    let server = ZkServer::shared().unprefixed();
     let env = TestEnv::new(&server);
     let lock = lock_name("z");
     let dir = format!("/dlock/{lock}");
@@ -149,7 +149,7 @@ fn curator_holds_and_dlock_waits_for_it() {
 
 #[test]
 fn dlock_holds_and_curator_waits_for_it() {
-    let server = ZkServer::start();
+    let server = ZkServer::shared().unprefixed();
     let env = TestEnv::new(&server);
     let lock = lock_name("z");
     let dir = format!("/dlock/{lock}");

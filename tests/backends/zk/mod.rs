@@ -20,7 +20,7 @@ crate::lease_contract_tests!(zk_lease_contract, ZkServer::shared());
 #[test]
 fn a_finish_after_the_lock_was_taken_over_writes_nothing() {
     crate::contract::a_finish_after_the_lock_was_taken_over_writes_nothing(
-        &ZkServer::start(),
+        &ZkServer::shared(),
         true,
     );
 }
@@ -30,7 +30,7 @@ fn a_waiter_whose_predecessor_takes_the_lock_watches_it_again_without_listing() 
     // --limit 1: B waits behind the holder A, C behind B. When A leaves, B takes the lock and
     // drops its waiting mark: a data change on B's node, which C watches. C watches B again
     // instead of listing the queue, so it lists once, after B's release, not twice.
-    let server = ZkServer::start();
+    let server = ZkServer::shared().unprefixed();
     let env = TestEnv::new(&server);
     let lock = lock_name("z");
     let dir = format!("/dlock/{lock}");
@@ -112,7 +112,7 @@ fn owners(server: &ZkServer, dir: &str) -> HashMap<String, String> {
 
 #[test]
 fn waiters_acquire_in_arrival_order_and_each_watches_only_its_predecessor() {
-    let server = ZkServer::start();
+    let server = ZkServer::shared().unprefixed();
     let env = TestEnv::new(&server);
     let lock = lock_name("z");
     let dir = format!("/dlock/{lock}");
@@ -156,7 +156,7 @@ fn waiters_acquire_in_arrival_order_and_each_watches_only_its_predecessor() {
 
 #[test]
 fn the_negotiated_session_timeout_is_used_and_reported() {
-    let server = ZkServer::start();
+    let server = ZkServer::shared();
     let env = TestEnv::new(&server);
     // tickTime 200 ms: the server grants at most 20 ticks.
     let out = env.run(["run", "--ttl", "10s", &lock_name("z"), "true"]);
@@ -170,7 +170,7 @@ fn the_negotiated_session_timeout_is_used_and_reported() {
 
 #[test]
 fn holders_must_agree_on_the_limit() {
-    let server = ZkServer::start();
+    let server = ZkServer::shared();
     let env = TestEnv::new(&server);
     let lock = lock_name("z");
     let _holder = env.hold(&lock, &["--limit", "2"]);
@@ -186,7 +186,7 @@ fn holders_must_agree_on_the_limit() {
 
 #[test]
 fn the_reserved_zookeeper_prefix_is_refused_with_64() {
-    let server = ZkServer::start();
+    let server = ZkServer::shared();
     let env = TestEnv::new(&server);
     let out = env.run([
         "run",

@@ -10,7 +10,7 @@ use crate::support::*;
 
 #[test]
 fn a_signal_or_an_expired_wait_leaves_no_node_behind() {
-    let server = ZkServer::start();
+    let server = ZkServer::shared().unprefixed();
     let env = TestEnv::new(&server);
     let lock = lock_name("z");
     let dir = format!("/dlock/{lock}");
@@ -40,7 +40,7 @@ fn a_signal_or_an_expired_wait_leaves_no_node_behind() {
 
 #[test]
 fn an_emptied_lock_node_is_removed_and_made_again() {
-    let server = ZkServer::start();
+    let server = ZkServer::shared().unprefixed();
     let env = TestEnv::new(&server);
     let lock = lock_name("z");
     let out = env.run(["run", &lock, "true"]);
@@ -75,7 +75,7 @@ fn a_killed_waiter_at_the_head_is_a_waiter_not_a_holder_until_its_session_expire
     // the session (the negotiated session timeout, 4 s at most on this server). When the
     // holder leaves, that node is at the head of the queue: the lock is free, with one
     // waiting ahead, and is taken once the session has expired.
-    let server = ZkServer::start();
+    let server = ZkServer::shared().unprefixed();
     let env = TestEnv::new(&server);
     let lock = lock_name("z");
     let dir = format!("/dlock/{lock}");
@@ -109,7 +109,7 @@ fn a_killed_waiter_at_the_head_is_a_waiter_not_a_holder_until_its_session_expire
 
 #[test]
 fn busy_messages_name_the_holder_of_a_held_lock() {
-    let server = ZkServer::start();
+    let server = ZkServer::shared().unprefixed();
     let env = TestEnv::new(&server);
     let lock = lock_name("z");
     let _holder = env.hold(&lock, &[]);
