@@ -34,6 +34,11 @@ const MAX_LISTED: usize = 10_000_000;
 /// 10 µs an item with its default sleep), so millions of items fit; not on a path anybody
 /// waits on for a lock.
 const LISTING_TIMEOUT: Duration = Duration::from_secs(60);
+/// Pauses before asking a busy crawler again: short at first (a walk over a few thousand
+/// items takes milliseconds), growing to a ceiling that keeps a long walk from being asked
+/// about hundreds of times a second.
+const CRAWLER_BUSY_FIRST_PAUSE: Duration = Duration::from_millis(10);
+const CRAWLER_BUSY_MAX_PAUSE: Duration = Duration::from_millis(250);
 
 /// Why a server whose settings are `settings` cannot hold locks: it evicts (unless the URL
 /// allows it), or its CAS values are off.
@@ -175,17 +180,14 @@ pub(super) async fn list(backend: &MemcachedBackend) -> Result<Vec<LockStatus>, 
 /// The locks on one server: the keys of their counter and holder items, from the crawler's
 /// walk over the hash table (see the module doc).
 async fn lock_keys(conn: &mut Conn, prefix: &str, display: &str) -> Result<Vec<Keys>, Error> {
-    let lines = conn
-        .lines("lru_crawler metadump hash", MAX_LISTED, LISTING_TIMEOUT)
-        .await
-        .map_err(|f| match f {
-            Failure::Protocol(answer) => Error::Unavailable(format!(
-                "{display} cannot list its keys (lru_crawler metadump hash answered {answer}); \
-                 `list` needs memcached's LRU crawler with its hash-table walk (memcached 1.6 \
-                 without -o no_lru_crawler); `dlock status NAME` works without it"
-            )),
-            other => other.into_error(display),
-        })?;
+    let lines = crawled_lines(conn).await.map_err(|f| match f {
+        Failure::Protocol(answer) => Error::Unavailable(format!(
+            "{display} cannot list its keys (lru_crawler metadump hash answered {answer}); \
+             `list` needs memcached's LRU crawler with its hash-table walk (memcached 1.6 \
+             without -o no_lru_crawler); `dlock status NAME` works without it"
+        )),
+        other => other.into_error(display),
+    })?;
     let mut found: Vec<Keys> = lines
         .iter()
         .filter_map(|line| line.split(' ').find_map(|w| w.strip_prefix("key=")))
@@ -195,6 +197,31 @@ async fn lock_keys(conn: &mut Conn, prefix: &str, display: &str) -> Result<Vec<K
     found.sort_by(|a, b| a.base.cmp(&b.base));
     found.dedup();
     Ok(found)
+}
+
+/// The crawler's walk over the hash table. The crawler does one walk at a time and answers
+/// `BUSY` while another is under way (another `dlock list`, or the server's own background
+/// crawl): that walk ends by itself, so the request is repeated, with a growing pause, until
+/// [`LISTING_TIMEOUT`] from the first try.
+async fn crawled_lines(conn: &mut Conn) -> Result<Vec<String>, Failure> {
+    let give_up = BootInstant::now() + LISTING_TIMEOUT;
+    let mut pause = CRAWLER_BUSY_FIRST_PAUSE;
+    loop {
+        let budget = give_up.remaining();
+        match conn
+            .lines("lru_crawler metadump hash", MAX_LISTED, budget)
+            .await
+        {
+            Err(Failure::Protocol(answer))
+                if answer.starts_with("BUSY") && BootInstant::now() + pause < give_up =>
+            {
+                tracing::debug!("the crawler is busy ({answer}); asking again in {pause:?}");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(CRAWLER_BUSY_MAX_PAUSE);
+            }
+            other => return other,
+        }
+    }
 }
 
 pub(super) async fn force_release(

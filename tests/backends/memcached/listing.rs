@@ -45,3 +45,35 @@ fn every_list_shows_every_held_lock_while_other_clients_read_them() {
     let _ = reader.join();
     assert!(missing.is_empty(), "{}", missing.join("\n"));
 }
+
+/// The crawler does one walk at a time and answers `BUSY` to another meanwhile: lists run at
+/// the same time (several users, or a script and a terminal) each still get the whole list.
+#[test]
+fn lists_at_the_same_time_all_succeed() {
+    let server = MemcachedServer::start();
+    let env = Arc::new(TestEnv::new(&server));
+    let locks: Vec<String> = (0..3).map(|_| lock_name("mc")).collect();
+    let _holders: Vec<Holding> = locks.iter().map(|l| env.hold(l, &[])).collect();
+    let listers: Vec<_> = (0..6)
+        .map(|_| {
+            let env = env.clone();
+            std::thread::spawn(move || {
+                (0..10)
+                    .map(|_| env.run(["list", "--json"]))
+                    .collect::<Vec<_>>()
+            })
+        })
+        .collect();
+    for lister in listers {
+        for out in lister.join().expect("lister thread") {
+            assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+            let text = stdout_of(&out);
+            for lock in &locks {
+                assert!(
+                    text.contains(&format!("\"{lock}\"")),
+                    "{lock} missing: {text}"
+                );
+            }
+        }
+    }
+}
