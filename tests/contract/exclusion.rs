@@ -6,6 +6,12 @@ use std::sync::Arc;
 use crate::support::*;
 
 pub fn mutual_exclusion_under_contention_with_increasing_tokens(server: &dyn LockServer) {
+    contention(server, 16, 20);
+}
+
+/// `clients` threads each take one lock `runs` times, one after the other: every run
+/// succeeds, no two commands are inside at once, and the tokens increase in entry order.
+pub fn contention(server: &dyn LockServer, clients: usize, runs: usize) {
     let env = Arc::new(TestEnv::new(server));
     let lock = lock_name("lock");
     let sentinel = env.path("inside");
@@ -16,7 +22,6 @@ pub fn mutual_exclusion_under_contention_with_increasing_tokens(server: &dyn Loc
         s = sentinel.display(),
         l = log.display()
     );
-    let (clients, runs) = (16, 20);
     let threads: Vec<_> = (0..clients)
         .map(|_| {
             let env = env.clone();
