@@ -13,6 +13,12 @@ pub const DLOCK: &str = env!("CARGO_BIN_EXE_dlock");
 /// Generous bound for anything that should take milliseconds.
 pub const PATIENCE: Duration = Duration::from_secs(20);
 
+/// How long past `--wait` a test lets a run that gives up take: dlock's own allowance for a
+/// last answer (at most 0.5 s), starting and ending a process, and a woken process waiting
+/// for a core on a loaded machine. It stays below the 5 s exchange timeouts of the backends,
+/// so a run that ignored `--wait` and waited for one of them still fails the test.
+pub const PAST_WAIT: Duration = Duration::from_secs(2);
+
 /// One test's world: a scratch directory, no inherited DLOCK_* settings, no config file,
 /// and the backend under test.
 pub struct TestEnv {
