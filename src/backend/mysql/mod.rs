@@ -21,7 +21,7 @@
 //! Waiting happens in the server, in one `GET_LOCK` call for the whole wait (`acquire`), so
 //! waiters are served in arrival order; a signal ends it with `KILL QUERY`, and a waiter
 //! whose connection closes connects again. The hold has no lease of its own: the
-//! [`Keeper`](crate::keeper::Keeper) heartbeats every TTL/3 (`lease`), each heartbeat
+//! [`Keeper`](crate::keeper::Keeper) heartbeats at least every TTL/3 (`lease`), each heartbeat
 //! restarting the server's idle count, so its deadline arithmetic applies; a watcher on a
 //! second connection notices the end of the lock session at once.
 //!

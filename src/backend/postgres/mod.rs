@@ -21,7 +21,7 @@
 //! and labels the session in `pg_stat_activity`.
 //!
 //! A session lock has no lease: it lives as long as the session. The
-//! [`Keeper`](crate::keeper::Keeper) heartbeats every TTL/3 (the lock must still show up for
+//! [`Keeper`](crate::keeper::Keeper) heartbeats at least every TTL/3 (the lock must still show up for
 //! our backend; each heartbeat also restarts the server's idle count, so its deadline
 //! arithmetic applies as for a lease), and the end of the connection is noticed at once;
 //! either ends the hold (README: "Signals", lock loss).
