@@ -188,6 +188,12 @@ impl GrantBudget {
     }
 }
 
+/// The most [`confirm`] takes on a lease of `ttl`: tries for one TTL, the last one bounded
+/// by its [`GrantBudget`], which is less than the TTL (it is longest with no grace).
+pub fn confirm_bound(ttl: Duration) -> Duration {
+    ttl + Schedule::new(ttl, Duration::ZERO).hold_for()
+}
+
 /// Confirm a hold before the command starts, with the renewer's round trip.
 ///
 /// An attempt sent at `t` counts if its answer comes within the [`GrantBudget`] of `t`: a
@@ -571,6 +577,7 @@ mod tests {
             .expect_err("never confirmed");
         let took = BootInstant::now().saturating_since(start);
         assert!(took >= ttl && took < ttl * 2, "gave up after {took:?}");
+        assert!(took <= confirm_bound(ttl), "gave up after {took:?}");
         assert!(why.contains("2s lease (--ttl)"), "{why}");
         assert!(why.contains("connection refused"), "{why}");
     }

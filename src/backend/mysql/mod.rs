@@ -72,6 +72,13 @@ impl MysqlBackend {
 impl Backend for MysqlBackend {
     type Lease = MysqlLease;
 
+    /// Connecting and the lock call get `--wait` and [`conn::WAIT_GRACE`] (the lock call's
+    /// timeout is in whole seconds: up to a second more), then a grant that came by then is
+    /// checked ([`crate::keeper::confirm`]) on the server's whole-second TTL, at most ours.
+    fn wait_overrun(&self, request: &AcquireRequest) -> Duration {
+        crate::lock::MIN_ANSWER + conn::WAIT_GRACE + crate::keeper::confirm_bound(request.ttl)
+    }
+
     async fn acquire(
         &self,
         request: &AcquireRequest,

@@ -90,6 +90,13 @@ impl PgBackend {
 impl Backend for PgBackend {
     type Lease = PgLease;
 
+    /// The server's time to answer, the client's own limit on a lock call
+    /// [`deadline::CLIENT_LIMIT`] after it, and the check of a grant that came by then
+    /// ([`crate::keeper::confirm`]).
+    fn wait_overrun(&self, request: &AcquireRequest) -> Duration {
+        crate::lock::MIN_ANSWER + deadline::CLIENT_LIMIT + crate::keeper::confirm_bound(request.ttl)
+    }
+
     async fn acquire(
         &self,
         request: &AcquireRequest,
