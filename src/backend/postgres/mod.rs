@@ -91,10 +91,14 @@ impl Backend for PgBackend {
     type Lease = PgLease;
 
     /// The server's time to answer, the client's own limit on a lock call
-    /// [`deadline::CLIENT_LIMIT`] after it, and the check of a grant that came by then
-    /// ([`crate::keeper::confirm`]).
+    /// [`deadline::CLIENT_LIMIT`] after it, the check of a grant that came by then
+    /// ([`crate::keeper::confirm`]), and giving back one that did not count
+    /// ([`CANCEL_TIMEOUT`]).
     fn wait_overrun(&self, request: &AcquireRequest) -> Duration {
-        crate::lock::MIN_ANSWER + deadline::CLIENT_LIMIT + crate::keeper::confirm_bound(request.ttl)
+        crate::lock::MIN_ANSWER
+            + deadline::CLIENT_LIMIT
+            + crate::keeper::confirm_bound(request.ttl)
+            + CANCEL_TIMEOUT
     }
 
     async fn acquire(

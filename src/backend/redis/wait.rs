@@ -48,7 +48,7 @@ pub(super) const OVERRUN: Duration = Duration::from_millis(300);
 const LAST_CALL: Duration = Duration::from_millis(200);
 /// Bound for leaving the queue, connecting included (after a failure, a timeout or a cancel),
 /// when no `--wait` bounds it (then [`OVERRUN`] does).
-const LEAVE_TIMEOUT: Duration = Duration::from_secs(2);
+pub(super) const LEAVE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Why an acquisition stopped before the lock was ours.
 pub(super) enum Stop {
