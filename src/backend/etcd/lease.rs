@@ -195,6 +195,8 @@ async fn keep_waiting(mut renewer: Renewer, schedule: Schedule, state: watch::Se
             }
             Ok(Err(RenewError::Failed(reason))) => {
                 tracing::debug!("waiter lease keep-alive failed: {reason}");
+                // Soon, but not in a tight loop against a failing connection; a pause, not a
+                // deadline: only `kill_by` (from the last acknowledged send) decides anything.
                 Duration::from_millis(100)
             }
             Err(_) => {

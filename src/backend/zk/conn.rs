@@ -211,6 +211,8 @@ where
     for attempt in 1..=3u64 {
         match result {
             Err(zk::Error::ConnectionLoss | zk::Error::Timeout) => {
+                // A moment for the client to reach another member; a pause, not a deadline
+                // (each read has its own bound), so a busy machine only makes it later.
                 tokio::time::sleep(Duration::from_millis(50 * attempt)).await;
                 result = timed(read()).await;
             }
