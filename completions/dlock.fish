@@ -38,7 +38,7 @@ complete -c dlock -n "__fish_dlock_using_subcommand run; and __fish_dlock_run_op
 complete -c dlock -n "__fish_dlock_using_subcommand run; and __fish_dlock_run_options" -l prefix -d 'Namespace for keys and paths [default: dlock]' -r
 complete -c dlock -n "__fish_dlock_using_subcommand run; and __fish_dlock_run_options" -s w -l wait -d 'Give up after waiting this long, connecting to the backend included (500ms, 30s, 5m) [default: wait forever]' -r
 complete -c dlock -n "__fish_dlock_using_subcommand run; and __fish_dlock_run_options" -s E -l conflict-exit-code -d 'Exit status when the lock was not acquired [default: 75]' -r
-complete -c dlock -n "__fish_dlock_using_subcommand run; and __fish_dlock_run_options" -s t -l ttl -d 'Lease length; renewed every TTL/3 while the command runs; 2s to 7 days on the lease backends [default: 15s]' -r
+complete -c dlock -n "__fish_dlock_using_subcommand run; and __fish_dlock_run_options" -s t -l ttl -d 'Lease length; renewed at least every TTL/3 while the command runs; 2s to 7 days on the lease backends [default: 15s]' -r
 complete -c dlock -n "__fish_dlock_using_subcommand run; and __fish_dlock_run_options" -s l -l limit -d 'Semaphore: up to N holders at once; all holders must agree on N [default: 1]' -r
 complete -c dlock -n "__fish_dlock_using_subcommand run; and __fish_dlock_run_options" -l on-lost -d 'What to do when the lock is lost while the command runs [default: term]' -r -f -a "term\t'SIGTERM the command\'s process group, SIGKILL after --kill-after'
 kill\t'SIGKILL the command\'s process group at once'

@@ -185,8 +185,8 @@ pub struct RunArgs {
     )]
     pub conflict_exit_code: Option<String>,
 
-    /// Lease length; renewed every TTL/3 while the command runs; 2s to 7 days on the lease
-    /// backends [default: 15s].
+    /// Lease length; renewed at least every TTL/3 while the command runs; 2s to 7 days on the
+    /// lease backends [default: 15s].
     #[arg(
         short,
         long,

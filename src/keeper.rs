@@ -10,7 +10,12 @@
 //! - allowing for clock-rate drift (1 %) and a fixed safety margin `ε = max(500 ms, ttl/10)`
 //!   (scheduling delay, SIGKILL delivery), our own deadline is
 //!   `kill_by = t_send + 0.99·ttl − ε`, on `CLOCK_BOOTTIME`;
-//! - renewals go out every `ttl/3`, each bounded by `ttl/6`; a failed one is retried quickly;
+//! - a renewal goes out `ttl/3` after the last acknowledged one's send time, or earlier where
+//!   that would leave room for fewer than two attempts before the give-up point below (short
+//!   TTLs; a third of the TTL taken as grace), so one renewal that times out is always
+//!   followed by another with time of its own; each attempt is bounded by `ttl/6`, the last
+//!   one before the give-up point by that point (a late answer still proves the hold from
+//!   its send time); a failed one is retried quickly;
 //! - if no renewal succeeded by `kill_by − grace`, the hold is declared lost with `kill_by`
 //!   attached, so the supervisor can send SIGTERM now and SIGKILL no later than `kill_by`;
 //! - a renewal that finds the hold gone (deleted key, expired session) is a loss at once.
@@ -78,12 +83,37 @@ impl Schedule {
         Self::margin_for(self.ttl)
     }
 
+    /// How long after an acknowledged round trip's send time the next renewal goes out:
+    /// `ttl/3`, or earlier where that would leave room for fewer than two attempts before
+    /// [`Schedule::give_up_at`] (short leases, and a long `--kill-after` that takes a third
+    /// of the TTL as grace). A renewal that times out is then followed by another with a
+    /// whole attempt's time before the hold is given up. Never earlier than `ttl/6`, so a
+    /// lease is renewed at most six times per TTL; for every TTL a backend accepts that floor
+    /// still leaves the two attempts their room, since the hold is then at least `ttl/2` (the
+    /// grace is capped at `0.49·ttl − ε` by [`Schedule::new`]).
     pub fn renew_every(&self) -> Duration {
-        self.ttl / 3
+        (self.ttl / 3)
+            .min(self.hold_for().saturating_sub(self.attempt_timeout() * 2))
+            .max(self.ttl / 6)
     }
 
+    /// How long one renewal attempt may take before another is sent (the last one before
+    /// the give-up point may take until then, see [`Schedule::attempt_budget`]).
     pub fn attempt_timeout(&self) -> Duration {
         (self.ttl / 6).max(Duration::from_millis(100))
+    }
+
+    /// The time a renewal sent with `left` to go before the give-up point gets: an attempt's
+    /// timeout, or all of `left` when cutting it off there would leave less than half an
+    /// attempt for the next one. A slow answer still proves the hold from its send time;
+    /// cutting it off only pays when a next attempt has time of its own to be answered.
+    pub fn attempt_budget(&self, left: Duration) -> Duration {
+        let attempt = self.attempt_timeout();
+        if left.saturating_sub(attempt) < attempt / 2 {
+            left
+        } else {
+            attempt
+        }
     }
 
     /// How long after a round trip's send time the keeper still keeps the hold it proved
@@ -156,6 +186,12 @@ impl GrantBudget {
             humantime::format_duration(round_ms(self.schedule.ttl)),
         )
     }
+}
+
+/// The most [`confirm`] takes on a lease of `ttl`: tries for one TTL, the last one bounded
+/// by its [`GrantBudget`], which is less than the TTL (it is longest with no grace).
+pub fn confirm_bound(ttl: Duration) -> Duration {
+    ttl + Schedule::new(ttl, Duration::ZERO).hold_for()
 }
 
 /// Confirm a hold before the command starts, with the renewer's round trip.
@@ -296,9 +332,7 @@ async fn run<R: Renew>(
             return renewer;
         }
         let sent = BootInstant::now();
-        let budget = schedule
-            .attempt_timeout()
-            .min(give_up.saturating_since(sent));
+        let budget = schedule.attempt_budget(give_up.saturating_since(sent));
         let attempt = tokio::time::timeout(budget, renewer.renew());
         let result = tokio::select! {
             _ = &mut stop => return renewer,
@@ -321,22 +355,27 @@ async fn run<R: Renew>(
             }
             Ok(Err(RenewError::Failed(reason))) => {
                 tracing::warn!("lease renewal failed: {reason}; retrying");
-                next = retry_at(&schedule, give_up);
+                next = retry_at(&schedule, sent, give_up);
             }
             Err(_) => {
                 tracing::warn!(
                     "lease renewal timed out after {}; retrying",
                     humantime::format_duration(budget)
                 );
-                next = retry_at(&schedule, give_up);
+                next = retry_at(&schedule, sent, give_up);
             }
         }
     }
 }
 
-/// After a failed renewal, try again soon, but never later than the give-up point.
-fn retry_at(schedule: &Schedule, give_up: BootInstant) -> BootInstant {
-    (BootInstant::now() + schedule.retry_after()).min(give_up)
+/// After a renewal sent at `sent` failed, try again soon, but never later than the give-up
+/// point. The backoff counts from the send: it keeps a round trip that fails at once from
+/// being repeated at once, while one that failed slowly (or timed out) has waited already,
+/// and the next attempt gets all the time that is left.
+fn retry_at(schedule: &Schedule, sent: BootInstant, give_up: BootInstant) -> BootInstant {
+    (sent + schedule.retry_after())
+        .max(BootInstant::now())
+        .min(give_up)
 }
 
 fn round_ms(d: Duration) -> Duration {
@@ -379,6 +418,74 @@ mod tests {
             );
             assert!(s.kill_by(t0) < t0 + Duration::from_secs(ttl));
         }
+    }
+
+    /// Every TTL a backend accepts (the shortest of each, the default, long ones) with
+    /// `--kill-after` from none to more than the TTL allows.
+    fn accepted_schedules() -> Vec<Schedule> {
+        let ttls = [
+            crate::backend::MIN_LEASE_TTL,
+            Duration::from_millis(2500),
+            crate::backend::MIN_MEMCACHED_TTL,
+            Duration::from_secs(4),
+            Duration::from_secs(5),
+            Duration::from_secs(10),
+            crate::settings::DEFAULT_TTL,
+            Duration::from_secs(30),
+            Duration::from_secs(60),
+            Duration::from_secs(3600),
+            Duration::from_secs(7 * 24 * 3600),
+        ];
+        let kill_afters = [
+            Duration::ZERO,
+            Duration::from_millis(100),
+            Duration::from_secs(1),
+            crate::settings::DEFAULT_KILL_AFTER,
+            Duration::from_secs(7 * 24 * 3600),
+        ];
+        ttls.iter()
+            .flat_map(|&ttl| kill_afters.iter().map(move |&k| Schedule::new(ttl, k)))
+            .collect()
+    }
+
+    #[test]
+    fn two_renewal_attempts_fit_before_the_hold_is_given_up_at_every_accepted_ttl() {
+        for s in accepted_schedules() {
+            let attempts = s.hold_for().saturating_sub(s.renew_every());
+            assert!(
+                attempts >= s.attempt_timeout() * 2,
+                "{s:?}: renews after {:?}, {attempts:?} left for attempts of {:?}",
+                s.renew_every(),
+                s.attempt_timeout()
+            );
+            // Both attempts are cut off at their own timeout, not one at the give-up point.
+            assert_eq!(s.attempt_budget(attempts), s.attempt_timeout(), "{s:?}");
+            // Never later than ttl/3 (what the docs promise a loss is noticed within), never
+            // more often than six times per TTL.
+            assert!(s.renew_every() <= s.ttl / 3, "{s:?}");
+            assert!(s.renew_every() >= s.ttl / 6, "{s:?}");
+        }
+        // Long leases keep their traffic: a renewal every third of the TTL.
+        let s = Schedule::new(Duration::from_secs(60), crate::settings::DEFAULT_KILL_AFTER);
+        assert_eq!(s.renew_every(), Duration::from_secs(20));
+        // The 3 s lease of the tests: 1.5 s from an ack to giving up, a renewal after 0.5 s,
+        // two attempts of 0.5 s.
+        let s = Schedule::new(Duration::from_secs(3), crate::settings::DEFAULT_KILL_AFTER);
+        assert_eq!(s.renew_every(), Duration::from_millis(500));
+        assert_eq!(s.attempt_timeout(), Duration::from_millis(500));
+    }
+
+    #[test]
+    fn the_last_attempt_before_the_give_up_point_is_not_cut_off_early() {
+        let s = Schedule::new(Duration::from_secs(15), Duration::ZERO);
+        let attempt = s.attempt_timeout();
+        assert_eq!(s.attempt_budget(attempt * 3), attempt);
+        assert_eq!(s.attempt_budget(attempt + attempt / 2), attempt);
+        // What a cut-off would leave the next attempt is less than half an attempt.
+        let left = attempt + attempt / 3;
+        assert_eq!(s.attempt_budget(left), left);
+        assert_eq!(s.attempt_budget(attempt / 2), attempt / 2);
+        assert_eq!(s.attempt_budget(Duration::ZERO), Duration::ZERO);
     }
 
     /// Answers the n-th call (0-based) after `delays[n]` (the last entry repeats) with
@@ -470,6 +577,7 @@ mod tests {
             .expect_err("never confirmed");
         let took = BootInstant::now().saturating_since(start);
         assert!(took >= ttl && took < ttl * 2, "gave up after {took:?}");
+        assert!(took <= confirm_bound(ttl), "gave up after {took:?}");
         assert!(why.contains("2s lease (--ttl)"), "{why}");
         assert!(why.contains("connection refused"), "{why}");
     }
@@ -506,6 +614,39 @@ mod tests {
             "renewed {} times",
             calls.load(Ordering::SeqCst)
         );
+        assert!(keeper.stop().await.is_some());
+    }
+
+    /// At the 3 s lease of the tests, a first renewal that gets no answer (a server or a
+    /// machine too busy to answer in time) is followed by a second, slow but within its
+    /// attempt, and the hold is kept.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_renewal_that_times_out_is_followed_by_one_that_keeps_the_hold() {
+        let ttl = Duration::from_secs(3);
+        let calls = Arc::new(AtomicU32::new(0));
+        let renewer = Slow {
+            calls: calls.clone(),
+            delays: vec![
+                Duration::from_secs(60),
+                Duration::from_millis(300),
+                Duration::ZERO,
+            ],
+            answer: Ok(ttl),
+        };
+        let acquired = BootInstant::now();
+        let schedule = Schedule::new(ttl, crate::settings::DEFAULT_KILL_AFTER);
+        let mut keeper = Keeper::start(renewer, acquired, ttl, schedule.grace);
+        // Well past the give-up point of the acquisition itself (1.5 s after it).
+        let watch = schedule.hold_for() + Duration::from_secs(1);
+        tokio::select! {
+            lost = keeper.lost() => panic!(
+                "lost after {:?} and {} calls: {lost:?}",
+                BootInstant::now().saturating_since(acquired),
+                calls.load(Ordering::SeqCst)
+            ),
+            _ = tokio::time::sleep(watch) => {}
+        }
+        assert!(calls.load(Ordering::SeqCst) >= 2);
         assert!(keeper.stop().await.is_some());
     }
 

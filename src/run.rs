@@ -24,10 +24,34 @@ use crate::{clock, logging, reentry, supervise};
 mod min_hold;
 mod waiting;
 
-/// How long past `--wait` a backend may take to report that the wait is over.
+/// How long after a backend's own deadline ([`Backend::wait_overrun`]) the `--wait`
+/// backstop fires. It does not decide whether a run fails: a backend that keeps its deadline
+/// has ended the acquisition by then; this only orders the backstop after that deadline, with
+/// room for a busy machine to deliver the backend's own outcome (a grant, 75, or its message
+/// naming what did not answer) before `run` cancels it.
 const WAIT_BACKSTOP_SLACK: Duration = Duration::from_secs(1);
-/// How long a backend that missed the `--wait` deadline gets to clean up after a cancel.
+/// How long a backend that missed the backstop gets to clean up after the cancel (withdraw
+/// from the queue, give back a grant that arrives meanwhile). Safety does not depend on it:
+/// an acquisition dropped unfinished leaves a place in line or a grant that nobody uses, which
+/// the server expires with its lease; it only bounds how long the user waits for tidiness.
+/// Backends bound their own leaving by as much or less (Redis `LEAVE_TIMEOUT` 2 s, ZooKeeper
+/// closes a session within 1 s, etcd revokes within 1 s).
 const WAIT_BACKSTOP_CLEANUP: Duration = Duration::from_secs(2);
+/// How long a cancelled acquisition gets to withdraw after a signal (SIGINT, SIGTERM) while
+/// waiting, and to let a grant that won the race be given back. As with the backstop's
+/// cleanup, safety does not depend on it (what is left expires with its lease); it is longer
+/// because the backend has not misbehaved: a healthy server on a busy machine gets the time
+/// to take the waiter out, so the next run does not find it in line.
+const SIGNAL_CLEANUP: Duration = Duration::from_secs(10);
+
+/// When the `--wait` backstop fires, counted from the start of the acquisition: after the
+/// wait, the backend's own overrun (the server's time to answer, which may be longer than a
+/// short `--wait`; the round trip in flight; a grant's check), and the slack. So it never
+/// fires before a backend's honest deadline, however short `--wait` is.
+fn wait_backstop<B: Backend>(backend: &B, request: &AcquireRequest, wait: Duration) -> Duration {
+    wait.saturating_add(backend.wait_overrun(request))
+        .saturating_add(WAIT_BACKSTOP_SLACK)
+}
 
 async fn sleep_until_some(deadline: Option<tokio::time::Instant>) {
     match deadline {
@@ -109,11 +133,11 @@ pub async fn run<B: Backend>(
     tokio::pin!(acquire);
     // `--wait` bounds everything before the command starts, connecting included. Backends
     // honour the deadline themselves; this backstop catches a server that accepted the
-    // connection and then never answered.
+    // connection and then never answered, should a backend not end that itself.
     let backstop = match settings.wait {
         // No backstop for a wait too long for the clock: it is as good as forever.
         Wait::For(wait) => {
-            tokio::time::Instant::now().checked_add(wait.saturating_add(WAIT_BACKSTOP_SLACK))
+            tokio::time::Instant::now().checked_add(wait_backstop(&backend, &request, wait))
         }
         Wait::No | Wait::Forever => None,
     };
@@ -136,7 +160,7 @@ pub async fn run<B: Backend>(
             waiting.finish(&settings.name, false);
             canceller.cancel();
             // Let the backend remove its waiter; if it won the race, give the lock back.
-            if let Ok(Ok(lease)) = tokio::time::timeout(Duration::from_secs(10), &mut acquire).await {
+            if let Ok(Ok(lease)) = tokio::time::timeout(SIGNAL_CLEANUP, &mut acquire).await {
                 release(lease, &settings).await;
             }
             say!(

@@ -192,9 +192,9 @@ impl Target {
 
     /// The shortest `--ttl` the backend can keep, where it has one.
     ///
-    /// A lease is renewed every TTL/3 and the command is stopped a safety margin of at least
-    /// 500 ms before the lease can expire (see `keeper`): below 2 s that leaves no time for
-    /// one renewal and a retry, and etcd itself grants no lease under 2 s. PostgreSQL's holder
+    /// A lease is renewed at least every TTL/3 and the command is stopped a safety margin of
+    /// at least 500 ms before the lease can expire (see `keeper`): below 2 s that leaves no
+    /// time for one renewal and a retry, and etcd itself grants no lease under 2 s. PostgreSQL's holder
     /// heartbeat follows the same schedule. The file backend has no lease, so any TTL does.
     pub fn minimum_ttl(&self) -> Option<Duration> {
         match self {

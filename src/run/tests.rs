@@ -24,6 +24,8 @@ enum Acquire {
     UntilCancelled,
     /// Never answer, not even to a cancel (a server that went silent).
     Hang,
+    /// Grant with token 1 this long after the call (a slow server within its time to answer).
+    GrantAfter(Duration),
 }
 
 #[derive(Default)]
@@ -79,6 +81,14 @@ impl Backend for Fake {
                 Err(Error::Cancelled)
             }
             Acquire::Hang => std::future::pending().await,
+            Acquire::GrantAfter(delay) => {
+                tokio::time::sleep(delay).await;
+                self.record.borrow_mut().acquired += 1;
+                Ok(FakeLease {
+                    token: 1,
+                    record: self.record.clone(),
+                })
+            }
         }
     }
 
@@ -225,6 +235,25 @@ fn a_backend_that_never_answers_is_given_up_after_the_wait() {
         "{error:#}"
     );
     assert!(format!("{error:#}").contains("no answer"), "{error:#}");
+}
+
+/// A `--wait` shorter than the server's time to answer does not cut that time short: a
+/// grant that comes after `--wait` but within what the backend allows (the time to answer,
+/// the round trip in flight) starts the command.
+#[test]
+fn the_backstop_waits_for_a_grant_within_the_backends_time_to_answer() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().expect("temp dir");
+    let ran = dir.path().join("ran");
+    let script = format!("touch {}", ran.display());
+    let late = crate::lock::MIN_ANSWER + Duration::from_millis(300);
+    let (backend, record) = fake(Acquire::GrantAfter(late));
+    let settings = settings(dir.path(), &script, Wait::For(Duration::from_millis(1)));
+    let status = block_on(run(backend, settings, ""));
+    assert_eq!(status.ok(), Some(0));
+    assert!(ran.exists(), "the command did not run");
+    let record = record.borrow();
+    assert_eq!((record.acquired, record.released), (1, 1));
 }
 
 /// An entry naming our parent (a live ancestor) as the holder of `job`.

@@ -183,6 +183,8 @@ async fn move_until_done(mut conn: Conn, target: Move) -> Result<(), String> {
             }
             Err(e) => {
                 tracing::debug!("moving our key to the hold lease failed ({e}); retrying");
+                // A pause between tries, not a deadline: the waiter lease's deadline (less
+                // [`MARGIN`]) ends them, so a busy machine only makes a try later.
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
         }

@@ -3,16 +3,10 @@
 //! does not answer in time is unavailable (69); a lock that stays busy is 75.
 
 use std::future::Future;
-use std::time::Duration;
 
 use crate::clock::{sleep_until, BootInstant};
 use crate::error::Error;
-use crate::lock::{Cancel, Wait};
-
-/// The least time a server gets to answer while dlock queues, however short `--wait` is. A
-/// floor, not a bound: it only lengthens a `--wait` shorter than itself, which is the bound
-/// the user chose; a longer `--wait` (or none) is the bound as it is.
-const MIN_ANSWER: Duration = Duration::from_secs(1);
+use crate::lock::{Cancel, Wait, MIN_ANSWER};
 
 /// `--wait` over every request of an acquisition.
 pub(super) struct Before<'a> {

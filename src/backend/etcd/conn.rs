@@ -136,6 +136,8 @@ impl Conn {
                     );
                     last = Failure::Etcd(e);
                     self.rotate();
+                    // A pause before the next endpoint, longer each time; not a deadline:
+                    // `budget` ends the tries, so a busy machine only makes one later.
                     tokio::time::sleep(Duration::from_millis(20 * (attempt as u64 + 1))).await;
                 }
                 Ok(Err(e)) => return Err(self.classify(&e)),

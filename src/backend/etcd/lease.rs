@@ -17,7 +17,7 @@ use crate::keeper::{Renew, RenewError, Schedule};
 /// killed while it waits (SIGKILL: no chance to clean up) keeps its place no longer.
 pub(super) const WAITER_TTL_S: i64 = 2;
 /// Bound for revoking our leases once `--wait` is over; what is left expires by itself.
-const LATE_CLEANUP: Duration = Duration::from_secs(1);
+pub(super) const LATE_CLEANUP: Duration = Duration::from_secs(1);
 
 /// Keep-alive round trips for the [`crate::keeper::Keeper`], on a stream opened at the first
 /// renewal.
@@ -195,6 +195,8 @@ async fn keep_waiting(mut renewer: Renewer, schedule: Schedule, state: watch::Se
             }
             Ok(Err(RenewError::Failed(reason))) => {
                 tracing::debug!("waiter lease keep-alive failed: {reason}");
+                // Soon, but not in a tight loop against a failing connection; a pause, not a
+                // deadline: only `kill_by` (from the last acknowledged send) decides anything.
                 Duration::from_millis(100)
             }
             Err(_) => {

@@ -137,6 +137,14 @@ fn queue_for(identity: &str) -> LocalQueue {
 impl<B: Backend> Backend for LocalQueued<B> {
     type Lease = QueuedLease<B::Lease>;
 
+    /// The remote's, from a start up to [`QUEUE_SLACK`] after ours: a run admitted at once
+    /// gives the remote the user's whole `--wait`. A remote started later, with what the local
+    /// queue left of the wait, has its time to answer counted from at most the end of the
+    /// wait, so its own overrun covers it.
+    fn wait_overrun(&self, request: &AcquireRequest) -> Duration {
+        self.remote.wait_overrun(request) + QUEUE_SLACK
+    }
+
     /// A slot in the local queue (unless `--no-wait` or turned off), then the remote lock,
     /// with capacity refusals waited out; one `--wait` deadline for all of it.
     async fn acquire(

@@ -5,7 +5,7 @@
 //! any item to make room. dlock uses it like this:
 //!
 //! - **Holding** is an item added only if absent (`ms … ME`, mode add) with a whole-second
-//!   TTL, holding a random owner id and the holder's metadata; renewal every TTL/3 rewrites
+//!   TTL, holding a random owner id and the holder's metadata; renewal at least every TTL/3 rewrites
 //!   it with a compare-and-swap on its CAS value (only if still ours, `lease.rs`); release
 //!   deletes it with the same compare. Loss = the item is gone or somebody else's.
 //! - **Evictions** would break a hold silently, so a server whose `stats settings` say

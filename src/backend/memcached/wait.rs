@@ -20,7 +20,10 @@ use crate::clock::BootInstant;
 use super::client::{md, mg, ms, Conn, Failure};
 use super::keys::{Keys, WAITER_SLOTS};
 
-/// The first polling interval.
+/// The first polling interval. Polling intervals are periods, not deadlines: `--wait` ends
+/// the wait, and a busy machine only makes a poll later, never an acquisition fail. They
+/// trade a hand-off's delay against requests to the server; a waiter has no lease yet to
+/// derive them from.
 pub(super) const FIRST: Duration = Duration::from_millis(2);
 /// The longest polling interval.
 pub(super) const CAP: Duration = Duration::from_millis(25);

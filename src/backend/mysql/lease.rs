@@ -1,5 +1,5 @@
 //! The hold: a `GET_LOCK` lock has no lease, it lives as long as the session. The
-//! [`Keeper`] heartbeats every TTL/3 (`IS_USED_LOCK(key) = CONNECTION_ID()`: the lock must
+//! [`Keeper`] heartbeats at least every TTL/3 (`IS_USED_LOCK(key) = CONNECTION_ID()`: the lock must
 //! still be our session's), and each heartbeat restarts the server's `wait_timeout` count,
 //! which ends a session that went silent for the TTL: so the keeper's deadline arithmetic
 //! applies as for a lease, with the TTL the server keeps (whole seconds).

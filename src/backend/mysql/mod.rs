@@ -21,7 +21,7 @@
 //! Waiting happens in the server, in one `GET_LOCK` call for the whole wait (`acquire`), so
 //! waiters are served in arrival order; a signal ends it with `KILL QUERY`, and a waiter
 //! whose connection closes connects again. The hold has no lease of its own: the
-//! [`Keeper`](crate::keeper::Keeper) heartbeats every TTL/3 (`lease`), each heartbeat
+//! [`Keeper`](crate::keeper::Keeper) heartbeats at least every TTL/3 (`lease`), each heartbeat
 //! restarting the server's idle count, so its deadline arithmetic applies; a watcher on a
 //! second connection notices the end of the lock session at once.
 //!
@@ -71,6 +71,17 @@ impl MysqlBackend {
 
 impl Backend for MysqlBackend {
     type Lease = MysqlLease;
+
+    /// Connecting and the lock call get `--wait` and [`conn::WAIT_GRACE`] (the lock call's
+    /// timeout is in whole seconds: up to a second more), then a grant that came by then is
+    /// checked ([`crate::keeper::confirm`]) on the server's whole-second TTL, at most ours,
+    /// and one that did not count is given back ([`CANCEL_TIMEOUT`]).
+    fn wait_overrun(&self, request: &AcquireRequest) -> Duration {
+        crate::lock::MIN_ANSWER
+            + conn::WAIT_GRACE
+            + crate::keeper::confirm_bound(request.ttl)
+            + CANCEL_TIMEOUT
+    }
 
     async fn acquire(
         &self,

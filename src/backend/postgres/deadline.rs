@@ -9,11 +9,13 @@ use crate::clock::{sleep_until, BootInstant};
 use crate::lock::Wait;
 
 /// The least time the server gets to answer (connecting included), however short `--wait`
-/// is: a floor, not a bound. It only lengthens a `--wait` shorter than itself, so that on a
-/// busy machine a short `--wait` still reaches a healthy server and takes a free lock (or
-/// hears that it is held: 75, not 69); the lock's own wait still ends with `--wait`
-/// ([`Deadline::lock_timeout_sql`]). The same floor as etcd's and ZooKeeper's.
-pub(super) const MIN_ANSWER: Duration = Duration::from_secs(1);
+/// is; the lock's own wait still ends with `--wait` ([`Deadline::lock_timeout_sql`]).
+pub(super) use crate::lock::MIN_ANSWER;
+
+/// How long after the server's time to answer the client ends a lock call itself, should
+/// the server's `lock_timeout` not end it: a round trip to a server that answers, on a busy
+/// machine.
+pub(super) const CLIENT_LIMIT: Duration = Duration::from_secs(1);
 
 /// When a `--wait` ends, and how long it was (for messages).
 #[derive(Clone, Copy, Debug)]
@@ -54,7 +56,7 @@ impl Deadline {
 /// own limit on a lock call, should the server's `lock_timeout` not end it.
 pub(super) async fn backstop(deadline: Option<Deadline>) {
     match deadline {
-        Some(d) => sleep_until(d.answer_by + Duration::from_secs(1)).await,
+        Some(d) => sleep_until(d.answer_by + CLIENT_LIMIT).await,
         None => std::future::pending().await,
     }
 }
@@ -66,7 +68,7 @@ pub(super) async fn within<F: Future>(
 ) -> Result<F::Output, ()> {
     match deadline {
         Some(d) => {
-            let limit = (d.answer_by + Duration::from_secs(1)).remaining();
+            let limit = (d.answer_by + CLIENT_LIMIT).remaining();
             tokio::time::timeout(limit, work).await.map_err(|_| ())
         }
         None => Ok(work.await),

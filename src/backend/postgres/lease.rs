@@ -1,5 +1,5 @@
 //! The hold: a session lock has no lease, it lives as long as the session. The [`Keeper`]
-//! heartbeats every TTL/3 (the lock must still show up for our backend; each heartbeat also
+//! heartbeats at least every TTL/3 (the lock must still show up for our backend; each heartbeat also
 //! restarts the server's idle count, so its deadline arithmetic applies as for a lease), and
 //! the end of the connection is noticed at once; either ends the hold. The holder's metadata
 //! is the comment of the heartbeat statement; `--min-hold`'s finish ([`Lease::finished`])

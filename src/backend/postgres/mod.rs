@@ -21,7 +21,7 @@
 //! and labels the session in `pg_stat_activity`.
 //!
 //! A session lock has no lease: it lives as long as the session. The
-//! [`Keeper`](crate::keeper::Keeper) heartbeats every TTL/3 (the lock must still show up for
+//! [`Keeper`](crate::keeper::Keeper) heartbeats at least every TTL/3 (the lock must still show up for
 //! our backend; each heartbeat also restarts the server's idle count, so its deadline
 //! arithmetic applies as for a lease), and the end of the connection is noticed at once;
 //! either ends the hold (README: "Signals", lock loss).
@@ -89,6 +89,17 @@ impl PgBackend {
 
 impl Backend for PgBackend {
     type Lease = PgLease;
+
+    /// The server's time to answer, the client's own limit on a lock call
+    /// [`deadline::CLIENT_LIMIT`] after it, the check of a grant that came by then
+    /// ([`crate::keeper::confirm`]), and giving back one that did not count
+    /// ([`CANCEL_TIMEOUT`]).
+    fn wait_overrun(&self, request: &AcquireRequest) -> Duration {
+        crate::lock::MIN_ANSWER
+            + deadline::CLIENT_LIMIT
+            + crate::keeper::confirm_bound(request.ttl)
+            + CANCEL_TIMEOUT
+    }
 
     async fn acquire(
         &self,

@@ -8,7 +8,7 @@ use tokio_postgres::Config;
 
 /// `-c name=value` start-up options: no timeouts that could end a live hold, `--wait` as the
 /// server's own lock wait limit, `idle_session_timeout` = `ttl` so the server ends a session
-/// (and frees its lock) that sent nothing for the TTL (the keeper heartbeats every TTL/3; the
+/// (and frees its lock) that sent nothing for the TTL (the keeper heartbeats at least every TTL/3; the
 /// session is idle between statements), and keepalives that give a silent client at least
 /// `ttl` before its session is dropped.
 pub(super) fn session_options(

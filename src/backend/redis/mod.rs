@@ -106,6 +106,13 @@ impl RedisBackend {
 impl Backend for RedisBackend {
     type Lease = RedisLease;
 
+    /// Every call ends by `--wait` and [`wait::OVERRUN`] (within [`crate::lock::MIN_ANSWER`]),
+    /// then a grant older than a renewal attempt is checked ([`crate::keeper::confirm`]), and
+    /// one that did not count is given back ([`wait::LEAVE_TIMEOUT`]).
+    fn wait_overrun(&self, request: &AcquireRequest) -> std::time::Duration {
+        crate::lock::MIN_ANSWER + crate::keeper::confirm_bound(request.ttl) + wait::LEAVE_TIMEOUT
+    }
+
     /// Ask `acquire.lua` until it grants: each "not yet" queues us (or keeps our place) and
     /// we wait for our turn; a refusal, a failure, the `--wait` deadline or a cancel ends it
     /// with our token's entries given back.

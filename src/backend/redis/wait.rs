@@ -42,13 +42,13 @@ const NO_WAIT_BOUND: Duration = OP_TIMEOUT;
 /// The promise is `--wait` + 0.5 s from start to exit; the other 0.2 s are for the process's
 /// start and exit on a busy machine. A step cut short by it costs nothing lasting: a place in
 /// line lapses within [`WAITER_LEASE`], a grant whose reply was lost within `--ttl`.
-const OVERRUN: Duration = Duration::from_millis(300);
+pub(super) const OVERRUN: Duration = Duration::from_millis(300);
 /// The least time the last check at a `--wait` deadline gets (within [`OVERRUN`]): a round
 /// trip to a server that answers, on a busy machine.
 const LAST_CALL: Duration = Duration::from_millis(200);
 /// Bound for leaving the queue, connecting included (after a failure, a timeout or a cancel),
 /// when no `--wait` bounds it (then [`OVERRUN`] does).
-const LEAVE_TIMEOUT: Duration = Duration::from_secs(2);
+pub(super) const LEAVE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Why an acquisition stopped before the lock was ours.
 pub(super) enum Stop {

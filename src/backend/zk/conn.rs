@@ -13,7 +13,7 @@ use crate::backend::capacity;
 use crate::backend::url::join_host_port;
 use crate::clock::BootInstant;
 use crate::error::Error;
-use crate::lock::Wait;
+use crate::lock::{Wait, MIN_ANSWER};
 
 /// Bound for reaching the ensemble and for one operation outside the keeper.
 pub(super) const OP_TIMEOUT: Duration = Duration::from_secs(5);
@@ -25,10 +25,6 @@ static REFUSED_FOR_CAPACITY: AtomicBool = AtomicBool::new(false);
 /// kernel completes the connection before the server accepts it, so a busy server closes it
 /// late; this is only spent when connecting failed.
 const CAPACITY_PROBE: Duration = Duration::from_secs(1);
-/// The least time a server gets to answer while dlock queues, however short `--wait` is. A
-/// floor, not a bound: it only lengthens a `--wait` shorter than itself, which is the bound
-/// the user chose; a longer `--wait` (or none) is the bound as it is.
-pub(super) const MIN_ANSWER: Duration = Duration::from_secs(1);
 
 /// The end of `--wait`: when, and the duration asked for (for messages).
 #[derive(Clone, Copy)]
@@ -215,6 +211,8 @@ where
     for attempt in 1..=3u64 {
         match result {
             Err(zk::Error::ConnectionLoss | zk::Error::Timeout) => {
+                // A moment for the client to reach another member; a pause, not a deadline
+                // (each read has its own bound), so a busy machine only makes it later.
                 tokio::time::sleep(Duration::from_millis(50 * attempt)).await;
                 result = timed(read()).await;
             }

@@ -1,4 +1,4 @@
-//! The session as the lease: the [`Keeper`] re-verifies our node every TTL/3 (which also
+//! The session as the lease: the [`Keeper`] re-verifies our node at least every TTL/3 (which also
 //! touches the session) and declares the hold lost only when that failed for long enough that
 //! the server might expire the session; a watch on our node reports a deleted node or an
 //! ended session at once. Release deletes the node, which wakes the next waiter.

@@ -88,6 +88,13 @@ impl ZkBackend {
 impl Backend for ZkBackend {
     type Lease = ZkLease;
 
+    /// The server's time to answer, a waiter finishing after it (a re-check, a grant that
+    /// came at the end) for up to a session timeout, the TTL asked for (the backstop in
+    /// `acquire`), and then taking our node out ([`queue::LATE_CLEANUP`]).
+    fn wait_overrun(&self, request: &AcquireRequest) -> Duration {
+        crate::lock::MIN_ANSWER + request.ttl + queue::LATE_CLEANUP
+    }
+
     async fn acquire(
         &self,
         request: &AcquireRequest,

@@ -14,7 +14,7 @@ use crate::error::Error;
 /// How often a create may find its parent missing (removed container) before giving up.
 const MAX_PARENT_RETRIES: usize = 5;
 /// Bound for cleaning up once `--wait` is over; what is left goes with the session.
-const LATE_CLEANUP: Duration = Duration::from_secs(1);
+pub(super) const LATE_CLEANUP: Duration = Duration::from_secs(1);
 
 impl ZkBackend {
     /// Create our node (making the parents as needed) and list the queue in the same round
