@@ -68,8 +68,8 @@ pub fn killed_holder_frees_the_lock_within(server: &dyn LockServer, limit: Durat
 }
 
 /// `--wait` bounds waiting, not a healthy server's answers: over a link that delays each
-/// answer by 100 ms, `--wait 1ms` still takes a free lock (etcd and ZooKeeper give a server
-/// at least 1 s to answer; not in the macro's list, each of them calls it).
+/// answer by 100 ms, `--wait 1ms` still takes a free lock (a server gets at least
+/// `MIN_ANSWER`, 2 s, to answer; not in the macro's list, the backends that use it call it).
 pub fn a_short_wait_still_takes_a_free_lock_over_a_slow_link(server: &dyn LeaseServer) {
     let env = TestEnv::new(server.as_lock_server());
     let proxy = Proxy::with_delay(server.port(), Duration::from_millis(50));
