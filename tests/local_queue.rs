@@ -182,6 +182,64 @@ fn a_run_that_dies_before_reaching_the_server_holds_up_nobody() {
     assert_eq!(order, expected);
 }
 
+/// A run admitted behind a slow run that has not reached the server yet waits for it within
+/// its `--wait` (75, naming this host's queue) and a signal cancels that wait.
+#[test]
+fn the_wait_behind_a_slow_admitted_run_keeps_to_wait_and_signals() {
+    let server = RedisServer::start();
+    let env = TestEnv::new(&server);
+    let lock = lock_name("lq");
+    let log = env.path("order");
+    let (mut holder, mut waiters) = fill_the_server_queue(&env, &lock, &log);
+    waiters.0.push(
+        env.dlock(["run", &lock, "true"])
+            .spawn()
+            .expect("spawn local waiter"),
+    );
+    wait_until("local waiter counted", PATIENCE, || {
+        env.waiters(&lock) == DEPTH + 1
+    });
+    let slow = waiters.0[DEPTH as usize].id();
+    let slow_pid = nix::unistd::Pid::from_raw(slow as i32);
+    nix::sys::signal::kill(slow_pid, Signal::SIGSTOP).expect("stop");
+    wait_until("slow waiter stopped", PATIENCE, || stopped(slow));
+    holder.signal(Signal::SIGTERM);
+    holder.wait();
+    let served = || std::fs::read_to_string(&log).map_or(0, |text| text.lines().count());
+    wait_until("the server's queue served", PATIENCE, || {
+        served() >= DEPTH as usize && !held(&env, &lock)
+    });
+    // The lock is free, but the slow run is ahead.
+    let out = env.run(["run", "--wait", "1s", &lock, "true"]);
+    assert_eq!(out.status.code(), Some(75), "{}", describe(&out));
+    assert!(
+        stderr_of(&out).contains("behind other runs on this host"),
+        "{}",
+        describe(&out)
+    );
+    let marker = env.path("ran");
+    let mut queued = env
+        .dlock(["run", &lock, "touch", &marker.display().to_string()])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    wait_until("waiter behind the slow run counted", PATIENCE, || {
+        env.waiters(&lock) == 1
+    });
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(queued.id() as i32),
+        Signal::SIGTERM,
+    )
+    .expect("signal");
+    assert_eq!(wait_within(&mut queued, PATIENCE).code(), Some(128 + 15));
+    assert!(!marker.exists(), "the command ran");
+    nix::sys::signal::kill(slow_pid, Signal::SIGCONT).expect("continue");
+    for waiter in &mut waiters.0 {
+        assert!(wait_within(waiter, PATIENCE).success());
+    }
+    assert_eq!(env.waiters(&lock), 0);
+}
+
 #[test]
 fn wait_runs_out_in_the_local_queue_with_75_and_leaves_nothing_behind() {
     let server = RedisServer::start();

@@ -8,8 +8,8 @@
 //! How: [`LocalQueued`] wraps any remote [`Backend`]. Its `acquire` first takes a ticket in
 //! this host's queue (`tickets.rs`: numbered ticket files, first come first served, each waiter
 //! blocked in the kernel on one file, freed the moment its dlock dies) and waits until at most
-//! `--limit` + [`DEPTH`] processes of this host are at the server and the one before it has
-//! queued there; then it takes the remote lock. Its lease gives back the remote lock first, then the ticket. More than `--limit`
+//! `--limit` + [`DEPTH`] processes of this host are at the server and those with earlier
+//! tickets have queued there; then it takes the remote lock. Its lease gives back the remote lock first, then the ticket. More than `--limit`
 //! are admitted so that a release hands over at the server's speed: the next waiters have
 //! already connected and queued when a holder is done.
 //!
@@ -29,12 +29,12 @@
 //!   `acquire` is called, and `status` goes straight to the server.
 //! - Order: first come first served on the host (ticket order), then the server's own queue
 //!   (FIFO on every remote backend but memcached). The runs of a host reach the server's queue
-//!   in ticket order whatever the load: an admitted ticket also waits until the ticket just
-//!   before it has its place there (`tickets.rs`), which the remote backend says by calling
+//!   in ticket order whatever the load: an admitted ticket also waits until every earlier
+//!   ticket has its place there or is gone (`tickets.rs`), which the remote backend says by calling
 //!   [`crate::lock::queued`] where it queues; the request's [`OnQueued`] hook, set here, then
 //!   unlocks this ticket's `.queuing` file. A remote `acquire` that returns (holding, past the
-//!   queue, or failed) counts as queued too, and so does a ticket that is gone (released, its
-//!   run given up, cancelled or dead). A capacity refusal waited out is not queued: the next
+//!   queue, or failed) counts as queued too; a ticket that is gone (released, its run given
+//!   up, cancelled or dead) holds up nobody. A capacity refusal waited out is not queued: the next
 //!   run waits, as it would be refused too. A backend without a queue (memcached polls) calls
 //!   `queued` when it starts polling.
 //! - Fairness across hosts: the server's queue has at most `--limit` + [`DEPTH`] entries per

@@ -11,13 +11,16 @@
 //! - Ticket `n` may go to the server once ticket `n - admitted` is done: its file is gone, or
 //!   it can be locked. With `admitted` = `--limit` + [`super::DEPTH`], a host never has more
 //!   than that many processes at the server.
-//! - And once ticket `n - 1` has its place in the server's queue, so that the host's runs
-//!   reach it in ticket order however slowly each gets there (a process of a busy machine may
-//!   not run for a while). Each ticket has a second file, `<stem>.<n>.queuing`, created and
-//!   locked with the ticket file and unlocked when its process has queued at the server
-//!   ([`crate::lock::queued`]), has got the lock without queueing, or has left; the kernel
-//!   unlocks it too when the process dies. Ticket `n` waits for that of `n - 1` as for
-//!   admission: blocked in the kernel on that one file, within `--wait`, cancellable.
+//! - And once every earlier ticket still in use has its place in the server's queue, so that
+//!   the host's runs reach it in ticket order however slowly each gets there (a process of a
+//!   busy machine may not run for a while). Each ticket has a second file,
+//!   `<stem>.<n>.queuing`, created and locked with the ticket file and unlocked when its
+//!   process has queued at the server ([`crate::lock::queued`]), has got the lock without
+//!   queueing, or has left; the kernel unlocks it too when the process dies. Ticket `n` waits
+//!   for those of the tickets before it (normally only `n - 1`'s is still locked; all of them,
+//!   because `n - 1` may have given up while one before it is still on its way) as for
+//!   admission: blocked in the kernel on one file at a time, within `--wait`, cancellable.
+//!   The first to find one unlocked removes it.
 //!
 //! The directory is opened as the file backend opens its own (`file::dir`): private to the
 //! user, never following a link, refusing files someone else planted.
@@ -217,25 +220,20 @@ impl LocalQueue {
         ticket.peer_ahead = number
             .checked_sub(1)
             .is_some_and(|previous| in_use(&ticket.dir, &ticket_name(&stem, previous)));
-        // Admitted, then in ticket order: after the ticket just before ours has queued.
+        // Admitted, then in ticket order: after every earlier ticket has queued or is gone.
         if let Some(ahead) = number.checked_sub(admitted) {
             ticket.waited |=
                 wait_for(&ticket.dir, &ticket_name(&stem, ahead), deadline, cancel).await?;
         }
-        if let Some(previous) = number.checked_sub(1) {
-            ticket.waited |= wait_for(
-                &ticket.dir,
-                &queuing_name(&stem, previous),
-                deadline,
-                cancel,
-            )
-            .await?;
+        for earlier in queuing_before(&ticket.dir, &stem, number)? {
+            ticket.waited |=
+                wait_for(&ticket.dir, &queuing_name(&stem, earlier), deadline, cancel).await?;
         }
         Ok(ticket)
     }
 
     /// How many processes wait in this queue for `name` (blocked on a ticket ahead of theirs,
-    /// or on the `.queuing` file of the one just before theirs).
+    /// or on the `.queuing` file of an earlier one).
     pub(super) fn waiting(&self, name: &LockName) -> Result<u64, Error> {
         let Some(dir) = self.open(false)? else {
             return Ok(0);
@@ -282,6 +280,26 @@ fn ticket_name(stem: &str, number: u64) -> String {
 
 fn queuing_name(stem: &str, number: u64) -> String {
     format!("{stem}.{number}.queuing")
+}
+
+/// The numbers of the `.queuing` files of tickets before `number`, nearest first (the one most
+/// likely still locked; the others are then mostly unlocked already).
+fn queuing_before(dir: &LockDir, stem: &str, number: u64) -> Result<Vec<u64>, Error> {
+    let prefix = format!("{stem}.");
+    let mut earlier: Vec<u64> = dir
+        .entries()?
+        .iter()
+        .filter_map(|entry| {
+            entry
+                .strip_prefix(&prefix)?
+                .strip_suffix(".queuing")?
+                .parse::<u64>()
+                .ok()
+        })
+        .filter(|&k| k < number)
+        .collect();
+    earlier.sort_unstable_by(|a, b| b.cmp(a));
+    Ok(earlier)
 }
 
 /// Close a ticket's `.queuing` file, which unlocks it.
