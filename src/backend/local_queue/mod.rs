@@ -9,9 +9,10 @@
 //! this host's queue (`tickets.rs`: numbered ticket files, first come first served, each waiter
 //! blocked in the kernel on one file, freed the moment its dlock dies) and waits until at most
 //! `--limit` + [`DEPTH`] processes of this host are at the server and those with earlier
-//! tickets have queued there; then it takes the remote lock. Its lease gives back the remote lock first, then the ticket. More than `--limit`
-//! are admitted so that a release hands over at the server's speed: the next waiters have
-//! already connected and queued when a holder is done.
+//! tickets have queued there; then it takes the remote lock. Its lease gives back the remote
+//! lock first, then the ticket. More than `--limit` are admitted so that a release hands over
+//! at the server's speed: the next waiters have already connected and queued when a holder is
+//! done.
 //!
 //! - Where: the file backend's default directory ([`FileTarget::default_dir`], one per user
 //!   whatever the session, private to the user and checked as the file backend checks it), in a
@@ -30,13 +31,13 @@
 //! - Order: first come first served on the host (ticket order), then the server's own queue
 //!   (FIFO on every remote backend but memcached). The runs of a host reach the server's queue
 //!   in ticket order whatever the load: an admitted ticket also waits until every earlier
-//!   ticket has its place there or is gone (`tickets.rs`), which the remote backend says by calling
-//!   [`crate::lock::queued`] where it queues; the request's [`OnQueued`] hook, set here, then
+//!   ticket has its place there or is gone (`tickets.rs`). The remote backend says where it
+//!   queues by calling [`crate::lock::queued`]; the request's [`OnQueued`] hook, set here, then
 //!   unlocks this ticket's `.queuing` file. A remote `acquire` that returns (holding, past the
 //!   queue, or failed) counts as queued too; a ticket that is gone (released, its run given
-//!   up, cancelled or dead) holds up nobody. A capacity refusal waited out is not queued: the next
-//!   run waits, as it would be refused too. A backend without a queue (memcached polls) calls
-//!   `queued` when it starts polling.
+//!   up, cancelled or dead) holds up nobody. A capacity refusal being waited out is not
+//!   queued: the next run waits, as it would be refused too. A backend without a queue
+//!   (memcached polls) calls `queued` when it starts polling.
 //! - Fairness across hosts: the server's queue has at most `--limit` + [`DEPTH`] entries per
 //!   host: a host with a thousand waiters no longer fills it ahead of another host.
 //!
