@@ -9,6 +9,7 @@
 //!   [`Lease::release`] gives it back. The supervisor knows nothing else about backends.
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -257,6 +258,40 @@ pub struct AcquireRequest {
     /// knows): the lock is most likely held, so a backend may skip its attempt to take a free
     /// lock and queue at once. Only a hint: the lock may still turn out to be free.
     pub likely_held: bool,
+    /// Told when this request has reached the server's queue ([`queued`]); the host-local
+    /// queue lets the next process of this host go to the server only then.
+    pub on_queued: OnQueued,
+}
+
+/// What to do once an `acquire` has reached the server's queue (nothing by default).
+#[derive(Clone, Default)]
+pub struct OnQueued(Option<Arc<dyn Fn() + Send + Sync>>);
+
+impl OnQueued {
+    pub fn new(hook: impl Fn() + Send + Sync + 'static) -> OnQueued {
+        OnQueued(Some(Arc::new(hook)))
+    }
+}
+
+impl fmt::Debug for OnQueued {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "OnQueued(hook)"
+        } else {
+            "OnQueued(none)"
+        })
+    }
+}
+
+/// A backend's waiter for `request` has its place in the server's queue: a request that
+/// arrives at the server after this one is served after it. Every remote backend calls this
+/// where it queues (once or more; repeats are harmless): the hand-off event `queued`, and the
+/// request's [`OnQueued`] hook.
+pub fn queued(request: &AcquireRequest) {
+    tracing::debug!(target: crate::logging::HANDOFF, "queued");
+    if let Some(hook) = &request.on_queued.0 {
+        hook();
+    }
 }
 
 /// Tells a waiting `acquire` to give up and clean up after itself.

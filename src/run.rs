@@ -110,6 +110,7 @@ pub async fn run<B: Backend>(
         wait: settings.wait,
         kill_after: settings.kill_after,
         likely_held: false,
+        on_queued: Default::default(),
         holder: Holder {
             min_hold_ms: settings
                 .min_hold

@@ -84,6 +84,162 @@ fn waiters_beyond_the_server_queue_wait_on_this_host_in_arrival_order_and_status
     assert_eq!(env.waiters(&lock), 0);
 }
 
+/// Whether every thread of process `pid` is stopped (SIGSTOP took effect).
+fn stopped(pid: u32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    tasks.flatten().all(|task| {
+        std::fs::read_to_string(task.path().join("stat")).is_ok_and(|stat| {
+            stat.rsplit_once(')')
+                .is_some_and(|(_, rest)| rest.trim_start().starts_with('T'))
+        })
+    })
+}
+
+/// Whether the server says `lock` is held.
+fn held(env: &TestEnv, lock: &str) -> bool {
+    let out = env.run(["status", "--json", lock]);
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    json["held"].as_bool().unwrap_or(true)
+}
+
+/// A holder, `DEPTH` waiters at the server and three in this host's queue; the first of those
+/// three is stopped (as a process of a busy machine may not run for a while) before the holder
+/// leaves, which admits it, and `then` is sent to it once the server's queue has been served
+/// and the next two local waiters were admitted meanwhile. Returns the order of the commands'
+/// runs and the waiters.
+fn slow_first_local_waiter(then: Signal) -> (String, Reaped) {
+    let server = RedisServer::start();
+    let env = TestEnv::new(&server);
+    let lock = lock_name("lq");
+    let log = env.path("order");
+    let (mut holder, mut waiters) = fill_the_server_queue(&env, &lock, &log);
+    for i in DEPTH..DEPTH + 3 {
+        waiters.0.push(
+            env.dlock([
+                "run",
+                &lock,
+                "sh",
+                "-c",
+                &format!("echo {i} >> {}", log.display()),
+            ])
+            .spawn()
+            .expect("spawn local waiter"),
+        );
+        wait_until("local waiter counted", PATIENCE, || {
+            env.waiters(&lock) == i + 1
+        });
+    }
+    let slow = waiters.0[DEPTH as usize].id();
+    let slow_pid = nix::unistd::Pid::from_raw(slow as i32);
+    nix::sys::signal::kill(slow_pid, Signal::SIGSTOP).expect("stop");
+    wait_until("slow waiter stopped", PATIENCE, || stopped(slow));
+    holder.signal(Signal::SIGTERM);
+    holder.wait();
+    let served = |count: usize| {
+        std::fs::read_to_string(&log).map_or(0, |text| text.lines().count()) >= count
+    };
+    wait_until("the server's queue served", PATIENCE, || {
+        served(DEPTH as usize) && !held(&env, &lock)
+    });
+    nix::sys::signal::kill(slow_pid, then).expect("signal the slow waiter");
+    if then == Signal::SIGKILL {
+        let _ = wait_within(&mut waiters.0[DEPTH as usize], PATIENCE);
+        let _ = nix::sys::signal::kill(slow_pid, Signal::SIGCONT);
+    }
+    for (i, waiter) in waiters.0.iter_mut().enumerate() {
+        let status = wait_within(waiter, PATIENCE);
+        assert!(
+            status.success() || i == DEPTH as usize,
+            "waiter {i}: {status}"
+        );
+    }
+    assert_eq!(env.waiters(&lock), 0);
+    (std::fs::read_to_string(&log).expect("log"), waiters)
+}
+
+/// A run admitted to the server that is slow to get there is still served before the runs
+/// with later tickets, which are admitted meanwhile as the runs ahead of them finish.
+#[test]
+fn a_slow_admitted_run_keeps_its_place_ahead_of_later_tickets() {
+    let (order, _waiters) = slow_first_local_waiter(Signal::SIGCONT);
+    let expected: String = (0..DEPTH + 3).map(|i| format!("{i}\n")).collect();
+    assert_eq!(
+        order, expected,
+        "acquisition order differs from arrival order"
+    );
+}
+
+/// The runs after one that dies before it reaches the server go on, in order.
+#[test]
+fn a_run_that_dies_before_reaching_the_server_holds_up_nobody() {
+    let (order, _waiters) = slow_first_local_waiter(Signal::SIGKILL);
+    let expected: String = (0..DEPTH)
+        .chain(DEPTH + 1..DEPTH + 3)
+        .map(|i| format!("{i}\n"))
+        .collect();
+    assert_eq!(order, expected);
+}
+
+/// A run admitted behind a slow run that has not reached the server yet waits for it within
+/// its `--wait` (75, naming this host's queue) and a signal cancels that wait.
+#[test]
+fn the_wait_behind_a_slow_admitted_run_keeps_to_wait_and_signals() {
+    let server = RedisServer::start();
+    let env = TestEnv::new(&server);
+    let lock = lock_name("lq");
+    let log = env.path("order");
+    let (mut holder, mut waiters) = fill_the_server_queue(&env, &lock, &log);
+    waiters.0.push(
+        env.dlock(["run", &lock, "true"])
+            .spawn()
+            .expect("spawn local waiter"),
+    );
+    wait_until("local waiter counted", PATIENCE, || {
+        env.waiters(&lock) == DEPTH + 1
+    });
+    let slow = waiters.0[DEPTH as usize].id();
+    let slow_pid = nix::unistd::Pid::from_raw(slow as i32);
+    nix::sys::signal::kill(slow_pid, Signal::SIGSTOP).expect("stop");
+    wait_until("slow waiter stopped", PATIENCE, || stopped(slow));
+    holder.signal(Signal::SIGTERM);
+    holder.wait();
+    let served = || std::fs::read_to_string(&log).map_or(0, |text| text.lines().count());
+    wait_until("the server's queue served", PATIENCE, || {
+        served() >= DEPTH as usize && !held(&env, &lock)
+    });
+    // The lock is free, but the slow run is ahead.
+    let out = env.run(["run", "--wait", "1s", &lock, "true"]);
+    assert_eq!(out.status.code(), Some(75), "{}", describe(&out));
+    assert!(
+        stderr_of(&out).contains("behind other runs on this host"),
+        "{}",
+        describe(&out)
+    );
+    let marker = env.path("ran");
+    let mut queued = env
+        .dlock(["run", &lock, "touch", &marker.display().to_string()])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    wait_until("waiter behind the slow run counted", PATIENCE, || {
+        env.waiters(&lock) == 1
+    });
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(queued.id() as i32),
+        Signal::SIGTERM,
+    )
+    .expect("signal");
+    assert_eq!(wait_within(&mut queued, PATIENCE).code(), Some(128 + 15));
+    assert!(!marker.exists(), "the command ran");
+    nix::sys::signal::kill(slow_pid, Signal::SIGCONT).expect("continue");
+    for waiter in &mut waiters.0 {
+        assert!(wait_within(waiter, PATIENCE).success());
+    }
+    assert_eq!(env.waiters(&lock), 0);
+}
+
 #[test]
 fn wait_runs_out_in_the_local_queue_with_75_and_leaves_nothing_behind() {
     let server = RedisServer::start();

@@ -332,7 +332,7 @@ impl Acquisition<'_> {
             }
             let reread = if response.created() {
                 created = true;
-                tracing::debug!(target: crate::logging::HANDOFF, "queued");
+                crate::lock::queued(self.request);
                 // The watch started after `read_at`: read again, now that it exists.
                 response.header().map_or(0, |h| h.revision()) != read_at
             } else if !created {

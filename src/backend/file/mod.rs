@@ -220,7 +220,7 @@ async fn wait_for_slot(
         ));
     }
     let mut blocked = BlockedWait::start(files);
-    tracing::debug!(target: crate::logging::HANDOFF, "queued");
+    crate::lock::queued(request);
     let outcome = tokio::select! {
         got = blocked.first() => got,
         _ = cancel.cancelled() => Err(Error::Cancelled),

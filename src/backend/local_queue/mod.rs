@@ -8,10 +8,11 @@
 //! How: [`LocalQueued`] wraps any remote [`Backend`]. Its `acquire` first takes a ticket in
 //! this host's queue (`tickets.rs`: numbered ticket files, first come first served, each waiter
 //! blocked in the kernel on one file, freed the moment its dlock dies) and waits until at most
-//! `--limit` + [`DEPTH`] processes of this host are at the server; then it takes the remote
-//! lock. Its lease gives back the remote lock first, then the ticket. More than `--limit`
-//! are admitted so that a release hands over at the server's speed: the next waiters have
-//! already connected and queued when a holder is done.
+//! `--limit` + [`DEPTH`] processes of this host are at the server and those with earlier
+//! tickets have queued there; then it takes the remote lock. Its lease gives back the remote
+//! lock first, then the ticket. More than `--limit` are admitted so that a release hands over
+//! at the server's speed: the next waiters have already connected and queued when a holder is
+//! done.
 //!
 //! - Where: the file backend's default directory ([`FileTarget::default_dir`], one per user
 //!   whatever the session, private to the user and checked as the file backend checks it), in a
@@ -27,9 +28,18 @@
 //!   as a signal while waiting at the server does.
 //! - Reentrancy needs no slot: a nested run of a held lock is recognised by `status` before
 //!   `acquire` is called, and `status` goes straight to the server.
-//! - Fairness: first come first served on the host (ticket order), then the server's own queue
-//!   (FIFO on every remote backend), which has at most `--limit` + [`DEPTH`] entries per host:
-//!   a host with a thousand waiters no longer fills the server's queue ahead of another host.
+//! - Order: first come first served on the host (ticket order), then the server's own queue
+//!   (FIFO on every remote backend but memcached). The runs of a host reach the server's queue
+//!   in ticket order whatever the load: an admitted ticket also waits until every earlier
+//!   ticket has its place there or is gone (`tickets.rs`). The remote backend says where it
+//!   queues by calling [`crate::lock::queued`]; the request's [`OnQueued`] hook, set here, then
+//!   unlocks this ticket's `.queuing` file. A remote `acquire` that returns (holding, past the
+//!   queue, or failed) counts as queued too; a ticket that is gone (released, its run given
+//!   up, cancelled or dead) holds up nobody. A capacity refusal being waited out is not
+//!   queued: the next run waits, as it would be refused too. A backend without a queue
+//!   (memcached polls) calls `queued` when it starts polling.
+//! - Fairness across hosts: the server's queue has at most `--limit` + [`DEPTH`] entries per
+//!   host: a host with a thousand waiters no longer fills it ahead of another host.
 //!
 //! - A hint for the backend: when the ticket just before ours is still in use, a process of
 //!   this host is at the server ahead of us, so the lock is most likely held
@@ -51,7 +61,8 @@ use super::file::FileTarget;
 use crate::clock::BootInstant;
 use crate::error::Error;
 use crate::lock::{
-    AcquireRequest, Backend, Cancel, CheckReport, Holder, Lease, LockName, LockStatus, Lost, Wait,
+    AcquireRequest, Backend, Cancel, CheckReport, Holder, Lease, LockName, LockStatus, Lost,
+    OnQueued, Wait,
 };
 use crate::settings::Common;
 
@@ -170,6 +181,9 @@ impl<B: Backend> Backend for LocalQueued<B> {
         let remote = capacity::wait_out(request.wait, deadline, &mut cancel, async |left| {
             let mut remote_request = request.clone();
             remote_request.likely_held = local.as_ref().is_some_and(|t| t.peer_ahead);
+            if let Some(ticket) = &local {
+                remote_request.on_queued = OnQueued::new(ticket.on_queued());
+            }
             let at_once = std::mem::take(&mut first_try) && admitted_at_once;
             remote_request.wait = match left {
                 // Admitted at once: the backend's deadline is the user's, to a few
@@ -191,6 +205,11 @@ impl<B: Backend> Backend for LocalQueued<B> {
                 .await
         })
         .await;
+        // Holding (past the server's queue without needing it) or leaving: either way the
+        // next run of this host may go to the server.
+        if let Some(ticket) = &local {
+            ticket.queued();
+        }
         let remote = match remote {
             Err(Error::Busy(why)) if queued_for >= QUEUE_SLACK => {
                 return Err(Error::Busy(format!(

@@ -10,7 +10,17 @@
 //!   the lock when the process dies, however it dies.
 //! - Ticket `n` may go to the server once ticket `n - admitted` is done: its file is gone, or
 //!   it can be locked. With `admitted` = `--limit` + [`super::DEPTH`], a host never has more
-//!   than that many processes at the server, and those it has arrived there in ticket order.
+//!   than that many processes at the server.
+//! - And once every earlier ticket still in use has its place in the server's queue, so that
+//!   the host's runs reach it in ticket order however slowly each gets there (a process of a
+//!   busy machine may not run for a while). Each ticket has a second file,
+//!   `<stem>.<n>.queuing`, created and locked with the ticket file and unlocked when its
+//!   process has queued at the server ([`crate::lock::queued`]), has got the lock without
+//!   queueing, or has left; the kernel unlocks it too when the process dies. Ticket `n` waits
+//!   for those of the tickets before it (normally only `n - 1`'s is still locked; all of them,
+//!   because `n - 1` may have given up while one before it is still on its way) as for
+//!   admission: blocked in the kernel on one file at a time, within `--wait`, cancellable.
+//!   The first to find one unlocked removes it.
 //!
 //! The directory is opened as the file backend opens its own (`file::dir`): private to the
 //! user, never following a link, refusing files someone else planted.
@@ -27,6 +37,7 @@ use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 use crate::backend::file::dir::LockDir;
 use crate::backend::file::proc_locks::ProcLocks;
@@ -59,6 +70,10 @@ pub(super) struct Ticket {
     sub: String,
     /// Locked while the ticket is in use; closed (unlocked) first when it is dropped.
     file: Option<File>,
+    /// The `.queuing` file's name and the file, locked until this ticket's process has its
+    /// place in the server's queue (see the module doc); shared with the hook that unlocks it.
+    queuing_name: String,
+    queuing: Arc<Mutex<Option<File>>>,
     /// The ticket just before this one was still in use when this one was admitted.
     pub(super) peer_ahead: bool,
     /// This ticket had to wait for one ahead of it (time behind other runs, which counts
@@ -71,6 +86,8 @@ impl Drop for Ticket {
         // Removed before it is unlocked: a successor that opened it already is woken by the
         // unlock, one that looks later finds it gone; both go on. Unlocked before the tidying,
         // which the successor need not wait for.
+        let _ = self.dir.remove(&self.queuing_name);
+        self.queued();
         let _ = self.dir.remove(&self.name);
         drop(self.file.take());
         if let Err(e) = self.tidy() {
@@ -83,6 +100,18 @@ impl Drop for Ticket {
 }
 
 impl Ticket {
+    /// This ticket's process has its place in the server's queue (or is past it, or leaves):
+    /// the next ticket may go to the server. Repeats are harmless.
+    pub(super) fn queued(&self) {
+        unlock_queuing(&self.queuing);
+    }
+
+    /// A hook that does what [`Ticket::queued`] does, for the remote backend to call.
+    pub(super) fn on_queued(&self) -> impl Fn() + Send + Sync + 'static {
+        let queuing = self.queuing.clone();
+        move || unlock_queuing(&queuing)
+    }
+
     /// The last ticket of its name to leave removes the counter, and the queue's directory
     /// if nothing else is in it (see the module doc).
     fn tidy(&self) -> Result<(), Error> {
@@ -106,13 +135,14 @@ impl Ticket {
             {
                 return Ok(false);
             }
-            let in_use = self
-                .dir
-                .entries()?
-                .iter()
-                .any(|e| e.starts_with(&prefix) && e.ends_with(".ticket"));
-            if in_use {
+            let entries = self.dir.entries()?;
+            let mine = || entries.iter().filter(|e| e.starts_with(&prefix));
+            if mine().any(|e| e.ends_with(".ticket")) {
                 return Ok(false);
+            }
+            // Without a ticket a `.queuing` file has no process: one left by a run that died.
+            for stale in mine().filter(|e| e.ends_with(".queuing")) {
+                let _ = self.dir.remove(stale);
             }
             self.dir.remove(&counter_name).map_err(|e| {
                 Error::from_lock_io(
@@ -190,44 +220,20 @@ impl LocalQueue {
         ticket.peer_ahead = number
             .checked_sub(1)
             .is_some_and(|previous| in_use(&ticket.dir, &ticket_name(&stem, previous)));
-        let Some(ahead) = number.checked_sub(admitted) else {
-            return Ok(ticket);
-        };
-        let ahead_name = ticket_name(&stem, ahead);
-        let Some(file) = ticket.dir.read_lock_file(&ahead_name)? else {
-            return Ok(ticket);
-        };
-        match flock(&file, libc::LOCK_EX | libc::LOCK_NB) {
-            Ok(()) => {
-                // Its process died without removing it.
-                let _ = ticket.dir.remove(&ahead_name);
-                return Ok(ticket);
-            }
-            Err(e) if e.raw_os_error() == Some(libc::EWOULDBLOCK) => {}
-            Err(e) => {
-                return Err(Error::from_lock_io(
-                    format!("cannot lock {}", ticket.dir.path_of(&ahead_name).display()),
-                    &e,
-                ))
-            }
+        // Admitted, then in ticket order: after every earlier ticket has queued or is gone.
+        if let Some(ahead) = number.checked_sub(admitted) {
+            ticket.waited |=
+                wait_for(&ticket.dir, &ticket_name(&stem, ahead), deadline, cancel).await?;
         }
-        let mut blocked = BlockedWait::start(vec![(0, file, ahead_name)]);
-        let outcome = tokio::select! {
-            got = blocked.first() => got.map(|(_, _file, name)| {
-                // Normally gone already; left behind if its process died.
-                let _ = ticket.dir.remove(&name);
-            }),
-            _ = cancel.cancelled() => Err(Error::Cancelled),
-            _ = sleep_until(deadline.unwrap_or(BootInstant::now())), if deadline.is_some() => {
-                Err(Error::Busy("the wait ran out in this host's queue".into()))
-            }
-        };
-        blocked.stop(outcome.as_ref().ok().map(|()| 0));
-        ticket.waited = true;
-        outcome.map(|()| ticket)
+        for earlier in queuing_before(&ticket.dir, &stem, number)? {
+            ticket.waited |=
+                wait_for(&ticket.dir, &queuing_name(&stem, earlier), deadline, cancel).await?;
+        }
+        Ok(ticket)
     }
 
-    /// How many processes wait in this queue for `name` (blocked on a ticket ahead of theirs).
+    /// How many processes wait in this queue for `name` (blocked on a ticket ahead of theirs,
+    /// or on the `.queuing` file of an earlier one).
     pub(super) fn waiting(&self, name: &LockName) -> Result<u64, Error> {
         let Some(dir) = self.open(false)? else {
             return Ok(0);
@@ -239,7 +245,10 @@ impl LocalQueue {
             .filter(|entry| {
                 entry
                     .strip_prefix(&prefix)
-                    .and_then(|rest| rest.strip_suffix(".ticket"))
+                    .and_then(|rest| {
+                        rest.strip_suffix(".ticket")
+                            .or_else(|| rest.strip_suffix(".queuing"))
+                    })
                     .is_some_and(|number| number.parse::<u64>().is_ok())
             })
             .filter_map(|entry| dir.identity(entry).ok().flatten())
@@ -267,6 +276,78 @@ fn in_use(dir: &LockDir, name: &str) -> bool {
 
 fn ticket_name(stem: &str, number: u64) -> String {
     format!("{stem}.{number}.ticket")
+}
+
+fn queuing_name(stem: &str, number: u64) -> String {
+    format!("{stem}.{number}.queuing")
+}
+
+/// The numbers of the `.queuing` files of tickets before `number`, nearest first (the one most
+/// likely still locked; the others are then mostly unlocked already).
+fn queuing_before(dir: &LockDir, stem: &str, number: u64) -> Result<Vec<u64>, Error> {
+    let prefix = format!("{stem}.");
+    let mut earlier: Vec<u64> = dir
+        .entries()?
+        .iter()
+        .filter_map(|entry| {
+            entry
+                .strip_prefix(&prefix)?
+                .strip_suffix(".queuing")?
+                .parse::<u64>()
+                .ok()
+        })
+        .filter(|&k| k < number)
+        .collect();
+    earlier.sort_unstable_by(|a, b| b.cmp(a));
+    Ok(earlier)
+}
+
+/// Close a ticket's `.queuing` file, which unlocks it.
+fn unlock_queuing(queuing: &Mutex<Option<File>>) {
+    let file = match queuing.lock() {
+        Ok(mut guard) => guard.take(),
+        Err(poisoned) => poisoned.into_inner().take(),
+    };
+    drop(file);
+}
+
+/// Wait until the lock file `name` of another ticket is unlocked or gone; then remove it (it
+/// is normally gone already, and left behind if its process died). Returns whether it had to
+/// wait. [`Error::Busy`] when `deadline` passes first, [`Error::Cancelled`] when `cancel` fires.
+async fn wait_for(
+    dir: &LockDir,
+    name: &str,
+    deadline: Option<BootInstant>,
+    cancel: &mut Cancel,
+) -> Result<bool, Error> {
+    let Some(file) = dir.read_lock_file(name)? else {
+        return Ok(false);
+    };
+    match flock(&file, libc::LOCK_EX | libc::LOCK_NB) {
+        Ok(()) => {
+            let _ = dir.remove(name);
+            return Ok(false);
+        }
+        Err(e) if e.raw_os_error() == Some(libc::EWOULDBLOCK) => {}
+        Err(e) => {
+            return Err(Error::from_lock_io(
+                format!("cannot lock {}", dir.path_of(name).display()),
+                &e,
+            ))
+        }
+    }
+    let mut blocked = BlockedWait::start(vec![(0, file, name.to_owned())]);
+    let outcome = tokio::select! {
+        got = blocked.first() => got.map(|(_, _file, name)| {
+            let _ = dir.remove(&name);
+        }),
+        _ = cancel.cancelled() => Err(Error::Cancelled),
+        _ = sleep_until(deadline.unwrap_or(BootInstant::now())), if deadline.is_some() => {
+            Err(Error::Busy("the wait ran out in this host's queue".into()))
+        }
+    };
+    blocked.stop(outcome.as_ref().ok().map(|()| 0));
+    outcome.map(|()| true)
 }
 
 /// Under the lock on the counter: the next number, counted on, and its ticket file, locked.
@@ -308,15 +389,27 @@ fn take_ticket(
         counter
             .write_all_at(next.as_bytes(), 0)
             .map_err(|e| io_err("cannot write", e))?;
+        let lock = |name: &str| {
+            let file = dir.open_lock_file(name)?;
+            flock(&file, libc::LOCK_EX | libc::LOCK_NB).map_err(|e| {
+                Error::from_lock_io(format!("cannot lock {}", dir.path_of(name).display()), &e)
+            })?;
+            Ok::<File, Error>(file)
+        };
         let name = ticket_name(stem, number);
-        let file = dir.open_lock_file(&name)?;
-        flock(&file, libc::LOCK_EX | libc::LOCK_NB).map_err(|e| {
-            Error::from_lock_io(format!("cannot lock {}", dir.path_of(&name).display()), &e)
-        })?;
-        Ok((number, name, file))
+        let file = lock(&name)?;
+        let queuing_name = queuing_name(stem, number);
+        let queuing = match lock(&queuing_name) {
+            Ok(queuing) => queuing,
+            Err(e) => {
+                let _ = dir.remove(&name);
+                return Err(e);
+            }
+        };
+        Ok((number, name, file, queuing_name, queuing))
     })();
     let _ = header_lock(&counter, false);
-    let (number, name, file) = taken?;
+    let (number, name, file, queuing_name, queuing) = taken?;
     Ok(Some((
         number,
         Ticket {
@@ -326,6 +419,8 @@ fn take_ticket(
             base: queue.base.clone(),
             sub: queue.sub.clone(),
             file: Some(file),
+            queuing_name,
+            queuing: Arc::new(Mutex::new(Some(queuing))),
             peer_ahead: false,
             waited: false,
         },

@@ -533,7 +533,7 @@ impl Backend for MemcachedBackend {
             };
             if !waited {
                 // Polling from now on: the next free poll after a release wins.
-                tracing::debug!(target: crate::logging::HANDOFF, "queued");
+                crate::lock::queued(request);
             }
             tokio::select! {
                 () = cancel.cancelled() => {

@@ -201,7 +201,7 @@ impl MysqlBackend {
             let marks = handoff_marks(&sql);
             let sent = BootInstant::now();
             // The GET_LOCK call waits in the server's queue from now on.
-            tracing::debug!(target: crate::logging::HANDOFF, "queued");
+            crate::lock::queued(request);
             let rows = match self.call(session, &sql, wait, &marks, cancel).await? {
                 Ok(rows) => rows,
                 Err(f) if f.closed() => return Ok(Err(Closed(f.describe()))),

@@ -42,7 +42,7 @@ impl PgBackend {
         ];
         let sent = BootInstant::now();
         // The lock call goes out at the first poll below: in the server's queue from then on.
-        tracing::debug!(target: HANDOFF, "queued");
+        crate::lock::queued(request);
         // Each answer is marked as it arrives (the hand-off events, `logging::HANDOFF`); the
         // wrappers put their request on the wire at their first poll, as the bare calls do.
         let lock = async {

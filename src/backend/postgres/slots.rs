@@ -109,6 +109,8 @@ impl PgBackend {
             Deadline::lock_timeout_sql(deadline),
             self.mark_sql(request),
         );
+        // The lock call goes out at the first poll below: in the turnstile's queue from then on.
+        crate::lock::queued(request);
         let lock = client.query_typed(&lock_sql, &params);
         tokio::pin!(lock);
         let backstop = backstop(deadline);

@@ -165,7 +165,7 @@ impl Backend for RedisBackend {
                 }) => {
                     if ticket == 0 {
                         // Our first place in line: woken by a release from now on.
-                        tracing::debug!(target: crate::logging::HANDOFF, "queued");
+                        crate::lock::queued(request);
                     }
                     if theirs != 0 {
                         ticket = theirs;

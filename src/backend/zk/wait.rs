@@ -78,7 +78,7 @@ impl ZkBackend {
             }
             waiter.mark().await?;
             if let Some(mut watcher) = waiter.watch_ahead(index, &children).await? {
-                tracing::debug!(target: crate::logging::HANDOFF, "queued");
+                crate::lock::queued(request);
                 // `--limit 1`: the node ahead rewrote its data (it took the lock and dropped
                 // its waiting mark, or recorded its finish) and is still there, so only its
                 // deletion can make our turn: watch it again instead of listing the queue,
