@@ -288,6 +288,9 @@ impl Conn {
         request: &Request<'_>,
         asking: bool,
     ) -> Result<T, RedisError> {
+        self.open(index).await?;
+        // After connecting: a call that never got a connection sent nothing, so nothing of
+        // it can have run on the server (and the instant is still no later than the send).
         self.last_send = Some(BootInstant::now());
         let connection = self.open(index).await?;
         let result = match request {

@@ -163,6 +163,8 @@ impl<'a> Waiter<'a> {
             .arg(ticket);
         let started = BootInstant::now();
         let mut attempt = 0;
+        // Whether any attempt sent the script (one that never connected cannot have run).
+        let mut sent_any = false;
         loop {
             attempt += 1;
             let call = conn.invoke::<Vec<Value>>(&invocation, self.budget());
@@ -170,6 +172,7 @@ impl<'a> Waiter<'a> {
                 result = call => result,
                 _ = cancel.cancelled() => return Err(Stop::Cancelled),
             };
+            sent_any |= conn.last_send.is_some();
             match result {
                 Ok(reply) => {
                     // The lease dates from the send that got this reply: a fresh grant was
@@ -195,11 +198,15 @@ impl<'a> Waiter<'a> {
                     attempt = 0;
                     tokio::time::sleep(SETTLE_RETRY_PAUSE).await;
                 }
-                // The script is idempotent for our token: after a lost reply, ask again.
+                // The script is idempotent for our token: after a lost reply, ask again. A
+                // connection that got no answer at all within the call's time (a TLS
+                // handshake with a server that does not speak TLS) is not asked again: that
+                // is no lost reply, and another try would take as long.
                 Err(failure)
                     if failure.is_transient()
                         && attempt < ACQUIRE_ATTEMPTS
-                        && !passed(self.answer_by) =>
+                        && !passed(self.answer_by)
+                        && (conn.last_send.is_some() || !failure.is_timeout()) =>
                 {
                     tracing::debug!(
                         "acquire attempt {attempt} failed: {}; retrying",
@@ -224,12 +231,24 @@ impl<'a> Waiter<'a> {
                             "no answer from {} within {}",
                             self.backend.display, self.within
                         ))
+                    } else if failure.is_timeout() && !sent_any && conn.setup.tls() {
+                        Error::Unavailable(format!(
+                            "cannot reach {}: no answer to the TLS handshake within {} (does \
+                             that port speak TLS?)",
+                            self.backend.display,
+                            humantime::format_duration(Duration::from_secs(
+                                BootInstant::now()
+                                    .saturating_since(started)
+                                    .as_secs()
+                                    .max(1)
+                            ))
+                        ))
                     } else {
                         failure.into_error(&self.backend.display)
                     };
                     // The script may have run without us seeing the reply: take back
                     // whatever it created for our token (a place in line or a grant).
-                    if failure_may_have_run(&error) || ticket != 0 {
+                    if (failure_may_have_run(&error) && sent_any) || ticket != 0 {
                         self.leave().await;
                     }
                     return Err(Stop::Failed(error));

@@ -1,6 +1,8 @@
 //! Redis over TLS: the configured CA and client certificate, bad certificate files, and no
 //! fallback to plain text either way.
 
+use std::time::{Duration, Instant};
+
 use crate::support::*;
 
 #[test]
@@ -8,12 +10,22 @@ fn tls_against_a_plaintext_port_fails_and_never_falls_back() {
     let server = RedisServer::start();
     let env = TestEnv::new(&server);
     let url = format!("rediss://127.0.0.1:{}/0", server.port);
+    let started = Instant::now();
     let out = env.run(["run", "--url", &url, "x", "touch", "ran"]);
+    let took = started.elapsed();
     assert!(
         matches!(out.status.code(), Some(69 | 78)),
         "{}",
         describe(&out)
     );
+    // A plaintext server never answers the handshake: one connection's 5 s says so, with a
+    // hint, and nothing is tried again or withdrawn (nothing was sent).
+    assert!(
+        stderr_of(&out).contains("TLS handshake"),
+        "{}",
+        describe(&out)
+    );
+    assert!(took < Duration::from_secs(5) + PAST_WAIT, "took {took:?}");
     assert!(
         !env.path("ran").exists(),
         "the command ran over a connection that is not TLS"

@@ -275,6 +275,9 @@ fn wait_bounds_a_server_that_stops_answering_while_we_wait() {
     nix::sys::signal::kill(pid, Signal::SIGCONT).expect("continue the server");
     let said = stderr_left(&mut waiter);
     assert!(matches!(status.code(), Some(69 | 75)), "{status}: {said}");
-    assert!(took < Duration::from_secs(2) + PAST_WAIT, "took {took:?}: {said}");
+    assert!(
+        took < Duration::from_secs(2) + PAST_WAIT,
+        "took {took:?}: {said}"
+    );
     assert!(!env.path("ran").exists());
 }
