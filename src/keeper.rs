@@ -599,7 +599,10 @@ mod tests {
     #[tokio::test(flavor = "current_thread")]
     async fn renews_until_stopped() {
         let calls = Arc::new(AtomicU32::new(0));
-        let ttl = Duration::from_secs(2);
+        // Real time: at 3 s the keeper renews every 0.5 s and gives a silent lease up after
+        // 1.5 s, so only a test thread starved for that long could see a loss (at 2 s, 1 s of
+        // starvation did, on a machine with a load of 10 to 12).
+        let ttl = Duration::from_secs(3);
         let renewer = Scripted {
             calls: calls.clone(),
             script: vec![Ok(ttl)],
