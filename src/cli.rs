@@ -36,7 +36,7 @@ command's process group, SIGKILL after --kill-after, exit 124).
 
 Every option can also be set in the environment (DLOCK_URL, DLOCK_WAIT, DLOCK_NO_WAIT,
 DLOCK_CONFLICT_EXIT_CODE, DLOCK_TTL, DLOCK_LIMIT, DLOCK_ON_LOST, DLOCK_KILL_AFTER,
-DLOCK_MIN_HOLD, DLOCK_PREFIX, DLOCK_LOCAL_QUEUE) or in the config file. Precedence: flags > environment > config file >
+DLOCK_MIN_HOLD, DLOCK_PREFIX, DLOCK_LOCAL_QUEUE, DLOCK_REPORT) or in the config file. Precedence: flags > environment > config file >
 defaults.";
 
 /// Run a command while holding a named lock.
@@ -92,7 +92,7 @@ pub struct GlobalArgs {
 pub enum Command {
     /// Acquire NAME, run COMMAND with the lock held, release, exit with its status.
     #[command(after_long_help = format!("{RUN_AFTER_HELP}\n\n{}", exit::TABLE))]
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Show who holds NAME (exit 0 when held, 1 when free).
     Status(StatusArgs),
     /// List held locks under the namespace.
@@ -245,6 +245,16 @@ pub struct RunArgs {
         hide_env_values = true
     )]
     pub min_hold: Option<String>,
+
+    /// Append one JSON line saying how the run ended (ran, busy, lost, error, signalled) to
+    /// PATH (created 0600; `-` for stderr); checked before acquiring [default: none].
+    #[arg(
+        long,
+        value_name = "PATH",
+        env = "DLOCK_REPORT",
+        hide_env_values = true
+    )]
+    pub report: Option<PathBuf>,
 
     /// Run SHELL-COMMAND with "$SHELL -c" (or /bin/sh -c) instead of COMMAND.
     #[arg(short = 'c', long = "command", value_name = "SHELL-COMMAND")]
