@@ -29,7 +29,8 @@ once to the command's process group. After TERM, INT, HUP or QUIT the command ge
 interactive terminal the command runs in the foreground, so Ctrl-C and Ctrl-Z reach it
 directly; on a lease backend dlock warns when it stops that the lease is not renewed while
 stopped. A signal while waiting for the lock cancels the wait and dlock exits 128+N.
-At a terminal, a wait says whom it waits for, on one line (with -v also elsewhere).
+At a terminal, a wait says whom it waits for, on one line; in a CI job (CI set) and with
+-v also elsewhere, as whole lines (every 30s in CI); otherwise (cron) it is silent.
 With --min-hold, a signal after the command has finished releases at once (128+N).
 If the lock is lost while the command runs, --on-lost decides (default: SIGTERM to the
 command's process group, SIGKILL after --kill-after, exit 124).

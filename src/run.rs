@@ -179,7 +179,7 @@ async fn acquire_and_run<B: Backend>(
             return Ok(exit::signal_status(signal));
         }
     };
-    waiting.finish(&settings.name, acquired.is_ok());
+    let said_acquired = waiting.finish(&settings.name, acquired.is_ok());
     let mut lease = match acquired {
         Ok(lease) => {
             tracing::debug!(target: logging::HANDOFF, "acquired");
@@ -205,12 +205,15 @@ async fn acquire_and_run<B: Backend>(
     };
     track.acquired(Some(lease.token()));
     let acquired_at = min_hold::Acquired::now();
-    tracing::info!(
-        "acquired '{}' (token {}) in {:?}",
-        settings.name,
-        lease.token(),
-        clock::BootInstant::now().saturating_since(started)
-    );
+    // One "acquired" line per acquisition: the waiting line's, or this one.
+    if !said_acquired {
+        tracing::info!(
+            "acquired '{}' (token {}) in {:?}",
+            settings.name,
+            lease.token(),
+            clock::BootInstant::now().saturating_since(started)
+        );
+    }
     // A signal that arrived while acquiring counts as "while waiting": nothing runs.
     if let Some(signal) = signals.try_recv() {
         track.signalled(Some(signals::name(signal)));

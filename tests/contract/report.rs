@@ -1,6 +1,10 @@
-//! The contract: the outcome record (`--report`), one JSON line per run whatever the outcome.
+//! The contract: the outcome record (`--report`), one JSON line per run whatever the outcome,
+//! and what a wait prints in a CI log and in cron mail.
 
+use std::io::Read;
 use std::process::{Child, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
 
@@ -257,4 +261,97 @@ pub fn report_lines_of_concurrent_runs_never_mix(server: &dyn LockServer) {
     let mut wanted: Vec<&str> = names.iter().map(String::as_str).collect();
     wanted.sort_unstable();
     assert_eq!(seen, wanted);
+}
+
+/// Everything a child writes on stderr, collected by a thread as it comes.
+fn collect_stderr(child: &mut Child) -> Arc<Mutex<String>> {
+    let text = Arc::new(Mutex::new(String::new()));
+    let mut stderr = child.stderr.take().expect("piped stderr");
+    let sink = text.clone();
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 512];
+        while let Ok(n) = stderr.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            let chunk = String::from_utf8_lossy(&buf[..n]).into_owned();
+            sink.lock().expect("stderr text").push_str(&chunk);
+        }
+    });
+    text
+}
+
+fn text_of(text: &Arc<Mutex<String>>) -> String {
+    text.lock().expect("stderr text").clone()
+}
+
+/// A wait in a CI log (CI set, stderr a pipe) is announced within a second, naming the holder,
+/// and ends with one "acquired" line; in cron (no CI, no terminal) the same wait prints
+/// nothing; `-q` silences CI too; `-v` prints one "acquired" line.
+pub fn waiting_shows_in_ci_logs_but_not_in_cron_mail(server: &dyn LockServer) {
+    let env = TestEnv::new(server);
+    let lock = lock_name("lock");
+    let holder = env.hold(&lock, &[]);
+    let waiter = |extra: &[&str], ci: Option<&str>| {
+        let mut args = vec!["run"];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&[&lock, "true"]);
+        let mut command = env.dlock(args);
+        command.env_remove("CI").stderr(Stdio::piped());
+        if let Some(ci) = ci {
+            command.env("CI", ci);
+        }
+        let mut child = command.spawn().expect("spawn waiter");
+        let text = collect_stderr(&mut child);
+        (child, text)
+    };
+    let started = Instant::now();
+    let (mut ci, ci_text) = waiter(&[], Some("true"));
+    let (mut ci_quiet, ci_quiet_text) = waiter(&["-q"], Some("true"));
+    let (mut cron, cron_text) = waiter(&[], None);
+    let (mut ci_off, ci_off_text) = waiter(&[], Some("false"));
+    let (mut verbose, verbose_text) = waiter(&["-v"], None);
+    let wanted = format!(
+        "dlock: waiting for '{lock}': held by pid {} on ",
+        holder.pid()
+    );
+    wait_until("the CI waiting line", PATIENCE, || {
+        text_of(&ci_text).contains(&wanted)
+    });
+    let shown_after = started.elapsed();
+    // Within a second of starting to wait on an idle machine; generous for a loaded one.
+    assert!(
+        shown_after < Duration::from_secs(5),
+        "shown after {shown_after:?}"
+    );
+    // Every waiter has now waited past the moment a waiting line would have appeared.
+    std::thread::sleep(Duration::from_millis(1500).saturating_sub(started.elapsed()));
+    drop(holder);
+    for child in [&mut ci, &mut ci_quiet, &mut cron, &mut ci_off, &mut verbose] {
+        assert_eq!(wait_within(child, PATIENCE).code(), Some(0));
+    }
+    // The collecting threads see the end of stderr a moment after the exit.
+    let acquired = format!("dlock: acquired '{lock}' after waiting ");
+    wait_until("the acquired lines", PATIENCE, || {
+        text_of(&ci_text).contains(&acquired) && text_of(&verbose_text).contains(&acquired)
+    });
+    let ci_text = text_of(&ci_text);
+    assert_eq!(ci_text.matches("acquired").count(), 1, "{ci_text}");
+    assert!(
+        !ci_text.contains('\r'),
+        "a CI log gets whole lines: {ci_text:?}"
+    );
+    let verbose_text = text_of(&verbose_text);
+    assert_eq!(
+        verbose_text.matches("acquired").count(),
+        1,
+        "-v: {verbose_text}"
+    );
+    for (what, text) in [
+        ("-q in CI", ci_quiet_text),
+        ("cron", cron_text),
+        ("CI=false", ci_off_text),
+    ] {
+        assert_eq!(text_of(&text), "", "{what} printed on stderr");
+    }
 }
