@@ -49,6 +49,7 @@ false\t''"
 complete -c dlock -n "__fish_dlock_using_subcommand run; and __fish_dlock_run_options" -l record-command -d 'Record the command line in the lock\'s metadata, where `status` and `list` show it (secret-looking values masked); off records none [default: on]' -r -f -a "true\t''
 false\t''"
 complete -c dlock -n "__fish_dlock_using_subcommand run; and __fish_dlock_run_options" -l min-hold -d 'Keep the lock at least this long after acquiring it, even when the command ends sooner (the same job from cron on several hosts runs once); the command\'s status is passed on when the time is up [default: none]' -r
+complete -c dlock -n "__fish_dlock_using_subcommand run; and __fish_dlock_run_options" -l report -d 'Append one JSON line saying how the run ended (ran, busy, lost, error, signalled) to PATH (created 0600; `-` for stderr); checked before acquiring [default: none]' -r -F
 complete -c dlock -n "__fish_dlock_using_subcommand run; and __fish_dlock_run_options" -s c -l command -d 'Run SHELL-COMMAND with "$SHELL -c" (or /bin/sh -c) instead of COMMAND' -r
 complete -c dlock -n "__fish_dlock_using_subcommand run; and __fish_dlock_run_options" -l config -d 'Config file (TOML). Default: $XDG_CONFIG_HOME/dlock/config.toml, then /etc/dlock/config.toml' -r -F
 complete -c dlock -n "__fish_dlock_using_subcommand run; and __fish_dlock_run_options" -s n -l no-wait -d 'Give up at once if the lock is held (same as --wait 0)'
@@ -106,7 +107,7 @@ function __fish_dlock_run_options
         switch $word
             case --
                 return 1
-            case -u --url --prefix -w --wait -E --conflict-exit-code -t --ttl -l --limit --on-lost --kill-after --local-queue --record-command --min-hold -c --command --config
+            case -u --url --prefix -w --wait -E --conflict-exit-code -t --ttl -l --limit --on-lost --kill-after --local-queue --record-command --min-hold --report -c --command --config
                 set skip 1
             case '-*'
             case '*'

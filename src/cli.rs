@@ -29,14 +29,15 @@ once to the command's process group. After TERM, INT, HUP or QUIT the command ge
 interactive terminal the command runs in the foreground, so Ctrl-C and Ctrl-Z reach it
 directly; on a lease backend dlock warns when it stops that the lease is not renewed while
 stopped. A signal while waiting for the lock cancels the wait and dlock exits 128+N.
-At a terminal, a wait says whom it waits for, on one line (with -v also elsewhere).
+At a terminal, a wait says whom it waits for, on one line; in a CI job (CI set) and with
+-v also elsewhere, as whole lines (every 30s in CI); otherwise (cron) it is silent.
 With --min-hold, a signal after the command has finished releases at once (128+N).
 If the lock is lost while the command runs, --on-lost decides (default: SIGTERM to the
 command's process group, SIGKILL after --kill-after, exit 124).
 
 Every option can also be set in the environment (DLOCK_URL, DLOCK_WAIT, DLOCK_NO_WAIT,
 DLOCK_CONFLICT_EXIT_CODE, DLOCK_TTL, DLOCK_LIMIT, DLOCK_ON_LOST, DLOCK_KILL_AFTER,
-DLOCK_MIN_HOLD, DLOCK_PREFIX, DLOCK_LOCAL_QUEUE) or in the config file. Precedence: flags > environment > config file >
+DLOCK_MIN_HOLD, DLOCK_PREFIX, DLOCK_LOCAL_QUEUE, DLOCK_REPORT) or in the config file. Precedence: flags > environment > config file >
 defaults.";
 
 /// Run a command while holding a named lock.
@@ -92,7 +93,7 @@ pub struct GlobalArgs {
 pub enum Command {
     /// Acquire NAME, run COMMAND with the lock held, release, exit with its status.
     #[command(after_long_help = format!("{RUN_AFTER_HELP}\n\n{}", exit::TABLE))]
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Show who holds NAME (exit 0 when held, 1 when free).
     Status(StatusArgs),
     /// List held locks under the namespace.
@@ -245,6 +246,16 @@ pub struct RunArgs {
         hide_env_values = true
     )]
     pub min_hold: Option<String>,
+
+    /// Append one JSON line saying how the run ended (ran, busy, lost, error, signalled) to
+    /// PATH (created 0600; `-` for stderr); checked before acquiring [default: none].
+    #[arg(
+        long,
+        value_name = "PATH",
+        env = "DLOCK_REPORT",
+        hide_env_values = true
+    )]
+    pub report: Option<PathBuf>,
 
     /// Run SHELL-COMMAND with "$SHELL -c" (or /bin/sh -c) instead of COMMAND.
     #[arg(short = 'c', long = "command", value_name = "SHELL-COMMAND")]

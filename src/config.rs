@@ -35,6 +35,7 @@ pub(crate) struct Values {
     pub(crate) prefix: Option<String>,
     pub(crate) local_queue: Option<bool>,
     pub(crate) record_command: Option<bool>,
+    pub(crate) report: Option<PathBuf>,
     /// Read by the remote backends (not needed by the file backend).
     pub(crate) password_file: Option<PathBuf>,
 }

@@ -93,7 +93,7 @@ async fn run(cli: Cli) -> anyhow::Result<u8> {
     let config = config::load(cli.global.config.as_deref(), backend::CONFIG_TABLES)?;
     match cli.command {
         Command::Run(args) => {
-            let settings = settings::run(args, &config)?;
+            let settings = settings::run(*args, &config)?;
             let held = std::env::var("DLOCK_HELD").unwrap_or_default();
             with_backend!(settings.common, backend => Box::pin(run::run(backend, settings, &held)).await)
         }

@@ -22,6 +22,7 @@ use crate::signals::{self, Signals};
 use crate::{clock, logging, reentry, supervise};
 
 mod min_hold;
+mod record;
 mod waiting;
 
 /// How long after a backend's own deadline ([`Backend::wait_overrun`]) the `--wait`
@@ -71,13 +72,39 @@ fn no_answer_within(settings: &RunSettings) -> Error {
     ))
 }
 
-/// `dlock run`: acquire, supervise, release.
+/// `dlock run`: acquire, supervise, release; then append the outcome record (`--report`).
 ///
 /// `inherited_held` is the `DLOCK_HELD` this process was started with.
 pub async fn run<B: Backend>(
     backend: B,
     settings: RunSettings,
     inherited_held: &str,
+) -> anyhow::Result<u8> {
+    // Opened before anything else, so that a path that cannot be written fails at once.
+    let sink = match &settings.report {
+        Some(to) => Some(record::Sink::open(to)?),
+        None => None,
+    };
+    let mut track = record::Track::new();
+    let result = acquire_and_run(backend, &settings, inherited_held, &mut track).await;
+    if let Some(sink) = sink {
+        let (exit_status, error) = match &result {
+            Ok(code) => (*code, None),
+            Err(err) => (
+                crate::error::code_of(err).value(),
+                Some(logging::printable(&format!("{err:#}")).into_owned()),
+            ),
+        };
+        sink.write(&track.record(&settings, exit_status, error));
+    }
+    result
+}
+
+async fn acquire_and_run<B: Backend>(
+    backend: B,
+    settings: &RunSettings,
+    inherited_held: &str,
+    track: &mut record::Track,
 ) -> anyhow::Result<u8> {
     let mut signals = Signals::install().context("cannot install signal handlers")?;
     // Installed before acquiring, so that the hand-off does not wait for it.
@@ -91,10 +118,14 @@ pub async fn run<B: Backend>(
                 settings.name,
                 entry.pid
             );
-            let env = child_environment(&settings);
-            return supervise_command(&settings, &mut signals, sigchld, &mut Reentrant, env)
+            let env = child_environment(settings);
+            track.acquired(None);
+            return supervise_command(settings, &mut signals, sigchld, &mut Reentrant, env)
                 .await
-                .map(|ran| ran.status);
+                .map(|ran| {
+                    track.command_ended(ran.command, ran.lock_lost, ran.stopping);
+                    ran.status
+                });
         }
         tracing::info!(
             "DLOCK_HELD names pid {} as the holder of '{}', but the backend does not show it holding; acquiring",
@@ -126,7 +157,7 @@ pub async fn run<B: Backend>(
             )
         },
     };
-    let mut env = child_environment(&settings);
+    let mut env = child_environment(settings);
     let started = clock::BootInstant::now();
     let (canceller, cancel) = lock::cancellation();
     tracing::debug!(target: logging::HANDOFF, "acquiring");
@@ -150,10 +181,10 @@ pub async fn run<B: Backend>(
             canceller.cancel();
             match tokio::time::timeout(WAIT_BACKSTOP_CLEANUP, &mut acquire).await {
                 Ok(Ok(lease)) => {
-                    release(lease, &settings).await;
-                    Err(no_answer_within(&settings))
+                    release(lease, settings).await;
+                    Err(no_answer_within(settings))
                 }
-                Ok(Err(Error::Cancelled)) | Err(_) => Err(no_answer_within(&settings)),
+                Ok(Err(Error::Cancelled)) | Err(_) => Err(no_answer_within(settings)),
                 Ok(Err(err)) => Err(err),
             }
         }
@@ -161,8 +192,9 @@ pub async fn run<B: Backend>(
             waiting.finish(&settings.name, false);
             canceller.cancel();
             // Let the backend remove its waiter; if it won the race, give the lock back.
+            track.signalled(Some(signals::name(signal)));
             if let Ok(Ok(lease)) = tokio::time::timeout(SIGNAL_CLEANUP, &mut acquire).await {
-                release(lease, &settings).await;
+                release(lease, settings).await;
             }
             say!(
                 "got {} while waiting for lock '{}'; the command did not run",
@@ -172,35 +204,45 @@ pub async fn run<B: Backend>(
             return Ok(exit::signal_status(signal));
         }
     };
-    waiting.finish(&settings.name, acquired.is_ok());
+    let said_acquired = waiting.finish(&settings.name, acquired.is_ok());
     let mut lease = match acquired {
         Ok(lease) => {
             tracing::debug!(target: logging::HANDOFF, "acquired");
             lease
         }
         Err(Error::Busy(message)) => {
+            track.busy(None);
             // `-q` silences this one: `dlock run -q -n job -- …` in cron mails nothing when an
             // earlier run still holds the lock.
             if !logging::quiet() {
                 say!("{message}");
             }
+            if settings.report.is_some() {
+                track.busy(holder_now(&backend, &settings.name).await);
+            }
             return Ok(settings.conflict_exit_code);
         }
         Err(err) => {
+            track.gave_up();
             return Err(anyhow::Error::new(err))
-                .with_context(|| format!("cannot acquire '{}'", settings.name))
+                .with_context(|| format!("cannot acquire '{}'", settings.name));
         }
     };
+    track.acquired(Some(lease.token()));
     let acquired_at = min_hold::Acquired::now();
-    tracing::info!(
-        "acquired '{}' (token {}) in {:?}",
-        settings.name,
-        lease.token(),
-        clock::BootInstant::now().saturating_since(started)
-    );
+    // One "acquired" line per acquisition: the waiting line's, or this one.
+    if !said_acquired {
+        tracing::info!(
+            "acquired '{}' (token {}) in {:?}",
+            settings.name,
+            lease.token(),
+            clock::BootInstant::now().saturating_since(started)
+        );
+    }
     // A signal that arrived while acquiring counts as "while waiting": nothing runs.
     if let Some(signal) = signals.try_recv() {
-        release(lease, &settings).await;
+        track.signalled(Some(signals::name(signal)));
+        release(lease, settings).await;
         say!(
             "got {} while acquiring lock '{}'; the command did not run",
             signals::name(signal),
@@ -218,11 +260,15 @@ pub async fn run<B: Backend>(
         let held = reentry::with_entry(inherited_held, &entry);
         env.vars.push(("DLOCK_HELD".into(), Some(held.into())));
     }
-    let outcome = match supervise_command(&settings, &mut signals, sigchld, &mut lease, env).await {
+    let supervised = supervise_command(settings, &mut signals, sigchld, &mut lease, env).await;
+    if let Ok(ran) = &supervised {
+        track.command_ended(ran.command, ran.lock_lost, ran.stopping);
+    }
+    let outcome = match supervised {
         Ok(ran) if !ran.lock_lost && !ran.stopping => Ok(min_hold::keep(
             &mut lease,
             &mut signals,
-            &settings,
+            settings,
             &request.holder,
             &acquired_at,
             ran.status,
@@ -230,13 +276,15 @@ pub async fn run<B: Backend>(
         .await),
         other => other.map(|ran| ran.status),
     };
-    release(lease, &settings).await;
+    release(lease, settings).await;
     outcome
 }
 
 /// How the command's run ended, for dlock's exit status.
 struct Ran {
     status: u8,
+    /// The command's own status (128+N for a signal), which `status` replaces on a loss.
+    command: u8,
     /// The lock was lost while it ran (and the command was stopped for it).
     lock_lost: bool,
     /// dlock was asked to stop (a terminating signal was forwarded): release at once.
@@ -290,6 +338,7 @@ async fn supervise_command<L: Lease>(
     let ending = supervise::supervise(child, lease, signals, policy, terminal.as_ref(), sigchld)
         .await
         .context("lost track of the command")?;
+    let command = exit::from_child(ending.status);
     match ending.lost {
         Some(lost) if settings.on_lost != OnLost::Ignore => {
             say!(
@@ -299,12 +348,14 @@ async fn supervise_command<L: Lease>(
             );
             Ok(Ran {
                 status: Code::Lost.value(),
+                command,
                 lock_lost: true,
                 stopping: ending.terminating_forwarded,
             })
         }
         lost => Ok(Ran {
-            status: exit::from_child(ending.status),
+            status: command,
+            command,
             lock_lost: lost.is_some(),
             stopping: ending.terminating_forwarded,
         }),
@@ -372,6 +423,15 @@ fn child_environment(settings: &RunSettings) -> ChildEnv {
         ));
     }
     ChildEnv { vars: env, handoff }
+}
+
+/// Who holds `name` now, for the record of a run that did not get it (`None` when the
+/// backend cannot say within a moment, or the lock was freed since).
+async fn holder_now<B: Backend>(backend: &B, name: &LockName) -> Option<Holder> {
+    match tokio::time::timeout(Duration::from_secs(2), backend.status(name)).await {
+        Ok(Ok(status)) => status.holders.into_iter().next().map(|h| h.holder),
+        _ => None,
+    }
 }
 
 /// Whether the backend shows `entry`'s process (an ancestor of ours) holding `name` with the

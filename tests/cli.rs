@@ -570,3 +570,102 @@ fn a_masked_password_in_dlock_url_says_where_it_went() {
         assert_fails(&out, 78, "password_file");
     }
 }
+
+/// `--report` is checked before the lock is asked for: a path that cannot be written is 78 at
+/// once and nothing runs.
+#[test]
+fn an_unwritable_report_path_is_78_before_locking() {
+    let (_server, env) = file_env();
+    std::fs::create_dir(env.path("a-directory")).expect("mkdir");
+    for path in [env.path("no-such-dir/runs.jsonl"), env.path("a-directory")] {
+        let out = env.run([
+            "run",
+            "--report",
+            path.to_str().expect("UTF-8 path"),
+            "job",
+            "touch",
+            "ran",
+        ]);
+        assert_fails(&out, 78, "--report");
+        assert!(!env.path("ran").exists(), "the command ran");
+        assert!(env.is_free("job"));
+    }
+    // The same from the environment and from the config file.
+    let out = output_within(
+        {
+            let mut command = env.dlock(["run", "job", "touch", "ran"]);
+            command.env("DLOCK_REPORT", env.path("no-such-dir/x"));
+            command
+        },
+        PATIENCE,
+    );
+    assert_fails(&out, 78, "--report");
+    let config = env.path("config.toml");
+    std::fs::write(
+        &config,
+        format!("report = '{}'\n", env.path("no-such-dir/y").display()),
+    )
+    .expect("write config");
+    let config = config.to_str().expect("UTF-8 path");
+    let out = env.run(["--config", config, "run", "job", "touch", "ran"]);
+    assert_fails(&out, 78, "--report");
+    assert!(!env.path("ran").exists(), "the command ran");
+}
+
+#[test]
+fn a_report_file_is_created_0600_and_appended_to() {
+    use std::os::unix::fs::PermissionsExt;
+    let (_server, env) = file_env();
+    let report = env.path("runs.jsonl");
+    for code in [0, 4] {
+        let out = env.run([
+            "run",
+            "--report",
+            report.to_str().expect("UTF-8 path"),
+            "job",
+            "sh",
+            "-c",
+            &format!("exit {code}"),
+        ]);
+        assert_eq!(out.status.code(), Some(code), "{}", describe(&out));
+    }
+    let mode = std::fs::metadata(&report)
+        .expect("report")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600, "created {mode:o}");
+    let lines = report_lines(&report);
+    assert_eq!(lines.len(), 2);
+    assert_eq!(lines[1]["exit_status"], 4);
+    // `-` is stderr.
+    let out = env.run(["run", "--report", "-", "job", "true"]);
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+    let line: serde_json::Value =
+        serde_json::from_str(stderr_of(&out).trim()).expect("one JSON line on stderr");
+    assert_eq!(line["outcome"], "ran");
+}
+
+/// A symbolic link planted where the report goes is not followed (nothing is written through
+/// it), as a lock file's would not be.
+#[test]
+fn a_planted_symlink_as_the_report_is_refused() {
+    let (_server, env) = file_env();
+    let target = env.path("victim");
+    std::fs::write(&target, b"precious\n").expect("write victim");
+    let link = env.path("runs.jsonl");
+    std::os::unix::fs::symlink(&target, &link).expect("symlink");
+    let out = env.run([
+        "run",
+        "--report",
+        link.to_str().expect("UTF-8 path"),
+        "job",
+        "touch",
+        "ran",
+    ]);
+    assert_fails(&out, 78, "symbolic link");
+    assert!(!env.path("ran").exists(), "the command ran");
+    assert_eq!(
+        std::fs::read_to_string(&target).expect("victim"),
+        "precious\n"
+    );
+}

@@ -156,6 +156,7 @@ fn settings(dir: &std::path::Path, script: &str, wait: Wait) -> RunSettings {
         kill_after: Duration::from_secs(10),
         min_hold: None,
         record_command: true,
+        report: None,
     }
 }
 

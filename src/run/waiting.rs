@@ -3,7 +3,9 @@
 //! At a terminal it appears within a second of starting to wait, names the holder (pid,
 //! host, user, command, for how long) and the waiters ahead, is kept up to date in place
 //! (`\r` and erase-line), and is finished with how long the wait took. Not at a terminal it
-//! is silent (cron mails stderr) unless `-v`: then it is printed once and at intervals.
+//! is printed as whole lines, once and at intervals, in a CI job (`CI` set, as CI services
+//! set it, and not `false` or `0`: a step that waits must say what for) and with `-v`;
+//! otherwise it is silent (cron mails every byte on stderr). `-q` silences it everywhere.
 //!
 //! It asks `Backend::status` at a modest interval, so it works the same on every backend
 //! without knowing any; the backends open a connection of their own for `status`, so the
@@ -24,6 +26,8 @@ const FIRST_LOOK: Duration = Duration::from_millis(300);
 const TERMINAL_EVERY: Duration = Duration::from_secs(1);
 /// How often `-v` repeats the line when stderr is not a terminal.
 const LOG_EVERY: Duration = Duration::from_secs(60);
+/// How often the line is repeated in a CI log, where a step that seems stuck is being watched.
+const CI_EVERY: Duration = Duration::from_secs(30);
 /// A `status` that takes longer is skipped this round.
 const STATUS_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -32,8 +36,16 @@ enum Mode {
     Silent,
     /// Updated in place on a terminal.
     Terminal,
-    /// Whole lines, at intervals (`-v`, not a terminal).
-    Log,
+    /// Whole lines, at intervals (CI or `-v`, not a terminal).
+    Log(Duration),
+}
+
+/// Whether the environment says this is a CI job: `CI` set and not empty, `false` or `0`.
+fn in_ci() -> bool {
+    std::env::var_os("CI").is_some_and(|value| {
+        let value = value.to_string_lossy();
+        !(value.is_empty() || value == "0" || value.eq_ignore_ascii_case("false"))
+    })
 }
 
 /// One wait's reporter: [`Waiting::report`] runs beside `acquire`, [`Waiting::finish`] after.
@@ -51,8 +63,10 @@ impl Waiting {
             Mode::Silent
         } else if std::io::stderr().is_terminal() {
             Mode::Terminal
+        } else if in_ci() {
+            Mode::Log(CI_EVERY)
         } else if logging::verbose() {
-            Mode::Log
+            Mode::Log(LOG_EVERY)
         } else {
             Mode::Silent
         };
@@ -68,14 +82,13 @@ impl Waiting {
     pub(super) async fn report<B: Backend>(&self, backend: &B, name: &LockName) {
         if self.mode != Mode::Silent {
             sleep_until(self.started + FIRST_LOOK).await;
-            let every = if self.mode == Mode::Terminal {
-                TERMINAL_EVERY
-            } else {
-                LOG_EVERY
+            let every = match self.mode {
+                Mode::Log(every) => every,
+                Mode::Terminal | Mode::Silent => TERMINAL_EVERY,
             };
             // Bounded by the wait itself: this future is dropped when acquire ends.
             for _ in 0..u32::MAX {
-                let next = BootInstant::now() + every;
+                let asked = BootInstant::now();
                 if let Ok(Ok(status)) =
                     tokio::time::timeout(STATUS_TIMEOUT, backend.status(name)).await
                 {
@@ -83,7 +96,14 @@ impl Waiting {
                         self.show(&line);
                     }
                 }
-                sleep_until(next).await;
+                // Until a first line is out, look again soon: it must come within a second
+                // or so of the wait starting, in a log as on a terminal.
+                let pause = if self.printed.get() {
+                    every
+                } else {
+                    TERMINAL_EVERY
+                };
+                sleep_until(asked + pause).await;
             }
         }
         std::future::pending::<()>().await;
@@ -99,7 +119,7 @@ impl Waiting {
                 let _ = err.flush();
                 self.on_screen.set(true);
             }
-            Mode::Log => {
+            Mode::Log(_) => {
                 let _ = writeln!(err, "{line}");
             }
             Mode::Silent => return,
@@ -108,9 +128,10 @@ impl Waiting {
     }
 
     /// The wait is over: finish the line with how long it took (`acquired`), or clear it.
-    pub(super) fn finish(&self, name: &LockName, acquired: bool) {
+    /// Returns whether the "acquired … after waiting" line was printed.
+    pub(super) fn finish(&self, name: &LockName, acquired: bool) -> bool {
         if !self.printed.get() {
-            return;
+            return false;
         }
         let waited = wording::short_duration(BootInstant::now().saturating_since(self.started));
         let mut err = std::io::stderr().lock();
@@ -126,6 +147,7 @@ impl Waiting {
             );
         }
         let _ = err.flush();
+        acquired
     }
 }
 

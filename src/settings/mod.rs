@@ -74,6 +74,16 @@ pub struct RunSettings {
     pub min_hold: Option<Duration>,
     /// `--record-command`: store the command line in the lock's metadata.
     pub record_command: bool,
+    /// `--report`: where to append the run's outcome record.
+    pub report: Option<ReportTo>,
+}
+
+/// Where `--report` appends the outcome record.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ReportTo {
+    /// `-`
+    Stderr,
+    File(std::path::PathBuf),
 }
 
 /// A value with the place it came from, so errors can say which setting was wrong.
@@ -372,6 +382,18 @@ pub fn run(args: cli::RunArgs, file: &FileConfig) -> Result<RunSettings, Error> 
         false,
     )?;
     let command = command_spec(args.shell_command, args.command)?;
+    // An empty DLOCK_REPORT is no report, as an unset one.
+    let report = args
+        .report
+        .filter(|p| !p.as_os_str().is_empty())
+        .or_else(|| file.values.report.clone())
+        .map(|p| {
+            if p.as_os_str() == "-" {
+                ReportTo::Stderr
+            } else {
+                ReportTo::File(p)
+            }
+        });
     Ok(RunSettings {
         common,
         name,
@@ -386,6 +408,7 @@ pub fn run(args: cli::RunArgs, file: &FileConfig) -> Result<RunSettings, Error> 
             .record_command
             .or(file.values.record_command)
             .unwrap_or(true),
+        report,
     })
 }
 

@@ -11,7 +11,7 @@
 //! `command` (what the command sees, reentrancy), `status` (`status`, `list`, `check`),
 //! `lease` (lease backends), `queue` (arrival order, for backends with a queue), `wording`
 //! (what a user reads, the same everywhere; `--min-hold`), `busy` (contention and hand-offs
-//! on a machine whose cores are kept busy).
+//! on a machine whose cores are kept busy), `report` (the outcome record, waits in CI logs).
 
 mod busy;
 mod command;
@@ -20,6 +20,7 @@ mod exit;
 mod lease;
 mod min_hold;
 mod queue;
+mod report;
 mod signals;
 mod status;
 mod wording;
@@ -31,6 +32,7 @@ pub use self::exit::*;
 pub use self::lease::*;
 pub use self::min_hold::*;
 pub use self::queue::*;
+pub use self::report::*;
 pub use self::signals::*;
 pub use self::status::*;
 pub use self::wording::*;
@@ -80,6 +82,13 @@ macro_rules! contract_tests {
                 min_hold_keeps_the_lock_after_the_command_ends,
                 a_huge_min_hold_is_refused_before_anything_runs,
                 a_busy_machine_fails_no_run_and_overlaps_none,
+                report_records_a_run_that_ran,
+                report_records_a_busy_run_with_its_holder,
+                report_records_an_error,
+                report_records_a_signalled_run,
+                report_records_a_lost_lock,
+                report_lines_of_concurrent_runs_never_mix,
+                waiting_shows_in_ci_logs_but_not_in_cron_mail,
             );
         }
     };

@@ -10,6 +10,7 @@
 //! - `process`: bounded waits, output helpers, `assert_fails`, unique names, server binaries;
 //! - `net`: free ports, a `Proxy` that black-holes or slows a link, a `SilentServer`;
 //! - `busy`: every core kept busy for a bounded time (a loaded machine);
+//! - `report`: reading `--report` files, a URL that reaches no server;
 //! - `certs`: throw-away certificates for the TLS tests;
 //! - one file per test server: `redis`, `redis_cluster`, `sentinel`, `etcd`, `zk`, `postgres`, `mysql`, `memcached`.
 //!
@@ -28,6 +29,7 @@ mod postgres;
 mod process;
 mod redis;
 mod redis_cluster;
+mod report;
 mod sentinel;
 mod server;
 mod shared;
@@ -44,6 +46,7 @@ pub use self::postgres::*;
 pub use self::process::*;
 pub use self::redis::*;
 pub use self::redis_cluster::*;
+pub use self::report::*;
 pub use self::sentinel::*;
 pub use self::server::*;
 pub use self::shared::*;

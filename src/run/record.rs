@@ -1,0 +1,285 @@
+//! The outcome record (`--report PATH`, README: "Outcome records"): one JSON object on one
+//! line per run, whatever the outcome, for machines and for "did last night's job run?".
+//!
+//! - The line is appended with one `write` on an `O_APPEND` descriptor, so the runs sharing a
+//!   file never interleave or overwrite each other's lines.
+//! - The file is opened before the lock is asked for, so a wrong path is reported at once
+//!   (78) and nothing runs. It is opened with the care of a lock file in a shared directory:
+//!   never through a symbolic link (`O_NOFOLLOW`), `O_NONBLOCK` so a FIFO cannot hang dlock,
+//!   only a regular file; in a directory others can write to, only the user's or root's file
+//!   with a single link. A missing file is created 0600.
+//! - Writing the line after the run can only warn: the record never changes the exit status.
+
+use std::fs::File;
+use std::io::Write;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+use serde::Serialize;
+
+use crate::clock::BootInstant;
+use crate::error::Error;
+use crate::lock::Holder;
+use crate::settings::{ReportTo, RunSettings};
+
+/// Where the record goes, opened.
+pub(super) enum Sink {
+    Stderr,
+    File { file: File, path: PathBuf },
+}
+
+impl Sink {
+    /// Open `to` for appending, or say why it cannot be (a configuration error, 78).
+    pub(super) fn open(to: &ReportTo) -> Result<Sink, Error> {
+        match to {
+            ReportTo::Stderr => Ok(Sink::Stderr),
+            ReportTo::File(path) => Ok(Sink::File {
+                file: open_file(path)?,
+                path: path.clone(),
+            }),
+        }
+    }
+
+    /// Append `record` as one line; a failure is a warning.
+    pub(super) fn write(&self, record: &Record) {
+        let mut line = match serde_json::to_vec(record) {
+            Ok(line) => line,
+            Err(err) => {
+                tracing::warn!("cannot write the report: {err}");
+                return;
+            }
+        };
+        line.push(b'\n');
+        // One write(2) of the whole line: O_APPEND makes it atomic against other appenders.
+        let written = match self {
+            Sink::Stderr => std::io::stderr().lock().write(&line),
+            Sink::File { file, .. } => (&*file).write(&line),
+        };
+        let problem = match written {
+            Ok(n) if n == line.len() => return,
+            Ok(n) => format!("only {n} of {} bytes were written", line.len()),
+            Err(err) => err.to_string(),
+        };
+        match self {
+            Sink::Stderr => tracing::warn!("cannot write the report to stderr: {problem}"),
+            Sink::File { path, .. } => {
+                tracing::warn!("cannot write the report to {}: {problem}", path.display());
+            }
+        }
+    }
+}
+
+fn open_file(path: &Path) -> Result<File, Error> {
+    let refuse = |why: String| Error::Config(format!("--report {}: {why}", path.display()));
+    let file = std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC)
+        .open(path)
+        .map_err(|err| match err.raw_os_error() {
+            Some(libc::ELOOP) => refuse("refusing to follow a symbolic link".into()),
+            Some(libc::ENXIO) => refuse("it is not a regular file".into()),
+            _ => refuse(format!("cannot open it for appending: {err}")),
+        })?;
+    let meta = file
+        .metadata()
+        .map_err(|err| refuse(format!("cannot inspect it: {err}")))?;
+    if !meta.file_type().is_file() {
+        return Err(refuse("it is not a regular file".into()));
+    }
+    if in_shared_directory(path) {
+        let uid = nix::unistd::getuid().as_raw();
+        if meta.uid() != uid && meta.uid() != 0 {
+            return Err(refuse(format!(
+                "it is owned by uid {} in a directory where others can create files; \
+                 only your own or root's file is used there",
+                meta.uid()
+            )));
+        }
+        if meta.nlink() > 1 {
+            return Err(refuse(format!(
+                "it has {} hard links, so writing it would change another file",
+                meta.nlink()
+            )));
+        }
+    }
+    Ok(file)
+}
+
+/// Whether others (group or world) can create entries in `path`'s directory.
+fn in_shared_directory(path: &Path) -> bool {
+    let dir = match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => Path::new("."),
+    };
+    // A directory that cannot be inspected is treated as shared: the stricter rules apply.
+    std::fs::metadata(dir).map_or(true, |m| m.permissions().mode() & 0o022 != 0)
+}
+
+/// What a run saw, filled in as it goes (by `run`), turned into a [`Record`] at the end.
+pub(super) struct Track {
+    started: BootInstant,
+    started_at: SystemTime,
+    acquired: Option<(BootInstant, SystemTime, u64)>,
+    gave_up: Option<BootInstant>,
+    command_status: Option<u8>,
+    lost: bool,
+    signalled: Option<String>,
+    busy: bool,
+    holder: Option<Holder>,
+}
+
+impl Track {
+    pub(super) fn new() -> Track {
+        Track {
+            started: BootInstant::now(),
+            started_at: SystemTime::now(),
+            acquired: None,
+            gave_up: None,
+            command_status: None,
+            lost: false,
+            signalled: None,
+            busy: false,
+            holder: None,
+        }
+    }
+
+    /// The lock was acquired with `token` (`None`: held by an ancestor, no token of ours).
+    pub(super) fn acquired(&mut self, token: Option<u64>) {
+        self.acquired = Some((BootInstant::now(), SystemTime::now(), token.unwrap_or(0)));
+    }
+
+    /// The wait ended without the lock (busy, a signal, an error).
+    pub(super) fn gave_up(&mut self) {
+        self.gave_up.get_or_insert_with(BootInstant::now);
+    }
+
+    /// The lock was not acquired; `holder` is who held it, when known.
+    pub(super) fn busy(&mut self, holder: Option<Holder>) {
+        self.gave_up();
+        self.busy = true;
+        self.holder = holder;
+    }
+
+    pub(super) fn signalled(&mut self, signal: Option<String>) {
+        self.gave_up();
+        self.signalled = Some(signal.unwrap_or_default());
+    }
+
+    /// The command ended with `status` (as dlock maps it: 128+N for a signal).
+    pub(super) fn command_ended(&mut self, status: u8, lost: bool, stopping: bool) {
+        self.command_status = Some(status);
+        self.lost = lost;
+        if stopping && self.signalled.is_none() {
+            self.signalled = Some(String::new());
+        }
+    }
+
+    /// The record of the run that ends now with `exit_status` (and `error`, the message dlock
+    /// printed for it).
+    pub(super) fn record(
+        &self,
+        settings: &RunSettings,
+        exit_status: u8,
+        error: Option<String>,
+    ) -> Record {
+        let now = BootInstant::now();
+        let outcome = if error.is_some() {
+            "error"
+        } else if self.signalled.is_some() {
+            "signalled"
+        } else if self.lost {
+            "lost"
+        } else if self.busy {
+            "busy"
+        } else {
+            "ran"
+        };
+        let waited_until = self
+            .acquired
+            .map(|(at, _, _)| at)
+            .or(self.gave_up)
+            .unwrap_or(now);
+        Record {
+            name: settings.name.as_str().to_owned(),
+            backend: settings.common.scheme(),
+            url: settings.common.display_url.clone(),
+            host: nix::unistd::gethostname()
+                .ok()
+                .and_then(|h| h.into_string().ok())
+                .unwrap_or_default(),
+            pid: std::process::id(),
+            outcome,
+            exit_status,
+            command_status: self.command_status,
+            token: self
+                .acquired
+                .map(|(_, _, token)| token)
+                .filter(|&token| token > 0),
+            signal: self.signalled.clone().filter(|s| !s.is_empty()),
+            waited_ms: millis(waited_until.saturating_since(self.started)),
+            held_ms: self
+                .acquired
+                .map(|(at, _, _)| millis(now.saturating_since(at))),
+            started_at: rfc3339(self.started_at),
+            acquired_at: self.acquired.map(|(_, at, _)| rfc3339(at)),
+            ended_at: rfc3339(SystemTime::now()),
+            holder: self.holder.as_ref().map(|h| RecordHolder {
+                pid: h.pid,
+                host: h.host.clone(),
+                user: h.user.clone(),
+                since: h.since.clone(),
+                command: h.command.clone(),
+            }),
+            error,
+        }
+    }
+}
+
+fn millis(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+fn rfc3339(at: SystemTime) -> String {
+    humantime::format_rfc3339_millis(at).to_string()
+}
+
+/// One line of the report (README: "Outcome records" lists the fields).
+#[derive(Debug, Serialize)]
+pub(super) struct Record {
+    name: String,
+    backend: &'static str,
+    url: String,
+    host: String,
+    pid: u32,
+    outcome: &'static str,
+    exit_status: u8,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    command_status: Option<u8>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    token: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    signal: Option<String>,
+    waited_ms: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    held_ms: Option<u64>,
+    started_at: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    acquired_at: Option<String>,
+    ended_at: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    holder: Option<RecordHolder>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<String>,
+}
+
+#[derive(Debug, Serialize)]
+struct RecordHolder {
+    pid: u32,
+    host: String,
+    user: String,
+    since: String,
+    command: String,
+}
