@@ -46,18 +46,19 @@ fn fill_the_server_queue(env: &TestEnv, lock: &str, log: &std::path::Path) -> (H
     (holder, Reaped(waiters))
 }
 
-#[test]
-fn waiters_beyond_the_server_queue_wait_on_this_host_in_arrival_order_and_status_counts_them() {
-    let server = RedisServer::start();
-    let env = TestEnv::new(&server);
-    let lock = lock_name("lq");
-    let log = env.path("order");
-    let (mut holder, mut waiters) = fill_the_server_queue(&env, &lock, &log);
+/// Three more runs after [`fill_the_server_queue`]: they wait in this host's queue, each
+/// counted by `status` (which adds this host's queue) before the next starts.
+fn queue_three_on_this_host(
+    env: &TestEnv,
+    lock: &str,
+    log: &std::path::Path,
+    waiters: &mut Reaped,
+) {
     for i in DEPTH..DEPTH + 3 {
         waiters.0.push(
             env.dlock([
                 "run",
-                &lock,
+                lock,
                 "sh",
                 "-c",
                 &format!("echo {i} >> {}", log.display()),
@@ -65,11 +66,20 @@ fn waiters_beyond_the_server_queue_wait_on_this_host_in_arrival_order_and_status
             .spawn()
             .expect("spawn local waiter"),
         );
-        // Counted although it is not at the server: status adds this host's queue.
         wait_until("local waiter counted", PATIENCE, || {
-            env.waiters(&lock) == i + 1
+            env.waiters(lock) == i + 1
         });
     }
+}
+
+#[test]
+fn waiters_beyond_the_server_queue_wait_on_this_host_in_arrival_order_and_status_counts_them() {
+    let server = RedisServer::start();
+    let env = TestEnv::new(&server);
+    let lock = lock_name("lq");
+    let log = env.path("order");
+    let (mut holder, mut waiters) = fill_the_server_queue(&env, &lock, &log);
+    queue_three_on_this_host(&env, &lock, &log, &mut waiters);
     holder.signal(Signal::SIGTERM);
     holder.wait();
     for waiter in &mut waiters.0 {
@@ -115,22 +125,7 @@ fn slow_first_local_waiter(then: Signal) -> (String, Reaped) {
     let lock = lock_name("lq");
     let log = env.path("order");
     let (mut holder, mut waiters) = fill_the_server_queue(&env, &lock, &log);
-    for i in DEPTH..DEPTH + 3 {
-        waiters.0.push(
-            env.dlock([
-                "run",
-                &lock,
-                "sh",
-                "-c",
-                &format!("echo {i} >> {}", log.display()),
-            ])
-            .spawn()
-            .expect("spawn local waiter"),
-        );
-        wait_until("local waiter counted", PATIENCE, || {
-            env.waiters(&lock) == i + 1
-        });
-    }
+    queue_three_on_this_host(&env, &lock, &log, &mut waiters);
     let slow = waiters.0[DEPTH as usize].id();
     let slow_pid = nix::unistd::Pid::from_raw(slow as i32);
     nix::sys::signal::kill(slow_pid, Signal::SIGSTOP).expect("stop");
