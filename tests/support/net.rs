@@ -3,12 +3,29 @@
 
 use std::time::{Duration, Instant};
 
-/// A free TCP port on 127.0.0.1 (the OS picks it; tiny reuse race accepted).
+/// Where [`free_port`] looks: below the kernel's ephemeral range (32768–60999 unless
+/// configured otherwise), from which every outgoing connection takes its local port. A port
+/// the kernel picks for `bind(0)` comes from that range too, and with hundreds of dlock
+/// connections a second, one of them took it before the server bound it (redis-server then
+/// exits with "Address already in use" and the test waits for it in vain).
+const PORTS: std::ops::Range<u16> = 20_000..32_000;
+
+/// A TCP port on 127.0.0.1 that nothing listens on: each call of this process tries the next
+/// port of [`PORTS`] (from an offset of its pid, so that test processes running at once start
+/// apart) until one can be bound.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("free port")
-        .port()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let span = u32::from(PORTS.end - PORTS.start);
+    let offset = std::process::id().wrapping_mul(7919);
+    for _ in 0..span {
+        let step = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = PORTS.start + (offset.wrapping_add(step) % span) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port in {PORTS:?} on 127.0.0.1");
 }
 
 /// A TCP proxy on a free loopback port that can stop forwarding without closing anything

@@ -81,11 +81,15 @@ impl RedisServer {
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log"))
             .stderr(log);
-        self.child = Some(spawn_server(&mut command, "redis-server"));
-        // Ready when it says so (works for TLS-only servers too).
+        let child = spawn_server(&mut command, "redis-server");
+        let pid = child.id() as i32;
+        self.child = Some(child);
+        // Ready when it says so (works for TLS-only servers too); one that exited says why.
         let log = self.dir.path().join("redis.log");
         wait_until("redis-server ready", PATIENCE, || {
-            std::fs::read_to_string(&log).is_ok_and(|l| l.contains("Ready to accept connections"))
+            let text = std::fs::read_to_string(&log).unwrap_or_default();
+            assert!(is_alive(pid), "redis-server exited: {text}");
+            text.contains("Ready to accept connections")
         });
     }
 
