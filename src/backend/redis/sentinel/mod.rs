@@ -37,18 +37,18 @@
 pub(super) mod check;
 mod connect;
 pub(super) mod replicas;
+mod round;
 pub mod target;
 pub(super) mod watch;
 
 #[cfg(test)]
 mod tests;
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
-use redis::{AsyncConnectionConfig, Client, RedisError, Value};
+use redis::{AsyncConnectionConfig, Client, Value};
 use tokio::sync::OnceCell;
 
 use crate::clock::BootInstant;
@@ -56,6 +56,8 @@ use crate::error::Error;
 
 use super::conn::{classify, Conn};
 use super::{RedisAddr, RedisTarget};
+
+use self::round::{ask, distinct, Answer, Round};
 
 /// Bound for asking one sentinel (connecting, authenticating, the answer). A sentinel answers
 /// from memory in well under a millisecond on a LAN, but a new TLS connection with a client
@@ -92,28 +94,6 @@ pub(super) struct Sentinel {
     /// The connection of the last answer, kept for the next question (a waiter asks every
     /// second, a holder at every renewal).
     link: Arc<std::sync::Mutex<Option<MultiplexedConnection>>>,
-}
-
-/// What one sentinel said about the master.
-pub(super) enum Answer {
-    /// Its current view: the master's address and the configuration epoch it dates from,
-    /// and how many other sentinels it knows, with the rest of the `SENTINEL MASTER` fields
-    /// (for `check`).
-    Master {
-        addr: Addr,
-        epoch: u64,
-        others: usize,
-        fields: Vec<(String, String)>,
-    },
-    /// It monitors no master of that name.
-    Unknown,
-    Failed(String, Option<Error>),
-}
-
-/// The answers of one round of asking, and how many distinct sentinels the URL lists.
-pub(super) struct Round {
-    pub(super) answers: Vec<Answer>,
-    pub(super) listed: usize,
 }
 
 /// Where the master is, for one connection.
@@ -377,107 +357,6 @@ impl Locator {
     }
 }
 
-impl Round {
-    /// The group's size as the sentinels know it (the largest `num-other-sentinels` + 1 any
-    /// of them reports; never fewer than the distinct sentinels that answered, or than the
-    /// URL lists), the sentinels that answered (each a distinct one of the URL's), and the
-    /// votes for each master (address, newest epoch, how many).
-    pub(super) fn tally<'a>(
-        &self,
-        answers: impl Iterator<Item = &'a Answer>,
-    ) -> (usize, usize, Vec<(Addr, u64, usize)>) {
-        let mut group = self.listed;
-        let mut answered = 0;
-        let mut votes: Vec<(Addr, u64, usize)> = Vec::new();
-        for answer in answers {
-            let Answer::Master {
-                addr,
-                epoch,
-                others,
-                ..
-            } = answer
-            else {
-                continue;
-            };
-            answered += 1;
-            group = group.max(others.saturating_add(1)).max(answered);
-            match votes.iter_mut().find(|(a, ..)| a == addr) {
-                Some((_, newest, count)) => {
-                    *newest = (*newest).max(*epoch);
-                    *count += 1;
-                }
-                None => votes.push((addr.clone(), *epoch, 1)),
-            }
-        }
-        (group, answered, votes)
-    }
-
-    /// The master a majority of the group names among `answers`, with its newest epoch.
-    fn majority_of<'a>(&self, answers: impl Iterator<Item = &'a Answer>) -> Option<(Addr, u64)> {
-        let (group, _, votes) = self.tally(answers);
-        votes
-            .into_iter()
-            .find(|(_, _, count)| *count > group / 2)
-            .map(|(addr, epoch, _)| (addr, epoch))
-    }
-
-    /// The master a majority of the sentinel group names, or why there is none: no sentinel
-    /// knows the name (78), none answered (69; 77 or 78 when they all refused us for the same
-    /// reason), fewer than a majority answered, or they do not agree (69).
-    pub(super) fn agreed(&self, master: &str, display: &str) -> Result<(Addr, u64), Error> {
-        if let Some(found) = self.majority_of(self.answers.iter()) {
-            return Ok(found);
-        }
-        let (group, answered, votes) = self.tally(self.answers.iter());
-        if answered == 0 {
-            return Err(none_answered(&self.answers, master, display));
-        }
-        let majority = group / 2 + 1;
-        let reasons: Vec<&str> = self
-            .answers
-            .iter()
-            .filter_map(|a| match a {
-                Answer::Failed(reason, _) => Some(reason.as_str()),
-                _ => None,
-            })
-            .collect();
-        let why = if reasons.is_empty() {
-            String::new()
-        } else {
-            format!(" ({})", reasons.join("; "))
-        };
-        if answered < majority {
-            let listed = if self.listed < majority {
-                format!(
-                    "; the URL lists only {} of them: list at least {majority}",
-                    self.listed
-                )
-            } else {
-                String::new()
-            };
-            return Err(Error::Unavailable(format!(
-                "cannot reach {display}: only {answered} of the {group} sentinels of '{master}' \
-                 answered, and a majority ({majority}) must name its master before dlock uses \
-                 it{why}{listed}"
-            )));
-        }
-        let named: Vec<String> = votes
-            .iter()
-            .map(|(addr, epoch, count)| {
-                format!(
-                    "{count} name {} (epoch {epoch})",
-                    crate::backend::url::join_host_port(&addr.0, addr.1)
-                )
-            })
-            .collect();
-        Err(Error::Unavailable(format!(
-            "{display}: no majority ({majority} of {group}) of the sentinels names the same \
-             master for '{master}' ({}): a failover in progress?",
-            named.join(", ")
-        )))
-    }
-}
-
 /// The last time no majority of a set of sentinels named a master while connecting: the key
 /// ([`Locator::key`]), when, and what was said.
 static NO_MAJORITY: std::sync::Mutex<Option<(String, BootInstant, String)>> =
@@ -563,202 +442,4 @@ pub(super) async fn moved(conn: &mut Conn, max_age: Duration) -> Result<bool, St
         conn.reconnect();
     }
     Ok(moved)
-}
-
-/// Which of `sentinels` to ask: one per server, where entries whose names resolve to a
-/// common address (IPv4-mapped IPv6 as IPv4) are one server. A name that does not resolve
-/// stays an entry of its own (asking it reports why). Resolved once per run, each name within
-/// [`ASK_TIMEOUT`].
-async fn distinct(sentinels: &[Sentinel]) -> Vec<usize> {
-    let lookups = sentinels.iter().map(|s| async {
-        let found = tokio::time::timeout(
-            ASK_TIMEOUT,
-            tokio::net::lookup_host((s.host.as_str(), s.port)),
-        )
-        .await;
-        match found {
-            Ok(Ok(addrs)) => addrs
-                .map(|a| SocketAddr::new(a.ip().to_canonical(), a.port()))
-                .collect(),
-            _ => Vec::new(),
-        }
-    });
-    let resolved: Vec<Vec<SocketAddr>> = futures_util::future::join_all(lookups).await;
-    let mut kept: Vec<usize> = Vec::new();
-    for (i, addrs) in resolved.iter().enumerate() {
-        let same = kept.iter().any(|&k| {
-            let other = &resolved[k];
-            if addrs.is_empty() || other.is_empty() {
-                sentinels[k].host == sentinels[i].host && sentinels[k].port == sentinels[i].port
-            } else {
-                addrs.iter().any(|a| other.contains(a))
-            }
-        });
-        if !same {
-            kept.push(i);
-        }
-    }
-    kept
-}
-
-/// `SENTINEL MASTER <name>` on one sentinel.
-async fn ask(sentinel: &Sentinel, master: &str) -> Answer {
-    let link = |update: &dyn Fn(&mut Option<MultiplexedConnection>)| {
-        if let Ok(mut link) = sentinel.link.lock() {
-            update(&mut link);
-        }
-    };
-    let asked = tokio::time::timeout(ASK_TIMEOUT, async {
-        let kept = sentinel.link.lock().ok().and_then(|l| l.clone());
-        let mut command = redis::cmd("SENTINEL");
-        command.arg("MASTER").arg(master);
-        if let Some(mut connection) = kept {
-            match command.query_async::<Value>(&mut connection).await {
-                Ok(reply) => return Ok(reply),
-                // A kept connection may have died since: one more try on a fresh one.
-                Err(e) if e.is_io_error() || e.is_connection_dropped() => link(&|l| *l = None),
-                Err(e) => return Err(e),
-            }
-        }
-        let config = AsyncConnectionConfig::new()
-            .set_connection_timeout(Some(ASK_TIMEOUT))
-            .set_response_timeout(Some(ASK_TIMEOUT));
-        let mut connection = sentinel
-            .client
-            .get_multiplexed_async_connection_with_config(&config)
-            .await?;
-        let reply = command.query_async::<Value>(&mut connection).await?;
-        link(&|l| *l = Some(connection.clone()));
-        Ok(reply)
-    })
-    .await;
-    if !matches!(asked, Ok(Ok(_))) {
-        link(&|l| *l = None);
-    }
-    let label = &sentinel.label;
-    let reply = match asked {
-        Ok(Ok(reply)) => reply,
-        Ok(Err(e)) => return failed(label, &e),
-        Err(_) => {
-            return Answer::Failed(
-                format!(
-                    "{label}: no answer within {}",
-                    humantime::format_duration(ASK_TIMEOUT)
-                ),
-                None,
-            )
-        }
-    };
-    let fields = fields_of(&reply);
-    let get = |k: &str| fields.iter().find(|(f, _)| f == k).map(|(_, v)| v.as_str());
-    match (get("ip"), get("port").and_then(|p| p.parse::<u16>().ok())) {
-        (Some(ip), Some(port)) => Answer::Master {
-            addr: (ip.to_owned(), port),
-            epoch: get("config-epoch")
-                .and_then(|e| e.parse().ok())
-                .unwrap_or(0),
-            others: get("num-other-sentinels")
-                .and_then(|n| n.parse().ok())
-                .unwrap_or(0),
-            fields: fields.clone(),
-        },
-        _ => Answer::Failed(
-            format!("{label}: an answer dlock cannot read: {reply:?}"),
-            None,
-        ),
-    }
-}
-
-/// Why one sentinel could not answer; authentication and "not a sentinel" are kept as
-/// errors of their own kind, so that they are reported when no sentinel answers.
-fn failed(label: &str, e: &RedisError) -> Answer {
-    let text = e.to_string();
-    if text.contains("No such master") {
-        return Answer::Unknown;
-    }
-    // A sentinel whose certificate the CA does not vouch for (or that refuses ours) is a
-    // set-up error, not an outage: reported as such even though no sentinel answered.
-    let kind = if crate::error::caused_by_tls(e) {
-        Some(Error::Config(format!(
-            "TLS with sentinel {label} failed: {text} (rediss-sentinel:// uses the [redis] \
-             table's ca_file, cert_file and key_file for the sentinels and the data nodes)"
-        )))
-    } else if e.kind() == redis::ErrorKind::AuthenticationFailed
-        || matches!(e.code(), Some("NOAUTH" | "WRONGPASS"))
-        || text.contains("unauthenticated")
-    {
-        Some(Error::Permission(format!(
-            "sentinel {label} refused authentication: give the sentinels' password in \
-             DLOCK_SENTINEL_PASSWORD or the [redis-sentinel] table's password_file (the \
-             URL's password is the data nodes')"
-        )))
-    } else if text.contains("unknown command") {
-        Some(Error::Config(format!(
-            "{label} is not a Redis Sentinel (it does not know the SENTINEL command); \
-             use redis:// for a lone server"
-        )))
-    } else if matches!(e.code(), Some("NOPERM")) {
-        Some(Error::Permission(format!(
-            "sentinel {label}: the ACL does not allow SENTINEL MASTER: {text}"
-        )))
-    } else {
-        None
-    };
-    Answer::Failed(format!("{label}: {text}"), kind)
-}
-
-/// The fields of a `SENTINEL MASTER` reply (a flat array in RESP2, a map in RESP3).
-fn fields_of(reply: &Value) -> Vec<(String, String)> {
-    let text = |v: &Value| match v {
-        Value::BulkString(b) => String::from_utf8_lossy(b).into_owned(),
-        Value::SimpleString(s) => s.clone(),
-        Value::Int(i) => i.to_string(),
-        _ => String::new(),
-    };
-    match reply {
-        Value::Array(items) => items
-            .chunks(2)
-            .filter_map(|c| Some((text(c.first()?), text(c.get(1)?))))
-            .collect(),
-        Value::Map(pairs) => pairs.iter().map(|(k, v)| (text(k), text(v))).collect(),
-        _ => Vec::new(),
-    }
-}
-
-/// Why no sentinel named a master: none knows the name (78), or none answered (69; 77 or 78
-/// when they all refused us for the same reason).
-pub(super) fn none_answered(answers: &[Answer], master: &str, display: &str) -> Error {
-    if answers.iter().any(|a| matches!(a, Answer::Unknown)) {
-        return Error::Config(format!(
-            "{display}: the sentinels monitor no master named '{master}' (the name after '#' \
-             must be the one in 'sentinel monitor <name> …')"
-        ));
-    }
-    if let Some(kind) = answers.iter().find_map(|a| match a {
-        Answer::Failed(_, Some(Error::Permission(m))) => Some(Error::Permission(m.clone())),
-        Answer::Failed(_, Some(Error::Config(m))) => Some(Error::Config(m.clone())),
-        _ => None,
-    }) {
-        return kind;
-    }
-    let reasons: Vec<&str> = answers
-        .iter()
-        .filter_map(|a| match a {
-            Answer::Failed(reason, _) => Some(reason.as_str()),
-            _ => None,
-        })
-        .collect();
-    // A sentinel that speaks TLS only resets a plain-text connection at its first bytes.
-    let hint = if display.starts_with("redis-sentinel:")
-        && reasons.iter().any(|r| r.contains("reset by peer"))
-    {
-        "; if the sentinels speak TLS only, use rediss-sentinel:// (with the [redis] table's \
-         ca_file, cert_file, key_file)"
-    } else {
-        ""
-    };
-    Error::Unavailable(format!(
-        "cannot reach {display}: no sentinel answered ({}){hint}",
-        reasons.join("; ")
-    ))
 }

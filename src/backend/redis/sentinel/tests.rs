@@ -2,7 +2,7 @@
 //! the group names it (the group as the sentinels know it, never smaller than the URL's distinct
 //! sentinels), and when none does, the exit class and the way out.
 
-use super::{none_answered, Answer, Round};
+use super::round::{none_answered, Answer, Round};
 use crate::error::Error;
 
 fn failed(reason: &str) -> Answer {
