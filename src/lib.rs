@@ -18,6 +18,7 @@ pub mod exit;
 pub mod files;
 pub mod keeper;
 pub mod lock;
+mod process;
 mod reentry;
 mod run;
 pub mod secrets;

@@ -141,14 +141,7 @@ impl Holder {
     /// masked), to be completed with the token.
     pub fn for_this_process(name: &LockName, command: &[String], ttl: Duration) -> Holder {
         let mut line = command.join(" ");
-        if line.len() > Self::MAX_COMMAND {
-            let mut cut = Self::MAX_COMMAND;
-            while !line.is_char_boundary(cut) {
-                cut -= 1;
-            }
-            line.truncate(cut);
-            line.push('…');
-        }
+        cut_to(&mut line, Self::MAX_COMMAND);
         Holder {
             name: name.as_str().to_owned(),
             host: nix::unistd::gethostname()
@@ -165,6 +158,18 @@ impl Holder {
             min_hold_ms: 0,
             kept_until: String::new(),
         }
+    }
+}
+
+/// `line` cut to at most `max` bytes at a character boundary, with `…` where it was cut.
+pub(crate) fn cut_to(line: &mut String, max: usize) {
+    if line.len() > max {
+        let mut cut = max;
+        while !line.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        line.truncate(cut);
+        line.push('…');
     }
 }
 
@@ -372,6 +377,42 @@ pub struct LockStatus {
     pub queue: Vec<HolderStatus>,
     /// The newest fencing token handed out, where the backend keeps one.
     pub last_token: Option<u64>,
+    /// The processes of this host that wait for the lock, longest-waiting first, where dlock
+    /// can see them: the file backend's waiters and the host-local queue's tickets.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub waiting_here: Vec<Waiter>,
+}
+
+/// A process of this host waiting for a lock, as `status` shows it.
+#[derive(Clone, Debug, Serialize, PartialEq, Eq)]
+pub struct Waiter {
+    pub pid: u32,
+    pub user: String,
+    pub command: String,
+    /// When it started waiting, RFC 3339 UTC.
+    pub since: String,
+    /// How long it has waited, in milliseconds, when `status` looked.
+    pub waited_ms: u64,
+    /// Where it waits: `lock file` (the file backend), `host queue` (this host's queue, not at
+    /// the server yet) or `server` (its ticket let it through to the server's queue).
+    pub stage: &'static str,
+}
+
+impl Waiter {
+    /// Process `pid`, waiting since `since`, at `stage`.
+    pub fn new(pid: u32, since: std::time::SystemTime, stage: &'static str) -> Waiter {
+        let waited = std::time::SystemTime::now()
+            .duration_since(since)
+            .unwrap_or_default();
+        Waiter {
+            pid,
+            user: crate::process::user_of(pid).unwrap_or_default(),
+            command: crate::process::command_line(pid, Holder::MAX_COMMAND),
+            since: humantime::format_rfc3339_seconds(since).to_string(),
+            waited_ms: u64::try_from(waited.as_millis()).unwrap_or(u64::MAX),
+            stage,
+        }
+    }
 }
 
 impl LockStatus {
@@ -387,6 +428,7 @@ impl LockStatus {
                 waiters: None,
                 queue: Vec::new(),
                 last_token: None,
+                waiting_here: Vec::new(),
             }),
         }
     }

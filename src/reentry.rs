@@ -18,6 +18,7 @@
 //! Anything else acquires normally.
 
 use crate::lock::LockName;
+use crate::process::{parent_of, start_ticks};
 
 /// Bound on the walk up the parent chain (process trees are never this deep).
 const MAX_DEPTH: usize = 4096;
@@ -39,7 +40,7 @@ impl Entry {
         Some(Entry {
             lock: lock_key(identity, name),
             pid,
-            start: start_time(pid)?,
+            start: start_ticks(pid)?,
             token,
         })
     }
@@ -106,7 +107,7 @@ pub fn ancestor_entry(held: &str, lock: &str) -> Option<Entry> {
             return None;
         }
         if let Some(entry) = candidates.iter().find(|entry| entry.pid == pid) {
-            return (start_time(pid) == Some(entry.start)).then(|| entry.clone());
+            return (start_ticks(pid) == Some(entry.start)).then(|| entry.clone());
         }
         pid = parent_of(pid)?;
     }
@@ -125,23 +126,6 @@ pub fn with_entry(held: &str, entry: &Entry) -> String {
     let entry = entry.to_string();
     kept.push(&entry);
     kept.join(" ")
-}
-
-/// Field `index` of `/proc/PID/stat` counted after the command name (which may contain spaces
-/// and parentheses, so the split is at the last `)`): field 3 (state) is index 0.
-fn stat_field(pid: u32, index: usize) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let (_, after) = stat.rsplit_once(')')?;
-    after.split_ascii_whitespace().nth(index)?.parse().ok()
-}
-
-fn parent_of(pid: u32) -> Option<u32> {
-    stat_field(pid, 1).and_then(|ppid| u32::try_from(ppid).ok())
-}
-
-/// Field 22 of `/proc/PID/stat`: when the process started, in clock ticks since boot.
-fn start_time(pid: u32) -> Option<u64> {
-    stat_field(pid, 19)
 }
 
 #[cfg(test)]
@@ -175,7 +159,7 @@ mod tests {
     fn the_parent_with_its_start_time_is_an_ancestor_and_a_wrong_start_time_is_not() {
         let parent = parent_of(std::process::id()).expect("a parent");
         let lock = lock_key("file:///x|dlock", &name("job"));
-        let start = start_time(parent).expect("the parent's start time");
+        let start = start_ticks(parent).expect("the parent's start time");
         let good = Entry {
             lock: lock.clone(),
             pid: parent,

@@ -101,6 +101,29 @@ pub fn print_status(status: &LockStatus, json: bool) -> std::io::Result<()> {
             printable(&h.command)
         )?;
     }
+    if !status.waiting_here.is_empty() {
+        writeln!(out, "on this host, longest-waiting first:")?;
+    }
+    for waiter in &status.waiting_here {
+        let user = if waiter.user.is_empty() {
+            String::new()
+        } else {
+            format!(", user {}", printable(&waiter.user))
+        };
+        writeln!(
+            out,
+            "  pid {}{user}, waiting since {} ({}) {}: {}",
+            waiter.pid,
+            printable(&waiter.since),
+            humantime::format_duration(Duration::from_secs(waiter.waited_ms / 1000)),
+            match waiter.stage {
+                "host queue" => "in this host's queue",
+                "server" => "at the server",
+                _ => "for the lock file",
+            },
+            printable(&waiter.command)
+        )?;
+    }
     if !status.held {
         if let Some(token) = status.last_token {
             writeln!(out, "last token: {token}")?;

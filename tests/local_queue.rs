@@ -73,13 +73,47 @@ fn queue_three_on_this_host(
 }
 
 #[test]
-fn waiters_beyond_the_server_queue_wait_on_this_host_in_arrival_order_and_status_counts_them() {
+fn waiters_beyond_the_server_queue_wait_on_this_host_in_arrival_order_and_status_names_them() {
     let server = RedisServer::start();
     let env = TestEnv::new(&server);
     let lock = lock_name("lq");
     let log = env.path("order");
     let (mut holder, mut waiters) = fill_the_server_queue(&env, &lock, &log);
     queue_three_on_this_host(&env, &lock, &log, &mut waiters);
+    // `status` shows every waiter of this host in arrival order: the first DEPTH at the
+    // server, the rest in this host's queue, each since when it waits.
+    let json: serde_json::Value =
+        serde_json::from_slice(&env.run(["status", "--json", &lock]).stdout).expect("json");
+    let shown: Vec<(u64, String, String)> = json["waiting_here"]
+        .as_array()
+        .unwrap_or_else(|| panic!("no waiting_here: {json}"))
+        .iter()
+        .map(|w| {
+            (
+                w["pid"].as_u64().unwrap_or_default(),
+                w["stage"].as_str().unwrap_or_default().to_owned(),
+                w["since"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect();
+    let pids: Vec<u64> = waiters.0.iter().map(|w| u64::from(w.id())).collect();
+    assert_eq!(
+        shown.iter().map(|(pid, _, _)| *pid).collect::<Vec<_>>(),
+        pids,
+        "{json}"
+    );
+    for (i, (_, stage, _)) in shown.iter().enumerate() {
+        let expected = if (i as u64) < DEPTH {
+            "server"
+        } else {
+            "host queue"
+        };
+        assert_eq!(stage, expected, "waiter {i}: {json}");
+    }
+    assert!(
+        shown.windows(2).all(|pair| pair[0].2 <= pair[1].2),
+        "not longest-waiting first: {json}"
+    );
     holder.signal(Signal::SIGTERM);
     holder.wait();
     for waiter in &mut waiters.0 {

@@ -101,6 +101,7 @@ impl Backend for Fake {
             waiters: None,
             queue: Vec::new(),
             last_token: None,
+            waiting_here: Vec::new(),
         })
     }
 

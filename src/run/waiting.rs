@@ -227,6 +227,7 @@ mod tests {
             waiters: Some(queue.len() as u64),
             queue: queue.iter().map(|&p| entry(p)).collect(),
             last_token: None,
+            waiting_here: Vec::new(),
         }
     }
 

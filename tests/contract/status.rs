@@ -241,3 +241,70 @@ pub fn secrets_in_the_holders_command_line_are_masked_or_not_recorded(server: &d
         }
     }
 }
+
+/// `status` names each process of this host that waits, with since when it waits: a waiter
+/// that started after `before` shows a start no earlier than that (to the second the record
+/// is rounded to), a wait no longer than the test has run, and leaves the list once it has
+/// run.
+pub fn status_shows_since_when_each_waiter_of_this_host_waits(server: &dyn LockServer) {
+    let env = TestEnv::new(server);
+    let lock = lock_name("waited");
+    let mut holder = env.hold(&lock, &[]);
+    let before = std::time::SystemTime::now();
+    let started = std::time::Instant::now();
+    let mut waiter = env
+        .dlock(["run", &lock, "true"])
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn the waiter");
+    let pid = u64::from(waiter.id());
+    let mut shown = serde_json::Value::Null;
+    wait_until("the waiter in status --json", PATIENCE, || {
+        let out = env.run(["status", "--json", &lock]);
+        let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        let found = json["waiting_here"].as_array().and_then(|waiting| {
+            waiting
+                .iter()
+                .find(|w| w["pid"].as_u64() == Some(pid))
+                .cloned()
+        });
+        found.map(|w| shown = w).is_some()
+    });
+    let since = humantime::parse_rfc3339(shown["since"].as_str().unwrap_or_default())
+        .unwrap_or_else(|e| panic!("since is not RFC 3339 ({e}): {shown}"));
+    let rounded = before - std::time::Duration::from_secs(1);
+    assert!(since >= rounded, "waiting since before it started: {shown}");
+    assert!(since <= std::time::SystemTime::now(), "{shown}");
+    let waited = shown["waited_ms"].as_u64().expect("waited_ms");
+    assert!(
+        waited <= started.elapsed().as_millis() as u64 + 1000,
+        "waited longer than the test ran: {shown}"
+    );
+    let stage = shown["stage"].as_str().unwrap_or_default();
+    let expected = if server.scheme() == "file" {
+        "lock file"
+    } else {
+        "server"
+    };
+    assert_eq!(stage, expected, "{shown}");
+    assert!(
+        shown["command"]
+            .as_str()
+            .unwrap_or_default()
+            .contains(&lock),
+        "{shown}"
+    );
+    let text = stdout_of(&env.run(["status", &lock]));
+    assert!(
+        text.lines()
+            .any(|l| l.contains(&format!("pid {pid},")) && l.contains("waiting since")),
+        "{text}"
+    );
+    holder.signal(nix::sys::signal::Signal::SIGTERM);
+    holder.wait();
+    let status = wait_within(&mut waiter, PATIENCE);
+    assert_eq!(status.code(), Some(0), "the waiter did not run");
+    let json: serde_json::Value =
+        serde_json::from_slice(&env.run(["status", "--json", &lock]).stdout).unwrap_or_default();
+    assert!(json["waiting_here"].is_null(), "{json}");
+}

@@ -57,6 +57,7 @@ pub(super) async fn status(
         queue: waiting,
         holders,
         last_token: None,
+        waiting_here: Vec::new(),
     })
 }
 

@@ -14,7 +14,7 @@ use super::FileBackend;
 use crate::backend::list_held;
 use crate::clock::BootInstant;
 use crate::error::Error;
-use crate::lock::{CheckReport, Holder, HolderStatus, LockName, LockStatus};
+use crate::lock::{CheckReport, Holder, HolderStatus, LockName, LockStatus, Waiter};
 
 /// The holders and waiters of `name`, and the last token handed out for it.
 pub(super) fn status(backend: &FileBackend, name: &LockName) -> Result<LockStatus, Error> {
@@ -242,7 +242,22 @@ fn status_of(dir: &LockDir, name: &LockName, locks: &ProcLocks) -> Result<LockSt
         waiters: Some(waiters.len() as u64),
         queue: Vec::new(),
         last_token,
+        waiting_here: waiting_here(&waiters),
     })
+}
+
+/// The processes blocked on a lock's files, longest-waiting first. A process waits from its
+/// start: `dlock run` (and `flock(1)`) asks for the lock before anything else.
+fn waiting_here(pids: &std::collections::BTreeSet<u32>) -> Vec<Waiter> {
+    let mut waiting: Vec<(std::time::SystemTime, u32)> = pids
+        .iter()
+        .filter_map(|&pid| Some((crate::process::started_at(pid)?, pid)))
+        .collect();
+    waiting.sort();
+    waiting
+        .into_iter()
+        .map(|(since, pid)| Waiter::new(pid, since, "lock file"))
+        .collect()
 }
 
 /// A lock nobody holds or waits for.
@@ -254,6 +269,7 @@ fn free(name: &LockName) -> LockStatus {
         waiters: Some(0),
         queue: Vec::new(),
         last_token: None,
+        waiting_here: Vec::new(),
     }
 }
 

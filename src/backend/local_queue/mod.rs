@@ -62,7 +62,7 @@ use crate::clock::BootInstant;
 use crate::error::Error;
 use crate::lock::{
     AcquireRequest, Backend, Cancel, CheckReport, Holder, Lease, LockName, LockStatus, Lost,
-    OnQueued, Wait,
+    OnQueued, Wait, Waiter,
 };
 use crate::settings::Common;
 
@@ -225,15 +225,47 @@ impl<B: Backend> Backend for LocalQueued<B> {
     }
 
     /// The server's view, with the processes waiting in this host's queue added to its waiters
-    /// (they are not at the server yet; the local slots' holders are the ones that are).
+    /// (they are not at the server yet; the local slots' holders are the ones that are), and
+    /// this host's waiters, since when each waits.
     async fn status(&self, name: &LockName) -> Result<LockStatus, Error> {
         let mut status = self.remote.status(name).await?;
-        if let (Some(queue), Some(waiters)) = (&self.queue, status.waiters) {
-            match queue.waiting(name) {
-                Ok(local) => status.waiters = Some(waiters + local),
-                Err(e) => tracing::debug!("cannot count this host's waiters: {e}"),
+        let Some(queue) = &self.queue else {
+            return Ok(status);
+        };
+        let tickets = match queue.in_use(name) {
+            Ok(tickets) => tickets,
+            Err(e) => {
+                tracing::debug!("cannot see this host's waiters: {e}");
+                return Ok(status);
             }
+        };
+        let host = nix::unistd::gethostname()
+            .ok()
+            .and_then(|h| h.into_string().ok())
+            .unwrap_or_default();
+        let holds = |pid: u32| {
+            status
+                .holders
+                .iter()
+                .any(|h| h.holder.pid == pid && h.holder.host == host)
+        };
+        let mut waiting_here = Vec::new();
+        let mut blocked = 0;
+        for ticket in tickets {
+            if ticket.blocked {
+                blocked += 1;
+            } else if holds(ticket.pid) {
+                continue;
+            }
+            let stage = if ticket.blocked {
+                "host queue"
+            } else {
+                "server"
+            };
+            waiting_here.push(Waiter::new(ticket.pid, ticket.since, stage));
         }
+        status.waiters = status.waiters.map(|waiters| waiters + blocked);
+        status.waiting_here = waiting_here;
         Ok(status)
     }
 

@@ -232,34 +232,70 @@ impl LocalQueue {
         Ok(ticket)
     }
 
-    /// How many processes wait in this queue for `name` (blocked on a ticket ahead of theirs,
-    /// or on the `.queuing` file of an earlier one).
-    pub(super) fn waiting(&self, name: &LockName) -> Result<u64, Error> {
+    /// The tickets in use for `name`, in ticket order (first come first): whose, since when,
+    /// and whether its process is still blocked in this queue (on a ticket ahead of its own,
+    /// or on the `.queuing` file of an earlier one) or has gone on to the server.
+    pub(super) fn in_use(&self, name: &LockName) -> Result<Vec<InUse>, Error> {
         let Some(dir) = self.open(false)? else {
-            return Ok(0);
+            return Ok(Vec::new());
         };
         let prefix = format!("{}.", stem(name));
-        let keys: std::collections::HashSet<(u64, u64)> = dir
-            .entries()?
-            .iter()
-            .filter(|entry| {
-                entry
-                    .strip_prefix(&prefix)
-                    .and_then(|rest| {
-                        rest.strip_suffix(".ticket")
-                            .or_else(|| rest.strip_suffix(".queuing"))
-                    })
-                    .is_some_and(|number| number.parse::<u64>().is_ok())
-            })
-            .filter_map(|entry| dir.identity(entry).ok().flatten())
-            .collect();
+        let mut tickets = Vec::new();
+        let mut keys = std::collections::HashSet::new();
+        for entry in dir.entries()? {
+            let Some(rest) = entry.strip_prefix(&prefix) else {
+                continue;
+            };
+            let (number, is_ticket) =
+                match (rest.strip_suffix(".ticket"), rest.strip_suffix(".queuing")) {
+                    (Some(number), _) => (number, true),
+                    (_, Some(number)) => (number, false),
+                    _ => continue,
+                };
+            let Ok(number) = number.parse::<u64>() else {
+                continue;
+            };
+            let Some(key) = dir.identity(&entry).ok().flatten() else {
+                continue;
+            };
+            keys.insert(key);
+            if is_ticket {
+                tickets.push((number, entry, key));
+            }
+        }
+        tickets.sort_unstable_by_key(|(number, _, _)| *number);
         let locks = ProcLocks::read_best(&keys)?;
-        let waiting = keys
-            .iter()
-            .map(|key| locks.waiters.get(key).map_or(0, |pids| pids.len() as u64))
-            .sum();
-        Ok(waiting)
+        let blocked: std::collections::HashSet<u32> =
+            locks.waiters.values().flatten().copied().collect();
+        Ok(tickets
+            .into_iter()
+            .filter_map(|(_, entry, key)| {
+                let pid = locks.holder(key, None)?;
+                // Nothing writes to a ticket file after it is created and locked.
+                let since = dir
+                    .read_lock_file(&entry)
+                    .ok()??
+                    .metadata()
+                    .ok()?
+                    .modified()
+                    .ok()?;
+                Some(InUse {
+                    pid,
+                    since,
+                    blocked: blocked.contains(&pid),
+                })
+            })
+            .collect())
     }
+}
+
+/// A ticket in use: see [`LocalQueue::in_use`].
+pub(super) struct InUse {
+    pub(super) pid: u32,
+    /// When the ticket was taken.
+    pub(super) since: std::time::SystemTime,
+    /// Its process waits in this host's queue, not at the server yet.
+    pub(super) blocked: bool,
 }
 
 /// Whether ticket file `name` exists and its process still holds it (to the best of a quick

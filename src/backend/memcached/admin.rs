@@ -143,6 +143,7 @@ async fn status_at(
         waiters: Some(waiters.iter().filter(|r| r.is("HD")).count() as u64),
         queue: Vec::new(),
         last_token,
+        waiting_here: Vec::new(),
     })
 }
 

@@ -128,6 +128,7 @@ impl MysqlBackend {
             waiters: Some(waiting + u64::from(head.is_some())),
             queue: Vec::new(),
             last_token,
+            waiting_here: Vec::new(),
         })
     }
 

@@ -83,6 +83,7 @@ impl PgBackend {
             waiters: Some(queue.len() as u64),
             queue,
             last_token: None,
+            waiting_here: Vec::new(),
         })
     }
 

@@ -156,6 +156,7 @@ fn free(name: &LockName) -> LockStatus {
         waiters: None,
         queue: Vec::new(),
         last_token: None,
+        waiting_here: Vec::new(),
     }
 }
 

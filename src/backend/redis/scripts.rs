@@ -412,6 +412,7 @@ pub(super) fn parse_status(
         waiters: Some(int(2).and_then(|w| u64::try_from(w).ok()).unwrap_or(0)),
         queue: Vec::new(),
         last_token: text(1).and_then(|f| f.parse().ok()),
+        waiting_here: Vec::new(),
     }))
 }
 

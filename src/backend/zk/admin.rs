@@ -32,6 +32,7 @@ impl ZkBackend {
             queue: queue.into_iter().map(|e| e.status).collect(),
             holders: holders.into_iter().map(|e| e.status).collect(),
             last_token: None,
+            waiting_here: Vec::new(),
         })
     }
 

@@ -1,0 +1,108 @@
+//! What `/proc` says about a process of this host: its parent, when it started, who runs it and
+//! its command line. Every function answers `None` (or an empty string) for a process that is
+//! gone or cannot be read: callers show less, they never fail for it.
+
+use std::os::unix::fs::MetadataExt;
+use std::time::{Duration, SystemTime};
+
+/// Field `index` of `/proc/PID/stat` counted after the command name (which may contain spaces
+/// and parentheses, so the split is at the last `)`): field 3 (state) is index 0.
+fn stat_field(pid: u32, index: usize) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, after) = stat.rsplit_once(')')?;
+    after.split_ascii_whitespace().nth(index)?.parse().ok()
+}
+
+pub fn parent_of(pid: u32) -> Option<u32> {
+    stat_field(pid, 1).and_then(|ppid| u32::try_from(ppid).ok())
+}
+
+/// Field 22 of `/proc/PID/stat`: when the process started, in clock ticks since boot. Unique
+/// with the pid: a later process with the same pid started later.
+pub fn start_ticks(pid: u32) -> Option<u64> {
+    stat_field(pid, 19)
+}
+
+/// When the process started, on the wall clock (to a clock tick, 10 ms).
+pub fn started_at(pid: u32) -> Option<SystemTime> {
+    let ticks = start_ticks(pid)?;
+    let per_second = u64::try_from(nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK).ok()??)
+        .ok()
+        .filter(|&t| t > 0)?;
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let boot: u64 = stat
+        .lines()
+        .find_map(|line| line.strip_prefix("btime "))?
+        .trim()
+        .parse()
+        .ok()?;
+    let since_boot = Duration::from_millis(ticks.checked_mul(1000)? / per_second);
+    (SystemTime::UNIX_EPOCH + Duration::from_secs(boot)).checked_add(since_boot)
+}
+
+/// The name of the user the process runs as (its uid where the user database has no name).
+pub fn user_of(pid: u32) -> Option<String> {
+    let uid = std::fs::metadata(format!("/proc/{pid}")).ok()?.uid();
+    Some(
+        match nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid)) {
+            Ok(Some(user)) => user.name,
+            _ => uid.to_string(),
+        },
+    )
+}
+
+/// The process's command line, its arguments joined by spaces, cut to `max` bytes (with `…`).
+/// Empty for a kernel thread or a process that is gone.
+pub fn command_line(pid: u32, max: usize) -> String {
+    let Ok(raw) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+        return String::new();
+    };
+    let mut line = String::from_utf8_lossy(&raw)
+        .trim_end_matches('\0')
+        .replace('\0', " ");
+    crate::lock::cut_to(&mut line, max);
+    line
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn this_process_started_before_now_and_after_boot_and_is_named_by_its_arguments() {
+        let pid = std::process::id();
+        let started = started_at(pid).expect("own start time");
+        let now = SystemTime::now();
+        assert!(started <= now, "{started:?} is after {now:?}");
+        // The test binary has not run for a day.
+        assert!(now.duration_since(started).expect("ordered") < Duration::from_secs(86_400));
+        let arguments: Vec<String> = std::env::args().collect();
+        assert_eq!(command_line(pid, 100_000), arguments.join(" "));
+        assert_eq!(
+            user_of(pid).as_deref(),
+            nix::unistd::User::from_uid(nix::unistd::getuid())
+                .ok()
+                .flatten()
+                .map(|u| u.name)
+                .as_deref()
+        );
+    }
+
+    #[test]
+    fn a_long_command_line_is_cut_at_a_character_boundary() {
+        let pid = std::process::id();
+        let line = command_line(pid, 3);
+        assert!(line.ends_with('…'), "{line}");
+        assert!(line.len() <= 3 + '…'.len_utf8());
+    }
+
+    #[test]
+    fn a_process_that_does_not_exist_has_nothing_to_say() {
+        // Above the kernel's pid_max (4194304 at most).
+        let pid = 4_194_400;
+        assert_eq!(started_at(pid), None);
+        assert_eq!(user_of(pid), None);
+        assert_eq!(command_line(pid, 100), "");
+        assert_eq!(parent_of(pid), None);
+    }
+}
