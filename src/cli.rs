@@ -108,7 +108,7 @@ pub enum Command {
 }
 
 /// Where the locks live.
-#[derive(Debug, Args)]
+#[derive(Clone, Debug, Args)]
 pub struct BackendArgs {
     // The help text is an attribute, not a doc comment: its URL syntax would read as links.
     #[arg(
@@ -149,7 +149,7 @@ pub enum OnLost {
     Ignore,
 }
 
-#[derive(Debug, Args)]
+#[derive(Clone, Debug, Args)]
 pub struct RunArgs {
     #[command(flatten)]
     pub backend: BackendArgs,

@@ -91,10 +91,26 @@ async fn run(cli: Cli) -> anyhow::Result<u8> {
         generate::run(args.what)?;
         return Ok(0);
     }
-    let config = config::load(cli.global.config.as_deref(), backend::CONFIG_TABLES)?;
+    let config = match config::load(cli.global.config.as_deref(), backend::CONFIG_TABLES) {
+        Ok(config) => config,
+        Err(err) => {
+            let err = anyhow::Error::new(err);
+            if let Command::Run(args) = &cli.command {
+                run::refused(args, &config::FileConfig::default(), &err);
+            }
+            return Err(err);
+        }
+    };
     match cli.command {
         Command::Run(args) => {
-            let settings = settings::run(*args, &config)?;
+            let settings = match settings::run((*args).clone(), &config) {
+                Ok(settings) => settings,
+                Err(err) => {
+                    let err = anyhow::Error::new(err);
+                    run::refused(&args, &config, &err);
+                    return Err(err);
+                }
+            };
             let held = std::env::var("DLOCK_HELD").unwrap_or_default();
             with_backend!(settings.common, backend => Box::pin(run::run(backend, settings, &held)).await)
         }

@@ -23,6 +23,8 @@ use crate::{clock, logging, reentry, supervise};
 
 mod min_hold;
 mod record;
+
+pub(crate) use self::record::refused;
 mod waiting;
 
 /// How long after a backend's own deadline ([`Backend::wait_overrun`]) the `--wait`
@@ -123,7 +125,7 @@ async fn acquire_and_run<B: Backend>(
             return supervise_command(settings, &mut signals, sigchld, &mut Reentrant, env)
                 .await
                 .map(|ran| {
-                    track.command_ended(ran.command, ran.lock_lost, ran.stopping);
+                    track.command_ended(ran.command, ran.lock_lost, ran.stopped_by);
                     ran.status
                 });
         }
@@ -262,18 +264,24 @@ async fn acquire_and_run<B: Backend>(
     }
     let supervised = supervise_command(settings, &mut signals, sigchld, &mut lease, env).await;
     if let Ok(ran) = &supervised {
-        track.command_ended(ran.command, ran.lock_lost, ran.stopping);
+        track.command_ended(ran.command, ran.lock_lost, ran.stopped_by);
     }
     let outcome = match supervised {
-        Ok(ran) if !ran.lock_lost && !ran.stopping => Ok(min_hold::keep(
-            &mut lease,
-            &mut signals,
-            settings,
-            &request.holder,
-            &acquired_at,
-            ran.status,
-        )
-        .await),
+        Ok(ran) if !ran.lock_lost && ran.stopped_by.is_none() => {
+            let kept = min_hold::keep(
+                &mut lease,
+                &mut signals,
+                settings,
+                &request.holder,
+                &acquired_at,
+                ran.status,
+            )
+            .await;
+            if let Some(signal) = kept.signal {
+                track.signalled_while_kept(signal);
+            }
+            Ok(kept.status)
+        }
         other => other.map(|ran| ran.status),
     };
     release(lease, settings).await;
@@ -287,8 +295,8 @@ struct Ran {
     command: u8,
     /// The lock was lost while it ran (and the command was stopped for it).
     lock_lost: bool,
-    /// dlock was asked to stop (a terminating signal was forwarded): release at once.
-    stopping: bool,
+    /// dlock was asked to stop by this signal (a terminating one, forwarded): release at once.
+    stopped_by: Option<i32>,
 }
 
 /// Start the command and wait for it; map how it ended to dlock's exit status.
@@ -350,14 +358,14 @@ async fn supervise_command<L: Lease>(
                 status: Code::Lost.value(),
                 command,
                 lock_lost: true,
-                stopping: ending.terminating_forwarded,
+                stopped_by: ending.stopped_by,
             })
         }
         lost => Ok(Ran {
             status: command,
             command,
             lock_lost: lost.is_some(),
-            stopping: ending.terminating_forwarded,
+            stopped_by: ending.stopped_by,
         }),
     }
 }

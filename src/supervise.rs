@@ -62,9 +62,9 @@ pub struct Ending {
     pub status: ExitStatus,
     /// Set when the lock was lost while the command ran.
     pub lost: Option<Lost>,
-    /// A terminating signal (TERM, INT, HUP, QUIT) was forwarded to the command: dlock was
-    /// asked to stop, so `--min-hold` does not keep the lock after it.
-    pub terminating_forwarded: bool,
+    /// The first terminating signal (TERM, INT, HUP, QUIT) forwarded to the command: dlock
+    /// was asked to stop, so `--min-hold` does not keep the lock after it.
+    pub stopped_by: Option<i32>,
 }
 
 /// The controlling terminal, when dlock is its foreground job.
@@ -208,7 +208,7 @@ pub async fn supervise<L: Lease>(
 ) -> io::Result<Ending> {
     let mut lost: Option<Lost> = None;
     let mut kill_at: Option<BootInstant> = None;
-    let mut terminating_forwarded = false;
+    let mut stopped_by: Option<i32> = None;
     loop {
         // Look first: the child may have ended before the SIGCHLD listener saw it.
         match child.peek()? {
@@ -225,7 +225,7 @@ pub async fn supervise<L: Lease>(
                 return Ok(Ending {
                     status,
                     lost,
-                    terminating_forwarded,
+                    stopped_by,
                 });
             }
             Peek::Stopped(sig) => suspend_with_child(&child, terminal, sig, &policy),
@@ -234,14 +234,14 @@ pub async fn supervise<L: Lease>(
         tokio::select! {
             _ = sigchld.recv() => {}
             signal = signals.recv() => {
-                if signals::is_terminating(signal) && terminating_forwarded {
+                if signals::is_terminating(signal) && stopped_by.is_some() {
                     tracing::warn!("second {}: killing the command", signals::name(signal));
                     child.signal_group(libc::SIGKILL);
                 } else {
                     tracing::info!("forwarding {} to the command", signals::name(signal));
                     child.signal_group(signal);
                     if signals::is_terminating(signal) {
-                        terminating_forwarded = true;
+                        stopped_by = Some(signal);
                         kill_at = earliest(kill_at, BootInstant::now() + policy.kill_after);
                     }
                 }

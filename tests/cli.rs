@@ -612,6 +612,50 @@ fn an_unwritable_report_path_is_78_before_locking() {
     assert!(!env.path("ran").exists(), "the command ran");
 }
 
+/// A run refused before it starts (a bad option, a bad value in the environment, a config
+/// file that does not parse) still appends its record, with the status and the message it
+/// exited with: "did last night's job run?" has an answer when its settings were wrong.
+#[test]
+fn a_run_refused_for_its_settings_is_recorded_as_an_error() {
+    let (_server, env) = file_env();
+    let report = env.path("runs.jsonl");
+    let to = report.to_str().expect("UTF-8 path");
+    let out = env.run(["run", "--report", to, "--wait", "5", "job", "touch", "ran"]);
+    assert_fails(&out, 64, "no unit");
+    let mut command = env.dlock(["run", "job", "touch", "ran"]);
+    command.env("DLOCK_REPORT", &report).env("DLOCK_LIMIT", "0");
+    assert_fails(&output_within(command, PATIENCE), 64, "DLOCK_LIMIT");
+    let config = env.path("broken.toml");
+    std::fs::write(&config, "wait = [\n").expect("write config");
+    let config = config.to_str().expect("UTF-8 path");
+    let out = env.run([
+        "--config", config, "run", "--report", to, "job", "touch", "ran",
+    ]);
+    assert_eq!(out.status.code(), Some(78), "{}", describe(&out));
+    assert!(!env.path("ran").exists(), "the command ran");
+    let lines = report_lines(&report);
+    assert_eq!(lines.len(), 3, "{lines:?}");
+    for (line, status) in lines.iter().zip([64, 64, 78]) {
+        assert_eq!(line["outcome"], "error", "{line}");
+        assert_eq!(line["exit_status"], status, "{line}");
+        assert_eq!(line["name"], "job", "{line}");
+        assert!(
+            line["error"].as_str().is_some_and(|e| !e.is_empty()),
+            "{line}"
+        );
+        assert!(line.get("token").is_none(), "{line}");
+    }
+    assert_eq!(lines[0]["backend"], "file", "{}", lines[0]);
+    assert!(lines[0]["error"]
+        .as_str()
+        .unwrap_or_default()
+        .contains("no unit"));
+    assert!(lines[1]["error"]
+        .as_str()
+        .unwrap_or_default()
+        .contains("DLOCK_LIMIT"));
+}
+
 #[test]
 fn a_report_file_is_created_0600_and_appended_to() {
     use std::os::unix::fs::PermissionsExt;

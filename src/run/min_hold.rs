@@ -37,6 +37,12 @@ impl Acquired {
     }
 }
 
+/// How the keeping ended: the status to exit with, and the signal that cut it short.
+pub(super) struct Kept {
+    pub(super) status: u8,
+    pub(super) signal: Option<i32>,
+}
+
 /// The command ended with `status`; keep the lock until `--min-hold` after `acquired`, then
 /// return the status to exit with.
 pub(super) async fn keep<L: Lease>(
@@ -46,13 +52,17 @@ pub(super) async fn keep<L: Lease>(
     holder: &Holder,
     acquired: &Acquired,
     status: u8,
-) -> u8 {
+) -> Kept {
+    let ran = Kept {
+        status,
+        signal: None,
+    };
     let Some(min_hold) = settings.min_hold else {
-        return status;
+        return ran;
     };
     let until = acquired.at + min_hold;
     if BootInstant::now() >= until {
-        return status;
+        return ran;
     }
     // Settings bound --min-hold far below the clock's end; any doubt shows no time.
     let until_text = acquired
@@ -75,7 +85,7 @@ pub(super) async fn keep<L: Lease>(
         settings.name
     );
     tokio::select! {
-        () = sleep_until(until) => status,
+        () = sleep_until(until) => ran,
         lost = lease.lost() => {
             crate::lock::loss_reported();
             tracing::warn!(
@@ -83,7 +93,7 @@ pub(super) async fn keep<L: Lease>(
                 settings.name,
                 lost.reason
             );
-            status
+            ran
         }
         signal = signals.recv() => {
             say!(
@@ -91,7 +101,10 @@ pub(super) async fn keep<L: Lease>(
                 signals::name(signal),
                 settings.name
             );
-            exit::signal_status(signal)
+            Kept {
+                status: exit::signal_status(signal),
+                signal: Some(signal),
+            }
         }
     }
 }

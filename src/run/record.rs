@@ -18,10 +18,12 @@ use std::time::SystemTime;
 
 use serde::Serialize;
 
+use crate::cli;
 use crate::clock::BootInstant;
+use crate::config::FileConfig;
 use crate::error::Error;
 use crate::lock::Holder;
-use crate::settings::{ReportTo, RunSettings};
+use crate::settings::{self, ReportTo, RunSettings};
 
 /// Where the record goes, opened.
 pub(super) enum Sink {
@@ -168,13 +170,20 @@ impl Track {
         self.signalled = Some(signal.unwrap_or_default());
     }
 
-    /// The command ended with `status` (as dlock maps it: 128+N for a signal).
-    pub(super) fn command_ended(&mut self, status: u8, lost: bool, stopping: bool) {
+    /// The command ended with `status` (as dlock maps it: 128+N for a signal), stopped by
+    /// the terminating signal `stopped_by` that dlock got and forwarded, if any.
+    pub(super) fn command_ended(&mut self, status: u8, lost: bool, stopped_by: Option<i32>) {
         self.command_status = Some(status);
         self.lost = lost;
-        if stopping && self.signalled.is_none() {
-            self.signalled = Some(String::new());
+        if let Some(signal) = stopped_by {
+            self.signalled
+                .get_or_insert_with(|| crate::signals::name(signal));
         }
+    }
+
+    /// `signal` ended `--min-hold`'s keeping of the lock after the command finished.
+    pub(super) fn signalled_while_kept(&mut self, signal: i32) {
+        self.signalled = Some(crate::signals::name(signal));
     }
 
     /// The record of the run that ends now with `exit_status` (and `error`, the message dlock
@@ -206,10 +215,7 @@ impl Track {
             name: settings.name.as_str().to_owned(),
             backend: settings.common.scheme(),
             url: settings.common.display_url.clone(),
-            host: nix::unistd::gethostname()
-                .ok()
-                .and_then(|h| h.into_string().ok())
-                .unwrap_or_default(),
+            host: host_name(),
             pid: std::process::id(),
             outcome,
             exit_status,
@@ -236,6 +242,52 @@ impl Track {
             error,
         }
     }
+}
+
+/// Append the record of a run refused before it started, because its command line, its
+/// environment or the config file is wrong (`file`: the config file's values, or none when
+/// the file itself is the problem), to where the run's `--report` would have gone, as far as
+/// that can be told.
+pub(crate) fn refused(args: &cli::RunArgs, file: &FileConfig, err: &anyhow::Error) {
+    let Some(to) = settings::report_to(args.report.clone(), file) else {
+        return;
+    };
+    let sink = match Sink::open(&to) {
+        Ok(sink) => sink,
+        Err(why) => {
+            tracing::warn!("cannot write the report: {why}");
+            return;
+        }
+    };
+    // The backend and its URL (passwords masked), where they are not the problem.
+    let common = settings::common(&args.backend, args.ttl.clone(), file).ok();
+    let now = rfc3339(SystemTime::now());
+    sink.write(&Record {
+        name: args.name.to_string_lossy().into_owned(),
+        backend: common.as_ref().map_or("", |c| c.scheme()),
+        url: common.map(|c| c.display_url).unwrap_or_default(),
+        host: host_name(),
+        pid: std::process::id(),
+        outcome: "error",
+        exit_status: crate::error::code_of(err).value(),
+        command_status: None,
+        token: None,
+        signal: None,
+        waited_ms: 0,
+        held_ms: None,
+        started_at: now.clone(),
+        acquired_at: None,
+        ended_at: now,
+        holder: None,
+        error: Some(crate::logging::printable(&format!("{err:#}")).into_owned()),
+    });
+}
+
+fn host_name() -> String {
+    nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .unwrap_or_default()
 }
 
 fn millis(d: std::time::Duration) -> u64 {

@@ -382,18 +382,7 @@ pub fn run(args: cli::RunArgs, file: &FileConfig) -> Result<RunSettings, Error> 
         false,
     )?;
     let command = command_spec(args.shell_command, args.command)?;
-    // An empty DLOCK_REPORT is no report, as an unset one.
-    let report = args
-        .report
-        .filter(|p| !p.as_os_str().is_empty())
-        .or_else(|| file.values.report.clone())
-        .map(|p| {
-            if p.as_os_str() == "-" {
-                ReportTo::Stderr
-            } else {
-                ReportTo::File(p)
-            }
-        });
+    let report = report_to(args.report, file);
     Ok(RunSettings {
         common,
         name,
@@ -410,6 +399,20 @@ pub fn run(args: cli::RunArgs, file: &FileConfig) -> Result<RunSettings, Error> 
             .unwrap_or(true),
         report,
     })
+}
+
+/// Where `--report` (`DLOCK_REPORT`, `report` in the config file) sends the outcome record.
+pub fn report_to(flag: Option<std::path::PathBuf>, file: &FileConfig) -> Option<ReportTo> {
+    // An empty DLOCK_REPORT is no report, as an unset one.
+    flag.filter(|p| !p.as_os_str().is_empty())
+        .or_else(|| file.values.report.clone())
+        .map(|p| {
+            if p.as_os_str() == "-" {
+                ReportTo::Stderr
+            } else {
+                ReportTo::File(p)
+            }
+        })
 }
 
 /// Validate a lock name given on the command line.

@@ -87,6 +87,7 @@ macro_rules! contract_tests {
                 report_records_a_busy_run_with_its_holder,
                 report_records_an_error,
                 report_records_a_signalled_run,
+                report_records_the_signal_that_stopped_a_holding_run,
                 report_records_a_lost_lock,
                 report_lines_of_concurrent_runs_never_mix,
                 waiting_shows_in_ci_logs_but_not_in_cron_mail,

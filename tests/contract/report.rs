@@ -355,3 +355,54 @@ pub fn waiting_shows_in_ci_logs_but_not_in_cron_mail(server: &dyn LockServer) {
         assert_eq!(text_of(&text), "", "{what} printed on stderr");
     }
 }
+
+/// The record names the signal that ended a run after it acquired: one that stopped the
+/// command (forwarded to it), and one that cut `--min-hold`'s keeping short after the command
+/// had finished well.
+pub fn report_records_the_signal_that_stopped_a_holding_run(server: &dyn LockServer) {
+    let env = TestEnv::new(server);
+    let lock = lock_name("lock");
+    let report = env.path("runs.jsonl");
+    let to = report.to_str().expect("UTF-8 path");
+    // While the command runs.
+    let mut holding = env.hold(&lock, &["--report", to]);
+    holding.signal(Signal::SIGTERM);
+    assert_eq!(holding.wait().code(), Some(128 + 15));
+    let record = report_line(&report);
+    assert_common(&record, server, &lock, 128 + 15);
+    assert_eq!(record["outcome"], "signalled", "{record}");
+    assert_eq!(record["signal"], "SIGTERM", "{record}");
+    assert!(record["command_status"].as_u64().is_some(), "{record}");
+    assert!(record["token"].as_u64().is_some(), "{record}");
+    std::fs::remove_file(&report).expect("remove the report");
+    // While --min-hold keeps the lock after the command finished with 0.
+    let log_path = env.path("kept.log");
+    let log = std::fs::File::create(&log_path).expect("log file");
+    let mut kept = env
+        .dlock([
+            "run",
+            "-v",
+            "--report",
+            to,
+            "--min-hold",
+            "60s",
+            &lock,
+            "true",
+        ])
+        .stderr(log)
+        .spawn()
+        .expect("spawn");
+    wait_until("the run in its --min-hold", PATIENCE, || {
+        std::fs::read_to_string(&log_path)
+            .unwrap_or_default()
+            .contains("the command has finished (status 0)")
+    });
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(kept.id() as i32), Signal::SIGINT)
+        .expect("kill");
+    assert_eq!(wait_within(&mut kept, PATIENCE).code(), Some(128 + 2));
+    let record = report_line(&report);
+    assert_common(&record, server, &lock, 128 + 2);
+    assert_eq!(record["outcome"], "signalled", "{record}");
+    assert_eq!(record["signal"], "SIGINT", "{record}");
+    assert_eq!(record["command_status"], 0, "{record}");
+}
