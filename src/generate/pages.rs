@@ -87,8 +87,17 @@ const STATUS_EXIT: &[(&str, &str)] = &[
     ),
 ];
 
-fn with_errors(first: &[(&'static str, &'static str)]) -> Vec<(&'static str, &'static str)> {
-    first.iter().chain(STATUS_EXIT).copied().collect()
+/// A command's own statuses, then the errors every command shares (where the command has no
+/// meaning of its own for the status), in numeric order.
+fn with_errors(own: &[(&'static str, &'static str)]) -> Vec<(&'static str, &'static str)> {
+    let mut rows: Vec<(&str, &str)> = own.to_vec();
+    rows.extend(
+        STATUS_EXIT
+            .iter()
+            .filter(|(code, _)| !own.iter().any(|(c, _)| c == code)),
+    );
+    rows.sort_by_key(|(code, _)| code.parse::<u16>().unwrap_or(u16::MAX));
+    rows
 }
 
 /// The written sections of the page `name` (`dlock`, `dlock-run`, …).
@@ -190,7 +199,8 @@ pub fn command(name: &str) -> Command {
                 (
                     "77",
                     "the file backend, where a kernel lock cannot be broken (the holder's pid \
-                     is named), or the server refused to end another user's session",
+                     is named), or the server refused the password or to end another user's \
+                     session",
                 ),
             ]),
             environment: [vec![DLOCK_CONFIG], common_env].concat(),
@@ -364,7 +374,7 @@ pub fn config_file() -> String {
     page.push_str(".SH KEYS\n");
     page.push_str(&super::prose_to_roff(
         "Every key is optional and sets the default of the `dlock run` option of the same \
-         name; `ttl`, `url` and `prefix` apply to every command.",
+         name. `url`, `prefix`, `ttl` and the secrets apply to the other commands too.",
     ));
     page.push_str(&super::definitions(CONFIG_KEYS));
     page.push_str(".SH \"BACKEND TABLES\"\n");
