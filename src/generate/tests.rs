@@ -7,8 +7,7 @@ use crate::config::FileConfig;
 /// The top-level keys the config file accepts, as its parser lists them for an unknown one.
 fn accepted_keys() -> Vec<String> {
     let err = FileConfig::parse("no_such_key = 1\n", crate::backend::CONFIG_TABLES)
-        .err()
-        .expect("an unknown key is refused");
+        .expect_err("an unknown key is refused");
     let expected = err
         .split("expected one of")
         .nth(1)
