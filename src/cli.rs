@@ -13,6 +13,16 @@ use clap::{ArgAction, Args, CommandFactory, Parser, Subcommand, ValueEnum};
 
 use crate::exit;
 
+/// The examples of `dlock -h` and `dlock --help`.
+const TOP_EXAMPLES: &str = "\
+Examples:
+  dlock run nightly -- ./nightly.sh      run it while holding the lock 'nightly'
+  dlock run -n -E 0 nightly -- ./job     skip (exit 0) while someone else holds it
+  dlock status nightly                   who holds it, since when
+  dlock check --url redis://locks:6379   can this backend be used?
+
+More: dlock run -h, man dlock, man dlock-run, /usr/share/doc/dlock.";
+
 /// The examples of `dlock run -h` and `dlock run --help`.
 const RUN_EXAMPLES: &str = "\
 Examples:
@@ -79,7 +89,8 @@ defaults.";
         where /run/lock is sticky, else /tmp/dlock-<uid>), redis:// (rediss://, redis+unix://), redis-sentinel:// \
         (rediss-sentinel://), etcd:// (etcds://), zk://, \
         postgres:// (postgresql://, or libpq's key=value form) and mysql:// (mariadb://).",
-    after_long_help = exit::TABLE,
+    after_help = TOP_EXAMPLES,
+    after_long_help = format!("{TOP_EXAMPLES}\n\n{}", exit::TABLE),
     propagate_version = true
 )]
 pub struct Cli {
