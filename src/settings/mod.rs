@@ -1,7 +1,7 @@
 //! Flags > `DLOCK_*` environment > config file > defaults, merged once into validated settings.
 //!
 //! clap already folds the environment into the flag values, so this module only has to fill
-//! what is still missing from the config file (README: "Configuration") and the defaults, and to validate
+//! what is still missing from the config file (docs/guide.md: "Configuration") and the defaults, and to validate
 //! everything before any backend is contacted. Config file problems are 78,
 //! bad flag or environment values 64. It knows no backend: a URL becomes a
 //! [`crate::backend::Target`] in the backend registry.
