@@ -214,11 +214,11 @@ _dlock() {
                     return 0
                     ;;
                 --local-queue)
-                    COMPREPLY=($(compgen -W "true false" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "on off" -- "${cur}"))
                     return 0
                     ;;
                 --record-command)
-                    COMPREPLY=($(compgen -W "true false" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "on off" -- "${cur}"))
                     return 0
                     ;;
                 --min-hold)

@@ -24,71 +24,71 @@ function __fish_dlock_using_subcommand
     contains -- $cmd[1] $argv
 end
 
-complete -c dlock -n "__fish_dlock_needs_command" -l config -d 'Config file (TOML). Default: $XDG_CONFIG_HOME/dlock/config.toml, then /etc/dlock/config.toml' -r -F
-complete -c dlock -n "__fish_dlock_needs_command" -s v -l verbose -d 'More messages on stderr (repeat for more). DLOCK_LOG takes a tracing filter instead'
-complete -c dlock -n "__fish_dlock_needs_command" -s q -l quiet -d 'Fewer messages on stderr (repeat for none): `run -q` does not report a lock that was not acquired; `status -q` prints nothing on stdout'
-complete -c dlock -n "__fish_dlock_needs_command" -s h -l help -d 'Print help'
+complete -c dlock -n "__fish_dlock_needs_command" -l config -d 'Config file (TOML; see man dlock.toml)' -r -F
+complete -c dlock -n "__fish_dlock_needs_command" -s v -l verbose -d 'More messages on stderr (repeat for more)'
+complete -c dlock -n "__fish_dlock_needs_command" -s q -l quiet -d 'Fewer messages on stderr (repeat for none)'
+complete -c dlock -n "__fish_dlock_needs_command" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c dlock -n "__fish_dlock_needs_command" -s V -l version -d 'Print version'
 complete -c dlock -n "__fish_dlock_needs_command" -f -a "run" -d 'Acquire NAME, run COMMAND with the lock held, release, exit with its status'
 complete -c dlock -n "__fish_dlock_needs_command" -f -a "status" -d 'Show who holds NAME (exit 0 when held, 1 when free)'
 complete -c dlock -n "__fish_dlock_needs_command" -f -a "list" -d 'List held locks under the namespace'
 complete -c dlock -n "__fish_dlock_needs_command" -f -a "release" -d 'Break a lock held by someone else (admin; needs --force)'
 complete -c dlock -n "__fish_dlock_needs_command" -f -a "check" -d 'Check that the backend can be reached and used: latency, version, permissions'
-complete -c dlock -n "__fish_dlock_using_subcommand run; and __fish_dlock_run_options" -s u -l url -d 'Backend URL: file:///dir, redis://[user[:password]@]host[:port][/db], rediss://…, redis+unix:///path, redis-sentinel://host[:port][,host[:port]…][/db]#master, rediss-sentinel://…, etcd://[user@]host:port[,host:port…], etcds://…, zk://[user@]host:port[,host:port…][/chroot], postgres://[user@][host][:port][/dbname][?sslmode=…] (or libpq\'s key=value form), mysql://[user@][host][:port][/database][?ssl-mode=…] (mariadb://…). Default: the file backend in $DLOCK_DIR, else /run/lock/dlock-<uid> where /run/lock is sticky, else /tmp/dlock-<uid>: the same from cron and a login shell.' -r
+complete -c dlock -n "__fish_dlock_using_subcommand run; and __fish_dlock_run_options" -s u -l url -d 'Backend URL, e.g. redis://host or etcd://host:2379 (every form: --help) [default: a lock file on this host]' -r
 complete -c dlock -n "__fish_dlock_using_subcommand run; and __fish_dlock_run_options" -l prefix -d 'Namespace for keys and paths [default: dlock]' -r
-complete -c dlock -n "__fish_dlock_using_subcommand run; and __fish_dlock_run_options" -s w -l wait -d 'Give up after waiting this long, connecting to the backend included (500ms, 30s, 5m) [default: wait forever]' -r
+complete -c dlock -n "__fish_dlock_using_subcommand run; and __fish_dlock_run_options" -s w -l wait -d 'Give up after waiting this long (500ms, 30s, 5m)' -r
 complete -c dlock -n "__fish_dlock_using_subcommand run; and __fish_dlock_run_options" -s E -l conflict-exit-code -d 'Exit status when the lock was not acquired [default: 75]' -r
-complete -c dlock -n "__fish_dlock_using_subcommand run; and __fish_dlock_run_options" -s t -l ttl -d 'Lease length; renewed at least every TTL/3 while the command runs; 2s to 7 days on the lease backends [default: 15s]' -r
-complete -c dlock -n "__fish_dlock_using_subcommand run; and __fish_dlock_run_options" -s l -l limit -d 'Semaphore: up to N holders at once; all holders must agree on N [default: 1]' -r
+complete -c dlock -n "__fish_dlock_using_subcommand run; and __fish_dlock_run_options" -s t -l ttl -d 'Lease length [default: 15s]' -r
+complete -c dlock -n "__fish_dlock_using_subcommand run; and __fish_dlock_run_options" -s l -l limit -d 'Semaphore: up to N holders at once [default: 1]' -r
 complete -c dlock -n "__fish_dlock_using_subcommand run; and __fish_dlock_run_options" -l on-lost -d 'What to do when the lock is lost while the command runs [default: term]' -r -f -a "term\t'SIGTERM the command\'s process group, SIGKILL after --kill-after'
 kill\t'SIGKILL the command\'s process group at once'
 ignore\t'Let the command run on without the lock (a warning is printed)'"
 complete -c dlock -n "__fish_dlock_using_subcommand run; and __fish_dlock_run_options" -l kill-after -d 'Grace between SIGTERM and SIGKILL, on lock loss and after a forwarded signal [default: 10s]' -r
-complete -c dlock -n "__fish_dlock_using_subcommand run; and __fish_dlock_run_options" -l local-queue -d 'Wait in a queue on this host first, so that only the head of the queue holds a server connection (remote backends, when waiting) [default: on]' -r -f -a "true\t''
-false\t''"
-complete -c dlock -n "__fish_dlock_using_subcommand run; and __fish_dlock_run_options" -l record-command -d 'Record the command line in the lock\'s metadata, where `status` and `list` show it (secret-looking values masked); off records none [default: on]' -r -f -a "true\t''
-false\t''"
-complete -c dlock -n "__fish_dlock_using_subcommand run; and __fish_dlock_run_options" -l min-hold -d 'Keep the lock at least this long after acquiring it, even when the command ends sooner (the same job from cron on several hosts runs once); the command\'s status is passed on when the time is up [default: none]' -r
-complete -c dlock -n "__fish_dlock_using_subcommand run; and __fish_dlock_run_options" -l report -d 'Append one JSON line saying how the run ended (ran, busy, lost, error, signalled) to PATH (created 0600; `-` for stderr); checked before acquiring [default: none]' -r -F
+complete -c dlock -n "__fish_dlock_using_subcommand run; and __fish_dlock_run_options" -l local-queue -d 'Wait in a queue on this host first, so that only the head of the queue holds a server connection (remote backends, when waiting) [default: on]' -r -f -a "on\t''
+off\t''"
+complete -c dlock -n "__fish_dlock_using_subcommand run; and __fish_dlock_run_options" -l record-command -d 'Record the command line in the lock\'s metadata, where `status` and `list` show it (secret-looking values masked); off records none [default: on]' -r -f -a "on\t''
+off\t''"
+complete -c dlock -n "__fish_dlock_using_subcommand run; and __fish_dlock_run_options" -l min-hold -d 'Keep the lock at least this long' -r
+complete -c dlock -n "__fish_dlock_using_subcommand run; and __fish_dlock_run_options" -l report -d 'Append one JSON line per run to PATH' -r -F
 complete -c dlock -n "__fish_dlock_using_subcommand run; and __fish_dlock_run_options" -s c -l command -d 'Run SHELL-COMMAND with "$SHELL -c" (or /bin/sh -c) instead of COMMAND' -r
-complete -c dlock -n "__fish_dlock_using_subcommand run; and __fish_dlock_run_options" -l config -d 'Config file (TOML). Default: $XDG_CONFIG_HOME/dlock/config.toml, then /etc/dlock/config.toml' -r -F
-complete -c dlock -n "__fish_dlock_using_subcommand run; and __fish_dlock_run_options" -s n -l no-wait -d 'Give up at once if the lock is held (same as --wait 0)'
-complete -c dlock -n "__fish_dlock_using_subcommand run; and __fish_dlock_run_options" -s v -l verbose -d 'More messages on stderr (repeat for more). DLOCK_LOG takes a tracing filter instead'
-complete -c dlock -n "__fish_dlock_using_subcommand run; and __fish_dlock_run_options" -s q -l quiet -d 'Fewer messages on stderr (repeat for none): `run -q` does not report a lock that was not acquired; `status -q` prints nothing on stdout'
+complete -c dlock -n "__fish_dlock_using_subcommand run; and __fish_dlock_run_options" -l config -d 'Config file (TOML; see man dlock.toml)' -r -F
+complete -c dlock -n "__fish_dlock_using_subcommand run; and __fish_dlock_run_options" -s n -l no-wait -d 'Give up at once if the lock is held'
+complete -c dlock -n "__fish_dlock_using_subcommand run; and __fish_dlock_run_options" -s v -l verbose -d 'More messages on stderr (repeat for more)'
+complete -c dlock -n "__fish_dlock_using_subcommand run; and __fish_dlock_run_options" -s q -l quiet -d 'Fewer messages on stderr (repeat for none)'
 complete -c dlock -n "__fish_dlock_using_subcommand run; and __fish_dlock_run_options" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c dlock -n "__fish_dlock_using_subcommand run; and __fish_dlock_run_options" -s V -l version -d 'Print version'
-complete -c dlock -n "__fish_dlock_using_subcommand status" -s u -l url -d 'Backend URL: file:///dir, redis://[user[:password]@]host[:port][/db], rediss://…, redis+unix:///path, redis-sentinel://host[:port][,host[:port]…][/db]#master, rediss-sentinel://…, etcd://[user@]host:port[,host:port…], etcds://…, zk://[user@]host:port[,host:port…][/chroot], postgres://[user@][host][:port][/dbname][?sslmode=…] (or libpq\'s key=value form), mysql://[user@][host][:port][/database][?ssl-mode=…] (mariadb://…). Default: the file backend in $DLOCK_DIR, else /run/lock/dlock-<uid> where /run/lock is sticky, else /tmp/dlock-<uid>: the same from cron and a login shell.' -r
+complete -c dlock -n "__fish_dlock_using_subcommand status" -s u -l url -d 'Backend URL, e.g. redis://host or etcd://host:2379 (every form: --help) [default: a lock file on this host]' -r
 complete -c dlock -n "__fish_dlock_using_subcommand status" -l prefix -d 'Namespace for keys and paths [default: dlock]' -r
-complete -c dlock -n "__fish_dlock_using_subcommand status" -l config -d 'Config file (TOML). Default: $XDG_CONFIG_HOME/dlock/config.toml, then /etc/dlock/config.toml' -r -F
+complete -c dlock -n "__fish_dlock_using_subcommand status" -l config -d 'Config file (TOML; see man dlock.toml)' -r -F
 complete -c dlock -n "__fish_dlock_using_subcommand status" -l json -d 'Print JSON instead of text'
-complete -c dlock -n "__fish_dlock_using_subcommand status" -s v -l verbose -d 'More messages on stderr (repeat for more). DLOCK_LOG takes a tracing filter instead'
-complete -c dlock -n "__fish_dlock_using_subcommand status" -s q -l quiet -d 'Fewer messages on stderr (repeat for none): `run -q` does not report a lock that was not acquired; `status -q` prints nothing on stdout'
-complete -c dlock -n "__fish_dlock_using_subcommand status" -s h -l help -d 'Print help'
+complete -c dlock -n "__fish_dlock_using_subcommand status" -s v -l verbose -d 'More messages on stderr (repeat for more)'
+complete -c dlock -n "__fish_dlock_using_subcommand status" -s q -l quiet -d 'Fewer messages on stderr (repeat for none)'
+complete -c dlock -n "__fish_dlock_using_subcommand status" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c dlock -n "__fish_dlock_using_subcommand status" -s V -l version -d 'Print version'
-complete -c dlock -n "__fish_dlock_using_subcommand list" -s u -l url -d 'Backend URL: file:///dir, redis://[user[:password]@]host[:port][/db], rediss://…, redis+unix:///path, redis-sentinel://host[:port][,host[:port]…][/db]#master, rediss-sentinel://…, etcd://[user@]host:port[,host:port…], etcds://…, zk://[user@]host:port[,host:port…][/chroot], postgres://[user@][host][:port][/dbname][?sslmode=…] (or libpq\'s key=value form), mysql://[user@][host][:port][/database][?ssl-mode=…] (mariadb://…). Default: the file backend in $DLOCK_DIR, else /run/lock/dlock-<uid> where /run/lock is sticky, else /tmp/dlock-<uid>: the same from cron and a login shell.' -r
+complete -c dlock -n "__fish_dlock_using_subcommand list" -s u -l url -d 'Backend URL, e.g. redis://host or etcd://host:2379 (every form: --help) [default: a lock file on this host]' -r
 complete -c dlock -n "__fish_dlock_using_subcommand list" -l prefix -d 'Namespace for keys and paths [default: dlock]' -r
-complete -c dlock -n "__fish_dlock_using_subcommand list" -l config -d 'Config file (TOML). Default: $XDG_CONFIG_HOME/dlock/config.toml, then /etc/dlock/config.toml' -r -F
+complete -c dlock -n "__fish_dlock_using_subcommand list" -l config -d 'Config file (TOML; see man dlock.toml)' -r -F
 complete -c dlock -n "__fish_dlock_using_subcommand list" -l json -d 'Print JSON instead of text'
-complete -c dlock -n "__fish_dlock_using_subcommand list" -s v -l verbose -d 'More messages on stderr (repeat for more). DLOCK_LOG takes a tracing filter instead'
-complete -c dlock -n "__fish_dlock_using_subcommand list" -s q -l quiet -d 'Fewer messages on stderr (repeat for none): `run -q` does not report a lock that was not acquired; `status -q` prints nothing on stdout'
-complete -c dlock -n "__fish_dlock_using_subcommand list" -s h -l help -d 'Print help'
+complete -c dlock -n "__fish_dlock_using_subcommand list" -s v -l verbose -d 'More messages on stderr (repeat for more)'
+complete -c dlock -n "__fish_dlock_using_subcommand list" -s q -l quiet -d 'Fewer messages on stderr (repeat for none)'
+complete -c dlock -n "__fish_dlock_using_subcommand list" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c dlock -n "__fish_dlock_using_subcommand list" -s V -l version -d 'Print version'
-complete -c dlock -n "__fish_dlock_using_subcommand release" -s u -l url -d 'Backend URL: file:///dir, redis://[user[:password]@]host[:port][/db], rediss://…, redis+unix:///path, redis-sentinel://host[:port][,host[:port]…][/db]#master, rediss-sentinel://…, etcd://[user@]host:port[,host:port…], etcds://…, zk://[user@]host:port[,host:port…][/chroot], postgres://[user@][host][:port][/dbname][?sslmode=…] (or libpq\'s key=value form), mysql://[user@][host][:port][/database][?ssl-mode=…] (mariadb://…). Default: the file backend in $DLOCK_DIR, else /run/lock/dlock-<uid> where /run/lock is sticky, else /tmp/dlock-<uid>: the same from cron and a login shell.' -r
+complete -c dlock -n "__fish_dlock_using_subcommand release" -s u -l url -d 'Backend URL, e.g. redis://host or etcd://host:2379 (every form: --help) [default: a lock file on this host]' -r
 complete -c dlock -n "__fish_dlock_using_subcommand release" -l prefix -d 'Namespace for keys and paths [default: dlock]' -r
-complete -c dlock -n "__fish_dlock_using_subcommand release" -l config -d 'Config file (TOML). Default: $XDG_CONFIG_HOME/dlock/config.toml, then /etc/dlock/config.toml' -r -F
+complete -c dlock -n "__fish_dlock_using_subcommand release" -l config -d 'Config file (TOML; see man dlock.toml)' -r -F
 complete -c dlock -n "__fish_dlock_using_subcommand release" -l force -d 'Required: this breaks a lock that someone else holds; the holder then detects the loss and stops its command. The file backend refuses and names the holder\'s pid'
-complete -c dlock -n "__fish_dlock_using_subcommand release" -s v -l verbose -d 'More messages on stderr (repeat for more). DLOCK_LOG takes a tracing filter instead'
-complete -c dlock -n "__fish_dlock_using_subcommand release" -s q -l quiet -d 'Fewer messages on stderr (repeat for none): `run -q` does not report a lock that was not acquired; `status -q` prints nothing on stdout'
-complete -c dlock -n "__fish_dlock_using_subcommand release" -s h -l help -d 'Print help'
+complete -c dlock -n "__fish_dlock_using_subcommand release" -s v -l verbose -d 'More messages on stderr (repeat for more)'
+complete -c dlock -n "__fish_dlock_using_subcommand release" -s q -l quiet -d 'Fewer messages on stderr (repeat for none)'
+complete -c dlock -n "__fish_dlock_using_subcommand release" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c dlock -n "__fish_dlock_using_subcommand release" -s V -l version -d 'Print version'
-complete -c dlock -n "__fish_dlock_using_subcommand check" -s u -l url -d 'Backend URL: file:///dir, redis://[user[:password]@]host[:port][/db], rediss://…, redis+unix:///path, redis-sentinel://host[:port][,host[:port]…][/db]#master, rediss-sentinel://…, etcd://[user@]host:port[,host:port…], etcds://…, zk://[user@]host:port[,host:port…][/chroot], postgres://[user@][host][:port][/dbname][?sslmode=…] (or libpq\'s key=value form), mysql://[user@][host][:port][/database][?ssl-mode=…] (mariadb://…). Default: the file backend in $DLOCK_DIR, else /run/lock/dlock-<uid> where /run/lock is sticky, else /tmp/dlock-<uid>: the same from cron and a login shell.' -r
+complete -c dlock -n "__fish_dlock_using_subcommand check" -s u -l url -d 'Backend URL, e.g. redis://host or etcd://host:2379 (every form: --help) [default: a lock file on this host]' -r
 complete -c dlock -n "__fish_dlock_using_subcommand check" -l prefix -d 'Namespace for keys and paths [default: dlock]' -r
 complete -c dlock -n "__fish_dlock_using_subcommand check" -s t -l ttl -d 'Lease length to check against the backend\'s bounds [default: 15s]' -r
-complete -c dlock -n "__fish_dlock_using_subcommand check" -l config -d 'Config file (TOML). Default: $XDG_CONFIG_HOME/dlock/config.toml, then /etc/dlock/config.toml' -r -F
+complete -c dlock -n "__fish_dlock_using_subcommand check" -l config -d 'Config file (TOML; see man dlock.toml)' -r -F
 complete -c dlock -n "__fish_dlock_using_subcommand check" -l json -d 'Print JSON instead of text'
-complete -c dlock -n "__fish_dlock_using_subcommand check" -s v -l verbose -d 'More messages on stderr (repeat for more). DLOCK_LOG takes a tracing filter instead'
-complete -c dlock -n "__fish_dlock_using_subcommand check" -s q -l quiet -d 'Fewer messages on stderr (repeat for none): `run -q` does not report a lock that was not acquired; `status -q` prints nothing on stdout'
-complete -c dlock -n "__fish_dlock_using_subcommand check" -s h -l help -d 'Print help'
+complete -c dlock -n "__fish_dlock_using_subcommand check" -s v -l verbose -d 'More messages on stderr (repeat for more)'
+complete -c dlock -n "__fish_dlock_using_subcommand check" -s q -l quiet -d 'Fewer messages on stderr (repeat for none)'
+complete -c dlock -n "__fish_dlock_using_subcommand check" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c dlock -n "__fish_dlock_using_subcommand check" -s V -l version -d 'Print version'
 
 # dlock run: dlock's options stop at NAME (the first word that is not an option).

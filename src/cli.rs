@@ -13,6 +13,39 @@ use clap::{ArgAction, Args, CommandFactory, Parser, Subcommand, ValueEnum};
 
 use crate::exit;
 
+/// The examples of `dlock -h` and `dlock --help`.
+const TOP_EXAMPLES: &str = "\
+Examples:
+  dlock run nightly -- ./nightly.sh      run it while holding the lock 'nightly'
+  dlock run -n -E 0 nightly -- ./job     skip (exit 0) while someone else holds it
+  dlock status nightly                   who holds it, since when
+  dlock check --url redis://locks:6379   can this backend be used?
+
+More: dlock run -h, man dlock, man dlock-run, /usr/share/doc/dlock.";
+
+/// The examples of `dlock run -h` and `dlock run --help`.
+const RUN_EXAMPLES: &str = "\
+Examples:
+  dlock run nightly -- ./nightly.sh              wait for the lock, run, release
+  dlock run -n -E 0 -q nightly -- ./nightly.sh   skip quietly (exit 0) while it is held
+  dlock run -w 5m -u redis://locks:6379 deploy -- ./deploy.sh
+  dlock run report -c 'make report && ./mail-it'";
+
+/// What `dlock status --help` adds.
+const STATUS_AFTER_HELP: &str = "\
+Exit status: 0 when NAME is held, 1 when it is free; an error is one `dlock: …` line and the
+status `dlock run --help` lists for it (64 usage, 69 unavailable, 73, 77, 78).";
+
+/// What `dlock release --help` adds.
+const RELEASE_AFTER_HELP: &str = "\
+Exit status:
+  0    NAME was held; its holders' entries are gone (each is named on stderr)
+  1    NAME was not held: there was nothing to release
+  64   --force is missing, or a bad name or URL
+  69   the backend cannot be reached
+  77   refused: the server's permission (killing another user's session), or the file
+       backend, where a kernel lock cannot be broken from outside (the holder's pid is named)";
+
 const RUN_AFTER_HELP: &str = "\
 Option parsing stops at the first word after NAME: in `dlock run x ./job.sh --ttl 5` the
 `--ttl 5` belongs to the job. `--` before the command is accepted and optional. `-c` may
@@ -37,7 +70,8 @@ command's process group, SIGKILL after --kill-after, exit 124).
 
 Every option can also be set in the environment (DLOCK_URL, DLOCK_WAIT, DLOCK_NO_WAIT,
 DLOCK_CONFLICT_EXIT_CODE, DLOCK_TTL, DLOCK_LIMIT, DLOCK_ON_LOST, DLOCK_KILL_AFTER,
-DLOCK_MIN_HOLD, DLOCK_PREFIX, DLOCK_LOCAL_QUEUE, DLOCK_REPORT) or in the config file. Precedence: flags > environment > config file >
+DLOCK_MIN_HOLD, DLOCK_PREFIX, DLOCK_LOCAL_QUEUE, DLOCK_RECORD_COMMAND, DLOCK_REPORT) or in
+the config file. Precedence: flags > environment > config file >
 defaults.";
 
 /// Run a command while holding a named lock.
@@ -55,7 +89,8 @@ defaults.";
         where /run/lock is sticky, else /tmp/dlock-<uid>), redis:// (rediss://, redis+unix://), redis-sentinel:// \
         (rediss-sentinel://), etcd:// (etcds://), zk://, \
         postgres:// (postgresql://, or libpq's key=value form) and mysql:// (mariadb://).",
-    after_long_help = exit::TABLE,
+    after_help = TOP_EXAMPLES,
+    after_long_help = format!("{TOP_EXAMPLES}\n\n{}", exit::TABLE),
     propagate_version = true
 )]
 pub struct Cli {
@@ -68,17 +103,22 @@ pub struct Cli {
 
 #[derive(Debug, Args)]
 pub struct GlobalArgs {
-    /// More messages on stderr (repeat for more). DLOCK_LOG takes a tracing filter instead.
+    /// More messages on stderr (repeat for more).
+    ///
+    /// DLOCK_LOG takes a tracing filter instead (dlock=debug).
     #[arg(short, long, action = ArgAction::Count, global = true)]
     pub verbose: u8,
 
-    /// Fewer messages on stderr (repeat for none): `run -q` does not report a lock that was not
-    /// acquired; `status -q` prints nothing on stdout.
+    /// Fewer messages on stderr (repeat for none).
+    ///
+    /// `run -q` does not report a lock that was not acquired; `status -q` prints nothing on
+    /// stdout. The one `dlock: …` line that explains a failure is always printed.
     #[arg(short, long, action = ArgAction::Count, global = true)]
     pub quiet: u8,
 
-    /// Config file (TOML). Default: $XDG_CONFIG_HOME/dlock/config.toml, then
-    /// /etc/dlock/config.toml.
+    /// Config file (TOML; see man dlock.toml).
+    ///
+    /// Default: $XDG_CONFIG_HOME/dlock/config.toml, then /etc/dlock/config.toml.
     #[arg(
         long,
         value_name = "PATH",
@@ -92,13 +132,20 @@ pub struct GlobalArgs {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Acquire NAME, run COMMAND with the lock held, release, exit with its status.
-    #[command(after_long_help = format!("{RUN_AFTER_HELP}\n\n{}", exit::TABLE))]
+    #[command(
+        override_usage = "dlock run [OPTIONS] <NAME> [--] <COMMAND> [ARGS]...\n       \
+                          dlock run [OPTIONS] <NAME> -c <SHELL-COMMAND>",
+        after_help = format!("{RUN_EXAMPLES}\n\nMore: dlock run --help (every option, signals, exit statuses), man dlock-run."),
+        after_long_help = format!("{RUN_AFTER_HELP}\n\n{RUN_EXAMPLES}\n\n{}", exit::TABLE)
+    )]
     Run(Box<RunArgs>),
     /// Show who holds NAME (exit 0 when held, 1 when free).
+    #[command(after_long_help = STATUS_AFTER_HELP)]
     Status(StatusArgs),
     /// List held locks under the namespace.
     List(ListArgs),
     /// Break a lock held by someone else (admin; needs --force).
+    #[command(after_long_help = RELEASE_AFTER_HELP)]
     Release(ReleaseArgs),
     /// Check that the backend can be reached and used: latency, version, permissions.
     Check(CheckArgs),
@@ -130,7 +177,13 @@ pub struct BackendArgs {
     pub url: Vec<String>,
 
     /// Namespace for keys and paths [default: dlock].
-    #[arg(long, value_name = "P", env = "DLOCK_PREFIX", hide_env_values = true)]
+    #[arg(
+        long,
+        value_name = "P",
+        env = "DLOCK_PREFIX",
+        hide_env_values = true,
+        hide_short_help = true
+    )]
     pub prefix: Option<String>,
 
     /// The ids of this subcommand's options whose value clap took from the environment
@@ -154,8 +207,10 @@ pub struct RunArgs {
     #[command(flatten)]
     pub backend: BackendArgs,
 
-    /// Give up after waiting this long, connecting to the backend included (500ms, 30s, 5m)
-    /// [default: wait forever].
+    /// Give up after waiting this long (500ms, 30s, 5m).
+    ///
+    /// Connecting to the backend counts against it; 0 is the same as --no-wait [default: wait
+    /// forever].
     #[arg(
         short,
         long,
@@ -165,7 +220,9 @@ pub struct RunArgs {
     )]
     pub wait: Option<String>,
 
-    /// Give up at once if the lock is held (same as --wait 0).
+    /// Give up at once if the lock is held.
+    ///
+    /// The same as --wait 0.
     #[arg(
         short,
         long,
@@ -186,8 +243,10 @@ pub struct RunArgs {
     )]
     pub conflict_exit_code: Option<String>,
 
-    /// Lease length; renewed at least every TTL/3 while the command runs; 2s to 7 days on the
-    /// lease backends [default: 15s].
+    /// Lease length [default: 15s].
+    ///
+    /// Renewed at least every TTL/3 while the command runs; 2s to 7 days (3s to 7 days on
+    /// memcached). The file backend has no lease and only records it.
     #[arg(
         short,
         long,
@@ -197,7 +256,9 @@ pub struct RunArgs {
     )]
     pub ttl: Option<String>,
 
-    /// Semaphore: up to N holders at once; all holders must agree on N [default: 1].
+    /// Semaphore: up to N holders at once [default: 1].
+    ///
+    /// All holders of a name must use the same N.
     #[arg(
         short,
         long,
@@ -212,7 +273,8 @@ pub struct RunArgs {
         long,
         value_name = "ACTION",
         env = "DLOCK_ON_LOST",
-        hide_env_values = true
+        hide_env_values = true,
+        hide_short_help = true
     )]
     pub on_lost: Option<OnLost>,
 
@@ -222,23 +284,27 @@ pub struct RunArgs {
         long,
         value_name = "DUR",
         env = "DLOCK_KILL_AFTER",
-        hide_env_values = true
+        hide_env_values = true,
+        hide_short_help = true
     )]
     pub kill_after: Option<String>,
 
     /// Wait in a queue on this host first, so that only the head of the queue holds a server
     /// connection (remote backends, when waiting) [default: on].
     #[arg(long, value_name = "on|off", env = "DLOCK_LOCAL_QUEUE", hide_env_values = true,
-          value_parser = clap::builder::BoolishValueParser::new())]
+          hide_short_help = true, ignore_case = true, value_parser = on_off())]
     pub local_queue: Option<bool>,
     /// Record the command line in the lock's metadata, where `status` and `list` show it
     /// (secret-looking values masked); off records none [default: on].
     #[arg(long, value_name = "on|off", env = "DLOCK_RECORD_COMMAND", hide_env_values = true,
-          value_parser = clap::builder::BoolishValueParser::new())]
+          hide_short_help = true, ignore_case = true, value_parser = on_off())]
     pub record_command: Option<bool>,
-    /// Keep the lock at least this long after acquiring it, even when the command ends
-    /// sooner (the same job from cron on several hosts runs once); the command's status is
-    /// passed on when the time is up [default: none].
+    /// Keep the lock at least this long.
+    ///
+    /// Counted from the acquisition, also when the command ends sooner [default: none]. For
+    /// the same cron job on several hosts: the first host keeps the lock past the others'
+    /// start times, so the job runs once. The command's status is passed on when the time is
+    /// up.
     #[arg(
         long,
         value_name = "DUR",
@@ -247,8 +313,10 @@ pub struct RunArgs {
     )]
     pub min_hold: Option<String>,
 
-    /// Append one JSON line saying how the run ended (ran, busy, lost, error, signalled) to
-    /// PATH (created 0600; `-` for stderr); checked before acquiring [default: none].
+    /// Append one JSON line per run to PATH.
+    ///
+    /// The line says how the run ended: ran, busy, lost, error or signalled. PATH is created
+    /// 0600 and checked before acquiring; `-` is stderr [default: none].
     #[arg(
         long,
         value_name = "PATH",
@@ -272,6 +340,34 @@ pub struct RunArgs {
         allow_hyphen_values = true
     )]
     pub command: Vec<OsString>,
+}
+
+/// `on` or `off` for a switch that takes a value (`--local-queue off`); the spellings of a
+/// boolean (`true`, `no`, `1`, …) are accepted too but not offered, so that help and
+/// completions show the two words the option is documented with.
+fn on_off() -> impl clap::builder::TypedValueParser<Value = bool> {
+    use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
+    let hidden = |word: &'static str| PossibleValue::new(word).hide(true);
+    PossibleValuesParser::new([
+        PossibleValue::new("on"),
+        PossibleValue::new("off"),
+        hidden("true"),
+        hidden("false"),
+        hidden("yes"),
+        hidden("no"),
+        hidden("y"),
+        hidden("n"),
+        hidden("t"),
+        hidden("f"),
+        hidden("1"),
+        hidden("0"),
+    ])
+    .map(|word| {
+        matches!(
+            word.to_ascii_lowercase().as_str(),
+            "on" | "true" | "yes" | "y" | "t" | "1"
+        )
+    })
 }
 
 #[derive(Debug, Args)]
@@ -353,11 +449,46 @@ pub enum Generate {
     },
 }
 
+/// What `-h` says of `--url`; `--help` gives every backend's form.
+const URL_SHORT_HELP: &str =
+    "Backend URL, e.g. redis://host or etcd://host:2379 (every form: --help) [default: a lock \
+     file on this host]";
+
+/// The command tree: [`Cli`]'s, with the short help that `-h` shows where it differs from the
+/// full text of `--help`. Everything that parses or documents the command line starts here.
+pub fn command() -> clap::Command {
+    Cli::command()
+        .mut_subcommands(|sub| sub.mut_args(|arg| long_help_of_hidden(short_url_help(arg))))
+}
+
+/// An option left out of `-h` keeps its one help text as the full one, which the man page
+/// shows (clap_mangen shows no short help of an option hidden from `-h`).
+fn long_help_of_hidden(arg: clap::Arg) -> clap::Arg {
+    if !arg.is_hide_short_help_set() || arg.get_long_help().is_some() {
+        return arg;
+    }
+    match arg.get_help().cloned() {
+        Some(help) => arg.long_help(help),
+        None => arg,
+    }
+}
+
+/// `--url`'s list of every backend's URL form is for `--help`; `-h` names two and points there.
+fn short_url_help(arg: clap::Arg) -> clap::Arg {
+    if arg.get_id() != "url" || arg.get_long_help().is_some() {
+        return arg;
+    }
+    match arg.get_help().cloned() {
+        Some(full) => arg.help(URL_SHORT_HELP).long_help(full),
+        None => arg,
+    }
+}
+
 /// Parse the process arguments.
 pub fn parse(args: Vec<OsString>) -> Result<Cli, clap::Error> {
     use clap::FromArgMatches;
     // Building the command tree is the costliest part of start-up: do it once.
-    let mut command = Cli::command();
+    let mut command = command();
     let args = normalize_run_args(args, &command);
     let matches = command.try_get_matches_from_mut(args)?;
     let mut cli = Cli::from_arg_matches(&matches).map_err(|e| e.format(&mut command))?;

@@ -1,4 +1,4 @@
-//! The config file (README: "Configuration"): which file, and its TOML. Unknown keys are an error (78).
+//! The config file (docs/guide.md: "Configuration"; man dlock.toml): which file, and its TOML. Unknown keys are an error (78).
 //!
 //! The top level holds `run`'s settings; each backend may have a table of its own for secrets
 //! and TLS material (`[redis]`, `[etcd]`, …). Which tables exist is the backend registry's

@@ -100,7 +100,7 @@ pub fn decode_component(encoded: &str) -> Option<String> {
     String::from_utf8(out).ok()
 }
 
-/// What a holder records with its hold (README: "Looking at locks").
+/// What a holder records with its hold (docs/guide.md: "Looking at locks").
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Holder {
     pub name: String,
@@ -495,7 +495,7 @@ pub trait Backend {
 /// A held lock.
 #[allow(async_fn_in_trait)]
 pub trait Lease {
-    /// The fencing token of this acquisition (README: "Guarantees and limits").
+    /// The fencing token of this acquisition (docs/guarantees.md).
     fn token(&self) -> u64;
 
     /// Resolves when the hold is gone (lease expiring, session lost, entry deleted, lock file

@@ -1,4 +1,4 @@
-//! Reentrancy: when a nested `dlock run NAME` may skip acquiring (README: "What the command sees").
+//! Reentrancy: when a nested `dlock run NAME` may skip acquiring (docs/guide.md: "Reentrancy").
 //!
 //! A holder adds an entry to `DLOCK_HELD` in its command's environment:
 //! `BACKEND|NAME|PID|START|TOKEN` — the backend identity and the encoded lock name, the

@@ -394,7 +394,7 @@ struct ChildEnv {
     handoff: Option<Handoff>,
 }
 
-/// The environment changes for the command (README: "What the command sees"): the lock's
+/// The environment changes for the command (docs/guide.md: "What the command sees"): the lock's
 /// variables in, consumed credentials out, and handed on to nested dlocks through an
 /// inherited descriptor instead.
 fn child_environment(settings: &RunSettings) -> ChildEnv {

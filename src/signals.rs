@@ -6,7 +6,7 @@
 
 use tokio::signal::unix::{signal, Signal, SignalKind};
 
-/// Signals forwarded to the command (README: "Signals").
+/// Signals forwarded to the command (docs/guide.md: "Signals").
 pub const FORWARDED: [i32; 6] = [
     libc::SIGTERM,
     libc::SIGINT,

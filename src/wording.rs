@@ -4,7 +4,7 @@
 //!
 //! A backend says *what* it saw (the holders, how many wait ahead) and calls these; it never
 //! formats a holder itself. A new backend gets the same conflict line, `status` and `list`
-//! for free (README: "Looking at locks").
+//! for free (docs/guide.md: "Looking at locks").
 
 use std::time::{Duration, SystemTime};
 

@@ -1,12 +1,17 @@
 //! The documentation stays true to the binary.
 //!
-//! - Every ```` ```sh ```` block of README.md runs successfully against the built `dlock`, in a
-//!   scratch directory, with no lock, config file or `DLOCK_*` variable of the machine it runs
-//!   on. (Blocks tagged `text` or `bash` are not run: set-up commands, crontab lines, output.)
+//! - Every ```` ```sh ```` block of README.md, docs/*.md and docs/backends/*.md runs
+//!   successfully against the built `dlock`, in a scratch directory, with no lock, config file
+//!   or `DLOCK_*` variable of the machine it runs on. (Blocks tagged `text` or `bash` are not
+//!   run: set-up commands, crontab lines, output.)
+//! - The README is short, recipes before reference, and every relative link of the README and
+//!   docs/ leads to a file and heading that exist; every backend has its page.
 //! - The README's exit-status table lists exactly the statuses `dlock run --help` lists; the
 //!   help renders them from `exit::TABLE`.
-//! - The committed `man/` and `completions/` are what `dlock generate` writes today.
-//! - `dlock run --help` documents the exit statuses and the signal policy.
+//! - The committed `man/` and `completions/` are what `dlock generate` writes today; the pages
+//!   have the sections of a man page and refer only to pages that exist.
+//! - `dlock run --help` documents the exit statuses and the signal policy; `dlock run -h` is a
+//!   summary with examples.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -33,9 +38,44 @@ fn dlock_binary() -> &'static Path {
     Path::new(env!("CARGO_BIN_EXE_dlock"))
 }
 
-fn readme() -> String {
-    let path = repo().join("README.md");
+fn read(relative: &str) -> String {
+    let path = repo().join(relative);
     fs::read_to_string(&path).unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()))
+}
+
+fn readme() -> String {
+    read("README.md")
+}
+
+/// The backends, each with its page `docs/backends/<name>.md`.
+const BACKEND_PAGES: [&str; 9] = [
+    "file",
+    "redis",
+    "redis-sentinel",
+    "redis-cluster",
+    "etcd",
+    "zookeeper",
+    "postgres",
+    "mysql",
+    "memcached",
+];
+
+/// The Markdown files of docs/ and docs/backends/, relative to the repository, sorted.
+fn doc_pages() -> Vec<String> {
+    let mut pages = Vec::new();
+    for dir in ["docs", "docs/backends"] {
+        let entries =
+            fs::read_dir(repo().join(dir)).unwrap_or_else(|e| panic!("cannot read {dir}: {e}"));
+        for entry in entries {
+            let name = entry.expect("directory entry").file_name();
+            let name = name.to_string_lossy();
+            if name.ends_with(".md") {
+                pages.push(format!("{dir}/{name}"));
+            }
+        }
+    }
+    pages.sort();
+    pages
 }
 
 /// `cmd` without any `DLOCK_*` variable of the environment the tests run in (a `DLOCK_URL`,
@@ -87,7 +127,7 @@ struct Block {
 
 /// The fenced (```` ``` ````) code blocks of `markdown`, including those indented inside list
 /// items; the fence's indentation is removed from the block's lines.
-fn fenced_blocks(markdown: &str) -> Vec<Block> {
+fn fenced_blocks(file: &str, markdown: &str) -> Vec<Block> {
     let mut blocks = Vec::new();
     let mut open: Option<(usize, usize, String, String)> = None;
     for (index, line) in markdown.lines().enumerate() {
@@ -116,7 +156,7 @@ fn fenced_blocks(markdown: &str) -> Vec<Block> {
             }
         }
     }
-    assert!(open.is_none(), "README.md: a code fence is never closed");
+    assert!(open.is_none(), "{file}: a code fence is never closed");
     blocks
 }
 
@@ -185,38 +225,259 @@ fn run_block(code: &str) -> BlockRun {
     }
 }
 
+/// Run every ```` ```sh ```` block of `files`; the failures, one message each, and how many ran.
+fn run_examples(files: &[String]) -> (Vec<String>, usize) {
+    let mut failures = Vec::new();
+    let mut count = 0;
+    for file in files {
+        let blocks: Vec<Block> = fenced_blocks(file, &read(file))
+            .into_iter()
+            .filter(|b| b.lang == "sh")
+            .collect();
+        for block in &blocks {
+            count += 1;
+            let run = run_block(&block.code);
+            let outcome = match run.status {
+                Some(status) if status.success() => continue,
+                Some(status) => format!("failed ({status})"),
+                None => format!(
+                    "did not finish within {}s and was killed",
+                    BLOCK_TIME_LIMIT.as_secs()
+                ),
+            };
+            failures.push(format!(
+                "{file} line {}: the ```sh block {outcome}\n--- block ---\n{}--- stdout ---\n{}--- stderr ---\n{}",
+                block.line, block.code, run.stdout, run.stderr
+            ));
+        }
+    }
+    (failures, count)
+}
+
 #[test]
 fn readme_examples_run() {
-    let blocks: Vec<Block> = fenced_blocks(&readme())
-        .into_iter()
-        .filter(|b| b.lang == "sh")
-        .collect();
+    let (failures, count) = run_examples(&["README.md".to_owned()]);
     assert!(
-        !blocks.is_empty(),
+        count > 0,
         "README.md has no ```sh examples; is the parser broken?"
     );
-    let mut failures = Vec::new();
-    for block in &blocks {
-        let run = run_block(&block.code);
-        let outcome = match run.status {
-            Some(status) if status.success() => continue,
-            Some(status) => format!("failed ({status})"),
-            None => format!(
-                "did not finish within {}s and was killed",
-                BLOCK_TIME_LIMIT.as_secs()
-            ),
-        };
-        failures.push(format!(
-            "README.md line {}: the ```sh block {outcome}\n--- block ---\n{}--- stdout ---\n{}--- stderr ---\n{}",
-            block.line, block.code, run.stdout, run.stderr
-        ));
-    }
     assert!(
         failures.is_empty(),
-        "{} of {} README examples failed:\n\n{}",
+        "{} of {count} README examples failed:\n\n{}",
         failures.len(),
-        blocks.len(),
         failures.join("\n")
+    );
+}
+
+#[test]
+fn docs_examples_run() {
+    let pages = doc_pages();
+    let (failures, count) = run_examples(&pages);
+    assert!(
+        count >= 10,
+        "only {count} ```sh examples in {pages:?}; is the parser broken?"
+    );
+    assert!(
+        failures.is_empty(),
+        "{} of {count} examples in docs/ failed:\n\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// The shape of the docs
+
+/// The README's `## ` headings, in order.
+fn h2_headings(markdown: &str) -> Vec<String> {
+    let mut in_code = false;
+    let mut headings = Vec::new();
+    for line in markdown.lines() {
+        if line.trim_start().starts_with("```") {
+            in_code = !in_code;
+        } else if !in_code {
+            if let Some(heading) = line.strip_prefix("## ") {
+                headings.push(heading.trim().to_owned());
+            }
+        }
+    }
+    headings
+}
+
+#[test]
+fn readme_is_short_with_recipes_before_reference() {
+    let text = readme();
+    let lines = text.lines().count();
+    assert!(
+        lines <= 300,
+        "README.md has {lines} lines; keep it to 300 and move the rest to docs/"
+    );
+    let headings = h2_headings(&text);
+    let order = [
+        "Install",
+        "Set up",
+        "Recipes",
+        "Backends",
+        "Options",
+        "Exit status",
+    ];
+    let positions: Vec<Option<usize>> = order
+        .iter()
+        .map(|h| headings.iter().position(|x| x == h))
+        .collect();
+    assert!(
+        positions.iter().all(Option::is_some) && positions.windows(2).all(|w| w[0] < w[1]),
+        "README.md's sections must be {order:?} in that order; they are {headings:?}"
+    );
+    let recipes = text
+        .split("\n## Recipes\n")
+        .nth(1)
+        .and_then(|rest| rest.split("\n## ").next())
+        .unwrap_or_default();
+    for needle in [
+        "cron",
+        "--min-hold",
+        "--wait 10m",
+        "CI",
+        "DLOCK_NAME",
+        "exec dlock run",
+        "--report",
+        "jq",
+    ] {
+        assert!(
+            recipes.contains(needle),
+            "README.md's recipes do not mention {needle:?}"
+        );
+    }
+}
+
+#[test]
+fn every_backend_has_a_page_linked_from_the_readme() {
+    let text = readme();
+    for name in BACKEND_PAGES {
+        let file = format!("docs/backends/{name}.md");
+        let page = read(&file);
+        for section in [
+            "## URL",
+            "## What it promises",
+            "## Server settings",
+            "## `dlock check`",
+            "## Caveats",
+        ] {
+            assert!(
+                page.lines().any(|l| l == section),
+                "{file} has no \"{section}\" section"
+            );
+        }
+        assert!(
+            text.contains(&format!("]({file})")),
+            "README.md's backends table does not link {file}"
+        );
+    }
+    let pages = doc_pages();
+    for page in pages.iter().filter(|p| p.starts_with("docs/backends/")) {
+        let name = page
+            .trim_start_matches("docs/backends/")
+            .trim_end_matches(".md");
+        assert!(
+            BACKEND_PAGES.contains(&name),
+            "{page} is not the page of a backend dlock has"
+        );
+    }
+}
+
+/// GitHub's anchor of a heading: lower case, punctuation dropped, spaces as hyphens.
+fn anchor(heading: &str) -> String {
+    heading
+        .trim()
+        .to_lowercase()
+        .chars()
+        .filter(|c| c.is_alphanumeric() || *c == ' ' || *c == '-' || *c == '_')
+        .map(|c| if c == ' ' { '-' } else { c })
+        .collect()
+}
+
+/// The anchors of a Markdown file's headings (outside code blocks).
+fn anchors(markdown: &str) -> BTreeSet<String> {
+    let mut in_code = false;
+    let mut out = BTreeSet::new();
+    for line in markdown.lines() {
+        if line.trim_start().starts_with("```") {
+            in_code = !in_code;
+        } else if !in_code && line.starts_with('#') {
+            out.insert(anchor(line.trim_start_matches('#')));
+        }
+    }
+    out
+}
+
+/// The targets of the inline links `[text](target)` of a Markdown file, outside code.
+fn link_targets(markdown: &str) -> Vec<String> {
+    let mut in_code = false;
+    let mut out = Vec::new();
+    for line in markdown.lines() {
+        if line.trim_start().starts_with("```") {
+            in_code = !in_code;
+            continue;
+        }
+        if in_code {
+            continue;
+        }
+        for piece in line.split("](").skip(1) {
+            if let Some(end) = piece.find(')') {
+                out.push(piece[..end].to_owned());
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn links_between_the_docs_lead_somewhere() {
+    let mut files = vec!["README.md".to_owned()];
+    files.extend(doc_pages());
+    let mut broken = Vec::new();
+    let mut checked = 0;
+    for file in &files {
+        let here = repo().join(file);
+        let dir = here.parent().expect("a file has a directory").to_owned();
+        for target in link_targets(&read(file)) {
+            if target.contains("://") || target.starts_with("mailto:") {
+                continue;
+            }
+            checked += 1;
+            let (path, fragment) = match target.split_once('#') {
+                Some((path, fragment)) => (path, Some(fragment)),
+                None => (target.as_str(), None),
+            };
+            let resolved = if path.is_empty() {
+                here.clone()
+            } else {
+                dir.join(path)
+            };
+            if !resolved.exists() {
+                broken.push(format!(
+                    "{file}: ({target}): {} does not exist",
+                    resolved.display()
+                ));
+                continue;
+            }
+            if let Some(fragment) = fragment {
+                let text = fs::read_to_string(&resolved).unwrap_or_default();
+                if !anchors(&text).contains(fragment) {
+                    broken.push(format!("{file}: ({target}): no heading #{fragment} there"));
+                }
+            }
+        }
+    }
+    assert!(
+        checked >= 50,
+        "only {checked} links found; is the parser broken?"
+    );
+    assert!(
+        broken.is_empty(),
+        "broken links:\n  {}",
+        broken.join("\n  ")
     );
 }
 
@@ -338,8 +599,249 @@ fn man_pages_and_completions_are_fresh() {
     );
 }
 
+/// The sections of a command's man page, in the order man pages have them.
+const MAN_SECTIONS: [&str; 9] = [
+    ".SH NAME",
+    ".SH SYNOPSIS",
+    ".SH DESCRIPTION",
+    ".SH OPTIONS",
+    ".SH \"EXIT STATUS\"",
+    ".SH ENVIRONMENT",
+    ".SH FILES",
+    ".SH EXAMPLES",
+    ".SH \"SEE ALSO\"",
+];
+
+#[test]
+fn man_pages_have_the_sections_of_a_man_page() {
+    let pages = files_in(&repo().join("man"));
+    assert!(
+        pages.contains_key("dlock.1") && pages.contains_key("dlock-run.1"),
+        "{:?}",
+        pages.keys()
+    );
+    assert!(
+        pages.contains_key("dlock.toml.5"),
+        "no man page for the config file (dlock.toml.5)"
+    );
+    for (name, contents) in &pages {
+        let text = String::from_utf8_lossy(contents);
+        let sections: Vec<&str> = if name.ends_with(".5") {
+            vec![
+                ".SH NAME",
+                ".SH SYNOPSIS",
+                ".SH DESCRIPTION",
+                ".SH EXAMPLES",
+                ".SH \"SEE ALSO\"",
+            ]
+        } else {
+            MAN_SECTIONS.to_vec()
+        };
+        let mut from = 0;
+        for section in sections {
+            let at = text[from..]
+                .find(&format!("{section}\n"))
+                .unwrap_or_else(|| panic!("man/{name}: no {section} (after the previous section)"));
+            from += at + section.len();
+        }
+        assert!(
+            !text.contains(".SH EXTRA"),
+            "man/{name}: a section named EXTRA is clap's leftover"
+        );
+        if name.ends_with(".1") {
+            // The exit statuses are a table (tbl), and man is told to run tbl.
+            assert!(
+                text.starts_with("'\\\" t\n"),
+                "man/{name} does not ask for tbl"
+            );
+            let exit = text.split(".SH \"EXIT STATUS\"").nth(1).unwrap_or_default();
+            let exit = exit.split("\n.SH ").next().unwrap_or_default();
+            assert!(
+                exit.contains(".TS\n") && exit.contains(".TE"),
+                "man/{name}: EXIT STATUS is not a table:\n{exit}"
+            );
+        }
+    }
+    // dlock run's page lists the statuses of `dlock run --help`.
+    let run = String::from_utf8_lossy(&pages["dlock-run.1"]).into_owned();
+    for code in help_exit_statuses(&run_help()) {
+        assert!(
+            run.contains(&format!("\n{}@T{{", code.replace('-', "\\-"))),
+            "man/dlock-run.1 has no row for exit status {code}"
+        );
+    }
+}
+
+#[test]
+fn man_pages_refer_only_to_pages_that_exist() {
+    let pages = files_in(&repo().join("man"));
+    for (name, contents) in &pages {
+        let text = String::from_utf8_lossy(contents);
+        let see_also = text
+            .split(".SH \"SEE ALSO\"\n")
+            .nth(1)
+            .unwrap_or_else(|| panic!("man/{name} has no SEE ALSO"));
+        let see_also = see_also.split("\n.SH").next().unwrap_or_default();
+        let mut refs = 0;
+        for reference in see_also.split(", ") {
+            // `\fBdlock\-run\fR(1)` → dlock-run, 1
+            let page = reference
+                .trim()
+                .trim_start_matches("\\fB")
+                .replace("\\-", "-");
+            let (page, section) = page
+                .split_once("\\fR(")
+                .unwrap_or_else(|| panic!("man/{name}: cannot read {reference:?} in SEE ALSO"));
+            let section = section.trim_end_matches(')');
+            refs += 1;
+            let exists = pages.contains_key(&format!("{page}.{section}"))
+                || (page == "flock" && section == "1");
+            assert!(
+                exists,
+                "man/{name}: SEE ALSO names {page}({section}), which is not installed"
+            );
+        }
+        assert!(refs >= 2, "man/{name}: SEE ALSO names {refs} pages");
+        assert!(
+            !text.contains("dlock\\-help"),
+            "man/{name} names dlock-help"
+        );
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Help text
+
+/// `dlock args` with COLUMNS=100, its stdout (it must succeed).
+fn help_of(args: &[&str]) -> String {
+    String::from_utf8(dlock(args).stdout).expect("help is UTF-8")
+}
+
+#[test]
+fn run_short_help_is_a_summary_with_examples() {
+    let short = help_of(&["run", "-h"]);
+    let lines = short.lines().count();
+    assert!(lines <= 40, "`dlock run -h` has {lines} lines:\n{short}");
+    assert!(
+        short.contains("Examples:\n"),
+        "`dlock run -h` has no examples:\n{short}"
+    );
+    for needle in [
+        "--url",
+        "--wait",
+        "--no-wait",
+        "--ttl",
+        "-c, --command",
+        "--help",
+    ] {
+        assert!(
+            short.contains(needle),
+            "`dlock run -h` does not mention {needle}"
+        );
+    }
+    let long = help_of(&["run", "--help"]);
+    for needle in [
+        "--prefix",
+        "--on-lost",
+        "--kill-after",
+        "--local-queue",
+        "--record-command",
+        "Examples:",
+        "Exit status:",
+        "Signals:",
+        "redis-sentinel://",
+    ] {
+        assert!(
+            long.contains(needle),
+            "`dlock run --help` does not mention {needle}"
+        );
+    }
+}
+
+/// `--local-queue` and `--record-command` take on|off: help and completion offer those two
+/// words, and the other spellings of a boolean still work.
+#[test]
+fn on_off_switches_offer_on_and_off() {
+    let long = help_of(&["run", "--help"]);
+    let flat = long.split_whitespace().collect::<Vec<_>>().join(" ");
+    assert!(
+        !flat.contains("[possible values: true, false]"),
+        "`dlock run --help` offers true/false for an on|off switch:\n{long}"
+    );
+    assert!(
+        flat.matches("[possible values: on, off]").count() >= 2,
+        "`dlock run --help` does not offer on|off:\n{long}"
+    );
+    let script = repo().join("completions/dlock.bash");
+    let program = format!(
+        "source '{}'; COMP_WORDS=(dlock run --local-queue ''); COMP_CWORD=3; \
+         _dlock dlock '' --local-queue; printf '%s\\n' \"${{COMPREPLY[@]}}\"",
+        script.display()
+    );
+    let out = Command::new("bash")
+        .args(["--norc", "--noprofile", "-c", &program])
+        .output()
+        .expect("run bash");
+    let offered = String::from_utf8_lossy(&out.stdout);
+    let offered: Vec<&str> = offered.lines().collect();
+    assert_eq!(
+        offered,
+        ["on", "off"],
+        "bash completes --local-queue with {offered:?}"
+    );
+
+    let scratch = tempfile::tempdir().expect("temp dir");
+    for (args, env) in [
+        (vec!["--local-queue", "off", "--record-command", "on"], None),
+        (
+            vec!["--local-queue", "0", "--record-command", "FALSE"],
+            None,
+        ),
+        (vec![], Some(("DLOCK_LOCAL_QUEUE", "yes"))),
+        (vec![], Some(("DLOCK_RECORD_COMMAND", "off"))),
+    ] {
+        let mut cmd = without_dlock_env(Command::new(dlock_binary()));
+        cmd.arg("run")
+            .args(&args)
+            .args(["switch-demo", "true"])
+            .env("DLOCK_DIR", scratch.path().join("dlock"))
+            .stdin(Stdio::null());
+        if let Some((key, value)) = env {
+            cmd.env(key, value);
+        }
+        let out = cmd.output().expect("run dlock");
+        assert!(
+            out.status.success(),
+            "dlock run {args:?} {env:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// `release --force` of a free lock exits 1, and `release --help` says so.
+#[test]
+fn release_documents_the_status_of_a_free_lock() {
+    let help = help_of(&["release", "--help"]);
+    let row = help
+        .lines()
+        .map(str::trim_start)
+        .find(|l| l.starts_with("1 "))
+        .unwrap_or_else(|| panic!("`dlock release --help` has no exit status 1:\n{help}"));
+    assert!(row.contains("not held"), "{row}");
+
+    let scratch = tempfile::tempdir().expect("temp dir");
+    let out = without_dlock_env(Command::new(dlock_binary()))
+        .args(["release", "--force", "never-held"])
+        .env("DLOCK_DIR", scratch.path().join("dlock"))
+        .stdin(Stdio::null())
+        .output()
+        .expect("run dlock");
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("is not held"),
+        "{out:?}"
+    );
+}
 
 #[test]
 fn help_mentions_exit_statuses_and_signals() {
@@ -493,12 +995,15 @@ fn zsh_and_fish_completions_hide_generate_and_stop_options_at_the_command() {
     }
 }
 
-/// The README's `status` sample is what `status` prints: the same fields, in the same order.
+/// The guide's `status` sample is what `status` prints: the same fields, in the same order.
 #[test]
-fn readme_status_sample_is_real_output() {
-    let text = readme();
+fn guide_status_sample_is_real_output() {
+    let text = read("docs/guide.md");
     let marker = "`dlock status busy-demo` prints:";
-    let at = text.find(marker).expect("the status sample in README.md") + marker.len();
+    let at = text
+        .find(marker)
+        .expect("the status sample in docs/guide.md")
+        + marker.len();
     let sample: Vec<String> = text[at..]
         .split("```text\n")
         .nth(1)
@@ -528,6 +1033,6 @@ fn readme_status_sample_is_real_output() {
         .collect();
     assert_eq!(
         sample, real,
-        "README's status sample differs from the real output"
+        "docs/guide.md's status sample differs from the real output"
     );
 }

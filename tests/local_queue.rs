@@ -1,5 +1,5 @@
 //! Many waiters on one host (issue #14): the host-local queue in front of a remote backend,
-//! and capacity refusals waited out within `--wait` (README: "Many waiters on one host").
+//! and capacity refusals waited out within `--wait` (docs/guide.md: "The host queue").
 
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Stdio};

@@ -3,7 +3,7 @@
 //! `maxclients`) is neither down nor saying that the lock is held. The refusal passes as soon
 //! as one of the other clients leaves, so it is waited out like a held lock: within `--wait`,
 //! with a jittered exponential backoff so that a crowd of refused clients does not come back
-//! in step (README: "Many waiters on one host").
+//! in step (docs/guide.md: "The host queue").
 //!
 //! Each backend's error classification recognises its server's refusal and returns
 //! [`refused`] (an [`Error::Capacity`], exit status 69 when it is final); [`wait_out`] is the

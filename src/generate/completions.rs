@@ -5,10 +5,7 @@
 use std::path::Path;
 
 use anyhow::Context;
-use clap::CommandFactory;
 use clap_complete::Shell;
-
-use crate::cli::Cli;
 
 /// `dlock.bash`, `_dlock` (zsh) and `dlock.fish`.
 pub fn write(dir: &Path) -> anyhow::Result<()> {
@@ -37,7 +34,7 @@ pub fn write(dir: &Path) -> anyhow::Result<()> {
 
 /// dlock's command tree without its hidden subcommands (clap_complete lists those too).
 fn visible_command() -> clap::Command {
-    let full = Cli::command();
+    let full = crate::cli::command();
     let mut command = clap::Command::new("dlock")
         .version(full.get_version().unwrap_or_default().to_owned())
         .propagate_version(true)
@@ -57,7 +54,7 @@ fn visible_command() -> clap::Command {
 /// The spellings of `dlock run`'s options (global ones included) that take a value from the
 /// next word: `-u --url -w --wait …`.
 fn run_value_options() -> Vec<String> {
-    let full = Cli::command();
+    let full = crate::cli::command();
     let Some(run) = full.find_subcommand("run") else {
         return Vec::new();
     };

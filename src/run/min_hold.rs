@@ -1,4 +1,4 @@
-//! `--min-hold` (README: "Cron on several hosts"): after the command has finished, keep the
+//! `--min-hold` (docs/guide.md: "Min-hold"): after the command has finished, keep the
 //! lock until the hold's minimum length is up, so that the same crontab line on hosts whose
 //! clocks differ by less than that finds the lock still held and runs once.
 //!

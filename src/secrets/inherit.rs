@@ -1,4 +1,4 @@
-//! Credentials for nested dlocks (README: "What the command sees").
+//! Credentials for nested dlocks (docs/guide.md: "What the command sees").
 //!
 //! The command never sees a password dlock consumed: `DLOCK_*PASSWORD*` variables are removed
 //! from its environment and a password in `DLOCK_URL` becomes `***`. A `dlock` run inside the

@@ -1,7 +1,7 @@
 //! Flags > `DLOCK_*` environment > config file > defaults, merged once into validated settings.
 //!
 //! clap already folds the environment into the flag values, so this module only has to fill
-//! what is still missing from the config file (README: "Configuration") and the defaults, and to validate
+//! what is still missing from the config file (docs/guide.md: "Configuration") and the defaults, and to validate
 //! everything before any backend is contacted. Config file problems are 78,
 //! bad flag or environment values 64. It knows no backend: a URL becomes a
 //! [`crate::backend::Target`] in the backend registry.
@@ -254,7 +254,7 @@ pub fn common(
                     s.from_file,
                     &origin("--url", env),
                     "several URLs would mean Redlock across independent Redis masters, which dlock does not \
-                     offer (README: Redlock); give one URL: redis-sentinel://s1,s2,s3#master for Redis \
+                     offer (docs/faq.md: Why no Redlock?); give one URL: redis-sentinel://s1,s2,s3#master for Redis \
                      behind Sentinel, a Redis Cluster URL, or etcd:// or zk:// for a lock that \
                      needs no timing assumptions"
                         .into(),
@@ -268,7 +268,7 @@ pub fn common(
                 && url_password_is_masked(url)
             {
                 return Err(Error::Config(format!(
-                    "DLOCK_URL (environment): its password is *** as the dlock running this command                      hid it; that dlock hands it to nested dlocks through {} (an inherited                      descriptor), which did not reach this one; give the password with                      password_file in the config file (README: \"What the command sees\")",
+                    "DLOCK_URL (environment): its password is *** as the dlock running this command                      hid it; that dlock hands it to nested dlocks through {} (an inherited                      descriptor), which did not reach this one; give the password with                      password_file in the config file (docs/guide.md: \"What the command sees\")",
                     crate::secrets::CREDENTIALS_FD
                 )));
             }

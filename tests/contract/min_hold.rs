@@ -1,4 +1,4 @@
-//! The contract of `--min-hold`'s finish record (README: "Cron"): `status` says that the
+//! The contract of `--min-hold`'s finish record (docs/guide.md: "Min-hold"): `status` says that the
 //! command has ended only for a hold that is still the recorder's. Called per backend (with
 //! how it notices a broken hold), not from `contract_tests!`.
 

@@ -176,7 +176,7 @@ pub fn min_hold_keeps_the_lock_after_the_command_ends(server: &dyn LockServer) {
     assert!(status.contains("state:      held"), "{status}");
     assert!(status.contains("kept"), "min hold not shown: {status}");
     // The backends that rewrite a holder's metadata in place say that the command ended
-    // (README: "Cron"); the others show the min hold the holder started with.
+    // (docs/guide.md: "Min-hold"); the others show the min hold the holder started with.
     if [
         "file",
         "etcd",

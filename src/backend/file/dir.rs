@@ -1,5 +1,5 @@
 //! The lock directory and its lock files, opened so that nobody else can redirect dlock's
-//! writes or make it hang (README: "The file backend's lock files").
+//! writes or make it hang (docs/backends/file.md).
 //!
 //! - The base directory is opened once. The `--prefix` sub-directory and every lock file are
 //!   opened relative to it (`openat`) with `O_NOFOLLOW`, so swapping a directory or a file for

@@ -13,7 +13,7 @@ pub struct FileTarget {
 
 impl FileTarget {
     /// dlock's own directory, for file locks without `--url` and the host-local queues
-    /// (README: "The file backend's lock files"): `$DLOCK_DIR` when set, else
+    /// (docs/backends/file.md): `$DLOCK_DIR` when set, else
     /// `/run/lock/dlock-<uid>` where `/run/lock` is root's and sticky (as on Debian), else
     /// `/tmp/dlock-<uid>`. One per user, the same from cron and from a login session (nothing
     /// depends on `XDG_RUNTIME_DIR`, which cron does not set and logout removes), and not

@@ -90,7 +90,7 @@ async fn lock_names_on(
     node: Option<usize>,
 ) -> Result<Vec<LockName>, Error> {
     let mut names = Vec::new();
-    // `holders`: locks an older dlock holds (README, Redis: upgrading).
+    // `holders`: locks an older dlock holds (docs/backends/redis.md, caveats).
     for suffix in ["owners", "holders"] {
         let pattern = format!("{}:{{*}}:{suffix}", glob_escape(&backend.prefix));
         scan_names(backend, conn, node, &pattern, &mut names).await?;

@@ -337,7 +337,7 @@ impl Step {
 }
 
 /// A holder of a dlock before the current key layout, as far as it can be told: its entry
-/// is in a key the scripts do not read (README, Redis: upgrading).
+/// is in a key the scripts do not read (docs/backends/redis.md, caveats).
 pub(super) fn older_holder(name: &LockName) -> Holder {
     Holder {
         name: name.to_string(),

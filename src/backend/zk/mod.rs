@@ -36,7 +36,7 @@
 //! The lease: the session. A connection loss is not an expiry: the
 //! [`Keeper`](crate::keeper::Keeper) keeps re-verifying our node (`exists`, which also touches
 //! the session) and only declares the hold lost when that has failed for long enough that the
-//! server might expire the session (README: "Signals", lock loss). A session the server reports expired, or a
+//! server might expire the session (docs/guide.md: "Signals", lock loss). A session the server reports expired, or a
 //! deleted node, is lost at once (a watch on our node reports both without waiting for the next
 //! renewal).
 //!

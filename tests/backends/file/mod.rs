@@ -1,4 +1,4 @@
-//! Promises specific to the file backend (README: "The file backend's lock files"): the lock
+//! Promises specific to the file backend (docs/backends/file.md): the lock
 //! directory, names, `--limit`; the fencing counter (`tokens`), what else may stand where a
 //! lock file should be (`special_files`), and shared directories (`shared_dirs`).
 

@@ -2,7 +2,7 @@
 //! failover to one of them keeps it. Asynchronous replication otherwise gives no such promise:
 //! a hold taken just before the master fails may never reach the replica that is promoted, and
 //! a waiter may then be granted the lock there while the first holder runs (until its next
-//! renewal finds the hold missing, see the README's Sentinel section).
+//! renewal finds the hold missing, see docs/backends/redis-sentinel.md).
 //!
 //! The `WAIT` lasts at most the lease's safety margin ([`Schedule::margin`], max(500 ms,
 //! TTL/10)), whatever `replicas-timeout` says: a lease is counted from the moment the grant

@@ -1,0 +1,496 @@
+//! The prose of the man pages: what clap's definition does not say (descriptions, exit
+//! statuses of the other commands, environment, files, examples) and `dlock.toml(5)`.
+//! Plain text: paragraphs separated by blank lines, `code` in backquotes (see
+//! `prose_to_roff`).
+
+/// The sections of one command's page that are written here.
+pub struct Command {
+    /// The NAME line's text after the dash.
+    pub summary: &'static str,
+    pub description: &'static str,
+    /// What comes before the exit-status table.
+    pub exit_intro: &'static str,
+    /// The exit-status table; empty means `dlock run`'s ([`crate::exit::TABLE`]).
+    pub exit: Vec<(&'static str, &'static str)>,
+    /// Variables besides the options' own (`DLOCK_WAIT` for `--wait` is added from clap).
+    pub environment: Vec<(&'static str, &'static str)>,
+    pub files: Vec<(&'static str, &'static str)>,
+    pub examples: Vec<(&'static str, &'static str)>,
+}
+
+const DLOCK_CONFIG: (&str, &str) = (
+    "DLOCK_CONFIG",
+    "The config file to read instead of the default ones (the same as --config); it must exist.",
+);
+const DLOCK_DIR: (&str, &str) = (
+    "DLOCK_DIR",
+    "The file backend's default lock directory (an absolute path). Set it for every run of a \
+     job or for none: runs that use different directories do not exclude each other.",
+);
+const DLOCK_PASSWORD: (&str, &str) = (
+    "DLOCK_PASSWORD",
+    "The server's password when the URL has none (Redis, etcd, ZooKeeper, PostgreSQL, MySQL). \
+     dlock removes it from the command's environment.",
+);
+const DLOCK_SENTINEL_PASSWORD: (&str, &str) = (
+    "DLOCK_SENTINEL_PASSWORD",
+    "The Redis sentinels' own password (redis-sentinel://); never taken from the URL.",
+);
+const DLOCK_LOG: (&str, &str) = (
+    "DLOCK_LOG",
+    "A tracing filter for dlock's messages on stderr (dlock=debug); it overrides -v and -q. \
+     dlock::handoff=debug prints time-stamped hand-off events.",
+);
+const XDG_CONFIG_HOME: (&str, &str) = (
+    "XDG_CONFIG_HOME",
+    "Where the per-user config file is looked for (~/.config when unset).",
+);
+
+const CONFIG_FILES: (&str, &str) = (
+    "$XDG_CONFIG_HOME/dlock/config.toml, /etc/dlock/config.toml",
+    "The config file: the first of these that exists, unless --config or DLOCK_CONFIG names \
+     one. See dlock.toml(5).",
+);
+const LOCK_DIRECTORY: (&str, &str) = (
+    "$DLOCK_DIR, /run/lock/dlock-UID, /tmp/dlock-UID",
+    "The file backend's default lock directory: $DLOCK_DIR when set, else /run/lock/dlock-UID \
+     where /run/lock is root's with mode 1777, else /tmp/dlock-UID. It is the same from cron \
+     and from a login shell, and created with mode 0700. The host-local queues of the remote \
+     backends live there too.",
+);
+const LOCK_FILES: (&str, &str) = (
+    "DIR/NAME.lock",
+    "A lock of the file backend. Every byte of the name outside [A-Za-z0-9._-] is written as \
+     %XX (a/b is a%2Fb.lock); slot i > 0 of --limit is NAME#i.lock; a --prefix P other than \
+     dlock is the sub-directory P.d. The file holds the fencing counter and the last holder's \
+     metadata. dlock never deletes a lock file; do not delete one that is in use.",
+);
+const PROC_LOCKS: (&str, &str) = (
+    "/proc/locks",
+    "Where status and list see the file backend's holders and waiters.",
+);
+
+const STATUS_EXIT: &[(&str, &str)] = &[
+    ("64", "usage error: bad option, name or URL"),
+    (
+        "69",
+        "the backend cannot be reached or does not answer, or speaks another protocol",
+    ),
+    (
+        "73",
+        "the lock directory or a lock file is refused (owner, mode, type)",
+    ),
+    ("77", "the server refused the password or the permission"),
+    (
+        "78",
+        "configuration error: bad config file, TLS set-up, a replica, standby or pooler refused",
+    ),
+];
+
+/// A command's own statuses, then the errors every command shares (where the command has no
+/// meaning of its own for the status), in numeric order.
+fn with_errors(own: &[(&'static str, &'static str)]) -> Vec<(&'static str, &'static str)> {
+    let mut rows: Vec<(&str, &str)> = own.to_vec();
+    rows.extend(
+        STATUS_EXIT
+            .iter()
+            .filter(|(code, _)| !own.iter().any(|(c, _)| c == code)),
+    );
+    rows.sort_by_key(|(code, _)| code.parse::<u16>().unwrap_or(u16::MAX));
+    rows
+}
+
+/// The written sections of the page `name` (`dlock`, `dlock-run`, …).
+pub fn command(name: &str) -> Command {
+    let common_env = vec![
+        DLOCK_DIR,
+        DLOCK_PASSWORD,
+        DLOCK_SENTINEL_PASSWORD,
+        DLOCK_LOG,
+        XDG_CONFIG_HOME,
+    ];
+    let common_files = vec![CONFIG_FILES, LOCK_DIRECTORY, LOCK_FILES, PROC_LOCKS];
+    match name {
+        "dlock" => Command {
+            summary: "run a command while holding a named lock",
+            description: DLOCK,
+            exit_intro: "`dlock run` exits with the command's status, or with one of these \
+                         when it could not run the command or had to stop it. `dlock status` \
+                         exits 0 when the lock is held and 1 when it is free; `dlock release` \
+                         exits 1 when there was nothing to release. Every status dlock causes \
+                         itself comes with one `dlock: …` line on stderr.",
+            exit: Vec::new(),
+            environment: common_env,
+            files: common_files,
+            examples: [RUN_EXAMPLES, STATUS_EXAMPLES, LIST_EXAMPLES].concat(),
+        },
+        "dlock-run" => Command {
+            summary: "acquire a named lock, run a command while holding it, release it",
+            description: RUN,
+            exit_intro: "Every status dlock causes itself comes with one `dlock: …` line on \
+                         stderr. `-E` changes 75.",
+            exit: Vec::new(),
+            environment: [
+                vec![DLOCK_CONFIG],
+                common_env,
+                vec![
+                    (
+                        "CI",
+                        "When set (and not false or 0) and stderr is not a terminal, a run \
+                         that waits prints whole lines: at once, then every 30 seconds.",
+                    ),
+                    (
+                        "SHELL",
+                        "The shell that runs -c SHELL-COMMAND (else /bin/sh).",
+                    ),
+                    (
+                        "DLOCK_NAME, DLOCK_BACKEND (set for the command)",
+                        "The lock's name and the backend's URL scheme.",
+                    ),
+                    (
+                        "DLOCK_FENCING_TOKEN (set for the command)",
+                        "A decimal number that strictly increases with every acquisition of \
+                         the name on the backend: pass it to the resource the lock protects.",
+                    ),
+                    (
+                        "DLOCK_HELD (set for the command)",
+                        "The locks the command's dlock ancestors hold; a nested dlock run of \
+                         one of them runs its command at once. Opaque.",
+                    ),
+                    (
+                        "DLOCK_CREDENTIALS_FD (set for the command)",
+                        "A descriptor from which a nested dlock reads the credentials that \
+                         were removed from the environment.",
+                    ),
+                ],
+            ]
+            .concat(),
+            files: common_files,
+            examples: RUN_EXAMPLES.to_vec(),
+        },
+        "dlock-status" => Command {
+            summary: "show who holds a named lock",
+            description: STATUS,
+            exit_intro: "",
+            exit: with_errors(&[("0", "the lock is held"), ("1", "the lock is free")]),
+            environment: [vec![DLOCK_CONFIG], common_env].concat(),
+            files: common_files,
+            examples: STATUS_EXAMPLES.to_vec(),
+        },
+        "dlock-list" => Command {
+            summary: "list the locks held under a namespace",
+            description: LIST,
+            exit_intro: "",
+            exit: with_errors(&[("0", "the list was read (it may be empty)")]),
+            environment: [vec![DLOCK_CONFIG], common_env].concat(),
+            files: common_files,
+            examples: LIST_EXAMPLES.to_vec(),
+        },
+        "dlock-release" => Command {
+            summary: "break a lock that someone else holds",
+            description: RELEASE,
+            exit_intro: "",
+            exit: with_errors(&[
+                (
+                    "0",
+                    "the lock was held, and its holders are gone (each is named on stderr)",
+                ),
+                ("1", "the lock was not held: there was nothing to release"),
+                (
+                    "77",
+                    "the file backend, where a kernel lock cannot be broken (the holder's pid \
+                     is named), or the server refused the password or to end another user's \
+                     session",
+                ),
+            ]),
+            environment: [vec![DLOCK_CONFIG], common_env].concat(),
+            files: common_files,
+            examples: vec![
+                (
+                    "dlock release --force --url etcd://10.0.0.5:2379 deploy-prod",
+                    "Break a lock whose holder is stuck; the holder notices the loss and stops \
+                     its command.",
+                ),
+                (
+                    "dlock release --force -u redis://locks deploy-prod || [ $? -eq 1 ]",
+                    "The same in a script that does not mind a lock that was free already.",
+                ),
+            ],
+        },
+        "dlock-check" => Command {
+            summary: "check that a lock backend can be reached and used",
+            description: CHECK,
+            exit_intro: "",
+            exit: with_errors(&[(
+                "0",
+                "dlock can use the backend (warnings, if any, are printed)",
+            )]),
+            environment: [vec![DLOCK_CONFIG], common_env].concat(),
+            files: common_files,
+            examples: vec![
+                (
+                    "dlock check",
+                    "Check the default lock directory of this host.",
+                ),
+                (
+                    "dlock check --url postgres://dlock@db/locks",
+                    "Connect, measure the round trip, create and delete a test entry, print \
+                     the server version and what its settings mean for locks.",
+                ),
+            ],
+        },
+        _ => Command {
+            summary: "",
+            description: "",
+            exit_intro: "",
+            exit: Vec::new(),
+            environment: Vec::new(),
+            files: Vec::new(),
+            examples: Vec::new(),
+        },
+    }
+}
+
+const DLOCK: &str = "\
+dlock runs a command while holding a named lock, so that cron jobs, deploy scripts, CI steps and
+shell scripts never run the same critical section twice at once. `dlock run NAME -- COMMAND`
+acquires the lock NAME, runs COMMAND as its child with the lock held, keeps the lock's lease
+alive while it runs, releases the lock when COMMAND exits and exits with COMMAND's status.
+Signals sent to dlock are passed on to the command; if the lock is lost, the command is stopped.
+
+Without `--url` the lock is a flock(2) lock on a file of this host, as with flock(1): no server
+is needed, and the kernel frees the lock when dlock dies. With `--url` the lock lives on a
+server that several hosts share; dlock-run(1) lists the URL forms under `--url`.
+
+Every command takes its settings from its options, then the `DLOCK_*` environment, then the
+config file (dlock.toml(5)), then the defaults.";
+
+const RUN: &str = "\
+`dlock run` acquires the lock NAME on the backend that `--url` names (a lock file on this host
+by default), runs COMMAND with its arguments, or SHELL-COMMAND with `-c`, while holding it, and
+releases it when the command exits. It exits with the command's status. A second `dlock run` of
+the same NAME waits until the first has released the lock: for ever, or for `--wait`; with
+`--no-wait` it gives up at once and exits 75 (or the status `-E` gives).
+
+dlock checks everything (options, name, URL, config file, that the command exists and can be
+executed) before it touches a lock.";
+
+const STATUS: &str = "\
+`dlock status NAME` prints the lock's state: its holders (pid, host, user, the command line they
+recorded), since when, the fencing token, the time left on the lease and the number of waiters;
+`--json` prints the same as JSON. It changes nothing: on the file backend a lock directory that
+does not exist is reported, not created.
+
+With `-q` it prints nothing, and its exit status answers: 0 held, 1 free.";
+
+const LIST: &str = "\
+`dlock list` prints every lock held under the namespace (`--prefix`), one line each: the name,
+its holders, since when and the fencing token; `--json` prints the same as JSON. It changes
+nothing. On memcached it needs the server's LRU crawler (on by default) and fails rather than
+give an incomplete answer.";
+
+const RELEASE: &str = "\
+`dlock release --force NAME` removes the holders of NAME from the backend: their entries on
+Redis and memcached, their leases on etcd, their nodes on ZooKeeper, their sessions on
+PostgreSQL, MySQL and MariaDB. A holder that is a dlock notices the loss and stops its command
+(exit 124; see `--on-lost` in dlock-run(1)). Waiters keep their places. Without `--force`
+dlock refuses (64): this breaks a lock that someone else holds.
+
+A kernel flock(2) lock cannot be broken from outside: on the file backend `release` refuses
+(77) and names the pid to stop instead.
+
+A lock that is free leaves nothing to release: dlock says so and exits 1, so that a script can
+tell a broken lock (0) from a free one (1).";
+
+const CHECK: &str = "\
+`dlock check` connects to the backend, measures the round trip, reads the server's version and
+the settings that matter to a lock (a Redis that may evict keys or lose them on restart, a
+memcached that may evict, a PostgreSQL that cannot drop a silent holder, a MySQL user without
+PROCESS), and creates and deletes a test entry under the prefix. On the file backend it checks
+the lock directory (owner, mode, a network file system) and says whether the first `dlock run`
+can create it. It prints what it found, or JSON with `--json`. Warnings do not change the exit
+status.";
+
+const RUN_EXAMPLES: &[(&str, &str)] = &[
+    (
+        "dlock run deploy-prod -- ./deploy.sh --env prod",
+        "Run the deploy while holding the lock deploy-prod (a file lock in the default \
+         directory); a second deploy waits.",
+    ),
+    (
+        "dlock run -n -q -E 0 mirror -- /usr/local/bin/sync-mirror",
+        "A crontab line: skip the run, quietly and with status 0, while the previous one still \
+         runs.",
+    ),
+    (
+        "dlock run -u redis://locks -n -q --min-hold 60s -E 0 nightly -- ./nightly.sh",
+        "The same crontab line on several hosts: the first host runs the job, the others find \
+         the lock held and exit 0. --min-hold keeps the lock for 60 s even when the job ends \
+         sooner, so a host whose clock is behind does not run it again.",
+    ),
+    (
+        "dlock run --url redis://locks.internal --wait 5m report -c 'make report'",
+        "Take the lock on a Redis server, wait at most five minutes for it, run a shell command.",
+    ),
+    (
+        "[ \"$DLOCK_NAME\" = job ] || exec dlock run job -- \"$0\" \"$@\"",
+        "The first line of a script that locks itself: run again under the lock, unless it \
+         already runs under it.",
+    ),
+];
+
+const STATUS_EXAMPLES: &[(&str, &str)] = &[
+    (
+        "dlock status deploy-prod",
+        "Who holds deploy-prod, since when, its fencing token and waiters.",
+    ),
+    (
+        "dlock status -q deploy-prod && echo held",
+        "Exit 0 when held, 1 when free: for scripts.",
+    ),
+];
+
+const LIST_EXAMPLES: &[(&str, &str)] = &[
+    (
+        "dlock list",
+        "Every held lock under the namespace, one line each.",
+    ),
+    ("dlock list --json", "The same as JSON."),
+];
+
+/// `dlock.toml(5)`, after its title: every key of the config file and every backend table.
+pub fn config_file() -> String {
+    let tables = crate::backend::CONFIG_TABLES
+        .iter()
+        .map(|t| format!("[{t}]"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let mut page = String::from(".SH NAME\ndlock.toml \\- configuration file of dlock\n");
+    page.push_str(
+        ".SH SYNOPSIS\n\\fI$XDG_CONFIG_HOME/dlock/config.toml\\fR\n.br\n\\fI/etc/dlock/config.toml\\fR\n",
+    );
+    page.push_str(".SH DESCRIPTION\n");
+    page.push_str(&super::prose_to_roff(CONFIG_DESCRIPTION));
+    page.push_str(".SH KEYS\n");
+    page.push_str(&super::prose_to_roff(
+        "Every key is optional and sets the default of the `dlock run` option of the same \
+         name. `url`, `prefix`, `ttl` and the secrets apply to the other commands too.",
+    ));
+    page.push_str(&super::definitions(CONFIG_KEYS));
+    page.push_str(".SH \"BACKEND TABLES\"\n");
+    page.push_str(&super::prose_to_roff(&format!(
+        "Secrets and TLS material of one backend go in its table: {tables}. A table may hold \
+         these keys; a backend uses the table's `password_file` before the top-level one."
+    )));
+    page.push_str(&super::definitions(TABLE_KEYS));
+    page.push_str(&super::prose_to_roff(
+        "The [redis] table serves Redis, Redis Cluster and the data nodes behind Sentinel; \
+         the [redis-sentinel] table's `password_file` is the sentinels' own password. \
+         ZooKeeper speaks no TLS: its table takes only `password_file`. The file backend and \
+         memcached need no secrets.",
+    ));
+    page.push_str(".SH EXAMPLES\n.EX\n");
+    page.push_str(&super::roff(CONFIG_EXAMPLE));
+    page.push_str("\n.EE\n");
+    page.push_str(".SH FILES\n");
+    page.push_str(&super::definitions(&[CONFIG_FILES]));
+    page
+}
+
+const CONFIG_DESCRIPTION: &str = "\
+dlock reads one config file, in TOML: the file that `--config` or `DLOCK_CONFIG` names (it must
+exist), else the first of `$XDG_CONFIG_HOME/dlock/config.toml` (`~/.config/dlock/config.toml`
+when XDG_CONFIG_HOME is unset) and `/etc/dlock/config.toml` that exists. Files are not merged.
+
+Options beat the `DLOCK_*` environment, which beats the config file, which beats the defaults.
+
+An unknown key, a value of the wrong type and an unreadable file are configuration errors (exit
+78), and so is a bad value, which the message names as `config file: KEY`. The config file,
+password files and TLS files must be regular files of at most 1 MiB (64 KiB for a password
+file); a password file must not be readable by group or others.";
+
+/// Every top-level key: name, then what it sets.
+pub const CONFIG_KEYS: &[(&str, &str)] = &[
+    (
+        "url = \"URL\"",
+        "The backend (--url); one URL. Default: the file backend in the default lock directory.",
+    ),
+    (
+        "wait = \"DUR\"",
+        "Give up after waiting this long (--wait), e.g. \"30s\", \"5m\"; \"0\" is no_wait.",
+    ),
+    (
+        "no_wait = true",
+        "Give up at once when the lock is held (--no-wait).",
+    ),
+    (
+        "conflict_exit_code = N",
+        "Exit status when the lock was not acquired (-E), 0 to 255. Default 75.",
+    ),
+    ("ttl = \"DUR\"", "Lease length (--ttl). Default \"15s\"."),
+    (
+        "limit = N",
+        "Holders at once (--limit), 1 to 1024. Default 1.",
+    ),
+    (
+        "on_lost = \"term\"",
+        "What to do when the lock is lost (--on-lost): \"term\", \"kill\" or \"ignore\".",
+    ),
+    (
+        "kill_after = \"DUR\"",
+        "Grace between SIGTERM and SIGKILL (--kill-after). Default \"10s\".",
+    ),
+    (
+        "min_hold = \"DUR\"",
+        "Keep the lock at least this long after acquiring it (--min-hold).",
+    ),
+    (
+        "prefix = \"P\"",
+        "Namespace for keys and paths (--prefix). Default \"dlock\".",
+    ),
+    (
+        "local_queue = true",
+        "Wait in a queue on this host first (--local-queue); false sends every waiter to the \
+         server itself.",
+    ),
+    (
+        "record_command = true",
+        "Record the command line in the lock's metadata (--record-command).",
+    ),
+    (
+        "report = \"PATH\"",
+        "Append one JSON line per run to PATH (--report).",
+    ),
+    (
+        "password_file = \"PATH\"",
+        "The servers' password, when neither the URL nor DLOCK_PASSWORD gives one.",
+    ),
+];
+
+/// The keys of a backend's table.
+pub const TABLE_KEYS: &[(&str, &str)] = &[
+    (
+        "password_file = \"PATH\"",
+        "The password for this backend's servers.",
+    ),
+    (
+        "ca_file = \"PATH\"",
+        "The CA certificates (PEM) that the servers' certificates must chain to.",
+    ),
+    (
+        "cert_file = \"PATH\"",
+        "A client certificate (PEM), for servers that ask for one.",
+    ),
+    ("key_file = \"PATH\"", "The client certificate's key (PEM)."),
+];
+
+pub const CONFIG_EXAMPLE: &str = "\
+# /etc/dlock/config.toml: every host's jobs lock on one Redis
+url = \"rediss://dlock@locks.internal:6380\"
+wait = \"10m\"
+ttl = \"30s\"
+report = \"/var/log/dlock/runs.jsonl\"
+
+[redis]
+password_file = \"/etc/dlock/redis-password\"
+ca_file = \"/etc/dlock/ca.pem\"";
