@@ -30,7 +30,7 @@ complete -c dlock -n "__fish_dlock_needs_command" -s q -l quiet -d 'Fewer messag
 complete -c dlock -n "__fish_dlock_needs_command" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c dlock -n "__fish_dlock_needs_command" -s V -l version -d 'Print version'
 complete -c dlock -n "__fish_dlock_needs_command" -f -a "run" -d 'Acquire NAME, run COMMAND with the lock held, release, exit with its status'
-complete -c dlock -n "__fish_dlock_needs_command" -f -a "status" -d 'Show who holds NAME (exit 0 when held, 1 when free)'
+complete -c dlock -n "__fish_dlock_needs_command" -f -a "status" -d 'Show who holds NAME and who waits for it (exit 0 when held, 1 when free)'
 complete -c dlock -n "__fish_dlock_needs_command" -f -a "list" -d 'List held locks under the namespace'
 complete -c dlock -n "__fish_dlock_needs_command" -f -a "release" -d 'Break a lock held by someone else (admin; needs --force)'
 complete -c dlock -n "__fish_dlock_needs_command" -f -a "check" -d 'Check that the backend can be reached and used: latency, version, permissions'

@@ -33,6 +33,10 @@ Examples:
 
 /// What `dlock status --help` adds.
 const STATUS_AFTER_HELP: &str = "\
+Shows the holder (pid, host, user, command, since, token, lease left), the number of waiters
+where the backend can tell, and each process of this host that waits, the longest-waiting
+first: since when, and where (for the lock file, in this host's queue, or at the server).
+
 Exit status: 0 when NAME is held, 1 when it is free; an error is one `dlock: …` line and the
 status `dlock run --help` lists for it (64 usage, 69 unavailable, 73, 77, 78).";
 
@@ -139,7 +143,7 @@ pub enum Command {
         after_long_help = format!("{RUN_AFTER_HELP}\n\n{RUN_EXAMPLES}\n\n{}", exit::TABLE)
     )]
     Run(Box<RunArgs>),
-    /// Show who holds NAME (exit 0 when held, 1 when free).
+    /// Show who holds NAME and who waits for it (exit 0 when held, 1 when free).
     #[command(after_long_help = STATUS_AFTER_HELP)]
     Status(StatusArgs),
     /// List held locks under the namespace.

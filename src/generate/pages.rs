@@ -278,8 +278,11 @@ executed) before it touches a lock.";
 const STATUS: &str = "\
 `dlock status NAME` prints the lock's state: its holders (pid, host, user, the command line they
 recorded), since when, the fencing token, the time left on the lease and the number of waiters;
-`--json` prints the same as JSON. It changes nothing: on the file backend a lock directory that
-does not exist is reported, not created.
+then each process of this host that waits for it, the longest-waiting first: its pid, user and
+command, since when it waits, and where (for the lock file, in this host's queue, or at the
+server). `--json` prints the same as JSON (the waiters of this host as `waiting_here`). It
+changes nothing: on the file backend a lock directory that does not exist is reported, not
+created.
 
 With `-q` it prints nothing, and its exit status answers: 0 held, 1 free.";
 
