@@ -39,6 +39,28 @@ pub(super) struct Granted {
 pub(super) const TOKEN: &str =
     "floor(extract(epoch FROM clock_timestamp()) * 1000000)::int8 * 1000 + txid_current()";
 
+/// The token as the lock statement left it in the session ([`taken_sql`]).
+const TAKEN: &str = "nullif(current_setting('dlock.token', true), '')::int8";
+
+/// Where the token statement finds the token.
+#[derive(Clone, Copy)]
+pub(super) enum Source {
+    /// It computes it.
+    Here,
+    /// The lock statement computed it as the grant came ([`taken_sql`]).
+    LockStatement,
+}
+
+/// A select-list item of a lock statement, evaluated after the lock was granted: the token,
+/// kept in the session (`dlock.token`) for the token statement. The server plans it with
+/// the lock statement, before the wait, so that after the grant it only runs it.
+pub(super) fn taken_sql(granted: &str) -> String {
+    format!(
+        "CASE WHEN {granted} AND NOT pg_is_in_recovery() \
+         THEN set_config('dlock.token', ({TOKEN})::text, false) END"
+    )
+}
+
 /// The statement run right after a grant: standby?, fencing token ([`TOKEN`]), is it still
 /// our session (the mark set by the lock statement: statements that a pooler spreads over
 /// several server sessions do not all see it), the session's label (`application_name`),
@@ -47,7 +69,11 @@ pub(super) const TOKEN: &str =
 /// a comment, first, so `status` can read it from
 /// `pg_stat_activity.query` where the role may see it (the server keeps only the first
 /// `track_activity_query_size` bytes, 1024 by default).
-pub(super) fn token_sql(holder: &Holder, other_limit: &str) -> String {
+pub(super) fn token_sql(holder: &Holder, other_limit: &str, token: Source) -> String {
+    let token = match token {
+        Source::Here => TOKEN,
+        Source::LockStatement => TAKEN,
+    };
     // The token is computed once (the subquery), for the answer and the label alike.
     format!(
         "{} SELECT pg_is_in_recovery(), t.token, \
@@ -56,7 +82,7 @@ pub(super) fn token_sql(holder: &Holder, other_limit: &str) -> String {
          set_config('application_name', \
          left($1 || coalesce(t.token::text, '0') || $2, {MAX_APPLICATION_NAME}), false), \
          {other_limit} \
-         FROM (SELECT CASE WHEN pg_is_in_recovery() THEN NULL ELSE {TOKEN} END AS token OFFSET 0) t",
+         FROM (SELECT CASE WHEN pg_is_in_recovery() THEN NULL ELSE {token} END AS token OFFSET 0) t",
         metadata_comment(holder)
     )
 }
