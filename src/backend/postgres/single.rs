@@ -1,6 +1,7 @@
 //! `--limit 1`: the server's own FIFO lock queue. One pipelined round trip after connecting:
-//! the lock call (which also claims the session and records our `--limit`), then the token
-//! statement, which the server runs as soon as the lock is granted.
+//! the lock call (which also claims the session, records our `--limit`, and takes the fencing
+//! token as the grant comes), then the token statement with its checks, which the server
+//! runs as soon as the lock is granted.
 
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Row;

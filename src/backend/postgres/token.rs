@@ -1,6 +1,6 @@
 //! The fencing token, and the checks of the statement that reads it: the token is the
-//! server's clock in microseconds, times 1000, plus the transaction id the grant's
-//! statement runs in (see [`TOKEN`]); the same statement refuses a standby, a pooler that
+//! server's clock in microseconds, times 1000, plus a transaction id, taken right after the
+//! grant (see [`TOKEN`]); the token statement refuses a standby, a pooler that
 //! dropped our session settings or spread our statements over several server sessions, and
 //! a holder with another `--limit`.
 
