@@ -14,10 +14,9 @@
 //! after `--ttl`, and `client_connection_check_interval` so a killed waiter leaves the
 //! queue. Acquiring is one
 //! pipelined round trip after connecting: the lock call (the server's own FIFO lock queue),
-//! which also marks the server session as ours (`dlock.owner`) and, once granted, takes the
-//! fencing token (the server's clock in µs × 1000 plus `txid_current()`: it grows across a
-//! crash without waiting for the disk, see `token::TOKEN`), and the statement that reads the
-//! token, checks the mark and that the start-up settings arrived (a pooler could route the
+//! which also marks the server session as ours (`dlock.owner`), and the statement that reads
+//! the fencing token (the server's clock in µs × 1000 plus `txid_current()`: it grows across
+//! a crash without waiting for the disk, see `token::TOKEN`), checks the mark and that the start-up settings arrived (a pooler could route the
 //! statements to different server sessions, share one between clients, or drop the settings)
 //! and labels the session in `pg_stat_activity`. No round trip follows the grant.
 //!

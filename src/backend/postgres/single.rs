@@ -1,7 +1,6 @@
 //! `--limit 1`: the server's own FIFO lock queue. One pipelined round trip after connecting:
-//! the lock call (which also claims the session, records our `--limit`, and takes the fencing
-//! token as the grant comes), then the token statement with its checks, which the server
-//! runs as soon as the lock is granted.
+//! the lock call (which also claims the session and records our `--limit`), then the token
+//! statement, which the server runs as soon as the lock is granted.
 
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Row;
@@ -11,7 +10,7 @@ use super::conn::Session;
 use super::deadline::{backstop, Deadline};
 use super::holders::{holder_label, metadata_comment};
 use super::limit::{limit_key, other_limit, other_limit_sql};
-use super::token::{taken_sql, token_sql, Granted, Source};
+use super::token::{token_sql, Granted};
 use super::PgBackend;
 use crate::clock::BootInstant;
 use crate::error::Error;
@@ -33,7 +32,7 @@ impl PgBackend {
         let other = other_limit_sql(&self.prefix, request.name.as_str(), request.limit);
         let lock_sql = self.single_lock_sql(request, &other, deadline);
         let (label, host) = holder_label(&request.holder);
-        let token_sql = token_sql(&request.holder, &other, Source::LockStatement);
+        let token_sql = token_sql(&request.holder, &other);
         let lock_params: [(&(dyn ToSql + Sync), Type); 2] =
             [(&key, Type::INT8), (&session.marker, Type::TEXT)];
         let token_params: [(&(dyn ToSql + Sync), Type); 3] = [
@@ -94,22 +93,13 @@ impl PgBackend {
         let name = request.name.as_str();
         // One statement claims the session and takes the lock, so both happen on the same
         // server session; the waiter's metadata rides along, so `status` can list the queue.
-        // First (the innermost subquery) it records our --limit and looks for holders with
-        // another one, and only then, if there are none, sets what is left of --wait as the
-        // server's lock wait limit and takes (or queues for) the lock; once it has the lock
-        // (the outer query), it takes the fencing token.
-        let granted = if try_only {
-            "g.locked"
-        } else {
-            "g.locked IS NOT NULL"
-        };
+        // First (the subquery) it records our --limit and looks for holders with another one,
+        // and only then, if there are none, sets what is left of --wait as the server's lock
+        // wait limit and takes (or queues for) the lock.
         format!(
-            "{} SELECT g.*, {} FROM (SELECT {}, o.other, {}, \
-             CASE WHEN o.other IS NULL THEN {} END AS locked \
-             FROM (SELECT {other} AS other, pg_advisory_lock_shared({})::text AS mark OFFSET 0) o \
-             OFFSET 0) g",
+            "{} SELECT {}, o.other, {}, CASE WHEN o.other IS NULL THEN {} END \
+             FROM (SELECT {other} AS other, pg_advisory_lock_shared({})::text AS mark OFFSET 0) o",
             metadata_comment(&request.holder),
-            taken_sql(granted),
             claim_sql("$2"),
             Deadline::lock_timeout_sql(deadline),
             if try_only {

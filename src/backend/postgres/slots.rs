@@ -12,7 +12,7 @@ use super::deadline::{backstop, within, Deadline};
 use super::holders::{holder_label, metadata_comment};
 use super::keys::{channel, slot_key, turnstile_key};
 use super::limit::{limit_key, other_limit, other_limit_sql};
-use super::token::{token_sql, Granted, Source};
+use super::token::{token_sql, Granted};
 use super::{PgBackend, CANCEL_TIMEOUT};
 use crate::clock::{sleep_until, BootInstant};
 use crate::error::Error;
@@ -181,7 +181,7 @@ impl PgBackend {
         let client = &session.client;
         let other = other_limit_sql(&self.prefix, request.name.as_str(), request.limit);
         let (label, host) = holder_label(&request.holder);
-        let token_sql = token_sql(&request.holder, &other, Source::Here);
+        let token_sql = token_sql(&request.holder, &other);
         let token_params: [(&(dyn ToSql + Sync), Type); 3] = [
             (&label, Type::TEXT),
             (&host, Type::TEXT),

@@ -1,6 +1,6 @@
 //! The fencing token, and the checks of the statement that reads it: the token is the
-//! server's clock in microseconds, times 1000, plus a transaction id, taken right after the
-//! grant (see [`TOKEN`]); the token statement refuses a standby, a pooler that
+//! server's clock in microseconds, times 1000, plus the transaction id the grant's
+//! statement runs in (see [`TOKEN`]); the same statement refuses a standby, a pooler that
 //! dropped our session settings or spread our statements over several server sessions, and
 //! a holder with another `--limit`.
 
@@ -39,28 +39,6 @@ pub(super) struct Granted {
 pub(super) const TOKEN: &str =
     "floor(extract(epoch FROM clock_timestamp()) * 1000000)::int8 * 1000 + txid_current()";
 
-/// The token as the lock statement left it in the session ([`taken_sql`]).
-const TAKEN: &str = "nullif(current_setting('dlock.token', true), '')::int8";
-
-/// Where the token statement finds the token.
-#[derive(Clone, Copy)]
-pub(super) enum Source {
-    /// It computes it.
-    Here,
-    /// The lock statement computed it as the grant came ([`taken_sql`]).
-    LockStatement,
-}
-
-/// A select-list item of a lock statement, evaluated after the lock was granted: the token,
-/// kept in the session (`dlock.token`) for the token statement. The server plans it with
-/// the lock statement, before the wait, so that after the grant it only runs it.
-pub(super) fn taken_sql(granted: &str) -> String {
-    format!(
-        "CASE WHEN {granted} AND NOT pg_is_in_recovery() \
-         THEN set_config('dlock.token', ({TOKEN})::text, false) END"
-    )
-}
-
 /// The statement run right after a grant: standby?, fencing token ([`TOKEN`]), is it still
 /// our session (the mark set by the lock statement: statements that a pooler spreads over
 /// several server sessions do not all see it), the session's label (`application_name`),
@@ -69,11 +47,7 @@ pub(super) fn taken_sql(granted: &str) -> String {
 /// a comment, first, so `status` can read it from
 /// `pg_stat_activity.query` where the role may see it (the server keeps only the first
 /// `track_activity_query_size` bytes, 1024 by default).
-pub(super) fn token_sql(holder: &Holder, other_limit: &str, token: Source) -> String {
-    let token = match token {
-        Source::Here => TOKEN,
-        Source::LockStatement => TAKEN,
-    };
+pub(super) fn token_sql(holder: &Holder, other_limit: &str) -> String {
     // The token is computed once (the subquery), for the answer and the label alike.
     format!(
         "{} SELECT pg_is_in_recovery(), t.token, \
@@ -82,7 +56,7 @@ pub(super) fn token_sql(holder: &Holder, other_limit: &str, token: Source) -> St
          set_config('application_name', \
          left($1 || coalesce(t.token::text, '0') || $2, {MAX_APPLICATION_NAME}), false), \
          {other_limit} \
-         FROM (SELECT CASE WHEN pg_is_in_recovery() THEN NULL ELSE {token} END AS token OFFSET 0) t",
+         FROM (SELECT CASE WHEN pg_is_in_recovery() THEN NULL ELSE {TOKEN} END AS token OFFSET 0) t",
         metadata_comment(holder)
     )
 }
