@@ -16,8 +16,8 @@ use std::time::Duration;
 use super::conn::{cell, Failure, Session};
 use super::keys::{key, session_key, slot_key, turnstile_key};
 use super::sql::{
-    grant_sql, other_limit_sql, settings_sql, single_lock_sql, slot_lock_sql, turnstile_sql,
-    undo_slot_sql, CREATE_TABLE,
+    grant_sql, grant_tail, other_limit_sql, settings_sql, single_lock_sql, slot_lock_sql,
+    turnstile_sql, undo_slot_sql, CREATE_TABLE,
 };
 use super::{MysqlBackend, CANCEL_TIMEOUT};
 use crate::clock::{sleep_until, BootInstant};
@@ -182,9 +182,9 @@ impl MysqlBackend {
             &slots,
             request.limit,
             &request.holder,
-            queue.then_some(turnstile.as_str()),
             &session_key(&self.prefix, name, session.id),
         );
+        let tail = grant_tail(queue.then_some(turnstile.as_str()));
         let mut created = false;
         for _ in 0..u32::MAX {
             let wait = whole_wait(request.wait, deadline);
@@ -225,6 +225,8 @@ impl MysqlBackend {
                 Err(f) => return Err(self.refused(session, f).await),
             };
             session.configured = true;
+            // The grant's transaction is still open: it ends with the next statement.
+            session.tail = Some(tail.clone());
             let report = Report::read(&rows)?;
             if let Some(theirs) = report.other_before {
                 return Err(limit_mismatch(&request.name, theirs));
@@ -485,17 +487,20 @@ fn transient(f: &Failure) -> bool {
 
 /// The hand-off events (`logging::HANDOFF`) of a lock statement `sql`: `granted` when the
 /// result of the statement with the `GET_LOCK` call arrives, `token-written` when the
-/// `COMMIT` of the token's transaction does (statements counted by their `;`: the texts in
-/// them are hex literals). Nothing when the events are not printed.
+/// report with the token does (statements counted by their `;`: the texts in them are hex
+/// literals). Nothing when the events are not printed.
 fn handoff_marks(sql: &str) -> Vec<(usize, &'static str)> {
     if !tracing::enabled!(target: crate::logging::HANDOFF, tracing::Level::DEBUG) {
         return Vec::new();
     }
     let statement_at = |needle: &str| sql.find(needle).map(|at| sql[..at].matches(';').count());
-    [("GET_LOCK(", "granted"), ("COMMIT;", "token-written")]
-        .into_iter()
-        .filter_map(|(needle, event)| Some((statement_at(needle)?, event)))
-        .collect()
+    [
+        ("GET_LOCK(", "granted"),
+        ("SELECT @dlock_granted", "token-written"),
+    ]
+    .into_iter()
+    .filter_map(|(needle, event)| Some((statement_at(needle)?, event)))
+    .collect()
 }
 
 /// How long the next lock call may wait in the server: all that is left of the wait.
@@ -510,6 +515,8 @@ fn whole_wait(wait: Wait, deadline: Option<BootInstant>) -> Duration {
 /// Undo whatever a failed or refused acquisition took on this session (best effort: the
 /// session ends with dlock anyway, which frees everything).
 pub(super) async fn give_back(session: &mut Session) {
+    // What the grant's transaction wrote is rolled back, not committed.
+    session.tail = None;
     let _ = session
         .rows("ROLLBACK; DO RELEASE_ALL_LOCKS()", CANCEL_TIMEOUT)
         .await;

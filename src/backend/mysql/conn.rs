@@ -32,6 +32,9 @@ pub(super) struct Session {
     /// the next statement, the earlier one was abandoned (a timeout, a cancelled future),
     /// and the connection is out of step (its answer would be taken for the next one's).
     in_flight: bool,
+    /// Statements that must run before the next one, in the same round trip: the end of a
+    /// grant's transaction (`sql::grant_tail`), which no reply waits for.
+    pub(super) tail: Option<String>,
 }
 
 impl MysqlBackend {
@@ -100,6 +103,7 @@ impl MysqlBackend {
             conn,
             configured: false,
             in_flight: false,
+            tail: None,
         })
     }
 
@@ -301,17 +305,37 @@ impl Session {
         limit: Duration,
         marks: &[(usize, &'static str)],
     ) -> Result<Vec<Row>, Failure> {
-        tracing::trace!("statement: {sql}");
         if self.in_flight {
             return Err(Failure::OutOfStep);
         }
+        let (sql, marks) = match self.tail.take() {
+            Some(tail) => {
+                // The tail's statements come first: the marks move past them.
+                let before = tail.matches(';').count();
+                let marks: Vec<(usize, &'static str)> = marks
+                    .iter()
+                    .map(|&(at, event)| (at + before, event))
+                    .collect();
+                (format!("{tail}{sql}"), marks)
+            }
+            None => (sql.to_owned(), marks.to_vec()),
+        };
+        tracing::trace!("statement: {sql}");
         self.in_flight = true;
-        match tokio::time::timeout(limit, last_rows(&mut self.conn, sql, marks)).await {
+        match tokio::time::timeout(limit, last_rows(&mut self.conn, &sql, &marks)).await {
             Ok(result) => {
                 self.in_flight = false;
                 result.map_err(Failure::Driver)
             }
             Err(_) => Err(Failure::Timeout(limit)),
+        }
+    }
+
+    /// Run the [`tail`](Session::tail), if any, bounded by `limit`.
+    pub(super) async fn finish(&mut self, limit: Duration) -> Result<(), Failure> {
+        match self.tail.take() {
+            Some(tail) => self.rows(&tail, limit).await.map(drop),
+            None => Ok(()),
         }
     }
 

@@ -56,13 +56,24 @@ impl MysqlLease {
         // The server counts wait_timeout in whole seconds: that is the lease we have.
         let ttl = Duration::from_secs(server_seconds(request.ttl));
         let schedule = Schedule::new(ttl, request.kill_after);
+        let session = Arc::new(Mutex::new(session));
+        // The grant's transaction ends on its own, while the command starts: nothing waits
+        // for InnoDB's flush of its commit (the token's floor covers a commit that a crash
+        // loses), and every later statement of the session queues behind it.
+        if let Ok(mut ending) = session.clone().try_lock_owned() {
+            tokio::spawn(async move {
+                if let Err(f) = ending.finish(OP_TIMEOUT).await {
+                    tracing::debug!("the grant's transaction did not commit: {}", f.describe());
+                }
+            });
+        }
         let mut renewer = Renewer {
             heartbeat: format!(
                 "SELECT IS_USED_LOCK({}) = CONNECTION_ID()",
                 quoted(&granted.key)
             ),
             key: granted.key.clone(),
-            session: Arc::new(Mutex::new(session)),
+            session,
             ttl,
         };
         let mut since = granted.sent;

@@ -12,9 +12,11 @@
 //! = `--ttl`, so the server ends a silent holder's session and frees its lock), the
 //! `--limit` check, the `GET_LOCK` call, and, only if it granted, the fencing token (a
 //! per-name InnoDB counter bumped with `LAST_INSERT_ID(GREATEST(token + 1, clock))`, the
-//! server's clock in µs as its floor, committed before the reply), the holder's row in the
-//! table `dlock_locks` (readable name and metadata, for `status` and `list`), and the
-//! session key the lease's watcher waits for. The same reply says whether the server is
+//! server's clock in µs as its floor), the holder's row in the table `dlock_locks`
+//! (readable name and metadata, for `status` and `list`), and the session key the lease's
+//! watcher waits for. The transaction is committed with the session's next statement, which
+//! the lease sends while the command starts: no reply waits for InnoDB's flush, and the
+//! floor keeps tokens increasing when a crash loses the commit. The same reply says whether the server is
 //! read-only (refused: 78) and which connection id the statements ran on (a proxy that
 //! multiplexes sessions answers with another: 78).
 //!

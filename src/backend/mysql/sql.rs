@@ -1,9 +1,10 @@
 //! The statements of an acquisition, written so that one round trip does everything on the
 //! uncontended path: the session settings (first time only), the `--limit` check, the
-//! `GET_LOCK` call, and, only if it granted, the fencing token bump and the holder's row, in
-//! one transaction that is committed (and, with InnoDB's default
-//! `innodb_flush_log_at_trx_commit=1`, on disk) before the reply, then one `SELECT` that
-//! reports it all.
+//! `GET_LOCK` call, and, only if it granted, the fencing token bump and the holder's row in
+//! a transaction, then one `SELECT` that reports it all. The transaction's `COMMIT` is not
+//! part of that round trip ([`grant_tail`]): it goes out with the session's next statement,
+//! which the lease sends at once, while the command starts; no reply waits for InnoDB's
+//! flush of the commit.
 //!
 //! The table, `dlock_locks`, has one row per lock name (its fencing counter, and the holder
 //! of slot 0) and one per further slot of a `--limit N` lock. A row names its holder by
@@ -68,10 +69,14 @@ pub fn other_limit_sql(name_key: &str, limit: u32) -> String {
 /// The floor of every fencing token: the server's clock, in microseconds since the epoch
 /// (UTC, so no time zone or daylight saving change moves it). `GET_LOCK` names are
 /// server-wide but `dlock_locks` lives in one database: two databases on one server, or a
-/// table that was emptied or recreated, would start their counters again at 1. With the
-/// floor, a grant's token exceeds every earlier grant's of the lock on that server, whatever
-/// table counted it, as long as the server's clock does not step back (grants of one lock
-/// are at least a round trip apart, so the clock has moved on between them).
+/// table that was emptied or recreated, would start their counters again at 1. And the
+/// counter's latest bumps may not be on disk: the reply does not wait for the commit, and a
+/// crash loses what was not flushed (so does any crash with `innodb_flush_log_at_trx_commit`
+/// 0 or 2). With the floor, a grant's token exceeds every earlier grant's of the lock on
+/// that server, whatever table counted it and whatever a crash lost, as long as the
+/// server's clock does not step back by more than the time between two grants of the lock
+/// (they are at least a round trip apart, and a crash's restart lies between the last
+/// token before it and the first after).
 pub const TOKEN_FLOOR: &str =
     "CAST(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) AS UNSIGNED)";
 
@@ -81,27 +86,23 @@ pub const TOKEN_FLOOR: &str =
 /// session; the floor is [`TOKEN_FLOOR`]), and the
 /// slot's row records us; nothing is written unless the lock was granted and the server is
 /// writable. A granted session also takes its session key (`keys::session_key`, for the
-/// lease's watcher). Then the report row (see [`Report`](super::acquire::Report)).
+/// lease's watcher). Then the report row (see [`Report`](super::acquire::Report)). The
+/// transaction stays open: [`grant_tail`] ends it.
+///
+/// Every grant of a name bumps the name's counter row, so a grant's transaction waits for
+/// the previous grant's commit before it writes: the report's `--limit` check (a plain
+/// read, after our writes) sees every holder that was granted before us, committed; of two
+/// holders that disagree, the later one sees the earlier.
 pub fn grant_sql(
     name_key: &str,
     slots: &[String],
     limit: u32,
     holder: &Holder,
-    turnstile: Option<&str>,
     session_key: &str,
 ) -> String {
     let nk = quoted(name_key);
     let sk = quoted(session_key);
     let slot_key = slot_expression(slots);
-    // Leaving the turnstile comes after the commit: a transaction that fails (a deadlock
-    // between slot holders) is retried from the head of the queue.
-    let leave = match turnstile {
-        Some(t) => format!(
-            "DO IF(@dlock_granted = 1, RELEASE_LOCK({}), 0); ",
-            quoted(t)
-        ),
-        None => String::new(),
-    };
     let json = serde_json::to_string(holder).unwrap_or_default();
     let holder = text(&json);
     let when = "WHERE @dlock_granted = 1 AND @@global.read_only = 0";
@@ -113,12 +114,25 @@ pub fn grant_sql(
          SELECT {slot_key}, {nk}, CONNECTION_ID(), {limit}, LAST_INSERT_ID(), {holder} FROM DUAL {when} \
          ON DUPLICATE KEY UPDATE conn_id = CONNECTION_ID(), lim = {limit}, \
          held_token = LAST_INSERT_ID(), holder = {holder}; \
-         COMMIT; DO IF(@dlock_granted = 1, GET_LOCK({sk}, 0), 0); {leave}\
+         DO IF(@dlock_granted = 1, GET_LOCK({sk}, 0), 0); \
          SELECT @dlock_granted, IF(@dlock_granted = 1, LAST_INSERT_ID(), 0), @@global.read_only, \
          CONNECTION_ID(), @dlock_other, \
          (SELECT MIN(lim) FROM dlock_locks WHERE name_key = {nk} AND lim <> {limit} AND lim > 0 \
          AND conn_id <> CONNECTION_ID() AND IS_USED_LOCK(lock_key) = conn_id), @dlock_slot"
     )
+}
+
+/// What ends [`grant_sql`]'s transaction, sent before the session's next statement: the
+/// `COMMIT`, then leaving the turnstile (`--limit N`; after the commit, so that a failed
+/// transaction is retried from the head of the queue).
+pub fn grant_tail(turnstile: Option<&str>) -> String {
+    match turnstile {
+        Some(t) => format!(
+            "COMMIT; DO IF(@dlock_granted = 1, RELEASE_LOCK({}), 0); ",
+            quoted(t)
+        ),
+        None => "COMMIT; ".into(),
+    }
 }
 
 /// `--min-hold`'s finish: rewrite the holder's metadata in its slot's row (`lock_key`) only

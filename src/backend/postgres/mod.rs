@@ -15,10 +15,10 @@
 //! queue. Acquiring is one
 //! pipelined round trip after connecting: the lock call (the server's own FIFO lock queue),
 //! which also marks the server session as ours (`dlock.owner`), and the statement that reads
-//! the fencing token (`txid_current()`, which only grows and is on disk before the reply),
-//! checks the mark and that the start-up settings arrived (a pooler could route the
+//! the fencing token (the server's clock in µs × 1000 plus `txid_current()`: it grows across
+//! a crash without waiting for the disk, see `token::TOKEN`), checks the mark and that the start-up settings arrived (a pooler could route the
 //! statements to different server sessions, share one between clients, or drop the settings)
-//! and labels the session in `pg_stat_activity`.
+//! and labels the session in `pg_stat_activity`. No round trip follows the grant.
 //!
 //! A session lock has no lease: it lives as long as the session. The
 //! [`Keeper`](crate::keeper::Keeper) heartbeats at least every TTL/3 (the lock must still show up for

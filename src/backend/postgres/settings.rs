@@ -9,8 +9,10 @@ use tokio_postgres::Config;
 /// `-c name=value` start-up options: no timeouts that could end a live hold, `--wait` as the
 /// server's own lock wait limit, `idle_session_timeout` = `ttl` so the server ends a session
 /// (and frees its lock) that sent nothing for the TTL (the keeper heartbeats at least every TTL/3; the
-/// session is idle between statements), and keepalives that give a silent client at least
-/// `ttl` before its session is dropped.
+/// session is idle between statements), keepalives that give a silent client at least
+/// `ttl` before its session is dropped, and `synchronous_commit=off`: no commit of ours needs
+/// to be on disk before its reply (the fencing token's clock covers a lost one, see
+/// [`TOKEN`](super::token::TOKEN)).
 pub(super) fn session_options(
     ttl: Duration,
     lock_timeout: Option<Duration>,
@@ -24,7 +26,7 @@ pub(super) fn session_options(
     };
     let mut options = format!(
         "-c dlock.session=on -c statement_timeout=0 -c idle_in_transaction_session_timeout=0 -c lock_timeout={lock_ms} \
-         -c synchronous_commit=on \
+         -c synchronous_commit=off \
          -c tcp_keepalives_idle={idle} -c tcp_keepalives_interval={interval} -c tcp_keepalives_count={count} \
          -c tcp_user_timeout={}",
         server_millis(ttl)

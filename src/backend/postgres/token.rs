@@ -1,8 +1,8 @@
 //! The fencing token, and the checks of the statement that reads it: the token is the
-//! transaction id the grant's statement runs in (`txid_current()`, which only grows), made
-//! durable before the reply; the same statement refuses a standby, a pooler that dropped our
-//! session settings or spread our statements over several server sessions, and a holder
-//! with another `--limit`.
+//! server's clock in microseconds, times 1000, plus the transaction id the grant's
+//! statement runs in (see [`TOKEN`]); the same statement refuses a standby, a pooler that
+//! dropped our session settings or spread our statements over several server sessions, and
+//! a holder with another `--limit`.
 
 use tokio_postgres::Client;
 
@@ -22,30 +22,41 @@ pub(super) struct Granted {
     pub(super) sent: BootInstant,
 }
 
-/// The statement run right after a grant: standby?, fencing token, is it still our session
-/// (the mark set by the lock statement: statements that a pooler spreads over several server
-/// sessions do not all see it), the session's label (`application_name`), and `other_limit`
-/// (a holder that records another `--limit`; see
+/// The fencing token, in SQL: the server's clock in microseconds since the epoch, times
+/// 1000, plus the transaction id (`txid_current()`, 64 bits with the epoch, which only
+/// grows while the server runs).
+///
+/// Nothing of it waits for the disk: the transaction writes no WAL of its own, so its commit
+/// is not flushed before the reply (and the session runs with `synchronous_commit=off`). A
+/// crash can therefore lose the last transaction ids, which the server then hands out again;
+/// the clock keeps the tokens increasing all the same. Of two grants of one lock, the later
+/// one's statement runs after the earlier one's has ended, so it reads a later (or equal)
+/// clock and a larger transaction id; across a crash, the restart takes far longer than the
+/// microseconds that the lost ids could be worth (a server hands out nowhere near 1000
+/// transaction ids per microsecond). What this rests on: the server's clock never steps back
+/// by more than the time between two grants of one lock (a crash and restart included).
+/// Until the year 2262 the token fits in 63 bits.
+pub(super) const TOKEN: &str =
+    "floor(extract(epoch FROM clock_timestamp()) * 1000000)::int8 * 1000 + txid_current()";
+
+/// The statement run right after a grant: standby?, fencing token ([`TOKEN`]), is it still
+/// our session (the mark set by the lock statement: statements that a pooler spreads over
+/// several server sessions do not all see it), the session's label (`application_name`),
+/// and `other_limit` (a holder that records another `--limit`; see
 /// [`other_limit_sql`](super::limit::other_limit_sql)). The holder's metadata rides along as
 /// a comment, first, so `status` can read it from
 /// `pg_stat_activity.query` where the role may see it (the server keeps only the first
 /// `track_activity_query_size` bytes, 1024 by default).
-///
-/// The token is the transaction's XID, and it must survive a crash: PostgreSQL flushes a
-/// commit at once only when the transaction wrote WAL, and an XID whose commit never reached
-/// the disk is handed out again after a crash. A (transactional, empty) logical message is
-/// the cheapest WAL record any role may write, so with `synchronous_commit=on` the reply
-/// comes only after the XID is on disk.
 pub(super) fn token_sql(holder: &Holder, other_limit: &str) -> String {
+    // The token is computed once (the subquery), for the answer and the label alike.
     format!(
-        "{} SELECT pg_is_in_recovery(), \
-         CASE WHEN pg_is_in_recovery() THEN NULL ELSE txid_current() END, \
+        "{} SELECT pg_is_in_recovery(), t.token, \
          coalesce(current_setting('dlock.owner', true), '') = $3, \
          coalesce(current_setting('dlock.session', true), '') = 'on', \
          set_config('application_name', \
-         left($1 || coalesce(txid_current_if_assigned()::text, '0') || $2, {MAX_APPLICATION_NAME}), false), \
-         CASE WHEN pg_is_in_recovery() THEN NULL ELSE pg_logical_emit_message(true, 'dlock', '') END, \
-         {other_limit}",
+         left($1 || coalesce(t.token::text, '0') || $2, {MAX_APPLICATION_NAME}), false), \
+         {other_limit} \
+         FROM (SELECT CASE WHEN pg_is_in_recovery() THEN NULL ELSE {TOKEN} END AS token OFFSET 0) t",
         metadata_comment(holder)
     )
 }
@@ -63,7 +74,7 @@ impl PgBackend {
         let rows = match token {
             Ok(rows) => rows,
             Err(e) => {
-                // Granted but unusable (e.g. the role may not write the token's WAL record).
+                // Granted but unusable (the statement failed).
                 give_back(client, key, marker).await;
                 return Err(classify(&e, &self.display));
             }
@@ -101,7 +112,7 @@ impl PgBackend {
         }
         // Read after our own --limit was recorded and the lock granted: of two holders that
         // disagree, at least one sees the other.
-        if let Some(theirs) = other_limit(Some(row), 6) {
+        if let Some(theirs) = other_limit(Some(row), 5) {
             give_back(client, key, marker).await;
             return Err(limit_mismatch(name, theirs));
         }

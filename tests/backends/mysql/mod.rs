@@ -4,11 +4,13 @@
 //! databases and a reset table), waiting (`waiting`: arrival order, a restart while
 //! waiting, a wait of 1 ns), access and names
 //! (`access`: privileges, read-only, passwords, long/unicode/case-differing names), and TLS
-//! (`tls`: every `ssl-mode` against a MariaDB with a test CA's certificate).
+//! (`tls`: every `ssl-mode` against a MariaDB with a test CA's certificate), and tokens across a
+//! crash after a burst of grants (`tokens`).
 
 mod access;
 mod session;
 mod tls;
+mod tokens;
 mod waiting;
 
 use crate::support::*;

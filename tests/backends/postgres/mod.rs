@@ -3,13 +3,14 @@
 //! formula, TLS and authentication (issue: PostgreSQL backend): losing the session
 //! (`session`), waiting and `--limit` (`waiting`), connecting, authentication and poolers
 //! (`connect`), TLS (`tls`), the documented SQL (`sql`), a grant confirmed over a slow link
-//! (`confirm`).
+//! (`confirm`), fencing tokens across a crash (`tokens`).
 
 mod confirm;
 mod connect;
 mod session;
 mod sql;
 mod tls;
+mod tokens;
 mod waiting;
 
 use std::time::Duration;
