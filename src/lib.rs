@@ -8,7 +8,6 @@
 #[macro_use]
 mod logging;
 
-#[macro_use]
 pub mod backend;
 pub mod cli;
 pub mod clock;
@@ -17,6 +16,7 @@ pub mod error;
 pub mod exit;
 pub mod files;
 pub mod keeper;
+pub mod kind;
 pub mod lock;
 mod reentry;
 mod run;
@@ -90,17 +90,23 @@ async fn run(cli: Cli) -> anyhow::Result<u8> {
         generate::run(args.what)?;
         return Ok(0);
     }
-    let config = config::load(cli.global.config.as_deref(), backend::CONFIG_TABLES)?;
+    let tables: Vec<&str> = backend::config_tables().collect();
+    let config = config::load(cli.global.config.as_deref(), &tables)?;
     match cli.command {
         Command::Run(args) => {
             let settings = settings::run(*args, &config)?;
             let held = std::env::var("DLOCK_HELD").unwrap_or_default();
-            with_backend!(settings.common, backend => Box::pin(run::run(backend, settings, &held)).await)
+            let backend = settings.common.target.open(&settings.common);
+            Box::pin(run::run(backend, settings, &held)).await
         }
         Command::Status(args) => {
             let name = settings::lock_name(&args.name)?;
             let common = settings::common(&args.backend, None, &config)?;
-            let status = with_backend!(common, backend => Box::pin(backend.status(&name)).await)
+            let status = common
+                .target
+                .open(&common)
+                .status(&name)
+                .await
                 .with_context(|| format!("cannot read the status of '{name}'"))?;
             if !quiet {
                 report::unless_closed(report::print_status(&status, args.json))?;
@@ -109,7 +115,11 @@ async fn run(cli: Cli) -> anyhow::Result<u8> {
         }
         Command::List(args) => {
             let common = settings::common(&args.backend, None, &config)?;
-            let locks = with_backend!(common, backend => Box::pin(backend.list()).await)
+            let locks = common
+                .target
+                .open(&common)
+                .list()
+                .await
                 .context("cannot list locks")?;
             if !quiet {
                 report::unless_closed(report::print_list(&locks, args.json))?;
@@ -125,8 +135,7 @@ async fn run(cli: Cli) -> anyhow::Result<u8> {
                 .into());
             }
             let common = settings::common(&args.backend, None, &config)?;
-            let released =
-                with_backend!(common, backend => Box::pin(backend.force_release(&name)).await)?;
+            let released = common.target.open(&common).force_release(&name).await?;
             if released.is_empty() {
                 say!("'{name}' is not held");
                 return Ok(1);
@@ -143,7 +152,11 @@ async fn run(cli: Cli) -> anyhow::Result<u8> {
         }
         Command::Check(args) => {
             let common = settings::common(&args.backend, args.ttl, &config)?;
-            let check = with_backend!(common, backend => Box::pin(backend.check()).await)
+            let check = common
+                .target
+                .open(&common)
+                .check()
+                .await
                 .context("check failed")?;
             report::unless_closed(report::print_check(&check, &common, args.json))?;
             Ok(0)

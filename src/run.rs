@@ -332,8 +332,9 @@ async fn supervise_command<L: Lease>(
         lease: settings
             .common
             .target
-            .minimum_ttl()
-            .map(|_| (settings.name.clone(), settings.common.ttl)),
+            .capabilities()
+            .lease
+            .then(|| (settings.name.clone(), settings.common.ttl)),
     };
     let ending = supervise::supervise(child, lease, signals, policy, terminal.as_ref(), sigchld)
         .await

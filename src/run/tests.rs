@@ -133,7 +133,7 @@ fn settings(dir: &std::path::Path, script: &str, wait: Wait) -> RunSettings {
     let words = ["sh", "-c", script];
     RunSettings {
         common: Common {
-            target: Target::File(FileTarget {
+            target: Target::new(FileTarget {
                 dir: dir.to_owned(),
                 default: false,
             }),

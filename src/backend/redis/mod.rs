@@ -51,6 +51,7 @@ mod cluster;
 mod conn;
 mod failure;
 mod keys;
+pub mod kind;
 mod lease;
 mod role;
 mod scripts;
