@@ -11,15 +11,23 @@ use std::path::PathBuf;
 
 use clap::{ArgAction, Args, CommandFactory, Parser, Subcommand, ValueEnum};
 
-use crate::exit;
+use crate::{backend, exit};
 
-const RUN_AFTER_HELP: &str = "\
+/// Where the locks are when no URL is given.
+const DEFAULT_FILE: &str = "Default: the file backend in $DLOCK_DIR, else /run/lock/dlock-<uid> \
+    where /run/lock is sticky, else /tmp/dlock-<uid>: the same from cron and a login shell.";
+
+/// `dlock run --help`'s text after the options: how the command is run, and the exit statuses.
+fn run_after_help() -> String {
+    format!(
+        "\
 Option parsing stops at the first word after NAME: in `dlock run x ./job.sh --ttl 5` the
 `--ttl 5` belongs to the job. `--` before the command is accepted and optional. `-c` may
 stand before NAME or right after it.
 
 The command sees dlock's stdin, stdout, stderr and environment, plus DLOCK_NAME,
-DLOCK_BACKEND, DLOCK_FENCING_TOKEN (strictly increasing per lock name) and DLOCK_HELD.
+DLOCK_BACKEND ({backends}), DLOCK_FENCING_TOKEN (strictly increasing per lock
+name) and DLOCK_HELD.
 Credentials dlock consumed are removed from its environment. A nested `dlock run` of a lock
 its ancestor already holds on the same backend runs its command at once.
 
@@ -38,7 +46,13 @@ command's process group, SIGKILL after --kill-after, exit 124).
 Every option can also be set in the environment (DLOCK_URL, DLOCK_WAIT, DLOCK_NO_WAIT,
 DLOCK_CONFLICT_EXIT_CODE, DLOCK_TTL, DLOCK_LIMIT, DLOCK_ON_LOST, DLOCK_KILL_AFTER,
 DLOCK_MIN_HOLD, DLOCK_PREFIX, DLOCK_LOCAL_QUEUE, DLOCK_REPORT) or in the config file. Precedence: flags > environment > config file >
-defaults.";
+defaults.
+
+{table}",
+        backends = backend::shown_as_list(),
+        table = exit::TABLE
+    )
+}
 
 /// Run a command while holding a named lock.
 #[derive(Debug, Parser)]
@@ -46,15 +60,15 @@ defaults.";
     name = "dlock",
     version,
     long_version = crate::version::LONG_VERSION,
-    about = "Run a command while holding a named lock (local file, Redis, etcd, ZooKeeper, PostgreSQL, MySQL/MariaDB, memcached)",
-    long_about = "Run a command while holding a named lock.\n\n\
+    about = format!("Run a command while holding a named lock ({})", backend::titles()),
+    long_about = format!(
+        "Run a command while holding a named lock.\n\n\
         dlock acquires the lock NAME on a backend chosen by URL (a local file by default), runs \
         the command with the lock held, keeps the lease alive while it runs, releases the lock \
         when the command exits or dlock is signalled, and exits with the command's status.\n\n\
-        Backends in this build: file:///dir (default: $DLOCK_DIR, else /run/lock/dlock-<uid> \
-        where /run/lock is sticky, else /tmp/dlock-<uid>), redis:// (rediss://, redis+unix://), redis-sentinel:// \
-        (rediss-sentinel://), etcd:// (etcds://), zk://, \
-        postgres:// (postgresql://, or libpq's key=value form) and mysql:// (mariadb://).",
+        Backends in this build: {}. {DEFAULT_FILE}",
+        backend::kinds_with_schemes()
+    ),
     after_long_help = exit::TABLE,
     propagate_version = true
 )]
@@ -92,7 +106,7 @@ pub struct GlobalArgs {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Acquire NAME, run COMMAND with the lock held, release, exit with its status.
-    #[command(after_long_help = format!("{RUN_AFTER_HELP}\n\n{}", exit::TABLE))]
+    #[command(after_long_help = run_after_help())]
     Run(Box<RunArgs>),
     /// Show who holds NAME (exit 0 when held, 1 when free).
     Status(StatusArgs),
@@ -112,15 +126,7 @@ pub enum Command {
 pub struct BackendArgs {
     // The help text is an attribute, not a doc comment: its URL syntax would read as links.
     #[arg(
-        help = "Backend URL: file:///dir, redis://[user[:password]@]host[:port][/db], rediss://…, \
-                redis+unix:///path, redis-sentinel://host[:port][,host[:port]…][/db]#master, \
-                rediss-sentinel://…, etcd://[user@]host:port[,host:port…], etcds://…, \
-                zk://[user@]host:port[,host:port…][/chroot], \
-                postgres://[user@][host][:port][/dbname][?sslmode=…] (or libpq's key=value \
-                form), mysql://[user@][host][:port][/database][?ssl-mode=…] (mariadb://…). \
-                Default: the \
-                file backend in $DLOCK_DIR, else /run/lock/dlock-<uid> where /run/lock is \
-                sticky, else /tmp/dlock-<uid>: the same from cron and a login shell.",
+        help = format!("Backend URL: {}. {DEFAULT_FILE}", backend::url_forms()),
         short,
         long,
         value_name = "URL",

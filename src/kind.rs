@@ -38,6 +38,9 @@ pub struct Kind {
     pub title: &'static str,
     /// Every URL scheme it answers to, its own name first.
     pub schemes: &'static [&'static str],
+    /// What `DLOCK_BACKEND` says for it: its schemes without the mere synonyms
+    /// (`postgresql://` is `postgres`, `rediss://` stays `rediss`).
+    pub shown_as: &'static [&'static str],
     /// The URL forms the `--url` help shows, one per way of reaching it.
     pub url_forms: &'static [&'static str],
     /// The config file's table for its secrets and TLS files, if it has one.

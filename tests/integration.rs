@@ -8,6 +8,7 @@
 //! - `scale`: the seed's many-clients test on every backend, at shipped server limits.
 //! - `handoff`: where a hand-off's time goes, part by part, on every backend.
 //! - `packaging`: `--version` and the builds (README "Install").
+//! - `registry`: every list of backends names every registered backend; capabilities.
 
 mod support;
 #[macro_use]
@@ -19,6 +20,7 @@ mod docs;
 mod handoff;
 mod local_queue;
 mod packaging;
+mod registry;
 mod safety;
 mod scale;
 mod terminal;

@@ -108,11 +108,64 @@ impl Target {
 
 /// "file, redis, …, memcached or memcached+unix": every scheme, for messages.
 pub fn scheme_list() -> String {
-    let all: Vec<&str> = schemes().collect();
-    match all.split_last() {
-        Some((last, rest)) if !rest.is_empty() => format!("{} or {last}", rest.join(", ")),
-        _ => all.join(""),
+    or_list(schemes().map(str::to_owned).collect())
+}
+
+/// "file, redis, …": every value of `DLOCK_BACKEND`, for `--help`.
+pub fn shown_as_list() -> String {
+    or_list(
+        KINDS
+            .iter()
+            .flat_map(|kind| kind.shown_as.iter().map(|s| (*s).to_owned()))
+            .collect(),
+    )
+}
+
+/// "local file, Redis, …, memcached": what each kind is called, for `--help`.
+pub fn titles() -> String {
+    KINDS
+        .iter()
+        .map(|kind| kind.title)
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// "file:// , redis:// (rediss://, redis+unix://), … and memcached:// (memcached+unix://)":
+/// every kind with its schemes, for `--help`.
+pub fn kinds_with_schemes() -> String {
+    let each = KINDS.iter().map(|kind| match kind.schemes.split_first() {
+        Some((first, [])) => format!("{first}://"),
+        Some((first, others)) => format!("{first}:// ({}://)", others.join("://, ")),
+        None => kind.name.to_owned(),
+    });
+    and_list(each.collect())
+}
+
+/// Every URL form of every kind, for the `--url` help.
+pub fn url_forms() -> String {
+    KINDS
+        .iter()
+        .flat_map(|kind| kind.url_forms.iter().copied())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn or_list(words: Vec<String>) -> String {
+    joined(words, " or ")
+}
+
+fn and_list(words: Vec<String>) -> String {
+    joined(words, " and ")
+}
+
+fn joined(mut words: Vec<String>, last_separator: &str) -> String {
+    let Some(last) = words.pop() else {
+        return String::new();
+    };
+    if words.is_empty() {
+        return last;
     }
+    format!("{}{last_separator}{last}", words.join(", "))
 }
 
 /// The held locks among `names` (sorted, each once), as `list` shows them: `status` is asked
@@ -161,4 +214,66 @@ pub async fn median_round_trip(
 /// the first TLS connection panics. Installing it twice is harmless.
 pub fn install_tls_provider() {
     let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A scheme belongs to one kind, and each kind's help names each of its schemes.
+    #[test]
+    fn every_scheme_has_one_kind_and_its_url_form() {
+        let all: Vec<&str> = schemes().collect();
+        for kind in KINDS {
+            for scheme in kind.schemes {
+                assert_eq!(
+                    all.iter().filter(|s| *s == scheme).count(),
+                    1,
+                    "{scheme} twice"
+                );
+                assert!(
+                    kind.url_forms
+                        .iter()
+                        .any(|form| form.contains(&format!("{scheme}://"))),
+                    "{}'s url_forms do not show {scheme}://",
+                    kind.name
+                );
+            }
+            assert_eq!(kind.schemes.first(), Some(&kind.name));
+            for shown in kind.shown_as {
+                assert!(kind.schemes.contains(shown), "{shown} is not a scheme");
+            }
+        }
+    }
+
+    /// A kind has a minimum TTL exactly when it has a lease.
+    #[test]
+    fn a_lease_comes_with_a_minimum_ttl() {
+        for kind in KINDS {
+            assert_eq!(
+                kind.capabilities.lease,
+                !kind.minimum_ttl.is_zero(),
+                "{}",
+                kind.name
+            );
+        }
+    }
+
+    /// What a parsed URL reports as DLOCK_BACKEND and as its kind agrees with the registry.
+    #[test]
+    fn parsed_targets_report_their_kind_and_scheme() {
+        for kind in KINDS {
+            for scheme in kind.schemes {
+                let url = match *scheme {
+                    "file" => "file:///tmp/x".to_owned(),
+                    "redis+unix" | "memcached+unix" => format!("{scheme}:///run/x.sock"),
+                    s if s.ends_with("sentinel") => format!("{s}://127.0.0.1#master"),
+                    s => format!("{s}://127.0.0.1"),
+                };
+                let target = Target::parse(&url).unwrap_or_else(|e| panic!("{url}: {e}"));
+                assert_eq!(target.kind().name, kind.name, "{url}");
+                assert!(kind.shown_as.contains(&target.scheme()), "{url}");
+            }
+        }
+    }
 }

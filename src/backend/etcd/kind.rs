@@ -13,6 +13,7 @@ pub const KIND: Kind = Kind {
     name: "etcd",
     title: "etcd",
     schemes: &["etcd", "etcds"],
+    shown_as: &["etcd", "etcds"],
     url_forms: &["etcd://[user@]host:port[,host:port…]", "etcds://…"],
     config_table: Some("etcd"),
     capabilities: Capabilities {

@@ -11,6 +11,7 @@ pub const KIND: Kind = Kind {
     name: "file",
     title: "local file",
     schemes: &["file"],
+    shown_as: &["file"],
     url_forms: &["file:///dir"],
     config_table: None,
     capabilities: Capabilities {

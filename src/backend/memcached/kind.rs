@@ -16,6 +16,7 @@ pub const KIND: Kind = Kind {
     name: "memcached",
     title: "memcached",
     schemes: &["memcached", "memcached+unix"],
+    shown_as: &["memcached", "memcached+unix"],
     url_forms: &[
         "memcached://host:port[,host:port…]",
         "memcached+unix:///path",

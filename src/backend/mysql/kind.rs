@@ -13,6 +13,7 @@ pub const KIND: Kind = Kind {
     name: "mysql",
     title: "MySQL/MariaDB",
     schemes: &["mysql", "mariadb"],
+    shown_as: &["mysql"],
     url_forms: &["mysql://[user@][host][:port][/database][?ssl-mode=…] (mariadb://…)"],
     config_table: Some("mysql"),
     capabilities: Capabilities {

@@ -13,8 +13,9 @@ pub const KIND: Kind = Kind {
     name: "postgres",
     title: "PostgreSQL",
     schemes: &["postgres", "postgresql"],
+    shown_as: &["postgres"],
     url_forms: &[
-        "postgres://[user@][host][:port][/dbname][?sslmode=…] (or libpq's key=value form)",
+        "postgres://[user@][host][:port][/dbname][?sslmode=…] (postgresql://…, or libpq's key=value form)",
     ],
     config_table: Some("postgres"),
     capabilities: Capabilities {

@@ -23,6 +23,7 @@ pub const KIND: Kind = Kind {
     name: "redis",
     title: "Redis",
     schemes: &["redis", "rediss", "redis+unix"],
+    shown_as: &["redis", "rediss", "redis+unix"],
     url_forms: &[
         "redis://[user[:password]@]host[:port][/db]",
         "rediss://…",
@@ -40,6 +41,7 @@ pub const SENTINEL_KIND: Kind = Kind {
     name: "redis-sentinel",
     title: "Redis Sentinel",
     schemes: &["redis-sentinel", "rediss-sentinel"],
+    shown_as: &["redis-sentinel", "rediss-sentinel"],
     url_forms: &[
         "redis-sentinel://host[:port][,host[:port]…][/db]#master",
         "rediss-sentinel://…",

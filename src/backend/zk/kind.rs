@@ -13,6 +13,7 @@ pub const KIND: Kind = Kind {
     name: "zk",
     title: "ZooKeeper",
     schemes: &["zk"],
+    shown_as: &["zk"],
     url_forms: &["zk://[user@]host:port[,host:port…][/chroot]"],
     config_table: Some("zookeeper"),
     capabilities: Capabilities {
