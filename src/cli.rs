@@ -50,7 +50,7 @@ defaults.
 
 {table}",
         backends = backend::shown_as_list(),
-        table = exit::TABLE
+        table = exit::table()
     )
 }
 
@@ -69,7 +69,7 @@ defaults.
         Backends in this build: {}. {DEFAULT_FILE}",
         backend::kinds_with_schemes()
     ),
-    after_long_help = exit::TABLE,
+    after_long_help = exit::table(),
     propagate_version = true
 )]
 pub struct Cli {

@@ -76,25 +76,19 @@ pub struct Capabilities {
 }
 
 impl Kind {
-    /// Refuse a `--limit` above 1 where the backend cannot honour it (64, naming it).
-    pub fn check_limit(&self, limit: u32) -> Result<(), Error> {
+    /// Refuse a `--limit` above 1 where the backend cannot honour it (64, naming the backend;
+    /// `option` is where the limit came from: `--limit`, `DLOCK_LIMIT`).
+    pub fn check_limit(&self, limit: u32, option: &str) -> Result<(), Error> {
         if limit > 1 && !self.capabilities.limit {
-            return Err(self.cannot_honour("--limit above 1"));
+            return Err(self.not_available(&format!("{option} {limit}")));
         }
         Ok(())
     }
 
-    /// Refuse a shared hold where the backend cannot honour it (64, naming it).
-    pub fn check_shared(&self, shared: bool) -> Result<(), Error> {
-        if shared && !self.capabilities.shared {
-            return Err(self.cannot_honour("shared holds"));
-        }
-        Ok(())
-    }
-
-    fn cannot_honour(&self, what: &str) -> Error {
+    /// The refusal of `what` (a flag and its value) that this kind cannot honour.
+    fn not_available(&self, what: &str) -> Error {
         Error::Usage(format!(
-            "the {} backend ({}://) cannot honour {what}",
+            "{what} is not available on the {} backend ({}://)",
             self.title, self.name
         ))
     }
@@ -334,4 +328,46 @@ impl Lease for BoxedLease {
 /// What follows the scheme and its `:` in `url` (all of it if there is no `:`).
 pub fn after_scheme(url: &str) -> &str {
     url.split_once(':').map_or(url, |(_, rest)| rest)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NO_LIMIT: Kind = Kind {
+        name: "plain",
+        title: "plain",
+        schemes: &["plain"],
+        shown_as: &["plain"],
+        url_forms: &["plain://host"],
+        config_table: None,
+        capabilities: Capabilities {
+            lease: true,
+            fifo: false,
+            records_finished: false,
+            limit: false,
+            shared: false,
+        },
+        minimum_ttl: MIN_LEASE_TTL,
+        parse: |_, _| Err("no".into()),
+        recognises: None,
+    };
+
+    /// A `--limit` the backend cannot honour is a usage error (64) naming the backend and
+    /// the option; `--limit 1` is every backend's.
+    #[test]
+    fn a_limit_without_the_capability_is_refused_naming_the_backend() {
+        let Err(err) = NO_LIMIT.check_limit(3, "DLOCK_LIMIT") else {
+            panic!("--limit 3 accepted without the capability");
+        };
+        assert_eq!(err.code().value(), 64);
+        assert_eq!(
+            err.to_string(),
+            "DLOCK_LIMIT 3 is not available on the plain backend (plain://)"
+        );
+        assert!(NO_LIMIT.check_limit(1, "--limit").is_ok());
+        for kind in crate::backend::KINDS {
+            assert!(kind.check_limit(3, "--limit").is_ok(), "{}", kind.name);
+        }
+    }
 }

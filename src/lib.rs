@@ -37,7 +37,7 @@ use anyhow::Context;
 
 use crate::cli::{Cli, Command};
 use crate::error::Error;
-use crate::exit::Code;
+use crate::exit::{Code, Outcome};
 use crate::lock::Backend;
 
 /// Run dlock with these arguments (including argv\[0\]) and return its exit status.
@@ -46,8 +46,8 @@ pub fn main_entry(args: Vec<OsString>) -> u8 {
         say!("internal error (this is a bug in dlock): {info}");
     }));
     match std::panic::catch_unwind(|| main_inner(args)) {
-        Ok(code) => code,
-        Err(_) => Code::Internal.value(),
+        Ok(status) => status,
+        Err(_) => Outcome::Failed(Code::Internal).status(),
     }
 }
 
@@ -70,25 +70,25 @@ fn main_inner(args: Vec<OsString>) -> u8 {
         Ok(runtime) => runtime,
         Err(err) => {
             say!("cannot start: {err}");
-            return Code::Internal.value();
+            return Outcome::Failed(Code::Internal).status();
         }
     };
     // Boxed: the future holds every subcommand's state for every backend, and moving it by
     // value into the runtime costs a large memcpy on every run.
     match runtime.block_on(Box::pin(run(cli))) {
-        Ok(code) => code,
+        Ok(outcome) => outcome.status(),
         Err(err) => {
             say!("{err:#}");
-            error::code_of(&err).value()
+            Outcome::Failed(error::code_of(&err)).status()
         }
     }
 }
 
-async fn run(cli: Cli) -> anyhow::Result<u8> {
+async fn run(cli: Cli) -> anyhow::Result<Outcome> {
     let quiet = cli.global.quiet > 0;
     if let Command::Generate(args) = cli.command {
         generate::run(args.what)?;
-        return Ok(0);
+        return Ok(Outcome::Done);
     }
     let tables: Vec<&str> = backend::config_tables().collect();
     let config = config::load(cli.global.config.as_deref(), &tables)?;
@@ -111,7 +111,11 @@ async fn run(cli: Cli) -> anyhow::Result<u8> {
             if !quiet {
                 report::unless_closed(report::print_status(&status, args.json))?;
             }
-            Ok(if status.held { 0 } else { 1 })
+            Ok(if status.held {
+                Outcome::Done
+            } else {
+                Outcome::Nothing
+            })
         }
         Command::List(args) => {
             let common = settings::common(&args.backend, None, &config)?;
@@ -124,7 +128,7 @@ async fn run(cli: Cli) -> anyhow::Result<u8> {
             if !quiet {
                 report::unless_closed(report::print_list(&locks, args.json))?;
             }
-            Ok(0)
+            Ok(Outcome::Done)
         }
         Command::Release(args) => {
             let name = settings::lock_name(&args.name)?;
@@ -138,7 +142,7 @@ async fn run(cli: Cli) -> anyhow::Result<u8> {
             let released = common.target.open(&common).force_release(&name).await?;
             if released.is_empty() {
                 say!("'{name}' is not held");
-                return Ok(1);
+                return Ok(Outcome::Nothing);
             }
             for holder in &released {
                 say!(
@@ -148,7 +152,7 @@ async fn run(cli: Cli) -> anyhow::Result<u8> {
                     holder.token
                 );
             }
-            Ok(0)
+            Ok(Outcome::Done)
         }
         Command::Check(args) => {
             let common = settings::common(&args.backend, args.ttl, &config)?;
@@ -159,8 +163,8 @@ async fn run(cli: Cli) -> anyhow::Result<u8> {
                 .await
                 .context("check failed")?;
             report::unless_closed(report::print_check(&check, &common, args.json))?;
-            Ok(0)
+            Ok(Outcome::Done)
         }
-        Command::Generate(_) => Ok(0),
+        Command::Generate(_) => Ok(Outcome::Done),
     }
 }

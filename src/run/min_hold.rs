@@ -13,7 +13,7 @@
 use std::time::{Duration, SystemTime};
 
 use crate::clock::{sleep_until, BootInstant};
-use crate::exit;
+use crate::exit::Outcome;
 use crate::lock::{Holder, Lease};
 use crate::settings::RunSettings;
 use crate::signals::{self, Signals};
@@ -45,8 +45,8 @@ pub(super) async fn keep<L: Lease>(
     settings: &RunSettings,
     holder: &Holder,
     acquired: &Acquired,
-    status: u8,
-) -> u8 {
+    status: Outcome,
+) -> Outcome {
     let Some(min_hold) = settings.min_hold else {
         return status;
     };
@@ -71,7 +71,8 @@ pub(super) async fn keep<L: Lease>(
         Err(_) => tracing::debug!("recording that the command has finished timed out"),
     }
     tracing::info!(
-        "the command has finished (status {status}); keeping '{}' until {until_text} (--min-hold)",
+        "the command has finished (status {}); keeping '{}' until {until_text} (--min-hold)",
+        status.status(),
         settings.name
     );
     tokio::select! {
@@ -87,11 +88,12 @@ pub(super) async fn keep<L: Lease>(
         }
         signal = signals.recv() => {
             say!(
-                "got {} while --min-hold kept '{}' after the command finished (status {status}); released",
+                "got {} while --min-hold kept '{}' after the command finished (status {}); released",
                 signals::name(signal),
-                settings.name
+                settings.name,
+                status.status()
             );
-            exit::signal_status(signal)
+            Outcome::Signalled(signal)
         }
     }
 }
