@@ -86,20 +86,25 @@ fn main_inner(args: Vec<OsString>) -> u8 {
 
 async fn run(cli: Cli) -> anyhow::Result<Outcome> {
     let quiet = cli.global.quiet > 0;
-    if let Command::Generate(args) = cli.command {
-        generate::run(args.what)?;
-        return Ok(Outcome::Done);
-    }
-    let tables: Vec<&str> = backend::config_tables().collect();
-    let config = config::load(cli.global.config.as_deref(), &tables)?;
+    // Read first by every subcommand that uses a backend; `generate` does without.
+    let config = || {
+        let tables: Vec<&str> = backend::config_tables().collect();
+        config::load(cli.global.config.as_deref(), &tables)
+    };
     match cli.command {
+        Command::Generate(args) => {
+            generate::run(args.what)?;
+            Ok(Outcome::Done)
+        }
         Command::Run(args) => {
+            let config = config()?;
             let settings = settings::run(*args, &config)?;
             let held = std::env::var("DLOCK_HELD").unwrap_or_default();
             let backend = settings.common.target.open(&settings.common);
             Box::pin(run::run(backend, settings, &held)).await
         }
         Command::Status(args) => {
+            let config = config()?;
             let name = settings::lock_name(&args.name)?;
             let common = settings::common(&args.backend, None, &config)?;
             let status = common
@@ -118,6 +123,7 @@ async fn run(cli: Cli) -> anyhow::Result<Outcome> {
             })
         }
         Command::List(args) => {
+            let config = config()?;
             let common = settings::common(&args.backend, None, &config)?;
             let locks = common
                 .target
@@ -131,6 +137,7 @@ async fn run(cli: Cli) -> anyhow::Result<Outcome> {
             Ok(Outcome::Done)
         }
         Command::Release(args) => {
+            let config = config()?;
             let name = settings::lock_name(&args.name)?;
             if !args.force {
                 return Err(Error::Usage(format!(
@@ -155,6 +162,7 @@ async fn run(cli: Cli) -> anyhow::Result<Outcome> {
             Ok(Outcome::Done)
         }
         Command::Check(args) => {
+            let config = config()?;
             let common = settings::common(&args.backend, args.ttl, &config)?;
             let check = common
                 .target
@@ -165,6 +173,5 @@ async fn run(cli: Cli) -> anyhow::Result<Outcome> {
             report::unless_closed(report::print_check(&check, &common, args.json))?;
             Ok(Outcome::Done)
         }
-        Command::Generate(_) => Ok(Outcome::Done),
     }
 }
