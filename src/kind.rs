@@ -95,12 +95,15 @@ impl Kind {
 }
 
 /// A backend's validated target: what its URL and config table say, and how to open it.
-pub trait Place: fmt::Debug + Send + Sync + 'static {
+pub trait Place: AnyPlace + fmt::Debug + Send + Sync + 'static {
     /// The kind this target is of.
     fn kind(&self) -> &'static Kind;
 
-    /// The scheme shown in DLOCK_BACKEND (`rediss`, not `redis`, for a TLS URL).
-    fn scheme(&self) -> &'static str;
+    /// The scheme shown in DLOCK_BACKEND (`rediss`, not `redis`, for a TLS URL); by default
+    /// the kind's name.
+    fn scheme(&self) -> &'static str {
+        self.kind().name
+    }
 
     /// The same server (and database or chroot) however the URL spelled it, for reentrancy.
     fn identity(&self) -> String;
@@ -120,10 +123,22 @@ pub trait Place: fmt::Debug + Send + Sync + 'static {
 
     /// The backend for `common` (whose target this is).
     fn open(&self, common: &Common) -> Box<dyn DynBackend>;
+}
 
+/// What every [`Place`] that is `Clone` has: a copy behind a pointer, and its concrete type.
+pub trait AnyPlace {
     fn clone_place(&self) -> Box<dyn Place>;
-
     fn as_any(&self) -> &dyn Any;
+}
+
+impl<T: Place + Clone> AnyPlace for T {
+    fn clone_place(&self) -> Box<dyn Place> {
+        Box::new(self.clone())
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
 }
 
 /// Where the locks live: one backend's target.

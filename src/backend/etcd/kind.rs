@@ -1,7 +1,5 @@
 //! The etcd backend as the registry knows it.
 
-use std::any::Any;
-
 use super::{EtcdBackend, EtcdTarget};
 use crate::backend::local_queue::LocalQueued;
 use crate::config::FileConfig;
@@ -50,13 +48,5 @@ impl Place for EtcdTarget {
             EtcdBackend::new(self, &common.prefix, &common.display_url),
             common,
         ))
-    }
-
-    fn clone_place(&self) -> Box<dyn Place> {
-        Box::new(self.clone())
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
     }
 }

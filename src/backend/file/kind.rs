@@ -1,6 +1,5 @@
 //! The file backend as the registry knows it.
 
-use std::any::Any;
 use std::time::Duration;
 
 use super::{FileBackend, FileTarget};
@@ -33,23 +32,11 @@ impl Place for FileTarget {
         &KIND
     }
 
-    fn scheme(&self) -> &'static str {
-        KIND.name
-    }
-
     fn identity(&self) -> String {
         FileTarget::identity(self)
     }
 
     fn open(&self, common: &Common) -> Box<dyn DynBackend> {
         Box::new(FileBackend::new(&self.dir, self.default, &common.prefix))
-    }
-
-    fn clone_place(&self) -> Box<dyn Place> {
-        Box::new(self.clone())
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
     }
 }

@@ -1,6 +1,5 @@
 //! The memcached backend as the registry knows it.
 
-use std::any::Any;
 use std::time::Duration;
 
 use super::{MemcachedBackend, MemcachedTarget};
@@ -57,13 +56,5 @@ impl Place for MemcachedTarget {
             MemcachedBackend::new(self, &common.prefix),
             common,
         ))
-    }
-
-    fn clone_place(&self) -> Box<dyn Place> {
-        Box::new(self.clone())
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
     }
 }

@@ -1,7 +1,5 @@
 //! The MySQL/MariaDB backend as the registry knows it.
 
-use std::any::Any;
-
 use super::{MysqlBackend, MysqlTarget};
 use crate::backend::local_queue::LocalQueued;
 use crate::config::FileConfig;
@@ -35,10 +33,6 @@ impl Place for MysqlTarget {
         &KIND
     }
 
-    fn scheme(&self) -> &'static str {
-        KIND.name
-    }
-
     fn identity(&self) -> String {
         MysqlTarget::identity(self)
     }
@@ -52,13 +46,5 @@ impl Place for MysqlTarget {
             MysqlBackend::new(self, &common.prefix, &common.display_url),
             common,
         ))
-    }
-
-    fn clone_place(&self) -> Box<dyn Place> {
-        Box::new(self.clone())
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
     }
 }

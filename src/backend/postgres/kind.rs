@@ -1,7 +1,5 @@
 //! The PostgreSQL backend as the registry knows it.
 
-use std::any::Any;
-
 use super::{PgBackend, PgTarget};
 use crate::backend::local_queue::LocalQueued;
 use crate::config::FileConfig;
@@ -42,10 +40,6 @@ impl Place for PgTarget {
         &KIND
     }
 
-    fn scheme(&self) -> &'static str {
-        KIND.name
-    }
-
     fn identity(&self) -> String {
         PgTarget::identity(self)
     }
@@ -59,13 +53,5 @@ impl Place for PgTarget {
             PgBackend::new(self, &common.prefix, &common.display_url),
             common,
         ))
-    }
-
-    fn clone_place(&self) -> Box<dyn Place> {
-        Box::new(self.clone())
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
     }
 }

@@ -1,8 +1,6 @@
 //! Redis (one server, or a Redis Cluster) and Redis behind Sentinel as the registry knows
 //! them: two kinds of one backend, told apart by their schemes.
 
-use std::any::Any;
-
 use super::{sentinel, RedisBackend, RedisTarget};
 use crate::backend::local_queue::LocalQueued;
 use crate::config::FileConfig;
@@ -83,13 +81,5 @@ impl Place for RedisTarget {
             RedisBackend::new(self, &common.prefix, &common.display_url),
             common,
         ))
-    }
-
-    fn clone_place(&self) -> Box<dyn Place> {
-        Box::new(self.clone())
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
     }
 }

@@ -1,7 +1,5 @@
 //! The ZooKeeper backend as the registry knows it.
 
-use std::any::Any;
-
 use super::{ZkBackend, ZkTarget};
 use crate::backend::local_queue::LocalQueued;
 use crate::config::FileConfig;
@@ -33,10 +31,6 @@ impl Place for ZkTarget {
         &KIND
     }
 
-    fn scheme(&self) -> &'static str {
-        KIND.name
-    }
-
     fn identity(&self) -> String {
         ZkTarget::identity(self)
     }
@@ -50,13 +44,5 @@ impl Place for ZkTarget {
             ZkBackend::new(self, &common.prefix, &common.display_url, common.ttl),
             common,
         ))
-    }
-
-    fn clone_place(&self) -> Box<dyn Place> {
-        Box::new(self.clone())
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
     }
 }
