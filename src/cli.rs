@@ -11,22 +11,70 @@ use std::path::PathBuf;
 
 use clap::{ArgAction, Args, CommandFactory, Parser, Subcommand, ValueEnum};
 
+use crate::text::put;
 use crate::{backend, exit};
 
 /// Where the locks are when no URL is given.
 const DEFAULT_FILE: &str = "Default: the file backend in $DLOCK_DIR, else /run/lock/dlock-<uid> \
     where /run/lock is sticky, else /tmp/dlock-<uid>: the same from cron and a login shell.";
 
+// The texts that name the backends are assembled at compile time from the registry's lists
+// (`text.rs`): clap builds every help text on every run.
+
+const ABOUT: &str = const_text!(render_about);
+
+const fn render_about(out: &mut [u8]) -> usize {
+    let at = put(out, 0, "Run a command while holding a named lock (");
+    let at = put(out, at, backend::TITLES);
+    put(out, at, ")")
+}
+
+const LONG_ABOUT: &str = const_text!(render_long_about);
+
+const fn render_long_about(out: &mut [u8]) -> usize {
+    let at = put(
+        out,
+        0,
+        "Run a command while holding a named lock.\n\n\
+        dlock acquires the lock NAME on a backend chosen by URL (a local file by default), runs \
+        the command with the lock held, keeps the lease alive while it runs, releases the lock \
+        when the command exits or dlock is signalled, and exits with the command's status.\n\n\
+        Backends in this build: ",
+    );
+    let at = put(out, at, backend::KINDS_WITH_SCHEMES);
+    let at = put(out, at, ". ");
+    put(out, at, DEFAULT_FILE)
+}
+
+const URL_HELP: &str = const_text!(render_url_help);
+
+const fn render_url_help(out: &mut [u8]) -> usize {
+    let at = put(out, 0, "Backend URL: ");
+    let at = put(out, at, backend::URL_FORMS);
+    let at = put(out, at, ". ");
+    put(out, at, DEFAULT_FILE)
+}
+
 /// `dlock run --help`'s text after the options: how the command is run, and the exit statuses.
-fn run_after_help() -> String {
-    format!(
+const RUN_AFTER_HELP: &str = const_text!(render_run_after_help);
+
+const fn render_run_after_help(out: &mut [u8]) -> usize {
+    let at = put(
+        out,
+        0,
         "\
 Option parsing stops at the first word after NAME: in `dlock run x ./job.sh --ttl 5` the
 `--ttl 5` belongs to the job. `--` before the command is accepted and optional. `-c` may
 stand before NAME or right after it.
 
 The command sees dlock's stdin, stdout, stderr and environment, plus DLOCK_NAME,
-DLOCK_BACKEND ({backends}), DLOCK_FENCING_TOKEN (strictly increasing per lock
+DLOCK_BACKEND (",
+    );
+    let at = put(out, at, backend::SHOWN_AS);
+    let at = put(
+        out,
+        at,
+        "), DLOCK_FENCING_TOKEN (strictly increasing per lock
 name) and DLOCK_HELD.
 Credentials dlock consumed are removed from its environment. A nested `dlock run` of a lock
 its ancestor already holds on the same backend runs its command at once.
@@ -46,12 +94,9 @@ command's process group, SIGKILL after --kill-after, exit 124).
 Every option can also be set in the environment (DLOCK_URL, DLOCK_WAIT, DLOCK_NO_WAIT,
 DLOCK_CONFLICT_EXIT_CODE, DLOCK_TTL, DLOCK_LIMIT, DLOCK_ON_LOST, DLOCK_KILL_AFTER,
 DLOCK_MIN_HOLD, DLOCK_PREFIX, DLOCK_LOCAL_QUEUE, DLOCK_REPORT) or in the config file. Precedence: flags > environment > config file >
-defaults.
-
-{table}",
-        backends = backend::shown_as_list(),
-        table = exit::table()
-    )
+defaults.\n\n",
+    );
+    put(out, at, exit::TABLE)
 }
 
 /// Run a command while holding a named lock.
@@ -60,16 +105,9 @@ defaults.
     name = "dlock",
     version,
     long_version = crate::version::LONG_VERSION,
-    about = format!("Run a command while holding a named lock ({})", backend::titles()),
-    long_about = format!(
-        "Run a command while holding a named lock.\n\n\
-        dlock acquires the lock NAME on a backend chosen by URL (a local file by default), runs \
-        the command with the lock held, keeps the lease alive while it runs, releases the lock \
-        when the command exits or dlock is signalled, and exits with the command's status.\n\n\
-        Backends in this build: {}. {DEFAULT_FILE}",
-        backend::kinds_with_schemes()
-    ),
-    after_long_help = exit::table(),
+    about = ABOUT,
+    long_about = LONG_ABOUT,
+    after_long_help = exit::TABLE,
     propagate_version = true
 )]
 pub struct Cli {
@@ -106,7 +144,7 @@ pub struct GlobalArgs {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Acquire NAME, run COMMAND with the lock held, release, exit with its status.
-    #[command(after_long_help = run_after_help())]
+    #[command(after_long_help = RUN_AFTER_HELP)]
     Run(Box<RunArgs>),
     /// Show who holds NAME (exit 0 when held, 1 when free).
     Status(StatusArgs),
@@ -126,7 +164,7 @@ pub enum Command {
 pub struct BackendArgs {
     // The help text is an attribute, not a doc comment: its URL syntax would read as links.
     #[arg(
-        help = format!("Backend URL: {}. {DEFAULT_FILE}", backend::url_forms()),
+        help = URL_HELP,
         short,
         long,
         value_name = "URL",

@@ -3,11 +3,13 @@
 //! Every subcommand ends with an [`Outcome`]; [`Outcome::status`] alone turns it into the
 //! status dlock exits with. The command's own status is passed through unchanged
 //! ([`from_child`]); everything dlock causes itself has one code from [`Code`].
-//! The table shown by `--help` and the man pages ([`table`]) is rendered from [`Code`], and the
+//! The table shown by `--help` and the man pages ([`TABLE`]) is rendered from [`Code`], and the
 //! README's is checked against it.
 
 use std::os::unix::process::ExitStatusExt;
 use std::process::ExitStatus;
+
+use crate::text::{put, put_number};
 
 /// A status that dlock itself chooses (sysexits(3) where one fits).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,7 +53,7 @@ impl Code {
     ];
 
     /// What the status means, as the exit-status table says it.
-    pub fn meaning(self) -> &'static str {
+    pub const fn meaning(self) -> &'static str {
         match self {
             Code::NotAcquired => {
                 "the lock was not acquired (held and --no-wait, or --wait elapsed); see -E"
@@ -72,7 +74,7 @@ impl Code {
         }
     }
 
-    pub fn value(self) -> u8 {
+    pub const fn value(self) -> u8 {
         match self {
             Code::NotAcquired => 75,
             Code::Lost => 124,
@@ -138,20 +140,31 @@ impl Outcome {
     }
 }
 
-/// The exit-status table as shown in `--help` and the man pages, from [`Code`].
-pub fn table() -> String {
-    let mut table = String::from(
+/// The exit-status table as shown in `--help` and the man pages, rendered from [`Code`] at
+/// compile time.
+pub const TABLE: &str = const_text!(render_table);
+
+const fn render_table(out: &mut [u8]) -> usize {
+    let mut at = put(
+        out,
+        0,
         "Exit status:\n  N        the command ran and exited with N\n  \
          128+S    the command was killed by signal S\n",
     );
-    for code in Code::ALL {
-        table.push_str(&format!("  {:<9}{}\n", code.value(), code.meaning()));
+    let mut i = 0;
+    while i < Code::ALL.len() {
+        at = put(out, at, "  ");
+        at = put_number(out, at, Code::ALL[i].value(), 9);
+        at = put(out, at, Code::ALL[i].meaning());
+        at = put(out, at, "\n");
+        i += 1;
     }
-    table.push_str(
+    put(
+        out,
+        at,
         "  128+N    dlock got signal N while waiting for the lock (the command never ran)\n\
          status: 0 when the lock is held, 1 when it is free.",
-    );
-    table
+    )
 }
 
 #[cfg(test)]
@@ -172,10 +185,9 @@ mod tests {
 
     #[test]
     fn table_lists_every_code() {
-        let table = table();
         for code in Code::ALL {
             let needle = format!("  {:<9}{}\n", code.value(), code.meaning());
-            assert!(table.contains(&needle), "{code:?} missing from the table");
+            assert!(TABLE.contains(&needle), "{code:?} missing from the table");
         }
     }
 

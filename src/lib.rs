@@ -7,6 +7,8 @@
 
 #[macro_use]
 mod logging;
+#[macro_use]
+mod text;
 
 pub mod backend;
 pub mod cli;

@@ -14,6 +14,7 @@
 //! commit.)
 
 use crate::backend::KINDS;
+use crate::text::put;
 
 /// The commit the binary was built from, or "unknown" (see `build.rs`).
 pub const COMMIT: &str = env!("DLOCK_BUILD_COMMIT");
@@ -67,19 +68,6 @@ const fn render(out: &mut [u8]) -> usize {
         backend += 1;
     }
     at
-}
-
-/// Copy `text` into `out` at `at` if it fits; the position after it either way.
-const fn put(out: &mut [u8], at: usize, text: &str) -> usize {
-    let bytes = text.as_bytes();
-    if at + bytes.len() <= out.len() {
-        let mut i = 0;
-        while i < bytes.len() {
-            out[at + i] = bytes[i];
-            i += 1;
-        }
-    }
-    at + bytes.len()
 }
 
 #[cfg(test)]

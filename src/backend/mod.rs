@@ -24,6 +24,7 @@ use std::time::Duration;
 use crate::clock::BootInstant;
 use crate::error::Error;
 use crate::lock::{Holder, LockName, LockStatus};
+use crate::text::put;
 
 pub use crate::kind::{Capabilities, Kind, Target, MIN_LEASE_TTL};
 pub use etcd::EtcdTarget;
@@ -111,61 +112,116 @@ pub fn scheme_list() -> String {
     or_list(schemes().map(str::to_owned).collect())
 }
 
-/// "file, redis, …": every value of `DLOCK_BACKEND`, for `--help`.
-pub fn shown_as_list() -> String {
-    or_list(
-        KINDS
-            .iter()
-            .flat_map(|kind| kind.shown_as.iter().map(|s| (*s).to_owned()))
-            .collect(),
-    )
-}
+/// "file, redis, … or memcached+unix": every value of `DLOCK_BACKEND`, for `--help`.
+pub const SHOWN_AS: &str = const_text!(render_shown_as);
 
 /// "local file, Redis, …, memcached": what each kind is called, for `--help`.
-pub fn titles() -> String {
-    KINDS
-        .iter()
-        .map(|kind| kind.title)
-        .collect::<Vec<_>>()
-        .join(", ")
-}
+pub const TITLES: &str = const_text!(render_titles);
 
-/// "file:// , redis:// (rediss://, redis+unix://), … and memcached:// (memcached+unix://)":
+/// "file://, redis:// (rediss://, redis+unix://), … and memcached:// (memcached+unix://)":
 /// every kind with its schemes, for `--help`.
-pub fn kinds_with_schemes() -> String {
-    let each = KINDS.iter().map(|kind| match kind.schemes.split_first() {
-        Some((first, [])) => format!("{first}://"),
-        Some((first, others)) => format!("{first}:// ({}://)", others.join("://, ")),
-        None => kind.name.to_owned(),
-    });
-    and_list(each.collect())
-}
+pub const KINDS_WITH_SCHEMES: &str = const_text!(render_kinds_with_schemes);
 
 /// Every URL form of every kind, for the `--url` help.
-pub fn url_forms() -> String {
-    KINDS
-        .iter()
-        .flat_map(|kind| kind.url_forms.iter().copied())
-        .collect::<Vec<_>>()
-        .join(", ")
+pub const URL_FORMS: &str = const_text!(render_url_forms);
+
+/// The separator before item `i` of `count` in a list that ends "… `last` z".
+const fn separator(i: usize, count: usize, last: &'static str) -> &'static str {
+    if i == 0 {
+        ""
+    } else if i + 1 == count {
+        last
+    } else {
+        ", "
+    }
 }
 
-fn or_list(words: Vec<String>) -> String {
-    joined(words, " or ")
+const fn render_shown_as(out: &mut [u8]) -> usize {
+    let count = {
+        let (mut n, mut k) = (0, 0);
+        while k < KINDS.len() {
+            n += KINDS[k].shown_as.len();
+            k += 1;
+        }
+        n
+    };
+    let (mut at, mut i, mut k) = (0, 0, 0);
+    while k < KINDS.len() {
+        let mut s = 0;
+        while s < KINDS[k].shown_as.len() {
+            at = put(out, at, separator(i, count, " or "));
+            at = put(out, at, KINDS[k].shown_as[s]);
+            i += 1;
+            s += 1;
+        }
+        k += 1;
+    }
+    at
 }
 
-fn and_list(words: Vec<String>) -> String {
-    joined(words, " and ")
+const fn render_titles(out: &mut [u8]) -> usize {
+    let (mut at, mut k) = (0, 0);
+    while k < KINDS.len() {
+        at = put(out, at, separator(k, KINDS.len(), ", "));
+        at = put(out, at, KINDS[k].title);
+        k += 1;
+    }
+    at
 }
 
-fn joined(mut words: Vec<String>, last_separator: &str) -> String {
+const fn render_kinds_with_schemes(out: &mut [u8]) -> usize {
+    let (mut at, mut k) = (0, 0);
+    while k < KINDS.len() {
+        at = put(out, at, separator(k, KINDS.len(), " and "));
+        let schemes = KINDS[k].schemes;
+        let mut s = 0;
+        while s < schemes.len() {
+            at = put(
+                out,
+                at,
+                if s == 1 {
+                    " ("
+                } else if s > 1 {
+                    ", "
+                } else {
+                    ""
+                },
+            );
+            at = put(out, at, schemes[s]);
+            at = put(out, at, "://");
+            s += 1;
+        }
+        if schemes.len() > 1 {
+            at = put(out, at, ")");
+        }
+        k += 1;
+    }
+    at
+}
+
+const fn render_url_forms(out: &mut [u8]) -> usize {
+    let (mut at, mut first, mut k) = (0, true, 0);
+    while k < KINDS.len() {
+        let mut f = 0;
+        while f < KINDS[k].url_forms.len() {
+            at = put(out, at, if first { "" } else { ", " });
+            at = put(out, at, KINDS[k].url_forms[f]);
+            first = false;
+            f += 1;
+        }
+        k += 1;
+    }
+    at
+}
+
+fn or_list(mut words: Vec<String>) -> String {
     let Some(last) = words.pop() else {
         return String::new();
     };
     if words.is_empty() {
         return last;
     }
-    format!("{}{last_separator}{last}", words.join(", "))
+    format!("{} or {last}", words.join(", "))
 }
 
 /// The held locks among `names` (sorted, each once), as `list` shows them: `status` is asked
