@@ -11,7 +11,8 @@ use std::path::PathBuf;
 
 use clap::{ArgAction, Args, CommandFactory, Parser, Subcommand, ValueEnum};
 
-use crate::exit;
+use crate::text::put;
+use crate::{backend, exit};
 
 /// The examples of `dlock -h` and `dlock --help`.
 const TOP_EXAMPLES: &str = "\
@@ -50,13 +51,68 @@ Exit status:
   77   refused: the server's permission (killing another user's session), or the file
        backend, where a kernel lock cannot be broken from outside (the holder's pid is named)";
 
-const RUN_AFTER_HELP: &str = "\
+/// Where the locks are when no URL is given.
+const DEFAULT_FILE: &str = "Default: the file backend in $DLOCK_DIR, else /run/lock/dlock-<uid> \
+    where /run/lock is sticky, else /tmp/dlock-<uid>: the same from cron and a login shell.";
+
+// The texts that name the backends are assembled at compile time from the registry's lists
+// (`text.rs`): clap builds every help text on every run.
+
+const ABOUT: &str = const_text!(render_about);
+
+const fn render_about(out: &mut [u8]) -> usize {
+    let at = put(out, 0, "Run a command while holding a named lock (");
+    let at = put(out, at, backend::TITLES);
+    put(out, at, ")")
+}
+
+const LONG_ABOUT: &str = const_text!(render_long_about);
+
+const fn render_long_about(out: &mut [u8]) -> usize {
+    let at = put(
+        out,
+        0,
+        "Run a command while holding a named lock.\n\n\
+        dlock acquires the lock NAME on a backend chosen by URL (a local file by default), runs \
+        the command with the lock held, keeps the lease alive while it runs, releases the lock \
+        when the command exits or dlock is signalled, and exits with the command's status.\n\n\
+        Backends in this build: ",
+    );
+    let at = put(out, at, backend::KINDS_WITH_SCHEMES);
+    let at = put(out, at, ". ");
+    put(out, at, DEFAULT_FILE)
+}
+
+const URL_HELP: &str = const_text!(render_url_help);
+
+const fn render_url_help(out: &mut [u8]) -> usize {
+    let at = put(out, 0, "Backend URL: ");
+    let at = put(out, at, backend::URL_FORMS);
+    let at = put(out, at, ". ");
+    put(out, at, DEFAULT_FILE)
+}
+
+/// `dlock run --help`'s text after the options: how the command is run, and the exit statuses.
+const RUN_AFTER_HELP: &str = const_text!(render_run_after_help);
+
+const fn render_run_after_help(out: &mut [u8]) -> usize {
+    let at = put(
+        out,
+        0,
+        "\
 Option parsing stops at the first word after NAME: in `dlock run x ./job.sh --ttl 5` the
 `--ttl 5` belongs to the job. `--` before the command is accepted and optional. `-c` may
 stand before NAME or right after it.
 
 The command sees dlock's stdin, stdout, stderr and environment, plus DLOCK_NAME,
-DLOCK_BACKEND, DLOCK_FENCING_TOKEN (strictly increasing per lock name) and DLOCK_HELD.
+DLOCK_BACKEND (",
+    );
+    let at = put(out, at, backend::SHOWN_AS);
+    let at = put(
+        out,
+        at,
+        "), DLOCK_FENCING_TOKEN (strictly increasing per lock
+name) and DLOCK_HELD.
 Credentials dlock consumed are removed from its environment. A nested `dlock run` of a lock
 its ancestor already holds on the same backend runs its command at once.
 
@@ -76,7 +132,33 @@ Every option can also be set in the environment (DLOCK_URL, DLOCK_WAIT, DLOCK_NO
 DLOCK_CONFLICT_EXIT_CODE, DLOCK_TTL, DLOCK_LIMIT, DLOCK_ON_LOST, DLOCK_KILL_AFTER,
 DLOCK_MIN_HOLD, DLOCK_PREFIX, DLOCK_LOCAL_QUEUE, DLOCK_RECORD_COMMAND, DLOCK_REPORT) or in
 the config file. Precedence: flags > environment > config file >
-defaults.";
+defaults.\n\n",
+    );
+    let at = put(out, at, RUN_EXAMPLES);
+    let at = put(out, at, "\n\n");
+    put(out, at, exit::TABLE)
+}
+
+/// `dlock run -h`'s text after the options.
+const RUN_AFTER_SHORT_HELP: &str = const_text!(render_run_after_short_help);
+
+const fn render_run_after_short_help(out: &mut [u8]) -> usize {
+    let at = put(out, 0, RUN_EXAMPLES);
+    put(
+        out,
+        at,
+        "\n\nMore: dlock run --help (every option, signals, exit statuses), man dlock-run.",
+    )
+}
+
+/// `dlock --help`'s text after the commands.
+const TOP_AFTER_LONG_HELP: &str = const_text!(render_top_after_long_help);
+
+const fn render_top_after_long_help(out: &mut [u8]) -> usize {
+    let at = put(out, 0, TOP_EXAMPLES);
+    let at = put(out, at, "\n\n");
+    put(out, at, exit::TABLE)
+}
 
 /// Run a command while holding a named lock.
 #[derive(Debug, Parser)]
@@ -84,17 +166,10 @@ defaults.";
     name = "dlock",
     version,
     long_version = crate::version::LONG_VERSION,
-    about = "Run a command while holding a named lock (local file, Redis, etcd, ZooKeeper, PostgreSQL, MySQL/MariaDB, memcached)",
-    long_about = "Run a command while holding a named lock.\n\n\
-        dlock acquires the lock NAME on a backend chosen by URL (a local file by default), runs \
-        the command with the lock held, keeps the lease alive while it runs, releases the lock \
-        when the command exits or dlock is signalled, and exits with the command's status.\n\n\
-        Backends in this build: file:///dir (default: $DLOCK_DIR, else /run/lock/dlock-<uid> \
-        where /run/lock is sticky, else /tmp/dlock-<uid>), redis:// (rediss://, redis+unix://), redis-sentinel:// \
-        (rediss-sentinel://), etcd:// (etcds://), zk://, \
-        postgres:// (postgresql://, or libpq's key=value form) and mysql:// (mariadb://).",
+    about = ABOUT,
+    long_about = LONG_ABOUT,
     after_help = TOP_EXAMPLES,
-    after_long_help = format!("{TOP_EXAMPLES}\n\n{}", exit::TABLE),
+    after_long_help = TOP_AFTER_LONG_HELP,
     propagate_version = true
 )]
 pub struct Cli {
@@ -139,8 +214,8 @@ pub enum Command {
     #[command(
         override_usage = "dlock run [OPTIONS] <NAME> [--] <COMMAND> [ARGS]...\n       \
                           dlock run [OPTIONS] <NAME> -c <SHELL-COMMAND>",
-        after_help = format!("{RUN_EXAMPLES}\n\nMore: dlock run --help (every option, signals, exit statuses), man dlock-run."),
-        after_long_help = format!("{RUN_AFTER_HELP}\n\n{RUN_EXAMPLES}\n\n{}", exit::TABLE)
+        after_help = RUN_AFTER_SHORT_HELP,
+        after_long_help = RUN_AFTER_HELP
     )]
     Run(Box<RunArgs>),
     /// Show who holds NAME and who waits for it (exit 0 when held, 1 when free).
@@ -163,15 +238,7 @@ pub enum Command {
 pub struct BackendArgs {
     // The help text is an attribute, not a doc comment: its URL syntax would read as links.
     #[arg(
-        help = "Backend URL: file:///dir, redis://[user[:password]@]host[:port][/db], rediss://…, \
-                redis+unix:///path, redis-sentinel://host[:port][,host[:port]…][/db]#master, \
-                rediss-sentinel://…, etcd://[user@]host:port[,host:port…], etcds://…, \
-                zk://[user@]host:port[,host:port…][/chroot], \
-                postgres://[user@][host][:port][/dbname][?sslmode=…] (or libpq's key=value \
-                form), mysql://[user@][host][:port][/database][?ssl-mode=…] (mariadb://…). \
-                Default: the \
-                file backend in $DLOCK_DIR, else /run/lock/dlock-<uid> where /run/lock is \
-                sticky, else /tmp/dlock-<uid>: the same from cron and a login shell.",
+        help = URL_HELP,
         short,
         long,
         value_name = "URL",

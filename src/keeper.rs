@@ -426,7 +426,7 @@ mod tests {
         let ttls = [
             crate::backend::MIN_LEASE_TTL,
             Duration::from_millis(2500),
-            crate::backend::MIN_MEMCACHED_TTL,
+            crate::backend::memcached::kind::MIN_TTL,
             Duration::from_secs(4),
             Duration::from_secs(5),
             Duration::from_secs(10),

@@ -7,8 +7,9 @@
 
 #[macro_use]
 mod logging;
-
 #[macro_use]
+mod text;
+
 pub mod backend;
 pub mod cli;
 pub mod clock;
@@ -17,6 +18,7 @@ pub mod error;
 pub mod exit;
 pub mod files;
 pub mod keeper;
+pub mod kind;
 pub mod lock;
 mod process;
 mod reentry;
@@ -38,7 +40,7 @@ use anyhow::Context;
 
 use crate::cli::{Cli, Command};
 use crate::error::Error;
-use crate::exit::Code;
+use crate::exit::{Code, Outcome};
 use crate::lock::Backend;
 
 /// Run dlock with these arguments (including argv\[0\]) and return its exit status.
@@ -47,8 +49,8 @@ pub fn main_entry(args: Vec<OsString>) -> u8 {
         say!("internal error (this is a bug in dlock): {info}");
     }));
     match std::panic::catch_unwind(|| main_inner(args)) {
-        Ok(code) => code,
-        Err(_) => Code::Internal.value(),
+        Ok(status) => status,
+        Err(_) => Outcome::Failed(Code::Internal).status(),
     }
 }
 
@@ -71,38 +73,41 @@ fn main_inner(args: Vec<OsString>) -> u8 {
         Ok(runtime) => runtime,
         Err(err) => {
             say!("cannot start: {err}");
-            return Code::Internal.value();
+            return Outcome::Failed(Code::Internal).status();
         }
     };
     // Boxed: the future holds every subcommand's state for every backend, and moving it by
     // value into the runtime costs a large memcpy on every run.
     match runtime.block_on(Box::pin(run(cli))) {
-        Ok(code) => code,
+        Ok(outcome) => outcome.status(),
         Err(err) => {
             say!("{err:#}");
-            error::code_of(&err).value()
+            Outcome::Failed(error::code_of(&err)).status()
         }
     }
 }
 
-async fn run(cli: Cli) -> anyhow::Result<u8> {
+async fn run(cli: Cli) -> anyhow::Result<Outcome> {
     let quiet = cli.global.quiet > 0;
-    if let Command::Generate(args) = cli.command {
-        generate::run(args.what)?;
-        return Ok(0);
-    }
-    let config = match config::load(cli.global.config.as_deref(), backend::CONFIG_TABLES) {
-        Ok(config) => config,
-        Err(err) => {
-            let err = anyhow::Error::new(err);
-            if let Command::Run(args) = &cli.command {
-                run::refused(args, &config::FileConfig::default(), &err);
-            }
-            return Err(err);
-        }
+    // Read first by every subcommand that uses a backend; `generate` does without.
+    let config = || {
+        let tables: Vec<&str> = backend::config_tables().collect();
+        config::load(cli.global.config.as_deref(), &tables)
     };
     match cli.command {
+        Command::Generate(args) => {
+            generate::run(args.what)?;
+            Ok(Outcome::Done)
+        }
         Command::Run(args) => {
+            let config = match config() {
+                Ok(config) => config,
+                Err(err) => {
+                    let err = anyhow::Error::new(err);
+                    run::refused(&args, &config::FileConfig::default(), &err);
+                    return Err(err);
+                }
+            };
             let settings = match settings::run((*args).clone(), &config) {
                 Ok(settings) => settings,
                 Err(err) => {
@@ -112,28 +117,44 @@ async fn run(cli: Cli) -> anyhow::Result<u8> {
                 }
             };
             let held = std::env::var("DLOCK_HELD").unwrap_or_default();
-            with_backend!(settings.common, backend => Box::pin(run::run(backend, settings, &held)).await)
+            let backend = settings.common.target.open(&settings.common);
+            Box::pin(run::run(backend, settings, &held)).await
         }
         Command::Status(args) => {
+            let config = config()?;
             let name = settings::lock_name(&args.name)?;
             let common = settings::common(&args.backend, None, &config)?;
-            let status = with_backend!(common, backend => Box::pin(backend.status(&name)).await)
+            let status = common
+                .target
+                .open(&common)
+                .status(&name)
+                .await
                 .with_context(|| format!("cannot read the status of '{name}'"))?;
             if !quiet {
                 report::unless_closed(report::print_status(&status, args.json))?;
             }
-            Ok(if status.held { 0 } else { 1 })
+            Ok(if status.held {
+                Outcome::Done
+            } else {
+                Outcome::Nothing
+            })
         }
         Command::List(args) => {
+            let config = config()?;
             let common = settings::common(&args.backend, None, &config)?;
-            let locks = with_backend!(common, backend => Box::pin(backend.list()).await)
+            let locks = common
+                .target
+                .open(&common)
+                .list()
+                .await
                 .context("cannot list locks")?;
             if !quiet {
                 report::unless_closed(report::print_list(&locks, args.json))?;
             }
-            Ok(0)
+            Ok(Outcome::Done)
         }
         Command::Release(args) => {
+            let config = config()?;
             let name = settings::lock_name(&args.name)?;
             if !args.force {
                 return Err(Error::Usage(format!(
@@ -142,11 +163,10 @@ async fn run(cli: Cli) -> anyhow::Result<u8> {
                 .into());
             }
             let common = settings::common(&args.backend, None, &config)?;
-            let released =
-                with_backend!(common, backend => Box::pin(backend.force_release(&name)).await)?;
+            let released = common.target.open(&common).force_release(&name).await?;
             if released.is_empty() {
                 say!("'{name}' is not held");
-                return Ok(1);
+                return Ok(Outcome::Nothing);
             }
             for holder in &released {
                 say!(
@@ -156,15 +176,19 @@ async fn run(cli: Cli) -> anyhow::Result<u8> {
                     holder.token
                 );
             }
-            Ok(0)
+            Ok(Outcome::Done)
         }
         Command::Check(args) => {
+            let config = config()?;
             let common = settings::common(&args.backend, args.ttl, &config)?;
-            let check = with_backend!(common, backend => Box::pin(backend.check()).await)
+            let check = common
+                .target
+                .open(&common)
+                .check()
+                .await
                 .context("check failed")?;
             report::unless_closed(report::print_check(&check, &common, args.json))?;
-            Ok(0)
+            Ok(Outcome::Done)
         }
-        Command::Generate(_) => Ok(0),
     }
 }

@@ -327,10 +327,6 @@ impl Cancel {
         Cancel(rx)
     }
 
-    pub fn is_cancelled(&self) -> bool {
-        *self.0.borrow()
-    }
-
     /// Resolves once cancellation was requested. Cancel-safe.
     pub async fn cancelled(&mut self) {
         if self.0.wait_for(|cancelled| *cancelled).await.is_err() {

@@ -14,7 +14,7 @@ use anyhow::Context;
 
 use crate::cli::OnLost;
 use crate::error::Error;
-use crate::exit::{self, Code};
+use crate::exit::{self, Outcome};
 use crate::lock::{self, AcquireRequest, Backend, Holder, Lease, LockName, Lost, Wait};
 use crate::secrets::{Handoff, CREDENTIALS_FD};
 use crate::settings::RunSettings;
@@ -81,7 +81,7 @@ pub async fn run<B: Backend>(
     backend: B,
     settings: RunSettings,
     inherited_held: &str,
-) -> anyhow::Result<u8> {
+) -> anyhow::Result<Outcome> {
     // Opened before anything else, so that a path that cannot be written fails at once.
     let sink = match &settings.report {
         Some(to) => Some(record::Sink::open(to)?),
@@ -91,9 +91,9 @@ pub async fn run<B: Backend>(
     let result = acquire_and_run(backend, &settings, inherited_held, &mut track).await;
     if let Some(sink) = sink {
         let (exit_status, error) = match &result {
-            Ok(code) => (*code, None),
+            Ok(outcome) => (outcome.status(), None),
             Err(err) => (
-                crate::error::code_of(err).value(),
+                Outcome::Failed(crate::error::code_of(err)).status(),
                 Some(logging::printable(&format!("{err:#}")).into_owned()),
             ),
         };
@@ -107,7 +107,7 @@ async fn acquire_and_run<B: Backend>(
     settings: &RunSettings,
     inherited_held: &str,
     track: &mut record::Track,
-) -> anyhow::Result<u8> {
+) -> anyhow::Result<Outcome> {
     let mut signals = Signals::install().context("cannot install signal handlers")?;
     // Installed before acquiring, so that the hand-off does not wait for it.
     let sigchld = supervise::child_listener().context("cannot watch for the command's exit")?;
@@ -203,7 +203,7 @@ async fn acquire_and_run<B: Backend>(
                 signals::name(signal),
                 settings.name
             );
-            return Ok(exit::signal_status(signal));
+            return Ok(Outcome::Signalled(signal));
         }
     };
     let said_acquired = waiting.finish(&settings.name, acquired.is_ok());
@@ -222,7 +222,7 @@ async fn acquire_and_run<B: Backend>(
             if settings.report.is_some() {
                 track.busy(holder_now(&backend, &settings.name).await);
             }
-            return Ok(settings.conflict_exit_code);
+            return Ok(Outcome::NotAcquired(settings.conflict_exit_code));
         }
         Err(err) => {
             track.gave_up();
@@ -250,7 +250,7 @@ async fn acquire_and_run<B: Backend>(
             signals::name(signal),
             settings.name
         );
-        return Ok(exit::signal_status(signal));
+        return Ok(Outcome::Signalled(signal));
     }
     env.vars.push((
         "DLOCK_FENCING_TOKEN".into(),
@@ -277,10 +277,10 @@ async fn acquire_and_run<B: Backend>(
                 ran.status,
             )
             .await;
-            if let Some(signal) = kept.signal {
+            if let Outcome::Signalled(signal) = kept {
                 track.signalled_while_kept(signal);
             }
-            Ok(kept.status)
+            Ok(kept)
         }
         other => other.map(|ran| ran.status),
     };
@@ -290,7 +290,7 @@ async fn acquire_and_run<B: Backend>(
 
 /// How the command's run ended, for dlock's exit status.
 struct Ran {
-    status: u8,
+    status: Outcome,
     /// The command's own status (128+N for a signal), which `status` replaces on a loss.
     command: u8,
     /// The lock was lost while it ran (and the command was stopped for it).
@@ -340,8 +340,9 @@ async fn supervise_command<L: Lease>(
         lease: settings
             .common
             .target
-            .minimum_ttl()
-            .map(|_| (settings.name.clone(), settings.common.ttl)),
+            .capabilities()
+            .lease
+            .then(|| (settings.name.clone(), settings.common.ttl)),
     };
     let ending = supervise::supervise(child, lease, signals, policy, terminal.as_ref(), sigchld)
         .await
@@ -355,14 +356,14 @@ async fn supervise_command<L: Lease>(
                 lost.reason
             );
             Ok(Ran {
-                status: Code::Lost.value(),
+                status: Outcome::Lost,
                 command,
                 lock_lost: true,
                 stopped_by: ending.stopped_by,
             })
         }
         lost => Ok(Ran {
-            status: command,
+            status: Outcome::Command(command),
             command,
             lock_lost: lost.is_some(),
             stopped_by: ending.stopped_by,

@@ -453,12 +453,20 @@ mod tests {
             let text = format!("host=db{sep}password=s3cret dbname=app");
             let shown = redact_url(&text);
             assert!(!shown.contains("s3cret"), "{text:?} -> {shown:?}");
-            let Ok(crate::backend::Target::Postgres(target)) = crate::backend::Target::parse(&text)
+            let parsed = crate::backend::Target::parse(&text);
+            let Some(target) = parsed
+                .as_ref()
+                .ok()
+                .and_then(|t| t.downcast_ref::<crate::backend::PgTarget>())
             else {
-                panic!("{text:?} does not parse");
+                panic!("{text:?} does not parse as PostgreSQL");
             };
             assert_eq!(
-                target.password.map(|p| p.expose().to_owned()).as_deref(),
+                target
+                    .password
+                    .as_ref()
+                    .map(|p| p.expose().to_owned())
+                    .as_deref(),
                 Some("s3cret")
             );
         }

@@ -7,13 +7,14 @@
 //! backends: file, redis (rediss, redis+unix), etcd (etcds), zk, postgres (postgresql)
 //! ```
 //!
-//! The backends come from [`backend::SCHEMES`](crate::backend::SCHEMES), the registry's list,
+//! The backends come from [`backend::KINDS`](crate::backend::KINDS), the registry's list,
 //! so a new backend shows up here by itself; the commit comes from `build.rs`. The text is
 //! assembled by `const fn`s at compile time: start-up, dlock's hot path, does no work for it.
 //! (`-V` prints the version alone, and so do the man pages, which must not change with every
 //! commit.)
 
-use crate::backend::SCHEMES;
+use crate::backend::KINDS;
+use crate::text::put;
 
 /// The commit the binary was built from, or "unknown" (see `build.rs`).
 pub const COMMIT: &str = env!("DLOCK_BUILD_COMMIT");
@@ -40,8 +41,8 @@ const fn render(out: &mut [u8]) -> usize {
     at = put(out, at, COMMIT);
     at = put(out, at, "\nbackends: ");
     let mut backend = 0;
-    while backend < SCHEMES.len() {
-        let schemes = SCHEMES[backend];
+    while backend < KINDS.len() {
+        let schemes = KINDS[backend].schemes;
         if backend > 0 {
             at = put(out, at, ", ");
         }
@@ -69,23 +70,10 @@ const fn render(out: &mut [u8]) -> usize {
     at
 }
 
-/// Copy `text` into `out` at `at` if it fits; the position after it either way.
-const fn put(out: &mut [u8], at: usize, text: &str) -> usize {
-    let bytes = text.as_bytes();
-    if at + bytes.len() <= out.len() {
-        let mut i = 0;
-        while i < bytes.len() {
-            out[at + i] = bytes[i];
-            i += 1;
-        }
-    }
-    at + bytes.len()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::Target;
+    use crate::backend::{schemes, Target};
 
     #[test]
     fn long_version_names_the_version_the_commit_and_every_scheme() {
@@ -97,7 +85,7 @@ mod tests {
             backends.starts_with("backends: file, redis (rediss, redis+unix), "),
             "{backends}"
         );
-        for scheme in SCHEMES.iter().flat_map(|s| s.iter()) {
+        for scheme in schemes() {
             assert!(backends.contains(scheme), "{scheme} missing: {backends}");
         }
         assert_eq!(lines.next(), None);
@@ -108,7 +96,7 @@ mod tests {
     /// build lacks.
     #[test]
     fn every_listed_scheme_is_parsed() {
-        for scheme in SCHEMES.iter().flat_map(|s| s.iter()) {
+        for scheme in schemes() {
             if let Err(err) = Target::parse(&format!("{scheme}://127.0.0.1/x")) {
                 assert!(!err.starts_with("unknown URL scheme"), "{scheme}: {err}");
             }
@@ -116,22 +104,19 @@ mod tests {
     }
 
     /// The other direction: every scheme the unknown-scheme message offers is listed, so a new
-    /// backend added to `Target::parse` and its message but not to `SCHEMES` fails here.
+    /// backend that `Target::parse` offers but `--version` does not list fails here.
     #[test]
     fn every_scheme_parse_offers_is_listed() {
         let err = Target::parse("nosuchscheme://x").expect_err("an unknown scheme");
         let (_, offered) = err
             .split_once("expected ")
             .expect("the message lists schemes");
-        let listed: Vec<&str> = SCHEMES.iter().flat_map(|s| s.iter().copied()).collect();
+        let listed: Vec<&str> = schemes().collect();
         for word in offered
             .split([',', ' '])
             .filter(|w| !w.is_empty() && *w != "or")
         {
-            assert!(
-                listed.contains(&word),
-                "'{word}' is not in backend::SCHEMES"
-            );
+            assert!(listed.contains(&word), "'{word}' is not in backend::KINDS");
         }
     }
 }

@@ -1,4 +1,4 @@
-//! Where a hand-off's time goes (issue #14): P `dlock run` loops contend for one lock, each
+//! Where a hand-off's time goes: P `dlock run` loops contend for one lock, each
 //! run's command a ~1 ms `sleep`, with the hand-off events on (`DLOCK_LOG=dlock::handoff=debug`,
 //! docs/performance.md: "Where a hand-off's time goes"). All processes' events are merged by their wall-clock
 //! stamps and cut into hand-offs, each from one process's `exited` to the next `spawned` (of

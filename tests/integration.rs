@@ -5,9 +5,10 @@
 //! - `backends`: what is particular to each backend;
 //! - `cli`, `docs`, `safety`, `terminal`: what does not depend on a backend;
 //! - `local_queue`: many waiters on one host (the host-local queue, capacity refusals);
-//! - `scale`: the seed's many-clients test on every backend, at shipped server limits.
+//! - `scale`: the many-clients test on every backend, at shipped server limits.
 //! - `handoff`: where a hand-off's time goes, part by part, on every backend.
 //! - `packaging`: `--version` and the builds (README "Install").
+//! - `registry`: every list of backends names every registered backend; capabilities.
 
 mod support;
 #[macro_use]
@@ -19,6 +20,7 @@ mod docs;
 mod handoff;
 mod local_queue;
 mod packaging;
+mod registry;
 mod safety;
 mod scale;
 mod terminal;

@@ -1,4 +1,4 @@
-//! Many waiters on one host (issue #14): the host-local queue in front of a remote backend,
+//! Many waiters on one host: the host-local queue in front of a remote backend,
 //! and capacity refusals waited out within `--wait` (docs/guide.md: "The host queue").
 
 use std::io::{BufRead, BufReader};

@@ -1,4 +1,4 @@
-//! The seed's test at scale (issue #14): N `dlock run`s started together on one name, each
+//! Many clients on one name, at scale: N `dlock run`s started together on one name, each
 //! doing a racy read-increment-write of a counter file under the lock, with a `mkdir` sentinel
 //! that detects two commands inside at once and the fencing token appended in grant order.
 //! Servers at their shipped connection limits: PostgreSQL `max_connections=100`, MariaDB
@@ -27,7 +27,7 @@ fn clients() -> usize {
     env_count("DLOCK_SCALE_CLIENTS", 20)
 }
 
-/// Start the clients together, wait for all of them, check what the seed checks, and
+/// Start the clients together, wait for all of them, check what the contention case checks, and
 /// report the wall time.
 fn seed_test(server: &dyn LockServer, label: &str) {
     let env = TestEnv::new(server);

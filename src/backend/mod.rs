@@ -1,28 +1,12 @@
-//! The backends, and the one registry that knows them all.
+//! The backends, and the one registry that knows them all: [`KINDS`].
 //!
-//! Each backend lives in `backend/<name>/` and implements [`crate::lock::Backend`]. Nothing
-//! outside this folder names a backend's types: settings hand a URL to [`Target::parse`] and
-//! get a [`Target`] back, and [`with_backend!`](crate::with_backend) runs a subcommand generically over the
-//! backend a target selects.
-//!
-//! # Adding a backend
-//!
-//! 1. `backend/<name>/target.rs`: the target type (what the URL and the config table say:
-//!    hosts, credentials, TLS files), `parse` for its URL, `complete` to fill in passwords and
-//!    TLS files from the config file ([`crate::secrets::credentials`]), `identity` (the same
-//!    server whatever the spelling, for reentrancy) and its tests.
-//! 2. `backend/<name>/mod.rs`: the backend type and its [`crate::lock::Backend`] impl; the
-//!    lease renews through [`crate::keeper`] where the backend has a lease.
-//! 3. Here: a [`Target`] variant, its schemes in [`Target::parse`], its arms in the `match`es
-//!    of [`Target`]'s methods (scheme, identity, minimum TTL, prefix rules, completion), its
-//!    config table in [`CONFIG_TABLES`], and its arm in [`with_backend!`](crate::with_backend),
-//!    wrapped in [`local_queue::LocalQueued`] if it has a server (the host-local queue and
-//!    the waiting out of capacity refusals come with that one line; the backend's error
-//!    classification returns [`capacity::refused`] for its server's "too many connections").
-//! 4. Tests: `contract_tests!(<name>, <Server>::start())` runs the whole contract against a
-//!    real server that the test harness starts; what is particular to the backend goes in its
-//!    own test file. `.ci/run` installs the server's Debian package.
-//! 5. README (its section, the backends table, the `--url` help), and `dlock generate`.
+//! Each backend lives in `backend/<name>/`, implements [`crate::lock::Backend`] and describes
+//! itself in one [`Kind`] (`backend/<name>/kind.rs`): its schemes, config table, capabilities,
+//! how to parse its URL and how to open it. Nothing outside this folder names a backend:
+//! settings hand a URL to [`Target::parse`], which finds the kind by scheme, and a subcommand
+//! runs over the `dyn` backend the target opens. Everything that lists the backends (the
+//! unknown-scheme message, `--version`, the `--url` help, the man pages) is derived from
+//! [`KINDS`]. Adding a backend is ARCHITECTURE.md's checklist ("Adding a backend").
 
 pub mod capacity;
 pub mod etcd;
@@ -38,10 +22,11 @@ pub mod zk;
 use std::time::Duration;
 
 use crate::clock::BootInstant;
-use crate::config::FileConfig;
 use crate::error::Error;
 use crate::lock::{Holder, LockName, LockStatus};
+use crate::text::put;
 
+pub use crate::kind::{Capabilities, Kind, Target, MIN_LEASE_TTL};
 pub use etcd::EtcdTarget;
 pub use file::FileTarget;
 pub use memcached::MemcachedTarget;
@@ -50,174 +35,193 @@ pub use postgres::PgTarget;
 pub use redis::RedisTarget;
 pub use zk::ZkTarget;
 
-/// The shortest lease a remote backend accepts (see [`Target::minimum_ttl`]).
-pub const MIN_LEASE_TTL: Duration = Duration::from_secs(2);
-/// The shortest `--ttl` on memcached (see [`Target::minimum_ttl`]).
-pub const MIN_MEMCACHED_TTL: Duration = Duration::from_secs(3);
+/// Every backend of this build, the default (file) first: the one list.
+pub const KINDS: &[&Kind] = &[
+    &file::kind::KIND,
+    &redis::kind::KIND,
+    &redis::kind::SENTINEL_KIND,
+    &etcd::kind::KIND,
+    &zk::kind::KIND,
+    &postgres::kind::KIND,
+    &mysql::kind::KIND,
+    &memcached::kind::KIND,
+];
+
+/// The kind that answers to `scheme` (lower case).
+pub fn kind_of_scheme(scheme: &str) -> Option<&'static Kind> {
+    KINDS
+        .iter()
+        .copied()
+        .find(|kind| kind.schemes.contains(&scheme))
+}
 
 /// The config file's per-backend tables (secrets and TLS material).
-pub const CONFIG_TABLES: &[&str] = &[
-    "redis",
-    "etcd",
-    "zookeeper",
-    "postgres",
-    "mysql",
-    redis::sentinel::target::CONFIG_TABLE,
-];
+pub fn config_tables() -> impl Iterator<Item = &'static str> {
+    KINDS.iter().filter_map(|kind| kind.config_table)
+}
 
-/// Every backend of this build with its URL schemes, the backend's own name first: what
-/// `dlock --version` lists (`crate::version`). A new backend adds its line here; tests check
-/// it against [`Target::parse`] and its unknown-scheme message.
-pub const SCHEMES: &[&[&str]] = &[
-    &["file"],
-    &["redis", "rediss", "redis+unix"],
-    &["redis-sentinel", "rediss-sentinel"],
-    &["etcd", "etcds"],
-    &["zk"],
-    &["postgres", "postgresql"],
-    &["mysql", "mariadb"],
-    &["memcached", "memcached+unix"],
-];
-
-/// Where the locks live: a backend and everything needed to reach it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Target {
-    /// `file:///dir`, or the default directory.
-    File(FileTarget),
-    /// `redis://`, `rediss://`, `redis+unix://`; `redis-sentinel://`, `rediss-sentinel://`.
-    Redis(RedisTarget),
-    /// `etcd://h:p[,h:p…]`, `etcds://…`.
-    Etcd(EtcdTarget),
-    /// `postgres://…`, `postgresql://…`, or libpq's `key=value …` form.
-    Postgres(PgTarget),
-    /// `zk://h:p[,h:p…][/chroot]`.
-    Zk(ZkTarget),
-    /// `mysql://…`, `mariadb://…`.
-    Mysql(MysqlTarget),
-    /// `memcached://h:p[,h:p…]`, `memcached+unix:///path`.
-    Memcached(MemcachedTarget),
+/// Every scheme of every kind, in the registry's order.
+pub fn schemes() -> impl Iterator<Item = &'static str> {
+    KINDS.iter().flat_map(|kind| kind.schemes.iter().copied())
 }
 
 impl Target {
     /// The file backend in its default directory (no URL given).
     pub fn default_file() -> Target {
-        Target::File(FileTarget::default_dir())
+        Target::new(FileTarget::default_dir())
     }
 
     /// Parse a `--url`. Messages never quote text that may be part of a password.
     pub fn parse(url: &str) -> Result<Target, String> {
-        if postgres::target::is_key_value(url) {
-            return postgres::target::parse_key_value(url).map(Target::Postgres);
+        for kind in KINDS {
+            if kind.recognises.is_some_and(|recognises| recognises(url)) {
+                return (kind.parse)("", url);
+            }
         }
-        let Some((scheme, rest)) = url.split_once(':') else {
+        let Some((scheme, _)) = url.split_once(':') else {
             // Never echo text that is not a URL: it may be a password pasted in the wrong place.
             return Err("this is not a URL; expected e.g. file:///var/lock/dlock".into());
         };
-        match scheme.to_ascii_lowercase().as_str() {
-            "file" => file::target::parse(rest).map(Target::File),
-            "redis" | "rediss" | "redis+unix" => {
-                redis::target::parse(&scheme.to_ascii_lowercase(), rest).map(Target::Redis)
-            }
-            "redis-sentinel" | "rediss-sentinel" => {
-                redis::sentinel::target::parse(&scheme.to_ascii_lowercase(), rest)
-                    .map(Target::Redis)
-            }
-            "etcd" | "etcds" => {
-                etcd::target::parse(&scheme.to_ascii_lowercase(), rest).map(Target::Etcd)
-            }
-            "postgres" | "postgresql" => postgres::target::parse_url(url).map(Target::Postgres),
-            "zk" => zk::target::parse(rest).map(Target::Zk),
-            "mysql" | "mariadb" => mysql::target::parse(rest).map(Target::Mysql),
-            "memcached" | "memcached+unix" => {
-                memcached::target::parse(&scheme.to_ascii_lowercase(), rest).map(Target::Memcached)
-            }
-            "http" | "https" => Err(url::http_hint(&scheme.to_ascii_lowercase())),
-            _ => {
-                // A scheme is letters, digits, `+`, `-` and `.`; anything else before the first `:`
-                // is part of something else (perhaps `user:password@host` without a scheme).
-                let shown = if !scheme.is_empty()
-                    && scheme
-                        .bytes()
-                        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'-' | b'.'))
-                {
-                    format!(" '{scheme}'")
+        let lower = scheme.to_ascii_lowercase();
+        if let Some(kind) = kind_of_scheme(&lower) {
+            return (kind.parse)(&lower, url);
+        }
+        if matches!(lower.as_str(), "http" | "https") {
+            return Err(url::http_hint(&lower));
+        }
+        // A scheme is letters, digits, `+`, `-` and `.`; anything else before the first `:`
+        // is part of something else (perhaps `user:password@host` without a scheme).
+        let shown = if !scheme.is_empty()
+            && scheme
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'+' | b'-' | b'.'))
+        {
+            format!(" '{scheme}'")
+        } else {
+            String::new()
+        };
+        Err(format!(
+            "unknown URL scheme{shown}; expected {}",
+            scheme_list()
+        ))
+    }
+}
+
+/// "file, redis, …, memcached or memcached+unix": every scheme, for messages.
+pub fn scheme_list() -> String {
+    or_list(schemes().map(str::to_owned).collect())
+}
+
+/// "file, redis, … or memcached+unix": every value of `DLOCK_BACKEND`, for `--help`.
+pub const SHOWN_AS: &str = const_text!(render_shown_as);
+
+/// "local file, Redis, …, memcached": what each kind is called, for `--help`.
+pub const TITLES: &str = const_text!(render_titles);
+
+/// "file://, redis:// (rediss://, redis+unix://), … and memcached:// (memcached+unix://)":
+/// every kind with its schemes, for `--help`.
+pub const KINDS_WITH_SCHEMES: &str = const_text!(render_kinds_with_schemes);
+
+/// Every URL form of every kind, for the `--url` help.
+pub const URL_FORMS: &str = const_text!(render_url_forms);
+
+/// The separator before item `i` of `count` in a list that ends "… `last` z".
+const fn separator(i: usize, count: usize, last: &'static str) -> &'static str {
+    if i == 0 {
+        ""
+    } else if i + 1 == count {
+        last
+    } else {
+        ", "
+    }
+}
+
+const fn render_shown_as(out: &mut [u8]) -> usize {
+    let count = {
+        let (mut n, mut k) = (0, 0);
+        while k < KINDS.len() {
+            n += KINDS[k].shown_as.len();
+            k += 1;
+        }
+        n
+    };
+    let (mut at, mut i, mut k) = (0, 0, 0);
+    while k < KINDS.len() {
+        let mut s = 0;
+        while s < KINDS[k].shown_as.len() {
+            at = put(out, at, separator(i, count, " or "));
+            at = put(out, at, KINDS[k].shown_as[s]);
+            i += 1;
+            s += 1;
+        }
+        k += 1;
+    }
+    at
+}
+
+const fn render_titles(out: &mut [u8]) -> usize {
+    let (mut at, mut k) = (0, 0);
+    while k < KINDS.len() {
+        at = put(out, at, separator(k, KINDS.len(), ", "));
+        at = put(out, at, KINDS[k].title);
+        k += 1;
+    }
+    at
+}
+
+const fn render_kinds_with_schemes(out: &mut [u8]) -> usize {
+    let (mut at, mut k) = (0, 0);
+    while k < KINDS.len() {
+        at = put(out, at, separator(k, KINDS.len(), " and "));
+        let schemes = KINDS[k].schemes;
+        let mut s = 0;
+        while s < schemes.len() {
+            at = put(
+                out,
+                at,
+                if s == 1 {
+                    " ("
+                } else if s > 1 {
+                    ", "
                 } else {
-                    String::new()
-                };
-                Err(format!(
-                    "unknown URL scheme{shown}; expected file, redis, rediss, redis-sentinel, rediss-sentinel, etcd, etcds, zk, postgres, postgresql, mysql, mariadb or memcached"
-                ))
-            }
+                    ""
+                },
+            );
+            at = put(out, at, schemes[s]);
+            at = put(out, at, "://");
+            s += 1;
         }
+        if schemes.len() > 1 {
+            at = put(out, at, ")");
+        }
+        k += 1;
     }
+    at
+}
 
-    /// Fill in what the URL did not say from the config file and the environment: passwords,
-    /// TLS files (checked here, before any backend is contacted).
-    pub fn complete(&mut self, file: &FileConfig) -> Result<(), Error> {
-        match self {
-            Target::File(_) | Target::Memcached(_) => Ok(()),
-            Target::Redis(target) => redis::target::complete(target, file),
-            Target::Etcd(target) => etcd::target::complete(target, file),
-            Target::Postgres(target) => postgres::target::complete(target, file),
-            Target::Zk(target) => zk::target::complete(target, file),
-            Target::Mysql(target) => mysql::target::complete(target, file),
+const fn render_url_forms(out: &mut [u8]) -> usize {
+    let (mut at, mut first, mut k) = (0, true, 0);
+    while k < KINDS.len() {
+        let mut f = 0;
+        while f < KINDS[k].url_forms.len() {
+            at = put(out, at, if first { "" } else { ", " });
+            at = put(out, at, KINDS[k].url_forms[f]);
+            first = false;
+            f += 1;
         }
+        k += 1;
     }
+    at
+}
 
-    /// The scheme name shown in DLOCK_BACKEND.
-    pub fn scheme(&self) -> &'static str {
-        match self {
-            Target::File(_) => "file",
-            Target::Redis(target) => target.scheme(),
-            Target::Etcd(target) => target.scheme(),
-            Target::Postgres(_) => "postgres",
-            Target::Zk(_) => "zk",
-            Target::Mysql(_) => "mysql",
-            Target::Memcached(target) => target.scheme(),
-        }
+fn or_list(mut words: Vec<String>) -> String {
+    let Some(last) = words.pop() else {
+        return String::new();
+    };
+    if words.is_empty() {
+        return last;
     }
-
-    /// The same server (and database or chroot) however the URL spelled it.
-    pub fn identity(&self) -> String {
-        match self {
-            Target::File(target) => target.identity(),
-            Target::Redis(target) => target.identity(),
-            Target::Etcd(target) => target.identity(),
-            Target::Postgres(target) => target.identity(),
-            Target::Zk(target) => target.identity(),
-            Target::Mysql(target) => target.identity(),
-            Target::Memcached(target) => target.identity(),
-        }
-    }
-
-    /// The shortest `--ttl` the backend can keep, where it has one.
-    ///
-    /// A lease is renewed at least every TTL/3 and the command is stopped a safety margin of
-    /// at least 500 ms before the lease can expire (see `keeper`): below 2 s that leaves no
-    /// time for one renewal and a retry, and etcd itself grants no lease under 2 s. PostgreSQL's holder
-    /// heartbeat follows the same schedule. The file backend has no lease, so any TTL does.
-    pub fn minimum_ttl(&self) -> Option<Duration> {
-        match self {
-            Target::File(_) => None,
-            Target::Redis(_) | Target::Etcd(_) | Target::Zk(_) | Target::Postgres(_) => {
-                Some(MIN_LEASE_TTL)
-            }
-            // The heartbeat schedule of PostgreSQL's, over a server TTL in whole seconds.
-            Target::Mysql(_) => Some(MIN_LEASE_TTL),
-            // Whole-second expiry that may tick one second early: 3 s leaves a 2 s lease.
-            Target::Memcached(_) => Some(MIN_MEMCACHED_TTL),
-        }
-    }
-
-    /// Whether `prefix` can name this backend's namespace.
-    pub fn check_prefix(&self, prefix: &str) -> Result<(), String> {
-        match self {
-            Target::Redis(target) => target.check_prefix(prefix),
-            Target::Memcached(target) => target.check_prefix(prefix),
-            Target::File(_) | Target::Etcd(_) | Target::Postgres(_) | Target::Zk(_) => Ok(()),
-            Target::Mysql(_) => Ok(()),
-        }
-    }
+    format!("{} or {last}", words.join(", "))
 }
 
 /// The held locks among `names` (sorted, each once), as `list` shows them: `status` is asked
@@ -268,85 +272,64 @@ pub fn install_tls_provider() {
     let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
-/// Expand `$body` once per backend, with `$backend` bound to the backend `$common`
-/// (the settings' `Common`) selects. A remote backend is wrapped in
-/// [`local_queue::LocalQueued`] (the host-local queue and the waiting out of capacity
-/// refusals): `LocalQueued::new(<Backend>::new(…), &$common)`.
-#[macro_export]
-macro_rules! with_backend {
-    ($common:expr, $backend:ident => $body:expr) => {
-        match &$common.target {
-            $crate::backend::Target::File(target) => {
-                let $backend = $crate::backend::file::FileBackend::new(
-                    &target.dir,
-                    target.default,
-                    &$common.prefix,
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A scheme belongs to one kind, and each kind's help names each of its schemes.
+    #[test]
+    fn every_scheme_has_one_kind_and_its_url_form() {
+        let all: Vec<&str> = schemes().collect();
+        for kind in KINDS {
+            for scheme in kind.schemes {
+                assert_eq!(
+                    all.iter().filter(|s| *s == scheme).count(),
+                    1,
+                    "{scheme} twice"
                 );
-                $body
+                assert!(
+                    kind.url_forms
+                        .iter()
+                        .any(|form| form.contains(&format!("{scheme}://"))),
+                    "{}'s url_forms do not show {scheme}://",
+                    kind.name
+                );
             }
-            $crate::backend::Target::Redis(target) => {
-                let $backend = $crate::backend::local_queue::LocalQueued::new(
-                    $crate::backend::redis::RedisBackend::new(
-                        target,
-                        &$common.prefix,
-                        &$common.display_url,
-                    ),
-                    &$common,
-                );
-                $body
-            }
-            $crate::backend::Target::Etcd(target) => {
-                let $backend = $crate::backend::local_queue::LocalQueued::new(
-                    $crate::backend::etcd::EtcdBackend::new(
-                        target,
-                        &$common.prefix,
-                        &$common.display_url,
-                    ),
-                    &$common,
-                );
-                $body
-            }
-            $crate::backend::Target::Postgres(target) => {
-                let $backend = $crate::backend::local_queue::LocalQueued::new(
-                    $crate::backend::postgres::PgBackend::new(
-                        target,
-                        &$common.prefix,
-                        &$common.display_url,
-                    ),
-                    &$common,
-                );
-                $body
-            }
-            $crate::backend::Target::Zk(target) => {
-                let $backend = $crate::backend::local_queue::LocalQueued::new(
-                    $crate::backend::zk::ZkBackend::new(
-                        target,
-                        &$common.prefix,
-                        &$common.display_url,
-                        $common.ttl,
-                    ),
-                    &$common,
-                );
-                $body
-            }
-            $crate::backend::Target::Mysql(target) => {
-                let $backend = $crate::backend::local_queue::LocalQueued::new(
-                    $crate::backend::mysql::MysqlBackend::new(
-                        target,
-                        &$common.prefix,
-                        &$common.display_url,
-                    ),
-                    &$common,
-                );
-                $body
-            }
-            $crate::backend::Target::Memcached(target) => {
-                let $backend = $crate::backend::local_queue::LocalQueued::new(
-                    $crate::backend::memcached::MemcachedBackend::new(target, &$common.prefix),
-                    &$common,
-                );
-                $body
+            assert_eq!(kind.schemes.first(), Some(&kind.name));
+            for shown in kind.shown_as {
+                assert!(kind.schemes.contains(shown), "{shown} is not a scheme");
             }
         }
-    };
+    }
+
+    /// A kind has a minimum TTL exactly when it has a lease.
+    #[test]
+    fn a_lease_comes_with_a_minimum_ttl() {
+        for kind in KINDS {
+            assert_eq!(
+                kind.capabilities.lease,
+                !kind.minimum_ttl.is_zero(),
+                "{}",
+                kind.name
+            );
+        }
+    }
+
+    /// What a parsed URL reports as DLOCK_BACKEND and as its kind agrees with the registry.
+    #[test]
+    fn parsed_targets_report_their_kind_and_scheme() {
+        for kind in KINDS {
+            for scheme in kind.schemes {
+                let url = match *scheme {
+                    "file" => "file:///tmp/x".to_owned(),
+                    "redis+unix" | "memcached+unix" => format!("{scheme}:///run/x.sock"),
+                    s if s.ends_with("sentinel") => format!("{s}://127.0.0.1#master"),
+                    s => format!("{s}://127.0.0.1"),
+                };
+                let target = Target::parse(&url).unwrap_or_else(|e| panic!("{url}: {e}"));
+                assert_eq!(target.kind().name, kind.name, "{url}");
+                assert!(kind.shown_as.contains(&target.scheme()), "{url}");
+            }
+        }
+    }
 }

@@ -363,8 +363,7 @@ const LIST_EXAMPLES: &[(&str, &str)] = &[
 
 /// `dlock.toml(5)`, after its title: every key of the config file and every backend table.
 pub fn config_file() -> String {
-    let tables = crate::backend::CONFIG_TABLES
-        .iter()
+    let tables = crate::backend::config_tables()
         .map(|t| format!("[{t}]"))
         .collect::<Vec<_>>()
         .join(", ");

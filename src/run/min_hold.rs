@@ -1,4 +1,4 @@
-//! `--min-hold` (docs/guide.md: "Min-hold"): after the command has finished, keep the
+//! `--min-hold` (README: "Cron on several hosts"): after the command has finished, keep the
 //! lock until the hold's minimum length is up, so that the same crontab line on hosts whose
 //! clocks differ by less than that finds the lock still held and runs once.
 //!
@@ -13,7 +13,7 @@
 use std::time::{Duration, SystemTime};
 
 use crate::clock::{sleep_until, BootInstant};
-use crate::exit;
+use crate::exit::Outcome;
 use crate::lock::{Holder, Lease};
 use crate::settings::RunSettings;
 use crate::signals::{self, Signals};
@@ -37,12 +37,6 @@ impl Acquired {
     }
 }
 
-/// How the keeping ended: the status to exit with, and the signal that cut it short.
-pub(super) struct Kept {
-    pub(super) status: u8,
-    pub(super) signal: Option<i32>,
-}
-
 /// The command ended with `status`; keep the lock until `--min-hold` after `acquired`, then
 /// return the status to exit with.
 pub(super) async fn keep<L: Lease>(
@@ -51,18 +45,14 @@ pub(super) async fn keep<L: Lease>(
     settings: &RunSettings,
     holder: &Holder,
     acquired: &Acquired,
-    status: u8,
-) -> Kept {
-    let ran = Kept {
-        status,
-        signal: None,
-    };
+    status: Outcome,
+) -> Outcome {
     let Some(min_hold) = settings.min_hold else {
-        return ran;
+        return status;
     };
     let until = acquired.at + min_hold;
     if BootInstant::now() >= until {
-        return ran;
+        return status;
     }
     // Settings bound --min-hold far below the clock's end; any doubt shows no time.
     let until_text = acquired
@@ -81,11 +71,12 @@ pub(super) async fn keep<L: Lease>(
         Err(_) => tracing::debug!("recording that the command has finished timed out"),
     }
     tracing::info!(
-        "the command has finished (status {status}); keeping '{}' until {until_text} (--min-hold)",
+        "the command has finished (status {}); keeping '{}' until {until_text} (--min-hold)",
+        status.status(),
         settings.name
     );
     tokio::select! {
-        () = sleep_until(until) => ran,
+        () = sleep_until(until) => status,
         lost = lease.lost() => {
             crate::lock::loss_reported();
             tracing::warn!(
@@ -93,18 +84,16 @@ pub(super) async fn keep<L: Lease>(
                 settings.name,
                 lost.reason
             );
-            ran
+            status
         }
         signal = signals.recv() => {
             say!(
-                "got {} while --min-hold kept '{}' after the command finished (status {status}); released",
+                "got {} while --min-hold kept '{}' after the command finished (status {}); released",
                 signals::name(signal),
-                settings.name
+                settings.name,
+                status.status()
             );
-            Kept {
-                status: exit::signal_status(signal),
-                signal: Some(signal),
-            }
+            Outcome::Signalled(signal)
         }
     }
 }

@@ -8,6 +8,7 @@ use std::sync::Mutex;
 
 use super::*;
 use crate::backend::{FileTarget, Target};
+use crate::exit::{Code, Outcome};
 use crate::lock::{Cancel, CheckReport, HolderStatus, LockStatus};
 use crate::settings::{CommandSpec, Common};
 
@@ -134,7 +135,7 @@ fn settings(dir: &std::path::Path, script: &str, wait: Wait) -> RunSettings {
     let words = ["sh", "-c", script];
     RunSettings {
         common: Common {
-            target: Target::File(FileTarget {
+            target: Target::new(FileTarget {
                 dir: dir.to_owned(),
                 default: false,
             }),
@@ -180,7 +181,7 @@ fn the_command_runs_with_the_token_and_the_lock_is_released_when_it_exits() {
         settings(dir.path(), script, Wait::Forever),
         "",
     ));
-    assert_eq!(status.ok(), Some(5));
+    assert_eq!(status.ok().map(Outcome::status), Some(5));
     let record = record.borrow();
     assert_eq!((record.acquired, record.released), (1, 1));
 }
@@ -193,7 +194,7 @@ fn a_held_lock_exits_with_the_conflict_status_without_running() {
     let (backend, record) = fake(Acquire::Busy);
     let script = format!("touch {}", ran.display());
     let status = block_on(run(backend, settings(dir.path(), &script, Wait::No), ""));
-    assert_eq!(status.ok(), Some(3));
+    assert_eq!(status.ok().map(Outcome::status), Some(3));
     assert!(!ran.exists());
     assert_eq!(record.borrow().released, 0);
 }
@@ -217,7 +218,10 @@ fn a_signal_while_waiting_cancels_the_wait_and_exits_128_plus_n() {
             () = signal => unreachable!(),
         }
     });
-    assert_eq!(status.ok(), Some(128 + libc::SIGUSR2 as u8));
+    assert_eq!(
+        status.ok().map(Outcome::status),
+        Some(128 + libc::SIGUSR2 as u8)
+    );
     assert!(record.borrow().cancelled, "the wait was not cancelled");
     assert!(!ran.exists());
 }
@@ -252,7 +256,7 @@ fn the_backstop_waits_for_a_grant_within_the_backends_time_to_answer() {
     let (backend, record) = fake(Acquire::GrantAfter(late));
     let settings = settings(dir.path(), &script, Wait::For(Duration::from_millis(1)));
     let status = block_on(run(backend, settings, ""));
-    assert_eq!(status.ok(), Some(0));
+    assert_eq!(status.ok().map(Outcome::status), Some(0));
     assert!(ran.exists(), "the command did not run");
     let record = record.borrow();
     assert_eq!((record.acquired, record.released), (1, 1));
@@ -303,7 +307,7 @@ fn an_ancestor_the_backend_shows_holding_makes_the_run_reentrant() {
     record.borrow_mut().holders = vec![holder_status(entry.pid, 9)];
     let held = entry.to_string();
     let status = block_on(run(backend, settings(dir.path(), "true", Wait::No), &held));
-    assert_eq!(status.ok(), Some(0));
+    assert_eq!(status.ok().map(Outcome::status), Some(0));
     assert_eq!(
         record.borrow().acquired,
         0,
@@ -323,6 +327,10 @@ fn an_entry_the_backend_does_not_confirm_acquires_normally() {
         record.borrow_mut().holders = holders;
         let held = entry.to_string();
         let status = block_on(run(backend, settings(dir.path(), "true", Wait::No), &held));
-        assert_eq!(status.ok(), Some(3), "the run did not try to acquire");
+        assert_eq!(
+            status.ok().map(Outcome::status),
+            Some(3),
+            "the run did not try to acquire"
+        );
     }
 }

@@ -352,6 +352,10 @@ pub fn run(args: cli::RunArgs, file: &FileConfig) -> Result<RunSettings, Error> 
         (1, i64::from(MAX_LIMIT)),
     )?
     .map_or(1, |n| n as u32);
+    common
+        .target
+        .kind()
+        .check_limit(limit, &origin("--limit", env))?;
     let on_lost = match (args.on_lost, &file.values.on_lost) {
         (Some(v), _) => v,
         (None, Some(text)) => match text.as_str() {

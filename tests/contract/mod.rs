@@ -37,6 +37,15 @@ pub use self::signals::*;
 pub use self::status::*;
 pub use self::wording::*;
 
+/// What the backend behind `server` can honour, as dlock's registry declares it: a case that
+/// depends on a capability asks here, never a list of schemes.
+pub fn capabilities(server: &dyn crate::support::LockServer) -> dlock::backend::Capabilities {
+    match dlock::backend::kind_of_scheme(server.scheme()) {
+        Some(kind) => kind.capabilities,
+        None => panic!("{} is no registered scheme", server.scheme()),
+    }
+}
+
 /// Expand every promise into `#[test]`s for one backend, in a module `$module`, each
 /// starting its own server with `$start`.
 #[macro_export]

@@ -177,19 +177,7 @@ pub fn min_hold_keeps_the_lock_after_the_command_ends(server: &dyn LockServer) {
     assert!(status.contains("kept"), "min hold not shown: {status}");
     // The backends that rewrite a holder's metadata in place say that the command ended
     // (docs/guide.md: "Min-hold"); the others show the min hold the holder started with.
-    if [
-        "file",
-        "etcd",
-        "zk",
-        "postgres",
-        "mysql",
-        "memcached",
-        "memcached+unix",
-        "redis",
-        "redis-sentinel",
-    ]
-    .contains(&server.scheme())
-    {
+    if super::capabilities(server).records_finished {
         wait_until("the finish recorded", PATIENCE, || {
             stdout_of(&env.run(["status", &lock])).contains("finished:   the command has ended")
         });

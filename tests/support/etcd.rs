@@ -29,7 +29,6 @@ pub fn etcd_healthy(port: u16) -> bool {
 pub struct EtcdMember {
     pub name: String,
     pub client_port: u16,
-    pub peer_port: u16,
     args: Vec<String>,
     child: Option<Child>,
     log: PathBuf,
@@ -206,7 +205,6 @@ impl EtcdServer {
                 EtcdMember {
                     name,
                     client_port: client,
-                    peer_port: peer,
                     args,
                     child: None,
                     log: dir.path().join(format!("m{i}.log")),

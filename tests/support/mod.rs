@@ -16,8 +16,6 @@
 //!
 //! Tests use all of it through `use crate::support::*;`.
 
-#![allow(dead_code)]
-
 mod busy;
 mod certs;
 mod etcd;

@@ -142,10 +142,6 @@ impl MysqlServer {
         self.dir.path().join("mysqld.sock")
     }
 
-    pub fn dir(&self) -> &Path {
-        self.dir.path()
-    }
-
     /// Start `mariadbd` and wait until it answers over its socket.
     fn launch(&self) {
         let d = self.dir.path();

@@ -1,7 +1,6 @@
 //! A private `redis-server` per test, and raw commands to it (inline and RESP) for looking at
 //! or tampering with what dlock stores.
 
-use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -91,11 +90,6 @@ impl RedisServer {
             assert!(is_alive(pid), "redis-server exited: {text}");
             text.contains("Ready to accept connections")
         });
-    }
-
-    /// Where the server keeps its files.
-    pub fn dir(&self) -> &Path {
-        self.dir.path()
     }
 
     /// Kill the server (SIGKILL, so nothing is saved) and start a fresh one on the same port.

@@ -286,10 +286,6 @@ impl SentinelServer {
             let _ = child.wait();
         }
     }
-
-    pub fn dir(&self) -> &std::path::Path {
-        self.dir.path()
-    }
 }
 
 impl Drop for SentinelServer {

@@ -112,8 +112,8 @@ impl Drop for ZkMember {
 /// short tickTime so that session timeouts can be small (bounds 2 and 20 ticks).
 pub struct ZkServer {
     pub members: Vec<ZkMember>,
-    pub tick_ms: u64,
-    dir: tempfile::TempDir,
+    /// Kept for the life of the server: its data and logs.
+    _dir: tempfile::TempDir,
 }
 
 impl ZkServer {
@@ -200,11 +200,7 @@ impl ZkServer {
                 std::thread::sleep(Duration::from_millis(50));
             }
         }
-        ZkServer {
-            members,
-            tick_ms,
-            dir,
-        }
+        ZkServer { members, _dir: dir }
     }
 
     pub fn endpoints(&self) -> String {

@@ -61,6 +61,7 @@ mod attach;
 mod before;
 mod conn;
 mod key;
+pub mod kind;
 mod lease;
 mod own_key;
 mod queue;

@@ -90,7 +90,8 @@ mod tests {
 
     #[test]
     fn etcd_urls() {
-        let Ok(Target::Etcd(t)) = Target::parse("etcd://u:pw@127.0.0.1:2379,[::1]:2380,h") else {
+        let Ok(t) = Target::parse_as::<EtcdTarget>("etcd://u:pw@127.0.0.1:2379,[::1]:2380,h")
+        else {
             panic!()
         };
         assert_eq!(
@@ -110,8 +111,8 @@ mod tests {
             (false, Some("u"), Some("pw"))
         );
         assert!(matches!(
-            Target::parse("etcds://h/"),
-            Ok(Target::Etcd(EtcdTarget { tls: true, .. }))
+            Target::parse_as::<EtcdTarget>("etcds://h/"),
+            Ok(EtcdTarget { tls: true, .. })
         ));
         for bad in [
             "etcd://",

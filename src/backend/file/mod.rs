@@ -28,6 +28,7 @@ use std::path::{Path, PathBuf};
 
 mod admin;
 pub(crate) mod dir;
+pub mod kind;
 mod lease;
 pub(crate) mod proc_locks;
 pub(crate) mod slot;

@@ -88,15 +88,15 @@ mod tests {
     #[test]
     fn file_urls() {
         assert_eq!(
-            Target::parse("file:///var/lock/x"),
-            Ok(Target::File(FileTarget {
+            Target::parse_as::<FileTarget>("file:///var/lock/x"),
+            Ok(FileTarget {
                 dir: "/var/lock/x".into(),
                 default: false
-            }))
+            })
         );
         assert!(matches!(
-            Target::parse("file://"),
-            Ok(Target::File(FileTarget { default: true, .. }))
+            Target::parse_as::<FileTarget>("file://"),
+            Ok(FileTarget { default: true, .. })
         ));
         assert!(Target::parse("file://otherhost/x").is_err());
         assert!(Target::parse("file:relative").is_err());

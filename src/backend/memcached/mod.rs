@@ -43,6 +43,7 @@
 mod admin;
 mod client;
 mod keys;
+pub mod kind;
 mod lease;
 pub mod target;
 mod token;

@@ -274,8 +274,8 @@ mod tests {
     use crate::backend::Target;
 
     fn parse_ok(url: &str) -> MemcachedTarget {
-        match Target::parse(url) {
-            Ok(Target::Memcached(t)) => t,
+        match Target::parse_as::<MemcachedTarget>(url) {
+            Ok(t) => t,
             other => panic!("{url}: {other:?}"),
         }
     }

@@ -35,6 +35,7 @@ mod acquire;
 mod admin;
 mod conn;
 pub mod keys;
+pub mod kind;
 mod lease;
 mod sql;
 pub mod target;

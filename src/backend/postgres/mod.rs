@@ -38,6 +38,7 @@ mod conn;
 mod deadline;
 mod holders;
 mod keys;
+pub mod kind;
 mod lease;
 mod limit;
 mod settings;

@@ -16,13 +16,13 @@ use super::cluster;
 use super::conn::{Conn, OP_TIMEOUT};
 use super::role;
 use super::scripts::{
-    bad_data, holder_of, int_of, millis, older_holder, parse_status, text_of, tokens_at, wake_call,
-    LockScript, FORCE, STATUS,
+    bad_data, holder_of, int_of, millis, parse_status, text_of, tokens_at, wake_call, LockScript,
+    FORCE, STATUS,
 };
 use super::RedisBackend;
 
 /// `release --force` removes waiter entries whose heartbeat deadline is further ahead than
-/// this: no live dlock of this version writes one (older ones heartbeat once per TTL).
+/// this: a live waiter's is at most its waiter lease (2 s) ahead, so such an entry is nobody's.
 const STALE_WAITER: Duration = Duration::from_secs(60);
 
 impl RedisBackend {
@@ -39,8 +39,7 @@ impl RedisBackend {
             .key(&keys.fence)
             .key(&keys.owners)
             .key(&keys.hold)
-            .key(&keys.qdl)
-            .key(&keys.legacy);
+            .key(&keys.qdl);
         let reply: Value = conn
             .invoke(&invocation, budget)
             .await
@@ -90,11 +89,8 @@ async fn lock_names_on(
     node: Option<usize>,
 ) -> Result<Vec<LockName>, Error> {
     let mut names = Vec::new();
-    // `holders`: locks an older dlock holds (docs/backends/redis.md, caveats).
-    for suffix in ["owners", "holders"] {
-        let pattern = format!("{}:{{*}}:{suffix}", glob_escape(&backend.prefix));
-        scan_names(backend, conn, node, &pattern, &mut names).await?;
-    }
+    let pattern = format!("{}:{{*}}:owners", glob_escape(&backend.prefix));
+    scan_names(backend, conn, node, &pattern, &mut names).await?;
     names.sort_by(|a, b| a.as_str().cmp(b.as_str()));
     names.dedup_by(|a, b| a.as_str() == b.as_str());
     Ok(names)
@@ -172,7 +168,6 @@ pub(super) async fn force_release(
         .key(&keys.hold)
         .key(&keys.queue)
         .key(&keys.qdl)
-        .key(&keys.legacy)
         .arg(millis(STALE_WAITER));
     let reply: Vec<Value> = conn
         .invoke(&invocation, OP_TIMEOUT)
@@ -194,7 +189,7 @@ pub(super) async fn force_release(
         0 => {}
         n => tracing::warn!(
             "removed {n} waiter{} of '{name}' that no live dlock keeps (killed, or left by an \
-             older dlock); a live one rejoins in its place",
+             written by something else); a live one rejoins in its place",
             if n == 1 { "" } else { "s" }
         ),
     }
@@ -205,7 +200,6 @@ pub(super) async fn force_release(
     Ok(removed
         .iter()
         .map(|entry| match entry {
-            Value::Array(fields) if fields.len() == 1 => older_holder(name),
             Value::Array(fields) => holder_of(fields.get(2), fields.get(1)),
             _ => Holder::default(),
         })

@@ -20,9 +20,6 @@ pub(super) struct Keys {
     pub(super) queue: String,
     pub(super) qdl: String,
     pub(super) wake: String,
-    /// The holder index of a dlock before this layout (a set of tokens, each with its own
-    /// `B:h:<tok>`): read to respect its holders, deleted by `release --force`.
-    pub(super) legacy: String,
 }
 
 impl Keys {
@@ -36,7 +33,6 @@ impl Keys {
             queue: format!("{base}:queue"),
             qdl: format!("{base}:qdl"),
             wake: format!("{base}:w:{tok}"),
-            legacy: format!("{base}:holders"),
             base,
         }
     }
@@ -65,7 +61,6 @@ mod tests {
                 &keys.queue,
                 &keys.qdl,
                 &keys.wake,
-                &keys.legacy,
                 &mailbox,
             ]
             .iter()

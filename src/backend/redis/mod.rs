@@ -12,7 +12,6 @@
 //! | `B:queue` | sorted set | waiter token → ticket (arrival order) |
 //! | `B:qdl` | sorted set | waiter token → heartbeat deadline (server ms); stale waiters are purged |
 //! | `B:w:<tok>` | list | a waiter's private wake-up mailbox (`BLPOP` target) |
-//! | `B:holders` | set | only from an older dlock (one `B:h:<tok>` hash per holder): read, never written; while it lives, its members count as holders, and `release --force` deletes it |
 //!
 //! Every key a script touches is in its KEYS (Redis Cluster requires it): a holder's data are
 //! fields of the fixed `B:owners` and `B:hold`, checked against the deadline by the scripts
@@ -51,6 +50,7 @@ mod cluster;
 mod conn;
 mod failure;
 mod keys;
+pub mod kind;
 mod lease;
 mod role;
 mod scripts;

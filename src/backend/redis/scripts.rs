@@ -336,18 +336,6 @@ impl Step {
     }
 }
 
-/// A holder of a dlock before the current key layout, as far as it can be told: its entry
-/// is in a key the scripts do not read (docs/backends/redis.md, caveats).
-pub(super) fn older_holder(name: &LockName) -> Holder {
-    Holder {
-        name: name.to_string(),
-        host: "?".into(),
-        command: "held by an older dlock, whose details this version does not read".into(),
-        version: "older".into(),
-        ..Holder::default()
-    }
-}
-
 /// The status script's reply; the inner error when a key of the lock holds data dlock did not
 /// write.
 pub(super) fn parse_status(
@@ -387,11 +375,7 @@ pub(super) fn parse_status(
             _ => None,
         })
         .map(|f| {
-            let mut holder = if f.len() == 2 {
-                older_holder(name)
-            } else {
-                holder_of(f.get(3), f.get(2))
-            };
+            let mut holder = holder_of(f.get(3), f.get(2));
             if holder.name.is_empty() {
                 holder.name = name.to_string();
             }

@@ -197,7 +197,7 @@ mod tests {
 
     #[test]
     fn redis_urls() {
-        let Ok(Target::Redis(t)) = Target::parse("redis://u:p%40ss@127.0.0.1:6380/2") else {
+        let Ok(t) = Target::parse_as::<RedisTarget>("redis://u:p%40ss@127.0.0.1:6380/2") else {
             panic!()
         };
         assert_eq!(
@@ -215,7 +215,7 @@ mod tests {
             ),
             (2, Some("u"), Some("p@ss"))
         );
-        let Ok(Target::Redis(t)) = Target::parse("rediss://[::1]") else {
+        let Ok(t) = Target::parse_as::<RedisTarget>("rediss://[::1]") else {
             panic!()
         };
         assert_eq!(
@@ -225,7 +225,7 @@ mod tests {
                 port: 6379
             }
         );
-        let Ok(Target::Redis(t)) = Target::parse("redis+unix:///run/redis.sock?db=3") else {
+        let Ok(t) = Target::parse_as::<RedisTarget>("redis+unix:///run/redis.sock?db=3") else {
             panic!()
         };
         assert_eq!(
@@ -249,14 +249,15 @@ mod tests {
             assert!(Target::parse(bad).is_err(), "{bad} was accepted");
         }
         assert!(!format!("{t:?}").contains("p@ss"));
-        let Ok(Target::Redis(t)) = Target::parse("redis://h2:7001,[::1]:7000,h1") else {
+        let Ok(t) = Target::parse_as::<RedisTarget>("redis://h2:7001,[::1]:7000,h1") else {
             panic!()
         };
         assert_eq!(
             t.more_hosts,
             vec![("::1".to_owned(), 7000), ("h1".to_owned(), 6379)]
         );
-        let Ok(Target::Redis(same)) = Target::parse("redis://h1:6379,h2:7001,[::1]:7000/0") else {
+        let Ok(same) = Target::parse_as::<RedisTarget>("redis://h1:6379,h2:7001,[::1]:7000/0")
+        else {
             panic!()
         };
         assert_eq!(t.identity(), same.identity());

@@ -153,7 +153,6 @@ impl<'a> Waiter<'a> {
             .key(&keys.queue)
             .key(&keys.qdl)
             .key(&keys.wake)
-            .key(&keys.legacy)
             .arg(&self.tok)
             .arg(self.request.limit)
             .arg(&self.ttl_ms)

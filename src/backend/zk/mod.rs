@@ -52,6 +52,7 @@ use crate::lock::{AcquireRequest, Backend, Cancel, CheckReport, Holder, LockName
 
 mod admin;
 mod conn;
+pub mod kind;
 mod lease;
 mod nodes;
 mod queue;

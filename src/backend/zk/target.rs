@@ -97,7 +97,8 @@ mod tests {
 
     #[test]
     fn zk_urls() {
-        let Ok(Target::Zk(t)) = Target::parse("zk://u:p%40w@127.0.0.1:2182,[::1],h:1/app/locks/")
+        let Ok(t) =
+            Target::parse_as::<ZkTarget>("zk://u:p%40w@127.0.0.1:2182,[::1],h:1/app/locks/")
         else {
             panic!("zk URL rejected");
         };
@@ -112,7 +113,7 @@ mod tests {
         assert_eq!(t.chroot.as_deref(), Some("/app/locks"));
         assert_eq!(t.user.as_deref(), Some("u"));
         assert_eq!(t.password.as_ref().map(Secret::expose), Some("p@w"));
-        let Ok(Target::Zk(t)) = Target::parse("zk://h/") else {
+        let Ok(t) = Target::parse_as::<ZkTarget>("zk://h/") else {
             panic!("zk URL rejected");
         };
         assert_eq!((t.chroot, t.user, t.password), (None, None, None));

@@ -1,5 +1,5 @@
 //! The etcd backend: the whole contract against a real `etcd`, plus FIFO, `etcdctl lock`
-//! interop, lease loss, and a three-member cluster (issue: etcd backend): the waiting
+//! interop, lease loss, and a three-member cluster: the waiting
 //! protocol (`waiting`), the leases of holders and waiters (`leases`), connecting and
 //! authentication (`connect`), TLS (`tls`), failover (`failover`), `etcdctl` (`interop`).
 

@@ -1,5 +1,5 @@
 //! The memcached backend: the whole contract against a real `memcached` (started with `-M`),
-//! plus what only memcached can get wrong (issue: memcached backend): servers that evict
+//! plus what only memcached can get wrong: servers that evict
 //! (`evictions`), the fencing counter and restarts (`tokens`), its keys, several servers and
 //! polling (`keys`).
 //!

@@ -220,38 +220,3 @@ return n"#;
     assert!(stderr_of(&out).contains("released"), "{}", describe(&out));
     assert_eq!(holder.wait().code(), Some(124));
 }
-
-#[test]
-fn holders_in_the_layout_of_an_older_dlock_are_respected_shown_and_released_by_force() {
-    // An older dlock kept `B:holders` (a set of tokens, renewed to its TTL) and one
-    // `B:h:<tok>` hash per holder; the new scripts cannot name the latter, but they honour
-    // the index while it lives.
-    let server = RedisServer::start();
-    let env = TestEnv::new(&server);
-    let lock = lock_name("r");
-    let (index, entry) = (key(&lock, "holders"), key(&lock, "h:oldtok"));
-    assert_eq!(server.command(&format!("SADD {index} oldtok")), ":1");
-    assert_eq!(server.command(&format!("PEXPIRE {index} 60000")), ":1");
-    assert_eq!(
-        server.command(&format!("HSET {entry} fence 1 limit 1")),
-        ":2"
-    );
-    let out = env.run(["run", "--no-wait", &lock, "touch", "ran"]);
-    assert_eq!(out.status.code(), Some(75), "{}", describe(&out));
-    assert!(!env.path("ran").exists());
-    let out = env.run(["status", &lock]);
-    assert!(out.status.success(), "{}", describe(&out));
-    assert!(
-        stdout_of(&out).contains("older dlock"),
-        "{}",
-        describe(&out)
-    );
-    let out = env.run(["list"]);
-    assert!(stdout_of(&out).contains(&lock), "{}", describe(&out));
-    let out = env.run(["release", "--force", &lock]);
-    assert!(out.status.success(), "{}", describe(&out));
-    assert_eq!(server.command(&format!("EXISTS {index}")), ":0");
-    let out = env.run(["run", "--no-wait", &lock, "touch", "ran"]);
-    assert!(out.status.success(), "{}", describe(&out));
-    assert!(env.path("ran").exists());
-}

@@ -1,5 +1,5 @@
 //! The Redis backend: the whole contract against a real `redis-server`, plus what only Redis
-//! can get wrong (issue: Redis backend): its keys and tokens (`keys`), waiting (`waiting`),
+//! can get wrong: its keys and tokens (`keys`), waiting (`waiting`),
 //! connecting and authentication (`connect`), TLS (`tls`).
 
 mod connect;

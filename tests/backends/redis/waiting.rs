@@ -152,8 +152,8 @@ fn release_force_clears_waiter_entries_no_live_dlock_keeps() {
     let env = TestEnv::new(&server);
     let lock = lock_name("r");
     let mut holder = env.hold(&lock, &[]);
-    // What an older dlock left when its waiter with --ttl 7days was killed: a place in line
-    // whose heartbeat deadline is a week ahead.
+    // A place in line no live dlock keeps: its heartbeat deadline is a week ahead (a live
+    // waiter's is at most 2 s ahead).
     let queue = key(&lock, "queue");
     let qdl = key(&lock, "qdl");
     assert_eq!(server.command(&format!("ZADD {queue} 1 gone")), ":1");

@@ -1,4 +1,4 @@
-//! Redis behind Sentinel (issue #15): the whole contract through `redis-sentinel://` (a master,
+//! Redis behind Sentinel: the whole contract through `redis-sentinel://` (a master,
 //! a replica and three sentinels), failovers while a lock is held and waited for
 //! (`failover`), and reaching the sentinels: down, a wrong master name, passwords, `check`
 //! (`connect`), a majority of the sentinels before a grant and every renewal (`majority`), a

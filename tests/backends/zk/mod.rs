@@ -1,5 +1,5 @@
 //! The ZooKeeper backend: the whole contract against a real ZooKeeper, plus FIFO, Curator
-//! interop, cleanup of cancelled waiters, and a three-member ensemble (issue #5): waiting
+//! interop, cleanup of cancelled waiters, and a three-member ensemble: waiting
 //! (`waiting`), connecting and authentication (`connect`), failover (`failover`), Curator
 //! (`curator`).
 

@@ -92,13 +92,12 @@ fn pgpass_lines_honour_escapes_and_wildcards() {
 #[test]
 fn postgres_urls_in_both_forms() {
     use crate::backend::Target;
-    let Ok(Target::Postgres(t)) = Target::parse("postgresql://u@db:6432/app?sslmode=disable")
-    else {
+    let Ok(t) = Target::parse_as::<PgTarget>("postgresql://u@db:6432/app?sslmode=disable") else {
         panic!("not a postgres URL");
     };
     assert_eq!(t.dbname.as_deref(), Some("app"));
     assert_eq!(t.sslmode, SslMode::Disable);
-    let Ok(Target::Postgres(t)) = Target::parse("host=/run/pg dbname=app") else {
+    let Ok(t) = Target::parse_as::<PgTarget>("host=/run/pg dbname=app") else {
         panic!("not a key=value string");
     };
     assert_eq!(t.dbname.as_deref(), Some("app"));

@@ -1,6 +1,5 @@
 -- dlock acquire / re-check / heartbeat.  One call = one attempt.
 -- KEYS[1]=B:fence KEYS[2]=B:owners KEYS[3]=B:hold KEYS[4]=B:queue KEYS[5]=B:qdl KEYS[6]=B:w:<tok>
--- KEYS[7]=B:holders (the holder index of an older dlock: read only, to respect its holders)
 -- ARGV[1]=tok ARGV[2]=limit ARGV[3]=ttl_ms ARGV[4]=waiter_lease_ms ARGV[5]=meta_json
 -- ARGV[6]=mode ('try' = never enqueue, 'wait' = enqueue/heartbeat) ARGV[7]=ticket (0 = none yet)
 -- Every key it touches is one of KEYS (Redis Cluster requires it); a holder is a member of
@@ -32,7 +31,7 @@ end
 
 -- 0. every key must hold what dlock keeps there (or nothing)
 for _, e in ipairs({{KEYS[1], 'string'}, {KEYS[2], 'zset'}, {KEYS[3], 'hash'}, {KEYS[4], 'zset'},
-                    {KEYS[5], 'zset'}, {KEYS[6], 'list'}, {KEYS[7], 'set'}}) do
+                    {KEYS[5], 'zset'}, {KEYS[6], 'list'}}) do
   local k = kind(e[1])
   if k ~= 'none' and k ~= e[2] then return {-2, e[1], 'a ' .. k .. ', not a ' .. e[2]} end
 end
@@ -77,13 +76,6 @@ for i, h in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do
   if l and l ~= limit then return {-1, l} end       -- holders disagree on --limit
   live = live + 1
   if i == 1 then soonest = tonumber(redis.call('ZSCORE', KEYS[2], h)) - now end
-end
--- holders of an older dlock (their entries are out of reach): held while their index lives
-local old = redis.call('SCARD', KEYS[7])
-if old > 0 then
-  live = live + old
-  local p = redis.call('PTTL', KEYS[7])
-  if p >= 0 and (soonest < 0 or p < soonest) then soonest = p end
 end
 
 -- 3. purge waiters whose heartbeat deadline passed (killed, crashed), at most 100 per call,

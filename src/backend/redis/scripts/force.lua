@@ -1,9 +1,8 @@
 -- dlock release --force. KEYS[1]=B:owners KEYS[2]=B:hold KEYS[3]=B:queue KEYS[4]=B:qdl
--- KEYS[5]=B:holders (the holder index of an older dlock: deleting it ends its holds)
 -- ARGV[1]=stale_ms
 -- Deletes every holder entry and every waiter entry no live dlock keeps: a heartbeat deadline
--- that passed (a killed process), none at all, or one further ahead than STALE_MS (left by an
--- older dlock that heartbeat once per TTL). The live ones among those are woken by the caller,
+-- that passed (a killed process), none at all, or one further ahead than STALE_MS (no live
+-- dlock writes one). The live ones among those are woken by the caller,
 -- so they rejoin at once, in their old place (they keep their tickets); so are the first
 -- waiters, so that they re-check at once.
 -- Returns {1, {{owner, fence, meta}, ...} of the holders removed, waiter entries removed,
@@ -16,7 +15,7 @@ local function bad(key, want)
   if k ~= 'none' and k ~= want then return {-2, key, 'a ' .. k .. ', not a ' .. want} end
 end
 local b = bad(KEYS[1], 'zset') or bad(KEYS[2], 'hash') or bad(KEYS[3], 'zset')
-  or bad(KEYS[4], 'zset') or bad(KEYS[5], 'set')
+  or bad(KEYS[4], 'zset')
 if b then return b end
 local removed, limit = {}, 1
 for _, h in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], now, '+inf')) do
@@ -26,8 +25,7 @@ for _, h in ipairs(redis.call('ZRANGEBYSCORE', KEYS[1], now, '+inf')) do
     limit = math.max(limit, tonumber(v[3]) or 1)
   end
 end
-for _, h in ipairs(redis.call('SMEMBERS', KEYS[5])) do table.insert(removed, {h}) end
-redis.call('DEL', KEYS[1], KEYS[2], KEYS[5])
+redis.call('DEL', KEYS[1], KEYS[2])
 local stale, wake = 0, {}
 for _, w in ipairs(redis.call('ZRANGE', KEYS[3], 0, 9999)) do
   local deadline = tonumber(redis.call('ZSCORE', KEYS[4], w))

@@ -1,7 +1,5 @@
 -- dlock status (read-only). KEYS[1]=B:fence KEYS[2]=B:owners KEYS[3]=B:hold KEYS[4]=B:qdl
--- KEYS[5]=B:holders (the holder index of an older dlock)
 -- Returns {1, last_fence|nil, live_waiters, {{owner, pttl, fence, meta, since_ms}, ...}}
---         (an older dlock's holder: {owner, pttl}, its details are out of reach)
 --         {-2, key, what}: KEY holds data dlock did not write
 -- Strings (fence, meta) are returned as stored: the client decides what to make of them.
 local t = redis.call('TIME')
@@ -11,7 +9,7 @@ local function bad(key, want)
   if k ~= 'none' and k ~= want then return {-2, key, 'a ' .. k .. ', not a ' .. want} end
 end
 local b = bad(KEYS[1], 'string') or bad(KEYS[2], 'zset') or bad(KEYS[3], 'hash')
-  or bad(KEYS[4], 'zset') or bad(KEYS[5], 'set')
+  or bad(KEYS[4], 'zset')
 if b then return b end
 local holders = {}
 local owners = redis.call('ZRANGEBYSCORE', KEYS[2], now, '+inf', 'WITHSCORES')
@@ -20,6 +18,4 @@ for i = 1, #owners, 2 do
   local v = redis.call('HMGET', KEYS[3], h .. ':fence', h .. ':meta', h .. ':since')
   table.insert(holders, {h, tonumber(owners[i + 1]) - now, v[1], v[2], v[3]})
 end
-local p = redis.call('PTTL', KEYS[5])
-for _, h in ipairs(redis.call('SMEMBERS', KEYS[5])) do table.insert(holders, {h, p}) end
 return {1, redis.call('GET', KEYS[1]), redis.call('ZCOUNT', KEYS[4], now, '+inf'), holders}

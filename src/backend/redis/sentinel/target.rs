@@ -175,7 +175,7 @@ mod tests {
     use crate::backend::Target;
 
     fn sentinel_of(url: &str) -> (RedisTarget, SentinelTarget) {
-        let Ok(Target::Redis(t)) = Target::parse(url) else {
+        let Ok(t) = Target::parse_as::<RedisTarget>(url) else {
             panic!("{url} was refused")
         };
         let s = t.sentinel.clone().expect("a sentinel target");

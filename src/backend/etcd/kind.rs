@@ -1,0 +1,52 @@
+//! The etcd backend as the registry knows it.
+
+use super::{EtcdBackend, EtcdTarget};
+use crate::backend::local_queue::LocalQueued;
+use crate::config::FileConfig;
+use crate::error::Error;
+use crate::kind::{after_scheme, Capabilities, DynBackend, Kind, Place, Target, MIN_LEASE_TTL};
+use crate::settings::Common;
+
+pub const KIND: Kind = Kind {
+    name: "etcd",
+    title: "etcd",
+    schemes: &["etcd", "etcds"],
+    shown_as: &["etcd", "etcds"],
+    url_forms: &["etcd://[user@]host:port[,host:port…]", "etcds://…"],
+    config_table: Some("etcd"),
+    capabilities: Capabilities {
+        lease: true,
+        fifo: true,
+        records_finished: true,
+        limit: true,
+        shared: false,
+    },
+    minimum_ttl: MIN_LEASE_TTL,
+    parse: |scheme, url| super::target::parse(scheme, after_scheme(url)).map(Target::new),
+    recognises: None,
+};
+
+impl Place for EtcdTarget {
+    fn kind(&self) -> &'static Kind {
+        &KIND
+    }
+
+    fn scheme(&self) -> &'static str {
+        EtcdTarget::scheme(self)
+    }
+
+    fn identity(&self) -> String {
+        EtcdTarget::identity(self)
+    }
+
+    fn complete(&mut self, file: &FileConfig) -> Result<(), Error> {
+        super::target::complete(self, file)
+    }
+
+    fn open(&self, common: &Common) -> Box<dyn DynBackend> {
+        Box::new(LocalQueued::new(
+            EtcdBackend::new(self, &common.prefix, &common.display_url),
+            common,
+        ))
+    }
+}

@@ -1,0 +1,60 @@
+//! The memcached backend as the registry knows it.
+
+use std::time::Duration;
+
+use super::{MemcachedBackend, MemcachedTarget};
+use crate::backend::local_queue::LocalQueued;
+use crate::kind::{after_scheme, Capabilities, DynBackend, Kind, Place, Target};
+use crate::settings::Common;
+
+/// The shortest `--ttl` on memcached: its whole-second expiry may tick one second early, so
+/// 3 s leaves a 2 s lease.
+pub const MIN_TTL: Duration = Duration::from_secs(3);
+
+pub const KIND: Kind = Kind {
+    name: "memcached",
+    title: "memcached",
+    schemes: &["memcached", "memcached+unix"],
+    shown_as: &["memcached", "memcached+unix"],
+    url_forms: &[
+        "memcached://host:port[,host:port…]",
+        "memcached+unix:///path",
+    ],
+    config_table: None,
+    capabilities: Capabilities {
+        lease: true,
+        // Waiters poll; whoever asks first after a release gets the lock.
+        fifo: false,
+        records_finished: true,
+        limit: true,
+        shared: false,
+    },
+    minimum_ttl: MIN_TTL,
+    parse: |scheme, url| super::target::parse(scheme, after_scheme(url)).map(Target::new),
+    recognises: None,
+};
+
+impl Place for MemcachedTarget {
+    fn kind(&self) -> &'static Kind {
+        &KIND
+    }
+
+    fn scheme(&self) -> &'static str {
+        MemcachedTarget::scheme(self)
+    }
+
+    fn identity(&self) -> String {
+        MemcachedTarget::identity(self)
+    }
+
+    fn check_prefix(&self, prefix: &str) -> Result<(), String> {
+        MemcachedTarget::check_prefix(self, prefix)
+    }
+
+    fn open(&self, common: &Common) -> Box<dyn DynBackend> {
+        Box::new(LocalQueued::new(
+            MemcachedBackend::new(self, &common.prefix),
+            common,
+        ))
+    }
+}

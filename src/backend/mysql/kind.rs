@@ -1,0 +1,50 @@
+//! The MySQL/MariaDB backend as the registry knows it.
+
+use super::{MysqlBackend, MysqlTarget};
+use crate::backend::local_queue::LocalQueued;
+use crate::config::FileConfig;
+use crate::error::Error;
+use crate::kind::{after_scheme, Capabilities, DynBackend, Kind, Place, Target, MIN_LEASE_TTL};
+use crate::settings::Common;
+
+pub const KIND: Kind = Kind {
+    name: "mysql",
+    title: "MySQL/MariaDB",
+    schemes: &["mysql", "mariadb"],
+    shown_as: &["mysql"],
+    url_forms: &["mysql://[user@][host][:port][/database][?ssl-mode=…] (mariadb://…)"],
+    config_table: Some("mysql"),
+    capabilities: Capabilities {
+        // GET_LOCK lives with the session; its holder heartbeat (PostgreSQL's schedule, over
+        // a server TTL in whole seconds) is the lease.
+        lease: true,
+        fifo: true,
+        records_finished: true,
+        limit: true,
+        shared: false,
+    },
+    minimum_ttl: MIN_LEASE_TTL,
+    parse: |_, url| super::target::parse(after_scheme(url)).map(Target::new),
+    recognises: None,
+};
+
+impl Place for MysqlTarget {
+    fn kind(&self) -> &'static Kind {
+        &KIND
+    }
+
+    fn identity(&self) -> String {
+        MysqlTarget::identity(self)
+    }
+
+    fn complete(&mut self, file: &FileConfig) -> Result<(), Error> {
+        super::target::complete(self, file)
+    }
+
+    fn open(&self, common: &Common) -> Box<dyn DynBackend> {
+        Box::new(LocalQueued::new(
+            MysqlBackend::new(self, &common.prefix, &common.display_url),
+            common,
+        ))
+    }
+}

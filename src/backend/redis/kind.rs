@@ -1,0 +1,85 @@
+//! Redis (one server, or a Redis Cluster) and Redis behind Sentinel as the registry knows
+//! them: two kinds of one backend, told apart by their schemes.
+
+use super::{sentinel, RedisBackend, RedisTarget};
+use crate::backend::local_queue::LocalQueued;
+use crate::config::FileConfig;
+use crate::error::Error;
+use crate::kind::{after_scheme, Capabilities, DynBackend, Kind, Place, Target, MIN_LEASE_TTL};
+use crate::settings::Common;
+
+/// What both kinds can honour: the same scripts serve both.
+const CAPABILITIES: Capabilities = Capabilities {
+    lease: true,
+    fifo: true,
+    records_finished: true,
+    limit: true,
+    shared: false,
+};
+
+pub const KIND: Kind = Kind {
+    name: "redis",
+    title: "Redis",
+    schemes: &["redis", "rediss", "redis+unix"],
+    shown_as: &["redis", "rediss", "redis+unix"],
+    url_forms: &[
+        "redis://[user[:password]@]host[:port][/db]",
+        "rediss://…",
+        "redis+unix:///path",
+        "redis://host:port,host:port[,…] (a Redis Cluster; rediss://… with TLS)",
+    ],
+    config_table: Some("redis"),
+    capabilities: CAPABILITIES,
+    minimum_ttl: MIN_LEASE_TTL,
+    parse: |scheme, url| super::target::parse(scheme, after_scheme(url)).map(Target::new),
+    recognises: None,
+};
+
+pub const SENTINEL_KIND: Kind = Kind {
+    name: "redis-sentinel",
+    title: "Redis Sentinel",
+    schemes: &["redis-sentinel", "rediss-sentinel"],
+    shown_as: &["redis-sentinel", "rediss-sentinel"],
+    url_forms: &[
+        "redis-sentinel://host[:port][,host[:port]…][/db]#master",
+        "rediss-sentinel://…",
+    ],
+    config_table: Some(sentinel::target::CONFIG_TABLE),
+    capabilities: CAPABILITIES,
+    minimum_ttl: MIN_LEASE_TTL,
+    parse: |scheme, url| sentinel::target::parse(scheme, after_scheme(url)).map(Target::new),
+    recognises: None,
+};
+
+impl Place for RedisTarget {
+    fn kind(&self) -> &'static Kind {
+        if self.sentinel.is_some() {
+            &SENTINEL_KIND
+        } else {
+            &KIND
+        }
+    }
+
+    fn scheme(&self) -> &'static str {
+        RedisTarget::scheme(self)
+    }
+
+    fn identity(&self) -> String {
+        RedisTarget::identity(self)
+    }
+
+    fn complete(&mut self, file: &FileConfig) -> Result<(), Error> {
+        super::target::complete(self, file)
+    }
+
+    fn check_prefix(&self, prefix: &str) -> Result<(), String> {
+        RedisTarget::check_prefix(self, prefix)
+    }
+
+    fn open(&self, common: &Common) -> Box<dyn DynBackend> {
+        Box::new(LocalQueued::new(
+            RedisBackend::new(self, &common.prefix, &common.display_url),
+            common,
+        ))
+    }
+}

@@ -1,0 +1,388 @@
+//! What a backend says about itself: its [`Kind`] (schemes, config table, capabilities, how
+//! to parse its URL) and its validated [`Target`] (how to open it).
+//!
+//! Each backend folder exports one `KIND`; the registry (`backend::KINDS`) lists them, and
+//! everything that names the backends (the scheme table, the unknown-scheme message,
+//! `--version`, the `--url` help, `DLOCK_BACKEND`, the man pages) is derived from that list.
+//! The callers never branch on a backend: they read a [`Capabilities`] or call the target.
+//!
+//! Opening a target gives a [`DynBackend`] behind a pointer: one `dyn` call per operation
+//! (and one allocation per future) against a process start of about 2 ms, instead of every
+//! subcommand compiled once per backend.
+
+use std::any::Any;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use crate::config::FileConfig;
+use crate::error::Error;
+use crate::lock::{
+    AcquireRequest, Backend, Cancel, CheckReport, Holder, Lease, LockName, LockStatus, Lost,
+};
+use crate::settings::Common;
+
+/// The shortest lease a server-side backend accepts: a lease is renewed at least every TTL/3
+/// and the command is stopped a safety margin of at least 500 ms before it can expire (see
+/// `keeper`); below 2 s that leaves no time for one renewal and a retry, and etcd itself
+/// grants no lease under 2 s.
+pub const MIN_LEASE_TTL: Duration = Duration::from_secs(2);
+
+/// One kind of backend, as its folder describes it.
+#[derive(Debug)]
+pub struct Kind {
+    /// The backend's name, as `--version` lists it first (its main scheme).
+    pub name: &'static str,
+    /// What a reader calls the server, for `--help`: "Redis", "PostgreSQL".
+    pub title: &'static str,
+    /// Every URL scheme it answers to, its own name first.
+    pub schemes: &'static [&'static str],
+    /// What `DLOCK_BACKEND` says for it: its schemes without the mere synonyms
+    /// (`postgresql://` is `postgres`, `rediss://` stays `rediss`).
+    pub shown_as: &'static [&'static str],
+    /// The URL forms the `--url` help shows, one per way of reaching it.
+    pub url_forms: &'static [&'static str],
+    /// The config file's table for its secrets and TLS files, if it has one.
+    pub config_table: Option<&'static str>,
+    pub capabilities: Capabilities,
+    /// The shortest `--ttl` it can keep (zero where it has no lease).
+    pub minimum_ttl: Duration,
+    /// Parse a URL of one of `schemes` (`scheme` lower-cased; `url` whole, as given).
+    /// Messages never quote text that may be part of a password.
+    pub parse: fn(scheme: &str, url: &str) -> Result<Target, String>,
+    /// A form of its own that is not `scheme:…` (libpq's `key=value …`), recognised before
+    /// the scheme is looked at; parsed by `parse` with an empty scheme.
+    pub recognises: Option<fn(url: &str) -> bool>,
+}
+
+/// What a backend can honour. A flag that needs a capability the backend lacks is refused
+/// (64, naming the backend) before anything is contacted; the contract tests choose their
+/// cases by these too.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Capabilities {
+    /// The hold is a lease the server lets lapse unless it is renewed (`--ttl` applies, the
+    /// keeper renews it, Ctrl-Z warns); without one the hold lives as long as the process.
+    pub lease: bool,
+    /// Waiters are served in arrival order.
+    pub fifo: bool,
+    /// The hold's metadata can be rewritten in place: `status` says when the command has
+    /// finished and `--min-hold` keeps the lock ([`Lease::finished`]).
+    pub records_finished: bool,
+    /// `--limit N`: up to N holders at once.
+    pub limit: bool,
+    /// Shared (reader) holds beside exclusive ones.
+    pub shared: bool,
+}
+
+impl Kind {
+    /// Refuse a `--limit` above 1 where the backend cannot honour it (64, naming the backend;
+    /// `option` is where the limit came from: `--limit`, `DLOCK_LIMIT`).
+    pub fn check_limit(&self, limit: u32, option: &str) -> Result<(), Error> {
+        if limit > 1 && !self.capabilities.limit {
+            return Err(self.not_available(&format!("{option} {limit}")));
+        }
+        Ok(())
+    }
+
+    /// The refusal of `what` (a flag and its value) that this kind cannot honour.
+    fn not_available(&self, what: &str) -> Error {
+        Error::Usage(format!(
+            "{what} is not available on the {} backend ({}://)",
+            self.title, self.name
+        ))
+    }
+}
+
+/// A backend's validated target: what its URL and config table say, and how to open it.
+pub trait Place: AnyPlace + fmt::Debug + Send + Sync + 'static {
+    /// The kind this target is of.
+    fn kind(&self) -> &'static Kind;
+
+    /// The scheme shown in DLOCK_BACKEND (`rediss`, not `redis`, for a TLS URL); by default
+    /// the kind's name.
+    fn scheme(&self) -> &'static str {
+        self.kind().name
+    }
+
+    /// The same server (and database or chroot) however the URL spelled it, for reentrancy.
+    fn identity(&self) -> String;
+
+    /// Fill in what the URL did not say from the config file and the environment: passwords,
+    /// TLS files (checked here, before any backend is contacted).
+    fn complete(&mut self, file: &FileConfig) -> Result<(), Error> {
+        let _ = file;
+        Ok(())
+    }
+
+    /// Whether `prefix` can name this backend's namespace.
+    fn check_prefix(&self, prefix: &str) -> Result<(), String> {
+        let _ = prefix;
+        Ok(())
+    }
+
+    /// The backend for `common` (whose target this is).
+    fn open(&self, common: &Common) -> Box<dyn DynBackend>;
+}
+
+/// What every [`Place`] that is `Clone` has: a copy behind a pointer, and its concrete type.
+pub trait AnyPlace {
+    fn clone_place(&self) -> Box<dyn Place>;
+    fn as_any(&self) -> &dyn Any;
+}
+
+impl<T: Place + Clone> AnyPlace for T {
+    fn clone_place(&self) -> Box<dyn Place> {
+        Box::new(self.clone())
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+/// Where the locks live: one backend's target.
+#[derive(Debug)]
+pub struct Target(Box<dyn Place>);
+
+impl Target {
+    pub fn new(place: impl Place) -> Target {
+        Target(Box::new(place))
+    }
+
+    pub fn kind(&self) -> &'static Kind {
+        self.0.kind()
+    }
+
+    pub fn capabilities(&self) -> Capabilities {
+        self.kind().capabilities
+    }
+
+    pub fn scheme(&self) -> &'static str {
+        self.0.scheme()
+    }
+
+    pub fn identity(&self) -> String {
+        self.0.identity()
+    }
+
+    pub fn complete(&mut self, file: &FileConfig) -> Result<(), Error> {
+        self.0.complete(file)
+    }
+
+    pub fn check_prefix(&self, prefix: &str) -> Result<(), String> {
+        self.0.check_prefix(prefix)
+    }
+
+    /// The shortest `--ttl` the backend can keep, where it has a lease.
+    pub fn minimum_ttl(&self) -> Option<Duration> {
+        let kind = self.kind();
+        kind.capabilities.lease.then_some(kind.minimum_ttl)
+    }
+
+    pub fn open(&self, common: &Common) -> Box<dyn DynBackend> {
+        self.0.open(common)
+    }
+
+    /// The backend's own target type, where a caller (a test) needs its fields.
+    pub fn downcast_ref<T: Place>(&self) -> Option<&T> {
+        self.0.as_any().downcast_ref()
+    }
+
+    /// Parse `url` (`Target::parse`) into the backend's own target type `T`.
+    #[cfg(test)]
+    pub fn parse_as<T: Place + Clone>(url: &str) -> Result<T, String> {
+        let target = Target::parse(url)?;
+        target
+            .downcast_ref::<T>()
+            .cloned()
+            .ok_or_else(|| format!("{url} is a {} URL", target.kind().name))
+    }
+}
+
+impl Clone for Target {
+    fn clone(&self) -> Target {
+        Target(self.0.clone_place())
+    }
+}
+
+/// A boxed future, as the `dyn` seam returns them.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + 'a>>;
+
+/// [`Backend`] behind a pointer. Every `Backend` is one; `Box<dyn DynBackend>` is a
+/// `Backend` again, with a boxed [`Lease`].
+pub trait DynBackend {
+    fn acquire<'a>(
+        &'a self,
+        request: &'a AcquireRequest,
+        cancel: Cancel,
+    ) -> BoxFuture<'a, Result<BoxedLease, Error>>;
+    fn status<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<LockStatus, Error>>;
+    fn list(&self) -> BoxFuture<'_, Result<Vec<LockStatus>, Error>>;
+    fn force_release<'a>(&'a self, name: &'a LockName)
+        -> BoxFuture<'a, Result<Vec<Holder>, Error>>;
+    fn check(&self) -> BoxFuture<'_, Result<CheckReport, Error>>;
+    fn wait_overrun(&self, request: &AcquireRequest) -> Duration;
+}
+
+impl<B> DynBackend for B
+where
+    B: Backend,
+    B::Lease: 'static,
+{
+    fn acquire<'a>(
+        &'a self,
+        request: &'a AcquireRequest,
+        cancel: Cancel,
+    ) -> BoxFuture<'a, Result<BoxedLease, Error>> {
+        Box::pin(async move {
+            let lease = Backend::acquire(self, request, cancel).await?;
+            Ok(Box::new(lease) as BoxedLease)
+        })
+    }
+
+    fn status<'a>(&'a self, name: &'a LockName) -> BoxFuture<'a, Result<LockStatus, Error>> {
+        Box::pin(Backend::status(self, name))
+    }
+
+    fn list(&self) -> BoxFuture<'_, Result<Vec<LockStatus>, Error>> {
+        Box::pin(Backend::list(self))
+    }
+
+    fn force_release<'a>(
+        &'a self,
+        name: &'a LockName,
+    ) -> BoxFuture<'a, Result<Vec<Holder>, Error>> {
+        Box::pin(Backend::force_release(self, name))
+    }
+
+    fn check(&self) -> BoxFuture<'_, Result<CheckReport, Error>> {
+        Box::pin(Backend::check(self))
+    }
+
+    fn wait_overrun(&self, request: &AcquireRequest) -> Duration {
+        Backend::wait_overrun(self, request)
+    }
+}
+
+impl Backend for Box<dyn DynBackend> {
+    type Lease = BoxedLease;
+
+    async fn acquire(&self, request: &AcquireRequest, cancel: Cancel) -> Result<BoxedLease, Error> {
+        DynBackend::acquire(&**self, request, cancel).await
+    }
+
+    async fn status(&self, name: &LockName) -> Result<LockStatus, Error> {
+        DynBackend::status(&**self, name).await
+    }
+
+    async fn list(&self) -> Result<Vec<LockStatus>, Error> {
+        DynBackend::list(&**self).await
+    }
+
+    async fn force_release(&self, name: &LockName) -> Result<Vec<Holder>, Error> {
+        DynBackend::force_release(&**self, name).await
+    }
+
+    async fn check(&self) -> Result<CheckReport, Error> {
+        DynBackend::check(&**self).await
+    }
+
+    fn wait_overrun(&self, request: &AcquireRequest) -> Duration {
+        DynBackend::wait_overrun(&**self, request)
+    }
+}
+
+/// [`Lease`] behind a pointer.
+pub trait DynLease {
+    fn token(&self) -> u64;
+    fn lost(&mut self) -> BoxFuture<'_, Lost>;
+    fn release(self: Box<Self>) -> BoxFuture<'static, Result<(), Error>>;
+    fn finished<'a>(&'a mut self, holder: &'a Holder) -> BoxFuture<'a, Result<bool, Error>>;
+}
+
+/// The lease of a [`DynBackend`].
+pub type BoxedLease = Box<dyn DynLease>;
+
+impl<L: Lease + 'static> DynLease for L {
+    fn token(&self) -> u64 {
+        Lease::token(self)
+    }
+
+    fn lost(&mut self) -> BoxFuture<'_, Lost> {
+        Box::pin(Lease::lost(self))
+    }
+
+    fn release(self: Box<Self>) -> BoxFuture<'static, Result<(), Error>> {
+        Box::pin(Lease::release(*self))
+    }
+
+    fn finished<'a>(&'a mut self, holder: &'a Holder) -> BoxFuture<'a, Result<bool, Error>> {
+        Box::pin(Lease::finished(self, holder))
+    }
+}
+
+impl Lease for BoxedLease {
+    fn token(&self) -> u64 {
+        DynLease::token(&**self)
+    }
+
+    async fn lost(&mut self) -> Lost {
+        DynLease::lost(&mut **self).await
+    }
+
+    async fn release(self) -> Result<(), Error> {
+        <dyn DynLease>::release(self).await
+    }
+
+    async fn finished(&mut self, holder: &Holder) -> Result<bool, Error> {
+        DynLease::finished(&mut **self, holder).await
+    }
+}
+
+/// What follows the scheme and its `:` in `url` (all of it if there is no `:`).
+pub fn after_scheme(url: &str) -> &str {
+    url.split_once(':').map_or(url, |(_, rest)| rest)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NO_LIMIT: Kind = Kind {
+        name: "plain",
+        title: "plain",
+        schemes: &["plain"],
+        shown_as: &["plain"],
+        url_forms: &["plain://host"],
+        config_table: None,
+        capabilities: Capabilities {
+            lease: true,
+            fifo: false,
+            records_finished: false,
+            limit: false,
+            shared: false,
+        },
+        minimum_ttl: MIN_LEASE_TTL,
+        parse: |_, _| Err("no".into()),
+        recognises: None,
+    };
+
+    /// A `--limit` the backend cannot honour is a usage error (64) naming the backend and
+    /// the option; `--limit 1` is every backend's.
+    #[test]
+    fn a_limit_without_the_capability_is_refused_naming_the_backend() {
+        let Err(err) = NO_LIMIT.check_limit(3, "DLOCK_LIMIT") else {
+            panic!("--limit 3 accepted without the capability");
+        };
+        assert_eq!(err.code().value(), 64);
+        assert_eq!(
+            err.to_string(),
+            "DLOCK_LIMIT 3 is not available on the plain backend (plain://)"
+        );
+        assert!(NO_LIMIT.check_limit(1, "--limit").is_ok());
+        for kind in crate::backend::KINDS {
+            assert!(kind.check_limit(3, "--limit").is_ok(), "{}", kind.name);
+        }
+    }
+}
