@@ -112,6 +112,92 @@ pub fn short_duration(d: Duration) -> String {
     }
 }
 
+/// Whether a connection was refused somewhere in `err`'s chain of causes (an `io::Error` of
+/// kind `ConnectionRefused`, also where a client shared it behind an `Arc`).
+pub fn refused_in(err: &(dyn std::error::Error + 'static)) -> bool {
+    let refused = |io: &std::io::Error| io.kind() == std::io::ErrorKind::ConnectionRefused;
+    let mut cause = Some(err);
+    while let Some(e) = cause {
+        if e.downcast_ref::<std::io::Error>().is_some_and(refused)
+            || e.downcast_ref::<std::sync::Arc<std::io::Error>>()
+                .is_some_and(|io| refused(io))
+        {
+            return true;
+        }
+        cause = e.source();
+    }
+    false
+}
+
+/// `cannot connect to HOST:PORT: connection refused`: nothing listens where the URL points
+/// (the same words on every backend; 69, waited out within `--wait` like any unreachable
+/// server).
+pub fn connection_refused(display: &str) -> Error {
+    Error::Unavailable(format!(
+        "cannot connect to {}: connection refused",
+        endpoint_of(display)
+    ))
+}
+
+/// `HOST:PORT does not look like a SERVER server (WHAT IT DID)`: something else listens
+/// where the URL points (a Redis URL at an etcd port, say).
+pub fn not_a(display: &str, server: &str, seen: &str) -> Error {
+    Error::Unavailable(format!(
+        "{} does not look like {} {server} server ({seen}); check the URL's host and port",
+        endpoint_of(display),
+        article(server)
+    ))
+}
+
+/// `HOST:PORT did not answer the TLS handshake; is it serving plain text? (use redis:// …)`:
+/// a TLS URL at a server that does not speak TLS; `plain` says how to ask for no TLS.
+pub fn no_tls_handshake(display: &str, plain: &str) -> String {
+    format!(
+        "{} did not answer the TLS handshake; is it serving plain text? ({plain})",
+        endpoint_of(display)
+    )
+}
+
+fn article(word: &str) -> &'static str {
+    match word.chars().next() {
+        Some('a' | 'e' | 'i' | 'o' | 'u' | 'A' | 'E' | 'I' | 'O' | 'U') => "an",
+        _ => "a",
+    }
+}
+
+/// The `host:port` list of a (credential-free) URL: `redis://127.0.0.1:6380/0` →
+/// `127.0.0.1:6380`, with the backend's default port where the URL names none.
+pub fn endpoint_of(display: &str) -> String {
+    let (scheme, rest) = display.split_once("://").unwrap_or(("", display));
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or(rest);
+    let hosts = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    let port = match scheme {
+        "redis" | "rediss" => 6379,
+        "redis-sentinel" | "rediss-sentinel" => 26379,
+        "etcd" | "etcds" => 2379,
+        "zk" => 2181,
+        "postgres" | "postgresql" => 5432,
+        "mysql" | "mariadb" => 3306,
+        "memcached" => 11211,
+        _ => return hosts.to_owned(),
+    };
+    hosts
+        .split(',')
+        .map(|h| {
+            let has_port = match h.rsplit_once(']') {
+                Some((_, after)) => after.starts_with(':'),
+                None => h.contains(':'),
+            };
+            if has_port || h.is_empty() {
+                h.to_owned()
+            } else {
+                format!("{h}:{port}")
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -167,6 +253,15 @@ mod tests {
             "lock 'job' is held by pid 14028 on ci-3 (deploy: ./deploy.sh), 2 waiting ahead; \
              not waiting (--no-wait)"
         );
+    }
+
+    #[test]
+    fn endpoints_of_urls() {
+        assert_eq!(endpoint_of("redis://127.0.0.1:6380/0"), "127.0.0.1:6380");
+        assert_eq!(endpoint_of("postgres://u@db/x"), "db:5432");
+        assert_eq!(endpoint_of("zk://a:1,b/chroot"), "a:1,b:2181");
+        assert_eq!(endpoint_of("etcds://[::1]"), "[::1]:2379");
+        assert_eq!(endpoint_of("mysql://[::1]:3307/d"), "[::1]:3307");
     }
 
     #[test]

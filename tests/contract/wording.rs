@@ -252,3 +252,98 @@ pub fn a_huge_min_hold_is_refused_before_anything_runs(server: &dyn LockServer) 
         assert!(env.is_free(&lock), "--min-hold {value}: the lock is held");
     }
 }
+
+/// A URL at a port where nothing listens reads the same on every backend:
+/// `cannot connect to HOST:PORT: connection refused` (69), within a short `--wait`.
+#[test]
+fn a_refused_connection_reads_the_same_on_every_backend() {
+    let (_server, env) = file_env();
+    let port = free_port();
+    let urls = [
+        format!("redis://127.0.0.1:{port}/0"),
+        format!("redis-sentinel://127.0.0.1:{port}/0#m"),
+        format!("etcd://127.0.0.1:{port}"),
+        format!("zk://127.0.0.1:{port}"),
+        format!("postgres://u@127.0.0.1:{port}/db?sslmode=disable"),
+        format!("mysql://u@127.0.0.1:{port}/db"),
+        format!("memcached://127.0.0.1:{port}"),
+    ];
+    let wanted = format!("cannot connect to 127.0.0.1:{port}: connection refused");
+    for url in &urls {
+        let started = Instant::now();
+        let out = env.run(["run", "--url", url, "--wait", "2s", "x", "true"]);
+        assert_eq!(out.status.code(), Some(69), "{url}: {}", describe(&out));
+        let stderr = stderr_of(&out);
+        assert!(stderr.contains(&wanted), "{url}: {stderr}");
+        assert_eq!(stderr.trim_end().lines().count(), 1, "{url}: {stderr}");
+        assert!(
+            started.elapsed() < PATIENCE,
+            "{url}: {:?}",
+            started.elapsed()
+        );
+    }
+}
+
+/// A URL of one backend at another kind of server says what it is not, and a TLS URL at a
+/// plain-text server says it did not answer the handshake, within `--wait`.
+#[test]
+fn a_url_at_the_wrong_kind_of_server_says_so() {
+    let (_server, env) = file_env();
+    let redis = RedisServer::shared();
+    let etcd = EtcdServer::shared();
+    let cases = [
+        (
+            format!("etcd://127.0.0.1:{}", redis.port()),
+            format!(
+                "127.0.0.1:{} does not look like an etcd server (",
+                redis.port()
+            ),
+        ),
+        (
+            format!("redis://127.0.0.1:{}/0", etcd.port()),
+            format!(
+                "127.0.0.1:{} does not look like a Redis server (",
+                etcd.port()
+            ),
+        ),
+        (
+            format!("rediss://127.0.0.1:{}/0", redis.port()),
+            format!(
+                "127.0.0.1:{} did not answer the TLS handshake; is it serving plain text? \
+                 (use redis://",
+                redis.port()
+            ),
+        ),
+    ];
+    for (url, wanted) in &cases {
+        let started = Instant::now();
+        let out = env.run(["run", "--url", url, "--wait", "3s", "x", "true"]);
+        assert_eq!(out.status.code(), Some(69), "{url}: {}", describe(&out));
+        let stderr = stderr_of(&out);
+        assert!(stderr.contains(wanted.as_str()), "{url}: {stderr}");
+        assert!(
+            started.elapsed() < Duration::from_secs(3) + PATIENCE,
+            "{url}: {:?}",
+            started.elapsed()
+        );
+    }
+}
+
+/// PostgreSQL asked for TLS by a plain-text server reads like the other backends (78).
+#[test]
+fn postgres_tls_at_a_plain_server_reads_like_the_others() {
+    let (_server, env) = file_env();
+    let pg = PgServer::shared();
+    let url = format!(
+        "postgres://postgres@127.0.0.1:{}/postgres?sslmode=require",
+        pg.port()
+    );
+    let out = env.run(["run", "--url", &url, "--wait", "3s", "x", "true"]);
+    assert_eq!(out.status.code(), Some(78), "{}", describe(&out));
+    let wanted = format!(
+        "127.0.0.1:{} did not answer the TLS handshake; is it serving plain text? (use \
+         sslmode=prefer",
+        pg.port()
+    );
+    assert!(stderr_of(&out).contains(&wanted), "{}", describe(&out));
+}

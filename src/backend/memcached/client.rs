@@ -70,6 +70,9 @@ impl Failure {
 
     pub(super) fn into_error(self, display: &str) -> Error {
         match self {
+            Failure::Io(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+                crate::wording::connection_refused(display)
+            }
             Failure::Io(e) => Error::Unavailable(format!("cannot reach {display}: {e}")),
             Failure::Timeout(d) => {
                 Error::Unavailable(format!("{display} did not answer within {}", millis(d)))
