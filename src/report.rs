@@ -44,7 +44,11 @@ pub fn clap_error(err: clap::Error) -> u8 {
                 .find_map(|l| l.strip_prefix("tip: "))
                 .map(|t| format!("; {t}"))
                 .unwrap_or_default();
-            say!("{message}{tip} (see 'dlock --help')");
+            if message.ends_with("--help") {
+                say!("{message}");
+            } else {
+                say!("{message}{tip} (see 'dlock --help')");
+            }
             Code::Usage.value()
         }
     }

@@ -713,3 +713,53 @@ fn a_planted_symlink_as_the_report_is_refused() {
         "precious\n"
     );
 }
+
+/// An unknown option names the command that lacks it and where its options are listed, never
+/// suggesting `--` (which would make the option the lock's NAME); a value that starts with a
+/// hyphen is that option's bad value, not an unknown option.
+#[test]
+fn an_unknown_option_says_which_command_has_none_such() {
+    let (_server, env) = file_env();
+    let cases: [(&[&str], &str); 6] = [
+        (
+            &["run", "--shared", "x", "--", "true"],
+            "dlock: dlock run has no option --shared; see dlock run --help",
+        ),
+        (
+            &["run", "--timeout", "5s", "x", "--", "true"],
+            "dlock: dlock run has no option --timeout; see dlock run --help",
+        ),
+        (
+            &["run", "--no-wiat", "x", "true"],
+            "dlock: dlock run has no option --no-wiat (did you mean --no-wait?); see dlock run --help",
+        ),
+        (
+            &["status", "--bogus", "x"],
+            "dlock: dlock status has no option --bogus; see dlock status --help",
+        ),
+        (
+            &["--bogus", "run", "x", "true"],
+            "dlock: dlock has no option --bogus; see dlock --help",
+        ),
+        (
+            &["run", "-w", "1s", "--shared=1", "x", "true"],
+            "dlock: dlock run has no option --shared; see dlock run --help",
+        ),
+    ];
+    for (args, wanted) in cases {
+        let out = env.run(args.iter().copied().chain(["touch", "ran"]));
+        assert_eq!(out.status.code(), Some(64), "{args:?}: {}", describe(&out));
+        assert_eq!(stderr_of(&out).trim_end(), wanted, "{args:?}");
+        assert!(!env.path("ran").exists(), "{args:?}: the command ran");
+    }
+    for (args, option) in [
+        (["run", "--wait", "-1s", "x"], "--wait"),
+        (["run", "-E", "-1", "x"], "--conflict-exit-code"),
+    ] {
+        let out = env.run(args.iter().copied().chain(["true"]));
+        let stderr = stderr_of(&out);
+        assert_fails(&out, 64, option);
+        assert!(!stderr.contains("no option"), "{args:?}: {stderr}");
+        assert!(!stderr.contains("'--"), "{args:?}: {stderr}");
+    }
+}
