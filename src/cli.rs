@@ -502,7 +502,8 @@ pub fn parse(args: Vec<OsString>) -> Result<Cli, clap::Error> {
     let args = normalize_run_args(args, &command);
     let matches = command
         .try_get_matches_from_mut(args.iter().cloned())
-        .map_err(|e| no_such_option(e, &args, &command))?;
+        .map_err(|e| no_such_option(e, &args, &command))
+        .map_err(|e| bad_value(e, &args, &command))?;
     let mut cli = Cli::from_arg_matches(&matches).map_err(|e| e.format(&mut command))?;
     if let Some((_, sub)) = matches.subcommand() {
         let from_env = from_environment(sub);
@@ -549,6 +550,51 @@ fn no_such_option(err: clap::Error, args: &[OsString], command: &clap::Command) 
         ErrorKind::UnknownArgument,
         format!("{who} has no option {option}{meant}; see {who} --help"),
     )
+}
+
+/// clap's bad value of an option names the option even when the value came from its
+/// `DLOCK_*` variable, and leaves the values it takes to a line that the one-line report
+/// drops: name the variable, and the values.
+fn bad_value(err: clap::Error, args: &[OsString], command: &clap::Command) -> clap::Error {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    if !matches!(
+        err.kind(),
+        ErrorKind::InvalidValue | ErrorKind::ValueValidation
+    ) {
+        return err;
+    }
+    let Some(ContextValue::String(shown)) = err.get(ContextKind::InvalidArg) else {
+        return err;
+    };
+    let flag = shown.split(' ').next().unwrap_or(shown);
+    let text = err.to_string();
+    let first = text.lines().next().unwrap_or_default();
+    let mut message = first.strip_prefix("error: ").unwrap_or(first).to_owned();
+    let long = flag.strip_prefix("--").unwrap_or_default();
+    let env = command
+        .get_subcommands()
+        .chain(std::iter::once(command))
+        .flat_map(|c| c.get_arguments())
+        .find(|a| a.get_long() == Some(long))
+        .and_then(|a| a.get_env().map(|v| (v.to_owned(), a.get_short())));
+    if let Some((var, short)) = env {
+        let on_the_line = args.iter().filter_map(|a| a.to_str()).any(|a| {
+            a == flag
+                || a.starts_with(&format!("{flag}="))
+                || short
+                    .is_some_and(|s| a.starts_with('-') && !a.starts_with("--") && a.contains(s))
+        });
+        if !on_the_line && std::env::var_os(&var).is_some() {
+            message = message.replace(
+                &format!("for '{shown}'"),
+                &format!("for {} (environment)", var.to_string_lossy()),
+            );
+        }
+    }
+    if let Some(ContextValue::Strings(valid)) = err.get(ContextKind::ValidValue) {
+        message.push_str(&format!("; expected {}", valid.join(", ")));
+    }
+    clap::Error::raw(err.kind(), message)
 }
 
 /// The ids of the options in `matches` whose value came from their `DLOCK_*` variable.

@@ -763,3 +763,43 @@ fn an_unknown_option_says_which_command_has_none_such() {
         assert!(!stderr.contains("'--"), "{args:?}: {stderr}");
     }
 }
+
+/// A bad value from a `DLOCK_*` variable names the variable, whatever parses it, and a bad
+/// value of a fixed set lists the set.
+#[test]
+fn a_bad_value_from_the_environment_names_the_variable() {
+    let (_server, env) = file_env();
+    for (var, value) in [
+        ("DLOCK_NO_WAIT", "maybe"),
+        ("DLOCK_ON_LOST", "explode"),
+        ("DLOCK_LOCAL_QUEUE", "perhaps"),
+        ("DLOCK_WAIT", "soon"),
+        ("DLOCK_CONFLICT_EXIT_CODE", "300"),
+    ] {
+        let mut command = env.dlock(["run", "x", "touch", "ran"]);
+        command.env(var, value);
+        let out = output_within(command, PATIENCE);
+        assert_fails(&out, 64, &format!("{var} (environment)"));
+        assert!(stderr_of(&out).contains(value), "{var}: {}", describe(&out));
+        assert!(!env.path("ran").exists(), "{var}: the command ran");
+    }
+    let out = env.run(["run", "--on-lost", "explode", "x", "true"]);
+    assert_fails(
+        &out,
+        64,
+        "for '--on-lost <ACTION>'; expected term, kill, ignore",
+    );
+}
+
+/// A `DLOCK_URL` whose password a parent dlock masked is refused in one line of single
+/// spaces, naming the variable.
+#[test]
+fn a_masked_password_in_dlock_url_is_refused_in_one_even_line() {
+    let (_server, env) = file_env();
+    let mut command = env.dlock(["run", "x", "true"]);
+    command.env("DLOCK_URL", "redis://u:***@127.0.0.1:1/0");
+    let out = output_within(command, PATIENCE);
+    assert_fails(&out, 78, "DLOCK_URL (environment): its password is ***");
+    let stderr = stderr_of(&out);
+    assert!(!stderr.contains("  "), "runs of spaces: {stderr:?}");
+}

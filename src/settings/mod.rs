@@ -268,7 +268,10 @@ pub fn common(
                 && url_password_is_masked(url)
             {
                 return Err(Error::Config(format!(
-                    "DLOCK_URL (environment): its password is *** as the dlock running this command                      hid it; that dlock hands it to nested dlocks through {} (an inherited                      descriptor), which did not reach this one; give the password with                      password_file in the config file (docs/guide.md: \"What the command sees\")",
+                    "DLOCK_URL (environment): its password is *** as the dlock running this command \
+                     hid it; that dlock hands it to nested dlocks through {} (an inherited \
+                     descriptor), which did not reach this one; give the password with \
+                     password_file in the config file (docs/guide.md: \"What the command sees\")",
                     crate::secrets::CREDENTIALS_FD
                 )));
             }
