@@ -803,3 +803,33 @@ fn a_masked_password_in_dlock_url_is_refused_in_one_even_line() {
     let stderr = stderr_of(&out);
     assert!(!stderr.contains("  "), "runs of spaces: {stderr:?}");
 }
+
+/// A bad config file is named with the line and the key, and a misspelt key with the key it
+/// is closest to.
+#[test]
+fn config_errors_name_the_file_the_line_and_the_key() {
+    let (_server, env) = file_env();
+    let config = env.path("dlock.toml");
+    let path = config.to_str().expect("utf-8");
+    for (text, wanted) in [
+        (
+            "ttl = \"5s\"\nwait = 30\n",
+            "line 2: wait: invalid type: integer `30`, expected a string; a duration is quoted, \
+             with its unit: wait = \"30s\"",
+        ),
+        ("\nurl = redis://h\n", "line 2: url: "),
+        (
+            "wiat = \"3s\"\n",
+            "line 1: wiat: unknown key; did you mean wait? (",
+        ),
+        (
+            "[redis]\nca_fil = \"x\"\n",
+            "line 2: [redis] ca_fil: unknown key; did you mean ca_file? (",
+        ),
+    ] {
+        std::fs::write(&config, text).expect("write");
+        let out = env.run(["--config", path, "run", "x", "touch", "ran"]);
+        assert_fails(&out, 78, &format!("bad config file {path}, {wanted}"));
+        assert!(!env.path("ran").exists(), "{text:?}: the command ran");
+    }
+}
