@@ -347,3 +347,43 @@ fn postgres_tls_at_a_plain_server_reads_like_the_others() {
     );
     assert!(stderr_of(&out).contains(&wanted), "{}", describe(&out));
 }
+
+/// A holder cut off from its server says that renewing failed once, not once per retry,
+/// before its lost-lock line (the keeper is the same on every lease backend).
+#[test]
+fn renewal_failures_are_one_line_not_one_per_retry() {
+    let redis = RedisServer::shared();
+    let proxy = Proxy::start(redis.port());
+    let env = TestEnv::new(&*redis);
+    let lock = lock_name("lock");
+    let mut holder = env
+        .dlock([
+            "run",
+            "--url",
+            &redis.url_via(proxy.port),
+            "--ttl",
+            "4s",
+            &lock,
+            "sleep",
+            "60",
+        ])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn holder");
+    wait_until("the lock held", PATIENCE, || !env.is_free(&lock));
+    proxy.blackhole();
+    let status = wait_within(&mut holder, PATIENCE);
+    assert_eq!(status.code(), Some(124));
+    let mut stderr = String::new();
+    holder
+        .stderr
+        .take()
+        .expect("stderr")
+        .read_to_string(&mut stderr)
+        .expect("read stderr");
+    let renewals = stderr
+        .lines()
+        .filter(|l| l.contains("lease renewal"))
+        .count();
+    assert_eq!(renewals, 1, "{stderr}");
+}
