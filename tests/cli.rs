@@ -833,3 +833,29 @@ fn config_errors_name_the_file_the_line_and_the_key() {
         assert!(!env.path("ran").exists(), "{text:?}: the command ran");
     }
 }
+
+/// A whole shell line given as one word is pointed to `-c`; a script whose `#!` names a
+/// missing interpreter says so, and names CRLF line endings when that is why.
+#[test]
+fn a_shell_line_as_one_word_and_a_bad_interpreter_are_named() {
+    let (_server, env) = file_env();
+    let out = env.run(["run", "x", "echo a && echo b"]);
+    assert_fails(&out, 127, "did you mean -c 'echo a && echo b'?");
+    let crlf = env.path("crlf.sh");
+    let missing = env.path("missing.sh");
+    std::fs::write(&crlf, "#!/bin/sh\r\necho ran\r\n").expect("write");
+    std::fs::write(&missing, "#!/no/such/interpreter\necho ran\n").expect("write");
+    for script in [&crlf, &missing] {
+        std::fs::set_permissions(script, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .expect("chmod");
+    }
+    let out = env.run(["run", "x", crlf.to_str().expect("utf-8")]);
+    assert_fails(
+        &out,
+        127,
+        "bad interpreter \"/bin/sh\\r\": the script has CRLF",
+    );
+    let out = env.run(["run", "x", missing.to_str().expect("utf-8")]);
+    assert_fails(&out, 127, "bad interpreter /no/such/interpreter");
+    assert!(env.is_free("x"));
+}

@@ -9,7 +9,7 @@
 //! The config file itself is [`crate::config`], credentials and redaction
 //! [`crate::secrets`], and the command to run and its lookup on `PATH` `command`.
 
-mod command;
+pub(crate) mod command;
 
 use std::time::Duration;
 
