@@ -217,10 +217,30 @@ pub fn print_list(locks: &[LockStatus], json: bool) -> std::io::Result<()> {
         tracing::info!("no locks are held");
         return Ok(());
     }
+    // Columns as wide as their widest entry on a terminal (a long or non-ASCII name).
+    use crate::wording::pad;
+    let widest = |min: usize, each: &dyn Fn(&LockStatus) -> Vec<String>| {
+        locks
+            .iter()
+            .flat_map(each)
+            .map(|s| crate::wording::display_width(&s))
+            .fold(min, usize::max)
+    };
+    let name_width = widest(24, &|l| vec![printable(&l.name).into_owned()]);
+    let host_width = widest(16, &|l| {
+        l.holders
+            .iter()
+            .map(|h| printable(&h.holder.host).into_owned())
+            .collect()
+    });
     writeln!(
         out,
-        "{:<24} {:>8} {:<16} {:<21} {:>7} COMMAND",
-        "NAME", "PID", "HOST", "SINCE", "WAITING"
+        "{} {:>8} {} {:<21} {:>7} COMMAND",
+        pad("NAME", name_width),
+        "PID",
+        pad("HOST", host_width),
+        "SINCE",
+        "WAITING"
     )?;
     for lock in locks {
         for holder in &lock.holders {
@@ -228,10 +248,10 @@ pub fn print_list(locks: &[LockStatus], json: bool) -> std::io::Result<()> {
             let waiting = lock.waiters.map_or("-".to_owned(), |w| w.to_string());
             writeln!(
                 out,
-                "{:<24} {:>8} {:<16} {:<21} {:>7} {}",
-                printable(&lock.name),
+                "{} {:>8} {} {:<21} {:>7} {}",
+                pad(&printable(&lock.name), name_width),
                 h.pid,
-                printable(&h.host),
+                pad(&printable(&h.host), host_width),
                 printable(&h.since),
                 waiting,
                 printable(&h.command)

@@ -112,6 +112,38 @@ pub fn short_duration(d: Duration) -> String {
     }
 }
 
+/// How many columns `text` takes on a terminal: 2 for the wide characters of East Asian
+/// scripts and emoji, 0 for combining marks and zero-width characters, 1 for the rest (the
+/// common cases; a terminal may differ on rare ones).
+pub fn display_width(text: &str) -> usize {
+    text.chars()
+        .map(|c| match u32::from(c) {
+            0x0300..=0x036F | 0x200B..=0x200F | 0x20D0..=0x20FF | 0xFE00..=0xFE0F => 0,
+            0x1100..=0x115F
+            | 0x2E80..=0x303E
+            | 0x3041..=0x33FF
+            | 0x3400..=0x4DBF
+            | 0x4E00..=0x9FFF
+            | 0xA000..=0xA4CF
+            | 0xAC00..=0xD7A3
+            | 0xF900..=0xFAFF
+            | 0xFE30..=0xFE4F
+            | 0xFF00..=0xFF60
+            | 0xFFE0..=0xFFE6
+            | 0x1F300..=0x1F64F
+            | 0x1F900..=0x1F9FF
+            | 0x20000..=0x3FFFD => 2,
+            _ => 1,
+        })
+        .sum()
+}
+
+/// `text` followed by spaces up to `width` terminal columns (see [`display_width`]).
+pub fn pad(text: &str, width: usize) -> String {
+    let fill = width.saturating_sub(display_width(text));
+    format!("{text}{}", " ".repeat(fill))
+}
+
 /// Whether a connection was refused somewhere in `err`'s chain of causes (an `io::Error` of
 /// kind `ConnectionRefused`, also where a client shared it behind an `Arc`).
 pub fn refused_in(err: &(dyn std::error::Error + 'static)) -> bool {
@@ -133,8 +165,24 @@ pub fn refused_in(err: &(dyn std::error::Error + 'static)) -> bool {
 /// (the same words on every backend; 69, waited out within `--wait` like any unreachable
 /// server).
 pub fn connection_refused(display: &str) -> Error {
+    let server = match display.split_once("://").map_or("", |(s, _)| s) {
+        "redis" | "rediss" => "Redis server",
+        "redis-sentinel" | "rediss-sentinel" => {
+            return Error::Unavailable(format!(
+                "cannot connect to {}: connection refused (no sentinel answered: none is \
+                 listening there)",
+                endpoint_of(display)
+            ))
+        }
+        "etcd" | "etcds" => "etcd server",
+        "zk" => "ZooKeeper server",
+        "postgres" | "postgresql" => "PostgreSQL server",
+        "mysql" | "mariadb" => "MySQL/MariaDB server",
+        "memcached" => "memcached",
+        _ => "server",
+    };
     Error::Unavailable(format!(
-        "cannot connect to {}: connection refused",
+        "cannot connect to {}: connection refused (no {server} is listening there)",
         endpoint_of(display)
     ))
 }
@@ -253,6 +301,15 @@ mod tests {
             "lock 'job' is held by pid 14028 on ci-3 (deploy: ./deploy.sh), 2 waiting ahead; \
              not waiting (--no-wait)"
         );
+    }
+
+    #[test]
+    fn widths_on_a_terminal() {
+        assert_eq!(display_width("deploy"), 6);
+        assert_eq!(display_width("déploiement"), 11);
+        assert_eq!(display_width("e\u{301}"), 1);
+        assert_eq!(display_width("発行"), 4);
+        assert_eq!(pad("発行", 6), "発行  ");
     }
 
     #[test]

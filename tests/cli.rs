@@ -859,3 +859,44 @@ fn a_shell_line_as_one_word_and_a_bad_interpreter_are_named() {
     assert_fails(&out, 127, "bad interpreter /no/such/interpreter");
     assert!(env.is_free("x"));
 }
+
+/// `list` keeps its columns aligned on a terminal with long and non-ASCII (wide) names.
+#[test]
+fn list_columns_align_by_display_width() {
+    let (_server, env) = file_env();
+    let names = [
+        lock_name("short"),
+        format!("{}-a-name-longer-than-the-column", lock_name("long")),
+        format!("発行ジョブ-{}", lock_name("wide")),
+    ];
+    let _holders: Vec<_> = names.iter().map(|n| env.hold(n, &[])).collect();
+    let list = stdout_of(&env.run(["list"]));
+    // Terminal columns: the CJK characters used here take two.
+    let width = |s: &str| {
+        s.chars()
+            .map(|c| {
+                if ('\u{3000}'..='\u{9fff}').contains(&c) {
+                    2
+                } else {
+                    1
+                }
+            })
+            .sum::<usize>()
+    };
+    let pid_ends: Vec<usize> = list
+        .lines()
+        .filter(|l| l.starts_with("NAME") || names.iter().any(|n| l.starts_with(n.as_str())))
+        .map(|l| {
+            let name_end = l.find(' ').unwrap_or(l.len());
+            let after = &l[name_end..];
+            let pid = after.trim_start();
+            let pid_end = name_end + (after.len() - pid.len()) + pid.find(' ').unwrap_or(pid.len());
+            width(&l[..pid_end])
+        })
+        .collect();
+    assert_eq!(pid_ends.len(), 4, "{list}");
+    assert!(
+        pid_ends.windows(2).all(|w| w[0] == w[1]),
+        "{pid_ends:?}\n{list}"
+    );
+}
