@@ -150,9 +150,8 @@ async fn run(cli: Cli) -> anyhow::Result<u8> {
             }
             for holder in &released {
                 say!(
-                    "released '{name}' (was held by pid {} on {}, token {})",
-                    holder.pid,
-                    holder.host,
+                    "released '{name}' (was held by {}, token {})",
+                    crate::wording::holder(holder),
                     holder.token
                 );
             }

@@ -30,6 +30,10 @@ pub fn holder(h: &Holder) -> String {
         };
         return format!("a holder that is not dlock ({what}){host}{held_for}");
     }
+    if h.version.is_empty() && h.host.is_empty() && h.command.is_empty() {
+        return format!("pid {} on this host, a flock(1) holder (not dlock)", h.pid);
+    }
+    let gone = if is_gone(h) { ", gone" } else { "" };
     let host = if h.host.is_empty() { "?" } else { &h.host };
     let what = match (h.user.is_empty(), h.command.is_empty()) {
         (false, false) => format!(" ({}: {})", h.user, h.command),
@@ -37,7 +41,49 @@ pub fn holder(h: &Holder) -> String {
         (false, true) => format!(" ({})", h.user),
         (true, true) => String::new(),
     };
-    format!("pid {} on {host}{what}{held_for}", h.pid)
+    format!("pid {} on {host}{what}{held_for}{gone}", h.pid)
+}
+
+/// What a holder is when it is not a live dlock: not dlock at all (`etcdctl lock`, a
+/// Curator client, a `flock(1)` on the lock file), or a dlock of this host whose process is
+/// gone (SIGKILLed: its entry stays until its lease runs out).
+pub fn holder_kind(h: &Holder) -> Option<String> {
+    if h.is_foreign() {
+        let what = h
+            .command
+            .strip_prefix("(foreign holder: ")
+            .and_then(|c| c.strip_suffix(')'))
+            .unwrap_or("another client");
+        return Some(format!("not dlock: {what}"));
+    }
+    if h.version.is_empty() && h.host.is_empty() && h.command.is_empty() {
+        // A kernel lock on the lock file without dlock's record in it.
+        return Some("not dlock: a flock(1) holder or another program on this host".into());
+    }
+    if is_gone(h) {
+        return Some(format!(
+            "gone: no process {} on this host any more; the lock is freed when its lease runs \
+             out, and dlock release --force may free it now",
+            h.pid
+        ));
+    }
+    None
+}
+
+/// A holder recorded by this host whose process no longer exists.
+fn is_gone(h: &Holder) -> bool {
+    let Ok(pid) = i32::try_from(h.pid) else {
+        return false;
+    };
+    if pid <= 0 || h.version.is_empty() {
+        return false;
+    }
+    let here = nix::unistd::gethostname()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    here == h.host
+        && nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None)
+            == Err(nix::errno::Errno::ESRCH)
 }
 
 /// ` by <holder>, <holder>` for a held lock, `""` when `holders` is empty.

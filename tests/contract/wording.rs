@@ -387,3 +387,75 @@ fn renewal_failures_are_one_line_not_one_per_retry() {
         .count();
     assert_eq!(renewals, 1, "{stderr}");
 }
+
+/// A holder of this host whose process was SIGKILLed is shown as gone (its entry stays until
+/// its lease runs out), with the way to free it; a `flock(1)` on a lock file is named as such.
+#[test]
+fn a_killed_holder_of_this_host_shows_as_gone() {
+    let redis = RedisServer::shared();
+    let env = TestEnv::new(&*redis);
+    let lock = lock_name("lock");
+    let mut holder = env.hold(&lock, &["--ttl", "60s"]);
+    let command = holder.command_pid();
+    holder.signal(Signal::SIGKILL);
+    holder.wait();
+    // The command goes down with dlock; wait until both are gone.
+    wait_until("the command gone", PATIENCE, || {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(command), None).is_err()
+    });
+    let status = stdout_of(&env.run(["status", &lock]));
+    assert!(
+        status.contains("gone: no process") && status.contains("dlock release --force"),
+        "{status}"
+    );
+    let list = stdout_of(&env.run(["list"]));
+    let row = list
+        .lines()
+        .find(|l| l.starts_with(lock.as_str()))
+        .unwrap_or_else(|| panic!("{lock} not listed: {list}"));
+    assert!(row.contains("(gone)"), "{row}");
+    let out = env.run(["run", "--no-wait", &lock, "true"]);
+    assert!(
+        stderr_of(&out).contains(", gone; not waiting"),
+        "{}",
+        describe(&out)
+    );
+    let out = env.run(["release", "--force", &lock]);
+    assert!(out.status.success(), "{}", describe(&out));
+}
+
+#[test]
+fn a_flock_holder_of_a_lock_file_is_named_as_such() {
+    let (server, env) = file_env();
+    let lock = lock_name("lock");
+    assert!(env.run(["run", &lock, "true"]).status.success());
+    let file = std::path::PathBuf::from(server.url().trim_start_matches("file://"))
+        .join(format!("{lock}.lock"));
+    assert!(file.exists(), "{}", file.display());
+    let ready = env.path("flock-ready");
+    // The command writes its pid once flock(1) holds the lock; ending it ends flock(1).
+    let mut flock = std::process::Command::new("flock")
+        .arg(&file)
+        .args([
+            "sh",
+            "-c",
+            &format!(
+                "echo $$ > '{}.tmp'; mv '{0}.tmp' '{0}'; exec sleep 1000",
+                ready.display()
+            ),
+        ])
+        .spawn()
+        .expect("flock(1)");
+    wait_until("flock(1) holding", PATIENCE, || ready.exists());
+    let out = env.run(["run", "--no-wait", &lock, "true"]);
+    let stderr = stderr_of(&out);
+    let sleeper: i32 = std::fs::read_to_string(&ready)
+        .expect("pid")
+        .trim()
+        .parse()
+        .expect("a pid");
+    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(sleeper), Signal::SIGKILL);
+    wait_within(&mut flock, PATIENCE);
+    assert!(stderr.contains("a flock(1) holder (not dlock)"), "{stderr}");
+    assert!(!stderr.contains(" on ?"), "{stderr}");
+}
