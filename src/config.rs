@@ -200,6 +200,21 @@ fn edits(a: &str, b: &str) -> usize {
     row[b.len()]
 }
 
+/// The config file this process read and its text, so that a bad value found later (a
+/// duration without a unit) is placed: [`whereabouts`].
+static LOADED: std::sync::OnceLock<(PathBuf, String)> = std::sync::OnceLock::new();
+
+/// ` (in FILE, line N)` for a top-level `key` of the config file read, `""` when unknown.
+pub fn whereabouts(key: &str) -> String {
+    let Some((path, text)) = LOADED.get() else {
+        return String::new();
+    };
+    match line_of(text, None, key) {
+        Some(n) => format!(" (in {}, line {n})", path.display()),
+        None => format!(" (in {})", path.display()),
+    }
+}
+
 /// Load the config file named by `--config` / `DLOCK_CONFIG`, else the first of
 /// `$XDG_CONFIG_HOME/dlock/config.toml` and `/etc/dlock/config.toml` that exists; its backend
 /// tables may be `tables`.
@@ -213,10 +228,12 @@ pub fn load(explicit: Option<&Path>, tables: &[&str]) -> Result<FileConfig, Erro
     };
     let text = crate::files::read_small_file(&path, crate::files::MAX_CONFIG_BYTES)
         .map_err(|e| Error::Config(format!("cannot read config file {}: {e}", path.display())))?;
-    FileConfig::parse(&text, tables).map_err(|e| {
+    let parsed = FileConfig::parse(&text, tables).map_err(|e| {
         let at = if e.starts_with("line ") { ", " } else { ": " };
         Error::Config(format!("bad config file {}{at}{e}", path.display()))
-    })
+    })?;
+    let _ = LOADED.set((path, text));
+    Ok(parsed)
 }
 
 fn default_config_paths() -> Vec<PathBuf> {

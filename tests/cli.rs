@@ -832,6 +832,14 @@ fn config_errors_name_the_file_the_line_and_the_key() {
         assert_fails(&out, 78, &format!("bad config file {path}, {wanted}"));
         assert!(!env.path("ran").exists(), "{text:?}: the command ran");
     }
+    // A value the file's syntax accepts but dlock does not: the key, the file and the line.
+    std::fs::write(&config, "ttl = \"5s\"\nwait = \"5\"\n").expect("write");
+    let out = env.run(["--config", path, "run", "x", "touch", "ran"]);
+    assert_fails(
+        &out,
+        78,
+        &format!("config file: wait: '5' has no unit; write e.g. 5s or 5ms (in {path}, line 2)"),
+    );
 }
 
 /// A whole shell line given as one word is pointed to `-c`; a script whose `#!` names a

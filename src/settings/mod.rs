@@ -112,7 +112,8 @@ fn pick<T>(flag: Option<T>, file: Option<T>) -> Option<Sourced<T>> {
 fn bad(from_file: bool, what: &str, message: String) -> Error {
     if from_file {
         let key = what.trim_start_matches('-').replace('-', "_");
-        Error::Config(format!("config file: {key}: {message}"))
+        let at = crate::config::whereabouts(&key);
+        Error::Config(format!("config file: {key}: {message}{at}"))
     } else {
         Error::Usage(format!("{what}: {message}"))
     }
