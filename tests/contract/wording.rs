@@ -307,6 +307,13 @@ fn a_url_at_the_wrong_kind_of_server_says_so() {
             ),
         ),
         (
+            format!("memcached://127.0.0.1:{}", redis.port()),
+            format!(
+                "127.0.0.1:{} does not look like a memcached server (",
+                redis.port()
+            ),
+        ),
+        (
             format!("rediss://127.0.0.1:{}/0", redis.port()),
             format!(
                 "127.0.0.1:{} did not answer the TLS handshake; is it serving plain text? \

@@ -90,6 +90,13 @@ impl Failure {
             Failure::Protocol(text) if text.contains("SERVER_ERROR") => {
                 Error::Unavailable(format!("{display} could not do what dlock asked: {text}"))
             }
+            // A Redis (`-ERR unknown command`) or an HTTP server: not a memcached at all.
+            Failure::Protocol(text)
+                if text.trim_start_matches(['\'', '"']).starts_with("-ERR")
+                    || text.contains("HTTP/") =>
+            {
+                crate::wording::not_a(display, "memcached", &format!("it answered {text}"))
+            }
             Failure::Protocol(text) => Error::Unavailable(format!(
                 "{display} answered unexpectedly ({text}); dlock needs memcached 1.6 or later \
                  with the meta protocol"
