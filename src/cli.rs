@@ -528,8 +528,18 @@ const URL_SHORT_HELP: &str =
 /// The command tree: [`Cli`]'s, with the short help that `-h` shows where it differs from the
 /// full text of `--help`. Everything that parses or documents the command line starts here.
 pub fn command() -> clap::Command {
-    Cli::command()
-        .mut_subcommands(|sub| sub.mut_args(|arg| long_help_of_hidden(short_url_help(arg))))
+    Cli::command().mut_subcommands(|sub| {
+        sub.mut_args(|arg| values_may_start_with_a_hyphen(long_help_of_hidden(short_url_help(arg))))
+    })
+}
+
+/// `--wait -1s` and `-E -1` are a bad value of that option (which its parser says), not an
+/// option `-1` that does not exist.
+fn values_may_start_with_a_hyphen(arg: clap::Arg) -> clap::Arg {
+    if arg.is_positional() || !arg.get_action().takes_values() {
+        return arg;
+    }
+    arg.allow_hyphen_values(true)
 }
 
 /// An option left out of `-h` keeps its one help text as the full one, which the man page
@@ -561,7 +571,10 @@ pub fn parse(args: Vec<OsString>) -> Result<Cli, clap::Error> {
     // Building the command tree is the costliest part of start-up: do it once.
     let mut command = command();
     let args = normalize_run_args(args, &command);
-    let matches = command.try_get_matches_from_mut(args)?;
+    let matches = command
+        .try_get_matches_from_mut(args.iter().cloned())
+        .map_err(|e| no_such_option(e, &args, &command))
+        .map_err(|e| bad_value(e, &args, &command))?;
     let mut cli = Cli::from_arg_matches(&matches).map_err(|e| e.format(&mut command))?;
     if let Some((_, sub)) = matches.subcommand() {
         let from_env = from_environment(sub);
@@ -575,6 +588,84 @@ pub fn parse(args: Vec<OsString>) -> Result<Cli, clap::Error> {
         }
     }
     Ok(cli)
+}
+
+/// clap's word for an unknown option ("to pass '--shared' as a value, use '-- --shared'")
+/// would make the option the lock's NAME: say which command has no such option instead, with
+/// the one clap thinks was meant.
+fn no_such_option(err: clap::Error, args: &[OsString], command: &clap::Command) -> clap::Error {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    if err.kind() != ErrorKind::UnknownArgument {
+        return err;
+    }
+    let Some(ContextValue::String(given)) = err.get(ContextKind::InvalidArg) else {
+        return err;
+    };
+    let option = given.split_once('=').map_or(given.as_str(), |(o, _)| o);
+    // The subcommand whose options it stands among (dlock's own before the subcommand).
+    let words: Vec<&str> = args.iter().skip(1).filter_map(|a| a.to_str()).collect();
+    let sub_at = words
+        .iter()
+        .position(|a| command.find_subcommand(a).is_some());
+    let given_at = words.iter().position(|a| a == given);
+    let who = match (sub_at, given_at) {
+        (Some(s), Some(g)) if g < s => "dlock".to_owned(),
+        (Some(s), _) => format!("dlock {}", words[s]),
+        (None, _) => "dlock".to_owned(),
+    };
+    let meant = match err.get(ContextKind::SuggestedArg) {
+        Some(ContextValue::String(s)) => format!(" (did you mean {s}?)"),
+        _ => String::new(),
+    };
+    clap::Error::raw(
+        ErrorKind::UnknownArgument,
+        format!("{who} has no option {option}{meant}; see {who} --help"),
+    )
+}
+
+/// clap's bad value of an option names the option even when the value came from its
+/// `DLOCK_*` variable, and leaves the values it takes to a line that the one-line report
+/// drops: name the variable, and the values.
+fn bad_value(err: clap::Error, args: &[OsString], command: &clap::Command) -> clap::Error {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    if !matches!(
+        err.kind(),
+        ErrorKind::InvalidValue | ErrorKind::ValueValidation
+    ) {
+        return err;
+    }
+    let Some(ContextValue::String(shown)) = err.get(ContextKind::InvalidArg) else {
+        return err;
+    };
+    let flag = shown.split(' ').next().unwrap_or(shown);
+    let text = err.to_string();
+    let first = text.lines().next().unwrap_or_default();
+    let mut message = first.strip_prefix("error: ").unwrap_or(first).to_owned();
+    let long = flag.strip_prefix("--").unwrap_or_default();
+    let env = command
+        .get_subcommands()
+        .chain(std::iter::once(command))
+        .flat_map(|c| c.get_arguments())
+        .find(|a| a.get_long() == Some(long))
+        .and_then(|a| a.get_env().map(|v| (v.to_owned(), a.get_short())));
+    if let Some((var, short)) = env {
+        let on_the_line = args.iter().filter_map(|a| a.to_str()).any(|a| {
+            a == flag
+                || a.starts_with(&format!("{flag}="))
+                || short
+                    .is_some_and(|s| a.starts_with('-') && !a.starts_with("--") && a.contains(s))
+        });
+        if !on_the_line && std::env::var_os(&var).is_some() {
+            message = message.replace(
+                &format!("for '{shown}'"),
+                &format!("for {} (environment)", var.to_string_lossy()),
+            );
+        }
+    }
+    if let Some(ContextValue::Strings(valid)) = err.get(ContextKind::ValidValue) {
+        message.push_str(&format!("; expected {}", valid.join(", ")));
+    }
+    clap::Error::raw(err.kind(), message)
 }
 
 /// The ids of the options in `matches` whose value came from their `DLOCK_*` variable.

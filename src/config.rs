@@ -62,25 +62,35 @@ impl FileConfig {
     /// what is wrong, without the path.
     pub fn parse(text: &str, table_names: &[&str]) -> Result<FileConfig, String> {
         let mut table: toml::Table = toml::from_str(text).map_err(|e| {
-            let line = e
-                .span()
-                .map(|s| {
-                    format!(
-                        " (line {})",
-                        text[..s.start.min(text.len())].lines().count().max(1)
-                    )
-                })
+            let Some(span) = e.span() else {
+                return e.message().trim().to_owned();
+            };
+            let start = span.start.min(text.len());
+            let line = text[..start].matches('\n').count() + 1;
+            // The key of the line, where it has one (`url = redis://h` is not a value).
+            let key = text
+                .lines()
+                .nth(line - 1)
+                .and_then(|l| l.split_once('='))
+                .map(|(k, _)| k.trim())
+                .filter(|k| !k.is_empty() && !k.starts_with('['))
+                .map(|k| format!("{k}: "))
                 .unwrap_or_default();
-            format!("{}{line}", e.message().trim())
+            format!("line {line}: {key}{}", e.message().trim())
         })?;
         let mut tables = BTreeMap::new();
         for name in table_names {
             if let Some(value) = table.remove(*name) {
-                let section = BackendFileConfig::deserialize(value)
+                let toml::Value::Table(section) = value else {
+                    return Err(format!("{name}: expected a table ([{name}])"));
+                };
+                check_keys(text, Some(name), &section)?;
+                let section = BackendFileConfig::deserialize(toml::Value::Table(section))
                     .map_err(|e| format!("[{name}]: {}", e.message().trim()))?;
                 tables.insert((*name).to_owned(), section);
             }
         }
+        check_keys(text, None, &table)?;
         let values = Values::deserialize(toml::Value::Table(table))
             .map_err(|e| e.message().trim().to_owned())?;
         Ok(FileConfig { values, tables })
@@ -97,6 +107,114 @@ impl FileConfig {
     }
 }
 
+/// Each key of `table` (the top level, or the backend table `[section]`) one by one, so that
+/// an error names the key and its line: an unknown key with the known one it is closest to,
+/// a value of the wrong type with what the key takes.
+fn check_keys(text: &str, section: Option<&str>, table: &toml::Table) -> Result<(), String> {
+    for (key, value) in table {
+        let at = |message: String| {
+            let line = line_of(text, section, key)
+                .map(|n| format!("line {n}: "))
+                .unwrap_or_default();
+            let key = match section {
+                Some(s) => format!("[{s}] {key}"),
+                None => key.clone(),
+            };
+            format!("{line}{key}: {message}")
+        };
+        let mut one = toml::Table::new();
+        one.insert(key.clone(), value.clone());
+        let checked = match section {
+            Some(_) => BackendFileConfig::deserialize(toml::Value::Table(one)).map(|_| ()),
+            None => Values::deserialize(toml::Value::Table(one)).map(|_| ()),
+        };
+        let Err(e) = checked else { continue };
+        let message = e.message().trim();
+        // serde lists the keys: "unknown field `wiat`, expected one of `url`, `wait`, …".
+        if let Some((_, list)) = message
+            .split_once("unknown field")
+            .and_then(|(_, rest)| rest.split_once("expected "))
+        {
+            let known: Vec<&str> = list.split('`').skip(1).step_by(2).collect();
+            let meant = closest(key, &known)
+                .map(|k| format!("; did you mean {k}?"))
+                .unwrap_or_default();
+            return Err(at(format!("unknown key{meant} (expected {list})")));
+        }
+        let hint = match (key.as_str(), value) {
+            ("wait" | "ttl" | "kill_after" | "min_hold", toml::Value::Integer(n)) => {
+                format!("; a duration is quoted, with its unit: {key} = \"{n}s\"")
+            }
+            _ => String::new(),
+        };
+        return Err(at(format!("{message}{hint}")));
+    }
+    Ok(())
+}
+
+/// The line (from 1) where `key` is set in `section` (the top level: before the first table).
+fn line_of(text: &str, section: Option<&str>, key: &str) -> Option<usize> {
+    let mut current: Option<String> = None;
+    for (n, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if let Some(header) = line.strip_prefix('[') {
+            current = header.split(']').next().map(|h| h.trim().to_owned());
+            continue;
+        }
+        let Some((k, _)) = line.split_once('=') else {
+            continue;
+        };
+        let k = k.trim().trim_matches(['"', '\'']);
+        if k == key && current.as_deref() == section {
+            return Some(n + 1);
+        }
+    }
+    None
+}
+
+/// The known key within two edits of `key`, if any (the closest).
+fn closest<'a>(key: &str, known: &[&'a str]) -> Option<&'a str> {
+    known
+        .iter()
+        .map(|k| (edits(key, k), *k))
+        .filter(|(d, _)| *d <= 2)
+        .min_by_key(|(d, _)| *d)
+        .map(|(_, k)| k)
+}
+
+/// Levenshtein distance (insertions, deletions, substitutions, one each).
+fn edits(a: &str, b: &str) -> usize {
+    let b: Vec<char> = b.chars().collect();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.chars().enumerate() {
+        let mut diagonal = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let above = row[j + 1];
+            row[j + 1] = (above + 1)
+                .min(row[j] + 1)
+                .min(diagonal + usize::from(ca != *cb));
+            diagonal = above;
+        }
+    }
+    row[b.len()]
+}
+
+/// The config file this process read and its text, so that a bad value found later (a
+/// duration without a unit) is placed: [`whereabouts`].
+static LOADED: std::sync::OnceLock<(PathBuf, String)> = std::sync::OnceLock::new();
+
+/// ` (in FILE, line N)` for a top-level `key` of the config file read, `""` when unknown.
+pub fn whereabouts(key: &str) -> String {
+    let Some((path, text)) = LOADED.get() else {
+        return String::new();
+    };
+    match line_of(text, None, key) {
+        Some(n) => format!(" (in {}, line {n})", path.display()),
+        None => format!(" (in {})", path.display()),
+    }
+}
+
 /// Load the config file named by `--config` / `DLOCK_CONFIG`, else the first of
 /// `$XDG_CONFIG_HOME/dlock/config.toml` and `/etc/dlock/config.toml` that exists; its backend
 /// tables may be `tables`.
@@ -110,8 +228,12 @@ pub fn load(explicit: Option<&Path>, tables: &[&str]) -> Result<FileConfig, Erro
     };
     let text = crate::files::read_small_file(&path, crate::files::MAX_CONFIG_BYTES)
         .map_err(|e| Error::Config(format!("cannot read config file {}: {e}", path.display())))?;
-    FileConfig::parse(&text, tables)
-        .map_err(|e| Error::Config(format!("bad config file {}: {e}", path.display())))
+    let parsed = FileConfig::parse(&text, tables).map_err(|e| {
+        let at = if e.starts_with("line ") { ", " } else { ": " };
+        Error::Config(format!("bad config file {}{at}{e}", path.display()))
+    })?;
+    let _ = LOADED.set((path, text));
+    Ok(parsed)
 }
 
 fn default_config_paths() -> Vec<PathBuf> {
@@ -139,6 +261,25 @@ mod tests {
         assert!(parsed.is_err());
         let parsed = FileConfig::parse("ttl = '5s'\n[redis]\nca_file = '/x'\n", TABLES);
         assert!(parsed.is_ok());
+    }
+
+    #[test]
+    fn errors_name_the_key_and_the_line() {
+        let error = |text: &str| FileConfig::parse(text, TABLES).err().unwrap_or_default();
+        assert_eq!(
+            error("ttl = '5s'\n\nwait = 30\n"),
+            "line 3: wait: invalid type: integer `30`, expected a string; a duration is \
+             quoted, with its unit: wait = \"30s\""
+        );
+        assert!(
+            error("wiat = '3s'\n").starts_with("line 1: wiat: unknown key; did you mean wait? ("),
+            "{}",
+            error("wiat = '3s'\n")
+        );
+        assert!(error("[redis]\nca_fil = 'x'\n")
+            .starts_with("line 2: [redis] ca_fil: unknown key; did you mean ca_file? ("));
+        assert!(error("colour = 'red'\n").starts_with("line 1: colour: unknown key (expected"));
+        assert!(error("\nurl = redis://h\n").starts_with("line 2: url: "));
     }
 
     #[test]

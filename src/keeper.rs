@@ -313,6 +313,9 @@ async fn run<R: Renew>(
     let mut last_ack = acquired_sent;
     let mut schedule = schedule;
     let mut next = acquired_sent + schedule.renew_every();
+    // The failures since the last renewal: the first is said, the retries are not (the
+    // lost-lock line, or nothing when a retry gets through, says the rest).
+    let mut failing = 0u32;
     loop {
         tokio::select! {
             _ = &mut stop => return renewer,
@@ -340,6 +343,10 @@ async fn run<R: Renew>(
         };
         match result {
             Ok(Ok(granted)) => {
+                if failing > 0 {
+                    tracing::info!("lease renewed after {failing} failed attempt(s)");
+                }
+                failing = 0;
                 last_ack = sent;
                 if granted != schedule.ttl {
                     schedule = Schedule::new(granted, schedule.grace);
@@ -354,17 +361,33 @@ async fn run<R: Renew>(
                 return renewer;
             }
             Ok(Err(RenewError::Failed(reason))) => {
-                tracing::warn!("lease renewal failed: {reason}; retrying");
+                let why = format!("lease renewal failed: {reason}");
+                failure(&mut failing, &why, give_up);
                 next = retry_at(&schedule, sent, give_up);
             }
             Err(_) => {
-                tracing::warn!(
-                    "lease renewal timed out after {}; retrying",
-                    humantime::format_duration(budget)
+                let why = format!(
+                    "lease renewal timed out after {}",
+                    humantime::format_duration(round_ms(budget))
                 );
+                failure(&mut failing, &why, give_up);
                 next = retry_at(&schedule, sent, give_up);
             }
         }
+    }
+}
+
+/// Say the first failed renewal of a run of them as a warning, with how long the retries go
+/// on; the retries only under -v.
+fn failure(failing: &mut u32, why: &str, give_up: BootInstant) {
+    *failing += 1;
+    if *failing == 1 {
+        tracing::warn!(
+            "{why}; retrying for up to {}",
+            humantime::format_duration(round_ms(give_up.saturating_since(BootInstant::now())))
+        );
+    } else {
+        tracing::debug!("{why}; retrying");
     }
 }
 

@@ -170,9 +170,8 @@ async fn run(cli: Cli) -> anyhow::Result<Outcome> {
             }
             for holder in &released {
                 say!(
-                    "released '{name}' (was held by pid {} on {}, token {})",
-                    holder.pid,
-                    holder.host,
+                    "released '{name}' (was held by {}, token {})",
+                    crate::wording::holder(holder),
                     holder.token
                 );
             }

@@ -44,7 +44,11 @@ pub fn clap_error(err: clap::Error) -> u8 {
                 .find_map(|l| l.strip_prefix("tip: "))
                 .map(|t| format!("; {t}"))
                 .unwrap_or_default();
-            say!("{message}{tip} (see 'dlock --help')");
+            if message.ends_with("--help") {
+                say!("{message}");
+            } else {
+                say!("{message}{tip} (see 'dlock --help')");
+            }
             Code::Usage.value()
         }
     }
@@ -134,7 +138,10 @@ pub fn print_status(status: &LockStatus, json: bool) -> std::io::Result<()> {
 
 fn write_holder(out: &mut impl Write, status: &HolderStatus) -> std::io::Result<()> {
     let h = &status.holder;
-    let host = if h.host.is_empty() {
+    let host = if h.host.is_empty() && h.pid > 0 {
+        // Only the file backend finds a holder with no record: through this host's kernel.
+        "this host".into()
+    } else if h.host.is_empty() {
         "?".into()
     } else {
         printable(&h.host)
@@ -144,7 +151,14 @@ fn write_holder(out: &mut impl Write, status: &HolderStatus) -> std::io::Result<
     } else {
         format!(", user {}", printable(&h.user))
     };
-    writeln!(out, "holder:     pid {} on {host}{user}", h.pid)?;
+    match crate::wording::holder_kind(h) {
+        Some(kind) if h.is_foreign() => writeln!(out, "holder:     {}", printable(&kind))?,
+        Some(kind) => {
+            writeln!(out, "holder:     pid {} on {host}{user}", h.pid)?;
+            writeln!(out, "            {}", printable(&kind))?;
+        }
+        None => writeln!(out, "holder:     pid {} on {host}{user}", h.pid)?,
+    }
     if !h.command.is_empty() {
         writeln!(out, "command:    {}", printable(&h.command))?;
     }
@@ -213,24 +227,57 @@ pub fn print_list(locks: &[LockStatus], json: bool) -> std::io::Result<()> {
         tracing::info!("no locks are held");
         return Ok(());
     }
+    // Columns as wide as their widest entry on a terminal (a long or non-ASCII name).
+    use crate::wording::pad;
+    let widest = |min: usize, each: &dyn Fn(&LockStatus) -> Vec<String>| {
+        locks
+            .iter()
+            .flat_map(each)
+            .map(|s| crate::wording::display_width(&s))
+            .fold(min, usize::max)
+    };
+    let name_width = widest(24, &|l| vec![printable(&l.name).into_owned()]);
+    let host_width = widest(16, &|l| {
+        l.holders
+            .iter()
+            .map(|h| printable(&h.holder.host).into_owned())
+            .collect()
+    });
     writeln!(
         out,
-        "{:<24} {:>8} {:<16} {:<21} {:>7} COMMAND",
-        "NAME", "PID", "HOST", "SINCE", "WAITING"
+        "{} {:>8} {} {:<21} {:>7} COMMAND",
+        pad("NAME", name_width),
+        "PID",
+        pad("HOST", host_width),
+        "SINCE",
+        "WAITING"
     )?;
     for lock in locks {
         for holder in &lock.holders {
             let h = &holder.holder;
             let waiting = lock.waiters.map_or("-".to_owned(), |w| w.to_string());
+            let pid = if h.is_foreign() {
+                "-".to_owned()
+            } else {
+                h.pid.to_string()
+            };
+            let command = match crate::wording::holder_kind(h) {
+                Some(_) if h.is_foreign() => printable(&h.command).into_owned(),
+                Some(kind) if kind.starts_with("gone") => {
+                    format!("(gone) {}", printable(&h.command))
+                }
+                Some(_) => "(not dlock: flock(1) or another program)".to_owned(),
+                None => printable(&h.command).into_owned(),
+            };
             writeln!(
                 out,
-                "{:<24} {:>8} {:<16} {:<21} {:>7} {}",
-                printable(&lock.name),
-                h.pid,
-                printable(&h.host),
+                "{} {:>8} {} {:<21} {:>7} {}",
+                pad(&printable(&lock.name), name_width),
+                pid,
+                pad(&printable(&h.host), host_width),
                 printable(&h.since),
                 waiting,
-                printable(&h.command)
+                command
             )?;
         }
     }

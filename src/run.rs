@@ -320,7 +320,12 @@ async fn supervise_command<L: Lease>(
         Err(err) => {
             let shown = settings.command.arg0.to_string_lossy();
             let error = match err.raw_os_error() {
-                Some(libc::ENOENT) => Error::NotFound(format!("command not found: {shown}")),
+                Some(libc::ENOENT) => {
+                    match crate::settings::command::bad_interpreter(&settings.command.program) {
+                        Some(why) => Error::NotFound(format!("cannot run {shown}: {why}")),
+                        None => Error::NotFound(format!("command not found: {shown}")),
+                    }
+                }
                 Some(
                     libc::EACCES
                     | libc::ENOEXEC

@@ -30,6 +30,10 @@ pub fn holder(h: &Holder) -> String {
         };
         return format!("a holder that is not dlock ({what}){host}{held_for}");
     }
+    if h.version.is_empty() && h.host.is_empty() && h.command.is_empty() {
+        return format!("pid {} on this host, a flock(1) holder (not dlock)", h.pid);
+    }
+    let gone = if is_gone(h) { ", gone" } else { "" };
     let host = if h.host.is_empty() { "?" } else { &h.host };
     let what = match (h.user.is_empty(), h.command.is_empty()) {
         (false, false) => format!(" ({}: {})", h.user, h.command),
@@ -37,7 +41,49 @@ pub fn holder(h: &Holder) -> String {
         (false, true) => format!(" ({})", h.user),
         (true, true) => String::new(),
     };
-    format!("pid {} on {host}{what}{held_for}", h.pid)
+    format!("pid {} on {host}{what}{held_for}{gone}", h.pid)
+}
+
+/// What a holder is when it is not a live dlock: not dlock at all (`etcdctl lock`, a
+/// Curator client, a `flock(1)` on the lock file), or a dlock of this host whose process is
+/// gone (SIGKILLed: its entry stays until its lease runs out).
+pub fn holder_kind(h: &Holder) -> Option<String> {
+    if h.is_foreign() {
+        let what = h
+            .command
+            .strip_prefix("(foreign holder: ")
+            .and_then(|c| c.strip_suffix(')'))
+            .unwrap_or("another client");
+        return Some(format!("not dlock: {what}"));
+    }
+    if h.version.is_empty() && h.host.is_empty() && h.command.is_empty() {
+        // A kernel lock on the lock file without dlock's record in it.
+        return Some("not dlock: a flock(1) holder or another program on this host".into());
+    }
+    if is_gone(h) {
+        return Some(format!(
+            "gone: no process {} on this host any more; the lock is freed when its lease runs \
+             out, and dlock release --force may free it now",
+            h.pid
+        ));
+    }
+    None
+}
+
+/// A holder recorded by this host whose process no longer exists.
+fn is_gone(h: &Holder) -> bool {
+    let Ok(pid) = i32::try_from(h.pid) else {
+        return false;
+    };
+    if pid <= 0 || h.version.is_empty() {
+        return false;
+    }
+    let here = nix::unistd::gethostname()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    here == h.host
+        && nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None)
+            == Err(nix::errno::Errno::ESRCH)
 }
 
 /// ` by <holder>, <holder>` for a held lock, `""` when `holders` is empty.
@@ -112,6 +158,140 @@ pub fn short_duration(d: Duration) -> String {
     }
 }
 
+/// How many columns `text` takes on a terminal: 2 for the wide characters of East Asian
+/// scripts and emoji, 0 for combining marks and zero-width characters, 1 for the rest (the
+/// common cases; a terminal may differ on rare ones).
+pub fn display_width(text: &str) -> usize {
+    text.chars()
+        .map(|c| match u32::from(c) {
+            0x0300..=0x036F | 0x200B..=0x200F | 0x20D0..=0x20FF | 0xFE00..=0xFE0F => 0,
+            0x1100..=0x115F
+            | 0x2E80..=0x303E
+            | 0x3041..=0x33FF
+            | 0x3400..=0x4DBF
+            | 0x4E00..=0x9FFF
+            | 0xA000..=0xA4CF
+            | 0xAC00..=0xD7A3
+            | 0xF900..=0xFAFF
+            | 0xFE30..=0xFE4F
+            | 0xFF00..=0xFF60
+            | 0xFFE0..=0xFFE6
+            | 0x1F300..=0x1F64F
+            | 0x1F900..=0x1F9FF
+            | 0x20000..=0x3FFFD => 2,
+            _ => 1,
+        })
+        .sum()
+}
+
+/// `text` followed by spaces up to `width` terminal columns (see [`display_width`]).
+pub fn pad(text: &str, width: usize) -> String {
+    let fill = width.saturating_sub(display_width(text));
+    format!("{text}{}", " ".repeat(fill))
+}
+
+/// Whether a connection was refused somewhere in `err`'s chain of causes (an `io::Error` of
+/// kind `ConnectionRefused`, also where a client shared it behind an `Arc`).
+pub fn refused_in(err: &(dyn std::error::Error + 'static)) -> bool {
+    let refused = |io: &std::io::Error| io.kind() == std::io::ErrorKind::ConnectionRefused;
+    let mut cause = Some(err);
+    while let Some(e) = cause {
+        if e.downcast_ref::<std::io::Error>().is_some_and(refused)
+            || e.downcast_ref::<std::sync::Arc<std::io::Error>>()
+                .is_some_and(|io| refused(io))
+        {
+            return true;
+        }
+        cause = e.source();
+    }
+    false
+}
+
+/// `cannot connect to HOST:PORT: connection refused`: nothing listens where the URL points
+/// (the same words on every backend; 69, waited out within `--wait` like any unreachable
+/// server).
+pub fn connection_refused(display: &str) -> Error {
+    let server = match display.split_once("://").map_or("", |(s, _)| s) {
+        "redis" | "rediss" => "Redis server",
+        "redis-sentinel" | "rediss-sentinel" => {
+            return Error::Unavailable(format!(
+                "cannot connect to {}: connection refused (no sentinel answered: none is \
+                 listening there)",
+                endpoint_of(display)
+            ))
+        }
+        "etcd" | "etcds" => "etcd server",
+        "zk" => "ZooKeeper server",
+        "postgres" | "postgresql" => "PostgreSQL server",
+        "mysql" | "mariadb" => "MySQL/MariaDB server",
+        "memcached" => "memcached",
+        _ => "server",
+    };
+    Error::Unavailable(format!(
+        "cannot connect to {}: connection refused (no {server} is listening there)",
+        endpoint_of(display)
+    ))
+}
+
+/// `HOST:PORT does not look like a SERVER server (WHAT IT DID)`: something else listens
+/// where the URL points (a Redis URL at an etcd port, say).
+pub fn not_a(display: &str, server: &str, seen: &str) -> Error {
+    Error::Unavailable(format!(
+        "{} does not look like {} {server} server ({seen}); check the URL's host and port",
+        endpoint_of(display),
+        article(server)
+    ))
+}
+
+/// `HOST:PORT did not answer the TLS handshake; is it serving plain text? (use redis:// …)`:
+/// a TLS URL at a server that does not speak TLS; `plain` says how to ask for no TLS.
+pub fn no_tls_handshake(display: &str, plain: &str) -> String {
+    format!(
+        "{} did not answer the TLS handshake; is it serving plain text? ({plain})",
+        endpoint_of(display)
+    )
+}
+
+fn article(word: &str) -> &'static str {
+    match word.chars().next() {
+        Some('a' | 'e' | 'i' | 'o' | 'u' | 'A' | 'E' | 'I' | 'O' | 'U') => "an",
+        _ => "a",
+    }
+}
+
+/// The `host:port` list of a (credential-free) URL: `redis://127.0.0.1:6380/0` →
+/// `127.0.0.1:6380`, with the backend's default port where the URL names none.
+pub fn endpoint_of(display: &str) -> String {
+    let (scheme, rest) = display.split_once("://").unwrap_or(("", display));
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or(rest);
+    let hosts = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    let port = match scheme {
+        "redis" | "rediss" => 6379,
+        "redis-sentinel" | "rediss-sentinel" => 26379,
+        "etcd" | "etcds" => 2379,
+        "zk" => 2181,
+        "postgres" | "postgresql" => 5432,
+        "mysql" | "mariadb" => 3306,
+        "memcached" => 11211,
+        _ => return hosts.to_owned(),
+    };
+    hosts
+        .split(',')
+        .map(|h| {
+            let has_port = match h.rsplit_once(']') {
+                Some((_, after)) => after.starts_with(':'),
+                None => h.contains(':'),
+            };
+            if has_port || h.is_empty() {
+                h.to_owned()
+            } else {
+                format!("{h}:{port}")
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -167,6 +347,24 @@ mod tests {
             "lock 'job' is held by pid 14028 on ci-3 (deploy: ./deploy.sh), 2 waiting ahead; \
              not waiting (--no-wait)"
         );
+    }
+
+    #[test]
+    fn widths_on_a_terminal() {
+        assert_eq!(display_width("deploy"), 6);
+        assert_eq!(display_width("déploiement"), 11);
+        assert_eq!(display_width("e\u{301}"), 1);
+        assert_eq!(display_width("発行"), 4);
+        assert_eq!(pad("発行", 6), "発行  ");
+    }
+
+    #[test]
+    fn endpoints_of_urls() {
+        assert_eq!(endpoint_of("redis://127.0.0.1:6380/0"), "127.0.0.1:6380");
+        assert_eq!(endpoint_of("postgres://u@db/x"), "db:5432");
+        assert_eq!(endpoint_of("zk://a:1,b/chroot"), "a:1,b:2181");
+        assert_eq!(endpoint_of("etcds://[::1]"), "[::1]:2379");
+        assert_eq!(endpoint_of("mysql://[::1]:3307/d"), "[::1]:3307");
     }
 
     #[test]

@@ -713,3 +713,198 @@ fn a_planted_symlink_as_the_report_is_refused() {
         "precious\n"
     );
 }
+
+/// An unknown option names the command that lacks it and where its options are listed, never
+/// suggesting `--` (which would make the option the lock's NAME); a value that starts with a
+/// hyphen is that option's bad value, not an unknown option.
+#[test]
+fn an_unknown_option_says_which_command_has_none_such() {
+    let (_server, env) = file_env();
+    let cases: [(&[&str], &str); 6] = [
+        (
+            &["run", "--shared", "x", "--", "true"],
+            "dlock: dlock run has no option --shared; see dlock run --help",
+        ),
+        (
+            &["run", "--timeout", "5s", "x", "--", "true"],
+            "dlock: dlock run has no option --timeout; see dlock run --help",
+        ),
+        (
+            &["run", "--no-wiat", "x", "true"],
+            "dlock: dlock run has no option --no-wiat (did you mean --no-wait?); see dlock run --help",
+        ),
+        (
+            &["status", "--bogus", "x"],
+            "dlock: dlock status has no option --bogus; see dlock status --help",
+        ),
+        (
+            &["--bogus", "run", "x", "true"],
+            "dlock: dlock has no option --bogus; see dlock --help",
+        ),
+        (
+            &["run", "-w", "1s", "--shared=1", "x", "true"],
+            "dlock: dlock run has no option --shared; see dlock run --help",
+        ),
+    ];
+    for (args, wanted) in cases {
+        let out = env.run(args.iter().copied().chain(["touch", "ran"]));
+        assert_eq!(out.status.code(), Some(64), "{args:?}: {}", describe(&out));
+        assert_eq!(stderr_of(&out).trim_end(), wanted, "{args:?}");
+        assert!(!env.path("ran").exists(), "{args:?}: the command ran");
+    }
+    for (args, option) in [
+        (["run", "--wait", "-1s", "x"], "--wait"),
+        (["run", "-E", "-1", "x"], "--conflict-exit-code"),
+    ] {
+        let out = env.run(args.iter().copied().chain(["true"]));
+        let stderr = stderr_of(&out);
+        assert_fails(&out, 64, option);
+        assert!(!stderr.contains("no option"), "{args:?}: {stderr}");
+        assert!(!stderr.contains("'--"), "{args:?}: {stderr}");
+    }
+}
+
+/// A bad value from a `DLOCK_*` variable names the variable, whatever parses it, and a bad
+/// value of a fixed set lists the set.
+#[test]
+fn a_bad_value_from_the_environment_names_the_variable() {
+    let (_server, env) = file_env();
+    for (var, value) in [
+        ("DLOCK_NO_WAIT", "maybe"),
+        ("DLOCK_ON_LOST", "explode"),
+        ("DLOCK_LOCAL_QUEUE", "perhaps"),
+        ("DLOCK_WAIT", "soon"),
+        ("DLOCK_CONFLICT_EXIT_CODE", "300"),
+    ] {
+        let mut command = env.dlock(["run", "x", "touch", "ran"]);
+        command.env(var, value);
+        let out = output_within(command, PATIENCE);
+        assert_fails(&out, 64, &format!("{var} (environment)"));
+        assert!(stderr_of(&out).contains(value), "{var}: {}", describe(&out));
+        assert!(!env.path("ran").exists(), "{var}: the command ran");
+    }
+    let out = env.run(["run", "--on-lost", "explode", "x", "true"]);
+    assert_fails(
+        &out,
+        64,
+        "for '--on-lost <ACTION>'; expected term, kill, ignore",
+    );
+}
+
+/// A `DLOCK_URL` whose password a parent dlock masked is refused in one line of single
+/// spaces, naming the variable.
+#[test]
+fn a_masked_password_in_dlock_url_is_refused_in_one_even_line() {
+    let (_server, env) = file_env();
+    let mut command = env.dlock(["run", "x", "true"]);
+    command.env("DLOCK_URL", "redis://u:***@127.0.0.1:1/0");
+    let out = output_within(command, PATIENCE);
+    assert_fails(&out, 78, "DLOCK_URL (environment): its password is ***");
+    let stderr = stderr_of(&out);
+    assert!(!stderr.contains("  "), "runs of spaces: {stderr:?}");
+}
+
+/// A bad config file is named with the line and the key, and a misspelt key with the key it
+/// is closest to.
+#[test]
+fn config_errors_name_the_file_the_line_and_the_key() {
+    let (_server, env) = file_env();
+    let config = env.path("dlock.toml");
+    let path = config.to_str().expect("utf-8");
+    for (text, wanted) in [
+        (
+            "ttl = \"5s\"\nwait = 30\n",
+            "line 2: wait: invalid type: integer `30`, expected a string; a duration is quoted, \
+             with its unit: wait = \"30s\"",
+        ),
+        ("\nurl = redis://h\n", "line 2: url: "),
+        (
+            "wiat = \"3s\"\n",
+            "line 1: wiat: unknown key; did you mean wait? (",
+        ),
+        (
+            "[redis]\nca_fil = \"x\"\n",
+            "line 2: [redis] ca_fil: unknown key; did you mean ca_file? (",
+        ),
+    ] {
+        std::fs::write(&config, text).expect("write");
+        let out = env.run(["--config", path, "run", "x", "touch", "ran"]);
+        assert_fails(&out, 78, &format!("bad config file {path}, {wanted}"));
+        assert!(!env.path("ran").exists(), "{text:?}: the command ran");
+    }
+    // A value the file's syntax accepts but dlock does not: the key, the file and the line.
+    std::fs::write(&config, "ttl = \"5s\"\nwait = \"5\"\n").expect("write");
+    let out = env.run(["--config", path, "run", "x", "touch", "ran"]);
+    assert_fails(
+        &out,
+        78,
+        &format!("config file: wait: '5' has no unit; write e.g. 5s or 5ms (in {path}, line 2)"),
+    );
+}
+
+/// A whole shell line given as one word is pointed to `-c`; a script whose `#!` names a
+/// missing interpreter says so, and names CRLF line endings when that is why.
+#[test]
+fn a_shell_line_as_one_word_and_a_bad_interpreter_are_named() {
+    let (_server, env) = file_env();
+    let out = env.run(["run", "x", "echo a && echo b"]);
+    assert_fails(&out, 127, "did you mean -c 'echo a && echo b'?");
+    let crlf = env.path("crlf.sh");
+    let missing = env.path("missing.sh");
+    std::fs::write(&crlf, "#!/bin/sh\r\necho ran\r\n").expect("write");
+    std::fs::write(&missing, "#!/no/such/interpreter\necho ran\n").expect("write");
+    for script in [&crlf, &missing] {
+        std::fs::set_permissions(script, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .expect("chmod");
+    }
+    let out = env.run(["run", "x", crlf.to_str().expect("utf-8")]);
+    assert_fails(
+        &out,
+        127,
+        "bad interpreter \"/bin/sh\\r\": the script has CRLF",
+    );
+    let out = env.run(["run", "x", missing.to_str().expect("utf-8")]);
+    assert_fails(&out, 127, "bad interpreter /no/such/interpreter");
+    assert!(env.is_free("x"));
+}
+
+/// `list` keeps its columns aligned on a terminal with long and non-ASCII (wide) names.
+#[test]
+fn list_columns_align_by_display_width() {
+    let (_server, env) = file_env();
+    let names = [
+        lock_name("short"),
+        format!("{}-a-name-longer-than-the-column", lock_name("long")),
+        format!("発行ジョブ-{}", lock_name("wide")),
+    ];
+    let _holders: Vec<_> = names.iter().map(|n| env.hold(n, &[])).collect();
+    let list = stdout_of(&env.run(["list"]));
+    // Terminal columns: the CJK characters used here take two.
+    let width = |s: &str| {
+        s.chars()
+            .map(|c| {
+                if ('\u{3000}'..='\u{9fff}').contains(&c) {
+                    2
+                } else {
+                    1
+                }
+            })
+            .sum::<usize>()
+    };
+    let pid_ends: Vec<usize> = list
+        .lines()
+        .filter(|l| l.starts_with("NAME") || names.iter().any(|n| l.starts_with(n.as_str())))
+        .map(|l| {
+            let name_end = l.find(' ').unwrap_or(l.len());
+            let after = &l[name_end..];
+            let pid = after.trim_start();
+            let pid_end = name_end + (after.len() - pid.len()) + pid.find(' ').unwrap_or(pid.len());
+            width(&l[..pid_end])
+        })
+        .collect();
+    assert_eq!(pid_ends.len(), 4, "{list}");
+    assert!(
+        pid_ends.windows(2).all(|w| w[0] == w[1]),
+        "{pid_ends:?}\n{list}"
+    );
+}

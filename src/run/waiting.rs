@@ -179,14 +179,31 @@ pub(super) fn waiting_line(name: &LockName, status: &LockStatus) -> Option<Strin
     Some(format!("waiting for '{name}': {state}"))
 }
 
-/// `line` cut to fit in `width` columns (one left free so the cursor does not wrap).
+/// `line` cut to fit in `width` columns (one left free so the cursor does not wrap). The
+/// middle goes (the holder's command), not the end: how long the lock has been held and how
+/// many wait ahead (` for 4m12s, 2 waiting ahead`) stay on screen.
 fn fit(line: &str, width: usize) -> String {
     let room = width.saturating_sub(1).max(20);
-    if line.chars().count() <= room {
+    if wording::display_width(line) <= room {
         return line.to_owned();
     }
-    let mut cut: String = line.chars().take(room - 1).collect();
+    let tail = line
+        .rfind(" for ")
+        .map(|at| &line[at..])
+        .filter(|t| wording::display_width(t) < room / 2)
+        .unwrap_or("");
+    let mut cut = String::new();
+    let mut used = wording::display_width(tail) + 1;
+    for c in line.chars() {
+        let w = wording::display_width(c.encode_utf8(&mut [0; 4]));
+        if used + w > room {
+            break;
+        }
+        used += w;
+        cut.push(c);
+    }
     cut.push('…');
+    cut.push_str(tail);
     cut
 }
 
@@ -249,5 +266,26 @@ mod tests {
         let cut = fit(&"x".repeat(100), 40);
         assert_eq!(cut.chars().count(), 39);
         assert!(cut.ends_with('…'));
+    }
+
+    #[test]
+    fn a_shortened_line_keeps_how_long_and_how_many_ahead() {
+        let line = "dlock: waiting for 'deploy-prod': held by pid 14028 on ci-3 (deploy: \
+                    ./deploy.sh --all --verbose --environment production) for 4m12s, 2 waiting ahead";
+        let cut = fit(line, 80);
+        assert_eq!(cut.chars().count(), 79, "{cut}");
+        assert!(cut.ends_with("… for 4m12s, 2 waiting ahead"), "{cut}");
+        assert!(
+            cut.starts_with("dlock: waiting for 'deploy-prod': held by"),
+            "{cut}"
+        );
+        // Wide characters count twice.
+        let wide = fit(
+            &format!("dlock: waiting for '{}' for 3s", "発".repeat(40)),
+            40,
+        );
+        let columns = wording::display_width(&wide);
+        assert!((38..=39).contains(&columns), "{columns}: {wide}");
+        assert!(wide.ends_with("… for 3s"), "{wide}");
     }
 }

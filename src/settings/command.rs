@@ -47,7 +47,15 @@ pub(super) fn command_spec(
             (program, words.collect())
         }
     };
-    let program = resolve_program(&arg0).map_err(|e| options_after_name(e, &arg0))?;
+    let program = resolve_program(&arg0)
+        .map_err(|e| options_after_name(e, &arg0))
+        .map_err(|e| shell_line_as_one_word(e, &arg0, args.is_empty()))?;
+    if let Some(why) = bad_interpreter(&program) {
+        return Err(Error::NotFound(format!(
+            "cannot run {}: {why}",
+            arg0.to_string_lossy()
+        )));
+    }
     // Secrets in the command line (a nested `dlock run --url redis://:pw@…`, a libpq
     // `password=…`, `--token X`, `MYSQL_PWD=X`) are masked: the display form is recorded in
     // the lock's metadata, stored on the backend and shown to anyone who runs `status`.
@@ -74,6 +82,54 @@ fn options_after_name(error: Error, arg0: &std::ffi::OsStr) -> Error {
         )),
         other => other,
     }
+}
+
+/// A "command not found" for one word that is a whole shell line (`dlock run x 'make &&
+/// ./mail-it'`): the shell runs that, with `-c`.
+fn shell_line_as_one_word(error: Error, arg0: &std::ffi::OsStr, alone: bool) -> Error {
+    let word = arg0.to_string_lossy();
+    match error {
+        Error::NotFound(message) if alone && word.trim().contains(char::is_whitespace) => {
+            Error::NotFound(format!(
+                "{message}; did you mean -c '{}'?",
+                word.replace('\'', "'\\''")
+            ))
+        }
+        other => other,
+    }
+}
+
+/// Why the kernel would fail to start the script `program` for want of its interpreter
+/// (execve's ENOENT, which reads as "command not found"): the `#!` line names a program that
+/// does not exist, often `/bin/sh\r` from a file with CRLF line endings.
+pub fn bad_interpreter(program: &Path) -> Option<String> {
+    use std::io::Read;
+    let mut head = [0u8; 256];
+    let n = std::fs::File::open(program)
+        .and_then(|mut f| f.read(&mut head))
+        .ok()?;
+    let line = head[..n].strip_prefix(b"#!")?;
+    let line = line.split(|&b| b == b'\n').next()?;
+    let crlf = line.ends_with(b"\r");
+    let text = String::from_utf8_lossy(line);
+    let interpreter = text
+        .trim_start_matches([' ', '\t'])
+        .split([' ', '\t'])
+        .next()?;
+    if interpreter.is_empty() || Path::new(interpreter).exists() {
+        return None;
+    }
+    let shown = interpreter.escape_debug();
+    Some(if crlf {
+        let bare = interpreter.trim_end_matches('\r');
+        format!(
+            "bad interpreter \"{shown}\": the script has CRLF (Windows) line endings, so its \
+             #! line names \"{shown}\" instead of {bare}; convert it with dos2unix or \
+             sed -i 's/\\r$//'"
+        )
+    } else {
+        format!("bad interpreter {shown}: no such file (named by the script's #! line)")
+    })
 }
 
 /// Find `program` the way `execvp` would, so a missing or non-executable command is reported

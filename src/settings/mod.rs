@@ -9,7 +9,7 @@
 //! The config file itself is [`crate::config`], credentials and redaction
 //! [`crate::secrets`], and the command to run and its lookup on `PATH` `command`.
 
-mod command;
+pub(crate) mod command;
 
 use std::time::Duration;
 
@@ -112,7 +112,8 @@ fn pick<T>(flag: Option<T>, file: Option<T>) -> Option<Sourced<T>> {
 fn bad(from_file: bool, what: &str, message: String) -> Error {
     if from_file {
         let key = what.trim_start_matches('-').replace('-', "_");
-        Error::Config(format!("config file: {key}: {message}"))
+        let at = crate::config::whereabouts(&key);
+        Error::Config(format!("config file: {key}: {message}{at}"))
     } else {
         Error::Usage(format!("{what}: {message}"))
     }
@@ -268,7 +269,10 @@ pub fn common(
                 && url_password_is_masked(url)
             {
                 return Err(Error::Config(format!(
-                    "DLOCK_URL (environment): its password is *** as the dlock running this command                      hid it; that dlock hands it to nested dlocks through {} (an inherited                      descriptor), which did not reach this one; give the password with                      password_file in the config file (docs/guide.md: \"What the command sees\")",
+                    "DLOCK_URL (environment): its password is *** as the dlock running this command \
+                     hid it; that dlock hands it to nested dlocks through {} (an inherited \
+                     descriptor), which did not reach this one; give the password with \
+                     password_file in the config file (docs/guide.md: \"What the command sees\")",
                     crate::secrets::CREDENTIALS_FD
                 )));
             }

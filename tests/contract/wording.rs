@@ -240,3 +240,217 @@ pub fn a_huge_min_hold_is_refused_before_anything_runs(server: &dyn LockServer) 
         assert!(env.is_free(&lock), "--min-hold {value}: the lock is held");
     }
 }
+
+/// A URL at a port where nothing listens reads the same on every backend:
+/// `cannot connect to HOST:PORT: connection refused` (69), within a short `--wait`.
+#[test]
+fn a_refused_connection_reads_the_same_on_every_backend() {
+    let (_server, env) = file_env();
+    let port = free_port();
+    let urls = [
+        format!("redis://127.0.0.1:{port}/0"),
+        format!("redis-sentinel://127.0.0.1:{port}/0#m"),
+        format!("etcd://127.0.0.1:{port}"),
+        format!("zk://127.0.0.1:{port}"),
+        format!("postgres://u@127.0.0.1:{port}/db?sslmode=disable"),
+        format!("mysql://u@127.0.0.1:{port}/db"),
+        format!("memcached://127.0.0.1:{port}"),
+    ];
+    let wanted = format!("cannot connect to 127.0.0.1:{port}: connection refused");
+    for url in &urls {
+        let started = Instant::now();
+        let out = env.run(["run", "--url", url, "--wait", "2s", "x", "true"]);
+        assert_eq!(out.status.code(), Some(69), "{url}: {}", describe(&out));
+        let stderr = stderr_of(&out);
+        assert!(stderr.contains(&wanted), "{url}: {stderr}");
+        assert_eq!(stderr.trim_end().lines().count(), 1, "{url}: {stderr}");
+        assert!(
+            started.elapsed() < PATIENCE,
+            "{url}: {:?}",
+            started.elapsed()
+        );
+    }
+}
+
+/// A URL of one backend at another kind of server says what it is not, and a TLS URL at a
+/// plain-text server says it did not answer the handshake, within `--wait`.
+#[test]
+fn a_url_at_the_wrong_kind_of_server_says_so() {
+    let (_server, env) = file_env();
+    let redis = RedisServer::shared();
+    let etcd = EtcdServer::shared();
+    let cases = [
+        (
+            format!("etcd://127.0.0.1:{}", redis.port()),
+            format!(
+                "127.0.0.1:{} does not look like an etcd server (",
+                redis.port()
+            ),
+        ),
+        (
+            format!("redis://127.0.0.1:{}/0", etcd.port()),
+            format!(
+                "127.0.0.1:{} does not look like a Redis server (",
+                etcd.port()
+            ),
+        ),
+        (
+            format!("memcached://127.0.0.1:{}", redis.port()),
+            format!(
+                "127.0.0.1:{} does not look like a memcached server (",
+                redis.port()
+            ),
+        ),
+        (
+            format!("rediss://127.0.0.1:{}/0", redis.port()),
+            format!(
+                "127.0.0.1:{} did not answer the TLS handshake; is it serving plain text? \
+                 (use redis://",
+                redis.port()
+            ),
+        ),
+    ];
+    for (url, wanted) in &cases {
+        let started = Instant::now();
+        let out = env.run(["run", "--url", url, "--wait", "3s", "x", "true"]);
+        assert_eq!(out.status.code(), Some(69), "{url}: {}", describe(&out));
+        let stderr = stderr_of(&out);
+        assert!(stderr.contains(wanted.as_str()), "{url}: {stderr}");
+        assert!(
+            started.elapsed() < Duration::from_secs(3) + PATIENCE,
+            "{url}: {:?}",
+            started.elapsed()
+        );
+    }
+}
+
+/// PostgreSQL asked for TLS by a plain-text server reads like the other backends (78).
+#[test]
+fn postgres_tls_at_a_plain_server_reads_like_the_others() {
+    let (_server, env) = file_env();
+    let pg = PgServer::shared();
+    let url = format!(
+        "postgres://postgres@127.0.0.1:{}/postgres?sslmode=require",
+        pg.port()
+    );
+    let out = env.run(["run", "--url", &url, "--wait", "3s", "x", "true"]);
+    assert_eq!(out.status.code(), Some(78), "{}", describe(&out));
+    let wanted = format!(
+        "127.0.0.1:{} did not answer the TLS handshake; is it serving plain text? (use \
+         sslmode=prefer",
+        pg.port()
+    );
+    assert!(stderr_of(&out).contains(&wanted), "{}", describe(&out));
+}
+
+/// A holder cut off from its server says that renewing failed once, not once per retry,
+/// before its lost-lock line (the keeper is the same on every lease backend).
+#[test]
+fn renewal_failures_are_one_line_not_one_per_retry() {
+    let redis = RedisServer::shared();
+    let proxy = Proxy::start(redis.port());
+    let env = TestEnv::new(&*redis);
+    let lock = lock_name("lock");
+    let mut holder = env
+        .dlock([
+            "run",
+            "--url",
+            &redis.url_via(proxy.port),
+            "--ttl",
+            "4s",
+            &lock,
+            "sleep",
+            "60",
+        ])
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn holder");
+    wait_until("the lock held", PATIENCE, || !env.is_free(&lock));
+    proxy.blackhole();
+    let status = wait_within(&mut holder, PATIENCE);
+    assert_eq!(status.code(), Some(124));
+    let mut stderr = String::new();
+    holder
+        .stderr
+        .take()
+        .expect("stderr")
+        .read_to_string(&mut stderr)
+        .expect("read stderr");
+    let renewals = stderr
+        .lines()
+        .filter(|l| l.contains("lease renewal"))
+        .count();
+    assert_eq!(renewals, 1, "{stderr}");
+}
+
+/// A holder of this host whose process was SIGKILLed is shown as gone (its entry stays until
+/// its lease runs out), with the way to free it; a `flock(1)` on a lock file is named as such.
+#[test]
+fn a_killed_holder_of_this_host_shows_as_gone() {
+    let redis = RedisServer::shared();
+    let env = TestEnv::new(&*redis);
+    let lock = lock_name("lock");
+    let mut holder = env.hold(&lock, &["--ttl", "60s"]);
+    let command = holder.command_pid();
+    holder.signal(Signal::SIGKILL);
+    holder.wait();
+    // The command goes down with dlock; wait until both are gone.
+    wait_until("the command gone", PATIENCE, || {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(command), None).is_err()
+    });
+    let status = stdout_of(&env.run(["status", &lock]));
+    assert!(
+        status.contains("gone: no process") && status.contains("dlock release --force"),
+        "{status}"
+    );
+    let list = stdout_of(&env.run(["list"]));
+    let row = list
+        .lines()
+        .find(|l| l.starts_with(lock.as_str()))
+        .unwrap_or_else(|| panic!("{lock} not listed: {list}"));
+    assert!(row.contains("(gone)"), "{row}");
+    let out = env.run(["run", "--no-wait", &lock, "true"]);
+    assert!(
+        stderr_of(&out).contains(", gone; not waiting"),
+        "{}",
+        describe(&out)
+    );
+    let out = env.run(["release", "--force", &lock]);
+    assert!(out.status.success(), "{}", describe(&out));
+}
+
+#[test]
+fn a_flock_holder_of_a_lock_file_is_named_as_such() {
+    let (server, env) = file_env();
+    let lock = lock_name("lock");
+    assert!(env.run(["run", &lock, "true"]).status.success());
+    let file = std::path::PathBuf::from(server.url().trim_start_matches("file://"))
+        .join(format!("{lock}.lock"));
+    assert!(file.exists(), "{}", file.display());
+    let ready = env.path("flock-ready");
+    // The command writes its pid once flock(1) holds the lock; ending it ends flock(1).
+    let mut flock = std::process::Command::new("flock")
+        .arg(&file)
+        .args([
+            "sh",
+            "-c",
+            &format!(
+                "echo $$ > '{}.tmp'; mv '{0}.tmp' '{0}'; exec sleep 1000",
+                ready.display()
+            ),
+        ])
+        .spawn()
+        .expect("flock(1)");
+    wait_until("flock(1) holding", PATIENCE, || ready.exists());
+    let out = env.run(["run", "--no-wait", &lock, "true"]);
+    let stderr = stderr_of(&out);
+    let sleeper: i32 = std::fs::read_to_string(&ready)
+        .expect("pid")
+        .trim()
+        .parse()
+        .expect("a pid");
+    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(sleeper), Signal::SIGKILL);
+    wait_within(&mut flock, PATIENCE);
+    assert!(stderr.contains("a flock(1) holder (not dlock)"), "{stderr}");
+    assert!(!stderr.contains(" on ?"), "{stderr}");
+}

@@ -165,6 +165,26 @@ impl Conn {
         if is_tls_error(e) {
             return Error::Config(format!("TLS with {display} failed: {text}"));
         }
+        let refused = match e {
+            // tonic keeps the transport's error behind the status.
+            etcd_client::Error::GRpcStatus(status) => {
+                crate::wording::refused_in(status)
+                    || describe_chain(status).contains("Connection refused")
+            }
+            _ => crate::wording::refused_in(e),
+        };
+        if refused {
+            return crate::wording::connection_refused(display);
+        }
+        // A server that is not HTTP/2 (Redis, PostgreSQL, …) answers the gRPC preface with
+        // bytes that are not an HTTP/2 frame.
+        let chain = match e {
+            etcd_client::Error::GRpcStatus(status) => describe_chain(status),
+            _ => describe_chain(e),
+        };
+        if chain.contains("h2 protocol error") {
+            return crate::wording::not_a(display, "etcd", "it did not answer in HTTP/2 (gRPC)");
+        }
         match e {
             etcd_client::Error::GRpcStatus(status) => {
                 let message = status.message();
@@ -212,6 +232,18 @@ impl Conn {
             _ => Error::Unavailable(format!("cannot reach {display}: {text}")),
         }
     }
+}
+
+/// An error and all its causes, for matching a cause's words.
+fn describe_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        text.push_str(": ");
+        text.push_str(&c.to_string());
+        cause = c.source();
+    }
+    text
 }
 
 /// Worth trying another endpoint: the transport, not the request, failed.

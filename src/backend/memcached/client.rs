@@ -70,6 +70,9 @@ impl Failure {
 
     pub(super) fn into_error(self, display: &str) -> Error {
         match self {
+            Failure::Io(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+                crate::wording::connection_refused(display)
+            }
             Failure::Io(e) => Error::Unavailable(format!("cannot reach {display}: {e}")),
             Failure::Timeout(d) => {
                 Error::Unavailable(format!("{display} did not answer within {}", millis(d)))
@@ -86,6 +89,13 @@ impl Failure {
             // "SERVER_ERROR out of memory storing object": full, and not evicting (-M).
             Failure::Protocol(text) if text.contains("SERVER_ERROR") => {
                 Error::Unavailable(format!("{display} could not do what dlock asked: {text}"))
+            }
+            // A Redis (`-ERR unknown command`) or an HTTP server: not a memcached at all.
+            Failure::Protocol(text)
+                if text.trim_start_matches(['\'', '"']).starts_with("-ERR")
+                    || text.contains("HTTP/") =>
+            {
+                crate::wording::not_a(display, "memcached", &format!("it answered {text}"))
             }
             Failure::Protocol(text) => Error::Unavailable(format!(
                 "{display} answered unexpectedly ({text}); dlock needs memcached 1.6 or later \

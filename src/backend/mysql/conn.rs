@@ -75,10 +75,13 @@ impl MysqlBackend {
                     .map_err(|e| classify(&e, &self.display))?
             }
             Err(e) if no_tls(&e) => {
-                return Err(Error::Config(format!(
-                    "{} offers no TLS, and ssl-mode={} requires it",
-                    self.display,
-                    self.target.ssl_mode.as_str()
+                return Err(Error::Config(crate::wording::no_tls_handshake(
+                    &self.display,
+                    &format!(
+                        "ssl-mode={} requires TLS; use ssl-mode=PREFERRED, or DISABLED, for a \
+                         server without TLS",
+                        self.target.ssl_mode.as_str()
+                    ),
                 )))
             }
             Err(e) if !tls && self.may_need_tls(&e) => {
@@ -502,6 +505,7 @@ pub(super) fn classify(e: &mysql_async::Error, display: &str) -> Error {
         },
         mysql_async::Error::Io(mysql_async::IoError::Tls(_)) => tls_failure(e, display),
         _ if crate::error::caused_by_tls(e) => tls_failure(e, display),
+        _ if crate::wording::refused_in(e) => crate::wording::connection_refused(display),
         _ => Error::Unavailable(format!("cannot reach {display}: {text}")),
     }
 }

@@ -327,6 +327,15 @@ pub(super) fn classify(e: &tokio_postgres::Error, display: &str) -> Error {
             _ => Error::Unavailable(format!("{display}: {text}")),
         };
     }
+    if crate::wording::refused_in(e) {
+        return crate::wording::connection_refused(display);
+    }
+    if text.contains("server does not support TLS") {
+        return Error::Config(crate::wording::no_tls_handshake(
+            display,
+            "use sslmode=prefer, or sslmode=disable, for a server without TLS",
+        ));
+    }
     if is_tls_error(e) {
         return Error::Config(format!("TLS with {display} failed: {text}"));
     }

@@ -114,6 +114,22 @@ pub(super) fn classify(e: &RedisError, display: &str) -> Error {
     if let Some(error) = super::cluster::classify(e, display) {
         return error;
     }
+    if e.is_connection_refusal() || crate::wording::refused_in(e) {
+        return crate::wording::connection_refused(display);
+    }
+    // An HTTP/2 server (etcd) resets a connection whose first bytes are a Redis command.
+    if e.kind() == ErrorKind::Io && text.contains("reset by peer") {
+        let tls_hint = if display.starts_with("redis:") {
+            "; if the server speaks TLS only, use rediss://"
+        } else {
+            ""
+        };
+        return crate::wording::not_a(
+            display,
+            "Redis",
+            &format!("it reset the connection at the first command{tls_hint}"),
+        );
+    }
     if is_tls_error(e) {
         return Error::Config(format!("TLS with {display} failed: {text}"));
     }
@@ -124,9 +140,7 @@ pub(super) fn classify(e: &RedisError, display: &str) -> Error {
         return Error::Unavailable(format!("cannot reach {display}: {text}"));
     }
     if e.kind() == ErrorKind::Parse || text.contains("Parse error") {
-        return Error::Unavailable(format!(
-            "{display} did not answer in the Redis protocol: something else listens there; check the URL's host and port"
-        ));
+        return crate::wording::not_a(display, "Redis", "it did not answer in the Redis protocol");
     }
     if text.contains("refused to switch database") {
         return Error::Usage(format!(

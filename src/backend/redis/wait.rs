@@ -225,22 +225,22 @@ impl<'a> Waiter<'a> {
                             &self.reason(live, ahead, ""),
                             self.request.wait,
                         )
+                    } else if failure.is_timeout() && !sent_any && conn.setup.tls() {
+                        // A plain-text server waits for a command and never answers the
+                        // handshake: say so, whenever the wait ends.
+                        let plain = if self.backend.display.starts_with("rediss-sentinel:") {
+                            "use redis-sentinel:// for servers without TLS"
+                        } else {
+                            "use redis:// for a server without TLS"
+                        };
+                        Error::Unavailable(crate::wording::no_tls_handshake(
+                            &self.backend.display,
+                            plain,
+                        ))
                     } else if failure.is_timeout() && passed(self.answer_by) {
                         Error::Unavailable(format!(
                             "no answer from {} within {}",
                             self.backend.display, self.within
-                        ))
-                    } else if failure.is_timeout() && !sent_any && conn.setup.tls() {
-                        Error::Unavailable(format!(
-                            "cannot reach {}: no answer to the TLS handshake within {} (does \
-                             that port speak TLS?)",
-                            self.backend.display,
-                            humantime::format_duration(Duration::from_secs(
-                                BootInstant::now()
-                                    .saturating_since(started)
-                                    .as_secs()
-                                    .max(1)
-                            ))
                         ))
                     } else {
                         failure.into_error(&self.backend.display)

@@ -92,6 +92,9 @@ impl ZkBackend {
                 "ZooKeeper maxClientCnxns (connections per client address, 60 as shipped)",
                 "it closed the connection at once",
             )),
+            Ok(Err(zk::Error::NoHosts)) if self.all_refuse().await => {
+                Err(crate::wording::connection_refused(&self.display))
+            }
             Ok(Err(e)) => Err(self.classify(&e, "connecting")),
             Err(_) if budget < OP_TIMEOUT => Err(self.no_answer(wait)),
             Err(_) => Err(Error::Unavailable(format!(
@@ -143,6 +146,19 @@ impl ZkBackend {
             }
         }
         false
+    }
+
+    /// Whether every member refuses a TCP connection: the client says only "no available
+    /// hosts", the same words as for a server that is full or does not speak ZooKeeper.
+    async fn all_refuse(&self) -> bool {
+        for (host, port) in &self.target.endpoints {
+            let connect = tokio::net::TcpStream::connect((host.as_str(), *port));
+            match tokio::time::timeout(CAPACITY_PROBE, connect).await {
+                Ok(Err(e)) if e.kind() == std::io::ErrorKind::ConnectionRefused => {}
+                _ => return false,
+            }
+        }
+        true
     }
 
     /// The error for a server that did not answer before `--wait` ran out.

@@ -230,7 +230,11 @@ fn a_server_without_tls_is_78_for_required_and_plaintext_for_preferred() {
     let lock = lock_name("t");
     let required = url(&server, "dlock", "127.0.0.1", "ssl-mode=REQUIRED");
     let out = env.run(["run", "--url", &required, &lock, "touch", "ran"]);
-    assert_fails(&out, 78, "offers no TLS");
+    assert_fails(
+        &out,
+        78,
+        "did not answer the TLS handshake; is it serving plain text? (ssl-mode=REQUIRED requires TLS",
+    );
     assert!(!env.path("ran").exists(), "the command ran");
     // PREFERRED towards a remote-looking host asks for TLS, and falls back to plaintext.
     let preferred = url(&server, "dlock", REMOTE_LOOKING, "ssl-mode=PREFERRED");

@@ -47,9 +47,14 @@ fn wrong_password_is_77_and_nothing_listening_is_69() {
         "true",
     ]);
     assert!(out.status.success(), "{}", describe(&out));
-    let closed = format!("postgres://postgres@127.0.0.1:{}/postgres", free_port());
+    let port = free_port();
+    let closed = format!("postgres://postgres@127.0.0.1:{port}/postgres");
     let out = env.run(["run", "--url", &closed, &lock_name("p"), "true"]);
-    assert_fails(&out, 69, "cannot reach");
+    assert_fails(
+        &out,
+        69,
+        &format!("cannot connect to 127.0.0.1:{port}: connection refused"),
+    );
 }
 
 #[test]

@@ -58,9 +58,14 @@ fn password_file_must_be_private() {
 fn nothing_listening_is_69() {
     let server = FileServer::start();
     let env = TestEnv::new(&server);
-    let url = format!("redis://127.0.0.1:{}/0", free_port());
+    let port = free_port();
+    let url = format!("redis://127.0.0.1:{port}/0");
     let out = env.run(["run", "--url", &url, "x", "touch", "ran"]);
-    assert_fails(&out, 69, "cannot reach");
+    assert_fails(
+        &out,
+        69,
+        &format!("cannot connect to 127.0.0.1:{port}: connection refused"),
+    );
     assert!(!env.path("ran").exists());
 }
 

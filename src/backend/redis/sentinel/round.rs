@@ -327,6 +327,12 @@ pub(in crate::backend::redis) fn none_answered(
             _ => None,
         })
         .collect();
+    if !reasons.is_empty()
+        && reasons.len() == answers.len()
+        && reasons.iter().all(|r| r.contains("Connection refused"))
+    {
+        return crate::wording::connection_refused(display);
+    }
     // A sentinel that speaks TLS only resets a plain-text connection at its first bytes.
     let hint = if display.starts_with("redis-sentinel:")
         && reasons.iter().any(|r| r.contains("reset by peer"))
