@@ -145,6 +145,7 @@ fn write_holder(out: &mut impl Write, status: &HolderStatus) -> std::io::Result<
         format!(", user {}", printable(&h.user))
     };
     writeln!(out, "holder:     pid {} on {host}{user}", h.pid)?;
+    writeln!(out, "mode:       {}", h.mode.as_str())?;
     if !h.command.is_empty() {
         writeln!(out, "command:    {}", printable(&h.command))?;
     }
@@ -215,8 +216,8 @@ pub fn print_list(locks: &[LockStatus], json: bool) -> std::io::Result<()> {
     }
     writeln!(
         out,
-        "{:<24} {:>8} {:<16} {:<21} {:>7} COMMAND",
-        "NAME", "PID", "HOST", "SINCE", "WAITING"
+        "{:<24} {:>8} {:<16} {:<21} {:>7} {:<9} COMMAND",
+        "NAME", "PID", "HOST", "SINCE", "WAITING", "MODE"
     )?;
     for lock in locks {
         for holder in &lock.holders {
@@ -224,12 +225,13 @@ pub fn print_list(locks: &[LockStatus], json: bool) -> std::io::Result<()> {
             let waiting = lock.waiters.map_or("-".to_owned(), |w| w.to_string());
             writeln!(
                 out,
-                "{:<24} {:>8} {:<16} {:<21} {:>7} {}",
+                "{:<24} {:>8} {:<16} {:<21} {:>7} {:<9} {}",
                 printable(&lock.name),
                 h.pid,
                 printable(&h.host),
                 printable(&h.since),
                 waiting,
+                h.mode.as_str(),
                 printable(&h.command)
             )?;
         }
