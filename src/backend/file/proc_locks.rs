@@ -36,6 +36,8 @@ use crate::error::Error;
 /// Holders and waiters of flock(2) locks, by (device, inode), from `/proc/locks`.
 pub(crate) struct ProcLocks {
     pub(crate) holders: HashMap<(u64, u64), u32>,
+    /// Every pid holding a file shared (`LOCK_SH`, listed as `READ`), in table order.
+    pub(crate) shared: HashMap<(u64, u64), Vec<u32>>,
     /// The pids blocked waiting, by file (a process waiting for any of N slots is listed
     /// under each).
     pub(crate) waiters: HashMap<(u64, u64), Vec<u32>>,
@@ -70,6 +72,7 @@ impl ProcLocks {
                 .map_err(|e| Error::Unavailable(format!("cannot read /proc/locks: {e}")))?;
             let mut locks = ProcLocks::parse(&text);
             locks.holders.retain(|key, _| keys.contains(key));
+            locks.shared.retain(|key, _| keys.contains(key));
             locks.waiters.retain(|key, _| keys.contains(key));
             for pids in locks.waiters.values_mut() {
                 pids.sort_unstable();
@@ -108,6 +111,7 @@ impl ProcLocks {
     fn parse(text: &str) -> ProcLocks {
         let mut locks = ProcLocks {
             holders: HashMap::new(),
+            shared: HashMap::new(),
             waiters: HashMap::new(),
         };
         for line in text.lines() {
@@ -137,6 +141,9 @@ impl ProcLocks {
             if waiting {
                 locks.waiters.entry(key).or_default().push(pid);
             } else {
+                if words[2] == "READ" {
+                    locks.shared.entry(key).or_default().push(pid);
+                }
                 locks.holders.insert(key, pid);
             }
         }
