@@ -20,6 +20,15 @@
 //! - Waiting blocks in the kernel on helper threads, one per slot, so a release hands over
 //!   without polling (`wait.rs`).
 //! - A held lock counts as lost when its file is deleted or replaced (`lease.rs`).
+//! - Shared holds (`--shared`, `--limit 1` only): `LOCK_SH` on slot 0's file, so `flock -s`
+//!   shares with them. `<stem>.turnstile` keeps shared runs from starving exclusive ones: an
+//!   exclusive run that has to wait holds it `LOCK_EX` from before it waits on the lock file
+//!   until it holds it; a shared run holds it `LOCK_SH` from before it takes the lock file
+//!   until it holds it. A shared run arriving while an exclusive run waits so blocks on the
+//!   turnstile, behind it. No deadlock: whoever holds the turnstile waits only for the lock
+//!   file's holders, and they hold no turnstile. Each shared hold takes the next token under
+//!   the header lock as an exclusive one does, and writes its record to
+//!   `<stem>.<pid>.reader` (`slot::reader_file_name`), removed on release.
 //! - `status`, `list`, `release --force` and `check` are in `admin.rs`.
 
 use std::fs::File;

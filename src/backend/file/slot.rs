@@ -45,7 +45,7 @@ pub(super) fn slot_file_name(stem: &str, slot: u32) -> String {
     }
 }
 
-/// The turnstile of a lock that has shared holders (`mod.rs`: "Shared holds"): an exclusive
+/// The turnstile of a lock that has shared holders (the module doc of `mod.rs`): an exclusive
 /// run that has to wait holds it exclusively until it holds the lock, and a shared run passes
 /// through it before taking the lock, so it queues behind a waiting exclusive run. Not a
 /// `.lock` file: it is never a slot.
