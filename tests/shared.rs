@@ -308,3 +308,66 @@ fn nested_runs_reenter_but_never_upgrade_a_shared_hold() {
     assert_fails(&out, 64, "upgrade");
     assert!(stdout_of(&out).is_empty(), "{}", describe(&out));
 }
+
+/// Shared holders hold with `--limit 1`: a `--limit 3` run beside them is refused (64), as
+/// beside any holder with another limit, and so is a shared run beside a `--limit 3` holder.
+#[test]
+fn shared_holders_and_a_semaphore_refuse_each_other() {
+    let (_server, env) = file_env();
+    let reader = env.hold("data", &["--shared"]);
+    let out = env.run(["run", "--limit", "3", "--no-wait", "data", "touch", "ran"]);
+    assert_fails(&out, 64, "--limit 1");
+    drop(reader);
+    let _semaphore = env.hold("data", &["--limit", "3"]);
+    let _other = env.hold("data", &["--limit", "3"]);
+    let out = env.run(["run", "--shared", "--no-wait", "data", "touch", "ran"]);
+    assert_fails(&out, 64, "--limit 3");
+    assert!(!env.path("ran").exists());
+}
+
+/// A shared run keeps to `--wait` behind an exclusive holder (75, in time), and a signal
+/// while it waits cancels it (128+N) and leaves no waiter behind.
+#[test]
+fn a_waiting_shared_run_keeps_to_wait_and_signals() {
+    let (_server, env) = file_env();
+    let _writer = env.hold("data", &[]);
+    let started = std::time::Instant::now();
+    let out = env.run(["run", "--shared", "--wait", "1s", "data", "touch", "ran"]);
+    assert_fails(&out, 75, "is held");
+    assert!(started.elapsed() < std::time::Duration::from_secs(1) + PAST_WAIT);
+    let mut reader = spawn(&env, &["run", "--shared", "data", "touch", "ran"]);
+    wait_until("the reader waits", PATIENCE, || env.waiters("data") >= 1);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(reader.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .expect("signal the reader");
+    assert_eq!(
+        finish(&mut reader),
+        128 + 15,
+        "{}",
+        stderr_left(&mut reader)
+    );
+    assert_eq!(env.waiters("data"), 0);
+    assert!(!env.path("ran").exists());
+}
+
+/// `--min-hold` keeps a shared hold after its command, and `status` says so from the
+/// holder's own record.
+#[test]
+fn min_hold_keeps_a_shared_hold_and_status_says_so() {
+    let (_server, env) = file_env();
+    let mut reader = spawn(
+        &env,
+        &["run", "--shared", "--min-hold", "1h", "data", "true"],
+    );
+    wait_until("the command has finished", PATIENCE, || {
+        status_json(&env, "data")["holders"][0]["kept_until"].is_string()
+    });
+    let out = env.run(["run", "--no-wait", "data", "true"]);
+    assert_fails(&out, 75, "is held");
+    let out = env.run(["run", "--shared", "--no-wait", "data", "true"]);
+    assert!(out.status.success(), "{}", describe(&out));
+    let _ = reader.kill();
+    let _ = reader.wait();
+}

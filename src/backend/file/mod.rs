@@ -139,8 +139,16 @@ impl Backend for FileBackend {
                     let turnstile = if request.limit == 1 && request.wait != Wait::No {
                         let name = turnstile_file_name(&stem);
                         Some(
-                            pass(&dir, request, &name, libc::LOCK_EX, deadline, &mut cancel)
-                                .await?,
+                            pass(
+                                &dir,
+                                request,
+                                &name,
+                                libc::LOCK_EX,
+                                deadline,
+                                &mut cancel,
+                                &|| check_limits(&dir, request, &stem, None),
+                            )
+                            .await?,
                         )
                     } else {
                         None
@@ -291,10 +299,20 @@ async fn acquire_shared(
             libc::LOCK_SH,
             deadline,
             cancel,
+            &|| check_limits(&dir, request, stem, None),
         )
         .await?;
         crate::lock::queued(request);
-        let file = pass(&dir, request, &file_name, libc::LOCK_SH, deadline, cancel).await?;
+        let file = pass(
+            &dir,
+            request,
+            &file_name,
+            libc::LOCK_SH,
+            deadline,
+            cancel,
+            &|| check_limits(&dir, request, stem, None),
+        )
+        .await?;
         drop(turnstile);
         tracing::debug!(target: crate::logging::HANDOFF, "woken");
         match dir.is_current(&file, &file_name) {
@@ -320,7 +338,8 @@ async fn acquire_shared(
 }
 
 /// `flock(operation)` on the file `file_name`, waiting as `request.wait` says (cancellable,
-/// bounded by `deadline`); the file, locked.
+/// bounded by `deadline`); the file, locked. `before_waiting` runs when it has to wait (the
+/// `--limit` check, so that a mismatch is refused at once rather than after the wait).
 async fn pass(
     dir: &LockDir,
     request: &AcquireRequest,
@@ -328,6 +347,7 @@ async fn pass(
     operation: libc::c_int,
     deadline: Option<BootInstant>,
     cancel: &mut Cancel,
+    before_waiting: &dyn Fn() -> Result<(), Error>,
 ) -> Result<File, Error> {
     let file = dir.open_lock_file(file_name)?;
     match flock(&file, operation | libc::LOCK_NB) {
@@ -340,6 +360,7 @@ async fn pass(
             ))
         }
     }
+    before_waiting()?;
     if request.wait == Wait::No {
         return Err(busy(
             request,
@@ -511,6 +532,13 @@ fn check_limits(
         }
     };
     for (file_name, key) in others {
+        // Shared holders (of slot 0) hold with --limit 1, whatever the file's last record says.
+        if locks.shared.contains_key(&key) {
+            if request.limit != 1 {
+                return Err(limit_mismatch(&request.name, 1));
+            }
+            continue;
+        }
         // A file that cannot be read or trusted says nothing about a limit.
         let record = dir
             .read_lock_file(&file_name)
