@@ -371,3 +371,18 @@ fn min_hold_keeps_a_shared_hold_and_status_says_so() {
     let _ = reader.kill();
     let _ = reader.wait();
 }
+
+/// `release --force` cannot break kernel locks, shared ones included: it refuses (77) and
+/// names every shared holder to stop.
+#[test]
+fn release_force_refuses_and_names_every_shared_holder() {
+    let (_server, env) = file_env();
+    let a = env.hold("data", &["--shared"]);
+    let b = env.hold("data", &["--shared"]);
+    let out = env.run(["release", "--force", "data"]);
+    assert_fails(&out, 77, "cannot break a kernel lock");
+    // In the kernel's order, which is not the order of arrival.
+    let stderr = stderr_of(&out);
+    let named = [a.pid(), b.pid()].map(|pid| stderr.contains(&format!("pid {pid}")));
+    assert_eq!(named, [true, true], "{}", describe(&out));
+}
