@@ -304,6 +304,22 @@ pub struct RunArgs {
     )]
     pub no_wait: bool,
 
+    /// Hold the lock shared: any number of shared holders at once, or one exclusive holder
+    /// (a run without --shared).
+    ///
+    /// The command sees DLOCK_SHARED=1 (0 when it holds the lock exclusively). A reader that
+    /// arrives while an exclusive run waits queues behind it. Not with --limit; backends
+    /// without shared locks refuse it.
+    #[arg(
+        short,
+        long,
+        env = "DLOCK_SHARED",
+        hide_env_values = true,
+        action = ArgAction::SetTrue,
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
+    pub shared: bool,
+
     /// Exit status when the lock was not acquired [default: 75].
     #[arg(
         short = 'E',

@@ -29,6 +29,7 @@ pub(crate) struct Values {
     pub(crate) conflict_exit_code: Option<i64>,
     pub(crate) ttl: Option<String>,
     pub(crate) limit: Option<i64>,
+    pub(crate) shared: Option<bool>,
     pub(crate) on_lost: Option<String>,
     pub(crate) kill_after: Option<String>,
     pub(crate) min_hold: Option<String>,

@@ -85,6 +85,28 @@ impl Kind {
         Ok(())
     }
 
+    /// Refuse `--shared` where the backend does not offer shared locks, and beside a
+    /// `--limit` above 1, whose meaning with shared holders is not defined (64; `option` is
+    /// where `--shared` came from: `--shared`, `DLOCK_SHARED`).
+    pub fn check_shared(&self, shared: bool, limit: u32, option: &str) -> Result<(), Error> {
+        if !shared {
+            return Ok(());
+        }
+        if !self.capabilities.shared {
+            return Err(Error::Usage(format!(
+                "{option}: the {} backend ({}://) does not offer shared locks",
+                self.title, self.name
+            )));
+        }
+        if limit > 1 {
+            return Err(Error::Usage(format!(
+                "{option} and --limit {limit} cannot be combined: a shared lock has any number \
+                 of shared holders or one exclusive holder"
+            )));
+        }
+        Ok(())
+    }
+
     /// The refusal of `what` (a flag and its value) that this kind cannot honour.
     fn not_available(&self, what: &str) -> Error {
         Error::Usage(format!(
@@ -384,5 +406,32 @@ mod tests {
         for kind in crate::backend::KINDS {
             assert!(kind.check_limit(3, "--limit").is_ok(), "{}", kind.name);
         }
+    }
+
+    /// `--shared` on a backend without the capability is a usage error (64) naming the
+    /// backend; with it, only `--limit` above 1 is refused.
+    #[test]
+    fn shared_without_the_capability_is_refused_naming_the_backend() {
+        let Err(err) = NO_LIMIT.check_shared(true, 1, "DLOCK_SHARED") else {
+            panic!("--shared accepted without the capability");
+        };
+        assert_eq!(err.code().value(), 64);
+        assert_eq!(
+            err.to_string(),
+            "DLOCK_SHARED: the plain backend (plain://) does not offer shared locks"
+        );
+        assert!(NO_LIMIT.check_shared(false, 1, "--shared").is_ok());
+        let shared = Kind {
+            capabilities: Capabilities {
+                shared: true,
+                ..NO_LIMIT.capabilities
+            },
+            ..NO_LIMIT
+        };
+        assert!(shared.check_shared(true, 1, "--shared").is_ok());
+        let Err(err) = shared.check_shared(true, 2, "--shared") else {
+            panic!("--shared --limit 2 accepted");
+        };
+        assert_eq!(err.code().value(), 64);
     }
 }

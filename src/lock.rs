@@ -122,6 +122,39 @@ pub struct Holder {
     /// 3339 UTC (where the backend can update a holder's metadata, see [`Lease::finished`]).
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub kept_until: String,
+    /// How it holds the lock: alone, or beside other shared holders (`--shared`). Stored
+    /// only when shared, so an exclusive holder's record stays what every dlock wrote;
+    /// `status` and `list` always show it ([`HolderStatus`]).
+    #[serde(default, skip_serializing_if = "Mode::is_exclusive")]
+    pub mode: Mode,
+}
+
+/// How a lock is held: by one exclusive holder, or by any number of shared ones
+/// (docs/guide.md: "Shared locks").
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    #[default]
+    Exclusive,
+    Shared,
+}
+
+impl Mode {
+    pub fn is_shared(self) -> bool {
+        self == Mode::Shared
+    }
+
+    fn is_exclusive(&self) -> bool {
+        *self == Mode::Exclusive
+    }
+
+    /// `shared` or `exclusive`, as `status` and `list` show it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Exclusive => "exclusive",
+            Mode::Shared => "shared",
+        }
+    }
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -157,6 +190,7 @@ impl Holder {
             version: env!("CARGO_PKG_VERSION").to_owned(),
             min_hold_ms: 0,
             kept_until: String::new(),
+            mode: Mode::Exclusive,
         }
     }
 }
@@ -253,6 +287,9 @@ pub struct AcquireRequest {
     pub name: LockName,
     /// Semaphore size: up to `limit` holders at once.
     pub limit: u32,
+    /// Shared or exclusive (`--shared`); `holder.mode` says the same. A backend without the
+    /// `shared` capability never sees a shared request (`Kind::check_shared`).
+    pub mode: Mode,
     pub ttl: Duration,
     pub wait: Wait,
     /// Grace between SIGTERM and SIGKILL; a lease keeper declares loss early enough for it.
@@ -347,8 +384,9 @@ pub struct Lost {
     pub kill_by: Option<BootInstant>,
 }
 
-/// One holder as `status` and `list` report it.
+/// One holder as `status` and `list` report it (as JSON with its `mode` always named).
 #[derive(Clone, Debug, Serialize)]
+#[serde(into = "HolderView")]
 pub struct HolderStatus {
     #[serde(flatten)]
     pub holder: Holder,
@@ -358,6 +396,33 @@ pub struct HolderStatus {
     /// pid, client address, application_name).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub session: Option<String>,
+}
+
+/// [`HolderStatus`] as JSON: the holder's fields, then its mode, whether shared or not.
+#[derive(Serialize)]
+struct HolderView {
+    #[serde(flatten)]
+    holder: Holder,
+    mode: Mode,
+    ttl_left_ms: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    session: Option<String>,
+}
+
+impl From<HolderStatus> for HolderView {
+    fn from(status: HolderStatus) -> HolderView {
+        let mode = status.holder.mode;
+        HolderView {
+            // Named once, below.
+            holder: Holder {
+                mode: Mode::Exclusive,
+                ..status.holder
+            },
+            mode,
+            ttl_left_ms: status.ttl_left_ms,
+            session: status.session,
+        }
+    }
 }
 
 /// The state of one lock.

@@ -159,6 +159,7 @@ fn write_holder(out: &mut impl Write, status: &HolderStatus) -> std::io::Result<
         }
         None => writeln!(out, "holder:     pid {} on {host}{user}", h.pid)?,
     }
+    writeln!(out, "mode:       {}", h.mode.as_str())?;
     if !h.command.is_empty() {
         writeln!(out, "command:    {}", printable(&h.command))?;
     }
@@ -245,12 +246,13 @@ pub fn print_list(locks: &[LockStatus], json: bool) -> std::io::Result<()> {
     });
     writeln!(
         out,
-        "{} {:>8} {} {:<21} {:>7} COMMAND",
+        "{} {:>8} {} {:<21} {:>7} {:<9} COMMAND",
         pad("NAME", name_width),
         "PID",
         pad("HOST", host_width),
         "SINCE",
-        "WAITING"
+        "WAITING",
+        "MODE"
     )?;
     for lock in locks {
         for holder in &lock.holders {
@@ -271,12 +273,13 @@ pub fn print_list(locks: &[LockStatus], json: bool) -> std::io::Result<()> {
             };
             writeln!(
                 out,
-                "{} {:>8} {} {:<21} {:>7} {}",
+                "{} {:>8} {} {:<21} {:>7} {:<9} {}",
                 pad(&printable(&lock.name), name_width),
                 pid,
                 pad(&printable(&h.host), host_width),
                 printable(&h.since),
                 waiting,
+                h.mode.as_str(),
                 command
             )?;
         }

@@ -15,7 +15,7 @@ use anyhow::Context;
 use crate::cli::OnLost;
 use crate::error::Error;
 use crate::exit::{self, Outcome};
-use crate::lock::{self, AcquireRequest, Backend, Holder, Lease, LockName, Lost, Wait};
+use crate::lock::{self, AcquireRequest, Backend, Holder, Lease, LockName, Lost, Mode, Wait};
 use crate::secrets::{Handoff, CREDENTIALS_FD};
 use crate::settings::RunSettings;
 use crate::signals::{self, Signals};
@@ -114,7 +114,19 @@ async fn acquire_and_run<B: Backend>(
     let identity = settings.common.identity();
     let lock_key = reentry::lock_key(&identity, &settings.name);
     if let Some(entry) = reentry::ancestor_entry(inherited_held, &lock_key) {
-        if ancestor_holds(&backend, &settings.name, &entry).await {
+        let held = ancestor_holds(&backend, &settings.name, &entry).await;
+        if held == Some(Mode::Shared) && settings.mode == Mode::Exclusive {
+            // Re-entering would run an exclusive command beside the other shared holders.
+            track.gave_up();
+            return Err(Error::Usage(format!(
+                "'{}' is held shared by dlock pid {}, an ancestor; a nested exclusive run \
+                 would have to upgrade that hold, which dlock does not do: run the outer dlock \
+                 without --shared, or this one with --shared",
+                settings.name, entry.pid
+            ))
+            .into());
+        }
+        if held.is_some() {
             tracing::info!(
                 "'{}' is held by dlock pid {}, an ancestor; running the command at once",
                 settings.name,
@@ -139,6 +151,7 @@ async fn acquire_and_run<B: Backend>(
     let request = AcquireRequest {
         name: settings.name.clone(),
         limit: settings.limit,
+        mode: settings.mode,
         ttl: settings.common.ttl,
         wait: settings.wait,
         kill_after: settings.kill_after,
@@ -148,6 +161,7 @@ async fn acquire_and_run<B: Backend>(
             min_hold_ms: settings
                 .min_hold
                 .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+            mode: settings.mode,
             ..Holder::for_this_process(
                 &settings.name,
                 if settings.record_command {
@@ -410,6 +424,12 @@ fn child_environment(settings: &RunSettings) -> ChildEnv {
             "DLOCK_BACKEND".into(),
             Some(settings.common.scheme().into()),
         ),
+        // Also the setting of a nested dlock, which so takes the same mode by default: a
+        // nested run of the same name re-enters.
+        (
+            "DLOCK_SHARED".into(),
+            Some(if settings.mode.is_shared() { "1" } else { "0" }.into()),
+        ),
     ];
     let mut hidden = Vec::new();
     for (key, value) in std::env::vars_os() {
@@ -448,22 +468,31 @@ async fn holder_now<B: Backend>(backend: &B, name: &LockName) -> Option<Holder> 
     }
 }
 
-/// Whether the backend shows `entry`'s process (an ancestor of ours) holding `name` with the
-/// entry's token, on this host (see [`reentry`]). Any doubt means no.
-async fn ancestor_holds<B: Backend>(backend: &B, name: &LockName, entry: &reentry::Entry) -> bool {
+/// How the backend shows `entry`'s process (an ancestor of ours) holding `name` with the
+/// entry's token, on this host (see [`reentry`]); `None` when it does not. Any doubt means
+/// `None`.
+async fn ancestor_holds<B: Backend>(
+    backend: &B,
+    name: &LockName,
+    entry: &reentry::Entry,
+) -> Option<Mode> {
     let host = nix::unistd::gethostname()
         .ok()
         .and_then(|h| h.into_string().ok())
         .unwrap_or_default();
     match tokio::time::timeout(Duration::from_secs(10), backend.status(name)).await {
-        Ok(Ok(status)) => status.holders.iter().any(|h| {
-            h.holder.pid == entry.pid && h.holder.token == entry.token && h.holder.host == host
-        }),
+        Ok(Ok(status)) => status
+            .holders
+            .iter()
+            .find(|h| {
+                h.holder.pid == entry.pid && h.holder.token == entry.token && h.holder.host == host
+            })
+            .map(|h| h.holder.mode),
         Ok(Err(err)) => {
             tracing::info!("cannot confirm the ancestor's hold of '{name}': {err}");
-            false
+            None
         }
-        Err(_) => false,
+        Err(_) => None,
     }
 }
 

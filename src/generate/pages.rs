@@ -63,7 +63,9 @@ const LOCK_FILES: (&str, &str) = (
     "A lock of the file backend. Every byte of the name outside [A-Za-z0-9._-] is written as \
      %XX (a/b is a%2Fb.lock); slot i > 0 of --limit is NAME#i.lock; a --prefix P other than \
      dlock is the sub-directory P.d. The file holds the fencing counter and the last holder's \
-     metadata. dlock never deletes a lock file; do not delete one that is in use.",
+     metadata. dlock never deletes a lock file; do not delete one that is in use. A --shared \
+     hold keeps its metadata in NAME.PID.reader (removed on release); NAME.turnstile queues \
+     shared runs behind a waiting exclusive one.",
 );
 const PROC_LOCKS: (&str, &str) = (
     "/proc/locks",
@@ -433,6 +435,11 @@ pub const CONFIG_KEYS: &[(&str, &str)] = &[
     (
         "limit = N",
         "Holders at once (--limit), 1 to 1024. Default 1.",
+    ),
+    (
+        "shared = true",
+        "Hold locks shared (--shared): many shared holders at once, or one exclusive holder. \
+         Default false; refused by backends without shared locks and with a limit above 1.",
     ),
     (
         "on_lost = \"term\"",

@@ -154,6 +154,7 @@ fn settings(dir: &std::path::Path, script: &str, wait: Wait) -> RunSettings {
         wait,
         conflict_exit_code: 3,
         limit: 1,
+        mode: crate::lock::Mode::Exclusive,
         on_lost: OnLost::Term,
         kill_after: Duration::from_secs(10),
         min_hold: None,

@@ -22,7 +22,7 @@ use crate::secrets::redact_url;
 use crate::backend::Target;
 use crate::cli::{self, OnLost};
 use crate::error::Error;
-use crate::lock::{LockName, Wait};
+use crate::lock::{LockName, Mode, Wait};
 
 pub const DEFAULT_TTL: Duration = Duration::from_secs(15);
 pub const DEFAULT_KILL_AFTER: Duration = Duration::from_secs(10);
@@ -68,6 +68,8 @@ pub struct RunSettings {
     pub wait: Wait,
     pub conflict_exit_code: u8,
     pub limit: u32,
+    /// `--shared`: hold the lock shared.
+    pub mode: Mode,
     pub on_lost: OnLost,
     pub kill_after: Duration,
     /// `--min-hold`: keep the lock at least this long after acquiring it.
@@ -360,6 +362,27 @@ pub fn run(args: cli::RunArgs, file: &FileConfig) -> Result<RunSettings, Error> 
         .target
         .kind()
         .check_limit(limit, &origin("--limit", env))?;
+    // The flag, or DLOCK_SHARED whether 1 or 0, beats `shared` in the config file.
+    let shared_given = args.shared || env.iter().any(|id| id == "shared");
+    let shared = if shared_given {
+        args.shared
+    } else {
+        file.values.shared == Some(true)
+    };
+    let shared_origin = if shared_given {
+        origin("--shared", env)
+    } else {
+        "shared (config file)".to_owned()
+    };
+    common
+        .target
+        .kind()
+        .check_shared(shared, limit, &shared_origin)?;
+    let mode = if shared {
+        Mode::Shared
+    } else {
+        Mode::Exclusive
+    };
     let on_lost = match (args.on_lost, &file.values.on_lost) {
         (Some(v), _) => v,
         (None, Some(text)) => match text.as_str() {
@@ -398,6 +421,7 @@ pub fn run(args: cli::RunArgs, file: &FileConfig) -> Result<RunSettings, Error> 
         wait,
         conflict_exit_code,
         limit,
+        mode,
         on_lost,
         kill_after,
         min_hold,

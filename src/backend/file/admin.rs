@@ -8,13 +8,15 @@ use std::os::unix::fs::MetadataExt;
 
 use super::dir::LockDir;
 use super::proc_locks::ProcLocks;
-use super::slot::{existing_slots, read_contents, split_file_name};
+use super::slot::{
+    existing_slots, read_contents, reader_file_name, split_file_name, stem, turnstile_file_name,
+};
 use super::wait::flock;
 use super::FileBackend;
 use crate::backend::list_held;
 use crate::clock::BootInstant;
 use crate::error::Error;
-use crate::lock::{CheckReport, Holder, HolderStatus, LockName, LockStatus, Waiter};
+use crate::lock::{CheckReport, Holder, HolderStatus, LockName, LockStatus, Mode, Waiter};
 
 /// The holders and waiters of `name`, and the last token handed out for it.
 pub(super) fn status(backend: &FileBackend, name: &LockName) -> Result<LockStatus, Error> {
@@ -31,11 +33,15 @@ pub(super) fn status(backend: &FileBackend, name: &LockName) -> Result<LockStatu
     }
 }
 
-/// The files (device, inode) of `name`'s slots.
+/// The files (device, inode) of `name`'s slots, and of its turnstile (whose waiters wait
+/// for the lock too).
 fn slot_keys(dir: &LockDir, name: &LockName) -> Result<HashSet<(u64, u64)>, Error> {
+    let turnstile = turnstile_file_name(&stem(name));
     Ok(existing_slots(dir, name)?
         .iter()
-        .filter_map(|(_, file_name)| dir.identity(file_name).ok().flatten())
+        .map(|(_, file_name)| file_name)
+        .chain([&turnstile])
+        .filter_map(|file_name| dir.identity(file_name).ok().flatten())
         .collect())
 }
 
@@ -222,7 +228,9 @@ fn status_of(dir: &LockDir, name: &LockName, locks: &ProcLocks) -> Result<LockSt
             last_token = header.filter(|t| *t > 0);
         }
         waiters.extend(locks.waiters.get(&key).into_iter().flatten());
-        if let Some(pid) = locks.holder(key, holder.as_ref().map(|h| h.pid)) {
+        if let Some(readers) = locks.shared.get(&key) {
+            holders.extend(readers.iter().map(|&pid| shared_holder(dir, name, pid)));
+        } else if let Some(pid) = locks.holder(key, holder.as_ref().map(|h| h.pid)) {
             let holder = holder.filter(|h| h.pid == pid).unwrap_or_else(|| Holder {
                 name: name.to_string(),
                 pid,
@@ -235,6 +243,11 @@ fn status_of(dir: &LockDir, name: &LockName, locks: &ProcLocks) -> Result<LockSt
             });
         }
     }
+    // Processes queued at the turnstile wait for the lock as well (a waiting exclusive run
+    // that holds it is blocked on the lock file too, and counted once).
+    if let Ok(Some(key)) = dir.identity(&turnstile_file_name(&stem(name))) {
+        waiters.extend(locks.waiters.get(&key).into_iter().flatten());
+    }
     Ok(LockStatus {
         name: name.to_string(),
         held: !holders.is_empty(),
@@ -244,6 +257,28 @@ fn status_of(dir: &LockDir, name: &LockName, locks: &ProcLocks) -> Result<LockSt
         last_token,
         waiting_here: waiting_here(&waiters),
     })
+}
+
+/// Shared holder `pid` of `name`, with the record from its own file when that file names it
+/// (`flock -s` leaves none: then only the pid is known).
+fn shared_holder(dir: &LockDir, name: &LockName, pid: u32) -> HolderStatus {
+    let recorded = dir
+        .read_lock_file(&reader_file_name(&stem(name), pid))
+        .ok()
+        .flatten()
+        .and_then(|file| read_contents(file).1)
+        .map(|record| record.holder)
+        .filter(|holder| holder.pid == pid && holder.name == name.as_str());
+    HolderStatus {
+        holder: recorded.unwrap_or_else(|| Holder {
+            name: name.to_string(),
+            pid,
+            mode: Mode::Shared,
+            ..Holder::default()
+        }),
+        ttl_left_ms: None,
+        session: None,
+    }
 }
 
 /// The processes blocked on a lock's files, longest-waiting first. A process waits from its

@@ -20,7 +20,8 @@ pub const KIND: Kind = Kind {
         fifo: false,
         records_finished: true,
         limit: true,
-        shared: false,
+        // flock(LOCK_SH) on the same file, behind a turnstile for waiting exclusive runs.
+        shared: true,
     },
     minimum_ttl: Duration::ZERO,
     parse: |_, url| super::target::parse(after_scheme(url)).map(Target::new),

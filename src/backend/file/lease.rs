@@ -16,6 +16,7 @@ use crate::clock::{sleep_until, BootInstant, Readable};
 use crate::error::Error;
 use crate::lock::{Holder, Lease, Lost, Record};
 
+use super::dir::LockDir;
 use super::slot::{write_at, HEADER_LEN};
 
 const RECHECK_EVERY: Duration = Duration::from_secs(5);
@@ -32,6 +33,15 @@ pub struct FileLease {
     acquired: BootInstant,
     /// The `--limit` recorded with the hold (rewritten by [`Lease::finished`]).
     limit: u32,
+    /// A shared hold's own record file, removed on release.
+    reader: Option<ReaderRecord>,
+}
+
+/// Where a shared holder keeps its record (`slot::reader_file_name`).
+pub(super) struct ReaderRecord {
+    pub(super) dir: LockDir,
+    pub(super) name: String,
+    pub(super) file: File,
 }
 
 impl FileLease {
@@ -44,6 +54,15 @@ impl FileLease {
             watch: None,
             acquired: BootInstant::now(),
             limit,
+            reader: None,
+        }
+    }
+
+    /// The same for a shared hold whose record is in `reader`.
+    pub(super) fn shared(file: File, path: PathBuf, token: u64, reader: ReaderRecord) -> FileLease {
+        FileLease {
+            reader: Some(reader),
+            ..FileLease::new(file, path, token, 1)
         }
     }
 
@@ -121,9 +140,10 @@ impl Lease for FileLease {
         body.push('\n');
         let io_err =
             |e: io::Error| Error::from_lock_io(format!("cannot write {}", self.path.display()), &e);
-        write_at(&self.file, HEADER_LEN as u64, body.as_bytes()).map_err(io_err)?;
-        self.file
-            .set_len((HEADER_LEN + body.len()) as u64)
+        // A shared holder's record is in its own file, behind the same kind of header.
+        let file = self.reader.as_ref().map_or(&self.file, |r| &r.file);
+        write_at(file, HEADER_LEN as u64, body.as_bytes()).map_err(io_err)?;
+        file.set_len((HEADER_LEN + body.len()) as u64)
             .map_err(io_err)?;
         Ok(true)
     }
@@ -132,6 +152,15 @@ impl Lease for FileLease {
         // Closing drops the flock. The metadata stays behind: `status` shows a holder only when
         // /proc/locks confirms its pid still holds the file.
         drop(self.file);
+        // A shared holder's record file is its own (named by its pid): nobody else removes it.
+        if let Some(reader) = self.reader {
+            if let Err(e) = reader.dir.remove(&reader.name) {
+                tracing::debug!(
+                    "cannot remove {}: {e}",
+                    reader.dir.path_of(&reader.name).display()
+                );
+            }
+        }
         Ok(())
     }
 }

@@ -20,6 +20,15 @@
 //! - Waiting blocks in the kernel on helper threads, one per slot, so a release hands over
 //!   without polling (`wait.rs`).
 //! - A held lock counts as lost when its file is deleted or replaced (`lease.rs`).
+//! - Shared holds (`--shared`, `--limit 1` only): `LOCK_SH` on slot 0's file, so `flock -s`
+//!   shares with them. `<stem>.turnstile` keeps shared runs from starving exclusive ones: an
+//!   exclusive run that has to wait holds it `LOCK_EX` from before it waits on the lock file
+//!   until it holds it; a shared run holds it `LOCK_SH` from before it takes the lock file
+//!   until it holds it. A shared run arriving while an exclusive run waits so blocks on the
+//!   turnstile, behind it. No deadlock: whoever holds the turnstile waits only for the lock
+//!   file's holders, and they hold no turnstile. Each shared hold takes the next token under
+//!   the header lock as an exclusive one does, and writes its record to
+//!   `<stem>.<pid>.reader` (`slot::reader_file_name`), removed on release.
 //! - `status`, `list`, `release --force` and `check` are in `admin.rs`.
 
 use std::fs::File;
@@ -39,8 +48,12 @@ pub use lease::FileLease;
 pub use target::FileTarget;
 
 use self::dir::LockDir;
+use self::lease::ReaderRecord;
 use self::proc_locks::ProcLocks;
-use self::slot::{header, header_lock, read_contents, slot_file_name, stem, write_at, HEADER_LEN};
+use self::slot::{
+    header, header_lock, read_contents, reader_file_name, slot_file_name, stem,
+    turnstile_file_name, write_at, HEADER_LEN,
+};
 use self::wait::{flock, BlockedWait};
 use crate::clock::{sleep_until, BootInstant};
 use crate::error::Error;
@@ -114,12 +127,35 @@ impl Backend for FileBackend {
         // One deadline for the whole call, however often a replaced file makes us retry.
         let deadline = request.wait.deadline();
         let stem = stem(&request.name);
+        if request.mode.is_shared() {
+            return acquire_shared(dir, request, &stem, deadline, &mut cancel).await;
+        }
         for _ in 0..MAX_INODE_RETRIES {
             let (slot, file, file_name) = match try_slots(&dir, &stem, request.limit)? {
                 Attempt::Taken(taken) => taken,
                 Attempt::AllHeld(files) => {
+                    // An exclusive run that has to wait holds the turnstile until it holds the
+                    // lock: shared runs that arrive meanwhile queue behind it.
+                    let turnstile = if request.limit == 1 && request.wait != Wait::No {
+                        let name = turnstile_file_name(&stem);
+                        Some(
+                            pass(
+                                &dir,
+                                request,
+                                &name,
+                                libc::LOCK_EX,
+                                deadline,
+                                &mut cancel,
+                                &|| check_limits(&dir, request, &stem, None),
+                            )
+                            .await?,
+                        )
+                    } else {
+                        None
+                    };
                     let won =
                         wait_for_slot(&dir, request, &stem, files, deadline, &mut cancel).await?;
+                    drop(turnstile);
                     tracing::debug!(target: crate::logging::HANDOFF, "woken");
                     won
                 }
@@ -242,6 +278,169 @@ async fn wait_for_slot(
     }
 }
 
+/// A shared hold: through the turnstile (so that an exclusive run already waiting goes
+/// first), then `LOCK_SH` on slot 0's file, the same lock `flock -s FILE` takes; then the
+/// next token and a record of our own.
+async fn acquire_shared(
+    dir: LockDir,
+    request: &AcquireRequest,
+    stem: &str,
+    deadline: Option<BootInstant>,
+    cancel: &mut Cancel,
+) -> Result<FileLease, Error> {
+    let turnstile_name = turnstile_file_name(stem);
+    let file_name = slot_file_name(stem, 0);
+    for _ in 0..MAX_INODE_RETRIES {
+        // Held until the lock is ours: an exclusive run arriving meanwhile queues behind us.
+        let turnstile = pass(
+            &dir,
+            request,
+            &turnstile_name,
+            libc::LOCK_SH,
+            deadline,
+            cancel,
+            &|| check_limits(&dir, request, stem, None),
+        )
+        .await?;
+        crate::lock::queued(request);
+        let file = pass(
+            &dir,
+            request,
+            &file_name,
+            libc::LOCK_SH,
+            deadline,
+            cancel,
+            &|| check_limits(&dir, request, stem, None),
+        )
+        .await?;
+        drop(turnstile);
+        tracing::debug!(target: crate::logging::HANDOFF, "woken");
+        match dir.is_current(&file, &file_name) {
+            Ok(true) => {
+                let hold = start_shared_hold(dir, request, stem, file, &file_name);
+                tracing::debug!(target: crate::logging::HANDOFF, "token-written");
+                return hold;
+            }
+            Ok(false) => continue,
+            Err(e) => {
+                return Err(Error::from_lock_io(
+                    format!("cannot inspect {}", dir.path_of(&file_name).display()),
+                    &e,
+                ))
+            }
+        }
+    }
+    Err(Error::CantCreate(format!(
+        "the lock file for '{}' in {} keeps being replaced; giving up",
+        request.name,
+        dir.path_of("").display()
+    )))
+}
+
+/// `flock(operation)` on the file `file_name`, waiting as `request.wait` says (cancellable,
+/// bounded by `deadline`); the file, locked. `before_waiting` runs when it has to wait (the
+/// `--limit` check, so that a mismatch is refused at once rather than after the wait).
+async fn pass(
+    dir: &LockDir,
+    request: &AcquireRequest,
+    file_name: &str,
+    operation: libc::c_int,
+    deadline: Option<BootInstant>,
+    cancel: &mut Cancel,
+    before_waiting: &dyn Fn() -> Result<(), Error>,
+) -> Result<File, Error> {
+    let file = dir.open_lock_file(file_name)?;
+    match flock(&file, operation | libc::LOCK_NB) {
+        Ok(()) => return Ok(file),
+        Err(e) if e.raw_os_error() == Some(libc::EWOULDBLOCK) => {}
+        Err(e) => {
+            return Err(Error::from_lock_io(
+                format!("cannot lock {}", dir.path_of(file_name).display()),
+                &e,
+            ))
+        }
+    }
+    before_waiting()?;
+    if request.wait == Wait::No {
+        return Err(busy(
+            request,
+            &admin::describe_holders(dir, &request.name),
+            request.wait,
+        ));
+    }
+    let mut blocked = BlockedWait::start_with(vec![(0, file, file_name.to_owned())], operation);
+    let outcome = tokio::select! {
+        got = blocked.first() => got,
+        _ = cancel.cancelled() => Err(Error::Cancelled),
+        _ = sleep_until(deadline.unwrap_or(BootInstant::now())), if deadline.is_some() => {
+            Err(Error::Busy(String::new()))
+        }
+    };
+    blocked.stop(outcome.as_ref().ok().map(|(slot, _, _)| *slot));
+    match outcome {
+        Ok((_, file, _)) => Ok(file),
+        Err(Error::Busy(_)) => Err(busy(
+            request,
+            &admin::describe_holders(dir, &request.name),
+            request.wait,
+        )),
+        Err(other) => Err(other),
+    }
+}
+
+/// Make a shared lock on slot 0's file a hold: under the lock on its header, check the other
+/// slots' `--limit` and take the next token, as an exclusive hold does; the record goes to a
+/// file of our own, since other shared holders share the lock file.
+fn start_shared_hold(
+    dir: LockDir,
+    request: &AcquireRequest,
+    stem: &str,
+    file: File,
+    file_name: &str,
+) -> Result<FileLease, Error> {
+    let path = dir.path_of(file_name);
+    let io_err = |what: &str, path: &Path, e: io::Error| {
+        Error::from_lock_io(format!("{what} {}", path.display()), &e)
+    };
+    header_lock(&file, true).map_err(|e| io_err("cannot lock the header of", &path, e))?;
+    let held = check_limits(&dir, request, stem, Some(0))
+        .and_then(|()| slot::next_token(&file, &path))
+        .and_then(|token| {
+            write_at(&file, 0, header(token).as_bytes())
+                .map_err(|e| io_err("cannot write", &path, e))?;
+            Ok(token)
+        });
+    let _ = header_lock(&file, false);
+    let token = held?;
+    let mut holder = request.holder.clone();
+    holder.token = token;
+    // A kernel lock has no lease.
+    holder.ttl_ms = 0;
+    let record = Record {
+        holder,
+        limit: request.limit,
+    };
+    let name = reader_file_name(stem, request.holder.pid);
+    let record_path = dir.path_of(&name);
+    let record_file = dir.open_lock_file(&name)?;
+    let mut body = header(0);
+    body.push_str(&serde_json::to_string(&record).map_err(|e| Error::Internal(e.to_string()))?);
+    body.push('\n');
+    write_at(&record_file, 0, body.as_bytes())
+        .and_then(|()| record_file.set_len(body.len() as u64))
+        .map_err(|e| io_err("cannot write", &record_path, e))?;
+    Ok(FileLease::shared(
+        file,
+        path,
+        token,
+        ReaderRecord {
+            dir,
+            name,
+            file: record_file,
+        },
+    ))
+}
+
 fn busy(request: &AcquireRequest, state: &str, wait: Wait) -> Error {
     crate::wording::not_acquired(&request.name, state, wait)
 }
@@ -333,6 +532,13 @@ fn check_limits(
         }
     };
     for (file_name, key) in others {
+        // Shared holders (of slot 0) hold with --limit 1, whatever the file's last record says.
+        if locks.shared.contains_key(&key) {
+            if request.limit != 1 {
+                return Err(limit_mismatch(&request.name, 1));
+            }
+            continue;
+        }
         // A file that cannot be read or trusted says nothing about a limit.
         let record = dir
             .read_lock_file(&file_name)

@@ -36,6 +36,8 @@ use crate::error::Error;
 /// Holders and waiters of flock(2) locks, by (device, inode), from `/proc/locks`.
 pub(crate) struct ProcLocks {
     pub(crate) holders: HashMap<(u64, u64), u32>,
+    /// Every pid holding a file shared (`LOCK_SH`, listed as `READ`), in increasing order.
+    pub(crate) shared: HashMap<(u64, u64), Vec<u32>>,
     /// The pids blocked waiting, by file (a process waiting for any of N slots is listed
     /// under each).
     pub(crate) waiters: HashMap<(u64, u64), Vec<u32>>,
@@ -70,13 +72,15 @@ impl ProcLocks {
                 .map_err(|e| Error::Unavailable(format!("cannot read /proc/locks: {e}")))?;
             let mut locks = ProcLocks::parse(&text);
             locks.holders.retain(|key, _| keys.contains(key));
+            locks.shared.retain(|key, _| keys.contains(key));
             locks.waiters.retain(|key, _| keys.contains(key));
-            for pids in locks.waiters.values_mut() {
+            for pids in locks.waiters.values_mut().chain(locks.shared.values_mut()) {
                 pids.sort_unstable();
             }
+            // Every shared holder counts: one missed is a holder `status` would not show.
             if last
                 .as_ref()
-                .is_some_and(|last| last.holders == locks.holders)
+                .is_some_and(|last| last.holders == locks.holders && last.shared == locks.shared)
             {
                 return Ok((locks, true));
             }
@@ -108,6 +112,7 @@ impl ProcLocks {
     fn parse(text: &str) -> ProcLocks {
         let mut locks = ProcLocks {
             holders: HashMap::new(),
+            shared: HashMap::new(),
             waiters: HashMap::new(),
         };
         for line in text.lines() {
@@ -137,6 +142,9 @@ impl ProcLocks {
             if waiting {
                 locks.waiters.entry(key).or_default().push(pid);
             } else {
+                if words[2] == "READ" {
+                    locks.shared.entry(key).or_default().push(pid);
+                }
                 locks.holders.insert(key, pid);
             }
         }
@@ -177,6 +185,19 @@ mod tests {
         assert_eq!(locks.holders.get(&key), Some(&4242));
         assert_eq!(locks.waiters.get(&key), Some(&vec![4343]));
         assert_eq!(locks.holders.len(), 1);
+        assert!(locks.shared.is_empty());
+    }
+
+    /// Every shared (`READ`) holder of a file is kept, not only the last one listed.
+    #[test]
+    fn every_shared_holder_is_kept() {
+        let text = "1: FLOCK  ADVISORY  READ 4242 fd:01:1234 0 EOF\n\
+                    1: FLOCK  ADVISORY  READ 4343 fd:01:1234 0 EOF\n\
+                    2: FLOCK  ADVISORY  WRITE 99 fd:01:777 0 EOF\n";
+        let locks = ProcLocks::parse(text);
+        let key = (libc::makedev(0xfd, 1), 1234);
+        assert_eq!(locks.shared.get(&key), Some(&vec![4242, 4343]));
+        assert_eq!(locks.shared.len(), 1);
     }
 
     /// Our own lock is found through our own descriptors, and only on the file it is on.

@@ -45,6 +45,23 @@ pub(super) fn slot_file_name(stem: &str, slot: u32) -> String {
     }
 }
 
+/// The turnstile of a lock that has shared holders (the module doc of `mod.rs`): an exclusive
+/// run that has to wait holds it exclusively until it holds the lock, and a shared run passes
+/// through it before taking the lock, so it queues behind a waiting exclusive run. Not a
+/// `.lock` file: it is never a slot.
+pub(super) fn turnstile_file_name(stem: &str) -> String {
+    format!("{stem}.turnstile")
+}
+
+/// The file where shared holder `pid` of the lock `stem` keeps its record (a header of zero,
+/// then the [`Record`]), since the lock file has room for one record only. Believed only
+/// while the kernel shows `pid` holding the lock file; removed by its holder on release.
+/// A pid has no `.`, so the name tells the lock and the pid apart, and it never ends in
+/// `.lock`.
+pub(super) fn reader_file_name(stem: &str, pid: u32) -> String {
+    format!("{stem}.{pid}.reader")
+}
+
 /// `<stem>.lock` → (stem, 0); `<stem>#N.lock` → (stem, N).
 pub(super) fn split_file_name(file_name: &str) -> Option<(&str, u32)> {
     let base = file_name.strip_suffix(".lock")?;

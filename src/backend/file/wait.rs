@@ -57,6 +57,14 @@ fn install_interrupt_handler() {
 impl BlockedWait {
     /// Start waiting for each of `files`: (slot, open slot file, its file name).
     pub(crate) fn start(files: Vec<(u32, File, String)>) -> BlockedWait {
+        BlockedWait::start_with(files, libc::LOCK_EX)
+    }
+
+    /// As [`BlockedWait::start`], blocking in `flock(operation)` (`LOCK_SH` for a shared hold).
+    pub(crate) fn start_with(
+        files: Vec<(u32, File, String)>,
+        operation: libc::c_int,
+    ) -> BlockedWait {
         install_interrupt_handler();
         let stop = Arc::new(AtomicBool::new(false));
         let (tx, results) = mpsc::unbounded_channel();
@@ -69,7 +77,7 @@ impl BlockedWait {
                     if stop.load(Ordering::SeqCst) {
                         return;
                     }
-                    match flock(&file, libc::LOCK_EX) {
+                    match flock(&file, operation) {
                         Ok(()) => {
                             // Won after the wait was stopped: dropping the file releases it.
                             if !stop.load(Ordering::SeqCst) {
