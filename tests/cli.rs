@@ -722,8 +722,8 @@ fn an_unknown_option_says_which_command_has_none_such() {
     let (_server, env) = file_env();
     let cases: [(&[&str], &str); 6] = [
         (
-            &["run", "--shared", "x", "--", "true"],
-            "dlock: dlock run has no option --shared; see dlock run --help",
+            &["run", "--readers", "x", "--", "true"],
+            "dlock: dlock run has no option --readers; see dlock run --help",
         ),
         (
             &["run", "--timeout", "5s", "x", "--", "true"],
@@ -742,8 +742,8 @@ fn an_unknown_option_says_which_command_has_none_such() {
             "dlock: dlock has no option --bogus; see dlock --help",
         ),
         (
-            &["run", "-w", "1s", "--shared=1", "x", "true"],
-            "dlock: dlock run has no option --shared; see dlock run --help",
+            &["run", "-w", "1s", "--readers=1", "x", "true"],
+            "dlock: dlock run has no option --readers; see dlock run --help",
         ),
     ];
     for (args, wanted) in cases {
