@@ -572,7 +572,8 @@ fn a_masked_password_in_dlock_url_says_where_it_went() {
 }
 
 /// `--report` is checked before the lock is asked for: a path that cannot be written is 78 at
-/// once and nothing runs.
+/// once and nothing runs, and the message names the setting as it was given (the flag, the
+/// variable or the config file's key).
 #[test]
 fn an_unwritable_report_path_is_78_before_locking() {
     let (_server, env) = file_env();
@@ -599,7 +600,7 @@ fn an_unwritable_report_path_is_78_before_locking() {
         },
         PATIENCE,
     );
-    assert_fails(&out, 78, "--report");
+    assert_fails(&out, 78, "DLOCK_REPORT=");
     let config = env.path("config.toml");
     std::fs::write(
         &config,
@@ -608,7 +609,7 @@ fn an_unwritable_report_path_is_78_before_locking() {
     .expect("write config");
     let config = config.to_str().expect("UTF-8 path");
     let out = env.run(["--config", config, "run", "job", "touch", "ran"]);
-    assert_fails(&out, 78, "--report");
+    assert_fails(&out, 78, "config file: report = ");
     assert!(!env.path("ran").exists(), "the command ran");
 }
 

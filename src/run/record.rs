@@ -36,8 +36,8 @@ impl Sink {
     pub(super) fn open(to: &ReportTo) -> Result<Sink, Error> {
         match to {
             ReportTo::Stderr => Ok(Sink::Stderr),
-            ReportTo::File(path) => Ok(Sink::File {
-                file: open_file(path)?,
+            ReportTo::File { path, given_as } => Ok(Sink::File {
+                file: open_file(path, given_as)?,
                 path: path.clone(),
             }),
         }
@@ -72,8 +72,8 @@ impl Sink {
     }
 }
 
-fn open_file(path: &Path) -> Result<File, Error> {
-    let refuse = |why: String| Error::Config(format!("--report {}: {why}", path.display()));
+fn open_file(path: &Path, given_as: &str) -> Result<File, Error> {
+    let refuse = |why: String| Error::Config(format!("{given_as}: {why}"));
     let file = std::fs::OpenOptions::new()
         .append(true)
         .create(true)
@@ -249,7 +249,7 @@ impl Track {
 /// the file itself is the problem), to where the run's `--report` would have gone, as far as
 /// that can be told.
 pub(crate) fn refused(args: &cli::RunArgs, file: &FileConfig, err: &anyhow::Error) {
-    let Some(to) = settings::report_to(args.report.clone(), file) else {
+    let Some(to) = settings::report_to(args.report.clone(), &args.backend.from_env, file) else {
         return;
     };
     let sink = match Sink::open(&to) {

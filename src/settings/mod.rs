@@ -85,7 +85,12 @@ pub struct RunSettings {
 pub enum ReportTo {
     /// `-`
     Stderr,
-    File(std::path::PathBuf),
+    File {
+        path: std::path::PathBuf,
+        /// The setting as the user wrote it, for messages: `--report PATH`,
+        /// `DLOCK_REPORT=PATH (environment)` or `config file: report = 'PATH'`.
+        given_as: String,
+    },
 }
 
 /// A value with the place it came from, so errors can say which setting was wrong.
@@ -413,7 +418,7 @@ pub fn run(args: cli::RunArgs, file: &FileConfig) -> Result<RunSettings, Error> 
         false,
     )?;
     let command = command_spec(args.shell_command, args.command)?;
-    let report = report_to(args.report, file);
+    let report = report_to(args.report, &args.backend.from_env, file);
     Ok(RunSettings {
         common,
         name,
@@ -434,17 +439,31 @@ pub fn run(args: cli::RunArgs, file: &FileConfig) -> Result<RunSettings, Error> 
 }
 
 /// Where `--report` (`DLOCK_REPORT`, `report` in the config file) sends the outcome record.
-pub fn report_to(flag: Option<std::path::PathBuf>, file: &FileConfig) -> Option<ReportTo> {
+/// `from_env` names the settings that came from the environment.
+pub fn report_to(
+    flag: Option<std::path::PathBuf>,
+    from_env: &[String],
+    file: &FileConfig,
+) -> Option<ReportTo> {
     // An empty DLOCK_REPORT is no report, as an unset one.
-    flag.filter(|p| !p.as_os_str().is_empty())
-        .or_else(|| file.values.report.clone())
-        .map(|p| {
-            if p.as_os_str() == "-" {
-                ReportTo::Stderr
-            } else {
-                ReportTo::File(p)
-            }
-        })
+    let (path, given_as): (_, fn(&std::path::Path) -> String) =
+        match flag.filter(|p| !p.as_os_str().is_empty()) {
+            Some(path) if from_env.iter().any(|id| id == "report") => (path, |p| {
+                format!("DLOCK_REPORT={} (environment)", p.display())
+            }),
+            Some(path) => (path, |p| format!("--report {}", p.display())),
+            None => (file.values.report.clone()?, |p| {
+                format!("config file: report = '{}'", p.display())
+            }),
+        };
+    Some(if path.as_os_str() == "-" {
+        ReportTo::Stderr
+    } else {
+        ReportTo::File {
+            given_as: given_as(&path),
+            path,
+        }
+    })
 }
 
 /// Validate a lock name given on the command line.
