@@ -173,19 +173,10 @@ impl Backend for FileBackend {
                     );
                     continue;
                 }
-                Err(e) => {
-                    return Err(Error::from_lock_io(
-                        format!("cannot inspect {}", dir.path_of(&file_name).display()),
-                        &e,
-                    ))
-                }
+                Err(e) => return Err(cannot_inspect(&dir, &file_name, &e)),
             }
         }
-        Err(Error::CantCreate(format!(
-            "the lock file for '{}' in {} keeps being replaced; giving up",
-            request.name,
-            self.dir.display()
-        )))
+        Err(keeps_being_replaced(&request.name, self.dir.display()))
     }
 
     async fn status(&self, name: &LockName) -> Result<LockStatus, Error> {
@@ -322,19 +313,28 @@ async fn acquire_shared(
                 return hold;
             }
             Ok(false) => continue,
-            Err(e) => {
-                return Err(Error::from_lock_io(
-                    format!("cannot inspect {}", dir.path_of(&file_name).display()),
-                    &e,
-                ))
-            }
+            Err(e) => return Err(cannot_inspect(&dir, &file_name, &e)),
         }
     }
-    Err(Error::CantCreate(format!(
-        "the lock file for '{}' in {} keeps being replaced; giving up",
-        request.name,
-        dir.path_of("").display()
-    )))
+    Err(keeps_being_replaced(
+        &request.name,
+        dir.path_of("").display(),
+    ))
+}
+
+/// Whether a locked lock file is still the one in the directory could not be told.
+fn cannot_inspect(dir: &LockDir, file_name: &str, e: &std::io::Error) -> Error {
+    Error::from_lock_io(
+        format!("cannot inspect {}", dir.path_of(file_name).display()),
+        e,
+    )
+}
+
+/// The lock file was replaced under every attempt to lock it.
+fn keeps_being_replaced(name: &LockName, dir: impl std::fmt::Display) -> Error {
+    Error::CantCreate(format!(
+        "the lock file for '{name}' in {dir} keeps being replaced; giving up"
+    ))
 }
 
 /// `flock(operation)` on the file `file_name`, waiting as `request.wait` says (cancellable,
