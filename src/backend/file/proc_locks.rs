@@ -12,11 +12,17 @@
 //! (testing a lock by taking it would make a real contender's `--no-wait` fail while `list`
 //! runs):
 //!
-//! - [`ProcLocks::read`] reads the whole file again until two consecutive reads agree on
-//!   who holds the files we ask about (a skip depends on timing, so two reads skipping the
-//!   same line are unlikely), a bounded number of times, else a clear error (`status`,
-//!   `list`: complete or loud). Waiters are not compared: a contended lock's queue changes
-//!   all the time, and a waiter count is a count, not a promise.
+//! - [`ProcLocks::read`] reads the whole file again until, for each file we ask about, two
+//!   consecutive reads agree on who holds it (a skip depends on timing, so two reads
+//!   skipping the same line are unlikely), a bounded number of times, else a clear error
+//!   (`status`, `list`: complete or loud). Agreement is per file, not on all of them at
+//!   once: with dozens of lock files several pages deep in a churning table, nearly every
+//!   read skips *some* holder, so whole reads that agree would be rare, while each file's
+//!   own answer settles within two or three reads. Each file's answer is then true at one
+//!   moment of the call; no caller needs one moment for all files (`list` is one line a
+//!   lock, the `--limit` check counts with [`ProcLocks::read_best`]). Waiters are not
+//!   compared: a contended lock's queue changes all the time, and a waiter count is a
+//!   count, not a promise.
 //! - [`ProcLocks::read_best`] is the same, but keeps the last read when no two agree: for
 //!   the `--limit` check on the way to a command and the host queue's waiter count, where
 //!   a busy table must not fail a run that the lock itself lets through.
@@ -64,31 +70,80 @@ impl ProcLocks {
         Self::reads(keys).map(|(locks, _)| locks)
     }
 
-    /// Up to [`READS`] whole reads: the first of two that agree (`true`), else the last.
+    /// Up to [`READS`] whole reads, each file's holders taken from the first two
+    /// consecutive reads that agree on them (`true` once every file has such an answer);
+    /// else the last read for the files that never settled (`false`). Waiters come from
+    /// the last read.
     fn reads(keys: &HashSet<(u64, u64)>) -> Result<(ProcLocks, bool), Error> {
+        Self::reads_of(keys, || {
+            std::fs::read_to_string("/proc/locks")
+                .map_err(|e| Error::Unavailable(format!("cannot read /proc/locks: {e}")))
+        })
+    }
+
+    /// [`ProcLocks::reads`] of the tables `read` returns.
+    fn reads_of(
+        keys: &HashSet<(u64, u64)>,
+        mut read: impl FnMut() -> Result<String, Error>,
+    ) -> Result<(ProcLocks, bool), Error> {
+        let mut agreed = ProcLocks::empty();
+        let mut unsettled = keys.clone();
         let mut last: Option<ProcLocks> = None;
         for _ in 0..READS {
-            let text = std::fs::read_to_string("/proc/locks")
-                .map_err(|e| Error::Unavailable(format!("cannot read /proc/locks: {e}")))?;
-            let mut locks = ProcLocks::parse(&text);
-            locks.holders.retain(|key, _| keys.contains(key));
-            locks.shared.retain(|key, _| keys.contains(key));
-            locks.waiters.retain(|key, _| keys.contains(key));
-            for pids in locks.waiters.values_mut().chain(locks.shared.values_mut()) {
-                pids.sort_unstable();
+            let mut locks = ProcLocks::parse(&read()?);
+            locks.retain(keys);
+            if let Some(last) = &last {
+                // Every shared holder counts: one missed is a holder `status` would not show.
+                unsettled.retain(|key| {
+                    let same = last.holders.get(key) == locks.holders.get(key)
+                        && last.shared.get(key) == locks.shared.get(key);
+                    if same {
+                        agreed.take(&locks, *key);
+                    }
+                    !same
+                });
             }
-            // Every shared holder counts: one missed is a holder `status` would not show.
-            if last
-                .as_ref()
-                .is_some_and(|last| last.holders == locks.holders && last.shared == locks.shared)
-            {
-                return Ok((locks, true));
-            }
+            let done = last.is_some() && unsettled.is_empty();
             last = Some(locks);
+            if done {
+                break;
+            }
         }
-        match last {
-            Some(locks) => Ok((locks, false)),
-            None => Err(Error::Unavailable("/proc/locks was not read".into())),
+        let Some(last) = last else {
+            return Err(Error::Unavailable("/proc/locks was not read".into()));
+        };
+        for key in &unsettled {
+            agreed.take(&last, *key);
+        }
+        agreed.waiters = last.waiters;
+        Ok((agreed, unsettled.is_empty()))
+    }
+
+    fn empty() -> ProcLocks {
+        ProcLocks {
+            holders: HashMap::new(),
+            shared: HashMap::new(),
+            waiters: HashMap::new(),
+        }
+    }
+
+    /// Keep only the entries for files `keys`, each file's pids in increasing order.
+    fn retain(&mut self, keys: &HashSet<(u64, u64)>) {
+        self.holders.retain(|key, _| keys.contains(key));
+        self.shared.retain(|key, _| keys.contains(key));
+        self.waiters.retain(|key, _| keys.contains(key));
+        for pids in self.waiters.values_mut().chain(self.shared.values_mut()) {
+            pids.sort_unstable();
+        }
+    }
+
+    /// Take file `key`'s holders (not its waiters) from `from`.
+    fn take(&mut self, from: &ProcLocks, key: (u64, u64)) {
+        if let Some(&pid) = from.holders.get(&key) {
+            self.holders.insert(key, pid);
+        }
+        if let Some(pids) = from.shared.get(&key) {
+            self.shared.insert(key, pids.clone());
         }
     }
 
@@ -110,11 +165,7 @@ impl ProcLocks {
     /// like `1: -> FLOCK  ADVISORY  WRITE 1235 fd:01:5678 0 EOF`; the device is `major:minor`
     /// in hex.
     fn parse(text: &str) -> ProcLocks {
-        let mut locks = ProcLocks {
-            holders: HashMap::new(),
-            shared: HashMap::new(),
-            waiters: HashMap::new(),
-        };
+        let mut locks = ProcLocks::empty();
         for line in text.lines() {
             let mut words: Vec<&str> = line.split_whitespace().skip(1).collect();
             let waiting = words.first() == Some(&"->");
@@ -198,6 +249,44 @@ mod tests {
         let key = (libc::makedev(0xfd, 1), 1234);
         assert_eq!(locks.shared.get(&key), Some(&vec![4242, 4343]));
         assert_eq!(locks.shared.len(), 1);
+    }
+
+    /// Each file's holder is taken from two reads that agree on it, though no two whole
+    /// reads agree (each skips a different holder), and a file that never settles is
+    /// reported as not settled.
+    #[test]
+    fn each_file_settles_on_its_own() {
+        let line =
+            |pid: u32, inode: u32| format!("1: FLOCK  ADVISORY  WRITE {pid} fd:01:{inode} 0 EOF\n");
+        let (a, b) = (line(10, 1), line(20, 2));
+        let key = |inode| (libc::makedev(0xfd, 1), inode);
+        let keys = HashSet::from([key(1), key(2)]);
+        let tables = [a.clone(), a.clone() + &b, b.clone(), a.clone()];
+        let mut next = tables.iter();
+        let (locks, settled) =
+            ProcLocks::reads_of(&keys, || Ok(next.next().cloned().unwrap_or_default()))
+                .expect("reads");
+        assert!(settled);
+        assert_eq!(locks.holders.get(&key(1)), Some(&10));
+        assert_eq!(locks.holders.get(&key(2)), Some(&20));
+
+        // File 2's holder shows in every other read only: never settled, last read stands.
+        let tables: Vec<String> = (0..READS)
+            .map(|i| {
+                if i % 2 == 0 {
+                    a.clone()
+                } else {
+                    a.clone() + &b
+                }
+            })
+            .collect();
+        let mut next = tables.iter();
+        let (locks, settled) =
+            ProcLocks::reads_of(&keys, || Ok(next.next().cloned().unwrap_or_default()))
+                .expect("reads");
+        assert!(!settled);
+        assert_eq!(locks.holders.get(&key(1)), Some(&10));
+        assert_eq!(locks.holders.get(&key(2)), Some(&20));
     }
 
     /// Our own lock is found through our own descriptors, and only on the file it is on.
