@@ -145,10 +145,15 @@ impl SentinelServer {
     /// One command to the sentinel on `port` (authenticating first when it wants a password);
     /// the raw reply, empty when it did not answer.
     pub fn ask(&self, port: u16, args: &[&str]) -> String {
+        self.ask_reply(port, args).unwrap_or_default()
+    }
+
+    /// As [`SentinelServer::ask`], with the error when the sentinel could not be asked.
+    fn ask_reply(&self, port: u16, args: &[&str]) -> std::io::Result<String> {
         if let Some(certs) = &self.tls {
-            return tls_cli(certs, port, self.password.as_deref(), args);
+            return Ok(tls_cli(certs, port, self.password.as_deref(), args));
         }
-        let reply = match &self.password {
+        match &self.password {
             // Two commands in one request: AUTH, then the command, whose reply follows
             // AUTH's +OK (dropped, so that callers see the command's reply).
             Some(password) => redis_pipeline(port, &[&["AUTH", password], args]).map(|text| {
@@ -157,8 +162,7 @@ impl SentinelServer {
                     .unwrap_or(text)
             }),
             None => redis_resp(port, args),
-        };
-        reply.unwrap_or_default()
+        }
     }
 
     /// One command to the data node on `port` (over TLS with redis-cli when the set-up is
@@ -187,20 +191,36 @@ impl SentinelServer {
         format!("{}://{}/0#{MASTER_NAME}", self.scheme(), hosts.join(","))
     }
 
-    /// The port of the master the sentinels name now.
+    /// The port of the master the sentinels name now. A sentinel slow to answer on a busy
+    /// machine is asked again (bounded by [`PATIENCE`]); the panic names what it last said.
     pub fn master_port(&self) -> u16 {
-        let reply = self.ask(
-            self.sentinel_ports[0],
-            &["SENTINEL", "get-master-addr-by-name", MASTER_NAME],
-        );
-        // RESP (*2 $9 127.0.0.1 $5 port) or redis-cli's lines (127.0.0.1, port).
-        reply
-            .lines()
-            .map(str::trim)
-            .filter(|l| !l.starts_with(['*', '$']))
-            .nth(1)
-            .and_then(|p| p.trim().parse().ok())
-            .unwrap_or_else(|| panic!("no master address in {reply:?}"))
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            let reply = self.ask_reply(
+                self.sentinel_ports[0],
+                &["SENTINEL", "get-master-addr-by-name", MASTER_NAME],
+            );
+            // RESP (*2 $9 127.0.0.1 $5 port) or redis-cli's lines (127.0.0.1, port).
+            let port = reply.as_ref().ok().and_then(|reply| {
+                reply
+                    .lines()
+                    .map(str::trim)
+                    .filter(|l| !l.starts_with(['*', '$']))
+                    .nth(1)
+                    .and_then(|p| p.trim().parse().ok())
+            });
+            match port {
+                Some(port) => return port,
+                None if Instant::now() < deadline => {
+                    self.pace();
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+                None => panic!(
+                    "no master address from sentinel {} within {PATIENCE:?}: {reply:?}",
+                    self.sentinel_ports[0]
+                ),
+            }
+        }
     }
 
     /// The data node the sentinels name master now.
