@@ -4,7 +4,7 @@
 //! replica has its master's data). Nodes are killed by pid on drop.
 
 use std::process::{Child, Command, Output, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::*;
 
@@ -242,11 +242,12 @@ impl RedisCluster {
 
     /// The slot of `key`.
     pub fn slot_of(&self, key: &str) -> u16 {
-        self.text(self.live_port(), &["CLUSTER", "KEYSLOT", key])
+        let reply = self.answer(self.live_port(), &["CLUSTER", "KEYSLOT", key]);
+        reply
             .trim()
             .trim_start_matches(':')
             .parse()
-            .expect("CLUSTER KEYSLOT")
+            .unwrap_or_else(|_| panic!("CLUSTER KEYSLOT {key}: {reply:?}"))
     }
 
     /// The port of the master serving `slot`.
@@ -257,7 +258,7 @@ impl RedisCluster {
 
     /// The port of the master serving `slot`, if one does (not during a failover).
     pub fn try_master_of_slot(&self, slot: u16) -> Option<u16> {
-        let nodes = self.text(self.live_port(), &["CLUSTER", "NODES"]);
+        let nodes = self.answer(self.live_port(), &["CLUSTER", "NODES"]);
         for line in nodes.lines() {
             let fields: Vec<&str> = line.split_whitespace().collect();
             if fields.len() < 9 || !fields[2].contains("master") || fields[2].contains("fail") {
@@ -330,6 +331,23 @@ impl RedisCluster {
         }
         all.extend(args.iter().map(|a| (*a).to_owned()));
         cli_output(port, &all.iter().map(String::as_str).collect::<Vec<_>>())
+    }
+
+    /// [`RedisCluster::text`] of a live node, asked again while it gives no answer at all
+    /// (a node slow to answer on a busy machine), bounded by [`PATIENCE`].
+    pub fn answer(&self, port: u16, args: &[&str]) -> String {
+        let deadline = Instant::now() + PATIENCE;
+        loop {
+            let reply = self.text(port, args);
+            if !reply.trim().is_empty() {
+                return reply;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "node {port} gave no answer to {args:?} within {PATIENCE:?}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// A command's reply as text (RESP when no password is needed, else redis-cli's).
