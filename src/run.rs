@@ -102,6 +102,8 @@ pub async fn run<B: Backend>(
     result
 }
 
+/// The steps of one run after the record is set up: re-enter an ancestor's hold, or
+/// acquire; then run the command holding the lock, keep it for `--min-hold`, release.
 async fn acquire_and_run<B: Backend>(
     backend: B,
     settings: &RunSettings,
@@ -112,26 +114,8 @@ async fn acquire_and_run<B: Backend>(
     // Installed before acquiring, so that the hand-off does not wait for it.
     let sigchld = supervise::child_listener().context("cannot watch for the command's exit")?;
     let identity = settings.common.identity();
-    let lock_key = reentry::lock_key(&identity, &settings.name);
-    if let Some(entry) = reentry::ancestor_entry(inherited_held, &lock_key) {
-        let held = ancestor_holds(&backend, &settings.name, &entry).await;
-        if held == Some(Mode::Shared) && settings.mode == Mode::Exclusive {
-            // Re-entering would run an exclusive command beside the other shared holders.
-            track.gave_up();
-            return Err(Error::Usage(format!(
-                "'{}' is held shared by dlock pid {}, an ancestor; a nested exclusive run \
-                 would have to upgrade that hold, which dlock does not do: run the outer dlock \
-                 without --shared, or this one with --shared",
-                settings.name, entry.pid
-            ))
-            .into());
-        }
-        if held.is_some() {
-            tracing::info!(
-                "'{}' is held by dlock pid {}, an ancestor; running the command at once",
-                settings.name,
-                entry.pid
-            );
+    let sigchld = match reenter(&backend, settings, inherited_held, &identity, track).await? {
+        Reentry::Held => {
             let env = child_environment(settings);
             track.acquired(None);
             return supervise_command(settings, &mut signals, sigchld, &mut Reentrant, env)
@@ -141,14 +125,88 @@ async fn acquire_and_run<B: Backend>(
                     ran.status
                 });
         }
-        tracing::info!(
-            "DLOCK_HELD names pid {} as the holder of '{}', but the backend does not show it holding; acquiring",
-            entry.pid,
-            settings.name
-        );
-    }
+        Reentry::Acquire => sigchld,
+    };
+    let request = request_for(settings);
+    // Made before acquiring (the credentials' hand-off included), so that the command starts
+    // as soon as the lock is granted.
+    let env = child_environment(settings);
+    let (lease, acquired_at) =
+        match acquire(&backend, settings, &request, &mut signals, track).await? {
+            Acquisition::Held(lease, at) => (lease, at),
+            Acquisition::Ended(outcome) => return Ok(outcome),
+        };
+    run_holding(
+        Held {
+            lease,
+            acquired_at,
+            env,
+        },
+        settings,
+        &request,
+        &mut signals,
+        sigchld,
+        (inherited_held, &identity),
+        track,
+    )
+    .await
+}
 
-    let request = AcquireRequest {
+/// Whether an ancestor's hold of the lock is this run's to re-enter.
+enum Reentry {
+    /// An ancestor provably holds it in a mode this run may share: run at once.
+    Held,
+    /// Acquire as usual.
+    Acquire,
+}
+
+/// An ancestor named in `DLOCK_HELD` that the backend shows holding the lock lets the
+/// command run at once, unless this run is exclusive and the ancestor's hold is shared
+/// (refused: never an upgrade). Anything unproven means acquiring.
+async fn reenter<B: Backend>(
+    backend: &B,
+    settings: &RunSettings,
+    inherited_held: &str,
+    identity: &str,
+    track: &mut record::Track,
+) -> Result<Reentry, Error> {
+    let lock_key = reentry::lock_key(identity, &settings.name);
+    let Some(entry) = reentry::ancestor_entry(inherited_held, &lock_key) else {
+        return Ok(Reentry::Acquire);
+    };
+    match ancestor_holds(backend, &settings.name, &entry).await {
+        Some(Mode::Shared) if settings.mode == Mode::Exclusive => {
+            // Re-entering would run an exclusive command beside the other shared holders.
+            track.gave_up();
+            Err(Error::Usage(format!(
+                "'{}' is held shared by dlock pid {}, an ancestor; a nested exclusive run \
+                 would have to upgrade that hold, which dlock does not do: run the outer dlock \
+                 without --shared, or this one with --shared",
+                settings.name, entry.pid
+            )))
+        }
+        Some(_) => {
+            tracing::info!(
+                "'{}' is held by dlock pid {}, an ancestor; running the command at once",
+                settings.name,
+                entry.pid
+            );
+            Ok(Reentry::Held)
+        }
+        None => {
+            tracing::info!(
+                "DLOCK_HELD names pid {} as the holder of '{}', but the backend does not show it holding; acquiring",
+                entry.pid,
+                settings.name
+            );
+            Ok(Reentry::Acquire)
+        }
+    }
+}
+
+/// What this run asks the backend for, with the metadata it records.
+fn request_for(settings: &RunSettings) -> AcquireRequest {
+    AcquireRequest {
         name: settings.name.clone(),
         limit: settings.limit,
         mode: settings.mode,
@@ -172,12 +230,30 @@ async fn acquire_and_run<B: Backend>(
                 settings.common.ttl,
             )
         },
-    };
-    let mut env = child_environment(settings);
+    }
+}
+
+/// How acquiring ended: with the lock, or with the run's outcome (busy, signalled).
+enum Acquisition<L> {
+    /// The lease, and when it was granted (`--min-hold` counts from then).
+    Held(L, min_hold::Acquired),
+    Ended(Outcome),
+}
+
+/// Acquire, raced against signals and the `--wait` backstop, with the waiting line shown
+/// meanwhile. A signal while waiting, or one that arrived while the grant was on its way,
+/// ends the run without the command; so does a lock held elsewhere (the conflict status).
+async fn acquire<B: Backend>(
+    backend: &B,
+    settings: &RunSettings,
+    request: &AcquireRequest,
+    signals: &mut Signals,
+    track: &mut record::Track,
+) -> anyhow::Result<Acquisition<B::Lease>> {
     let started = clock::BootInstant::now();
     let (canceller, cancel) = lock::cancellation();
     tracing::debug!(target: logging::HANDOFF, "acquiring");
-    let acquire = backend.acquire(&request, cancel);
+    let acquire = backend.acquire(request, cancel);
     tokio::pin!(acquire);
     // `--wait` bounds everything before the command starts, connecting included. Backends
     // honour the deadline themselves; this backstop catches a server that accepted the
@@ -185,14 +261,14 @@ async fn acquire_and_run<B: Backend>(
     let backstop = match settings.wait {
         // No backstop for a wait too long for the clock: it is as good as forever.
         Wait::For(wait) => {
-            tokio::time::Instant::now().checked_add(wait_backstop(&backend, &request, wait))
+            tokio::time::Instant::now().checked_add(wait_backstop(backend, request, wait))
         }
         Wait::No | Wait::Forever => None,
     };
     let waiting = waiting::Waiting::new(settings.wait == Wait::No);
     let acquired = tokio::select! {
         result = &mut acquire => result,
-        () = waiting.report(&backend, &settings.name) => Err(Error::Internal("the waiting line ended".into())),
+        () = waiting.report(backend, &settings.name) => Err(Error::Internal("the waiting line ended".into())),
         () = sleep_until_some(backstop) => {
             canceller.cancel();
             match tokio::time::timeout(WAIT_BACKSTOP_CLEANUP, &mut acquire).await {
@@ -217,11 +293,11 @@ async fn acquire_and_run<B: Backend>(
                 signals::name(signal),
                 settings.name
             );
-            return Ok(Outcome::Signalled(signal));
+            return Ok(Acquisition::Ended(Outcome::Signalled(signal)));
         }
     };
     let said_acquired = waiting.finish(&settings.name, acquired.is_ok());
-    let mut lease = match acquired {
+    let lease = match acquired {
         Ok(lease) => {
             tracing::debug!(target: logging::HANDOFF, "acquired");
             lease
@@ -234,9 +310,11 @@ async fn acquire_and_run<B: Backend>(
                 say!("{message}");
             }
             if settings.report.is_some() {
-                track.busy(holder_now(&backend, &settings.name).await);
+                track.busy(holder_now(backend, &settings.name).await);
             }
-            return Ok(Outcome::NotAcquired(settings.conflict_exit_code));
+            return Ok(Acquisition::Ended(Outcome::NotAcquired(
+                settings.conflict_exit_code,
+            )));
         }
         Err(err) => {
             track.gave_up();
@@ -264,19 +342,45 @@ async fn acquire_and_run<B: Backend>(
             signals::name(signal),
             settings.name
         );
-        return Ok(Outcome::Signalled(signal));
+        return Ok(Acquisition::Ended(Outcome::Signalled(signal)));
     }
+    Ok(Acquisition::Held(lease, acquired_at))
+}
+
+/// A granted lock, when it was granted, and the command's environment made before.
+struct Held<L> {
+    lease: L,
+    acquired_at: min_hold::Acquired,
+    env: ChildEnv,
+}
+
+/// With the lock held: run the command (its environment naming the token and, for nested
+/// runs, this hold), keep the lock for `--min-hold` after a clean end, release.
+/// `(inherited_held, identity)`: the `DLOCK_HELD` this process got and its backend identity.
+async fn run_holding<L: Lease>(
+    held: Held<L>,
+    settings: &RunSettings,
+    request: &AcquireRequest,
+    signals: &mut Signals,
+    sigchld: tokio::signal::unix::Signal,
+    (inherited_held, identity): (&str, &str),
+    track: &mut record::Track,
+) -> anyhow::Result<Outcome> {
+    let Held {
+        mut lease,
+        acquired_at,
+        mut env,
+    } = held;
     env.vars.push((
         "DLOCK_FENCING_TOKEN".into(),
         Some(lease.token().to_string().into()),
     ));
     // Without our own /proc entry no nested run could prove it is ours: it acquires normally.
-    if let Some(entry) = reentry::Entry::for_this_process(&identity, &settings.name, lease.token())
-    {
+    if let Some(entry) = reentry::Entry::for_this_process(identity, &settings.name, lease.token()) {
         let held = reentry::with_entry(inherited_held, &entry);
         env.vars.push(("DLOCK_HELD".into(), Some(held.into())));
     }
-    let supervised = supervise_command(settings, &mut signals, sigchld, &mut lease, env).await;
+    let supervised = supervise_command(settings, signals, sigchld, &mut lease, env).await;
     if let Ok(ran) = &supervised {
         track.command_ended(ran.command, ran.lock_lost, ran.stopped_by);
     }
@@ -284,7 +388,7 @@ async fn acquire_and_run<B: Backend>(
         Ok(ran) if !ran.lock_lost && ran.stopped_by.is_none() => {
             let kept = min_hold::keep(
                 &mut lease,
-                &mut signals,
+                signals,
                 settings,
                 &request.holder,
                 &acquired_at,
