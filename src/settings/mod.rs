@@ -216,15 +216,51 @@ pub fn common(
     file: &FileConfig,
 ) -> Result<Common, Error> {
     let env = &backend.from_env;
-    let file_urls = match &file.values.url {
-        None => None,
-        Some(OneOrMany::One(u)) => Some(vec![u.clone()]),
-        Some(OneOrMany::Many(us)) => Some(us.clone()),
-    };
-    let urls = pick(
-        (!backend.url.is_empty()).then(|| backend.url.clone()),
-        file_urls,
-    );
+    let (prefix, prefix_from_file) = prefix_setting(backend, file)?;
+    let ttl_from_file = ttl.is_none() && file.values.ttl.is_some();
+    let ttl = duration_setting(ttl, file.values.ttl.clone(), &origin("--ttl", env), false)?
+        .unwrap_or(DEFAULT_TTL);
+    if ttl > MAX_TTL {
+        return Err(bad(
+            ttl_from_file,
+            &origin("--ttl", env),
+            format!(
+                "{} is longer than the limit of {}",
+                humantime::format_duration(ttl),
+                humantime::format_duration(MAX_TTL)
+            ),
+        ));
+    }
+    let (target, display_url) = target_setting(backend, file)?;
+    if let Some(minimum) = target.minimum_ttl() {
+        if ttl < minimum {
+            return Err(bad(
+                ttl_from_file,
+                &origin("--ttl", env),
+                format!(
+                    "{} is shorter than a lease can be kept; the minimum is {}",
+                    humantime::format_duration(ttl),
+                    humantime::format_duration(minimum)
+                ),
+            ));
+        }
+    }
+    target
+        .check_prefix(&prefix)
+        .map_err(|m| bad(prefix_from_file, &origin("--prefix", env), m))?;
+    Ok(Common {
+        target,
+        prefix,
+        ttl,
+        display_url,
+        local_queue: true,
+    })
+}
+
+/// `--prefix` (`DLOCK_PREFIX`, the config file), checked as a lock name is; and whether it
+/// came from the config file.
+fn prefix_setting(backend: &cli::BackendArgs, file: &FileConfig) -> Result<(String, bool), Error> {
+    let env = &backend.from_env;
     let prefix = pick(backend.prefix.clone(), file.values.prefix.clone());
     let prefix_from_file = prefix.as_ref().is_some_and(|p| p.from_file);
     let prefix = match prefix {
@@ -240,21 +276,26 @@ pub fn common(
             p.value
         }
     };
-    let ttl_from_file = ttl.is_none() && file.values.ttl.is_some();
-    let ttl = duration_setting(ttl, file.values.ttl.clone(), &origin("--ttl", env), false)?
-        .unwrap_or(DEFAULT_TTL);
-    if ttl > MAX_TTL {
-        return Err(bad(
-            ttl_from_file,
-            &origin("--ttl", env),
-            format!(
-                "{} is longer than the limit of {}",
-                humantime::format_duration(ttl),
-                humantime::format_duration(MAX_TTL)
-            ),
-        ));
-    }
-    let (target, display_url) = match urls {
+    Ok((prefix, prefix_from_file))
+}
+
+/// The backend `--url` names (`DLOCK_URL`, the config file; the file backend in its default
+/// directory when none does), completed from the config file, and the URL as shown.
+fn target_setting(
+    backend: &cli::BackendArgs,
+    file: &FileConfig,
+) -> Result<(Target, String), Error> {
+    let env = &backend.from_env;
+    let file_urls = match &file.values.url {
+        None => None,
+        Some(OneOrMany::One(u)) => Some(vec![u.clone()]),
+        Some(OneOrMany::Many(us)) => Some(us.clone()),
+    };
+    let urls = pick(
+        (!backend.url.is_empty()).then(|| backend.url.clone()),
+        file_urls,
+    );
+    Ok(match urls {
         None => (Target::default_file(), "file://".to_owned()),
         Some(s) => {
             if s.value.len() > 1 {
@@ -288,29 +329,6 @@ pub fn common(
             target.complete(file)?;
             (target, display)
         }
-    };
-    if let Some(minimum) = target.minimum_ttl() {
-        if ttl < minimum {
-            return Err(bad(
-                ttl_from_file,
-                &origin("--ttl", env),
-                format!(
-                    "{} is shorter than a lease can be kept; the minimum is {}",
-                    humantime::format_duration(ttl),
-                    humantime::format_duration(minimum)
-                ),
-            ));
-        }
-    }
-    target
-        .check_prefix(&prefix)
-        .map_err(|m| bad(prefix_from_file, &origin("--prefix", env), m))?;
-    Ok(Common {
-        target,
-        prefix,
-        ttl,
-        display_url,
-        local_queue: true,
     })
 }
 
@@ -320,35 +338,7 @@ pub fn run(args: cli::RunArgs, file: &FileConfig) -> Result<RunSettings, Error> 
     let mut common = common(&args.backend, args.ttl, file)?;
     common.local_queue = args.local_queue.or(file.values.local_queue).unwrap_or(true);
     let env = &args.backend.from_env;
-    if args.no_wait && args.wait.is_some() {
-        let no_wait = origin("--no-wait", env);
-        let wait = origin("--wait", env);
-        // Flags override the environment: only two flags, or two variables, contradict.
-        if no_wait.starts_with('-') == wait.starts_with('-') {
-            return Err(Error::Usage(format!(
-                "{no_wait} and {wait} contradict each other; give one of them"
-            )));
-        }
-    }
-    // A flag beats a variable: `DLOCK_NO_WAIT=1 dlock run --wait 5s` waits.
-    let no_wait_from_env = env.iter().any(|id| id == "no_wait");
-    let wait_from_flag = args.wait.is_some() && !env.iter().any(|id| id == "wait");
-    let no_wait = (args.no_wait && !(no_wait_from_env && wait_from_flag))
-        || (args.wait.is_none() && file.values.wait.is_none() && file.values.no_wait == Some(true));
-    let wait = if no_wait {
-        Wait::No
-    } else {
-        match duration_setting(
-            args.wait,
-            file.values.wait.clone(),
-            &origin("--wait", env),
-            true,
-        )? {
-            None => Wait::Forever,
-            Some(d) if d.is_zero() => Wait::No,
-            Some(d) => Wait::For(d),
-        }
-    };
+    let wait = wait_setting(args.no_wait, args.wait, &args.backend.from_env, file)?;
     let conflict_exit_code = integer_setting(
         args.conflict_exit_code,
         file.values.conflict_exit_code,
@@ -367,43 +357,8 @@ pub fn run(args: cli::RunArgs, file: &FileConfig) -> Result<RunSettings, Error> 
         .target
         .kind()
         .check_limit(limit, &origin("--limit", env))?;
-    // The flag, or DLOCK_SHARED whether 1 or 0, beats `shared` in the config file.
-    let shared_given = args.shared || env.iter().any(|id| id == "shared");
-    let shared = if shared_given {
-        args.shared
-    } else {
-        file.values.shared == Some(true)
-    };
-    let shared_origin = if shared_given {
-        origin("--shared", env)
-    } else {
-        "shared (config file)".to_owned()
-    };
-    common
-        .target
-        .kind()
-        .check_shared(shared, limit, &shared_origin)?;
-    let mode = if shared {
-        Mode::Shared
-    } else {
-        Mode::Exclusive
-    };
-    let on_lost = match (args.on_lost, &file.values.on_lost) {
-        (Some(v), _) => v,
-        (None, Some(text)) => match text.as_str() {
-            "term" => OnLost::Term,
-            "kill" => OnLost::Kill,
-            "ignore" => OnLost::Ignore,
-            other => {
-                return Err(bad(
-                    true,
-                    "on_lost",
-                    format!("'{other}' is not one of term, kill, ignore"),
-                ))
-            }
-        },
-        (None, None) => OnLost::Term,
-    };
+    let mode = mode_setting(args.shared, &args.backend.from_env, file, &common, limit)?;
+    let on_lost = on_lost_setting(args.on_lost, file)?;
     let kill_after = duration_setting(
         args.kill_after,
         file.values.kill_after.clone(),
@@ -435,6 +390,98 @@ pub fn run(args: cli::RunArgs, file: &FileConfig) -> Result<RunSettings, Error> 
             .or(file.values.record_command)
             .unwrap_or(true),
         report,
+    })
+}
+
+/// `--wait`/`--no-wait` (flags, `DLOCK_WAIT`/`DLOCK_NO_WAIT`, the config file): a flag beats
+/// a variable, and a flag or variable beats the file; only two flags, or two variables,
+/// contradict each other.
+fn wait_setting(
+    no_wait_flag: bool,
+    wait_flag: Option<String>,
+    env: &[String],
+    file: &FileConfig,
+) -> Result<Wait, Error> {
+    if no_wait_flag && wait_flag.is_some() {
+        let no_wait = origin("--no-wait", env);
+        let wait = origin("--wait", env);
+        // Flags override the environment: only two flags, or two variables, contradict.
+        if no_wait.starts_with('-') == wait.starts_with('-') {
+            return Err(Error::Usage(format!(
+                "{no_wait} and {wait} contradict each other; give one of them"
+            )));
+        }
+    }
+    // A flag beats a variable: `DLOCK_NO_WAIT=1 dlock run --wait 5s` waits.
+    let no_wait_from_env = env.iter().any(|id| id == "no_wait");
+    let wait_from_flag = wait_flag.is_some() && !env.iter().any(|id| id == "wait");
+    let no_wait = (no_wait_flag && !(no_wait_from_env && wait_from_flag))
+        || (wait_flag.is_none() && file.values.wait.is_none() && file.values.no_wait == Some(true));
+    Ok(if no_wait {
+        Wait::No
+    } else {
+        match duration_setting(
+            wait_flag,
+            file.values.wait.clone(),
+            &origin("--wait", env),
+            true,
+        )? {
+            None => Wait::Forever,
+            Some(d) if d.is_zero() => Wait::No,
+            Some(d) => Wait::For(d),
+        }
+    })
+}
+
+/// `--shared` (`DLOCK_SHARED`, `shared` in the config file), checked against the backend's
+/// capability and the `--limit`.
+fn mode_setting(
+    flag: bool,
+    env: &[String],
+    file: &FileConfig,
+    common: &Common,
+    limit: u32,
+) -> Result<Mode, Error> {
+    // The flag, or DLOCK_SHARED whether 1 or 0, beats `shared` in the config file.
+    let shared_given = flag || env.iter().any(|id| id == "shared");
+    let shared = if shared_given {
+        flag
+    } else {
+        file.values.shared == Some(true)
+    };
+    let shared_origin = if shared_given {
+        origin("--shared", env)
+    } else {
+        "shared (config file)".to_owned()
+    };
+    common
+        .target
+        .kind()
+        .check_shared(shared, limit, &shared_origin)?;
+    Ok(if shared {
+        Mode::Shared
+    } else {
+        Mode::Exclusive
+    })
+}
+
+/// `--on-lost` (`DLOCK_ON_LOST`, `on_lost` in the config file).
+fn on_lost_setting(flag: Option<OnLost>, file: &FileConfig) -> Result<OnLost, Error> {
+    Ok(match (flag, &file.values.on_lost) {
+        (Some(v), _) => v,
+        (None, Some(text)) => match text.as_str() {
+            "term" => OnLost::Term,
+            "kill" => OnLost::Kill,
+            "ignore" => OnLost::Ignore,
+            other => {
+                return Err(bad(
+                    true,
+                    "on_lost",
+                    format!("'{other}' is not one of term, kill, ignore"),
+                ))
+            }
+        },
+        (None, None) => OnLost::Term,
     })
 }
 
