@@ -87,6 +87,7 @@ fn main_inner(args: Vec<OsString>) -> u8 {
     }
 }
 
+/// One subcommand, to its outcome.
 async fn run(cli: Cli) -> anyhow::Result<Outcome> {
     let quiet = cli.global.quiet > 0;
     // Read first by every subcommand that uses a backend; `generate` does without.
@@ -99,95 +100,117 @@ async fn run(cli: Cli) -> anyhow::Result<Outcome> {
             generate::run(args.what)?;
             Ok(Outcome::Done)
         }
-        Command::Run(args) => {
-            let config = match config() {
-                Ok(config) => config,
-                Err(err) => {
-                    let err = anyhow::Error::new(err);
-                    run::refused(&args, &config::FileConfig::default(), &err);
-                    return Err(err);
-                }
-            };
-            let settings = match settings::run((*args).clone(), &config) {
-                Ok(settings) => settings,
-                Err(err) => {
-                    let err = anyhow::Error::new(err);
-                    run::refused(&args, &config, &err);
-                    return Err(err);
-                }
-            };
-            let held = std::env::var("DLOCK_HELD").unwrap_or_default();
-            let backend = settings.common.target.open(&settings.common);
-            Box::pin(run::run(backend, settings, &held)).await
-        }
-        Command::Status(args) => {
-            let config = config()?;
-            let name = settings::lock_name(&args.name)?;
-            let common = settings::common(&args.backend, None, &config)?;
-            let status = common
-                .target
-                .open(&common)
-                .status(&name)
-                .await
-                .with_context(|| format!("cannot read the status of '{name}'"))?;
-            if !quiet {
-                report::unless_closed(report::print_status(&status, args.json))?;
-            }
-            Ok(if status.held {
-                Outcome::Done
-            } else {
-                Outcome::Nothing
-            })
-        }
-        Command::List(args) => {
-            let config = config()?;
-            let common = settings::common(&args.backend, None, &config)?;
-            let locks = common
-                .target
-                .open(&common)
-                .list()
-                .await
-                .context("cannot list locks")?;
-            if !quiet {
-                report::unless_closed(report::print_list(&locks, args.json))?;
-            }
-            Ok(Outcome::Done)
-        }
-        Command::Release(args) => {
-            let config = config()?;
-            let name = settings::lock_name(&args.name)?;
-            if !args.force {
-                return Err(Error::Usage(format!(
-                    "'dlock release' breaks a lock someone else holds; add --force to confirm (dlock release --force {name})"
-                ))
-                .into());
-            }
-            let common = settings::common(&args.backend, None, &config)?;
-            let released = common.target.open(&common).force_release(&name).await?;
-            if released.is_empty() {
-                say!("'{name}' is not held");
-                return Ok(Outcome::Nothing);
-            }
-            for holder in &released {
-                say!(
-                    "released '{name}' (was held by {}, token {})",
-                    crate::wording::holder(holder),
-                    holder.token
-                );
-            }
-            Ok(Outcome::Done)
-        }
-        Command::Check(args) => {
-            let config = config()?;
-            let common = settings::common(&args.backend, args.ttl, &config)?;
-            let check = common
-                .target
-                .open(&common)
-                .check()
-                .await
-                .context("check failed")?;
-            report::unless_closed(report::print_check(&check, &common, args.json))?;
-            Ok(Outcome::Done)
-        }
+        Command::Run(args) => Box::pin(run_command(&args, config())).await,
+        Command::Status(args) => status(&args, &config()?, quiet).await,
+        Command::List(args) => list(&args, &config()?, quiet).await,
+        Command::Release(args) => release(&args, &config()?).await,
+        Command::Check(args) => check(args, &config()?).await,
     }
+}
+
+/// `dlock run`: settings refused before anything runs are recorded too (`--report`).
+async fn run_command(
+    args: &cli::RunArgs,
+    config: Result<config::FileConfig, Error>,
+) -> anyhow::Result<Outcome> {
+    let config = match config {
+        Ok(config) => config,
+        Err(err) => {
+            let err = anyhow::Error::new(err);
+            run::refused(args, &config::FileConfig::default(), &err);
+            return Err(err);
+        }
+    };
+    let settings = match settings::run(args.clone(), &config) {
+        Ok(settings) => settings,
+        Err(err) => {
+            let err = anyhow::Error::new(err);
+            run::refused(args, &config, &err);
+            return Err(err);
+        }
+    };
+    let held = std::env::var("DLOCK_HELD").unwrap_or_default();
+    let backend = settings.common.target.open(&settings.common);
+    Box::pin(run::run(backend, settings, &held)).await
+}
+
+/// `dlock status NAME`: 0 when held, 1 when free.
+async fn status(
+    args: &cli::StatusArgs,
+    config: &config::FileConfig,
+    quiet: bool,
+) -> anyhow::Result<Outcome> {
+    let name = settings::lock_name(&args.name)?;
+    let common = settings::common(&args.backend, None, config)?;
+    let status = common
+        .target
+        .open(&common)
+        .status(&name)
+        .await
+        .with_context(|| format!("cannot read the status of '{name}'"))?;
+    if !quiet {
+        report::unless_closed(report::print_status(&status, args.json))?;
+    }
+    Ok(if status.held {
+        Outcome::Done
+    } else {
+        Outcome::Nothing
+    })
+}
+
+/// `dlock list`: the held locks under the namespace.
+async fn list(
+    args: &cli::ListArgs,
+    config: &config::FileConfig,
+    quiet: bool,
+) -> anyhow::Result<Outcome> {
+    let common = settings::common(&args.backend, None, config)?;
+    let locks = common
+        .target
+        .open(&common)
+        .list()
+        .await
+        .context("cannot list locks")?;
+    if !quiet {
+        report::unless_closed(report::print_list(&locks, args.json))?;
+    }
+    Ok(Outcome::Done)
+}
+
+/// `dlock release --force NAME`: break the lock, naming every holder it had.
+async fn release(args: &cli::ReleaseArgs, config: &config::FileConfig) -> anyhow::Result<Outcome> {
+    let name = settings::lock_name(&args.name)?;
+    if !args.force {
+        return Err(Error::Usage(format!(
+            "'dlock release' breaks a lock someone else holds; add --force to confirm (dlock release --force {name})"
+        ))
+        .into());
+    }
+    let common = settings::common(&args.backend, None, config)?;
+    let released = common.target.open(&common).force_release(&name).await?;
+    if released.is_empty() {
+        say!("'{name}' is not held");
+        return Ok(Outcome::Nothing);
+    }
+    for holder in &released {
+        say!(
+            "released '{name}' (was held by {}, token {})",
+            crate::wording::holder(holder),
+            holder.token
+        );
+    }
+    Ok(Outcome::Done)
+}
+
+/// `dlock check`: can this backend be used, and how well.
+async fn check(args: cli::CheckArgs, config: &config::FileConfig) -> anyhow::Result<Outcome> {
+    let common = settings::common(&args.backend, args.ttl, config)?;
+    let check = common
+        .target
+        .open(&common)
+        .check()
+        .await
+        .context("check failed")?;
+    report::unless_closed(report::print_check(&check, &common, args.json))?;
+    Ok(Outcome::Done)
 }
