@@ -124,6 +124,8 @@ pub struct MemcachedBackend {
 /// One acquisition: the lock, the item we add, and where.
 struct Ctx<'a> {
     request: &'a AcquireRequest,
+    /// When `--wait` ends, from the start of the acquisition.
+    deadline: Option<BootInstant>,
     keys: Keys,
     /// What we store in a slot until the token is known.
     stored: Stored,
@@ -327,6 +329,130 @@ impl MemcachedBackend {
         Ok(())
     }
 
+    /// Try for a free slot until one is won (with whether this run waited), `--wait` is over,
+    /// `cancel` fires or the server fails; registered in the waiter count while it waits.
+    async fn poll(
+        &self,
+        conn: &mut Conn,
+        ctx: &Ctx<'_>,
+        registration: &mut Option<Registration>,
+        cancel: &mut Cancel,
+    ) -> Result<(Won, bool), Error> {
+        let (request, deadline) = (ctx.request, ctx.deadline);
+        let owner = ctx.stored.owner.as_str();
+        let display = ctx.display.as_str();
+        let value = ctx.stored.to_bytes();
+        let mut backoff = Backoff::new();
+        let mut relink = RELINK_FIRST;
+        // The connection whose server settings were read (0: none yet). A reconnected
+        // waiter may reach a server restarted with other options: read them again.
+        let mut settled = 0;
+        // The server has answered that the lock is held: from then on a lost connection is
+        // a restart to wait out, not a wrong URL to report.
+        let mut answered = false;
+        let mut waited = false;
+        loop {
+            let step = budget(deadline);
+            let attempt = match self.settle(conn, &mut settled, display, step).await {
+                Ok(()) => self.attempt(conn, ctx, &value, &mut backoff, step).await,
+                Err(failed) => Err(failed),
+            };
+            let holders = match attempt {
+                Ok(Attempt::Won(won)) => {
+                    if waited {
+                        // A poll found the lock free: memcached tells a waiter nothing sooner.
+                        tracing::debug!(target: crate::logging::HANDOFF, "woken");
+                    }
+                    return Ok((won, waited));
+                }
+                Ok(Attempt::Held(holders)) => {
+                    answered = true;
+                    relink = RELINK_FIRST;
+                    holders
+                }
+                Err(Failed::Link(failure))
+                    if answered && deadline.is_none_or(|d| !d.remaining().is_zero()) =>
+                {
+                    // Waiting on through a server restart (or a broken link), reconnecting
+                    // with backoff; `--wait` still ends the wait.
+                    let why = failure.describe();
+                    let server = ctx.display.as_str();
+                    tracing::warn!("{server}: {why}; reconnecting and waiting on");
+                    let mut pause = relink / 2
+                        + Duration::from_micros(
+                            backoff.random(u64::try_from(relink.as_micros()).unwrap_or(1) / 2 + 1),
+                        );
+                    relink = (relink * 2).min(RELINK_CAP);
+                    if let Some(deadline) = deadline {
+                        pause = pause.min(deadline.remaining());
+                    }
+                    tokio::select! {
+                        () = cancel.cancelled() => return Err(Error::Cancelled),
+                        () = tokio::time::sleep(pause) => {}
+                    }
+                    continue;
+                }
+                Err(failed) => {
+                    return Err(match failed {
+                        Failed::Link(Failure::Timeout(_)) if deadline.is_some() => {
+                            Error::Unavailable(format!(
+                                "{display} did not answer within --wait {}",
+                                request.wait.describe()
+                            ))
+                        }
+                        failed => failed.into_error(display),
+                    });
+                }
+            };
+            if let Some(other) = holders
+                .iter()
+                .find(|h| h.record.limit != 0 && h.record.limit != request.limit)
+            {
+                return Err(limit_mismatch(&request.name, other.record.limit));
+            }
+            if request.wait == Wait::No {
+                return Err(busy(
+                    &request.name,
+                    &holders,
+                    "not waiting (--no-wait)".into(),
+                ));
+            }
+            let mut pause = backoff.next_delay();
+            if let Some(deadline) = deadline {
+                let left = deadline.remaining();
+                if left.is_zero() {
+                    let why = format!("gave up after waiting {} (--wait)", request.wait.describe());
+                    return Err(busy(&request.name, &holders, why));
+                }
+                pause = pause.min(left);
+            }
+            // Registering is for the waiter count only; a failure here shows on the next
+            // attempt.
+            let step = budget(deadline);
+            *registration = match registration.take() {
+                None => {
+                    let start = backoff.random(keys::WAITER_SLOTS as u64) as usize;
+                    wait::register(conn, &ctx.keys, owner, start, step)
+                        .await
+                        .unwrap_or(None)
+                }
+                Some(r) => r
+                    .refresh(conn, &ctx.keys, owner, step)
+                    .await
+                    .unwrap_or(None),
+            };
+            if !waited {
+                // Polling from now on: the next free poll after a release wins.
+                crate::lock::queued(request);
+            }
+            tokio::select! {
+                () = cancel.cancelled() => return Err(Error::Cancelled),
+                () = tokio::time::sleep(pause) => {}
+            }
+            waited = true;
+        }
+    }
+
     /// The holders in slots `0..limit` (one pipelined read).
     async fn holders_of(
         &self,
@@ -406,6 +532,7 @@ impl Backend for MemcachedBackend {
         holder.token = 0;
         let ctx = Ctx {
             request,
+            deadline,
             keys: self.keys(&request.name),
             stored: Stored {
                 owner: owner.clone(),
@@ -417,133 +544,23 @@ impl Backend for MemcachedBackend {
             expiry: expiry_for(request.ttl).0,
             display,
         };
-        let display = ctx.display.as_str();
-        let value = ctx.stored.to_bytes();
-        let mut backoff = Backoff::new();
-        let mut relink = RELINK_FIRST;
         let mut registration: Option<Registration> = None;
-        // The connection whose server settings were read (0: none yet). A reconnected
-        // waiter may reach a server restarted with other options: read them again.
-        let mut settled = 0;
-        // The server has answered that the lock is held: from then on a lost connection is
-        // a restart to wait out, not a wrong URL to report.
-        let mut answered = false;
-        let mut waited = false;
-        loop {
-            let step = budget(deadline);
-            let attempt = match self.settle(&mut conn, &mut settled, display, step).await {
-                Ok(()) => {
-                    self.attempt(&mut conn, &ctx, &value, &mut backoff, step)
-                        .await
+        let polled = self
+            .poll(&mut conn, &ctx, &mut registration, &mut cancel)
+            .await;
+        // Every way out leaves the waiter count (nothing to do if this run never waited).
+        match polled {
+            Ok((won, waited)) => {
+                wait::leave(&mut registration, &mut conn, &owner, budget(deadline)).await;
+                if waited {
+                    tracing::debug!(target: crate::logging::HANDOFF, "unregistered");
                 }
-                Err(failed) => Err(failed),
-            };
-            let holders = match attempt {
-                Ok(Attempt::Won(won)) => {
-                    if waited {
-                        // A poll found the lock free: memcached tells a waiter nothing sooner.
-                        tracing::debug!(target: crate::logging::HANDOFF, "woken");
-                    }
-                    wait::leave(&mut registration, &mut conn, &owner, step).await;
-                    if waited {
-                        tracing::debug!(target: crate::logging::HANDOFF, "unregistered");
-                    }
-                    return self.finish(conn, ctx, won, budget(deadline)).await;
-                }
-                Ok(Attempt::Held(holders)) => {
-                    answered = true;
-                    relink = RELINK_FIRST;
-                    holders
-                }
-                Err(Failed::Link(failure))
-                    if answered && deadline.is_none_or(|d| !d.remaining().is_zero()) =>
-                {
-                    // Waiting on through a server restart (or a broken link), reconnecting
-                    // with backoff; `--wait` still ends the wait.
-                    let why = failure.describe();
-                    let server = ctx.display.as_str();
-                    tracing::warn!("{server}: {why}; reconnecting and waiting on");
-                    let mut pause = relink / 2
-                        + Duration::from_micros(
-                            backoff.random(u64::try_from(relink.as_micros()).unwrap_or(1) / 2 + 1),
-                        );
-                    relink = (relink * 2).min(RELINK_CAP);
-                    if let Some(deadline) = deadline {
-                        pause = pause.min(deadline.remaining());
-                    }
-                    tokio::select! {
-                        () = cancel.cancelled() => {
-                            wait::leave(&mut registration, &mut conn, &owner, LEAVE_BUDGET).await;
-                            return Err(Error::Cancelled);
-                        }
-                        () = tokio::time::sleep(pause) => {}
-                    }
-                    continue;
-                }
-                Err(failed) => {
-                    wait::leave(&mut registration, &mut conn, &owner, LEAVE_BUDGET).await;
-                    return Err(match failed {
-                        Failed::Link(Failure::Timeout(_)) if deadline.is_some() => {
-                            Error::Unavailable(format!(
-                                "{display} did not answer within --wait {}",
-                                request.wait.describe()
-                            ))
-                        }
-                        failed => failed.into_error(display),
-                    });
-                }
-            };
-            if let Some(other) = holders
-                .iter()
-                .find(|h| h.record.limit != 0 && h.record.limit != request.limit)
-            {
+                self.finish(conn, ctx, won, budget(deadline)).await
+            }
+            Err(err) => {
                 wait::leave(&mut registration, &mut conn, &owner, LEAVE_BUDGET).await;
-                return Err(limit_mismatch(&request.name, other.record.limit));
+                Err(err)
             }
-            if request.wait == Wait::No {
-                return Err(busy(
-                    &request.name,
-                    &holders,
-                    "not waiting (--no-wait)".into(),
-                ));
-            }
-            let mut pause = backoff.next_delay();
-            if let Some(deadline) = deadline {
-                let left = deadline.remaining();
-                if left.is_zero() {
-                    wait::leave(&mut registration, &mut conn, &owner, LEAVE_BUDGET).await;
-                    let why = format!("gave up after waiting {} (--wait)", request.wait.describe());
-                    return Err(busy(&request.name, &holders, why));
-                }
-                pause = pause.min(left);
-            }
-            // Registering is for the waiter count only; a failure here shows on the next
-            // attempt.
-            let step = budget(deadline);
-            registration = match registration {
-                None => {
-                    let start = backoff.random(keys::WAITER_SLOTS as u64) as usize;
-                    wait::register(&mut conn, &ctx.keys, &owner, start, step)
-                        .await
-                        .unwrap_or(None)
-                }
-                Some(r) => r
-                    .refresh(&mut conn, &ctx.keys, &owner, step)
-                    .await
-                    .unwrap_or(None),
-            };
-            if !waited {
-                // Polling from now on: the next free poll after a release wins.
-                crate::lock::queued(request);
-            }
-            tokio::select! {
-                () = cancel.cancelled() => {
-                    wait::leave(&mut registration, &mut conn, &owner, LEAVE_BUDGET).await;
-                    return Err(Error::Cancelled);
-                }
-                () = tokio::time::sleep(pause) => {}
-            }
-            waited = true;
         }
     }
 
