@@ -54,6 +54,9 @@ pub struct Kind {
     /// A form of its own that is not `scheme:…` (libpq's `key=value …`), recognised before
     /// the scheme is looked at; parsed by `parse` with an empty scheme.
     pub recognises: Option<fn(url: &str) -> bool>,
+    /// Without the `shared` capability: why, for the refusal of `--shared` (what the server
+    /// lacks that a safe shared lock needs); empty with it.
+    pub no_shared_because: &'static str,
 }
 
 /// What a backend can honour. A flag that needs a capability the backend lacks is refused
@@ -93,8 +96,16 @@ impl Kind {
             return Ok(());
         }
         if !self.capabilities.shared {
+            let why = match self.no_shared_because {
+                "" => String::new(),
+                why => format!(": {why}"),
+            };
+            let instead = match shared_titles() {
+                titles if titles.is_empty() => String::new(),
+                titles => format!(" (shared locks: {titles})"),
+            };
             return Err(Error::Usage(format!(
-                "{option}: the {} backend ({}://) does not offer shared locks",
+                "{option}: the {} backend ({}://) does not offer shared locks{why}{instead}",
                 self.title, self.name
             )));
         }
@@ -113,6 +124,21 @@ impl Kind {
             "{what} is not available on the {} backend ({}://)",
             self.title, self.name
         ))
+    }
+}
+
+/// "local file, Redis, … and PostgreSQL": the backends that offer shared locks, for the
+/// refusal of `--shared` elsewhere.
+fn shared_titles() -> String {
+    let mut titles: Vec<&str> = crate::backend::KINDS
+        .iter()
+        .filter(|kind| kind.capabilities.shared)
+        .map(|kind| kind.title)
+        .collect();
+    match titles.pop() {
+        None => String::new(),
+        Some(last) if titles.is_empty() => last.to_owned(),
+        Some(last) => format!("{} and {last}", titles.join(", ")),
     }
 }
 
@@ -388,6 +414,7 @@ mod tests {
         minimum_ttl: MIN_LEASE_TTL,
         parse: |_, _| Err("no".into()),
         recognises: None,
+        no_shared_because: "it cannot",
     };
 
     /// A `--limit` the backend cannot honour is a usage error (64) naming the backend and
@@ -418,7 +445,11 @@ mod tests {
         assert_eq!(err.code().value(), 64);
         assert_eq!(
             err.to_string(),
-            "DLOCK_SHARED: the plain backend (plain://) does not offer shared locks"
+            format!(
+                "DLOCK_SHARED: the plain backend (plain://) does not offer shared locks: it \
+                 cannot (shared locks: {})",
+                shared_titles()
+            )
         );
         assert!(NO_LIMIT.check_shared(false, 1, "--shared").is_ok());
         let shared = Kind {

@@ -26,6 +26,7 @@ pub const KIND: Kind = Kind {
     minimum_ttl: Duration::ZERO,
     parse: |_, url| super::target::parse(after_scheme(url)).map(Target::new),
     recognises: None,
+    no_shared_because: "",
 };
 
 impl Place for FileTarget {

@@ -33,6 +33,7 @@ pub const KIND: Kind = Kind {
         }
     },
     recognises: Some(super::target::is_key_value),
+    no_shared_because: "",
 };
 
 impl Place for PgTarget {

@@ -33,6 +33,7 @@ pub const KIND: Kind = Kind {
     minimum_ttl: MIN_LEASE_TTL,
     parse: |scheme, url| super::target::parse(scheme, after_scheme(url)).map(Target::new),
     recognises: None,
+    no_shared_because: "",
 };
 
 pub const SENTINEL_KIND: Kind = Kind {
@@ -49,6 +50,7 @@ pub const SENTINEL_KIND: Kind = Kind {
     minimum_ttl: MIN_LEASE_TTL,
     parse: |scheme, url| sentinel::target::parse(scheme, after_scheme(url)).map(Target::new),
     recognises: None,
+    no_shared_because: "",
 };
 
 impl Place for RedisTarget {

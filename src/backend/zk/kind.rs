@@ -24,6 +24,7 @@ pub const KIND: Kind = Kind {
     minimum_ttl: MIN_LEASE_TTL,
     parse: |_, url| super::target::parse(after_scheme(url)).map(Target::new),
     recognises: None,
+    no_shared_because: "",
 };
 
 impl Place for ZkTarget {
