@@ -12,7 +12,7 @@ use crate::error::Error;
 use crate::lock::{Holder, LockName, Wait};
 
 /// One holder, for a message: `pid 14028 on ci-3 (deploy: ./deploy.sh) for 4m12s`. A holder
-/// that is not a dlock (an `etcdctl lock`, a Curator client) is named as such.
+/// that is not a dlock is named for what it is: `etcdctl lock or another client (not dlock)`.
 pub fn holder(h: &Holder) -> String {
     let held_for = held_for(&h.since)
         .map(|d| format!(" for {}", short_duration(d)))
@@ -28,7 +28,7 @@ pub fn holder(h: &Holder) -> String {
         } else {
             format!(" on {}", h.host)
         };
-        return format!("a holder that is not dlock ({what}){host}{held_for}");
+        return format!("{what} (not dlock){host}{held_for}");
     }
     if h.version.is_empty() && h.host.is_empty() && h.command.is_empty() {
         return format!("pid {} on this host, a flock(1) holder (not dlock)", h.pid);
@@ -326,7 +326,7 @@ mod tests {
         let text = holder(&foreign);
         assert_eq!(
             text,
-            "a holder that is not dlock (etcdctl lock or another client)"
+            "etcdctl lock or another client (not dlock)"
         );
         assert!(!text.contains("pid 0"), "{text}");
     }
