@@ -26,6 +26,7 @@ mod run;
 pub mod secrets;
 pub mod settings;
 pub mod signals;
+mod sniff;
 mod spawn;
 pub mod supervise;
 pub mod version;

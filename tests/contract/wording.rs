@@ -302,6 +302,14 @@ fn a_url_at_the_wrong_kind_of_server_says_so() {
             ),
         ),
         (
+            format!("mysql://u@127.0.0.1:{}/db", redis.port()),
+            format!(
+                "127.0.0.1:{} does not look like a MySQL server (it answers like a Redis \
+                 server)",
+                redis.port()
+            ),
+        ),
+        (
             format!("rediss://127.0.0.1:{}/0", redis.port()),
             format!(
                 "127.0.0.1:{} did not answer the TLS handshake; is it serving plain text? \

@@ -49,10 +49,20 @@ impl MysqlBackend {
         let attempt = |tls: bool, name: Option<String>| async move {
             match self.opts(tls, name) {
                 Err(e) => Err(e),
-                Ok(opts) => match tokio::time::timeout_at(deadline, Conn::new(opts)).await {
-                    Err(_) => Err(self.no_answer(limit)),
-                    Ok(result) => Ok(result),
-                },
+                Ok(opts) => {
+                    let connecting = tokio::time::timeout_at(deadline, Conn::new(opts));
+                    tokio::select! {
+                        connected = connecting => match connected {
+                            Err(_) => Err(self.no_answer(limit)),
+                            Ok(result) => Ok(result),
+                        },
+                        Some(what) = self.other_server(deadline) => Err(crate::wording::not_a(
+                            &self.display,
+                            "MySQL",
+                            &format!("it answers like {what}"),
+                        )),
+                    }
+                }
             }
         };
         let tls = self.wants_tls();
@@ -128,11 +138,29 @@ impl MysqlBackend {
         ))
     }
 
+    /// What other server listens at our TCP address, when the greeting is slow in coming:
+    /// after a second (or a third of the time we have), one probe ([`crate::sniff`]). `None`
+    /// when it answers like MySQL, says nothing, or the URL names a socket; the connection
+    /// attempt goes on meanwhile.
+    async fn other_server(&self, deadline: tokio::time::Instant) -> Option<&'static str> {
+        let MysqlHost::Tcp { host, port } = &self.target.host else {
+            return None;
+        };
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        tokio::time::sleep((left / 3).min(Duration::from_secs(1))).await;
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        crate::sniff::what_answers(host, *port, left)
+            .await
+            .filter(|what| *what != "a MySQL server")
+    }
+
     fn no_answer(&self, limit: Duration) -> Error {
         Error::Unavailable(format!(
             "cannot reach {}: no answer within {}",
             self.display,
-            humantime::format_duration(limit)
+            humantime::format_duration(Duration::from_millis(
+                u64::try_from(limit.as_millis()).unwrap_or(u64::MAX)
+            ))
         ))
     }
 
