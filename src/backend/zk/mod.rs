@@ -26,11 +26,25 @@
 //! waiter only watches it again. Cancel and release delete our node before the session is
 //! closed.
 //!
+//! Shared locks (`--shared`): Curator's `InterProcessReadWriteLock` recipe. A shared run's node
+//! is `_c_<uuid>-__READ__<sequence>`, as Curator's read lock names it; an exclusive run's stays
+//! the mutex's `-lock-` node, and a Curator write lock's `__WRIT__` node is exclusive too. All
+//! children of the lock's node share one sequence counter, so one queue orders them all: an
+//! exclusive node has its turn when no node is ahead of it, a shared node when no exclusive
+//! node is ahead of it ([`nodes::has_turn`]). So a shared run that arrives while an exclusive
+//! one waits queues behind it (no writer starvation). A shared waiter watches the nearest
+//! exclusive node ahead of its own (an exclusive waiter, as always, the node just ahead), and
+//! lists again after every wake-up, since an exclusive waiter further ahead may still be
+//! there. Every hold's token is its node's czxid: a node has its turn only once every node
+//! created before it that could exclude it is gone, so a later grant never has a smaller
+//! czxid than an earlier one.
+//!
 //! A waiter killed with SIGKILL cannot delete its node, which then lives as long as its
 //! session: up to the negotiated session timeout. With `--limit 1` a waiter marks its node
 //! (`"waiting": true` in its data) before it waits and unmarks it when it takes the lock (that
 //! write is sent without waiting for its reply), so that a killed waiter's node at the head of
-//! the queue shows as a waiter, not as a holder: the lock is "free, N waiting ahead". `--wait`
+//! the queue shows as a waiter, not as a holder: the lock is "free, N waiting ahead" (a
+//! `--shared` waiter marks its node the same way). `--wait`
 //! bounds connecting and queueing too: a server that does not answer in time is 69.
 //!
 //! The lease: the session. A connection loss is not an expiry: the

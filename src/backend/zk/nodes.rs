@@ -1,13 +1,22 @@
 //! Where a lock lives in the tree and what its nodes hold: the prefix and lock paths, the
-//! escaping of `.` and `..`, Curator's queue order, the node data (holder metadata as JSON),
-//! and reading a lock's queue with every child's data in one round trip.
+//! escaping of `.` and `..`, Curator's node names and queue order, the node data (holder
+//! metadata as JSON), which nodes hold, and reading a lock's queue with every child's data in
+//! one round trip.
 
 use zookeeper_client::{self as zk, Acls, Client, CreateMode};
 
 use super::conn::timed;
 use super::ZkBackend;
 use crate::error::Error;
-use crate::lock::{Holder, HolderStatus, LockName, Record};
+use crate::lock::{Holder, HolderStatus, LockName, Mode, Record};
+
+/// What precedes the sequence in an exclusive node's name: Curator's `InterProcessMutex`.
+pub(super) const EXCLUSIVE_MARK: &str = "lock-";
+/// What precedes the sequence in a shared node's name: the read lock of Curator's
+/// `InterProcessReadWriteLock`.
+pub(super) const READ_MARK: &str = "__READ__";
+/// The write lock of Curator's `InterProcessReadWriteLock`: an exclusive node for dlock.
+pub(super) const WRITE_MARK: &str = "__WRIT__";
 
 /// What a lock node's data holds: the [`Record`] of etcd's values and lock files, plus the
 /// waiting mark.
@@ -24,7 +33,7 @@ pub(super) struct Meta {
 pub(super) struct Entry {
     pub(super) child: String,
     pub(super) status: HolderStatus,
-    /// Among the first `--limit` and not marked waiting (or foreign): a holder.
+    /// Its turn by its place ([`has_turn`]) and not marked waiting (or foreign): a holder.
     pub(super) holds: bool,
 }
 
@@ -48,11 +57,41 @@ pub(super) fn name_of_component(component: &str) -> Option<LockName> {
     (zk_component(&name) == component).then_some(name)
 }
 
-/// Curator's sort key: what follows the last `lock-` (the sequence), else the whole name.
+/// The mark that ends a node's name, just before the sequence, and where it starts.
+fn last_mark(child: &str) -> Option<(usize, &'static str)> {
+    [EXCLUSIVE_MARK, READ_MARK, WRITE_MARK]
+        .into_iter()
+        .filter_map(|mark| child.rfind(mark).map(|i| (i, mark)))
+        .max_by_key(|&(i, _)| i)
+}
+
+/// The sort key: what follows the last `lock-`, `__READ__` or `__WRIT__` (the sequence), else
+/// the whole name. Curator's mutex and read-write lock cut their own marks the same way; all
+/// children of one node share one sequence counter, so the order is the order of creation.
 pub(super) fn sequence_key(child: &str) -> &str {
-    child
-        .rfind("lock-")
-        .map_or(child, |i| &child[i + "lock-".len()..])
+    last_mark(child).map_or(child, |(i, mark)| &child[i + mark.len()..])
+}
+
+/// How a node holds: shared when its name ends in `__READ__` and the sequence (dlock's
+/// `--shared` runs, Curator's read locks); every other node excludes (dlock's exclusive runs,
+/// Curator's mutexes and write locks, and anything unknown, to be safe).
+pub(super) fn mode_of(child: &str) -> Mode {
+    match last_mark(child) {
+        Some((_, READ_MARK)) => Mode::Shared,
+        _ => Mode::Exclusive,
+    }
+}
+
+/// Whether the node at `index` of the sorted queue `children` holds the lock by its place
+/// (a waiter at that place has its turn): an exclusive node when it is among the first
+/// `limit` and no shared node is ahead of it, a shared node when no exclusive node is ahead of
+/// it.
+pub(super) fn has_turn<S: AsRef<str>>(children: &[S], index: usize, limit: usize) -> bool {
+    let ahead = &children[..index];
+    match mode_of(children[index].as_ref()) {
+        Mode::Shared => ahead.iter().all(|c| mode_of(c.as_ref()).is_shared()),
+        Mode::Exclusive => index < limit && !ahead.iter().any(|c| mode_of(c.as_ref()).is_shared()),
+    }
 }
 
 pub(super) fn sort_queue(children: &mut [String]) {
@@ -139,6 +178,7 @@ impl ZkBackend {
             .first()
             .and_then(|(_, data, _)| serde_json::from_slice::<Meta>(data).ok())
             .map_or(1, |m| m.record.limit.max(1)) as usize;
+        let order: Vec<String> = nodes.iter().map(|(child, _, _)| child.clone()).collect();
         let entries = nodes
             .into_iter()
             .enumerate()
@@ -157,6 +197,8 @@ impl ZkBackend {
                     ..Holder::default()
                 });
                 holder.token = u64::try_from(stat.czxid).unwrap_or(0);
+                // The name says how the node holds, whoever wrote it.
+                holder.mode = mode_of(&child);
                 Entry {
                     child,
                     status: HolderStatus {
@@ -166,7 +208,7 @@ impl ZkBackend {
                     },
                     // At the head, a node still marked waiting is a waiter between the grant
                     // and its rewrite, or one that died there (its session not expired yet).
-                    holds: position < limit && !waiting,
+                    holds: has_turn(&order, position, limit) && !waiting,
                 }
             })
             .collect();
@@ -226,6 +268,68 @@ mod tests {
             );
         }
         assert!(name_of_component("!check-x").is_none());
+    }
+
+    #[test]
+    fn mutex_read_and_write_nodes_share_one_order_and_each_has_its_mode() {
+        let mut children = vec![
+            "_c_ddd-__WRIT__0000000004".to_owned(),
+            "_c_aaa-lock-0000000002".to_owned(),
+            "_c_bbb-__READ__0000000003".to_owned(),
+            "_c_ccc-__READ__0000000001".to_owned(),
+        ];
+        sort_queue(&mut children);
+        assert_eq!(
+            children,
+            [
+                "_c_ccc-__READ__0000000001",
+                "_c_aaa-lock-0000000002",
+                "_c_bbb-__READ__0000000003",
+                "_c_ddd-__WRIT__0000000004"
+            ]
+        );
+        let modes: Vec<Mode> = children.iter().map(|c| mode_of(c)).collect();
+        assert_eq!(
+            modes,
+            [Mode::Shared, Mode::Exclusive, Mode::Shared, Mode::Exclusive]
+        );
+        // A name without a mark (not dlock's, not Curator's) excludes.
+        assert_eq!(mode_of("something-else"), Mode::Exclusive);
+    }
+
+    #[test]
+    fn readers_share_until_an_exclusive_node_and_none_passes_it() {
+        let queue = |kinds: &str| -> Vec<String> {
+            kinds
+                .chars()
+                .enumerate()
+                .map(|(i, k)| match k {
+                    'r' => format!("_c_{i}-__READ__{i:010}"),
+                    'w' => format!("_c_{i}-__WRIT__{i:010}"),
+                    _ => format!("_c_{i}-lock-{i:010}"),
+                })
+                .collect()
+        };
+        let turns = |kinds: &str, limit: usize| -> String {
+            let children = queue(kinds);
+            (0..children.len())
+                .map(|i| {
+                    if has_turn(&children, i, limit) {
+                        'Y'
+                    } else {
+                        '.'
+                    }
+                })
+                .collect()
+        };
+        assert_eq!(turns("rrr", 1), "YYY");
+        assert_eq!(turns("rrxrr", 1), "YY...");
+        assert_eq!(turns("xrrx", 1), "Y...");
+        assert_eq!(turns("wrr", 1), "Y..");
+        assert_eq!(turns("rwr", 1), "Y..");
+        // A semaphore's holders exclude readers, and readers hold its slots off.
+        assert_eq!(turns("xxr", 2), "YY.");
+        assert_eq!(turns("rxx", 2), "Y..");
     }
 
     #[test]

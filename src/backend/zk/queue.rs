@@ -18,15 +18,17 @@ pub(super) const LATE_CLEANUP: Duration = Duration::from_secs(1);
 
 impl ZkBackend {
     /// Create our node (making the parents as needed) and list the queue in the same round
-    /// trip. Returns our node's name and stat, the children, and when the listing was sent.
+    /// trip; `mark` (`lock-` or `__READ__`) says how it holds. Returns our node's name and
+    /// stat, the children, and when the listing was sent.
     pub(super) async fn enqueue(
         &self,
         client: &Client,
         dir: &str,
         guid_prefix: &str,
+        mark: &str,
         meta: &[u8],
     ) -> Result<(String, Stat, Vec<String>, BootInstant), Error> {
-        let base = format!("{dir}/{guid_prefix}lock-");
+        let base = format!("{dir}/{guid_prefix}{mark}");
         let acls = self.acls();
         let options = CreateMode::EphemeralSequential.with_acls(acls);
         for _ in 0..MAX_PARENT_RETRIES {
@@ -37,7 +39,7 @@ impl ZkBackend {
             let listed = timed(list).await;
             match created {
                 Ok((stat, sequence)) => {
-                    let own = format!("{guid_prefix}lock-{sequence}");
+                    let own = format!("{guid_prefix}{mark}{sequence}");
                     return match listed {
                         Ok(children) => Ok((own, stat, children, sent)),
                         Err(e) => Err(self.classify(&e, &format!("listing {dir}"))),

@@ -1,24 +1,26 @@
-//! Waiting for our turn: the place of our node in the queue, the watch on the node just
-//! ahead (or, at the head of a `--limit N` queue, on the children), the waiting mark of
-//! `--limit 1`, the `--limit` agreement, and the message saying who is ahead.
+//! Waiting for our turn: the place of our node in the queue, the watch on the node we wait
+//! for (an exclusive waiter: the node just ahead, or, at the head of a `--limit N` queue, the
+//! children; a shared waiter: the nearest exclusive node ahead), the waiting mark of
+//! `--limit 1` and `--shared`, the `--limit` agreement, and the message saying who is ahead.
 
 use std::time::Duration;
 
 use zookeeper_client::{self as zk, Client, EventType, OneshotWatcher};
 
 use super::conn::{reread, timed, WaitEnd};
-use super::nodes::{sort_queue, Entry, Meta};
+use super::nodes::{has_turn, mode_of, sort_queue, Entry, Meta, EXCLUSIVE_MARK, READ_MARK};
 use super::queue::{lost_place, Queue};
 use super::ZkBackend;
 use crate::clock::{sleep_until, BootInstant};
 use crate::error::Error;
-use crate::lock::{limit_mismatch, AcquireRequest, Cancel, LockName, Record, Wait};
+use crate::lock::{limit_mismatch, AcquireRequest, Cancel, LockName, Mode, Record, Wait};
 
 /// Bound for reading who holds a lock for a message, once `--wait` is over.
 const REPORT_TIMEOUT: Duration = Duration::from_secs(1);
 
 impl ZkBackend {
-    /// Put our node in the queue and wait until it is among the first `limit`. Returns the
+    /// Put our node in the queue and wait for its turn: among the first `limit` with no
+    /// shared node ahead (exclusive), or no exclusive node ahead (`--shared`). Returns the
     /// fencing token (our node's czxid) and the send time of the request that proved it.
     pub(super) async fn queue_and_wait(
         &self,
@@ -27,10 +29,12 @@ impl ZkBackend {
         wait: Option<WaitEnd>,
         cancel: &mut Cancel,
     ) -> Result<(u64, BootInstant), Error> {
+        let mut holder = request.holder.clone();
+        holder.mode = request.mode;
         let record = |waiting| {
             serde_json::to_vec(&Meta {
                 record: Record {
-                    holder: request.holder.clone(),
+                    holder: holder.clone(),
                     limit: request.limit,
                 },
                 waiting,
@@ -44,8 +48,12 @@ impl ZkBackend {
                 None => std::future::pending().await,
             }
         };
+        let mark = match request.mode {
+            Mode::Shared => READ_MARK,
+            Mode::Exclusive => EXCLUSIVE_MARK,
+        };
         let (own, stat, mut children, mut listed_sent) = tokio::select! {
-            r = self.enqueue(&queue.client, &queue.dir, &queue.guid_prefix, &holding) => r?,
+            r = self.enqueue(&queue.client, &queue.dir, &queue.guid_prefix, mark, &holding) => r?,
             _ = cancel.cancelled() => return Err(Error::Cancelled),
             () = queued_by => return Err(self.no_answer(wait)),
         };
@@ -69,7 +77,7 @@ impl ZkBackend {
         let deadline = wait.map(|w| w.at);
         loop {
             let index = waiter.place(&mut children).await?;
-            if index < waiter.limit {
+            if has_turn(&children, index, waiter.limit) {
                 waiter.take().await?;
                 return Ok((token, listed_sent));
             }
@@ -77,17 +85,18 @@ impl ZkBackend {
                 return Err(waiter.busy("not waiting (--no-wait)").await);
             }
             waiter.mark().await?;
-            if let Some(mut watcher) = waiter.watch_ahead(index, &children).await? {
+            if let Some((mut watcher, watched)) = waiter.watch_ahead(index, &children).await? {
                 crate::lock::queued(request);
-                // `--limit 1`: the node ahead rewrote its data (it took the lock and dropped
-                // its waiting mark, or recorded its finish) and is still there, so only its
-                // deletion can make our turn: watch it again instead of listing the queue,
-                // which would cost a read, and at a hand-off a second one.
-                while waiter.sleep(watcher, deadline, cancel).await?
-                    == Some(EventType::NodeDataChanged)
-                    && waiter.limit == 1
-                {
-                    match waiter.watch_predecessor(&children[index - 1]).await? {
+                // `--limit 1` and `--shared`: the node we wait for rewrote its data (it took
+                // the lock and dropped its waiting mark, or recorded its finish) and is still
+                // there, so only its deletion can make our turn: watch it again instead of
+                // listing the queue, which would cost a read, and at a hand-off a second one.
+                while let (Some(EventType::NodeDataChanged), Some(node), 1) = (
+                    waiter.sleep(watcher, deadline, cancel).await?,
+                    watched,
+                    waiter.limit,
+                ) {
+                    match waiter.watch_predecessor(node).await? {
                         Some(again) => watcher = again,
                         None => break,
                     }
@@ -187,7 +196,7 @@ impl Waiter<'_> {
         Ok(index)
     }
 
-    /// Our node is among the first `--limit`: make its data say it holds.
+    /// Our node has its turn: make its data say it holds.
     async fn take(&self) -> Result<(), Error> {
         if self.limit > 1 {
             // Rewrite our data: the waiter behind us watches it (see the docs of `zk`).
@@ -216,8 +225,8 @@ impl Waiter<'_> {
         Error::Busy(format!("lock '{name}' {why}; {giving_up}"))
     }
 
-    /// Mark our node as a waiter's (`--limit 1`, once before the first wait): should it reach
-    /// the head of the queue with us killed (its session lives on until it expires), `status`
+    /// Mark our node as a waiter's (`--limit 1` and `--shared`, once before the first wait):
+    /// should its turn come with us killed (its session lives on until it expires), `status`
     /// and the others' messages say the lock is free with a waiter ahead, not held.
     async fn mark(&mut self) -> Result<(), Error> {
         if self.limit > 1 || self.marked {
@@ -233,19 +242,39 @@ impl Waiter<'_> {
         }
     }
 
-    /// A watch that fires when our turn may have come (`index` is our place in `children`):
-    /// on the node just ahead of ours, or, at the head of a `--limit N` queue, on the
-    /// children. `None`: our turn may have come already; look again at once.
-    async fn watch_ahead(
+    /// A watch that fires when our turn may have come (`index` is our place in `children`,
+    /// not our turn yet), and the child it watches (none: the children): a shared waiter
+    /// watches the nearest exclusive node ahead (the shared nodes between it and ours hold or
+    /// wait beside us); an exclusive one the node just ahead of ours, or, at the head of a
+    /// `--limit N` queue, the children. `None`: our turn may have come already; look again at
+    /// once.
+    async fn watch_ahead<'c>(
         &mut self,
         index: usize,
-        children: &[String],
-    ) -> Result<Option<OneshotWatcher>, Error> {
-        if self.limit == 1 || index > self.limit {
-            self.watch_predecessor(&children[index - 1]).await
-        } else {
-            self.watch_children().await
-        }
+        children: &'c [String],
+    ) -> Result<Option<(OneshotWatcher, Option<&'c str>)>, Error> {
+        let ahead = &children[..index];
+        let watched = match self.request.mode {
+            Mode::Shared => ahead
+                .iter()
+                .rev()
+                .find(|c| !mode_of(c).is_shared())
+                .map(String::as_str),
+            Mode::Exclusive if self.limit == 1 || index > self.limit => {
+                ahead.last().map(String::as_str)
+            }
+            Mode::Exclusive => {
+                return Ok(self.watch_children().await?.map(|w| (w, None)));
+            }
+        };
+        // Nothing to wait for: look again (not reached: `has_turn` said otherwise).
+        let Some(watched) = watched else {
+            return Ok(None);
+        };
+        Ok(self
+            .watch_predecessor(watched)
+            .await?
+            .map(|w| (w, Some(watched))))
     }
 
     async fn watch_predecessor(&mut self, child: &str) -> Result<Option<OneshotWatcher>, Error> {
@@ -274,7 +303,7 @@ impl Waiter<'_> {
                 let our_turn = now
                     .iter()
                     .position(|c| *c == self.own)
-                    .is_some_and(|i| i < self.limit);
+                    .is_some_and(|i| has_turn(&now, i, self.limit));
                 Ok((!our_turn).then_some(watcher))
             }
             Err(zk::Error::NoNode) => Err(lost_place()),

@@ -1,5 +1,6 @@
 //! Curator interop: Apache Curator's `InterProcessMutex` (tests/java/CuratorLock.java) and
-//! dlock take the same lock, each waiting for the other.
+//! dlock take the same lock, each waiting for the other. `Curator` also runs
+//! tests/java/CuratorReadWriteLock.java for the shared-lock interop (`shared.rs`).
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
@@ -23,7 +24,7 @@ const CURATOR_JARS: &[&str] = &[
     "/usr/share/java/slf4j-nop.jar",
 ];
 
-/// Compile tests/java/CuratorLock.java once per test run; returns its classpath.
+/// Compile the programs in tests/java once per test run; returns their classpath.
 fn curator_classpath() -> String {
     static COMPILED: OnceLock<(tempfile::TempDir, String)> = OnceLock::new();
     let (_, classpath) = COMPILED.get_or_init(|| {
@@ -37,12 +38,13 @@ fn curator_classpath() -> String {
         let javac = server_binary("javac", "openjdk-17-jdk-headless");
         let dir = tempfile::tempdir().expect("temp dir");
         let jars = CURATOR_JARS.join(":");
-        let source = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/java/CuratorLock.java");
+        let sources = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/java");
         let mut command = Command::new(javac);
         command
             .args(["-cp", &jars, "-d"])
             .arg(dir.path())
-            .arg(source)
+            .arg(sources.join("CuratorLock.java"))
+            .arg(sources.join("CuratorReadWriteLock.java"))
             .stdin(Stdio::null());
         let out = output_within(command, Duration::from_secs(120));
         assert!(out.status.success(), "javac: {}", describe(&out));
@@ -52,14 +54,36 @@ fn curator_classpath() -> String {
     classpath.clone()
 }
 
-/// A running CuratorLock; its stdout lines arrive on `lines`. Killed by pid when dropped.
-struct Curator {
+/// A running Curator program; its stdout lines arrive on `lines`. Killed by pid when dropped.
+pub(super) struct Curator {
     child: Child,
-    lines: mpsc::Receiver<String>,
+    pub(super) lines: mpsc::Receiver<String>,
 }
 
 impl Curator {
+    /// `InterProcessMutex` on `path`, waiting `timeout_ms` (negative: for ever).
     fn start(server: &ZkServer, path: &str, timeout_ms: i64) -> Curator {
+        Curator::launch(
+            "CuratorLock",
+            &[&server.endpoints(), path, &timeout_ms.to_string()],
+        )
+    }
+
+    /// `InterProcessReadWriteLock` on `path`: its read lock for `side` "read", its write lock
+    /// for "write", waiting `timeout_ms` (negative: for ever).
+    pub(super) fn read_write(
+        server: &ZkServer,
+        path: &str,
+        side: &str,
+        timeout_ms: i64,
+    ) -> Curator {
+        Curator::launch(
+            "CuratorReadWriteLock",
+            &[&server.endpoints(), path, side, &timeout_ms.to_string()],
+        )
+    }
+
+    fn launch(class: &str, args: &[&str]) -> Curator {
         let java = server_binary("java", "openjdk-17-jre-headless");
         let mut child = Command::new(java)
             .args([
@@ -67,11 +91,9 @@ impl Curator {
                 "-Xmx64m",
                 "-cp",
                 &curator_classpath(),
-                "CuratorLock",
+                class,
             ])
-            .arg(server.endpoints())
-            .arg(path)
-            .arg(timeout_ms.to_string())
+            .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
@@ -89,7 +111,7 @@ impl Curator {
         Curator { child, lines }
     }
 
-    fn expect_line(&self, want: &str) {
+    pub(super) fn expect_line(&self, want: &str) {
         let line = self
             .lines
             .recv_timeout(Duration::from_secs(60))
@@ -97,7 +119,7 @@ impl Curator {
         assert_eq!(line, want);
     }
 
-    fn release(&mut self) {
+    pub(super) fn release(&mut self) {
         let stdin = self.child.stdin.as_mut().expect("stdin");
         stdin.write_all(b"release\n").expect("write");
         stdin.flush().expect("flush");

@@ -1,11 +1,12 @@
 //! The ZooKeeper backend: the whole contract against a real ZooKeeper, plus FIFO, Curator
 //! interop, cleanup of cancelled waiters, and a three-member ensemble: waiting
 //! (`waiting`), connecting and authentication (`connect`), failover (`failover`), Curator
-//! (`curator`).
+//! (`curator`), shared locks and Curator's read-write lock (`shared`).
 
 mod connect;
 mod curator;
 mod failover;
+mod shared;
 mod waiting;
 
 use std::collections::{HashMap, HashSet};
@@ -14,6 +15,8 @@ use crate::support::*;
 
 crate::contract_tests!(zk_contract, ZkServer::shared());
 crate::lease_contract_tests!(zk_lease_contract, ZkServer::shared());
+crate::shared_contract_tests!(zk_shared_contract, ZkServer::shared());
+crate::shared_lease_contract_tests!(zk_shared_lease_contract, ZkServer::shared());
 
 /// `--min-hold`'s finish writes nothing once the lock was taken over
 /// (the watch on our node notices the deletion at once).

@@ -1,0 +1,356 @@
+//! Shared locks on ZooKeeper (Curator's read-write lock recipe): the node names, what a
+//! shared waiter watches, a reader whose session dies, a writer behind readers, a reader
+//! behind a waiting writer, `release --force` of every reader, and interop with Curator's
+//! `InterProcessReadWriteLock` (tests/java/CuratorReadWriteLock.java).
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+
+use super::curator::Curator;
+use super::{owners, watches_by_session};
+use crate::support::*;
+
+/// A `dlock run` started by a test; killed (by pid) when dropped.
+struct Run {
+    child: std::process::Child,
+    /// Where its command writes its fencing token once it runs.
+    token_file: PathBuf,
+}
+
+impl Run {
+    /// `dlock run EXTRA NAME` whose command writes its token to a file of its own, then
+    /// sleeps (or, with `then`, runs that shell command instead).
+    fn start(env: &TestEnv, name: &str, extra: &[&str], then: &str) -> Run {
+        let token_file = env.path(&format!("token-{}", unique()));
+        let script = format!(
+            "echo $DLOCK_FENCING_TOKEN > '{0}.tmp'; mv '{0}.tmp' '{0}'; {then}",
+            token_file.display()
+        );
+        let mut args: Vec<&str> = vec!["run"];
+        args.extend(extra);
+        args.extend([name, "sh", "-c", &script]);
+        let child = env
+            .dlock(&args)
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("spawn dlock");
+        Run { child, token_file }
+    }
+
+    fn holding(env: &TestEnv, name: &str, extra: &[&str]) -> Run {
+        let run = Run::start(env, name, extra, "exec sleep 1000");
+        wait_until("the holder runs", PATIENCE, || run.runs());
+        run
+    }
+
+    /// An exclusive run that will hold `name` (sleeping) once it gets it.
+    fn holding_later(env: &TestEnv, name: &str) -> Run {
+        Run::start(env, name, &[], "exec sleep 1000")
+    }
+
+    /// Whether its command has started (it has a token).
+    fn runs(&self) -> bool {
+        self.token().is_some()
+    }
+
+    fn token(&self) -> Option<u64> {
+        std::fs::read_to_string(&self.token_file)
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    }
+
+    fn signal(&self, signal: Signal) {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.child.id() as i32), signal)
+            .expect("signal dlock");
+    }
+
+    /// Stop it with SIGTERM and return its exit status.
+    fn stop(&mut self) -> Option<i32> {
+        self.signal(Signal::SIGTERM);
+        self.finish()
+    }
+
+    fn finish(&mut self) -> Option<i32> {
+        wait_within(&mut self.child, PATIENCE).code()
+    }
+}
+
+impl Drop for Run {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+fn status_json(env: &TestEnv, name: &str) -> serde_json::Value {
+    let out = env.run(["status", "--json", name]);
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|_| panic!("{}", describe(&out)))
+}
+
+/// (holders, waiters) as `status` counts them.
+fn counts(env: &TestEnv, name: &str) -> (usize, u64) {
+    let status = status_json(env, name);
+    (
+        status["holders"].as_array().map_or(0, Vec::len),
+        status["waiters"].as_u64().unwrap_or(0),
+    )
+}
+
+/// A shared run's node is Curator's read-lock node, `_c_<uuid>-__READ__<sequence>`; an
+/// exclusive run's stays the mutex's `-lock-` node.
+#[test]
+fn shared_nodes_carry_curators_read_lock_name() {
+    let server = ZkServer::shared().unprefixed();
+    let env = TestEnv::new(&server);
+    let lock = lock_name("z");
+    let dir = format!("/dlock/{lock}");
+    let reader = Run::holding(&env, &lock, &["--shared"]);
+    let children = server.children(&dir);
+    assert_eq!(children.len(), 1, "{children:?}");
+    let (guid, sequence) = children[0]
+        .split_once("-__READ__")
+        .unwrap_or_else(|| panic!("not a read-lock node: {children:?}"));
+    assert!(guid.starts_with("_c_") && guid.len() == 3 + 36, "{guid}");
+    assert!(
+        sequence.len() == 10 && sequence.bytes().all(|b| b.is_ascii_digit()),
+        "{sequence}"
+    );
+    let mut writer = Run::start(&env, &lock, &[], "true");
+    wait_until("the writer queued", PATIENCE, || {
+        server.children(&dir).len() == 2
+    });
+    assert!(
+        server.children(&dir).iter().any(|c| c.contains("-lock-")),
+        "{:?}",
+        server.children(&dir)
+    );
+    assert!(!writer.runs(), "the writer ran beside a reader");
+    drop(reader);
+    assert_eq!(writer.finish(), Some(0));
+}
+
+/// A reader killed with SIGKILL cannot delete its node: it goes with its session, and the
+/// writer waiting behind it then gets the lock (within the session timeout, 3 s here).
+#[test]
+fn a_reader_whose_session_dies_frees_its_share() {
+    let server = ZkServer::shared();
+    let env = TestEnv::new(&server);
+    let lock = lock_name("z");
+    let reader = Run::holding(&env, &lock, &["--shared"]);
+    let mut writer = Run::start(&env, &lock, &[], "true");
+    wait_until("the writer waits", PATIENCE, || {
+        counts(&env, &lock) == (1, 1)
+    });
+    let killed = Instant::now();
+    reader.signal(Signal::SIGKILL);
+    assert_eq!(
+        writer.finish(),
+        Some(0),
+        "{}",
+        stderr_left(&mut writer.child)
+    );
+    let freed_after = killed.elapsed();
+    // The session timeout, and a loaded machine's slack.
+    assert!(
+        freed_after < Duration::from_secs(3) + Duration::from_secs(5),
+        "the dead reader's share was freed after {freed_after:?}"
+    );
+    assert!(writer.token() > reader.token(), "tokens did not increase");
+}
+
+/// A writer waiting behind two readers is granted once both have left, not before; its token
+/// is larger than theirs.
+#[test]
+fn a_writer_waiting_behind_readers_is_granted_once_they_all_leave() {
+    let server = ZkServer::shared();
+    let env = TestEnv::new(&server);
+    let lock = lock_name("z");
+    let mut first = Run::holding(&env, &lock, &["--shared"]);
+    let mut second = Run::holding(&env, &lock, &["--shared"]);
+    let mut writer = Run::holding_later(&env, &lock);
+    wait_until("the writer waits", PATIENCE, || {
+        counts(&env, &lock) == (2, 1)
+    });
+    assert_eq!(first.stop(), Some(143));
+    // One reader left: the writer still waits.
+    assert_eq!(counts(&env, &lock), (1, 1));
+    assert!(!writer.runs(), "the writer ran beside a reader");
+    assert_eq!(second.stop(), Some(143));
+    wait_until("the writer holds", PATIENCE, || writer.runs());
+    let tokens = [first.token(), second.token(), writer.token()];
+    assert!(
+        tokens[0] < tokens[2] && tokens[1] < tokens[2],
+        "tokens {tokens:?}"
+    );
+    let status = status_json(&env, &lock);
+    assert_eq!(status["holders"][0]["mode"], "exclusive", "{status}");
+    assert_eq!(writer.stop(), Some(143));
+}
+
+/// A reader that arrives while a writer waits queues behind the writer (no writer
+/// starvation): `--no-wait` gives up, a waiting reader watches the writer's node (the nearest
+/// exclusive node ahead of its own, not the reader holding) and runs after the writer, with
+/// a larger token.
+#[test]
+fn a_late_reader_queues_behind_a_waiting_writer_and_watches_it() {
+    let server = ZkServer::shared().unprefixed();
+    let env = TestEnv::new(&server);
+    let lock = lock_name("z");
+    let dir = format!("/dlock/{lock}");
+    let mut first = Run::holding(&env, &lock, &["--shared"]);
+    let mut writer = Run::holding_later(&env, &lock);
+    wait_until("the writer waits", PATIENCE, || {
+        counts(&env, &lock) == (1, 1)
+    });
+    let out = env.run(["run", "--shared", "--no-wait", &lock, "touch", "ran"]);
+    assert_fails(&out, 75, "is held");
+    assert!(!env.path("ran").exists());
+    let late = Run::start(&env, &lock, &["--shared"], "exec sleep 1000");
+    wait_until("the late reader waits", PATIENCE, || {
+        counts(&env, &lock) == (1, 2)
+    });
+    let writer_node = server
+        .children(&dir)
+        .into_iter()
+        .find(|c| c.contains("-lock-"))
+        .map(|c| format!("{dir}/{c}"))
+        .expect("the writer's node");
+    let nodes = owners(&server, &dir);
+    // The watches on nodes a session does not own: the writer's on the first reader's node
+    // (the node just ahead of its own), the late reader's on the writer's node.
+    let foreign = || -> Vec<String> {
+        watches_by_session(&server)
+            .iter()
+            .flat_map(|(session, paths)| {
+                paths
+                    .iter()
+                    .filter(|p| p.starts_with(&dir) && nodes.get(*p) != Some(session))
+                    .cloned()
+                    .collect::<Vec<_>>()
+            })
+            .collect()
+    };
+    wait_until("the writer and the late reader watch", PATIENCE, || {
+        foreign().len() >= 2
+    });
+    let foreign = foreign();
+    assert_eq!(foreign.len(), 2, "{foreign:?}");
+    assert!(foreign.contains(&writer_node), "{foreign:?}");
+    assert!(!late.runs(), "the late reader went ahead of the writer");
+    assert_eq!(first.stop(), Some(143));
+    wait_until("the writer holds", PATIENCE, || writer.runs());
+    assert!(!late.runs(), "the late reader ran beside the writer");
+    assert_eq!(writer.stop(), Some(143));
+    wait_until("the late reader holds", PATIENCE, || late.runs());
+    assert!(late.token() > writer.token(), "tokens did not increase");
+}
+
+/// `release --force` deletes every shared holder's node: each reader's dlock stops its
+/// command and exits 124; the writer waiting behind them gets the lock, and is left alone.
+#[test]
+fn release_force_frees_every_reader() {
+    let server = ZkServer::shared();
+    let env = TestEnv::new(&server);
+    let lock = lock_name("z");
+    let mut readers: Vec<Run> = (0..3)
+        .map(|_| Run::holding(&env, &lock, &["--shared"]))
+        .collect();
+    let mut writer = Run::holding_later(&env, &lock);
+    wait_until("the writer waits", PATIENCE, || {
+        counts(&env, &lock) == (3, 1)
+    });
+    let status = status_json(&env, &lock);
+    let holders = status["holders"].as_array().expect("holders");
+    assert!(holders.iter().all(|h| h["mode"] == "shared"), "{status}");
+    let out = env.run(["release", "--force", &lock]);
+    assert!(out.status.success(), "{}", describe(&out));
+    for reader in &mut readers {
+        assert_eq!(
+            reader.finish(),
+            Some(124),
+            "{}",
+            stderr_left(&mut reader.child)
+        );
+    }
+    wait_until("the writer holds", PATIENCE, || writer.runs());
+    assert_eq!(writer.stop(), Some(143));
+}
+
+/// A dlock `--shared` run and a Curator read lock hold together; an exclusive dlock run
+/// waits for both.
+#[test]
+fn dlock_shared_and_a_curator_read_lock_hold_together() {
+    let server = ZkServer::shared().unprefixed();
+    let env = TestEnv::new(&server);
+    let lock = lock_name("z");
+    let dir = format!("/dlock/{lock}");
+    let mut curator = Curator::read_write(&server, &dir, "read", -1);
+    curator.expect_line("ACQUIRED");
+    let out = env.run(["run", "--shared", "--no-wait", &lock, "touch", "ran"]);
+    assert!(out.status.success(), "{}", describe(&out));
+    assert!(env.path("ran").exists());
+    let out = env.run(["run", "--no-wait", &lock, "true"]);
+    assert_fails(&out, 75, "is held");
+    let mut reader = Run::holding(&env, &lock, &["--shared"]);
+    let status = status_json(&env, &lock);
+    let modes: Vec<&str> = status["holders"]
+        .as_array()
+        .expect("holders")
+        .iter()
+        .map(|h| h["mode"].as_str().unwrap_or("none"))
+        .collect();
+    assert_eq!(modes, ["shared", "shared"], "{status}");
+    let mut second = Curator::read_write(&server, &dir, "read", 60_000);
+    second.expect_line("ACQUIRED");
+    second.release();
+    curator.release();
+    assert_eq!(reader.stop(), Some(143));
+}
+
+/// A Curator write lock excludes dlock readers (they wait, `--no-wait` gives up), and
+/// dlock readers exclude a Curator write lock (it waits, a short wait gives up).
+#[test]
+fn a_curator_write_lock_and_dlock_readers_exclude_each_other() {
+    let server = ZkServer::shared().unprefixed();
+    let env = TestEnv::new(&server);
+    let lock = lock_name("z");
+    let dir = format!("/dlock/{lock}");
+    let mut curator = Curator::read_write(&server, &dir, "write", -1);
+    curator.expect_line("ACQUIRED");
+    let out = env.run(["run", "--shared", "--no-wait", &lock, "touch", "ran"]);
+    assert_fails(&out, 75, "is held");
+    let mut reader = Run::start(&env, &lock, &["--shared"], "true");
+    wait_until("the reader queued behind Curator", PATIENCE, || {
+        server.children(&dir).len() == 2
+    });
+    assert!(!reader.runs(), "a dlock reader ran beside a Curator writer");
+    curator.release();
+    assert_eq!(
+        reader.finish(),
+        Some(0),
+        "{}",
+        stderr_left(&mut reader.child)
+    );
+    assert!(reader.runs());
+
+    let mut reader = Run::holding(&env, &lock, &["--shared"]);
+    let busy = Curator::read_write(&server, &dir, "write", 300);
+    busy.expect_line("BUSY");
+    let mut writer = Curator::read_write(&server, &dir, "write", 60_000);
+    wait_until("Curator's writer queued behind dlock", PATIENCE, || {
+        server.children(&dir).len() == 2
+    });
+    assert!(
+        writer.lines.try_recv().is_err(),
+        "Curator's writer acquired while a dlock reader held the lock"
+    );
+    assert_eq!(reader.stop(), Some(143));
+    writer.expect_line("ACQUIRED");
+    writer.release();
+}
