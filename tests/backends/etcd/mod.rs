@@ -16,6 +16,8 @@ use crate::support::*;
 
 crate::contract_tests!(etcd_contract, EtcdServer::shared());
 crate::lease_contract_tests!(etcd_lease_contract, EtcdServer::shared());
+crate::shared_contract_tests!(etcd_shared_contract, EtcdServer::shared());
+crate::shared_lease_contract_tests!(etcd_shared_lease_contract, EtcdServer::shared());
 
 #[test]
 fn waiters_acquire_in_arrival_order() {
