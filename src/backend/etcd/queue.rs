@@ -14,7 +14,7 @@ use etcd_client::{
 use super::attach::{Attach, Move};
 use super::before::Before;
 use super::conn::{Conn, OP_TIMEOUT};
-use super::key::{older_keys, oldest_key, same_limit, value_json, why_busy};
+use super::key::{is_reader, older_keys, oldest_key, same_limit, value_json, why_busy};
 use super::lease::{waiter_gone, Renewer, WaiterLease, WAITER_TTL_S};
 use super::own_key::OwnKey;
 use super::readers::{self, Scan};
@@ -158,17 +158,23 @@ impl Acquisition<'_> {
                 .map(|kv| (kv.create_revision(), kv.lease() == self.hold)),
             _ => None,
         };
+        let mut writer_holds = true;
         if let Some(TxnOpResponse::Get(oldest)) = response.op_responses().get(1) {
             same_limit(oldest.kvs(), self.request)?;
+            writer_holds = oldest.kvs().first().is_none_or(|kv| !is_reader(kv.value()));
         }
         if let Some((my_rev, on_hold_lease)) = ours {
             let reread = recheck(self.conn, &self.key, &self.pfx, my_rev, self.waits());
             let (older, at) = self.before.answer(self.cancel, reread).await?;
             return Ok(Place::new(my_rev, older, at, on_hold_lease));
         }
-        if self.request.wait == Wait::No && self.limit == 1 && !self.request.mode.is_shared() {
-            // Someone is ahead: no need to queue to know that. (A reader may be ahead of a
-            // reader; only the keys before ours can tell.)
+        if self.request.wait == Wait::No
+            && self.limit == 1
+            && (writer_holds || !self.request.mode.is_shared())
+        {
+            // Someone is ahead: no need to queue to know that. (A reader ahead of a reader
+            // may leave room for it: only the keys before ours can tell, unless a writer's
+            // key is the oldest.)
             return Err(self.busy(false, "not waiting (--no-wait)").await);
         }
         self.enqueue().await
