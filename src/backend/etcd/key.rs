@@ -48,6 +48,12 @@ pub(super) fn held_value_json(holder: &Holder, limit: u32) -> Result<String, Err
     .map_err(|e| Error::Internal(e.to_string()))
 }
 
+/// Whether a key's value is a shared holder's or waiter's (a reader's): dlock's value with
+/// `"mode": "shared"`. Every other key is a writer's, `etcdctl lock`'s (an empty value) too.
+pub(super) fn is_reader(value: &[u8]) -> bool {
+    serde_json::from_slice::<Value>(value).is_ok_and(|v| v.record.holder.mode.is_shared())
+}
+
 /// The keys of a lock, oldest first.
 pub(super) struct Queue {
     pub(super) entries: Vec<Entry>,
@@ -89,12 +95,24 @@ pub(super) async fn read_queue(
         .first()
         .and_then(|kv| serde_json::from_slice::<Value>(kv.value()).ok())
         .map_or(1, |v| v.record.limit.max(1)) as usize;
+    // With `--limit 1`, the oldest key holds, and so does each reader's key with no
+    // writer's before it: the readers at the head of the queue hold together.
+    let mut writer_ahead = false;
     let entries = kvs
         .iter()
         .enumerate()
         .map(|(position, kv)| {
             let value = serde_json::from_slice::<Value>(kv.value()).ok();
             let waiting = value.as_ref().is_some_and(|v| v.waiting);
+            let reader = value
+                .as_ref()
+                .is_some_and(|v| v.record.holder.mode.is_shared());
+            let granted = if limit > 1 {
+                position < limit
+            } else {
+                position == 0 || (reader && !writer_ahead)
+            };
+            writer_ahead |= !reader;
             let mut holder = value.map(|v| v.record.holder).unwrap_or_else(|| Holder {
                 name: name.to_string(),
                 command: "(foreign holder: etcdctl lock or another client)".into(),
@@ -105,9 +123,10 @@ pub(super) async fn read_queue(
                 key: kv.key().to_vec(),
                 lease: kv.lease(),
                 holder,
-                // Among the first `limit`, a key still on its waiter lease is a waiter
-                // between the grant and the re-attach, or one that died there.
-                holds: position < limit && !waiting,
+                // Among the first `limit` (or the readers at the head), a key still on its
+                // waiter lease is a waiter between the grant and the re-attach, or one that
+                // died there.
+                holds: granted && !waiting,
             }
         })
         .collect();
@@ -230,5 +249,22 @@ mod tests {
         // `etcdctl lock` leaves its key's value empty.
         assert!(serde_json::from_slice::<Value>(b"").is_err());
         assert!(serde_json::from_slice::<Value>(b"{\"limit\": 1}").is_err());
+        assert!(!is_reader(b""));
+        assert!(!is_reader(b"{\"mode\": \"shared\"}"));
+    }
+
+    #[test]
+    fn only_a_shared_dlock_value_is_a_readers() {
+        let mut holder = Holder {
+            name: "data".into(),
+            pid: 7,
+            ..Holder::default()
+        };
+        let written = |holder: &Holder| held_value_json(holder, 1).unwrap().into_bytes();
+        assert!(!is_reader(&written(&holder)));
+        holder.mode = crate::lock::Mode::Shared;
+        let shared = written(&holder);
+        assert!(String::from_utf8_lossy(&shared).contains("\"mode\":\"shared\""));
+        assert!(is_reader(&shared));
     }
 }

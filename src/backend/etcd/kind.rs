@@ -19,7 +19,7 @@ pub const KIND: Kind = Kind {
         fifo: true,
         records_finished: true,
         limit: true,
-        shared: false,
+        shared: true,
     },
     minimum_ttl: MIN_LEASE_TTL,
     parse: |scheme, url| super::target::parse(scheme, after_scheme(url)).map(Target::new),

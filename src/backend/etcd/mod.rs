@@ -42,6 +42,17 @@
 //! re-checks after every wake-up. Release and cancel revoke the leases, which deletes the key
 //! in the same step.
 //!
+//! Shared locks (`--shared`): a reader's key is in the same queue, its value says
+//! `"mode": "shared"`. A reader waits for the nearest older *writer's* key (any key whose
+//! value is not a reader's: an exclusive dlock's, `etcdctl lock`'s) instead of its
+//! predecessor's, so that the readers at the head of the queue hold together, and a reader
+//! that arrives while a writer waits queues behind it; a writer waits for its predecessor,
+//! whatever its mode, as above. Finding that writer reads the keys before ours with their
+//! values, a page at a time (`readers`); the wait itself is the same `Target::Line`, on that
+//! writer and a key before it, with the same re-check of our own key. `etcdctl lock` sees
+//! every dlock key as a lock holder's or waiter's, and dlock sees its keys as a writer's, so
+//! the two still exclude each other. The token is still our key's create revision.
+//!
 //! `--wait` bounds every request of an acquisition, connecting included: a cluster that
 //! does not answer in time is unavailable (69), a lock that stays busy is 75.
 //!
@@ -52,9 +63,10 @@
 //! calls, errors → exit classes), `lease` (the two leases and their keep-alives, its
 //! `session.go`), `attach` (the move to the hold lease beside the command), `key` (the keys
 //! and their values, its `key.go`), `queue` (taking a place, waiting, the re-attach at the
-//! grant: its `mutex.go`), `watch` (what a waiter watches and what an event means), `before`
-//! (`--wait` over every request), `own_key` (the holder's watch on its key), `admin`
-//! (status, list, release --force, check), `target` (the URL).
+//! grant: its `mutex.go`), `readers` (what a shared run waits for), `watch` (what a waiter
+//! watches and what an event means), `before` (`--wait` over every request), `own_key` (the
+//! holder's watch on its key), `admin` (status, list, release --force, check), `target`
+//! (the URL).
 
 mod admin;
 mod attach;
@@ -65,6 +77,7 @@ pub mod kind;
 mod lease;
 mod own_key;
 mod queue;
+mod readers;
 pub mod target;
 mod watch;
 

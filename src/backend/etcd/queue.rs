@@ -14,9 +14,10 @@ use etcd_client::{
 use super::attach::{Attach, Move};
 use super::before::Before;
 use super::conn::{Conn, OP_TIMEOUT};
-use super::key::{older_keys, oldest_key, same_limit, value_json, why_busy};
+use super::key::{is_reader, older_keys, oldest_key, same_limit, value_json, why_busy};
 use super::lease::{waiter_gone, Renewer, WaiterLease, WAITER_TTL_S};
 use super::own_key::OwnKey;
+use super::readers::{self, Scan};
 use super::watch::{Seen, Target, Wake};
 use crate::clock::{sleep_until, BootInstant};
 use crate::error::Error;
@@ -105,7 +106,8 @@ impl Acquisition<'_> {
                 }
                 Wake::TimedOut => None,
                 Wake::Changed => {
-                    let reread = recheck(self.conn, &self.key, &self.pfx, place.my_rev, self.limit);
+                    let reread =
+                        recheck(self.conn, &self.key, &self.pfx, place.my_rev, self.waits());
                     self.before.bounded(self.cancel, reread).await?
                 }
             };
@@ -156,16 +158,23 @@ impl Acquisition<'_> {
                 .map(|kv| (kv.create_revision(), kv.lease() == self.hold)),
             _ => None,
         };
+        let mut writer_holds = true;
         if let Some(TxnOpResponse::Get(oldest)) = response.op_responses().get(1) {
             same_limit(oldest.kvs(), self.request)?;
+            writer_holds = oldest.kvs().first().is_none_or(|kv| !is_reader(kv.value()));
         }
         if let Some((my_rev, on_hold_lease)) = ours {
-            let reread = recheck(self.conn, &self.key, &self.pfx, my_rev, self.limit);
+            let reread = recheck(self.conn, &self.key, &self.pfx, my_rev, self.waits());
             let (older, at) = self.before.answer(self.cancel, reread).await?;
             return Ok(Place::new(my_rev, older, at, on_hold_lease));
         }
-        if self.request.wait == Wait::No && self.limit == 1 {
-            // Someone is ahead: no need to queue to know that.
+        if self.request.wait == Wait::No
+            && self.limit == 1
+            && (writer_holds || !self.request.mode.is_shared())
+        {
+            // Someone is ahead: no need to queue to know that. (A reader ahead of a reader
+            // may leave room for it: only the keys before ours can tell, unless a writer's
+            // key is the oldest.)
             return Err(self.busy(false, "not waiting (--no-wait)").await);
         }
         self.enqueue().await
@@ -182,8 +191,13 @@ impl Acquisition<'_> {
         let lease = WaiterLease::start(self.conn.clone(), grant.id(), granted, sent);
         let lease = self.waiter.insert(lease).id;
         // Create our key if absent (a retry after a lost reply finds it) and read the newest
-        // limit+2 keys: ours and the limit+1 just before it (as `recheck` reads them).
+        // limit+2 keys: ours and the limit+1 just before it (as `recheck` reads them); a
+        // reader reads a page of them with their values (`readers`).
         let key = self.key.as_str();
+        let newest = match self.waits() {
+            Waits::Any(limit) => older_keys(None, limit + 2),
+            Waits::Writers => readers::older_with_values(None, 1),
+        };
         let create = Txn::new()
             .when([Compare::create_revision(key, CompareOp::Equal, 0)])
             .and_then([
@@ -192,7 +206,7 @@ impl Acquisition<'_> {
                     value_json(self.request, true)?,
                     Some(PutOptions::new().with_lease(lease)),
                 ),
-                TxnOp::get(self.pfx.clone(), Some(older_keys(None, self.limit + 2))),
+                TxnOp::get(self.pfx.clone(), Some(newest)),
                 // The oldest key's value says which --limit the holders use.
                 TxnOp::get(self.pfx.clone(), Some(oldest_key())),
             ])
@@ -202,6 +216,9 @@ impl Acquisition<'_> {
         if response.succeeded() {
             if let Some(TxnOpResponse::Get(oldest)) = response.op_responses().get(2) {
                 same_limit(oldest.kvs(), self.request)?;
+            }
+            if self.waits() == Waits::Writers {
+                return self.place_reader(&response, revision).await;
             }
             let older = match response.op_responses().get(1) {
                 Some(TxnOpResponse::Get(range)) => range
@@ -224,9 +241,36 @@ impl Acquisition<'_> {
             ));
         };
         // Re-read what is before us.
-        let reread = recheck(self.conn, &self.key, &self.pfx, my_rev, self.limit);
+        let reread = recheck(self.conn, &self.key, &self.pfx, my_rev, self.waits());
         let (older, at) = self.before.answer(self.cancel, reread).await?;
         Ok(Place::new(my_rev, older, at, false))
+    }
+
+    /// Where a reader whose key was just created at `revision` stands, from the answer of
+    /// [`Acquisition::enqueue`]'s transaction (its second and third operations).
+    async fn place_reader(&mut self, created: &TxnResponse, revision: i64) -> Result<Place, Error> {
+        let (first, oldest) = reader_page(created, 1, revision)?;
+        let more =
+            readers::nearest_writer(self.conn, &self.pfx, revision, first, oldest.as_deref());
+        let (older, at) = match self.before.answer(self.cancel, more).await {
+            Ok(older) => (older, revision),
+            // The pages after the first could not be read at the first one's revision.
+            Err(e) if readers::compacted(&e) => {
+                let reread = recheck(self.conn, &self.key, &self.pfx, revision, Waits::Writers);
+                self.before.answer(self.cancel, reread).await?
+            }
+            Err(e) => return Err(e),
+        };
+        Ok(Place::new(revision, older, at, false))
+    }
+
+    /// Which keys before ours keep us waiting.
+    fn waits(&self) -> Waits {
+        if self.request.mode.is_shared() {
+            Waits::Writers
+        } else {
+            Waits::Any(self.limit)
+        }
     }
 
     /// Our key is among the first `limit`: move it to the hold's lease if it is still on the
@@ -355,7 +399,7 @@ impl Acquisition<'_> {
             if !reread {
                 continue;
             }
-            let reread = recheck(self.conn, &self.key, &self.pfx, my_rev, self.limit);
+            let reread = recheck(self.conn, &self.key, &self.pfx, my_rev, self.waits());
             let Some((older, at)) = self.before.bounded(self.cancel, reread).await? else {
                 return Ok(Wake::TimedOut);
             };
@@ -436,16 +480,32 @@ impl Place {
     }
 }
 
+/// Which keys before ours keep a waiter waiting.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Waits {
+    /// Every key: an exclusive run (`--limit 1`) waits until none is before its own, one of
+    /// `--limit N` until fewer than N are.
+    Any(usize),
+    /// Writers' keys only: a shared run waits until no writer's key is before its own
+    /// (`readers`).
+    Writers,
+}
+
 /// Linearizable re-check: our key must still be there (else our lease died while waiting:
-/// never start the command); returns the keys before ours (newest first, at most limit+1)
-/// and the revision read at.
+/// never start the command); returns the keys before ours that keep us waiting (newest
+/// first: at most limit+1; a reader's nearest older writer and a key before it) and the
+/// revision read at.
 pub(super) async fn recheck(
     conn: &mut Conn,
     key: &str,
     pfx: &str,
     my_rev: i64,
-    limit: usize,
+    waits: Waits,
 ) -> Result<(Vec<Vec<u8>>, i64), Error> {
+    let limit = match waits {
+        Waits::Any(limit) => limit,
+        Waits::Writers => return recheck_reader(conn, key, pfx, my_rev).await,
+    };
     let check = Txn::new()
         .when([Compare::create_revision(
             key.to_owned(),
@@ -474,4 +534,75 @@ pub(super) async fn recheck(
         _ => Vec::new(),
     };
     Ok((older, response.header().map_or(0, |h| h.revision())))
+}
+
+/// [`recheck`] for a reader: a page of the keys before ours with their values, and the
+/// lock's oldest key, in one read that also checks our key; more pages if needed, at the
+/// same revision (read once more from the start if etcd compacted it meanwhile).
+async fn recheck_reader(
+    conn: &mut Conn,
+    key: &str,
+    pfx: &str,
+    my_rev: i64,
+) -> Result<(Vec<Vec<u8>>, i64), Error> {
+    let check = Txn::new()
+        .when([Compare::create_revision(
+            key.to_owned(),
+            CompareOp::Equal,
+            my_rev,
+        )])
+        .and_then([
+            TxnOp::get(
+                pfx.to_owned(),
+                Some(readers::older_with_values(Some(my_rev), 0)),
+            ),
+            TxnOp::get(pfx.to_owned(), Some(readers::oldest_key_only())),
+        ])
+        .or_else([TxnOp::get(
+            key.to_owned(),
+            Some(GetOptions::new().with_keys_only()),
+        )]);
+    let mut compactions = 0;
+    loop {
+        let response = conn
+            .call(OP_TIMEOUT, |mut c| {
+                let t = check.clone();
+                async move { c.txn(t).await }
+            })
+            .await?;
+        if !response.succeeded() {
+            return Err(place_lost());
+        }
+        let at = response.header().map_or(0, |h| h.revision());
+        let (first, oldest) = reader_page(&response, 0, my_rev)?;
+        match readers::nearest_writer(conn, pfx, at, first, oldest.as_deref()).await {
+            Ok(older) => return Ok((older, at)),
+            Err(e) if readers::compacted(&e) && compactions < 3 => compactions += 1,
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// The first page of a reader's keys before ours (created before `before`) and the lock's
+/// oldest key, from the transaction operations `first` and `first + 1` of `response`.
+fn reader_page(
+    response: &TxnResponse,
+    first: usize,
+    before: i64,
+) -> Result<(Scan, Option<Vec<u8>>), Error> {
+    let answers = response.op_responses();
+    let (Some(TxnOpResponse::Get(page)), Some(TxnOpResponse::Get(oldest))) =
+        (answers.get(first), answers.get(first + 1))
+    else {
+        return Err(Error::Internal(
+            "etcd's answer lacks the keys before ours".into(),
+        ));
+    };
+    let oldest = oldest.kvs().first().map(|kv| kv.key().to_vec());
+    let scan = readers::scan(
+        &readers::listed(page.kvs(), before),
+        page.more(),
+        oldest.as_deref(),
+    );
+    Ok((scan, oldest))
 }

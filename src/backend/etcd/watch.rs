@@ -23,7 +23,8 @@ pub(super) enum Wake {
 #[derive(Debug, PartialEq, Eq)]
 pub(super) enum Target {
     /// `--limit 1`: the key just before ours, and the one before that (`ahead`) unless `pred`
-    /// is the holder's. Watched for deletion together with our own key, in one watch; see
+    /// is the holder's (a reader: the nearest older writer's key, and a key before it
+    /// unless that writer is the holder; `readers`). Watched for deletion together with our own key, in one watch; see
     /// [`Target::watch`] for why that lets the waiter start without a re-check.
     Line {
         pred: Vec<u8>,

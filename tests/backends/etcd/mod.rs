@@ -1,12 +1,14 @@
 //! The etcd backend: the whole contract against a real `etcd`, plus FIFO, `etcdctl lock`
 //! interop, lease loss, and a three-member cluster: the waiting
 //! protocol (`waiting`), the leases of holders and waiters (`leases`), connecting and
-//! authentication (`connect`), TLS (`tls`), failover (`failover`), `etcdctl` (`interop`).
+//! authentication (`connect`), TLS (`tls`), failover (`failover`), `etcdctl` (`interop`),
+//! shared locks (`shared`).
 
 mod connect;
 mod failover;
 mod interop;
 mod leases;
+mod shared;
 mod tls;
 mod waiting;
 
@@ -14,6 +16,8 @@ use crate::support::*;
 
 crate::contract_tests!(etcd_contract, EtcdServer::shared());
 crate::lease_contract_tests!(etcd_lease_contract, EtcdServer::shared());
+crate::shared_contract_tests!(etcd_shared_contract, EtcdServer::shared());
+crate::shared_lease_contract_tests!(etcd_shared_lease_contract, EtcdServer::shared());
 
 #[test]
 fn waiters_acquire_in_arrival_order() {
