@@ -407,3 +407,40 @@ fn zookeeper_max_client_cnxns_is_waited_out_and_named() {
     drop(fillers.pop());
     assert!(wait_within(&mut waiter, PATIENCE).success());
 }
+
+/// More shared runs of one host than `--limit` + DEPTH hold a shared lock at once: each
+/// waits, holding, for a file from every other, which only all of them holding together can
+/// reach (the host queue would admit them in waves of nine, and the tenth would wait for
+/// ever behind nine that wait for it).
+#[test]
+fn shared_runs_of_one_host_hold_together_beyond_the_queue_depth() {
+    let server = EtcdServer::shared();
+    let env = TestEnv::new(&*server);
+    let lock = lock_name("lq");
+    let count = DEPTH as usize + 4;
+    let barrier = format!(
+        "n=0; while [ \"$(ls in-* 2>/dev/null | wc -l)\" -lt {count} ]; do \
+         n=$((n+1)); [ $n -gt 3000 ] && exit 9; sleep 0.01; done"
+    );
+    let mut readers = Reaped(
+        (0..count)
+            .map(|i| {
+                env.dlock([
+                    "run",
+                    "--shared",
+                    &lock,
+                    "sh",
+                    "-c",
+                    &format!("touch in-{i}; {barrier}"),
+                ])
+                .stderr(Stdio::piped())
+                .spawn()
+                .expect("spawn reader")
+            })
+            .collect(),
+    );
+    for (i, reader) in readers.0.iter_mut().enumerate() {
+        let status = wait_within(reader, PATIENCE + PATIENCE);
+        assert_eq!(status.code(), Some(0), "reader {i}: {}", stderr_left(reader));
+    }
+}

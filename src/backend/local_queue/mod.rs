@@ -39,7 +39,9 @@
 //!   queued: the next run waits, as it would be refused too. A backend without a queue
 //!   (memcached polls) calls `queued` when it starts polling.
 //! - Fairness across hosts: the server's queue has at most `--limit` + [`DEPTH`] entries per
-//!   host: a host with a thousand waiters no longer fills it ahead of another host.
+//!   host: a host with a thousand waiters no longer fills it ahead of another host. A shared
+//!   run (`--shared`) counts [`SHARED_AT_ONCE`] in place of `--limit`, so that the shared runs
+//!   of a host hold together.
 //!
 //! - A hint for the backend: when the ticket just before ours is still in use, a process of
 //!   this host is at the server ahead of us, so the lock is most likely held
@@ -74,6 +76,13 @@ use crate::settings::Common;
 /// benchmark with a release build is still to be run.
 pub const DEPTH: u64 = 8;
 
+/// How many shared runs of a host may hold a lock at once through the queue (each at the
+/// server with a connection of its own), in place of `--limit`: shared holders need no turn,
+/// so the runs of a host take a shared lock together, not in waves of `--limit` + [`DEPTH`].
+/// Bounded so that with the waiters behind them they stay within a server's connections per
+/// client host (ZooKeeper's `maxClientCnxns` is 60 by default).
+pub const SHARED_AT_ONCE: u64 = 32;
+
 /// Time in the local queue that the remote acquire's `--wait` may ignore (it then gets the
 /// user's wait, so its deadline is later by at most this and its messages name that wait).
 const QUEUE_SLACK: Duration = Duration::from_millis(100);
@@ -106,7 +115,12 @@ impl<B: Backend> LocalQueued<B> {
         deadline: Option<BootInstant>,
         cancel: &mut Cancel,
     ) -> Result<Option<Ticket>, Error> {
-        let admitted = u64::from(request.limit) + DEPTH;
+        let holders = if request.mode.is_shared() {
+            SHARED_AT_ONCE
+        } else {
+            u64::from(request.limit)
+        };
+        let admitted = holders + DEPTH;
         match queue.enter(&request.name, admitted, deadline, cancel).await {
             Ok(ticket) => Ok(Some(ticket)),
             Err(Error::Cancelled) => Err(Error::Cancelled),
