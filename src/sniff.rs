@@ -84,13 +84,16 @@ mod tests {
         );
         assert_eq!(greeting(b""), None);
         assert_eq!(answer(b"+PONG\r\n"), Some("a Redis server"));
-        assert_eq!(answer(b"-NOAUTH Authentication required.\r\n"), Some("a Redis server"));
-        assert_eq!(answer(b"ERROR\r\n"), Some("a memcached server"));
-        assert_eq!(answer(b"HTTP/1.1 400 Bad Request\r\n"), Some("an HTTP server"));
         assert_eq!(
-            answer(b"E\0\0\0\x5aSFATAL\0"),
-            Some("a PostgreSQL server")
+            answer(b"-NOAUTH Authentication required.\r\n"),
+            Some("a Redis server")
         );
+        assert_eq!(answer(b"ERROR\r\n"), Some("a memcached server"));
+        assert_eq!(
+            answer(b"HTTP/1.1 400 Bad Request\r\n"),
+            Some("an HTTP server")
+        );
+        assert_eq!(answer(b"E\0\0\0\x5aSFATAL\0"), Some("a PostgreSQL server"));
         assert_eq!(answer(b"\0\0\0\x10"), None);
     }
 

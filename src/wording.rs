@@ -324,10 +324,7 @@ mod tests {
             ..Holder::default()
         };
         let text = holder(&foreign);
-        assert_eq!(
-            text,
-            "etcdctl lock or another client (not dlock)"
-        );
+        assert_eq!(text, "etcdctl lock or another client (not dlock)");
         assert!(!text.contains("pid 0"), "{text}");
     }
 

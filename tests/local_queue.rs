@@ -441,6 +441,11 @@ fn shared_runs_of_one_host_hold_together_beyond_the_queue_depth() {
     );
     for (i, reader) in readers.0.iter_mut().enumerate() {
         let status = wait_within(reader, PATIENCE + PATIENCE);
-        assert_eq!(status.code(), Some(0), "reader {i}: {}", stderr_left(reader));
+        assert_eq!(
+            status.code(),
+            Some(0),
+            "reader {i}: {}",
+            stderr_left(reader)
+        );
     }
 }

@@ -160,8 +160,43 @@ impl Lease for FileLease {
                     reader.dir.path_of(&reader.name).display()
                 );
             }
+            remove_dead_readers(&reader.dir, &reader.name);
         }
         Ok(())
+    }
+}
+
+/// Remove the record files of this lock's shared holders whose process is gone (killed
+/// before it could remove its own): one `<stem>.<pid>.reader` is left by each, and nothing
+/// else would ever remove it. `ours` is our own record's name. Best effort: a file another
+/// user's directory permissions protect stays.
+fn remove_dead_readers(dir: &LockDir, ours: &str) {
+    let Some(stem) = ours
+        .strip_suffix(".reader")
+        .and_then(|rest| rest.rsplit_once('.'))
+        .map(|(stem, _)| stem)
+    else {
+        return;
+    };
+    let Ok(entries) = dir.entries() else {
+        return;
+    };
+    for name in entries {
+        let pid = name
+            .strip_prefix(stem)
+            .and_then(|rest| rest.strip_prefix('.'))
+            .and_then(|rest| rest.strip_suffix(".reader"))
+            .and_then(|pid| pid.parse::<i32>().ok());
+        let Some(pid) = pid.filter(|&pid| pid > 0) else {
+            continue;
+        };
+        let gone = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None)
+            == Err(nix::errno::Errno::ESRCH);
+        if gone {
+            if let Err(e) = dir.remove(&name) {
+                tracing::debug!("cannot remove {}: {e}", dir.path_of(&name).display());
+            }
+        }
     }
 }
 

@@ -86,3 +86,31 @@ fn flock_s_shares_and_flock_x_excludes() {
     assert_eq!(probe("-s"), Some(1), "flock -s beside an exclusive dlock");
     drop(writer);
 }
+
+/// A shared holder killed with SIGKILL leaves its record file (`NAME.PID.reader`) behind;
+/// the next shared holder to release removes it, and leaves a live holder's record alone.
+#[test]
+fn a_killed_readers_record_is_removed_by_the_next_reader_to_leave() {
+    let server = FileServer::start();
+    let env = TestEnv::new(&server);
+    let record = |pid: i32| server.dir.path().join(format!("data.{pid}.reader"));
+    let mut killed = env.hold("data", &["--shared"]);
+    let live = env.hold("data", &["--shared"]);
+    let killed_pid = killed.pid();
+    assert!(record(killed_pid).exists(), "no record for the reader");
+    killed.signal(nix::sys::signal::Signal::SIGKILL);
+    killed.wait();
+    assert!(record(killed_pid).exists(), "nothing else removes it");
+    let out = env.run(["run", "--shared", "data", "true"]);
+    assert!(out.status.success(), "{}", describe(&out));
+    assert!(
+        !record(killed_pid).exists(),
+        "the dead reader's record is left"
+    );
+    assert!(
+        record(live.pid()).exists(),
+        "a live reader's record was removed"
+    );
+    let status = status_json(&env, "data");
+    assert_eq!(status["holders"][0]["pid"], live.pid(), "{status}");
+}
