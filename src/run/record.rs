@@ -215,6 +215,7 @@ impl Track {
             name: settings.name.as_str().to_owned(),
             backend: settings.common.scheme(),
             url: settings.common.display_url.clone(),
+            mode: settings.mode.as_str(),
             host: host_name(),
             pid: std::process::id(),
             outcome,
@@ -266,6 +267,15 @@ pub(crate) fn refused(args: &cli::RunArgs, file: &FileConfig, err: &anyhow::Erro
         name: args.name.to_string_lossy().into_owned(),
         backend: common.as_ref().map_or("", |c| c.scheme()),
         url: common.map(|c| c.display_url).unwrap_or_default(),
+        // As asked for (flag, DLOCK_SHARED, config file), whether or not it was the problem.
+        mode: if args.shared
+            || (!args.backend.from_env.iter().any(|id| id == "shared")
+                && file.values.shared == Some(true))
+        {
+            "shared"
+        } else {
+            "exclusive"
+        },
         host: host_name(),
         pid: std::process::id(),
         outcome: "error",
@@ -304,6 +314,8 @@ pub(super) struct Record {
     name: String,
     backend: &'static str,
     url: String,
+    /// `shared` or `exclusive` (`--shared`).
+    mode: &'static str,
     host: String,
     pid: u32,
     outcome: &'static str,

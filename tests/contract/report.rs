@@ -62,6 +62,7 @@ pub fn report_records_a_run_that_ran(server: &dyn LockServer) {
     let record = report_line(&report);
     assert_common(&record, server, &lock, 3);
     assert_eq!(record["outcome"], "ran", "{record}");
+    assert_eq!(record["mode"], "exclusive", "{record}");
     assert_eq!(record["command_status"], 3, "{record}");
     assert_eq!(record["token"].as_u64(), Some(token), "{record}");
     assert!(record["held_ms"].as_u64().is_some(), "{record}");

@@ -208,6 +208,21 @@ pub fn tokens_increase_across_shared_and_exclusive_holds(server: &dyn LockServer
     );
 }
 
+/// The outcome record (`--report`) of a shared run says `"mode": "shared"`.
+pub fn report_records_a_shared_run(server: &dyn LockServer) {
+    let env = TestEnv::new(server);
+    let lock = lock_name("data");
+    let report = env.path("runs.jsonl");
+    let report = report.to_str().expect("UTF-8 path");
+    let out = env.run(["run", "--shared", "--report", report, &lock, "true"]);
+    assert!(out.status.success(), "{}", describe(&out));
+    let text = std::fs::read_to_string(report).expect("the record");
+    let record: serde_json::Value = serde_json::from_str(text.trim()).expect("one JSON line");
+    assert_eq!(record["mode"], "shared", "{record}");
+    assert_eq!(record["outcome"], "ran", "{record}");
+    assert!(record["token"].as_u64().is_some(), "{record}");
+}
+
 /// `--shared --limit 2` is refused before anything runs (64).
 pub fn shared_with_a_limit_is_refused(server: &dyn LockServer) {
     let env = TestEnv::new(server);
@@ -441,6 +456,7 @@ macro_rules! shared_contract_tests {
                 a_writer_behind_readers_is_granted_once_they_all_leave,
                 a_reader_behind_a_waiting_writer_waits_for_it,
                 tokens_increase_across_shared_and_exclusive_holds,
+                report_records_a_shared_run,
                 shared_with_a_limit_is_refused,
                 status_and_list_show_the_mode_and_every_holder,
                 nested_runs_reenter_but_never_upgrade_a_shared_hold,
