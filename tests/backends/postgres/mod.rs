@@ -3,11 +3,12 @@
 //! formula, TLS and authentication (issue: PostgreSQL backend): losing the session
 //! (`session`), waiting and `--limit` (`waiting`), connecting, authentication and poolers
 //! (`connect`), TLS (`tls`), the documented SQL (`sql`), a grant confirmed over a slow link
-//! (`confirm`), fencing tokens across a crash (`tokens`).
+//! (`confirm`), fencing tokens across a crash (`tokens`), shared locks (`shared`).
 
 mod confirm;
 mod connect;
 mod session;
+mod shared;
 mod sql;
 mod tls;
 mod tokens;
