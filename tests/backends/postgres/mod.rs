@@ -19,6 +19,8 @@ use std::time::Duration;
 use crate::support::*;
 
 crate::contract_tests!(pg_contract, PgServer::shared());
+crate::shared_contract_tests!(pg_shared_contract, PgServer::shared());
+crate::shared_lease_contract_tests!(pg_shared_lease_contract, PgServer::shared());
 
 /// `--min-hold`'s finish writes nothing once the lock was taken over
 /// (the end of the session is noticed at once).
