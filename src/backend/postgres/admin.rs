@@ -118,6 +118,12 @@ impl PgBackend {
             if seen.metadata.is_none() && !seen.application_name.contains("dlock ") {
                 continue;
             }
+            // Without the metadata, a recorded --limit (a shared key) is told apart from a hold
+            // by the session's other keys; with it, by the name's keys below.
+            let session_exclusive = row.try_get::<_, bool>(9).unwrap_or(false);
+            if seen.metadata.is_none() && !seen.is_hold_without_metadata(session_exclusive) {
+                continue;
+            }
             let name = seen
                 .metadata
                 .as_ref()

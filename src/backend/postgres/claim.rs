@@ -6,8 +6,10 @@
 use tokio_postgres::types::Type;
 use tokio_postgres::Client;
 
+use super::keys::functions;
 use super::{PgBackend, CANCEL_TIMEOUT};
 use crate::error::Error;
+use crate::lock::Mode;
 
 /// Select-list items that mark the server session as ours (`dlock.owner`, a custom session
 /// setting, set to the parameter `marker`) unless another client marked it first, and return
@@ -22,28 +24,30 @@ pub(super) fn claim_sql(marker: &str) -> String {
     )
 }
 
-/// Undo what an acquisition did on a session it must not keep: one unlock (a lock taken
-/// again on a shared session only raised its count) and our mark, if it is ours.
-pub(super) async fn give_back(client: &Client, key: i64, marker: &str) {
+/// Undo what an acquisition did on a session it must not keep: one unlock of `key` in
+/// `mode` (a lock taken again on a shared session only raised its count) and our mark, if it
+/// is ours.
+pub(super) async fn give_back(client: &Client, key: i64, mode: Mode, marker: &str) {
+    let sql = format!(
+        "SELECT {}($1), CASE WHEN current_setting('dlock.owner', true) = $2 \
+         THEN set_config('dlock.owner', '', false) END",
+        functions(mode).unlock
+    );
     let _ = tokio::time::timeout(
         CANCEL_TIMEOUT,
-        client.query_typed(
-            "SELECT pg_advisory_unlock($1), CASE WHEN current_setting('dlock.owner', true) = $2 \
-             THEN set_config('dlock.owner', '', false) END",
-            &[(&key, Type::INT8), (&marker, Type::TEXT)],
-        ),
+        client.query_typed(&sql, &[(&key, Type::INT8), (&marker, Type::TEXT)]),
     )
     .await;
 }
 
 impl PgBackend {
     /// Read the claim's answer (the first column of the lock statement): a server session
-    /// another dlock marked is shared with it.
+    /// another dlock marked is shared with it. `taken`: the key the statement took, and how.
     pub(super) async fn check_claim(
         &self,
         rows: &[tokio_postgres::Row],
         client: &Client,
-        taken: Option<i64>,
+        taken: Option<(i64, Mode)>,
         marker: &str,
     ) -> Result<(), Error> {
         let previous: String = rows
@@ -54,8 +58,8 @@ impl PgBackend {
             return Ok(());
         }
         // Taken on a shared session, the lock only had its count raised: one unlock undoes it.
-        if let Some(key) = taken {
-            give_back(client, key, marker).await;
+        if let Some((key, mode)) = taken {
+            give_back(client, key, mode, marker).await;
         }
         Err(Error::Config(format!(
             "the server session behind {} is shared with another dlock client: the connection goes through a transaction-pooling proxy (pgbouncer pool_mode=transaction?); use a direct or session-pooled connection",

@@ -1,10 +1,12 @@
 //! How a holder shows itself to others, and how `status` reads it back: the metadata comment
 //! that leads its statements (`pg_stat_activity.query`), the `application_name` label
-//! `dlock <pid> <since> t<token> <host>`, and the rows of `pg_locks` they are joined to.
+//! `dlock <pid> <since> t<token> <host>`, and the rows of `pg_locks` they are joined to,
+//! whose lock mode says how each one holds or waits (`ShareLock`: `--shared`).
 
 use std::time::Duration;
 
-use crate::lock::{Holder, HolderStatus, LockName};
+use super::limit::recorded_limit;
+use crate::lock::{Holder, HolderStatus, LockName, Mode};
 
 /// 9999-12-31T23:59:59Z + 1 s: RFC 3339 has four digits for the year.
 const LAST_RFC3339_SECOND: u64 = 253_402_300_800;
@@ -32,20 +34,25 @@ pub(super) fn metadata_comment(holder: &Holder) -> String {
 pub(super) const STATUS_SQL: &str = "SELECT l.pid, l.granted, \
      ((l.classid::int8 << 32) | l.objid::int8) AS key, \
      a.application_name, a.query, host(a.client_addr), a.client_port, \
-     extract(epoch FROM a.backend_start)::int8 \
+     extract(epoch FROM a.backend_start)::int8, l.mode = 'ShareLock' \
      FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
      WHERE l.locktype = 'advisory' AND l.objsubid = 1 \
      AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
      AND ((l.classid::int8 << 32) | l.objid::int8) = ANY($1) \
      ORDER BY l.granted DESC, a.query_start NULLS LAST, l.pid";
 
-/// Every dlock-labelled advisory lock holder in the database.
+/// Every granted advisory lock in the database, exclusive or shared, with whether its
+/// session also holds an exclusive one. Besides the holds, the shared ones include every dlock
+/// session's recorded `--limit` (see [`super::limit`]): `list` tells them apart.
 pub(super) const LIST_SQL: &str = "SELECT l.pid, l.granted, \
      ((l.classid::int8 << 32) | l.objid::int8) AS key, \
      a.application_name, a.query, host(a.client_addr), a.client_port, \
-     extract(epoch FROM a.backend_start)::int8 \
+     extract(epoch FROM a.backend_start)::int8, l.mode = 'ShareLock', \
+     EXISTS (SELECT 1 FROM pg_locks x WHERE x.pid = l.pid AND x.locktype = 'advisory' \
+     AND x.objsubid = 1 AND x.granted AND x.mode = 'ExclusiveLock') \
      FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
-     WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted AND l.mode = 'ExclusiveLock' \
+     WHERE l.locktype = 'advisory' AND l.objsubid = 1 AND l.granted \
+     AND l.mode IN ('ExclusiveLock', 'ShareLock') \
      AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
      ORDER BY key, a.query_start NULLS LAST, l.pid";
 
@@ -58,6 +65,8 @@ pub(super) struct Seen {
     /// The holder's metadata from its last statement, where our role may read it.
     pub(super) metadata: Option<Holder>,
     pub(super) client: Option<String>,
+    /// Held (or asked for) in share mode.
+    pub(super) shared: bool,
 }
 
 impl Seen {
@@ -86,7 +95,27 @@ impl Seen {
                 .unwrap_or_default(),
             metadata,
             client,
+            shared: row.try_get::<_, Option<bool>>(8).ok().flatten() == Some(true),
         }
+    }
+
+    /// Whether this row is a lock a holder has asked for or holds, as opposed to a recorded
+    /// `--limit` ([`super::limit::limit_key`], held shared), when the metadata that would
+    /// name the lock cannot be read: an exclusive key; or a shared key of a session that
+    /// holds no exclusive key (`session_exclusive`) and is past waiting (its label has a
+    /// start time), other than a shared run's recorded `--limit 1`, whose low 11 bits are 1.
+    /// Such a session holds two shared keys, and a lock's own key has those bits set by
+    /// chance once in 2048 names: that lock is then not listed without its metadata.
+    pub(super) fn is_hold_without_metadata(&self, session_exclusive: bool) -> bool {
+        if !self.shared {
+            return true;
+        }
+        let since = self
+            .application_name
+            .find("dlock ")
+            .and_then(|at| self.application_name[at..].split(' ').nth(2))
+            .is_some_and(|word| word.parse::<u64>().is_ok());
+        !session_exclusive && since && recorded_limit(self.key) != 1
     }
 
     /// The holder as far as we can see it: the metadata comment where visible, completed and
@@ -96,6 +125,13 @@ impl Seen {
         if holder.name.is_empty() {
             holder.name = name.as_str().to_owned();
         }
+        // The server's lock table is the truth about the mode, also where the metadata
+        // cannot be read.
+        holder.mode = if self.shared {
+            Mode::Shared
+        } else {
+            Mode::Exclusive
+        };
         let label = self
             .application_name
             .find("dlock ")

@@ -1,7 +1,10 @@
 //! The advisory-lock keys of a lock name: the contract with every other dlock version and
-//! with SQL users (see the module doc of [`super`]), and the NOTIFY channel of its slots.
+//! with SQL users (see the module doc of [`super`]), the NOTIFY channel of its slots, and the
+//! functions that take and give back a key in a [`Mode`].
 
 use sha2::{Digest, Sha256};
+
+use crate::lock::Mode;
 
 /// The advisory-lock key of `name` in the namespace `prefix`. Never change this function:
 /// holders running different dlock versions must compute the same key.
@@ -39,6 +42,32 @@ pub(super) fn turnstile_key(prefix: &str, name: &str) -> i64 {
 /// The NOTIFY channel a released slot wakes (`dlock_` and the slot-0 key in hex).
 pub(super) fn channel(prefix: &str, name: &str) -> String {
     format!("dlock_{:016x}", key(prefix, name))
+}
+
+/// The server functions that take, try and give back a key in `mode`: a shared hold is
+/// `pg_advisory_lock_shared` on the same key, so any number of them coexist and an exclusive
+/// one (dlock's or SQL's `pg_advisory_lock`) excludes them all.
+pub(super) struct Functions {
+    pub(super) lock: &'static str,
+    pub(super) try_lock: &'static str,
+    pub(super) unlock: &'static str,
+}
+
+pub(super) fn functions(mode: Mode) -> &'static Functions {
+    const EXCLUSIVE: Functions = Functions {
+        lock: "pg_advisory_lock",
+        try_lock: "pg_try_advisory_lock",
+        unlock: "pg_advisory_unlock",
+    };
+    const SHARED: Functions = Functions {
+        lock: "pg_advisory_lock_shared",
+        try_lock: "pg_try_advisory_lock_shared",
+        unlock: "pg_advisory_unlock_shared",
+    };
+    match mode {
+        Mode::Exclusive => &EXCLUSIVE,
+        Mode::Shared => &SHARED,
+    }
 }
 
 #[cfg(test)]

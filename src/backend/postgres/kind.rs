@@ -22,7 +22,9 @@ pub const KIND: Kind = Kind {
         fifo: true,
         records_finished: true,
         limit: true,
-        shared: false,
+        // `pg_advisory_lock_shared` on the same key; the server queues it behind a waiting
+        // exclusive request.
+        shared: true,
     },
     minimum_ttl: MIN_LEASE_TTL,
     parse: |scheme, url| {

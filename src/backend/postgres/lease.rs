@@ -20,13 +20,15 @@ use super::CANCEL_TIMEOUT;
 use crate::clock::BootInstant;
 use crate::error::Error;
 use crate::keeper::{confirm, Keeper, Renew, RenewError, Schedule};
-use crate::lock::{AcquireRequest, Holder, Lease, Lost};
+use crate::lock::{AcquireRequest, Holder, Lease, Lost, Mode};
 
 /// A held advisory lock on our own connection.
 pub struct PgLease {
     keeper: Keeper<Renewer>,
     session: Session,
     key: i64,
+    /// How `key` is held (`--shared`: in share mode).
+    mode: Mode,
     /// Our [`limit_key`](super::limit::limit_key), held in shared mode.
     limit_key: i64,
     token: u64,
@@ -79,7 +81,7 @@ impl PgLease {
                     since = sent;
                 }
                 Err(why) => {
-                    give_back(&session.client, key, &session.marker).await;
+                    give_back(&session.client, key, request.mode, &session.marker).await;
                     return Err(Error::Unavailable(format!(
                         "'{}' was granted but could not be confirmed: {why}; the command was not started",
                         request.name
@@ -92,6 +94,7 @@ impl PgLease {
             keeper,
             session,
             key,
+            mode: request.mode,
             limit_key,
             token: granted.token,
             notify,
@@ -164,31 +167,34 @@ impl Lease for PgLease {
         let client = &self.session.client;
         // Bounded: after a lost hold the connection may be a black hole.
         let bound = (self.schedule.ttl / 3).min(CANCEL_TIMEOUT);
-        let unlock =
-            async {
-                match &self.notify {
-                    Some(channel) => {
-                        client
-                            .query_typed(
-                                "SELECT pg_advisory_unlock($1), pg_notify($2, ''), \
-                             set_config('dlock.owner', '', false), pg_advisory_unlock_shared($3)",
-                                &[
-                                    (&self.key, Type::INT8),
-                                    (channel, Type::TEXT),
-                                    (&self.limit_key, Type::INT8),
-                                ],
-                            )
-                            .await
-                    }
-                    None => client
+        let unlock = async {
+            match &self.notify {
+                Some(channel) => {
+                    client
                         .query_typed(
-                            "SELECT pg_advisory_unlock($1), set_config('dlock.owner', '', false), \
-                             pg_advisory_unlock_shared($2)",
+                            "SELECT pg_advisory_unlock($1), pg_notify($2, ''), \
+                             set_config('dlock.owner', '', false), pg_advisory_unlock_shared($3)",
+                            &[
+                                (&self.key, Type::INT8),
+                                (channel, Type::TEXT),
+                                (&self.limit_key, Type::INT8),
+                            ],
+                        )
+                        .await
+                }
+                None => {
+                    client
+                        .query_typed(
+                            match self.mode {
+                                Mode::Exclusive => UNLOCK_SQL,
+                                Mode::Shared => UNLOCK_SHARED_SQL,
+                            },
                             &[(&self.key, Type::INT8), (&self.limit_key, Type::INT8)],
                         )
-                        .await,
+                        .await
                 }
-            };
+            }
+        };
         let unlocked = tokio::time::timeout(bound, unlock).await;
         tracing::debug!(target: crate::logging::HANDOFF, "unlocked");
         let Ok(unlocked) = unlocked else {
@@ -218,6 +224,14 @@ impl Lease for PgLease {
         }
     }
 }
+
+/// The release of a `--limit 1` hold: our key, our mark, our recorded `--limit`.
+const UNLOCK_SQL: &str = "SELECT pg_advisory_unlock($1), set_config('dlock.owner', '', false), \
+                          pg_advisory_unlock_shared($2)";
+
+/// The same for a shared hold, whose key is held in share mode too.
+const UNLOCK_SHARED_SQL: &str = "SELECT pg_advisory_unlock_shared($1), \
+                                 set_config('dlock.owner', '', false), pg_advisory_unlock_shared($2)";
 
 /// Heartbeats for the [`Keeper`]: the lock must still show up for our backend.
 struct Renewer {

@@ -4,7 +4,7 @@
 
 use tokio_postgres::Row;
 
-use super::keys::{key_with, turnstile_key};
+use super::keys::{key, key_with, turnstile_key};
 
 /// The key a holder of `name` with `--limit limit` holds in shared mode, so that others can
 /// see which `--limit` the holders use: the key of `name ‖ "\0limit"` with its low 11 bits
@@ -17,14 +17,21 @@ pub(super) fn limit_key(prefix: &str, name: &str, limit: u32) -> i64 {
 /// The low bits of a [`limit_key`] that hold the limit.
 const LIMIT_MASK: i64 = 2047;
 
+/// The `--limit` that `key` records if it is a [`limit_key`] (any key has these bits).
+pub(super) fn recorded_limit(key: i64) -> i64 {
+    key & LIMIT_MASK
+}
+
 /// A scalar subquery: the smallest `--limit` other than `limit` that another session holding
-/// `name` (a granted exclusive key other than the turnstile: one dlock session takes one
-/// lock) records with its [`limit_key`], or NULL.
+/// `name` records with its [`limit_key`], or NULL. A session holds `name` when it holds a
+/// granted exclusive key other than the turnstile (one dlock session takes one lock), or the
+/// name's key in share mode (`--shared`, which holds with `--limit 1`).
 pub(super) fn other_limit_sql(prefix: &str, name: &str, limit: u32) -> String {
     let base = limit_key(prefix, name, 0) as u64;
     let high = base >> 32;
     let low = base & 0xffff_ffff;
     let turnstile = turnstile_key(prefix, name);
+    let shared = key(prefix, name);
     format!(
         "(SELECT min(m.objid::int8 & {LIMIT_MASK})::int4 FROM pg_locks m \
          WHERE m.locktype = 'advisory' AND m.objsubid = 1 AND m.granted AND m.mode = 'ShareLock' \
@@ -33,8 +40,9 @@ pub(super) fn other_limit_sql(prefix: &str, name: &str, limit: u32) -> String {
          AND m.classid = {high}::oid AND (m.objid::int8 & {}) = {low} \
          AND (m.objid::int8 & {LIMIT_MASK}) <> {limit} \
          AND EXISTS (SELECT 1 FROM pg_locks s WHERE s.pid = m.pid AND s.locktype = 'advisory' \
-         AND s.objsubid = 1 AND s.granted AND s.mode = 'ExclusiveLock' \
-         AND ((s.classid::int8 << 32) | s.objid::int8) <> {turnstile}))",
+         AND s.objsubid = 1 AND s.granted AND (s.mode = 'ExclusiveLock' \
+         AND ((s.classid::int8 << 32) | s.objid::int8) <> {turnstile} \
+         OR s.mode = 'ShareLock' AND ((s.classid::int8 << 32) | s.objid::int8) = {shared})))",
         0xffff_ffff_i64 & !LIMIT_MASK
     )
 }
@@ -49,7 +57,6 @@ pub(super) fn other_limit(row: Option<&Row>, column: usize) -> Option<u32> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::keys::key;
     use super::*;
 
     /// `limit_key("dlock", "probe", 2)`: a contract with every other dlock version.

@@ -20,6 +20,12 @@
 //! statements to different server sessions, share one between clients, or drop the settings)
 //! and labels the session in `pg_stat_activity`. No round trip follows the grant.
 //!
+//! `--shared` takes the same key in share mode (`pg_advisory_lock_shared`, `single`): the
+//! server's lock queue lets any number of shared holders in together, none beside an
+//! exclusive one, and queues a shared request behind a waiting exclusive one. Everything
+//! else (claim, token, heartbeat, `status`, `release --force`) is the same for both modes;
+//! `pg_locks` shows each session's mode.
+//!
 //! A session lock has no lease: it lives as long as the session. The
 //! [`Keeper`](crate::keeper::Keeper) heartbeats at least every TTL/3 (the lock must still show up for
 //! our backend; each heartbeat also restarts the server's idle count, so its deadline
@@ -107,6 +113,13 @@ impl Backend for PgBackend {
         request: &AcquireRequest,
         mut cancel: Cancel,
     ) -> Result<PgLease, Error> {
+        if request.mode.is_shared() && request.limit > 1 {
+            // Refused with the flags (`Kind::check_shared`); the slots are exclusive keys.
+            return Err(Error::Usage(format!(
+                "--shared and --limit {} cannot be combined",
+                request.limit
+            )));
+        }
         let deadline = Deadline::of(request.wait);
         let lock_timeout = match request.wait {
             Wait::For(d) if request.limit <= 1 => Some(d),

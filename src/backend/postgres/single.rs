@@ -1,6 +1,14 @@
 //! `--limit 1`: the server's own FIFO lock queue. One pipelined round trip after connecting:
 //! the lock call (which also claims the session and records our `--limit`), then the token
 //! statement, which the server runs as soon as the lock is granted.
+//!
+//! `--shared` is the same call in share mode on the same key (`pg_advisory_lock_shared`).
+//! The server's lock manager grants a request only if it conflicts neither with the granted
+//! locks nor with any request already waiting (`LockAcquireExtended` checks the lock's
+//! `waitMask` first), so a shared request that arrives while an exclusive one waits queues
+//! behind it instead of joining the shared holders: writers are not starved. A release wakes
+//! the waiters in queue order, each one that conflicts with nothing granted or ahead of it:
+//! the run of shared requests at the head is granted together.
 
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Row;
@@ -9,6 +17,7 @@ use super::claim::claim_sql;
 use super::conn::Session;
 use super::deadline::{backstop, Deadline};
 use super::holders::{holder_label, metadata_comment};
+use super::keys::functions;
 use super::limit::{limit_key, other_limit, other_limit_sql};
 use super::token::{token_sql, Granted};
 use super::PgBackend;
@@ -68,11 +77,11 @@ impl PgBackend {
             biased;
             done = &mut work => done,
             () = cancel.cancelled() => {
-                return Err(self.abandon(session, work.as_mut(), key, Error::Cancelled).await);
+                return Err(self.abandon(session, work.as_mut(), (key, request.mode), Error::Cancelled).await);
             }
             () = &mut backstop => {
                 let busy = not_acquired(&request.name, "is held", request.wait);
-                return Err(self.abandon(session, work.as_mut(), key, busy).await);
+                return Err(self.abandon(session, work.as_mut(), (key, request.mode), busy).await);
             }
             _ = ended.wait_for(Option::is_some) => {
                 return Err(self.lost_while_waiting(session));
@@ -89,24 +98,24 @@ impl PgBackend {
         other: &str,
         deadline: Option<Deadline>,
     ) -> String {
-        let try_only = request.wait == Wait::No;
         let name = request.name.as_str();
+        let functions = functions(request.mode);
         // One statement claims the session and takes the lock, so both happen on the same
         // server session; the waiter's metadata rides along, so `status` can list the queue.
         // First (the subquery) it records our --limit and looks for holders with another one,
         // and only then, if there are none, sets what is left of --wait as the server's lock
-        // wait limit and takes (or queues for) the lock.
+        // wait limit and takes (or queues for) the lock, in our mode.
+        let lock = if request.wait == Wait::No {
+            format!("{}($1)", functions.try_lock)
+        } else {
+            format!("{}($1)::text", functions.lock)
+        };
         format!(
-            "{} SELECT {}, o.other, {}, CASE WHEN o.other IS NULL THEN {} END \
+            "{} SELECT {}, o.other, {}, CASE WHEN o.other IS NULL THEN {lock} END \
              FROM (SELECT {other} AS other, pg_advisory_lock_shared({})::text AS mark OFFSET 0) o",
             metadata_comment(&request.holder),
             claim_sql("$2"),
             Deadline::lock_timeout_sql(deadline),
-            if try_only {
-                "pg_try_advisory_lock($1)"
-            } else {
-                "pg_advisory_lock($1)::text"
-            },
             limit_key(&self.prefix, name, request.limit),
         )
     }
@@ -129,7 +138,7 @@ impl PgBackend {
         };
         let row = rows.first();
         let theirs = other_limit(row, 2);
-        // pg_advisory_lock returns void (as '' here): an answer is a grant.
+        // pg_advisory_lock(_shared) returns void (as '' here): an answer is a grant.
         let granted = theirs.is_none()
             && if try_only {
                 row.and_then(|r| r.try_get::<_, Option<bool>>(4).ok())
@@ -140,7 +149,8 @@ impl PgBackend {
                     .flatten()
                     .is_some()
             };
-        self.check_claim(&rows, client, granted.then_some(key), &session.marker)
+        let taken = granted.then_some((key, request.mode));
+        self.check_claim(&rows, client, taken, &session.marker)
             .await?;
         if let Some(theirs) = theirs {
             return Err(limit_mismatch(&request.name, theirs));
@@ -150,7 +160,13 @@ impl PgBackend {
             return Err(not_acquired(&request.name, &state, request.wait));
         }
         let token = self
-            .check_token(token, client, key, &session.marker, &request.name)
+            .check_token(
+                token,
+                client,
+                (key, request.mode),
+                &session.marker,
+                &request.name,
+            )
             .await?;
         Ok(Granted { token, sent })
     }

@@ -16,7 +16,7 @@ use super::token::{token_sql, Granted};
 use super::{PgBackend, CANCEL_TIMEOUT};
 use crate::clock::{sleep_until, BootInstant};
 use crate::error::Error;
-use crate::lock::{limit_mismatch, AcquireRequest, Cancel, Wait};
+use crate::lock::{limit_mismatch, AcquireRequest, Cancel, Mode, Wait};
 use crate::wording::not_acquired;
 
 impl PgBackend {
@@ -128,11 +128,11 @@ impl PgBackend {
                 }
             }
             () = cancel.cancelled() => {
-                Err(self.abandon(session, lock.as_mut(), turnstile, Error::Cancelled).await)
+                Err(self.abandon(session, lock.as_mut(), (turnstile, Mode::Exclusive), Error::Cancelled).await)
             }
             () = &mut backstop => {
                 let busy = not_acquired(&request.name, "is held", request.wait);
-                Err(self.abandon(session, lock.as_mut(), turnstile, busy).await)
+                Err(self.abandon(session, lock.as_mut(), (turnstile, Mode::Exclusive), busy).await)
             }
             _ = ended.wait_for(Option::is_some) => Err(self.lost_while_waiting(session)),
         }
@@ -162,7 +162,8 @@ impl PgBackend {
             .flatten()
             .and_then(|s| usize::try_from(s).ok());
         let won = slot.and_then(|s| slots.get(s).copied());
-        self.check_claim(&rows, client, won, &session.marker)
+        let taken = won.map(|key| (key, Mode::Exclusive));
+        self.check_claim(&rows, client, taken, &session.marker)
             .await?;
         if let Some(theirs) = theirs {
             return Err(limit_mismatch(&request.name, theirs));
@@ -205,8 +206,14 @@ impl PgBackend {
             .await
             .map_err(|()| self.no_answer(deadline, "reading the token"))?;
         left.map_err(|e| classify(&e, &self.display))?;
-        self.check_token(token, client, key, &session.marker, &request.name)
-            .await
+        self.check_token(
+            token,
+            client,
+            (key, Mode::Exclusive),
+            &session.marker,
+            &request.name,
+        )
+        .await
     }
 
     /// No slot was free: wait for a NOTIFY or the next look, until the deadline, a cancel or

@@ -13,7 +13,7 @@ use super::limit::other_limit;
 use super::{PgBackend, MAX_APPLICATION_NAME};
 use crate::clock::BootInstant;
 use crate::error::Error;
-use crate::lock::{limit_mismatch, Holder, LockName};
+use crate::lock::{limit_mismatch, Holder, LockName, Mode};
 
 /// A grant: the token, and when the request that took it was sent (the server ran the token
 /// statement after that, and ends the session no sooner than `ttl` after it went idle).
@@ -62,12 +62,13 @@ pub(super) fn token_sql(holder: &Holder, other_limit: &str) -> String {
 }
 
 impl PgBackend {
-    /// Read the token statement's answer: a standby or a pooler is refused.
+    /// Read the token statement's answer: a standby or a pooler is refused (and `key`, held
+    /// in `mode`, given back).
     pub(super) async fn check_token(
         &self,
         token: Result<Vec<tokio_postgres::Row>, tokio_postgres::Error>,
         client: &Client,
-        key: i64,
+        (key, mode): (i64, Mode),
         marker: &str,
         name: &LockName,
     ) -> Result<u64, Error> {
@@ -75,7 +76,7 @@ impl PgBackend {
             Ok(rows) => rows,
             Err(e) => {
                 // Granted but unusable (the statement failed).
-                give_back(client, key, marker).await;
+                give_back(client, key, mode, marker).await;
                 return Err(classify(&e, &self.display));
             }
         };
@@ -86,7 +87,7 @@ impl PgBackend {
         let mine: bool = row.try_get(2).unwrap_or(false);
         let settings_arrived: bool = row.try_get(3).unwrap_or(false);
         let refuse = |message: String| async move {
-            give_back(client, key, marker).await;
+            give_back(client, key, mode, marker).await;
             Err(Error::Config(message))
         };
         if standby {
@@ -113,7 +114,7 @@ impl PgBackend {
         // Read after our own --limit was recorded and the lock granted: of two holders that
         // disagree, at least one sees the other.
         if let Some(theirs) = other_limit(Some(row), 5) {
-            give_back(client, key, marker).await;
+            give_back(client, key, mode, marker).await;
             return Err(limit_mismatch(name, theirs));
         }
         let token: Option<i64> = row.try_get(1).unwrap_or(None);

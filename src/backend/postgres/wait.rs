@@ -8,9 +8,10 @@ use tokio_postgres::types::Type;
 
 use super::conn::{classify, Session};
 use super::deadline::Deadline;
+use super::keys::functions;
 use super::{PgBackend, CANCEL_TIMEOUT};
 use crate::error::Error;
-use crate::lock::AcquireRequest;
+use crate::lock::{AcquireRequest, Mode};
 use crate::wording::not_acquired;
 
 impl PgBackend {
@@ -50,13 +51,13 @@ impl PgBackend {
         }
     }
 
-    /// Give up a waiting lock call: cancel it on the server and wait for the answer, so no lock
-    /// request stays queued; a grant that won the race is given back.
+    /// Give up a waiting lock call (on `key`, in `mode`): cancel it on the server and wait for
+    /// the answer, so no lock request stays queued; a grant that won the race is given back.
     pub(super) async fn abandon<F>(
         &self,
         session: &Session,
         lock: std::pin::Pin<&mut F>,
-        key: i64,
+        (key, mode): (i64, Mode),
         outcome: Error,
     ) -> Error
     where
@@ -76,11 +77,10 @@ impl PgBackend {
             return outcome;
         }
         // Granted before the cancel arrived (or cancelled): unlocking is harmless either way.
+        let unlock = format!("SELECT {}($1)", functions(mode).unlock);
         let _ = tokio::time::timeout(
             CANCEL_TIMEOUT,
-            session
-                .client
-                .query_typed("SELECT pg_advisory_unlock($1)", &[(&key, Type::INT8)]),
+            session.client.query_typed(&unlock, &[(&key, Type::INT8)]),
         )
         .await;
         outcome

@@ -3,11 +3,12 @@
 //! formula, TLS and authentication (issue: PostgreSQL backend): losing the session
 //! (`session`), waiting and `--limit` (`waiting`), connecting, authentication and poolers
 //! (`connect`), TLS (`tls`), the documented SQL (`sql`), a grant confirmed over a slow link
-//! (`confirm`), fencing tokens across a crash (`tokens`).
+//! (`confirm`), fencing tokens across a crash (`tokens`), shared locks (`shared`).
 
 mod confirm;
 mod connect;
 mod session;
+mod shared;
 mod sql;
 mod tls;
 mod tokens;
@@ -18,6 +19,8 @@ use std::time::Duration;
 use crate::support::*;
 
 crate::contract_tests!(pg_contract, PgServer::shared());
+crate::shared_contract_tests!(pg_shared_contract, PgServer::shared());
+crate::shared_lease_contract_tests!(pg_shared_lease_contract, PgServer::shared());
 
 /// `--min-hold`'s finish writes nothing once the lock was taken over
 /// (the end of the session is noticed at once).
