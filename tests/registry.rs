@@ -100,3 +100,36 @@ fn the_url_help_shows_the_redis_cluster_form() {
     let help = stdout_of(&["run", "--help"]).replace('\n', " ");
     assert!(help.contains("Redis Cluster"), "{help}");
 }
+
+/// ARCHITECTURE.md's table of kinds says what each kind's `kind.rs` declares: a row per
+/// kind, and its lease, FIFO, `finished`, `--limit` and shared columns start with the
+/// capability's yes or no.
+#[test]
+fn the_architecture_table_agrees_with_every_kind() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("ARCHITECTURE.md");
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path:?}: {e}"));
+    let table = text
+        .split("| kind (schemes) | lease | FIFO | records `finished` | `--limit` | shared |")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no table of kinds in {path:?}"));
+    for kind in KINDS {
+        let row = table
+            .lines()
+            .skip(1)
+            .take_while(|line| line.starts_with('|'))
+            .find(|line| line.starts_with(&format!("| {} (", kind.name)))
+            .unwrap_or_else(|| panic!("ARCHITECTURE.md's table has no row for {}", kind.name));
+        let cells: Vec<&str> = row.split(" | ").skip(1).take(5).collect();
+        let caps = kind.capabilities;
+        let declared = [caps.lease, caps.fifo, caps.records_finished, caps.limit, caps.shared];
+        let columns = ["lease", "FIFO", "records finished", "--limit", "shared"];
+        for ((cell, declared), column) in cells.iter().zip(declared).zip(columns) {
+            let says = if declared { "yes" } else { "no" };
+            assert!(
+                cell.starts_with(says),
+                "ARCHITECTURE.md says {cell:?} for {}'s {column}; kind.rs says {says}",
+                kind.name
+            );
+        }
+    }
+}
