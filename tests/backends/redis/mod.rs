@@ -1,10 +1,11 @@
 //! The Redis backend: the whole contract against a real `redis-server`, plus what only Redis
-//! can get wrong: its keys and tokens (`keys`), waiting (`waiting`),
+//! can get wrong: its keys and tokens (`keys`), waiting (`waiting`), shared locks (`shared`),
 //! connecting and authentication (`connect`), TLS (`tls`).
 
 mod connect;
 mod declared;
 mod keys;
+mod shared;
 mod tls;
 mod waiting;
 
