@@ -8,7 +8,6 @@
 //! - `scale`: the many-clients test on every backend, at shipped server limits.
 //! - `handoff`: where a hand-off's time goes, part by part, on every backend.
 //! - `packaging`: `--version` and the builds (README "Install").
-//! - `shared`: shared locks (`--shared`) on the file backend, and their refusal elsewhere.
 //! - `registry`: every list of backends names every registered backend; capabilities.
 
 mod support;
@@ -24,5 +23,4 @@ mod packaging;
 mod registry;
 mod safety;
 mod scale;
-mod shared;
 mod terminal;

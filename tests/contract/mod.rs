@@ -11,7 +11,8 @@
 //! `command` (what the command sees, reentrancy), `status` (`status`, `list`, `check`),
 //! `lease` (lease backends), `queue` (arrival order, for backends with a queue), `wording`
 //! (what a user reads, the same everywhere; `--min-hold`), `busy` (contention and hand-offs
-//! on a machine whose cores are kept busy), `report` (the outcome record, waits in CI logs).
+//! on a machine whose cores are kept busy), `report` (the outcome record, waits in CI logs),
+//! `shared` (`--shared`, expanded by `shared_contract_tests!` for backends that offer it).
 
 mod busy;
 mod command;
@@ -21,6 +22,7 @@ mod lease;
 mod min_hold;
 mod queue;
 mod report;
+mod shared;
 mod signals;
 mod status;
 mod wording;
@@ -33,6 +35,7 @@ pub use self::lease::*;
 pub use self::min_hold::*;
 pub use self::queue::*;
 pub use self::report::*;
+pub use self::shared::*;
 pub use self::signals::*;
 pub use self::status::*;
 pub use self::wording::*;
@@ -100,6 +103,7 @@ macro_rules! contract_tests {
                 report_records_a_lost_lock,
                 report_lines_of_concurrent_runs_never_mix,
                 waiting_shows_in_ci_logs_but_not_in_cron_mail,
+                offered_or_refused_as_the_registry_says,
             );
         }
     };

@@ -125,6 +125,11 @@ impl TestEnv {
     /// Start `dlock run --url URL NAME` whose command records a SIGTERM in the returned log
     /// (`holder-stopped`) and otherwise loops; returns once the command runs.
     pub fn stoppable_holder(&self, url: &str, name: &str) -> (Child, PathBuf) {
+        self.stoppable_holder_with(url, name, &[])
+    }
+
+    /// [`TestEnv::stoppable_holder`] with more options for `dlock run` (`--shared`).
+    pub fn stoppable_holder_with(&self, url: &str, name: &str, extra: &[&str]) -> (Child, PathBuf) {
         let log = self.path("log");
         let ready = self.path("ready");
         let script = format!(
@@ -133,17 +138,12 @@ impl TestEnv {
             ready = ready.display()
         );
         let holder = self
-            .dlock([
-                "run",
-                "--url",
-                url,
-                "--kill-after",
-                "5s",
-                name,
-                "sh",
-                "-c",
-                &script,
-            ])
+            .dlock(
+                ["run", "--url", url, "--kill-after", "5s"]
+                    .into_iter()
+                    .chain(extra.iter().copied())
+                    .chain([name, "sh", "-c", &script]),
+            )
             .stderr(Stdio::piped())
             .spawn()
             .expect("spawn holder");

@@ -1,8 +1,10 @@
 //! Promises specific to the file backend (docs/backends/file.md): the lock
 //! directory, names, `--limit`; the fencing counter (`tokens`), what else may stand where a
-//! lock file should be (`special_files`), and shared directories (`shared_dirs`).
+//! lock file should be (`special_files`), shared directories (`shared_dirs`), and `flock -s`
+//! interop of shared locks (`shared`).
 
 mod busy_lock_table;
+mod shared;
 mod shared_dirs;
 mod special_files;
 mod tokens;
@@ -12,6 +14,7 @@ use std::os::unix::fs::PermissionsExt;
 use crate::support::*;
 
 crate::contract_tests!(file_contract, FileServer::start());
+crate::shared_contract_tests!(file_shared_contract, FileServer::start());
 
 #[test]
 fn default_directory_is_created_private() {

@@ -1,0 +1,469 @@
+//! The contract of shared locks (`--shared`, docs/guide.md: "Shared locks"), for every
+//! backend with the `shared` capability: many shared holders or one exclusive holder, never
+//! both; a reader that arrives while a writer waits queues behind it; every hold takes a
+//! larger token; `status`/`list` show the mode and every holder; reentrancy never upgrades;
+//! waiting, signals, `--min-hold`, dead readers and `release --force` as for exclusive holds.
+//! [`shared_contract_tests!`](crate::shared_contract_tests) expands them for one backend;
+//! `offered_or_refused_as_the_registry_says` is in every backend's `contract_tests!`.
+
+use std::process::{Child, Stdio};
+use std::time::{Duration, Instant};
+
+use nix::sys::signal::Signal;
+
+use crate::support::*;
+
+/// `dlock ARGS` in the background, stderr kept for the failure message.
+fn spawn(env: &TestEnv, args: &[&str]) -> Child {
+    env.dlock(args)
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn dlock")
+}
+
+fn finish(child: &mut Child) -> i32 {
+    wait_within(child, PATIENCE).code().unwrap_or(-1)
+}
+
+/// The `--json` status of `name`.
+fn status_json(env: &TestEnv, name: &str) -> serde_json::Value {
+    let out = env.run(["status", "--json", name]);
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|_| panic!("{}", describe(&out)))
+}
+
+/// A shell loop that waits (bounded) until `count` files match `pattern`, else exits 9.
+fn until_files(pattern: &str, count: usize) -> String {
+    format!(
+        "n=0; while [ \"$(ls {pattern} 2>/dev/null | wc -l)\" -lt {count} ]; do \
+         n=$((n+1)); [ $n -gt 2000 ] && exit 9; sleep 0.01; done"
+    )
+}
+
+/// A backend with the capability takes `--shared` (the command sees DLOCK_SHARED=1); one
+/// without refuses it and DLOCK_SHARED=1 with 64, naming itself, before anything runs.
+pub fn offered_or_refused_as_the_registry_says(server: &dyn LockServer) {
+    let env = TestEnv::new(server);
+    let lock = lock_name("shared");
+    let kind = dlock::backend::kind_of_scheme(server.scheme()).expect("a registered scheme");
+    let show = format!("echo \"$DLOCK_SHARED\" > {}", env.path("seen").display());
+    let out = env.run(["run", "--shared", &lock, "sh", "-c", &show]);
+    if kind.capabilities.shared {
+        assert!(out.status.success(), "{}", describe(&out));
+        let seen = std::fs::read_to_string(env.path("seen")).expect("the command ran");
+        assert_eq!(seen.trim(), "1");
+        return;
+    }
+    assert_fails(&out, 64, kind.title);
+    assert!(
+        stderr_of(&out).contains("does not offer shared locks"),
+        "{}",
+        describe(&out)
+    );
+    let mut from_env = env.dlock(["run", &lock, "sh", "-c", &show]);
+    from_env.env("DLOCK_SHARED", "1");
+    let out = output_within(from_env, PATIENCE);
+    assert_fails(&out, 64, "DLOCK_SHARED");
+    assert!(!env.path("seen").exists(), "a refused run ran its command");
+}
+
+/// Four shared runs hold at once: each waits, holding, for a file from every other, which
+/// only four simultaneous holders can all reach; each sees DLOCK_SHARED=1, and an exclusive
+/// run afterwards sees 0.
+pub fn many_shared_holders_hold_at_once(server: &dyn LockServer) {
+    let env = TestEnv::new(server);
+    let lock = lock_name("readers");
+    let barrier = until_files("in-*", 4);
+    let mut readers: Vec<Child> = (0..4)
+        .map(|i| {
+            let script = format!("touch in-{i}; {barrier}; echo \"$DLOCK_SHARED\" > seen-{i}");
+            spawn(&env, &["run", "--shared", &lock, "sh", "-c", &script])
+        })
+        .collect();
+    for (i, reader) in readers.iter_mut().enumerate() {
+        let code = finish(reader);
+        assert_eq!(code, 0, "reader {i}: {}", stderr_left(reader));
+        let seen = std::fs::read_to_string(env.path(&format!("seen-{i}"))).expect("seen");
+        assert_eq!(seen.trim(), "1", "reader {i} saw DLOCK_SHARED={seen}");
+    }
+    let out = env.run(["run", &lock, "sh", "-c", "echo \"$DLOCK_SHARED\""]);
+    assert_eq!(stdout_of(&out).trim(), "0", "{}", describe(&out));
+}
+
+/// An exclusive run waits while a reader holds, and no reader gets in while it holds.
+pub fn an_exclusive_run_waits_for_readers_and_excludes_them(server: &dyn LockServer) {
+    let env = TestEnv::new(server);
+    let lock = lock_name("data");
+    let reader = env.hold(&lock, &["--shared"]);
+    let mut writer = spawn(
+        &env,
+        &["run", &lock, "sh", "-c", "touch writing; exec sleep 1000"],
+    );
+    wait_until("the writer waits", PATIENCE, || env.waiters(&lock) >= 1);
+    assert!(
+        !env.path("writing").exists(),
+        "the writer ran beside a reader"
+    );
+    drop(reader);
+    wait_until("the writer holds", PATIENCE, || {
+        env.path("writing").exists()
+    });
+    let out = env.run(["run", "--shared", "--no-wait", &lock, "true"]);
+    assert_fails(&out, 75, "is held");
+    let _ = writer.kill();
+    let _ = writer.wait();
+}
+
+/// A writer waiting behind two readers stays waiting while one of them still holds, and is
+/// granted once both have left.
+pub fn a_writer_behind_readers_is_granted_once_they_all_leave(server: &dyn LockServer) {
+    let env = TestEnv::new(server);
+    let lock = lock_name("data");
+    let first = env.hold(&lock, &["--shared"]);
+    let second = env.hold(&lock, &["--shared"]);
+    let mut writer = spawn(&env, &["run", &lock, "touch", "written"]);
+    wait_until("the writer waits", PATIENCE, || env.waiters(&lock) >= 1);
+    drop(first);
+    // The remaining reader is still listed, and the writer still waits behind it.
+    wait_until("one reader left", PATIENCE, || {
+        status_json(&env, &lock)["holders"]
+            .as_array()
+            .is_some_and(|h| h.len() == 1)
+    });
+    assert!(
+        !env.path("written").exists(),
+        "the writer ran beside a reader"
+    );
+    assert!(env.waiters(&lock) >= 1, "the writer stopped waiting");
+    drop(second);
+    assert_eq!(finish(&mut writer), 0, "{}", stderr_left(&mut writer));
+    assert!(env.path("written").exists());
+}
+
+/// A reader that arrives while a writer waits queues behind that writer (no writer
+/// starvation): `--no-wait` gives up, and a waiting reader runs after the writer.
+pub fn a_reader_behind_a_waiting_writer_waits_for_it(server: &dyn LockServer) {
+    let env = TestEnv::new(server);
+    let lock = lock_name("data");
+    let first = env.hold(&lock, &["--shared"]);
+    let mut writer = spawn(&env, &["run", &lock, "touch", "writer-done"]);
+    wait_until("the writer waits", PATIENCE, || env.waiters(&lock) >= 1);
+    let out = env.run(["run", "--shared", "--no-wait", &lock, "true"]);
+    assert_fails(&out, 75, "is held");
+    let mut late = spawn(
+        &env,
+        &[
+            "run",
+            "--shared",
+            &lock,
+            "sh",
+            "-c",
+            "if [ -e writer-done ]; then echo after > late; else echo before > late; fi",
+        ],
+    );
+    wait_until("the late reader waits", PATIENCE, || {
+        env.waiters(&lock) >= 2
+    });
+    assert!(!env.path("late").exists(), "the late reader went ahead");
+    drop(first);
+    assert_eq!(finish(&mut writer), 0, "{}", stderr_left(&mut writer));
+    assert_eq!(finish(&mut late), 0, "{}", stderr_left(&mut late));
+    let late = std::fs::read_to_string(env.path("late")).expect("late ran");
+    assert_eq!(
+        late.trim(),
+        "after",
+        "the late reader ran before the writer"
+    );
+}
+
+/// Every hold takes a larger token than every earlier one of the name, shared or not: a
+/// writer's is larger than every reader's before it, a reader's larger than the last
+/// writer's, also beside another reader.
+pub fn tokens_increase_across_shared_and_exclusive_holds(server: &dyn LockServer) {
+    let env = TestEnv::new(server);
+    let lock = lock_name("data");
+    let shared_token = || {
+        let out = env.run([
+            "run",
+            "--shared",
+            &lock,
+            "sh",
+            "-c",
+            "echo $DLOCK_FENCING_TOKEN",
+        ]);
+        assert!(out.status.success(), "{}", describe(&out));
+        stdout_of(&out).trim().parse::<u64>().expect("a token")
+    };
+    let w1 = env.token(&lock);
+    let r1 = shared_token();
+    let holder = env.hold(&lock, &["--shared"]);
+    let held = status_json(&env, &lock)["holders"][0]["token"]
+        .as_u64()
+        .expect("holder token");
+    let r2 = shared_token();
+    drop(holder);
+    let w2 = env.token(&lock);
+    assert!(
+        w1 < r1 && r1 < held && held < r2 && r2 < w2,
+        "{w1} {r1} {held} {r2} {w2}"
+    );
+}
+
+/// `--shared --limit 2` is refused before anything runs (64).
+pub fn shared_with_a_limit_is_refused(server: &dyn LockServer) {
+    let env = TestEnv::new(server);
+    let lock = lock_name("data");
+    let out = env.run(["run", "--shared", "--limit", "2", &lock, "touch", "ran"]);
+    assert_fails(&out, 64, "--limit 2");
+    assert!(!env.path("ran").exists());
+}
+
+/// `status` and `list`, in text and JSON, show the mode and every shared holder; an
+/// exclusive holder shows as exclusive.
+pub fn status_and_list_show_the_mode_and_every_holder(server: &dyn LockServer) {
+    let env = TestEnv::new(server);
+    let lock = lock_name("data");
+    let a = env.hold(&lock, &["--shared"]);
+    let b = env.hold(&lock, &["--shared"]);
+    let status = status_json(&env, &lock);
+    let holders = status["holders"].as_array().expect("holders");
+    assert_eq!(holders.len(), 2, "{status}");
+    for holding in [&a, &b] {
+        assert!(
+            holders
+                .iter()
+                .any(|h| h["pid"] == holding.pid() && h["mode"] == "shared"),
+            "{status}"
+        );
+    }
+    let out = env.run(["status", &lock]);
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+    let text = stdout_of(&out);
+    assert_eq!(text.matches("mode:       shared").count(), 2, "{text}");
+    // Each test lists only its own locks (its own prefix, or its own directory).
+    let list = stdout_of(&env.run(["list"]));
+    assert_eq!(list.matches(" shared ").count(), 2, "{list}");
+    let listed: serde_json::Value =
+        serde_json::from_slice(&env.run(["list", "--json"]).stdout).expect("list json");
+    let ours = listed
+        .as_array()
+        .and_then(|locks| locks.iter().find(|l| l["name"] == lock.as_str()))
+        .unwrap_or_else(|| panic!("{lock} not listed: {listed}"));
+    assert_eq!(ours["holders"].as_array().map(Vec::len), Some(2), "{ours}");
+    drop((a, b));
+    wait_until("the readers are gone", PATIENCE, || env.is_free(&lock));
+    let _w = env.hold(&lock, &[]);
+    let status = status_json(&env, &lock);
+    assert_eq!(status["holders"][0]["mode"], "exclusive", "{status}");
+    let text = stdout_of(&env.run(["status", &lock]));
+    assert!(text.contains("mode:       exclusive"), "{text}");
+}
+
+/// Nested runs of the same name: shared inside shared or exclusive re-enters; exclusive
+/// inside shared is refused (64), never a silent upgrade. A nested dlock takes the outer
+/// mode from DLOCK_SHARED unless told otherwise.
+pub fn nested_runs_reenter_but_never_upgrade_a_shared_hold(server: &dyn LockServer) {
+    let env = TestEnv::new(server);
+    let lock = lock_name("data");
+    let nested = |outer: &[&str], inner: &str| {
+        let script = format!("{inner} {DLOCK} run --no-wait {lock} sh -c 'echo \"$DLOCK_SHARED\"'");
+        let mut args = vec!["run"];
+        args.extend(outer);
+        args.extend([lock.as_str(), "sh", "-c", &script]);
+        env.run(&args)
+    };
+    let out = nested(&["--shared"], "");
+    assert!(out.status.success(), "{}", describe(&out));
+    assert_eq!(stdout_of(&out).trim(), "1");
+    let out = nested(&[], "DLOCK_SHARED=1");
+    assert!(out.status.success(), "{}", describe(&out));
+    assert_eq!(stdout_of(&out).trim(), "1");
+    let out = nested(&["--shared"], "DLOCK_SHARED=0");
+    assert_fails(&out, 64, "upgrade");
+    assert!(stdout_of(&out).is_empty(), "{}", describe(&out));
+}
+
+/// Shared holders hold with `--limit 1`: a `--limit 3` run beside them is refused (64), as
+/// beside any holder with another limit, and so is a shared run beside `--limit 3` holders.
+pub fn shared_holders_and_a_semaphore_refuse_each_other(server: &dyn LockServer) {
+    let env = TestEnv::new(server);
+    let lock = lock_name("data");
+    let reader = env.hold(&lock, &["--shared"]);
+    let out = env.run(["run", "--limit", "3", "--no-wait", &lock, "touch", "ran"]);
+    assert_fails(&out, 64, "--limit 1");
+    drop(reader);
+    wait_until("the reader is gone", PATIENCE, || env.is_free(&lock));
+    let _semaphore = env.hold(&lock, &["--limit", "3"]);
+    let _other = env.hold(&lock, &["--limit", "3"]);
+    let out = env.run(["run", "--shared", "--no-wait", &lock, "touch", "ran"]);
+    assert_fails(&out, 64, "--limit 3");
+    assert!(!env.path("ran").exists());
+}
+
+/// A shared run keeps to `--wait` behind an exclusive holder (75, in time), and a signal
+/// while it waits cancels it (128+N) and leaves no waiter behind.
+pub fn a_waiting_shared_run_keeps_to_wait_and_signals(server: &dyn LockServer) {
+    let env = TestEnv::new(server);
+    let lock = lock_name("data");
+    let _writer = env.hold(&lock, &[]);
+    let started = Instant::now();
+    let out = env.run(["run", "--shared", "--wait", "1s", &lock, "touch", "ran"]);
+    assert_fails(&out, 75, "is held");
+    assert!(started.elapsed() < Duration::from_secs(1) + PAST_WAIT);
+    let mut reader = spawn(&env, &["run", "--shared", &lock, "touch", "ran"]);
+    wait_until("the reader waits", PATIENCE, || env.waiters(&lock) >= 1);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(reader.id() as i32),
+        Signal::SIGTERM,
+    )
+    .expect("signal the reader");
+    assert_eq!(
+        finish(&mut reader),
+        128 + 15,
+        "{}",
+        stderr_left(&mut reader)
+    );
+    wait_until("no waiter left", PATIENCE, || env.waiters(&lock) == 0);
+    assert!(!env.path("ran").exists());
+}
+
+/// `--min-hold` keeps a shared hold after its command, and `status` says so from the
+/// holder's own record: a writer is kept out, another reader gets in.
+pub fn min_hold_keeps_a_shared_hold_and_status_says_so(server: &dyn LockServer) {
+    let env = TestEnv::new(server);
+    let lock = lock_name("data");
+    let mut reader = spawn(
+        &env,
+        &["run", "--shared", "--min-hold", "1h", &lock, "true"],
+    );
+    wait_until("the command has finished", PATIENCE, || {
+        status_json(&env, &lock)["holders"][0]["kept_until"].is_string()
+    });
+    let out = env.run(["run", "--no-wait", &lock, "true"]);
+    assert_fails(&out, 75, "is held");
+    let out = env.run(["run", "--shared", "--no-wait", &lock, "true"]);
+    assert!(out.status.success(), "{}", describe(&out));
+    let _ = reader.kill();
+    let _ = reader.wait();
+}
+
+/// A reader whose dlock is SIGKILLed (its command goes down with it) frees its share: the
+/// writer waiting behind it is granted, while the other reader's share is untouched until
+/// it leaves too.
+pub fn a_killed_reader_frees_its_share(server: &dyn LockServer) {
+    let env = TestEnv::new(server);
+    let lock = lock_name("data");
+    let mut killed = env.hold(&lock, &["--shared"]);
+    let mut writer = spawn(&env, &["run", &lock, "touch", "written"]);
+    wait_until("the writer waits", PATIENCE, || env.waiters(&lock) >= 1);
+    killed.signal(Signal::SIGKILL);
+    killed.wait();
+    assert_eq!(finish(&mut writer), 0, "{}", stderr_left(&mut writer));
+    assert!(env.path("written").exists());
+    assert!(env.is_free(&lock), "the killed reader's share outlived it");
+}
+
+/// `release --force` on a server frees every holder of a shared lock: each holder's dlock
+/// stops its command and exits 124, and the lock is free at once. Where the hold is a
+/// kernel lock (no lease: the file backend) it cannot be broken: `release --force` refuses
+/// (77) and names every shared holder to stop.
+pub fn release_force_frees_every_shared_holder(server: &dyn LockServer) {
+    let env = TestEnv::new(server);
+    let lock = lock_name("data");
+    let mut a = env.hold(&lock, &["--shared"]);
+    let mut b = env.hold(&lock, &["--shared"]);
+    let out = env.run(["release", "--force", &lock]);
+    let said = format!("{}{}", stdout_of(&out), stderr_of(&out));
+    for pid in [a.pid(), b.pid()] {
+        assert!(
+            said.contains(&format!("pid {pid}")),
+            "release --force does not name holder {pid}: {}",
+            describe(&out)
+        );
+    }
+    if !super::capabilities(server).lease {
+        assert_fails(&out, 77, "cannot break a kernel lock");
+        return;
+    }
+    assert!(out.status.success(), "{}", describe(&out));
+    for holding in [&mut a, &mut b] {
+        let code = finish(&mut holding.child);
+        assert_eq!(code, 124, "{}", stderr_left(&mut holding.child));
+    }
+    assert!(env.is_free(&lock), "a holder is left after release --force");
+}
+
+/// A reader behind a black-holed link is stopped (124) before the writer waiting behind it
+/// gets the lock, as an exclusive holder is.
+pub fn blackholed_reader_is_stopped_before_a_writer_gets_the_lock(server: &dyn LeaseServer) {
+    let proxy = Proxy::start(server.port());
+    let env = TestEnv::new(server.as_lock_server());
+    let lock = lock_name("lock");
+    let (mut reader, log) =
+        env.stoppable_holder_with(&server.url_via(proxy.port), &lock, &["--shared"]);
+    let mut writer = env
+        .dlock([
+            "run",
+            &lock,
+            "sh",
+            "-c",
+            &format!("echo writer-started >> {}", log.display()),
+        ])
+        .spawn()
+        .expect("spawn writer");
+    wait_until("the writer queued", PATIENCE, || env.waiters(&lock) == 1);
+    proxy.blackhole();
+    let status = wait_within(&mut reader, PATIENCE);
+    assert_eq!(
+        status.code(),
+        Some(124),
+        "the reader must report the lost lock"
+    );
+    assert!(wait_within(&mut writer, PATIENCE).success());
+    let order = std::fs::read_to_string(&log).expect("log");
+    assert_eq!(
+        order, "holder-stopped\nwriter-started\n",
+        "the writer got in before the reader stopped"
+    );
+}
+
+/// Expand the shared-lock promises into `#[test]`s for one backend with the `shared`
+/// capability, in a module `$module`, each starting (or joining) its server with `$start`.
+/// The cases that need another capability (`--limit`, `--min-hold`'s record, a server that
+/// can free a hold) check it through the registry.
+#[macro_export]
+macro_rules! shared_contract_tests {
+    ($module:ident, $start:expr) => {
+        mod $module {
+            use super::*;
+            $crate::contract_tests!(@tests $start;
+                many_shared_holders_hold_at_once,
+                an_exclusive_run_waits_for_readers_and_excludes_them,
+                a_writer_behind_readers_is_granted_once_they_all_leave,
+                a_reader_behind_a_waiting_writer_waits_for_it,
+                tokens_increase_across_shared_and_exclusive_holds,
+                shared_with_a_limit_is_refused,
+                status_and_list_show_the_mode_and_every_holder,
+                nested_runs_reenter_but_never_upgrade_a_shared_hold,
+                shared_holders_and_a_semaphore_refuse_each_other,
+                a_waiting_shared_run_keeps_to_wait_and_signals,
+                min_hold_keeps_a_shared_hold_and_status_says_so,
+                a_killed_reader_frees_its_share,
+                release_force_frees_every_shared_holder,
+            );
+        }
+    };
+}
+
+/// The shared-lock promises of lease backends (a server that expires a silent holder's
+/// lease), for those with the `shared` capability.
+#[macro_export]
+macro_rules! shared_lease_contract_tests {
+    ($module:ident, $start:expr) => {
+        mod $module {
+            use super::*;
+            $crate::contract_tests!(@tests $start;
+                blackholed_reader_is_stopped_before_a_writer_gets_the_lock,
+            );
+        }
+    };
+}
