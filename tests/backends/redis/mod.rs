@@ -14,7 +14,9 @@ use nix::sys::signal::Signal;
 use crate::support::*;
 
 crate::contract_tests!(redis_contract, RedisServer::shared());
+crate::shared_contract_tests!(redis_shared_contract, RedisServer::shared());
 crate::lease_contract_tests!(redis_lease_contract, RedisServer::shared());
+crate::shared_lease_contract_tests!(redis_shared_lease_contract, RedisServer::shared());
 
 /// Start `dlock run` in the background; its command appends `label` to `log` and exits.
 #[test]
