@@ -97,7 +97,10 @@ mod tests {
         let shared = owner_token(Mode::Shared);
         assert_eq!(mode_of(&shared), Mode::Shared);
         assert_eq!(mode_of(&owner_token(Mode::Exclusive)), Mode::Exclusive);
-        assert_eq!(Keys::new("dlock", &LockName::new("a").unwrap(), &shared).tok, shared);
+        assert_eq!(
+            Keys::new("dlock", &LockName::new("a").unwrap(), &shared).tok,
+            shared
+        );
         assert_eq!(a.mailbox("t"), a.wake);
         assert_eq!(a.tok, "t");
     }

@@ -90,7 +90,10 @@ fn a_killed_reader_frees_its_share_when_its_lease_ends() {
     other.signal(Signal::SIGTERM);
     other.wait();
     assert_eq!(holders(&env, &lock).len(), 1, "the killed reader's share");
-    assert!(!entered.exists(), "the writer ran beside a killed reader's live lease");
+    assert!(
+        !entered.exists(),
+        "the writer ran beside a killed reader's live lease"
+    );
     wait_until("writer entered", PATIENCE, || entered.exists());
     let took = killed.elapsed();
     assert!(
@@ -120,7 +123,10 @@ fn a_writer_behind_readers_is_woken_once_the_last_one_leaves() {
     }
     let shared = holders(&env, &lock);
     assert_eq!(shared.len(), 3, "{shared:?}");
-    assert!(shared.iter().all(|(mode, _)| mode == "shared"), "{shared:?}");
+    assert!(
+        shared.iter().all(|(mode, _)| mode == "shared"),
+        "{shared:?}"
+    );
     let mut writer = env
         .dlock(["run", &lock, "touch", "writer-ran"])
         .spawn()
@@ -163,21 +169,41 @@ fn a_late_reader_queues_behind_a_waiting_writer_and_runs_after_it() {
     let dir = env.scratch.path().to_owned();
     let mut first = spawn_logged(
         &env,
-        &["run", "--shared", &lock, "sh", "-c", &recording(&dir, "first", "stop-first")],
+        &[
+            "run",
+            "--shared",
+            &lock,
+            "sh",
+            "-c",
+            &recording(&dir, "first", "stop-first"),
+        ],
     );
     wait_until("first reader holds", PATIENCE, || {
         env.path("first.in").exists()
     });
     let mut writer = spawn_logged(
         &env,
-        &["run", &lock, "sh", "-c", &recording(&dir, "writer", "stop-writer")],
+        &[
+            "run",
+            &lock,
+            "sh",
+            "-c",
+            &recording(&dir, "writer", "stop-writer"),
+        ],
     );
     wait_until("writer queued", PATIENCE, || env.waiters(&lock) == 1);
     let out = env.run(["run", "--shared", "--no-wait", &lock, "true"]);
     assert_fails(&out, 75, "is held");
     let mut late = spawn_logged(
         &env,
-        &["run", "--shared", &lock, "sh", "-c", &recording(&dir, "late", "stop-late")],
+        &[
+            "run",
+            "--shared",
+            &lock,
+            "sh",
+            "-c",
+            &recording(&dir, "late", "stop-late"),
+        ],
     );
     wait_until("late reader queued", PATIENCE, || env.waiters(&lock) == 2);
     assert!(
@@ -187,7 +213,10 @@ fn a_late_reader_queues_behind_a_waiting_writer_and_runs_after_it() {
     std::fs::write(env.path("stop-first"), b"").expect("stop");
     wait_until("writer holds", PATIENCE, || env.path("writer.in").exists());
     assert!(wait_within(&mut first, PATIENCE).success());
-    assert!(!env.path("late.in").exists(), "a reader ran beside the writer");
+    assert!(
+        !env.path("late.in").exists(),
+        "a reader ran beside the writer"
+    );
     std::fs::write(env.path("stop-writer"), b"").expect("stop");
     wait_until("late reader holds", PATIENCE, || {
         env.path("late.in").exists()

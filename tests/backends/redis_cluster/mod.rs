@@ -18,7 +18,10 @@ crate::lease_contract_tests!(
     redis_cluster_lease_contract,
     RedisCluster::shared_one_master()
 );
-crate::shared_lease_contract_tests!(redis_cluster_shared_lease_contract, RedisCluster::shared_one_master());
+crate::shared_lease_contract_tests!(
+    redis_cluster_shared_lease_contract,
+    RedisCluster::shared_one_master()
+);
 
 /// Names (as `lock_name` makes them), one served by each master.
 fn one_name_per_master(cluster: &RedisCluster) -> Vec<(String, u16)> {
