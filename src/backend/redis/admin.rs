@@ -200,7 +200,7 @@ pub(super) async fn force_release(
     Ok(removed
         .iter()
         .map(|entry| match entry {
-            Value::Array(fields) => holder_of(fields.get(2), fields.get(1)),
+            Value::Array(fields) => holder_of(fields.first(), fields.get(2), fields.get(1)),
             _ => Holder::default(),
         })
         .collect())

@@ -5,8 +5,33 @@
 //! Every key a script touches is one of these, declared in its KEYS: the per-holder data are
 //! fields of the fixed `B:hold`, and a waiter's mailbox (`B:w:<tok>`), which only its owner
 //! and whoever wakes it name, is built here, never inside a script.
+//!
+//! An owner token also says how its acquisition holds or waits: a shared run's starts with
+//! [`SHARED_TOKEN`], so that every entry in the queue and among the holders carries its mode
+//! and the scripts need no other key to know it (`scripts/modes.lua`).
 
-use crate::lock::LockName;
+use crate::lock::{LockName, Mode};
+
+/// How a shared run's owner token starts (never a hex digit, which begins the others).
+const SHARED_TOKEN: &str = "s:";
+
+/// A new owner token (random per acquisition) for a run of `mode`.
+pub(super) fn owner_token(mode: Mode) -> String {
+    let random = uuid::Uuid::new_v4().simple().to_string();
+    match mode {
+        Mode::Shared => format!("{SHARED_TOKEN}{random}"),
+        Mode::Exclusive => random,
+    }
+}
+
+/// The mode an owner token stands for.
+pub(super) fn mode_of(tok: &str) -> Mode {
+    if tok.starts_with(SHARED_TOKEN) {
+        Mode::Shared
+    } else {
+        Mode::Exclusive
+    }
+}
 
 /// The keys of one lock (and of one owner token).
 #[derive(Clone, Debug)]
@@ -69,6 +94,13 @@ mod tests {
             assert_eq!(tags.len(), 1, "{keys:?}");
         }
         assert_ne!(a.fence, b.fence);
+        let shared = owner_token(Mode::Shared);
+        assert_eq!(mode_of(&shared), Mode::Shared);
+        assert_eq!(mode_of(&owner_token(Mode::Exclusive)), Mode::Exclusive);
+        assert_eq!(
+            Keys::new("dlock", &LockName::new("a").unwrap(), &shared).tok,
+            shared
+        );
         assert_eq!(a.mailbox("t"), a.wake);
         assert_eq!(a.tok, "t");
     }

@@ -14,7 +14,7 @@ const CAPABILITIES: Capabilities = Capabilities {
     fifo: true,
     records_finished: true,
     limit: true,
-    shared: false,
+    shared: true,
 };
 
 pub const KIND: Kind = Kind {

@@ -33,6 +33,19 @@
 //! token. Renewal (`renew.lua`) goes through [`Keeper`](crate::keeper::Keeper), which owns the
 //! deadline arithmetic.
 //!
+//! Shared locks (`--shared`, always `--limit 1`): the mode is part of the owner token (a shared
+//! run's starts with `s:`, [`keys::owner_token`]), so every entry in `B:queue` and `B:owners`
+//! carries it and the scripts share one set of rules (`scripts/modes.lua`). A shared run is
+//! granted when no exclusive holder is live and no exclusive waiter is ahead of it in line
+//! (readers ahead of it are admitted beside it; a reader behind a waiting writer waits for it);
+//! an exclusive run as before (`live holders + my rank < 1`). A leaving wakes exactly the
+//! waiters it admits: those that fit once it has left and did not fit before, which after an
+//! exclusive holder is the whole run of shared waiters at the head of the line (the one named
+//! at the grant in the release script, the others with `wake.lua`). Every grant, shared or
+//! not, takes a new fencing token; a shared holder renews, loses and is forced out through the
+//! same scripts and the same keeper as an exclusive one, and a dead reader's share ends with
+//! its lease, as a dead waiter's place ends with its heartbeat.
+//!
 //! Every script first checks that the lock's keys hold what dlock keeps there; a key someone
 //! else overwrote is reported by name (exit 69), never as an internal error, and `list` skips
 //! (and names) such a lock instead of failing for all of them.

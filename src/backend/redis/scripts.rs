@@ -25,16 +25,21 @@ use crate::lock::{Holder, HolderStatus, LockName, LockStatus};
 
 use super::cluster::slot_of;
 use super::conn::{Conn, Failure};
-use super::keys::Keys;
+use super::keys::{mode_of, Keys};
 
 pub(super) static ACQUIRE: LazyLock<LockScript> = LazyLock::new(|| {
     LockScript::new(concat!(
         include_str!("scripts/master.lua"),
+        include_str!("scripts/modes.lua"),
         include_str!("scripts/acquire.lua")
     ))
 });
-pub(super) static RELEASE: LazyLock<LockScript> =
-    LazyLock::new(|| LockScript::new(include_str!("scripts/release.lua")));
+pub(super) static RELEASE: LazyLock<LockScript> = LazyLock::new(|| {
+    LockScript::new(concat!(
+        include_str!("scripts/modes.lua"),
+        include_str!("scripts/release.lua")
+    ))
+});
 pub(super) static RENEW: LazyLock<LockScript> =
     LazyLock::new(|| LockScript::new(include_str!("scripts/renew.lua")));
 pub(super) static STATUS: LazyLock<LockScript> = LazyLock::new(|| {
@@ -46,6 +51,7 @@ pub(super) static STATUS: LazyLock<LockScript> = LazyLock::new(|| {
 pub(super) static FORCE: LazyLock<LockScript> = LazyLock::new(|| {
     LockScript::new(concat!(
         include_str!("scripts/master.lua"),
+        include_str!("scripts/modes.lua"),
         include_str!("scripts/force.lua")
     ))
 });
@@ -147,8 +153,9 @@ pub(super) enum Released {
     BadData { key: String, what: String },
 }
 
-/// Leave: give back a hold (or a place in line) and wake the waiter that leaving admits.
-/// `next`: the waiter that was first in line at our grant. When it is the one to wake, the
+/// Leave: give back a hold (or a place in line) and wake the waiters that leaving admits (one
+/// exclusive waiter, or the run of shared waiters at the head of the line).
+/// `next`: the waiter that was first in line at our grant. When it is one to wake, the
 /// script wakes it itself, one round trip instead of two on the hand-off's path.
 pub(super) async fn release_call(
     conn: &mut Conn,
@@ -182,14 +189,13 @@ pub(super) async fn release_call(
             what: reply.get(2).and_then(text_of).unwrap_or_default(),
         },
         held => {
-            match reply.get(1).and_then(int_of) {
-                Some(1) => {
-                    let woken: Vec<String> = reply.get(2).and_then(text_of).into_iter().collect();
-                    wake_call(conn, keys, &woken, budget).await;
-                    tracing::debug!(target: crate::logging::HANDOFF, "wake-sent");
-                }
-                Some(2) => tracing::debug!(target: crate::logging::HANDOFF, "woke-next"),
-                _ => {}
+            let others = tokens_at(&reply, 2);
+            if reply.get(1).and_then(int_of) == Some(2) {
+                tracing::debug!(target: crate::logging::HANDOFF, "woke-next");
+            }
+            if !others.is_empty() {
+                wake_call(conn, keys, &others, budget).await;
+                tracing::debug!(target: crate::logging::HANDOFF, "wake-sent");
             }
             Released::Done {
                 held: held == Some(1),
@@ -271,8 +277,13 @@ pub(super) fn text_of(value: &Value) -> Option<String> {
     }
 }
 
-/// The holder metadata as stored (JSON), as far as it can be read.
-pub(super) fn holder_of(meta: Option<&Value>, fence: Option<&Value>) -> Holder {
+/// The holder metadata as stored (JSON), as far as it can be read, with the mode its owner
+/// token `owner` stands for (what the scripts go by).
+pub(super) fn holder_of(
+    owner: Option<&Value>,
+    meta: Option<&Value>,
+    fence: Option<&Value>,
+) -> Holder {
     let mut holder: Holder = meta
         .and_then(text_of)
         .and_then(|m| serde_json::from_str(&m).ok())
@@ -281,6 +292,9 @@ pub(super) fn holder_of(meta: Option<&Value>, fence: Option<&Value>) -> Holder {
         .and_then(text_of)
         .and_then(|f| f.parse().ok())
         .unwrap_or(0);
+    if let Some(owner) = owner.and_then(text_of) {
+        holder.mode = mode_of(&owner);
+    }
     holder
 }
 
@@ -375,7 +389,7 @@ pub(super) fn parse_status(
             _ => None,
         })
         .map(|f| {
-            let mut holder = holder_of(f.get(3), f.get(2));
+            let mut holder = holder_of(f.first(), f.get(3), f.get(2));
             if holder.name.is_empty() {
                 holder.name = name.to_string();
             }
@@ -443,8 +457,13 @@ mod tests {
         ]
         .concat();
         let meta = Value::BulkString(meta);
-        let holder = holder_of(Some(&meta), Some(&Value::BulkString(b"42".to_vec())));
+        let holder = holder_of(None, Some(&meta), Some(&Value::BulkString(b"42".to_vec())));
         assert_eq!((holder.pid, holder.token), (7, 42));
         assert_eq!(holder.host, "h\u{FFFD}");
+        assert_eq!(holder.mode, crate::lock::Mode::Exclusive);
+        // The owner token says the mode, whatever the metadata say.
+        let owner = Value::BulkString(b"s:0123".to_vec());
+        let holder = holder_of(Some(&owner), Some(&meta), None);
+        assert_eq!((holder.mode, holder.token), (crate::lock::Mode::Shared, 0));
     }
 }

@@ -88,7 +88,7 @@ impl<'a> Waiter<'a> {
         backend: &'a RedisBackend,
         request: &'a AcquireRequest,
     ) -> Result<(Waiter<'a>, Conn), Error> {
-        let tok = uuid::Uuid::new_v4().simple().to_string();
+        let tok = super::keys::owner_token(request.mode);
         let keys = backend.keys(&request.name, &tok);
         let deadline = request.wait.deadline();
         let (answer_by, within) = match request.wait {

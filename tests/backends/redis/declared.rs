@@ -3,8 +3,9 @@
 //! `MONITOR` shows each script call and then each command the script ran (`[0 lua]`); a
 //! scenario goes through every path that touches other holders' and waiters' data (a second
 //! holder, a waiter queued and woken, a killed waiter purged, `status`, `list`, renewals,
-//! `--min-hold`, `release --force`), and every key of every command a script ran (as `COMMAND
-//! GETKEYS` finds them) must be among that call's KEYS.
+//! `--min-hold`, `release --force`, readers and writers of a shared lock), and every key of
+//! every command a script ran (as `COMMAND GETKEYS` finds them) must be among that call's
+//! KEYS.
 
 use std::io::{BufRead, BufReader, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -110,6 +111,45 @@ fn every_key_a_script_touches_is_declared_in_its_keys() {
     let out = env.run(["release", "--force", &lock]);
     assert!(out.status.success(), "{}", describe(&out));
     drop(second);
+
+    // Shared holds: a reader, a writer waiting behind it, a reader behind the writer; the
+    // writer gives up (its leaving wakes that reader), the readers leave, a writer holds and
+    // its release wakes two readers at once.
+    let shared = lock_name("s");
+    let reader = env.hold(&shared, &["--shared", "--ttl", "2s"]);
+    let mut writer = env
+        .dlock(["run", &shared, "true"])
+        .spawn()
+        .expect("spawn writer");
+    wait_until("writer queued", PATIENCE, || env.waiters(&shared) == 1);
+    let late = env.path("late");
+    let mut reader_behind = env
+        .dlock(["run", "--shared", &shared, "touch"])
+        .arg(&late)
+        .spawn()
+        .expect("spawn reader");
+    wait_until("reader queued", PATIENCE, || env.waiters(&shared) == 2);
+    writer.kill().expect("SIGKILL");
+    let _ = writer.wait();
+    assert!(wait_within(&mut reader_behind, PATIENCE).success());
+    assert!(late.exists());
+    drop(reader);
+    let mut holder = env.hold(&shared, &[]);
+    let readers: Vec<std::process::Child> = (0..2)
+        .map(|n| {
+            let child = env
+                .dlock(["run", "--shared", &shared, "true"])
+                .spawn()
+                .expect("spawn reader");
+            wait_until("reader queued", PATIENCE, || env.waiters(&shared) == n + 1);
+            child
+        })
+        .collect();
+    holder.signal(Signal::SIGTERM);
+    holder.wait();
+    for mut reader in readers {
+        assert!(wait_within(&mut reader, PATIENCE).success());
+    }
 
     server.command("PING");
     stop.store(true, Ordering::SeqCst);

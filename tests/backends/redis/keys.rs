@@ -62,16 +62,24 @@ fn a_retried_acquire_finds_its_own_hold() {
     // The acquire script is idempotent for one owner token: a retry after a lost reply gets
     // the same grant (same fence), not a second entry.
     let server = RedisServer::start();
-    let script = include_str!(concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/src/backend/redis/scripts/acquire.lua"
-    ));
+    // As dlock sends it: the modes' helpers first (without the replica check).
+    let script = [
+        include_str!(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/src/backend/redis/scripts/modes.lua"
+        )),
+        include_str!(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/src/backend/redis/scripts/acquire.lua"
+        )),
+    ]
+    .concat();
     let base = "dlock:{retry}";
     let keys = [
         "fence", "owners", "hold", "queue", "qdl", "w:tok1", "holders",
     ]
     .map(|k| format!("{base}:{k}"));
-    let mut args: Vec<&str> = vec!["EVAL", script, "7"];
+    let mut args: Vec<&str> = vec!["EVAL", &script, "7"];
     args.extend(keys.iter().map(String::as_str));
     args.extend(["tok1", "1", "3000", "3000", "{}", "wait", "0"]);
     let first = redis_resp(server.port, &args).expect("first acquire");

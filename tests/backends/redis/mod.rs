@@ -1,10 +1,11 @@
 //! The Redis backend: the whole contract against a real `redis-server`, plus what only Redis
-//! can get wrong: its keys and tokens (`keys`), waiting (`waiting`),
+//! can get wrong: its keys and tokens (`keys`), waiting (`waiting`), shared locks (`shared`),
 //! connecting and authentication (`connect`), TLS (`tls`).
 
 mod connect;
 mod declared;
 mod keys;
+mod shared;
 mod tls;
 mod waiting;
 
@@ -13,7 +14,9 @@ use nix::sys::signal::Signal;
 use crate::support::*;
 
 crate::contract_tests!(redis_contract, RedisServer::shared());
+crate::shared_contract_tests!(redis_shared_contract, RedisServer::shared());
 crate::lease_contract_tests!(redis_lease_contract, RedisServer::shared());
+crate::shared_lease_contract_tests!(redis_shared_lease_contract, RedisServer::shared());
 
 /// Start `dlock run` in the background; its command appends `label` to `log` and exits.
 #[test]

@@ -12,9 +12,14 @@ use std::process::{Child, Stdio};
 use crate::support::*;
 
 crate::contract_tests!(redis_cluster_contract, RedisCluster::shared());
+crate::shared_contract_tests!(redis_cluster_shared_contract, RedisCluster::shared());
 // One master serves every slot: a black hole in front of it cuts all of a holder's traffic.
 crate::lease_contract_tests!(
     redis_cluster_lease_contract,
+    RedisCluster::shared_one_master()
+);
+crate::shared_lease_contract_tests!(
+    redis_cluster_shared_lease_contract,
     RedisCluster::shared_one_master()
 );
 

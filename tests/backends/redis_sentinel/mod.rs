@@ -14,4 +14,9 @@ mod tls;
 use crate::support::*;
 
 crate::contract_tests!(redis_sentinel_contract, SentinelServer::shared());
+crate::shared_contract_tests!(redis_sentinel_shared_contract, SentinelServer::shared());
 crate::lease_contract_tests!(redis_sentinel_lease_contract, SentinelServer::shared());
+crate::shared_lease_contract_tests!(
+    redis_sentinel_shared_lease_contract,
+    SentinelServer::shared()
+);

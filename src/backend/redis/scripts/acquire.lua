@@ -3,9 +3,12 @@
 -- ARGV[1]=tok ARGV[2]=limit ARGV[3]=ttl_ms ARGV[4]=waiter_lease_ms ARGV[5]=meta_json
 -- ARGV[6]=mode ('try' = never enqueue, 'wait' = enqueue/heartbeat) ARGV[7]=ticket (0 = none yet)
 -- Every key it touches is one of KEYS (Redis Cluster requires it); a holder is a member of
--- B:owners (score: its lease deadline, server ms) and fields '<tok>:<what>' of B:hold.
+-- B:owners (score: its lease deadline, server ms) and fields '<tok>:<what>' of B:hold. A token
+-- that starts with 's:' asks to hold shared (modes.lua): it is granted beside other shared
+-- holders, unless an exclusive waiter is ahead of it in line.
 -- Returns {-1, their_limit}                    a holder uses another --limit
 --         {1, 'fence', ttl_ms, next}           granted (or already ours: idempotent retry);
+--                                              every grant, shared or not, takes a new fence;
 --                                              the fence is a decimal string, exact to 2^63-1;
 --                                              next: the waiter now first in line ('' none),
 --                                              whom my release will most likely wake
@@ -70,11 +73,12 @@ end
 
 -- 2. live holders: forget those whose lease ran out (a deadline in the past)
 for _, h in ipairs(redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', '(' .. now)) do drop(h) end
-local live, soonest = 0, -1
+local live, excl, soonest = 0, 0, -1
 for i, h in ipairs(redis.call('ZRANGE', KEYS[2], 0, -1)) do
   local l = tonumber(redis.call('HGET', KEYS[3], h .. ':limit'))
   if l and l ~= limit then return {-1, l} end       -- holders disagree on --limit
   live = live + 1
+  if not shared(h) then excl = excl + 1 end
   if i == 1 then soonest = tonumber(redis.call('ZSCORE', KEYS[2], h)) - now end
 end
 
@@ -101,7 +105,20 @@ local rank = redis.call('ZRANK', KEYS[4], tok)
 local queued = rank ~= false
 if not queued then rank = redis.call('ZCARD', KEYS[4]) end
 
-if live + rank < limit then
+-- Whether nobody who must go first is ahead of me (then I watch the holders' expiry), and
+-- whether I may hold now: an exclusive run when the live holders and the waiters ahead leave it
+-- a place; a shared run when no exclusive run holds and none waits ahead of it (readers ahead
+-- of it are admitted beside it; a reader behind a waiting writer waits for that writer).
+local first, fits
+if shared(tok) then
+  first = not writer_ahead(KEYS[4], rank)
+  fits = first and excl == 0
+else
+  first = rank < limit
+  fits = live + rank < limit
+end
+
+if fits then
   local fence, err = next_fence()
   if not fence then return err end
   redis.call('HSET', KEYS[3], tok .. ':fence', fence, tok .. ':meta', ARGV[5],
@@ -116,7 +133,7 @@ end
 -- a purge may have let waiters ahead of me move up: the caller wakes those that now fit
 local wake = {}
 if purged > 0 then
-  for _, w in ipairs(redis.call('ZRANGE', KEYS[4], 0, limit - live - 1)) do
+  for _, w in ipairs(fitting(KEYS[4], limit, live, excl)) do
     if w ~= tok then table.insert(wake, w) end
   end
 end
@@ -141,5 +158,5 @@ end
 redis.call('ZADD', KEYS[5], int(now + wttl), tok)
 keep(KEYS[4], ARGV[4]); keep(KEYS[5], ARGV[4])
 local hint = -1
-if rank < limit then hint = soonest end               -- next in line: watch the holders' expiry
+if first then hint = soonest end                     -- next in line: watch the holders' expiry
 return {0, hint, rank, ticket, live, wake}

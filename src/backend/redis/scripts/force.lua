@@ -3,8 +3,9 @@
 -- Deletes every holder entry and every waiter entry no live dlock keeps: a heartbeat deadline
 -- that passed (a killed process), none at all, or one further ahead than STALE_MS (no live
 -- dlock writes one). The live ones among those are woken by the caller,
--- so they rejoin at once, in their old place (they keep their tickets); so are the first
--- waiters, so that they re-check at once.
+-- so they rejoin at once, in their old place (they keep their tickets); so are the waiters
+-- that fit now (the head of the line, or the run of shared waiters there), so that they
+-- re-check at once. Every holder goes, shared ones too: each notices at its next renewal.
 -- Returns {1, {{owner, fence, meta}, ...} of the holders removed, waiter entries removed,
 --          {tok, ...} the waiters to wake (B:w:<tok>)}
 --         {-2, key, what}: KEY holds data dlock did not write (nothing was changed)
@@ -36,5 +37,5 @@ for _, w in ipairs(redis.call('ZRANGE', KEYS[3], 0, 9999)) do
   end
 end
 redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', '(' .. now)
-for _, w in ipairs(redis.call('ZRANGE', KEYS[3], 0, limit - 1)) do table.insert(wake, w) end
+for _, w in ipairs(fitting(KEYS[3], limit, 0, 0)) do table.insert(wake, w) end
 return {1, removed, stale, wake}
