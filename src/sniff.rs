@@ -25,6 +25,24 @@ pub async fn what_answers(host: &str, port: u16, budget: Duration) -> Option<&'s
         .flatten()
 }
 
+/// What other kind of server than `ours` ("a MySQL server") answers at `host:port`, asked
+/// while a client's connection attempt is slow to get an answer: after a third of the time
+/// left before `deadline` (at most a second), one probe within what is left then. `None`
+/// when it answers like `ours` or says nothing: the attempt goes on.
+pub async fn other_server(
+    host: &str,
+    port: u16,
+    deadline: tokio::time::Instant,
+    ours: &str,
+) -> Option<&'static str> {
+    let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+    tokio::time::sleep((left / 3).min(Duration::from_secs(1))).await;
+    let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+    what_answers(host, port, left)
+        .await
+        .filter(|what| *what != ours)
+}
+
 async fn probe(host: &str, port: u16) -> Option<&'static str> {
     let mut stream = TcpStream::connect((host, port)).await.ok()?;
     let mut buf = [0u8; 64];

@@ -121,7 +121,13 @@ fn the_architecture_table_agrees_with_every_kind() {
             .unwrap_or_else(|| panic!("ARCHITECTURE.md's table has no row for {}", kind.name));
         let cells: Vec<&str> = row.split(" | ").skip(1).take(5).collect();
         let caps = kind.capabilities;
-        let declared = [caps.lease, caps.fifo, caps.records_finished, caps.limit, caps.shared];
+        let declared = [
+            caps.lease,
+            caps.fifo,
+            caps.records_finished,
+            caps.limit,
+            caps.shared,
+        ];
         let columns = ["lease", "FIFO", "records finished", "--limit", "shared"];
         for ((cell, declared), column) in cells.iter().zip(declared).zip(columns) {
             let says = if declared { "yes" } else { "no" };

@@ -310,6 +310,30 @@ fn a_url_at_the_wrong_kind_of_server_says_so() {
             ),
         ),
         (
+            format!("postgres://u@127.0.0.1:{}/db", redis.port()),
+            format!(
+                "127.0.0.1:{} does not look like a PostgreSQL server (it answers like a Redis \
+                 server)",
+                redis.port()
+            ),
+        ),
+        (
+            format!("zk://127.0.0.1:{}", redis.port()),
+            format!(
+                "127.0.0.1:{} does not look like a ZooKeeper server (it answers like a Redis \
+                 server)",
+                redis.port()
+            ),
+        ),
+        (
+            format!("etcds://127.0.0.1:{}", etcd.port()),
+            format!(
+                "127.0.0.1:{} did not answer the TLS handshake; is it serving plain text? \
+                 (use etcd://",
+                etcd.port()
+            ),
+        ),
+        (
             format!("rediss://127.0.0.1:{}/0", redis.port()),
             format!(
                 "127.0.0.1:{} did not answer the TLS handshake; is it serving plain text? \

@@ -185,6 +185,14 @@ impl Conn {
         if chain.contains("h2 protocol error") {
             return crate::wording::not_a(display, "etcd", "it did not answer in HTTP/2 (gRPC)");
         }
+        // A plain-text server (etcd without TLS, or anything else) closes the connection on a
+        // TLS ClientHello: tonic says "tls handshake eof".
+        if self.tls && chain.contains("tls handshake eof") {
+            return Error::Unavailable(crate::wording::no_tls_handshake(
+                display,
+                "use etcd:// for a server without TLS",
+            ));
+        }
         match e {
             etcd_client::Error::GRpcStatus(status) => {
                 let message = status.message();

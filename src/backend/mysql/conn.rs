@@ -138,20 +138,13 @@ impl MysqlBackend {
         ))
     }
 
-    /// What other server listens at our TCP address, when the greeting is slow in coming:
-    /// after a second (or a third of the time we have), one probe ([`crate::sniff`]). `None`
-    /// when it answers like MySQL, says nothing, or the URL names a socket; the connection
-    /// attempt goes on meanwhile.
+    /// What other kind of server listens at our TCP address, asked when the greeting is slow
+    /// in coming ([`crate::sniff::other_server`]); `None` for a socket.
     async fn other_server(&self, deadline: tokio::time::Instant) -> Option<&'static str> {
         let MysqlHost::Tcp { host, port } = &self.target.host else {
             return None;
         };
-        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-        tokio::time::sleep((left / 3).min(Duration::from_secs(1))).await;
-        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-        crate::sniff::what_answers(host, *port, left)
-            .await
-            .filter(|what| *what != "a MySQL server")
+        crate::sniff::other_server(host, *port, deadline, "a MySQL server").await
     }
 
     fn no_answer(&self, limit: Duration) -> Error {

@@ -56,6 +56,16 @@ impl PgBackend {
         ))
     }
 
+    /// What other kind of server than PostgreSQL answers at the first TCP host, asked while
+    /// connecting is slow to get an answer ([`crate::sniff::other_server`]).
+    async fn other_server(&self, deadline: tokio::time::Instant) -> Option<&'static str> {
+        let (host, port) = self.target.hosts.iter().find_map(|h| match h {
+            PgHost::Tcp { host, port } => Some((host, *port)),
+            PgHost::Unix { .. } => None,
+        })?;
+        crate::sniff::other_server(host, port, deadline, "a PostgreSQL server").await
+    }
+
     async fn connect_with(
         &self,
         tls: &MakeRustlsConnect,
@@ -75,31 +85,42 @@ impl PgBackend {
         if let Some(d) = wait {
             budget = d.answer_by.remaining();
         }
-        let (client, connection) =
-            match tokio::time::timeout(budget, config.connect(tls.clone())).await {
-                Err(_) => {
-                    return Err(Error::Unavailable(match wait {
-                        Some(d) if d.wait < MIN_ANSWER => format!(
-                            "no answer from {} within {} (--wait {})",
-                            self.display,
-                            humantime::format_duration(MIN_ANSWER),
-                            humantime::format_duration(d.wait)
-                        ),
-                        Some(d) => format!(
-                            "no answer from {} within --wait {}",
-                            self.display,
-                            humantime::format_duration(d.wait)
-                        ),
-                        None => format!(
-                            "cannot reach {}: no answer within {}",
-                            self.display,
-                            humantime::format_duration(budget)
-                        ),
-                    }))
-                }
-                Ok(Err(e)) => return Err(classify(&e, &self.display)),
-                Ok(Ok(pair)) => pair,
-            };
+        let deadline = tokio::time::Instant::now() + budget;
+        let connecting = tokio::time::timeout(budget, config.connect(tls.clone()));
+        let connected = tokio::select! {
+            connected = connecting => connected,
+            Some(what) = self.other_server(deadline) => {
+                return Err(crate::wording::not_a(
+                    &self.display,
+                    "PostgreSQL",
+                    &format!("it answers like {what}"),
+                ));
+            }
+        };
+        let (client, connection) = match connected {
+            Err(_) => {
+                return Err(Error::Unavailable(match wait {
+                    Some(d) if d.wait < MIN_ANSWER => format!(
+                        "no answer from {} within {} (--wait {})",
+                        self.display,
+                        humantime::format_duration(MIN_ANSWER),
+                        humantime::format_duration(d.wait)
+                    ),
+                    Some(d) => format!(
+                        "no answer from {} within --wait {}",
+                        self.display,
+                        humantime::format_duration(d.wait)
+                    ),
+                    None => format!(
+                        "cannot reach {}: no answer within {}",
+                        self.display,
+                        humantime::format_duration(budget)
+                    ),
+                }))
+            }
+            Ok(Err(e)) => return Err(classify(&e, &self.display)),
+            Ok(Ok(pair)) => pair,
+        };
         let version = connection
             .parameter("server_version")
             .map(str::to_owned)

@@ -85,7 +85,20 @@ impl ZkBackend {
             connector =
                 connector.with_auth("digest", format!("{user}:{}", password.expose()).as_bytes());
         }
-        match tokio::time::timeout(budget, connector.connect(&self.connect_string())).await {
+        let deadline = tokio::time::Instant::now() + budget;
+        let connect_string = self.connect_string();
+        let connecting = tokio::time::timeout(budget, connector.connect(&connect_string));
+        let connected = tokio::select! {
+            connected = connecting => connected,
+            Some(what) = self.other_server(deadline) => {
+                return Err(crate::wording::not_a(
+                    &self.display,
+                    "ZooKeeper",
+                    &format!("it answers like {what}"),
+                ));
+            }
+        };
+        match connected {
             Ok(Ok(client)) => Ok(client),
             Ok(Err(zk::Error::NoHosts)) if self.over_capacity().await => Err(capacity::refused(
                 &self.display,
@@ -146,6 +159,13 @@ impl ZkBackend {
             }
         }
         false
+    }
+
+    /// What other kind of server than ZooKeeper answers at the first member's address, asked
+    /// while the session is slow to start ([`crate::sniff::other_server`]).
+    async fn other_server(&self, deadline: tokio::time::Instant) -> Option<&'static str> {
+        let (host, port) = self.target.endpoints.first()?;
+        crate::sniff::other_server(host, *port, deadline, "a ZooKeeper server").await
     }
 
     /// Whether every member refuses a TCP connection: the client says only "no available
