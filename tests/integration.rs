@@ -8,6 +8,7 @@
 //! - `scale`: the many-clients test on every backend, at shipped server limits.
 //! - `handoff`: where a hand-off's time goes, part by part, on every backend.
 //! - `packaging`: `--version` and the builds (README "Install").
+//! - `cleanup`: an interrupted run leaves no server behind.
 //! - `registry`: every list of backends names every registered backend; capabilities.
 
 mod support;
@@ -15,6 +16,7 @@ mod support;
 mod contract;
 
 mod backends;
+mod cleanup;
 mod cli;
 mod docs;
 mod handoff;

@@ -247,16 +247,16 @@ impl LoneSentinel {
         let port = free_port();
         let log = dir.path().join("sentinel.log");
         let file = std::fs::File::create(&log).expect("log file");
-        let child = Command::new(server_binary("redis-server", "redis-server"))
+        let mut command = Command::new(server_binary("redis-server", "redis-server"));
+        command
             .arg(&config)
             .arg("--sentinel")
             .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
             .args(["--dir", &dir.path().display().to_string()])
             .stdin(Stdio::null())
             .stdout(file.try_clone().expect("log"))
-            .stderr(file)
-            .spawn()
-            .expect("start redis-server --sentinel");
+            .stderr(file);
+        let child = spawn_server(&mut command, "redis-server --sentinel");
         let sentinel = LoneSentinel {
             port,
             _dir: dir,

@@ -20,13 +20,19 @@ use std::sync::{Mutex, OnceLock};
 use super::*;
 
 /// Waits for end-of-file on its stdin, then kills every process group listed in
-/// `$1/groups` and removes `$1` and `$2`. It ignores the signals a terminal or `timeout` sends the
-/// test run, so that it outlives the run it cleans up after; removal is retried briefly
-/// while killed servers close their files.
+/// `$1/groups` whose leader is still the process that was recorded (same pid and start time,
+/// so a pid reused since is never touched), and removes `$1` and `$2`. It ignores the signals
+/// a terminal or `timeout` sends the test run, so that it outlives the run it cleans up
+/// after; removal is retried briefly while killed servers close their files.
 const WATCHDOG: &str = r#"trap '' INT TERM HUP QUIT
 cat > /dev/null
 if [ -f "$1/groups" ]; then
-    while read -r group; do kill -s KILL -- "-$group" 2>/dev/null; done < "$1/groups"
+    while read -r group start; do
+        now=$(awk '{ sub(/.*\) /, ""); print $20 }' "/proc/$group/stat" 2>/dev/null)
+        if [ -n "$now" ] && [ "$now" = "$start" ]; then
+            kill -s KILL -- "-$group" 2>/dev/null
+        fi
+    done < "$1/groups"
 fi
 for try in 1 2 3 4 5 6 7 8 9 10; do
     rm -rf "$1" "$2" 2>/dev/null
@@ -118,31 +124,37 @@ pub fn fast_server_dir() -> tempfile::TempDir {
     }
 }
 
-/// Spawn a server process. While a shared server starts, the process leads a process group
-/// of its own, which the watchdog kills when the run is over.
+/// Spawn a server process, leading a process group of its own, which the watchdog kills
+/// when the run is over if it still runs then: a shared server always, a test's own server
+/// when the run was interrupted (Ctrl-C, a timeout's SIGKILL) before the test could stop it.
 pub fn spawn_server(command: &mut Command, what: &str) -> Child {
-    let shared = starting_shared();
-    if shared {
-        command.process_group(0);
-    }
+    command.process_group(0);
     let child = command
         .spawn()
         .unwrap_or_else(|e| panic!("start {what}: {e}"));
-    if shared {
-        register_group(child.id() as i32);
-    }
+    register_group(child.id() as i32);
     child
 }
 
-/// Have the watchdog kill process group `group` (a server that started its own session,
-/// such as the PostgreSQL postmaster under `pg_ctl`) when the run is over. Only while a shared
-/// server starts; otherwise the server's owner stops it.
+/// Have the watchdog kill process group `group` (a server's; also one that started its own
+/// session, such as the PostgreSQL postmaster under `pg_ctl`) when the run is over, if its
+/// leader is still the process that runs now.
 pub fn register_group(group: i32) {
-    if starting_shared() {
-        let run = this_run();
-        let mut groups = run.groups.lock().unwrap_or_else(|e| e.into_inner());
-        writeln!(groups, "{group}").expect("record a shared server's process group");
-    }
+    let Some(start) = start_time(group) else {
+        // Gone already: nothing to kill later.
+        return;
+    };
+    let run = this_run();
+    let mut groups = run.groups.lock().unwrap_or_else(|e| e.into_inner());
+    writeln!(groups, "{group} {start}").expect("record a server's process group");
+}
+
+/// A process's start time (field 22 of `/proc/PID/stat`, after the parenthesised name), which
+/// tells it from a later process given the same pid.
+fn start_time(pid: i32) -> Option<String> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(") ")?;
+    rest.split_whitespace().nth(19).map(str::to_owned)
 }
 
 /// The server in `cell`, started by `start` on first use (and then by every test of the
