@@ -185,9 +185,9 @@ impl Conn {
         if chain.contains("h2 protocol error") {
             return crate::wording::not_a(display, "etcd", "it did not answer in HTTP/2 (gRPC)");
         }
-        // A plain-text server (etcd without TLS, or anything else) closes the connection on a
-        // TLS ClientHello: tonic says "tls handshake eof".
-        if self.tls && chain.contains("tls handshake eof") {
+        // A plain-text server (etcd without TLS, or anything else) closes or resets the
+        // connection on a TLS ClientHello.
+        if self.tls && plain_text_at_handshake(e) {
             return Error::Unavailable(crate::wording::no_tls_handshake(
                 display,
                 "use etcd:// for a server without TLS",
@@ -268,6 +268,15 @@ pub(super) fn is_transport(e: &etcd_client::Error) -> bool {
         etcd_client::Error::TransportError(_) | etcd_client::Error::IoError(_) => !is_tls_error(e),
         _ => false,
     }
+}
+
+/// Whether connecting failed because the server closed or reset the connection during the
+/// TLS handshake, as a plain-text server does on a ClientHello: tonic's connect error says
+/// "tls handshake eof", or carries the reset (seen only in its debug form).
+fn plain_text_at_handshake(e: &etcd_client::Error) -> bool {
+    let text = format!("{e} {e:?}");
+    text.contains("ConnectError(")
+        && (text.contains("tls handshake eof") || text.contains("ConnectionReset"))
 }
 
 fn is_tls_error(e: &etcd_client::Error) -> bool {
