@@ -174,7 +174,7 @@ fn line_of(text: &str, section: Option<&str>, key: &str) -> Option<usize> {
 }
 
 /// The known key within two edits of `key`, if any (the closest).
-fn closest<'a>(key: &str, known: &[&'a str]) -> Option<&'a str> {
+pub(crate) fn closest<'a>(key: &str, known: &[&'a str]) -> Option<&'a str> {
     known
         .iter()
         .map(|k| (edits(key, k), *k))

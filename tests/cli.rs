@@ -319,6 +319,43 @@ fn password_in_url_never_appears_in_messages() {
     assert!(!stderr_of(&out).contains("hunter2"), "{}", describe(&out));
 }
 
+/// A parameter no backend takes is refused (64, before connecting) in one shape on every
+/// backend's URL: the key, what that URL takes, where to read more.
+#[test]
+fn an_unknown_url_parameter_reads_one_way_on_every_backend() {
+    let (_server, env) = file_env();
+    for url in [
+        "redis://127.0.0.1:1/0?bogus=1",
+        "rediss://127.0.0.1:1/0?bogus=1",
+        "redis://127.0.0.1:1,127.0.0.1:2?bogus=1",
+        "redis+unix:///nonexistent/redis.sock?bogus=1",
+        "redis-sentinel://127.0.0.1:1?bogus=1#m",
+        "rediss-sentinel://127.0.0.1:1?bogus=1#m",
+        "etcd://127.0.0.1:1?bogus=1",
+        "etcds://127.0.0.1:1?bogus=1",
+        "zk://127.0.0.1:1?bogus=1",
+        "postgres://127.0.0.1:1/db?bogus=1",
+        "postgresql://127.0.0.1:1/db?bogus=1",
+        "mysql://127.0.0.1:1/db?bogus=1",
+        "mariadb://127.0.0.1:1/db?bogus=1",
+        "memcached://127.0.0.1:1?bogus=1",
+        "memcached+unix:///nonexistent/mc.sock?bogus=1",
+    ] {
+        let out = env.run(["run", "--url", url, "x", "true"]);
+        assert_fails(&out, 64, "dlock: --url: unknown URL parameter 'bogus'; a");
+        let stderr = stderr_of(&out);
+        let line = stderr
+            .lines()
+            .find(|l| l.starts_with("dlock:"))
+            .unwrap_or("");
+        let (head, tail) = line.split_once(" takes ").unwrap_or_default();
+        assert!(
+            head.ends_with(" URL") && tail.ends_with("; see dlock run --help"),
+            "{url}: {line}"
+        );
+    }
+}
+
 #[test]
 fn no_wait_from_the_environment_accepts_the_usual_spellings() {
     let (_server, env) = file_env();

@@ -1,6 +1,7 @@
 //! The URL grammar the network backends share: user info, `host:port` lists with bracketed
-//! IPv6 hosts, and percent-decoding. Messages never quote URL text: a malformed URL may carry
-//! part of a password there.
+//! IPv6 hosts, percent-decoding, and the query (`?key=value&…`) with one refusal of a key a
+//! backend does not take. Messages never quote URL text but a plain key: a malformed URL may
+//! carry part of a password there.
 
 use crate::secrets::Secret;
 
@@ -82,4 +83,190 @@ pub fn sorted_endpoints(endpoints: &[(String, u16)]) -> String {
     let mut shown: Vec<String> = endpoints.iter().map(|(h, p)| format!("{h}:{p}")).collect();
     shown.sort();
     shown.join(",")
+}
+
+/// What a backend's URL query (`?key=value&…`) takes, for [`parse_query`] and
+/// [`unknown_parameter`].
+pub struct Params {
+    /// The URL as the refusal of an unknown key names it: "a memcached URL".
+    pub url: &'static str,
+    /// Each accepted key with how that refusal shows it: `("db", "db=N")`.
+    pub keys: &'static [(&'static str, &'static str)],
+    /// Other spellings of an accepted key, `(alias, key)`: the same key, given once.
+    pub aliases: &'static [(&'static str, &'static str)],
+    /// Keys match case-insensitively, `_` the same as `-` (as MySQL's connectors read them).
+    pub fold: bool,
+    /// Said after the list of keys: where what the query does not take goes; may be empty.
+    pub note: &'static str,
+}
+
+/// The query (what follows `?`) as `(key, value)` pairs in order, both percent-decoded, each
+/// key one of `params.keys` (returned as spelled there) and given at most once. Values are
+/// never shown, nor a key that could be part of a password.
+pub fn parse_query(query: &str, params: &Params) -> Result<Vec<(&'static str, String)>, String> {
+    let decode =
+        |s: &str| crate::lock::decode_component(s).ok_or("bad percent-encoding in the URL's query");
+    let mut pairs: Vec<(&'static str, String)> = Vec::new();
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        let (key, value) = pair
+            .split_once('=')
+            // Not shown: a parameter without `=` may be a stray password.
+            .ok_or("a URL parameter has no value (expected key=value)")?;
+        let typed = decode(key)?;
+        let folded = if params.fold {
+            typed.to_ascii_lowercase().replace('_', "-")
+        } else {
+            typed.clone()
+        };
+        let name = params
+            .aliases
+            .iter()
+            .find(|(alias, _)| *alias == folded)
+            .map_or(folded.as_str(), |&(_, key)| key);
+        let Some(&(key, _)) = params.keys.iter().find(|(k, _)| *k == name) else {
+            // An `@` after the `?` means the `?` may be in a password (`user:pa?ss@host`):
+            // then the key is part of it.
+            let shown = if query.contains('@') {
+                ""
+            } else {
+                typed.as_str()
+            };
+            return Err(unknown_parameter("URL parameter", shown, params));
+        };
+        if pairs.iter().any(|(k, _)| *k == key) {
+            return Err(format!("the URL parameter '{key}' is given twice"));
+        }
+        pairs.push((key, decode(value)?));
+    }
+    Ok(pairs)
+}
+
+/// The one refusal of a key `params` does not take: "unknown URL parameter 'dbb' (did you
+/// mean 'db'?); a redis+unix URL takes db=N; see dlock run --help". `noun` is what the key
+/// is ("URL parameter", or "connection parameter" in libpq's key=value form). The key is
+/// shown only if it is a plain word (letters, digits, `_`, `-`): anything else may be part of
+/// a password.
+pub fn unknown_parameter(noun: &str, key: &str, params: &Params) -> String {
+    let plain = !key.is_empty()
+        && key
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-'));
+    let mut text = format!("unknown {noun}");
+    if plain {
+        text += &format!(" '{key}'");
+        let folded = if params.fold {
+            key.to_ascii_lowercase().replace('_', "-")
+        } else {
+            key.to_owned()
+        };
+        let known: Vec<&str> = params.keys.iter().map(|(k, _)| *k).collect();
+        if let Some(meant) = crate::config::closest(&folded, &known) {
+            text += &format!(" (did you mean '{meant}'?)");
+        }
+    }
+    let shown: Vec<&str> = params.keys.iter().map(|(_, shown)| *shown).collect();
+    if shown.is_empty() {
+        text += &format!("; {} takes no parameters", params.url);
+    } else {
+        text += &format!("; {} takes {}", params.url, shown.join(", "));
+    }
+    if !params.note.is_empty() {
+        text += &format!("; {}", params.note);
+    }
+    text + "; see dlock run --help"
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PARAMS: Params = Params {
+        url: "a test URL",
+        keys: &[("ssl-mode", "ssl-mode=MODE"), ("db", "db=N")],
+        aliases: &[("sslmode", "ssl-mode")],
+        fold: true,
+        note: "passwords go in the config file",
+    };
+
+    #[test]
+    fn queries_are_split_decoded_and_checked() {
+        assert_eq!(
+            parse_query("db=1&&SSL_Mode=a%20b", &PARAMS),
+            Ok(vec![("db", "1".to_owned()), ("ssl-mode", "a b".to_owned())])
+        );
+        assert_eq!(parse_query("", &PARAMS), Ok(Vec::new()));
+        assert_eq!(
+            parse_query("db=1&db=2", &PARAMS).unwrap_err(),
+            "the URL parameter 'db' is given twice"
+        );
+        assert_eq!(
+            parse_query("sslmode=a&ssl-mode=b", &PARAMS).unwrap_err(),
+            "the URL parameter 'ssl-mode' is given twice"
+        );
+        assert_eq!(
+            parse_query("hunter2", &PARAMS).unwrap_err(),
+            "a URL parameter has no value (expected key=value)"
+        );
+        assert_eq!(
+            parse_query("db=%zz", &PARAMS).unwrap_err(),
+            "bad percent-encoding in the URL's query"
+        );
+    }
+
+    /// Every backend that has a URL query refuses a key it does not take in one shape.
+    #[test]
+    fn every_scheme_refuses_an_unknown_key_alike() {
+        for scheme in crate::backend::schemes().filter(|s| *s != "file") {
+            let url = if scheme.ends_with("+unix") {
+                format!("{scheme}:///run/x.sock?bogus=1")
+            } else if scheme.ends_with("-sentinel") {
+                format!("{scheme}://127.0.0.1?bogus=1#m")
+            } else {
+                format!("{scheme}://127.0.0.1/?bogus=1")
+            };
+            let Err(e) = crate::backend::Target::parse(&url) else {
+                panic!("{url} was accepted");
+            };
+            let (head, tail) = e.split_once(" takes ").unwrap_or_default();
+            assert!(
+                head.starts_with("unknown URL parameter 'bogus'; a")
+                    && head.ends_with(" URL")
+                    && tail.ends_with("; see dlock run --help"),
+                "{url}: {e}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_unknown_key_reads_one_way() {
+        assert_eq!(
+            parse_query("dbb=1", &PARAMS).unwrap_err(),
+            "unknown URL parameter 'dbb' (did you mean 'db'?); a test URL takes ssl-mode=MODE, \
+             db=N; passwords go in the config file; see dlock run --help"
+        );
+        assert_eq!(
+            parse_query("bogus=1", &PARAMS).unwrap_err(),
+            "unknown URL parameter 'bogus'; a test URL takes ssl-mode=MODE, db=N; passwords \
+             go in the config file; see dlock run --help"
+        );
+        // Not a plain word: perhaps part of a password, so neither shown nor matched.
+        for query in ["hunt%3Aer2=1", "p@ss=1", "x.y=1", "word=x@host"] {
+            let e = parse_query(query, &PARAMS).unwrap_err();
+            assert!(
+                e.starts_with("unknown URL parameter; a test URL"),
+                "{query}: {e}"
+            );
+        }
+        let none = Params {
+            url: "an etcd URL",
+            keys: &[],
+            aliases: &[],
+            fold: false,
+            note: "",
+        };
+        assert_eq!(
+            parse_query("bogus=hunter2", &none).unwrap_err(),
+            "unknown URL parameter 'bogus'; an etcd URL takes no parameters; see dlock run --help"
+        );
+    }
 }

@@ -1,7 +1,7 @@
 //! Where an etcd cluster is: `etcd://` and `etcds://` URLs with one or more endpoints, and
 //! the password and TLS files of the config file's `[etcd]` table.
 
-use crate::backend::url::{sorted_endpoints, split_host_port, split_userinfo};
+use crate::backend::url::{parse_query, sorted_endpoints, split_host_port, split_userinfo, Params};
 use crate::config::FileConfig;
 use crate::error::Error;
 use crate::secrets::{check_tls_files, credentials_for_user, Secret, TlsFiles};
@@ -32,17 +32,27 @@ impl EtcdTarget {
     }
 }
 
+/// A query takes nothing: what else a connection needs goes in the config file.
+const PARAMS: Params = Params {
+    url: "an etcd URL",
+    keys: &[],
+    aliases: &[],
+    fold: false,
+    note: "TLS files and passwords go in the config file",
+};
+
 /// `etcd://[user[:password]@]host[:port][,host[:port]…][/]`, `etcds://…`.
 pub fn parse(scheme: &str, rest: &str) -> Result<EtcdTarget, String> {
     let after = rest
         .strip_prefix("//")
         .ok_or_else(|| format!("expected {scheme}://host[:port][,host[:port]…]"))?;
-    if after.contains(['?', '#']) {
+    if after.contains('#') {
         return Err(
-            "etcd URLs take no query or fragment; put TLS files and passwords in the config file"
-                .into(),
+            "etcd URLs take no fragment; put TLS files and passwords in the config file".into(),
         );
     }
+    let (after, query) = after.split_once('?').unwrap_or((after, ""));
+    parse_query(query, &PARAMS)?;
     let (authority, path) = after.split_at(after.find('/').unwrap_or(after.len()));
     if !path.is_empty() && path != "/" {
         // The path is not shown: a password with an unencoded `/` ends up here.
@@ -123,5 +133,13 @@ mod tests {
         ] {
             assert!(Target::parse(bad).is_err(), "{bad} was accepted");
         }
+        let url = "//h?ca_file=x";
+        assert_eq!(
+            parse("etcd", url).err().as_deref(),
+            Some(
+                "unknown URL parameter 'ca_file'; an etcd URL takes no parameters; TLS files \
+                 and passwords go in the config file; see dlock run --help"
+            )
+        );
     }
 }

@@ -24,7 +24,7 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
-use crate::backend::url::{join_host_port, split_host_port};
+use crate::backend::url::{join_host_port, split_host_port, Params};
 use crate::error::Error;
 use crate::lock::LockName;
 
@@ -248,22 +248,24 @@ pub fn parse(scheme: &str, rest: &str) -> Result<MemcachedTarget, String> {
     })
 }
 
+/// What the query takes: `allow-evictions`.
+const PARAMS: Params = Params {
+    url: "a memcached URL",
+    keys: &[("allow-evictions", "allow-evictions=1")],
+    aliases: &[],
+    fold: false,
+    note: "",
+};
+
 /// The query: only `allow-evictions=1|0|true|false`.
 fn parse_query(query: &str) -> Result<bool, String> {
     let mut allow = false;
-    for pair in query.split('&').filter(|p| !p.is_empty()) {
-        match pair.split_once('=') {
-            Some(("allow-evictions", "1" | "true" | "yes")) => allow = true,
-            Some(("allow-evictions", "0" | "false" | "no")) => allow = false,
-            Some(("allow-evictions", _)) => {
-                return Err("allow-evictions takes 1 or 0".into());
-            }
-            _ => {
-                return Err(
-                    "unknown URL parameter (memcached URLs accept only allow-evictions=1)".into(),
-                )
-            }
-        }
+    for (_, value) in crate::backend::url::parse_query(query, &PARAMS)? {
+        allow = match value.as_str() {
+            "1" | "true" | "yes" => true,
+            "0" | "false" | "no" => false,
+            _ => return Err("allow-evictions takes 1 or 0".into()),
+        };
     }
     Ok(allow)
 }
@@ -316,11 +318,24 @@ mod tests {
             "memcached://u:p@h",
             "memcached://h?x=1",
             "memcached://h?allow-evictions=maybe",
+            "memcached://h?allow-evictions=1&allow-evictions=0",
+            "memcached://h?allow-evictions",
             "memcached://h,h:11211",
             "memcached+unix://rel",
         ] {
             assert!(Target::parse(bad).is_err(), "{bad} was accepted");
         }
+        assert_eq!(
+            parse("memcached", "//h?allow-eviction=1").err().as_deref(),
+            Some(
+                "unknown URL parameter 'allow-eviction' (did you mean 'allow-evictions'?); a \
+                 memcached URL takes allow-evictions=1; see dlock run --help"
+            )
+        );
+        assert_eq!(
+            parse("memcached", "//h?allow-evictions=no&").map(|t| t.allow_evictions),
+            Ok(false)
+        );
     }
 
     /// The servers of `url` as if each name were its own address.

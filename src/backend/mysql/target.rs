@@ -9,7 +9,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::backend::url::{join_host_port, split_host_port, split_userinfo};
+use crate::backend::url::{join_host_port, parse_query, split_host_port, split_userinfo, Params};
 use crate::config::FileConfig;
 use crate::error::Error;
 use crate::lock::decode_component;
@@ -126,6 +126,22 @@ impl MysqlTarget {
     }
 }
 
+/// What a MySQL URL's query takes: keys in any case, `_` for `-`, `sslmode` for `ssl-mode`.
+const PARAMS: Params = Params {
+    url: "a MySQL URL",
+    keys: &[
+        ("ssl-mode", "ssl-mode=MODE"),
+        ("ssl-ca", "ssl-ca=FILE"),
+        ("ssl-cert", "ssl-cert=FILE"),
+        ("ssl-key", "ssl-key=FILE"),
+        ("socket", "socket=PATH"),
+        ("connect-timeout", "connect-timeout=SECONDS"),
+    ],
+    aliases: &[("sslmode", "ssl-mode")],
+    fold: true,
+    note: "",
+};
+
 /// `mysql://…` or `mariadb://…` (`rest` is what follows the scheme's `:`).
 pub fn parse(rest: &str) -> Result<MysqlTarget, String> {
     let rest = rest
@@ -163,17 +179,9 @@ pub fn parse(rest: &str) -> Result<MysqlTarget, String> {
         tls_files: TlsFiles::default(),
         connect_timeout: None,
     };
-    for pair in query.split('&').filter(|p| !p.is_empty()) {
-        let (key, value) = pair
-            .split_once('=')
-            // Not shown: a parameter without `=` may be a stray password.
-            .ok_or("a URL parameter has no value (expected key=value)")?;
-        let key = decode(key, "parameters")?
-            .to_ascii_lowercase()
-            .replace('_', "-");
-        let value = decode(value, "parameters")?;
-        match key.as_str() {
-            "ssl-mode" | "sslmode" => target.ssl_mode = SslMode::parse(&value)?,
+    for (key, value) in parse_query(query, &PARAMS)? {
+        match key {
+            "ssl-mode" => target.ssl_mode = SslMode::parse(&value)?,
             "ssl-ca" => target.tls_files.ca_file = Some(PathBuf::from(value)),
             "ssl-cert" => target.tls_files.cert_file = Some(PathBuf::from(value)),
             "ssl-key" => target.tls_files.key_file = Some(PathBuf::from(value)),
@@ -189,13 +197,11 @@ pub fn parse(rest: &str) -> Result<MysqlTarget, String> {
                     .ok()
                     .filter(|s| *s <= 86_400)
                     .ok_or_else(|| format!("connect-timeout '{value}' is not a number of seconds up to 86400 (a day)"))?;
-                target.connect_timeout = Some(Duration::from_secs(seconds)).filter(|d| !d.is_zero());
+                target.connect_timeout =
+                    Some(Duration::from_secs(seconds)).filter(|d| !d.is_zero());
             }
-            other => {
-                return Err(format!(
-                    "unsupported URL parameter '{other}'; dlock accepts ssl-mode, ssl-ca, ssl-cert, ssl-key, socket, connect-timeout"
-                ))
-            }
+            // parse_query gives only the keys of PARAMS.
+            _ => {}
         }
     }
     target.host = host;
@@ -296,5 +302,20 @@ mod tests {
             assert!(!e.contains("hunter2"), "{url}: {e}");
         }
         assert!(parse("//h/db?bogus=1").unwrap_err().contains("bogus"));
+        assert_eq!(
+            parse("//h/db?SSL_CA=/a&ssl-moode=required").unwrap_err(),
+            "unknown URL parameter 'ssl-moode' (did you mean 'ssl-mode'?); a MySQL URL takes \
+             ssl-mode=MODE, ssl-ca=FILE, ssl-cert=FILE, ssl-key=FILE, socket=PATH, \
+             connect-timeout=SECONDS; see dlock run --help"
+        );
+        assert_eq!(
+            parse("//h/db?sslmode=disabled&SSL_MODE=required").unwrap_err(),
+            "the URL parameter 'ssl-mode' is given twice"
+        );
+        assert_eq!(
+            parse("//h/db?Ssl_Mode=disabled&connect_timeout=5")
+                .map(|t| (t.ssl_mode, t.connect_timeout)),
+            Ok((SslMode::Disabled, Some(Duration::from_secs(5))))
+        );
     }
 }

@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::backend::url::join_host_port;
+use crate::backend::url::{join_host_port, parse_query, unknown_parameter, Params};
 use crate::config::FileConfig;
 use crate::error::Error;
 use crate::lock::decode_component;
@@ -157,6 +157,32 @@ impl Default for PgTarget {
     }
 }
 
+/// The parameters dlock takes, in a URL's query or libpq's `key=value` form, with libpq's
+/// names and meanings.
+const PARAMS: Params = Params {
+    url: "a PostgreSQL URL",
+    keys: &[
+        ("host", "host"),
+        ("hostaddr", "hostaddr"),
+        ("port", "port"),
+        ("user", "user"),
+        ("password", "password"),
+        ("dbname", "dbname"),
+        ("sslmode", "sslmode"),
+        ("sslrootcert", "sslrootcert"),
+        ("sslcert", "sslcert"),
+        ("sslkey", "sslkey"),
+        ("passfile", "passfile"),
+        ("connect_timeout", "connect_timeout"),
+        ("application_name", "application_name"),
+        ("fallback_application_name", "fallback_application_name"),
+        ("options", "options"),
+    ],
+    aliases: &[],
+    fold: false,
+    note: "",
+};
+
 /// Is `url` libpq's `key=value` form rather than a URL?
 pub fn is_key_value(url: &str) -> bool {
     !url.contains("://") && url.contains('=')
@@ -208,12 +234,8 @@ pub fn parse_url(url: &str) -> Result<PgTarget, String> {
     if !db.is_empty() {
         pairs.push(("dbname".into(), decode(db, "database name")?));
     }
-    for pair in query.split('&').filter(|p| !p.is_empty()) {
-        let (key, value) = pair
-            .split_once('=')
-            // Not shown: a parameter without `=` may be a stray password.
-            .ok_or("a URL parameter has no value (expected key=value)")?;
-        pairs.push((decode(key, "parameters")?, decode(value, "parameters")?));
+    for (key, value) in parse_query(query, &PARAMS)? {
+        pairs.push((key.to_owned(), value));
     }
     from_pairs(pairs)
 }
@@ -299,7 +321,9 @@ fn from_pairs(pairs: Vec<(String, String)>) -> Result<PgTarget, String> {
             "host" | "hostaddr" => hosts = value.split(',').map(str::to_owned).collect(),
             "port" => ports = value.split(',').map(str::to_owned).collect(),
             "user" => target.user = Some(value).filter(|v| !v.is_empty()),
-            "password" => target.password = Some(Secret::new(value)).filter(|p| !p.expose().is_empty()),
+            "password" => {
+                target.password = Some(Secret::new(value)).filter(|p| !p.expose().is_empty())
+            }
             "dbname" => target.dbname = Some(value).filter(|v| !v.is_empty()),
             "sslmode" => sslmode = Some(SslMode::parse(&value)?),
             "sslrootcert" => target.tls_files.ca_file = Some(PathBuf::from(value)),
@@ -310,16 +334,19 @@ fn from_pairs(pairs: Vec<(String, String)>) -> Result<PgTarget, String> {
                 let seconds: u64 = value
                     .parse()
                     .map_err(|_| format!("connect_timeout '{value}' is not a number of seconds"))?;
-                target.connect_timeout = Some(Duration::from_secs(seconds)).filter(|d| !d.is_zero());
+                target.connect_timeout =
+                    Some(Duration::from_secs(seconds)).filter(|d| !d.is_zero());
             }
             "application_name" | "fallback_application_name" => {
                 target.application_name = Some(value).filter(|v| !v.is_empty());
             }
             "options" => target.options = Some(value).filter(|v| !v.is_empty()),
             other => {
-                return Err(format!(
-                    "unsupported connection parameter '{other}'; dlock accepts host, hostaddr, port, user, password, dbname, sslmode, sslrootcert, sslcert, sslkey, passfile, connect_timeout, application_name, options"
-                ))
+                let params = Params {
+                    url: "a PostgreSQL connection string",
+                    ..PARAMS
+                };
+                return Err(unknown_parameter("connection parameter", other, &params));
             }
         }
     }

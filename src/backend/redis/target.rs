@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use crate::backend::url::{split_host_port, split_userinfo};
+use crate::backend::url::{parse_query, split_host_port, split_userinfo, Params};
 use crate::config::FileConfig;
 use crate::error::Error;
 use crate::secrets::{check_tls_files, credentials, Secret, TlsFiles};
@@ -86,6 +86,25 @@ impl RedisTarget {
     }
 }
 
+/// What a `redis+unix://` query takes: the database, which a socket URL has no path for.
+const UNIX_PARAMS: Params = Params {
+    url: "a redis+unix URL",
+    keys: &[("db", "db=N")],
+    aliases: &[],
+    fold: false,
+    note: "",
+};
+
+/// What a `redis://` or `rediss://` query takes: nothing.
+const TCP_PARAMS: Params = Params {
+    url: "a Redis URL",
+    keys: &[],
+    aliases: &[],
+    fold: false,
+    note: "the database goes in the path (redis://host/N), TLS files and passwords in the \
+           config file",
+};
+
 /// `redis://[user[:password]@]host[:port][/db]`, `rediss://…`, `redis+unix:///path[?db=N]`.
 pub fn parse(scheme: &str, rest: &str) -> Result<RedisTarget, String> {
     let after = rest
@@ -101,16 +120,8 @@ pub fn parse(scheme: &str, rest: &str) -> Result<RedisTarget, String> {
             return Err("expected redis+unix:///path/to/socket[?db=N]".into());
         }
         let mut db = 0;
-        for pair in query.split('&').filter(|p| !p.is_empty()) {
-            match pair.split_once('=') {
-                Some(("db", n)) => db = parse_db(n)?,
-                _ => {
-                    return Err(
-                        "unknown URL parameter (only db=N is accepted after the socket path)"
-                            .into(),
-                    )
-                }
-            }
+        for (_, n) in parse_query(query, &UNIX_PARAMS)? {
+            db = parse_db(&n)?;
         }
         return Ok(RedisTarget {
             addr: RedisAddr::Unix {
@@ -124,9 +135,14 @@ pub fn parse(scheme: &str, rest: &str) -> Result<RedisTarget, String> {
             sentinel: None,
         });
     }
-    if after.contains(['?', '#']) {
-        return Err("Redis URLs take no query or fragment here; put TLS files and passwords in the config file".into());
+    if after.contains('#') {
+        return Err(
+            "Redis URLs take no fragment here; put TLS files and passwords in the config file"
+                .into(),
+        );
     }
+    let (after, query) = after.split_once('?').unwrap_or((after, ""));
+    parse_query(query, &TCP_PARAMS)?;
     let (authority, path) = after.split_at(after.find('/').unwrap_or(after.len()));
     let (user, password, hostport) = split_userinfo(authority)?;
     // Several hosts: seed nodes of one Redis Cluster.
@@ -263,5 +279,29 @@ mod tests {
         assert_eq!(t.identity(), same.identity());
         assert!(Target::parse("redis://h1,h2/3").is_err());
         assert!(Target::parse("redis://h1,").is_err());
+        for (url, message) in [
+            (
+                "//h/0?db=1",
+                "unknown URL parameter 'db'; a Redis URL takes no parameters; the database goes \
+                 in the path (redis://host/N), TLS files and passwords in the config file; see \
+                 dlock run --help",
+            ),
+            (
+                "///run/redis.sock?dbb=1",
+                "unknown URL parameter 'dbb' (did you mean 'db'?); a redis+unix URL takes db=N; \
+                 see dlock run --help",
+            ),
+            (
+                "///run/redis.sock?db=1&db=2",
+                "the URL parameter 'db' is given twice",
+            ),
+        ] {
+            let scheme = if url.starts_with("///") {
+                "redis+unix"
+            } else {
+                "redis"
+            };
+            assert_eq!(parse(scheme, url).err().as_deref(), Some(message), "{url}");
+        }
     }
 }

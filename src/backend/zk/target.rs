@@ -1,7 +1,7 @@
 //! Where a ZooKeeper ensemble is: `zk://` URLs with members and a chroot, and the digest
 //! password of the config file's `[zookeeper]` table.
 
-use crate::backend::url::{sorted_endpoints, split_host_port, split_userinfo};
+use crate::backend::url::{parse_query, sorted_endpoints, split_host_port, split_userinfo, Params};
 use crate::config::FileConfig;
 use crate::error::Error;
 use crate::secrets::{credentials_for_user, Secret, TlsFiles};
@@ -27,16 +27,25 @@ impl ZkTarget {
     }
 }
 
+/// A query takes nothing: what else a connection needs goes in the config file.
+const PARAMS: Params = Params {
+    url: "a ZooKeeper URL",
+    keys: &[],
+    aliases: &[],
+    fold: false,
+    note: "passwords go in the config file",
+};
+
 /// `zk://[user[:password]@]host[:port][,host[:port]…][/chroot]`.
 pub fn parse(rest: &str) -> Result<ZkTarget, String> {
     let after = rest
         .strip_prefix("//")
         .ok_or("expected zk://host[:port][,host[:port]…][/chroot]")?;
-    if after.contains(['?', '#']) {
-        return Err(
-            "ZooKeeper URLs take no query or fragment; put passwords in the config file".into(),
-        );
+    if after.contains('#') {
+        return Err("ZooKeeper URLs take no fragment; put passwords in the config file".into());
     }
+    let (after, query) = after.split_once('?').unwrap_or((after, ""));
+    parse_query(query, &PARAMS)?;
     let (authority, path) = after.split_at(after.find('/').unwrap_or(after.len()));
     let (user, password, hosts) = split_userinfo(authority)?;
     let endpoints = hosts
@@ -129,6 +138,14 @@ mod tests {
         ] {
             assert!(Target::parse(bad).is_err(), "{bad} accepted");
         }
+        let url = "//h?password=x";
+        assert_eq!(
+            parse(url).err().as_deref(),
+            Some(
+                "unknown URL parameter 'password'; a ZooKeeper URL takes no parameters; \
+                 passwords go in the config file; see dlock run --help"
+            )
+        );
         assert_eq!(
             crate::secrets::redact_url("zk://u:pw@h:2181/x"),
             "zk://u:***@h:2181/x"

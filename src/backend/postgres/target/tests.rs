@@ -78,6 +78,31 @@ fn bad_input_is_named() {
     assert!(parse_url("postgres://h1,h2/db?port=1,2,3").is_err());
     assert!(parse_key_value("host=db dbname='open").is_err());
     assert!(parse_url("postgres://::1/db").is_err());
+    let list = "host, hostaddr, port, user, password, dbname, sslmode, sslrootcert, sslcert, \
+                sslkey, passfile, connect_timeout, application_name, fallback_application_name, \
+                options; see dlock run --help";
+    // The same refusal in both forms; only what the key is differs.
+    assert_eq!(
+        parse_url("postgres://h/db?ssl_mode=require").unwrap_err(),
+        format!(
+            "unknown URL parameter 'ssl_mode' (did you mean 'sslmode'?); a PostgreSQL URL \
+             takes {list}"
+        )
+    );
+    assert_eq!(
+        parse_key_value("host=db ssl_mode=require").unwrap_err(),
+        format!(
+            "unknown connection parameter 'ssl_mode' (did you mean 'sslmode'?); a PostgreSQL \
+             connection string takes {list}"
+        )
+    );
+    // Not a plain word: perhaps part of a password, so not shown.
+    let err = parse_key_value("host=db hunter2!=x").unwrap_err();
+    assert!(err.starts_with("unknown connection parameter; "), "{err}");
+    assert_eq!(
+        parse_url("postgres://h/db?sslmode=require&sslmode=disable").unwrap_err(),
+        "the URL parameter 'sslmode' is given twice"
+    );
 }
 
 #[test]

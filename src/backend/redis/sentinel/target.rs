@@ -14,7 +14,7 @@
 
 use std::time::Duration;
 
-use crate::backend::url::{sorted_endpoints, split_host_port, split_userinfo};
+use crate::backend::url::{parse_query, sorted_endpoints, split_host_port, split_userinfo, Params};
 use crate::config::FileConfig;
 use crate::error::Error;
 use crate::secrets::{read_password_file, Secret, TlsFiles};
@@ -57,6 +57,20 @@ impl SentinelTarget {
     }
 }
 
+/// What a Sentinel URL's query takes.
+const PARAMS: Params = Params {
+    url: "a Sentinel URL",
+    keys: &[
+        ("replicas", "replicas=N"),
+        ("replicas-timeout", "replicas-timeout=D"),
+        ("sentinel-user", "sentinel-user=NAME"),
+    ],
+    aliases: &[],
+    fold: false,
+    note: "the sentinels' password goes in DLOCK_SENTINEL_PASSWORD or the [redis-sentinel] \
+           table's password_file",
+};
+
 /// Parse what follows `redis-sentinel:` (or `rediss-sentinel:`).
 pub fn parse(scheme: &str, rest: &str) -> Result<RedisTarget, String> {
     let tls = scheme == "rediss-sentinel";
@@ -96,10 +110,7 @@ pub fn parse(scheme: &str, rest: &str) -> Result<RedisTarget, String> {
         replicas_timeout: DEFAULT_REPLICAS_TIMEOUT,
         tls,
     };
-    for pair in query.split('&').filter(|p| !p.is_empty()) {
-        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-        let value = crate::lock::decode_component(value)
-            .ok_or("bad percent-encoding in the URL's query")?;
+    for (key, value) in parse_query(query, &PARAMS)? {
         match key {
             "replicas" => {
                 target.replicas = value
@@ -114,16 +125,12 @@ pub fn parse(scheme: &str, rest: &str) -> Result<RedisTarget, String> {
                     .filter(|d| !d.is_zero() && *d <= Duration::from_secs(60))
                     .ok_or("replicas-timeout= must be a duration from 1ms to 60s, e.g. 500ms")?;
             }
-            "sentinel-user" if !value.is_empty() => target.user = Some(value),
-            // Never echo other keys: a password pasted into the query would be shown.
-            _ => {
-                return Err(
-                    "unknown URL parameter; a Sentinel URL takes replicas=N, replicas-timeout=D \
-                     and sentinel-user=NAME (the sentinels' password goes in DLOCK_SENTINEL_PASSWORD \
-                     or the [redis-sentinel] table's password_file)"
-                        .into(),
-                )
+            "sentinel-user" if value.is_empty() => {
+                return Err("sentinel-user= must name a user".into())
             }
+            "sentinel-user" => target.user = Some(value),
+            // parse_query gives only the keys of PARAMS.
+            _ => {}
         }
     }
     let (host, port) = target.sentinels[0].clone();
@@ -218,10 +225,22 @@ mod tests {
             "redis-sentinel://h,#m",
             "redis-sentinel://h?password=x#m",
             "redis-sentinel://h?replicas=x#m",
+            "redis-sentinel://h?replicas=1&replicas=2#m",
+            "redis-sentinel://h?sentinel-user=#m",
+            "redis-sentinel://h?replicas#m",
             "redis-sentinel:h#m",
         ] {
             let error = Target::parse(bad).expect_err(bad);
             assert!(!error.contains("password=x"), "{error}");
         }
+        assert_eq!(
+            parse("redis-sentinel", "//h?replica=1#m").err().as_deref(),
+            Some(
+                "unknown URL parameter 'replica' (did you mean 'replicas'?); a Sentinel URL \
+                 takes replicas=N, replicas-timeout=D, sentinel-user=NAME; the sentinels' \
+                 password goes in DLOCK_SENTINEL_PASSWORD or the [redis-sentinel] table's \
+                 password_file; see dlock run --help"
+            )
+        );
     }
 }
