@@ -104,143 +104,13 @@ fn with_errors(own: &[(&'static str, &'static str)]) -> Vec<(&'static str, &'sta
 
 /// The written sections of the page `name` (`dlock`, `dlock-run`, …).
 pub fn command(name: &str) -> Command {
-    let common_env = vec![
-        DLOCK_DIR,
-        DLOCK_PASSWORD,
-        DLOCK_SENTINEL_PASSWORD,
-        DLOCK_LOG,
-        XDG_CONFIG_HOME,
-    ];
-    let common_files = vec![CONFIG_FILES, LOCK_DIRECTORY, LOCK_FILES, PROC_LOCKS];
     match name {
-        "dlock" => Command {
-            summary: "run a command while holding a named lock",
-            description: DLOCK,
-            exit_intro: "`dlock run` exits with the command's status, or with one of these \
-                         when it could not run the command or had to stop it. `dlock status` \
-                         exits 0 when the lock is held and 1 when it is free; `dlock release` \
-                         exits 1 when there was nothing to release. Every status dlock causes \
-                         itself comes with one `dlock: …` line on stderr.",
-            exit: Vec::new(),
-            environment: common_env,
-            files: common_files,
-            examples: [RUN_EXAMPLES, STATUS_EXAMPLES, LIST_EXAMPLES].concat(),
-        },
-        "dlock-run" => Command {
-            summary: "acquire a named lock, run a command while holding it, release it",
-            description: RUN,
-            exit_intro: "Every status dlock causes itself comes with one `dlock: …` line on \
-                         stderr. `-E` changes 75.",
-            exit: Vec::new(),
-            environment: [
-                vec![DLOCK_CONFIG],
-                common_env,
-                vec![
-                    (
-                        "CI",
-                        "When set (and not false or 0) and stderr is not a terminal, a run \
-                         that waits prints whole lines: at once, then every 30 seconds.",
-                    ),
-                    (
-                        "SHELL",
-                        "The shell that runs -c SHELL-COMMAND (else /bin/sh).",
-                    ),
-                    (
-                        "DLOCK_NAME, DLOCK_BACKEND (set for the command)",
-                        "The lock's name and the backend's URL scheme.",
-                    ),
-                    (
-                        "DLOCK_FENCING_TOKEN (set for the command)",
-                        "A decimal number that strictly increases with every acquisition of \
-                         the name on the backend: pass it to the resource the lock protects.",
-                    ),
-                    (
-                        "DLOCK_HELD (set for the command)",
-                        "The locks the command's dlock ancestors hold; a nested dlock run of \
-                         one of them runs its command at once. Opaque.",
-                    ),
-                    (
-                        "DLOCK_CREDENTIALS_FD (set for the command)",
-                        "A descriptor from which a nested dlock reads the credentials that \
-                         were removed from the environment.",
-                    ),
-                ],
-            ]
-            .concat(),
-            files: common_files,
-            examples: RUN_EXAMPLES.to_vec(),
-        },
-        "dlock-status" => Command {
-            summary: "show who holds a named lock",
-            description: STATUS,
-            exit_intro: "",
-            exit: with_errors(&[("0", "the lock is held"), ("1", "the lock is free")]),
-            environment: [vec![DLOCK_CONFIG], common_env].concat(),
-            files: common_files,
-            examples: STATUS_EXAMPLES.to_vec(),
-        },
-        "dlock-list" => Command {
-            summary: "list the locks held under a namespace",
-            description: LIST,
-            exit_intro: "",
-            exit: with_errors(&[("0", "the list was read (it may be empty)")]),
-            environment: [vec![DLOCK_CONFIG], common_env].concat(),
-            files: common_files,
-            examples: LIST_EXAMPLES.to_vec(),
-        },
-        "dlock-release" => Command {
-            summary: "break a lock that someone else holds",
-            description: RELEASE,
-            exit_intro: "",
-            exit: with_errors(&[
-                (
-                    "0",
-                    "the lock was held, and its holders are gone (each is named on stderr)",
-                ),
-                ("1", "the lock was not held: there was nothing to release"),
-                (
-                    "77",
-                    "the file backend, where a kernel lock cannot be broken (the holder's pid \
-                     is named), or the server refused the password or to end another user's \
-                     session",
-                ),
-            ]),
-            environment: [vec![DLOCK_CONFIG], common_env].concat(),
-            files: common_files,
-            examples: vec![
-                (
-                    "dlock release --force --url etcd://10.0.0.5:2379 deploy-prod",
-                    "Break a lock whose holder is stuck; the holder notices the loss and stops \
-                     its command.",
-                ),
-                (
-                    "dlock release --force -u redis://locks deploy-prod || [ $? -eq 1 ]",
-                    "The same in a script that does not mind a lock that was free already.",
-                ),
-            ],
-        },
-        "dlock-check" => Command {
-            summary: "check that a lock backend can be reached and used",
-            description: CHECK,
-            exit_intro: "",
-            exit: with_errors(&[(
-                "0",
-                "dlock can use the backend (warnings, if any, are printed)",
-            )]),
-            environment: [vec![DLOCK_CONFIG], common_env].concat(),
-            files: common_files,
-            examples: vec![
-                (
-                    "dlock check",
-                    "Check the default lock directory of this host.",
-                ),
-                (
-                    "dlock check --url postgres://dlock@db/locks",
-                    "Connect, measure the round trip, create and delete a test entry, print \
-                     the server version and what its settings mean for locks.",
-                ),
-            ],
-        },
+        "dlock" => dlock_page(),
+        "dlock-run" => run_page(),
+        "dlock-status" => status_page(),
+        "dlock-list" => list_page(),
+        "dlock-release" => release_page(),
+        "dlock-check" => check_page(),
         _ => Command {
             summary: "",
             description: "",
@@ -250,6 +120,179 @@ pub fn command(name: &str) -> Command {
             files: Vec::new(),
             examples: Vec::new(),
         },
+    }
+}
+
+/// The variables every page lists.
+fn common_environment() -> Vec<(&'static str, &'static str)> {
+    vec![
+        DLOCK_DIR,
+        DLOCK_PASSWORD,
+        DLOCK_SENTINEL_PASSWORD,
+        DLOCK_LOG,
+        XDG_CONFIG_HOME,
+    ]
+}
+
+/// The files every page lists.
+fn common_files() -> Vec<(&'static str, &'static str)> {
+    vec![CONFIG_FILES, LOCK_DIRECTORY, LOCK_FILES, PROC_LOCKS]
+}
+
+/// The variables of a subcommand's page: `DLOCK_CONFIG`, then the common ones.
+fn subcommand_environment() -> Vec<(&'static str, &'static str)> {
+    [vec![DLOCK_CONFIG], common_environment()].concat()
+}
+
+/// `dlock(1)`: the overview, with the exit statuses of every subcommand.
+fn dlock_page() -> Command {
+    Command {
+        summary: "run a command while holding a named lock",
+        description: DLOCK,
+        exit_intro: "`dlock run` exits with the command's status, or with one of these \
+                     when it could not run the command or had to stop it. `dlock status` \
+                     exits 0 when the lock is held and 1 when it is free; `dlock release` \
+                     exits 1 when there was nothing to release. Every status dlock causes \
+                     itself comes with one `dlock: …` line on stderr.",
+        exit: Vec::new(),
+        environment: common_environment(),
+        files: common_files(),
+        examples: [RUN_EXAMPLES, STATUS_EXAMPLES, LIST_EXAMPLES].concat(),
+    }
+}
+
+/// `dlock-run(1)`.
+fn run_page() -> Command {
+    Command {
+        summary: "acquire a named lock, run a command while holding it, release it",
+        description: RUN,
+        exit_intro: "Every status dlock causes itself comes with one `dlock: …` line on \
+                     stderr. `-E` changes 75.",
+        exit: Vec::new(),
+        environment: [subcommand_environment(), run_environment()].concat(),
+        files: common_files(),
+        examples: RUN_EXAMPLES.to_vec(),
+    }
+}
+
+/// The variables only `dlock run` reads or sets for its command.
+fn run_environment() -> Vec<(&'static str, &'static str)> {
+    vec![
+        (
+            "CI",
+            "When set (and not false or 0) and stderr is not a terminal, a run \
+             that waits prints whole lines: at once, then every 30 seconds.",
+        ),
+        (
+            "SHELL",
+            "The shell that runs -c SHELL-COMMAND (else /bin/sh).",
+        ),
+        (
+            "DLOCK_NAME, DLOCK_BACKEND (set for the command)",
+            "The lock's name and the backend's URL scheme.",
+        ),
+        (
+            "DLOCK_FENCING_TOKEN (set for the command)",
+            "A decimal number that strictly increases with every acquisition of \
+             the name on the backend: pass it to the resource the lock protects.",
+        ),
+        (
+            "DLOCK_HELD (set for the command)",
+            "The locks the command's dlock ancestors hold; a nested dlock run of \
+             one of them runs its command at once. Opaque.",
+        ),
+        (
+            "DLOCK_CREDENTIALS_FD (set for the command)",
+            "A descriptor from which a nested dlock reads the credentials that \
+             were removed from the environment.",
+        ),
+    ]
+}
+
+/// `dlock-status(1)`.
+fn status_page() -> Command {
+    Command {
+        summary: "show who holds a named lock",
+        description: STATUS,
+        exit_intro: "",
+        exit: with_errors(&[("0", "the lock is held"), ("1", "the lock is free")]),
+        environment: subcommand_environment(),
+        files: common_files(),
+        examples: STATUS_EXAMPLES.to_vec(),
+    }
+}
+
+/// `dlock-list(1)`.
+fn list_page() -> Command {
+    Command {
+        summary: "list the locks held under a namespace",
+        description: LIST,
+        exit_intro: "",
+        exit: with_errors(&[("0", "the list was read (it may be empty)")]),
+        environment: subcommand_environment(),
+        files: common_files(),
+        examples: LIST_EXAMPLES.to_vec(),
+    }
+}
+
+/// `dlock-release(1)`.
+fn release_page() -> Command {
+    Command {
+        summary: "break a lock that someone else holds",
+        description: RELEASE,
+        exit_intro: "",
+        exit: with_errors(&[
+            (
+                "0",
+                "the lock was held, and its holders are gone (each is named on stderr)",
+            ),
+            ("1", "the lock was not held: there was nothing to release"),
+            (
+                "77",
+                "the file backend, where a kernel lock cannot be broken (the holder's pid \
+                 is named), or the server refused the password or to end another user's \
+                 session",
+            ),
+        ]),
+        environment: subcommand_environment(),
+        files: common_files(),
+        examples: vec![
+            (
+                "dlock release --force --url etcd://10.0.0.5:2379 deploy-prod",
+                "Break a lock whose holder is stuck; the holder notices the loss and stops \
+                 its command.",
+            ),
+            (
+                "dlock release --force -u redis://locks deploy-prod || [ $? -eq 1 ]",
+                "The same in a script that does not mind a lock that was free already.",
+            ),
+        ],
+    }
+}
+
+/// `dlock-check(1)`.
+fn check_page() -> Command {
+    Command {
+        summary: "check that a lock backend can be reached and used",
+        description: CHECK,
+        exit_intro: "",
+        exit: with_errors(&[(
+            "0",
+            "dlock can use the backend (warnings, if any, are printed)",
+        )]),
+        environment: subcommand_environment(),
+        files: common_files(),
+        examples: vec![
+            (
+                "dlock check",
+                "Check the default lock directory of this host.",
+            ),
+            (
+                "dlock check --url postgres://dlock@db/locks",
+                "Connect, measure the round trip, create and delete a test entry, print \
+                 the server version and what its settings mean for locks.",
+            ),
+        ],
     }
 }
 

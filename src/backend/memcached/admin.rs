@@ -312,32 +312,13 @@ async fn check_server(
     conn.ensure(OP_TIMEOUT).await.map_err(fail)?;
     let connect = BootInstant::now().saturating_since(started);
     let stats = conn.stats("", OP_TIMEOUT).await.map_err(fail)?;
-    let version = stat(&stats, "version").to_owned();
-    let mut parts = version.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
-    if (parts.next().unwrap_or(0), parts.next().unwrap_or(0)) < (1, 6) {
-        return Err(Error::Config(format!(
-            "{display} runs memcached {version}; dlock needs 1.6 or later (the meta protocol)"
-        )));
-    }
+    let version = meta_protocol_version(&stats, &display)?;
     let settings = conn.stats("settings", OP_TIMEOUT).await.map_err(fail)?;
     if let Some(refusal) = refusal(&settings, &display, backend.target.allow_evictions) {
         return Err(refusal);
     }
     let evictions = stat(&settings, "evictions");
-    if stat(&settings, "slab_reassign") != "no" {
-        warnings.push(slab_reassign_warning(&display));
-    }
-    if evictions == "on" {
-        warnings.push(format!(
-            "{display} may evict lock items (allowed by ?allow-evictions=1): an evicted hold is \
-             a broken lock; run memcached with -M"
-        ));
-    }
-    if stat(&settings, "lru_crawler") != "yes" {
-        warnings.push(format!(
-            "{display} has its LRU crawler off: `dlock list` cannot enumerate locks there"
-        ));
-    }
+    warn_of_settings(&settings, &display, warnings);
     let median = median_round_trip(5, async || {
         conn.one(&mg(&format!("{}:check", backend.prefix), "s"), OP_TIMEOUT)
             .await
@@ -345,8 +326,61 @@ async fn check_server(
             .map_err(|f| f.into_error(&display))
     })
     .await?;
-    // Can we add and delete? A test item under the prefix that no lock's key can be.
-    let probe = format!("{}:check:{}", backend.prefix, uuid::Uuid::new_v4().simple());
+    add_and_delete_test_item(&mut conn, &backend.prefix, &display).await?;
+    let label = server.at.label();
+    details.push((
+        format!("server {label}"),
+        format!("memcached {version}, evictions {evictions}"),
+    ));
+    details.push((
+        format!("connect {label}"),
+        humantime::format_duration(Duration::from_micros(connect.as_micros() as u64)).to_string(),
+    ));
+    compare_clocks(&stats, &display, &label, warnings, details);
+    Ok((version, median))
+}
+
+/// The server's version from its `stats`; a server older than 1.6 (no meta protocol) is
+/// refused.
+fn meta_protocol_version(stats: &[(String, String)], display: &str) -> Result<String, Error> {
+    let version = stat(stats, "version").to_owned();
+    let mut parts = version.split('.').map(|p| p.parse::<u32>().unwrap_or(0));
+    if (parts.next().unwrap_or(0), parts.next().unwrap_or(0)) < (1, 6) {
+        return Err(Error::Config(format!(
+            "{display} runs memcached {version}; dlock needs 1.6 or later (the meta protocol)"
+        )));
+    }
+    Ok(version)
+}
+
+/// Warns of the settings a server is accepted with but that weaken locks or `list`: slab
+/// reassignment, evictions allowed by the URL, the LRU crawler off.
+fn warn_of_settings(settings: &[(String, String)], display: &str, warnings: &mut Vec<String>) {
+    if stat(settings, "slab_reassign") != "no" {
+        warnings.push(slab_reassign_warning(display));
+    }
+    if stat(settings, "evictions") == "on" {
+        warnings.push(format!(
+            "{display} may evict lock items (allowed by ?allow-evictions=1): an evicted hold is \
+             a broken lock; run memcached with -M"
+        ));
+    }
+    if stat(settings, "lru_crawler") != "yes" {
+        warnings.push(format!(
+            "{display} has its LRU crawler off: `dlock list` cannot enumerate locks there"
+        ));
+    }
+}
+
+/// Adds a test item under the prefix that no lock's key can be, and deletes it with its CAS
+/// value; a server that does not let both happen is refused.
+async fn add_and_delete_test_item(
+    conn: &mut Conn,
+    prefix: &str,
+    display: &str,
+) -> Result<(), Error> {
+    let fail = |f: Failure| f.into_error(display);
+    let probe = format!("{prefix}:check:{}", uuid::Uuid::new_v4().simple());
     let added = conn
         .one(&ms(&probe, "ME T5 c", b"1"), OP_TIMEOUT)
         .await
@@ -363,31 +397,34 @@ async fn check_server(
             "{display}: a test item could not be added and deleted with its CAS value"
         )));
     }
-    let label = server.at.label();
-    details.push((
-        format!("server {label}"),
-        format!("memcached {version}, evictions {evictions}"),
-    ));
-    details.push((
-        format!("connect {label}"),
-        humantime::format_duration(Duration::from_micros(connect.as_micros() as u64)).to_string(),
-    ));
-    if let Ok(server_time) = stat(&stats, "time").parse::<i64>() {
-        let ours = i64::try_from(now_micros() / 1_000_000).unwrap_or(i64::MAX);
-        let skew = server_time - ours;
-        let told = match skew {
-            0 => "same second as this host".to_owned(),
-            s if s > 0 => format!("{s} s ahead of this host"),
-            s => format!("{} s behind this host", -s),
-        };
-        details.push((format!("server clock {label}"), told));
-        if skew.abs() > 2 {
-            warnings.push(format!(
-                "{display}'s clock is {} s off this host's: after a server restart, fencing tokens \
-                 come from the clients' clocks and increase only if those are synchronised (NTP)",
-                skew.abs()
-            ));
-        }
+    Ok(())
+}
+
+/// Reports how far the server's clock (its `stats` time) is from this host's, and warns
+/// when it is more than 2 s off.
+fn compare_clocks(
+    stats: &[(String, String)],
+    display: &str,
+    label: &str,
+    warnings: &mut Vec<String>,
+    details: &mut Vec<(String, String)>,
+) {
+    let Ok(server_time) = stat(stats, "time").parse::<i64>() else {
+        return;
+    };
+    let ours = i64::try_from(now_micros() / 1_000_000).unwrap_or(i64::MAX);
+    let skew = server_time - ours;
+    let told = match skew {
+        0 => "same second as this host".to_owned(),
+        s if s > 0 => format!("{s} s ahead of this host"),
+        s => format!("{} s behind this host", -s),
+    };
+    details.push((format!("server clock {label}"), told));
+    if skew.abs() > 2 {
+        warnings.push(format!(
+            "{display}'s clock is {} s off this host's: after a server restart, fencing tokens \
+             come from the clients' clocks and increase only if those are synchronised (NTP)",
+            skew.abs()
+        ));
     }
-    Ok((version, median))
 }

@@ -338,9 +338,7 @@ impl MemcachedBackend {
         registration: &mut Option<Registration>,
         cancel: &mut Cancel,
     ) -> Result<(Won, bool), Error> {
-        let (request, deadline) = (ctx.request, ctx.deadline);
-        let owner = ctx.stored.owner.as_str();
-        let display = ctx.display.as_str();
+        let deadline = ctx.deadline;
         let value = ctx.stored.to_bytes();
         let mut backoff = Backoff::new();
         let mut relink = RELINK_FIRST;
@@ -353,7 +351,7 @@ impl MemcachedBackend {
         let mut waited = false;
         loop {
             let step = budget(deadline);
-            let attempt = match self.settle(conn, &mut settled, display, step).await {
+            let attempt = match self.settle(conn, &mut settled, &ctx.display, step).await {
                 Ok(()) => self.attempt(conn, ctx, &value, &mut backoff, step).await,
                 Err(failed) => Err(failed),
             };
@@ -375,80 +373,18 @@ impl MemcachedBackend {
                 {
                     // Waiting on through a server restart (or a broken link), reconnecting
                     // with backoff; `--wait` still ends the wait.
-                    let why = failure.describe();
-                    let server = ctx.display.as_str();
-                    tracing::warn!("{server}: {why}; reconnecting and waiting on");
-                    let mut pause = relink / 2
-                        + Duration::from_micros(
-                            backoff.random(u64::try_from(relink.as_micros()).unwrap_or(1) / 2 + 1),
-                        );
-                    relink = (relink * 2).min(RELINK_CAP);
-                    if let Some(deadline) = deadline {
-                        pause = pause.min(deadline.remaining());
-                    }
-                    tokio::select! {
-                        () = cancel.cancelled() => return Err(Error::Cancelled),
-                        () = tokio::time::sleep(pause) => {}
-                    }
+                    wait_out_lost_link(ctx, &failure, &mut relink, &mut backoff, cancel).await?;
                     continue;
                 }
-                Err(failed) => {
-                    return Err(match failed {
-                        Failed::Link(Failure::Timeout(_)) if deadline.is_some() => {
-                            Error::Unavailable(format!(
-                                "{display} did not answer within --wait {}",
-                                request.wait.describe()
-                            ))
-                        }
-                        failed => failed.into_error(display),
-                    });
-                }
+                Err(failed) => return Err(poll_error(failed, ctx)),
             };
-            if let Some(other) = holders
-                .iter()
-                .find(|h| h.record.limit != 0 && h.record.limit != request.limit)
-            {
-                return Err(limit_mismatch(&request.name, other.record.limit));
-            }
-            if request.wait == Wait::No {
-                return Err(busy(
-                    &request.name,
-                    &holders,
-                    "not waiting (--no-wait)".into(),
-                ));
-            }
-            let mut pause = backoff.next_delay();
-            if let Some(deadline) = deadline {
-                let left = deadline.remaining();
-                if left.is_zero() {
-                    let why = format!("gave up after waiting {} (--wait)", request.wait.describe());
-                    return Err(busy(&request.name, &holders, why));
-                }
-                pause = pause.min(left);
-            }
-            // Registering is for the waiter count only; a failure here shows on the next
-            // attempt.
-            let step = budget(deadline);
-            *registration = match registration.take() {
-                None => {
-                    let start = backoff.random(keys::WAITER_SLOTS as u64) as usize;
-                    wait::register(conn, &ctx.keys, owner, start, step)
-                        .await
-                        .unwrap_or(None)
-                }
-                Some(r) => r
-                    .refresh(conn, &ctx.keys, owner, step)
-                    .await
-                    .unwrap_or(None),
-            };
+            let pause = pause_before_next_poll(ctx.request, &holders, deadline, &mut backoff)?;
+            keep_registered(conn, ctx, registration, &mut backoff).await;
             if !waited {
                 // Polling from now on: the next free poll after a release wins.
-                crate::lock::queued(request);
+                crate::lock::queued(ctx.request);
             }
-            tokio::select! {
-                () = cancel.cancelled() => return Err(Error::Cancelled),
-                () = tokio::time::sleep(pause) => {}
-            }
+            sleep_unless_cancelled(cancel, pause).await?;
             waited = true;
         }
     }
@@ -508,6 +444,106 @@ fn busy(name: &LockName, holders: &[Stored], why_not: String) -> Error {
         "lock '{name}' {}; {why_not}",
         busy_reason(holders, 0)
     ))
+}
+
+/// Sleeps for `pause`, or ends with [`Error::Cancelled`] when the run is cancelled first.
+async fn sleep_unless_cancelled(cancel: &mut Cancel, pause: Duration) -> Result<(), Error> {
+    tokio::select! {
+        () = cancel.cancelled() => Err(Error::Cancelled),
+        () = tokio::time::sleep(pause) => Ok(()),
+    }
+}
+
+/// Warns of a waiter's lost link and pauses before reconnecting: half of `relink` plus
+/// jitter, no later than `--wait`'s end; the next pause doubles, up to [`RELINK_CAP`].
+async fn wait_out_lost_link(
+    ctx: &Ctx<'_>,
+    failure: &Failure,
+    relink: &mut Duration,
+    backoff: &mut Backoff,
+    cancel: &mut Cancel,
+) -> Result<(), Error> {
+    let why = failure.describe();
+    let server = ctx.display.as_str();
+    tracing::warn!("{server}: {why}; reconnecting and waiting on");
+    let mut pause = *relink / 2
+        + Duration::from_micros(
+            backoff.random(u64::try_from(relink.as_micros()).unwrap_or(1) / 2 + 1),
+        );
+    *relink = (*relink * 2).min(RELINK_CAP);
+    if let Some(deadline) = ctx.deadline {
+        pause = pause.min(deadline.remaining());
+    }
+    sleep_unless_cancelled(cancel, pause).await
+}
+
+/// The error a poll ends with: an exchange that `--wait` cut short says so.
+fn poll_error(failed: Failed, ctx: &Ctx<'_>) -> Error {
+    let display = ctx.display.as_str();
+    match failed {
+        Failed::Link(Failure::Timeout(_)) if ctx.deadline.is_some() => Error::Unavailable(format!(
+            "{display} did not answer within --wait {}",
+            ctx.request.wait.describe()
+        )),
+        failed => failed.into_error(display),
+    }
+}
+
+/// Refuses a held lock this run cannot wait for (another `--limit`, `--no-wait`, `--wait`
+/// over); else the pause before the next poll, no later than `--wait`'s end.
+fn pause_before_next_poll(
+    request: &AcquireRequest,
+    holders: &[Stored],
+    deadline: Option<BootInstant>,
+    backoff: &mut Backoff,
+) -> Result<Duration, Error> {
+    if let Some(other) = holders
+        .iter()
+        .find(|h| h.record.limit != 0 && h.record.limit != request.limit)
+    {
+        return Err(limit_mismatch(&request.name, other.record.limit));
+    }
+    if request.wait == Wait::No {
+        return Err(busy(
+            &request.name,
+            holders,
+            "not waiting (--no-wait)".into(),
+        ));
+    }
+    let mut pause = backoff.next_delay();
+    if let Some(deadline) = deadline {
+        let left = deadline.remaining();
+        if left.is_zero() {
+            let why = format!("gave up after waiting {} (--wait)", request.wait.describe());
+            return Err(busy(&request.name, holders, why));
+        }
+        pause = pause.min(left);
+    }
+    Ok(pause)
+}
+
+/// Registers the waiter, or keeps its registration alive. Registering is for the waiter
+/// count only; a failure here shows on the next attempt.
+async fn keep_registered(
+    conn: &mut Conn,
+    ctx: &Ctx<'_>,
+    registration: &mut Option<Registration>,
+    backoff: &mut Backoff,
+) {
+    let owner = ctx.stored.owner.as_str();
+    let step = budget(ctx.deadline);
+    *registration = match registration.take() {
+        None => {
+            let start = backoff.random(keys::WAITER_SLOTS as u64) as usize;
+            wait::register(conn, &ctx.keys, owner, start, step)
+                .await
+                .unwrap_or(None)
+        }
+        Some(r) => r
+            .refresh(conn, &ctx.keys, owner, step)
+            .await
+            .unwrap_or(None),
+    };
 }
 
 impl Backend for MemcachedBackend {

@@ -187,17 +187,8 @@ impl MysqlBackend {
         let tail = grant_tail(queue.then_some(turnstile.as_str()));
         let mut created = false;
         for _ in 0..u32::MAX {
-            let wait = whole_wait(request.wait, deadline);
-            let lock = if request.limit > 1 {
-                slot_lock_sql(&slots)
-            } else {
-                single_lock_sql(&slots[0], wait)
-            };
-            let sql = format!(
-                "{}{}{lock}{grant}",
-                self.settings(session, request),
-                other_limit_sql(&name_key, request.limit)
-            );
+            let (sql, wait) =
+                self.lock_statement(session, request, &name_key, &slots, &grant, deadline);
             let marks = handoff_marks(&sql);
             let sent = BootInstant::now();
             // The GET_LOCK call waits in the server's queue from now on.
@@ -205,60 +196,127 @@ impl MysqlBackend {
             let rows = match self.call(session, &sql, wait, &marks, cancel).await? {
                 Ok(rows) => rows,
                 Err(f) if f.closed() => return Ok(Err(Closed(f.describe()))),
-                Err(f) if f.server_code() == Some(1146) && !created => {
-                    created = true;
-                    self.create_table(session).await?;
+                Err(f) => {
+                    self.prepare_retry(session, &slots, f, &mut created).await?;
                     continue;
                 }
-                // Slot holders writing their rows at once (or beside a first-use CREATE
-                // TABLE) can deadlock in InnoDB, which rolls one back: give back what the
-                // statement took and try again.
-                Err(f) if transient(&f) => {
-                    tracing::debug!("retrying the grant: {}", f.describe());
-                    session.configured = true;
-                    let undo = undo_slot_sql(&slots);
-                    if let Err(f) = session.rows(&undo, CANCEL_TIMEOUT).await {
-                        return Err(self.refused(session, f).await);
-                    }
-                    continue;
-                }
-                Err(f) => return Err(self.refused(session, f).await),
             };
             session.configured = true;
             // The grant's transaction is still open: it ends with the next statement.
             session.tail = Some(tail.clone());
-            let report = Report::read(&rows)?;
-            if let Some(theirs) = report.other_before {
-                return Err(limit_mismatch(&request.name, theirs));
+            if let Some(granted) = self.grant_in(&rows, session, request, &slots, sent).await? {
+                return Ok(Ok(granted));
             }
-            if report.granted {
-                let key = match report.slot.and_then(|s| slots.get(s as usize)) {
-                    Some(key) => key.clone(),
-                    None => slots[0].clone(),
-                };
-                let token = self.check_grant(session, request, &report).await?;
-                return Ok(Ok(Granted {
-                    token,
-                    key,
-                    session_key: session_key(&self.prefix, name, session.id),
-                    sent,
-                }));
-            }
-            let over = match deadline {
-                Some(d) => BootInstant::now() >= d,
-                None => request.wait == Wait::No,
-            };
-            if over {
-                if queue {
-                    self.leave(session, &turnstile).await;
-                }
-                return Err(self.busy(session, request).await);
+            if wait_over(request, deadline) {
+                let head = queue.then_some(turnstile.as_str());
+                return Err(self.give_up(session, request, head).await);
             }
             if request.limit > 1 {
                 self.pause(deadline, cancel).await?;
             }
         }
         Err(Error::Internal("the lock wait loop ended".into()))
+    }
+
+    /// One attempt's statement and how long its lock call may wait in the server: the
+    /// session settings (first statement only), the check of the holders' `--limit`, the
+    /// lock call (all that is left of the wait), then `grant`.
+    fn lock_statement(
+        &self,
+        session: &Session,
+        request: &AcquireRequest,
+        name_key: &str,
+        slots: &[String],
+        grant: &str,
+        deadline: Option<BootInstant>,
+    ) -> (String, Duration) {
+        let wait = whole_wait(request.wait, deadline);
+        let lock = if request.limit > 1 {
+            slot_lock_sql(slots)
+        } else {
+            single_lock_sql(&slots[0], wait)
+        };
+        let sql = format!(
+            "{}{}{lock}{grant}",
+            self.settings(session, request),
+            other_limit_sql(name_key, request.limit)
+        );
+        (sql, wait)
+    }
+
+    /// Readies the next try after a lock statement failed with `f`, or refuses: a missing
+    /// table is created (once), and a statement that InnoDB rolled back has what it took
+    /// given back; any other failure ends the acquisition.
+    async fn prepare_retry(
+        &self,
+        session: &mut Session,
+        slots: &[String],
+        f: Failure,
+        created: &mut bool,
+    ) -> Result<(), Error> {
+        if f.server_code() == Some(1146) && !*created {
+            *created = true;
+            return self.create_table(session).await;
+        }
+        // Slot holders writing their rows at once (or beside a first-use CREATE TABLE) can
+        // deadlock in InnoDB, which rolls one back: give back what the statement took and
+        // try again.
+        if !transient(&f) {
+            return Err(self.refused(session, f).await);
+        }
+        tracing::debug!("retrying the grant: {}", f.describe());
+        session.configured = true;
+        let undo = undo_slot_sql(slots);
+        if let Err(f) = session.rows(&undo, CANCEL_TIMEOUT).await {
+            return Err(self.refused(session, f).await);
+        }
+        Ok(())
+    }
+
+    /// The lock stayed held to the end of the wait: leave the head of the `--limit N` queue
+    /// (`turnstile`, when we queued) and say who holds it.
+    async fn give_up(
+        &self,
+        session: &mut Session,
+        request: &AcquireRequest,
+        turnstile: Option<&str>,
+    ) -> Error {
+        if let Some(turnstile) = turnstile {
+            self.leave(session, turnstile).await;
+        }
+        self.busy(session, request).await
+    }
+
+    /// The grant the report `rows` of a lock statement tells of (none while the lock is
+    /// held), once [`Self::check_grant`] accepts it: its token, the slot key it took (the
+    /// first when the report names none) and when it was `sent`. Holders with another
+    /// `--limit` are refused.
+    async fn grant_in(
+        &self,
+        rows: &[mysql_async::Row],
+        session: &mut Session,
+        request: &AcquireRequest,
+        slots: &[String],
+        sent: BootInstant,
+    ) -> Result<Option<Granted>, Error> {
+        let report = Report::read(rows)?;
+        if let Some(theirs) = report.other_before {
+            return Err(limit_mismatch(&request.name, theirs));
+        }
+        if !report.granted {
+            return Ok(None);
+        }
+        let key = match report.slot.and_then(|s| slots.get(s as usize)) {
+            Some(key) => key.clone(),
+            None => slots[0].clone(),
+        };
+        let token = self.check_grant(session, request, &report).await?;
+        Ok(Some(Granted {
+            token,
+            key,
+            session_key: session_key(&self.prefix, request.name.as_str(), session.id),
+            sent,
+        }))
     }
 
     /// `--limit N`: wait on the turnstile until we head the queue.
@@ -509,6 +567,14 @@ fn whole_wait(wait: Wait, deadline: Option<BootInstant>) -> Duration {
         (Wait::No, _) => Duration::ZERO,
         (_, Some(d)) => d.remaining().min(UNBOUNDED),
         (_, None) => UNBOUNDED,
+    }
+}
+
+/// Whether the lock stays unacquired for good: `--wait` is over, or `--no-wait` looked once.
+fn wait_over(request: &AcquireRequest, deadline: Option<BootInstant>) -> bool {
+    match deadline {
+        Some(d) => BootInstant::now() >= d,
+        None => request.wait == Wait::No,
     }
 }
 

@@ -59,6 +59,18 @@ impl Seen {
     }
 }
 
+/// What `check` reads of the server in its first statement.
+struct ServerFacts {
+    version: String,
+    user: String,
+    database: Option<String>,
+    read_only: bool,
+    wait_timeout: u64,
+    /// The session's connection id, which every later statement must share.
+    first_id: u64,
+    max_connections: u64,
+}
+
 impl MysqlBackend {
     /// Connect for `status`, `list`, `release --force` and `check`.
     pub(super) async fn admin(&self) -> Result<Session, Error> {
@@ -202,48 +214,22 @@ impl MysqlBackend {
         let started = BootInstant::now();
         let mut session = self.admin().await?;
         let connect_time = BootInstant::now().saturating_since(started);
-        let rows = session
-            .query(
-                "SELECT VERSION(), CURRENT_USER(), DATABASE(), @@global.read_only, \
-                 @@global.wait_timeout, CONNECTION_ID(), @@global.max_connections",
-                &self.display,
-            )
-            .await?;
-        let row = rows
-            .first()
-            .ok_or_else(|| Error::Internal("check: no row".into()))?;
-        let version: String = cell(row, 0).unwrap_or_default();
-        let user: String = cell(row, 1).unwrap_or_default();
-        let database: Option<String> = cell(row, 2);
-        let read_only = cell::<i64>(row, 3).unwrap_or(0) != 0;
-        let wait_timeout: u64 = cell(row, 4).unwrap_or(0);
-        let first_id: u64 = cell(row, 5).unwrap_or(0);
-        let max_connections: u64 = cell(row, 6).unwrap_or(0);
-        if read_only {
-            return Err(Error::Config(format!(
-                "{} is read-only (@@read_only = 1: a replica, or a server in read-only mode); locks must be taken on the primary",
-                self.display
-            )));
-        }
-        let Some(database) = database else {
-            return Err(Error::Config(format!(
-                "{}: no database selected; name the database for dlock's table in the URL (mysql://host/DATABASE)",
-                self.display
-            )));
-        };
+        let ServerFacts {
+            version,
+            user,
+            database,
+            read_only,
+            wait_timeout,
+            first_id,
+            max_connections,
+        } = self.server_facts(&mut session).await?;
+        let database = self.lock_database(read_only, database)?;
         let median = median_round_trip(5, async || {
             session.query("SELECT 1", &self.display).await.map(drop)
         })
         .await?;
         self.probe(&mut session, first_id).await?;
-        // What the session uses, not what was asked for: PREFERRED goes on in plaintext when
-        // the server offers no TLS.
-        let tls: Option<String> = session
-            .query("SHOW SESSION STATUS LIKE 'Ssl_version'", &self.display)
-            .await?
-            .first()
-            .and_then(|row| cell::<String>(row, 1))
-            .filter(|version| !version.is_empty());
+        let tls = self.session_tls(&mut session).await?;
         let ssl_mode = self.target.ssl_mode.as_str();
         let mut warnings = Vec::new();
         if !self.target.is_local() && tls.is_none() {
@@ -251,15 +237,8 @@ impl MysqlBackend {
                 "the connection is not encrypted (ssl-mode={ssl_mode})"
             ));
         }
-        let process = self.has_privilege(&mut session, "PROCESS").await;
-        if !process {
-            warnings.push(format!("{user} lacks the PROCESS privilege: 'dlock status' cannot count other users' waiters or show their client addresses"));
-        }
-        let kill = self.has_privilege(&mut session, "CONNECTION ADMIN").await
-            || self.has_privilege(&mut session, "SUPER").await;
-        if !kill {
-            warnings.push(format!("{user} has neither CONNECTION ADMIN nor SUPER: 'dlock release --force' can end only its own user's connections"));
-        }
+        self.warn_of_missing_privileges(&mut session, &user, &mut warnings)
+            .await;
         Ok(CheckReport {
             backend: "mysql".into(),
             location: self.display.clone(),
@@ -292,6 +271,77 @@ impl MysqlBackend {
                 ),
             ],
         })
+    }
+
+    /// What `check` asks the server about itself, in one statement.
+    async fn server_facts(&self, session: &mut Session) -> Result<ServerFacts, Error> {
+        let rows = session
+            .query(
+                "SELECT VERSION(), CURRENT_USER(), DATABASE(), @@global.read_only, \
+                 @@global.wait_timeout, CONNECTION_ID(), @@global.max_connections",
+                &self.display,
+            )
+            .await?;
+        let row = rows
+            .first()
+            .ok_or_else(|| Error::Internal("check: no row".into()))?;
+        Ok(ServerFacts {
+            version: cell(row, 0).unwrap_or_default(),
+            user: cell(row, 1).unwrap_or_default(),
+            database: cell(row, 2),
+            read_only: cell::<i64>(row, 3).unwrap_or(0) != 0,
+            wait_timeout: cell(row, 4).unwrap_or(0),
+            first_id: cell(row, 5).unwrap_or(0),
+            max_connections: cell(row, 6).unwrap_or(0),
+        })
+    }
+
+    /// The database that holds dlock's table; a read-only server, or a URL that names no
+    /// database, is refused.
+    fn lock_database(&self, read_only: bool, database: Option<String>) -> Result<String, Error> {
+        if read_only {
+            return Err(Error::Config(format!(
+                "{} is read-only (@@read_only = 1: a replica, or a server in read-only mode); locks must be taken on the primary",
+                self.display
+            )));
+        }
+        let Some(database) = database else {
+            return Err(Error::Config(format!(
+                "{}: no database selected; name the database for dlock's table in the URL (mysql://host/DATABASE)",
+                self.display
+            )));
+        };
+        Ok(database)
+    }
+
+    /// The TLS version the session uses (none for plaintext). What the session uses, not
+    /// what was asked for: PREFERRED goes on in plaintext when the server offers no TLS.
+    async fn session_tls(&self, session: &mut Session) -> Result<Option<String>, Error> {
+        Ok(session
+            .query("SHOW SESSION STATUS LIKE 'Ssl_version'", &self.display)
+            .await?
+            .first()
+            .and_then(|row| cell::<String>(row, 1))
+            .filter(|version| !version.is_empty()))
+    }
+
+    /// Warns of what `user` may not do: see other users' waiters (PROCESS), end other users'
+    /// connections (CONNECTION ADMIN or SUPER).
+    async fn warn_of_missing_privileges(
+        &self,
+        session: &mut Session,
+        user: &str,
+        warnings: &mut Vec<String>,
+    ) {
+        let process = self.has_privilege(session, "PROCESS").await;
+        if !process {
+            warnings.push(format!("{user} lacks the PROCESS privilege: 'dlock status' cannot count other users' waiters or show their client addresses"));
+        }
+        let kill = self.has_privilege(session, "CONNECTION ADMIN").await
+            || self.has_privilege(session, "SUPER").await;
+        if !kill {
+            warnings.push(format!("{user} has neither CONNECTION ADMIN nor SUPER: 'dlock release --force' can end only its own user's connections"));
+        }
     }
 
     /// Create the table if needed, prove we may write it (rolled back), and take a test lock

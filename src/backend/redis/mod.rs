@@ -71,6 +71,8 @@ pub mod sentinel;
 pub mod target;
 mod wait;
 
+use redis::Value;
+
 use crate::error::Error;
 use crate::lock::{
     AcquireRequest, Backend, Cancel, CheckReport, Holder, LockName, LockStatus, Wait,
@@ -143,24 +145,12 @@ impl Backend for RedisBackend {
                 Ok(answer) => answer,
                 Err(stop) => break stop,
             };
-            // Behind Sentinel, a grant or a place in line on a master that the sentinels no
-            // longer name counts for nothing: take the step again on the new one.
             let granted = matches!(Step::parse(&reply), Some(Step::Granted { .. }));
             if granted {
                 tracing::debug!(target: crate::logging::HANDOFF, "granted");
             }
-            match sentinel::follow(&mut conn, granted).await {
-                Ok(false) => {}
-                Ok(true) => {
-                    if granted {
-                        waiter.leave().await;
-                    }
-                    continue;
-                }
-                Err(error) => {
-                    waiter.leave().await;
-                    return Err(error);
-                }
+            if master_moved(&waiter, &mut conn, granted).await? {
+                continue;
             }
             let (hint, ahead, live) = match Step::parse(&reply) {
                 Some(Step::Granted {
@@ -186,20 +176,10 @@ impl Backend for RedisBackend {
                     waiter.saw(live, ahead);
                     (hint, ahead, live)
                 }
-                refused => {
-                    if ticket != 0 {
-                        waiter.leave().await;
-                    }
-                    return Err(waiter.refusal(refused, &reply));
-                }
+                refused => return Err(refused_step(&waiter, ticket, refused, &reply).await),
             };
             if request.wait == Wait::No {
-                let reason = waiter.busy_reason(&mut conn, live, ahead).await;
-                return Err(crate::wording::not_acquired(
-                    &request.name,
-                    &reason,
-                    request.wait,
-                ));
+                return Err(not_waiting(&waiter, &mut conn, request, live, ahead).await);
             }
             if let Err(stop) = waiter
                 .wait_turn(&mut conn, hint, live, ahead, &mut cancel)
@@ -208,15 +188,7 @@ impl Backend for RedisBackend {
                 break stop;
             }
         };
-        match stop {
-            Stop::Cancelled => {
-                // Closing the connection ends the server-side BLPOP.
-                drop(conn);
-                waiter.leave().await;
-                Err(Error::Cancelled)
-            }
-            Stop::Failed(error) => Err(error),
-        }
+        Err(stopped(&waiter, conn, stop).await)
     }
 
     async fn status(&self, name: &LockName) -> Result<LockStatus, Error> {
@@ -233,5 +205,64 @@ impl Backend for RedisBackend {
 
     async fn check(&self) -> Result<CheckReport, Error> {
         admin::check(self).await
+    }
+}
+
+/// Behind Sentinel, whether the master moved since the step: a grant or a place in line on
+/// a master that the sentinels no longer name counts for nothing, so the step is taken again
+/// on the new one (a grant on the old one given back first). When the sentinels cannot say,
+/// our token's entries are given back and the acquisition fails.
+async fn master_moved(waiter: &Waiter<'_>, conn: &mut Conn, granted: bool) -> Result<bool, Error> {
+    match sentinel::follow(conn, granted).await {
+        Ok(false) => Ok(false),
+        Ok(true) => {
+            if granted {
+                waiter.leave().await;
+            }
+            Ok(true)
+        }
+        Err(error) => {
+            waiter.leave().await;
+            Err(error)
+        }
+    }
+}
+
+/// The error of a step that `acquire.lua` refused, after our place in line (`ticket`, when we
+/// have one) is given back.
+async fn refused_step(
+    waiter: &Waiter<'_>,
+    ticket: i64,
+    step: Option<Step>,
+    reply: &[Value],
+) -> Error {
+    if ticket != 0 {
+        waiter.leave().await;
+    }
+    waiter.refusal(step, reply)
+}
+
+/// The refusal of `--no-wait` when the lock is held: who holds it, and how many wait.
+async fn not_waiting(
+    waiter: &Waiter<'_>,
+    conn: &mut Conn,
+    request: &AcquireRequest,
+    live: i64,
+    ahead: i64,
+) -> Error {
+    let reason = waiter.busy_reason(conn, live, ahead).await;
+    crate::wording::not_acquired(&request.name, &reason, request.wait)
+}
+
+/// The error an acquisition that stopped ends with; after a cancel, the connection is closed
+/// first (which ends the server-side BLPOP), then our place in line is given back.
+async fn stopped(waiter: &Waiter<'_>, conn: Conn, stop: Stop) -> Error {
+    match stop {
+        Stop::Cancelled => {
+            drop(conn);
+            waiter.leave().await;
+            Error::Cancelled
+        }
+        Stop::Failed(error) => error,
     }
 }

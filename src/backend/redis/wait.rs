@@ -12,12 +12,12 @@ use crate::keeper::Keeper;
 use crate::lock::{limit_mismatch, AcquireRequest, Cancel, Wait};
 use crate::wording::not_acquired;
 
-use super::conn::{Conn, OP_TIMEOUT};
+use super::conn::{Conn, Failure, OP_TIMEOUT};
 use super::keys::Keys;
 use super::lease::{RedisLease, Renewer};
 use super::scripts::{
-    bad_data, fence_exhausted, int_of, millis, release_call, tokens_at, wake_call, Released, Step,
-    ACQUIRE,
+    bad_data, fence_exhausted, int_of, millis, release_call, tokens_at, wake_call, Invocation,
+    Released, Step, ACQUIRE,
 };
 use super::sentinel::watch::SwitchWatch;
 use super::RedisBackend;
@@ -144,22 +144,7 @@ impl<'a> Waiter<'a> {
         ticket: i64,
         cancel: &mut Cancel,
     ) -> Result<(Vec<Value>, BootInstant), Stop> {
-        let keys = &self.keys;
-        let mut invocation = ACQUIRE.prepare_invoke();
-        invocation
-            .key(&keys.fence)
-            .key(&keys.owners)
-            .key(&keys.hold)
-            .key(&keys.queue)
-            .key(&keys.qdl)
-            .key(&keys.wake)
-            .arg(&self.tok)
-            .arg(self.request.limit)
-            .arg(&self.ttl_ms)
-            .arg(millis(WAITER_LEASE))
-            .arg(&self.meta)
-            .arg(self.mode)
-            .arg(ticket);
+        let invocation = self.acquire_invocation(ticket);
         let started = BootInstant::now();
         let mut attempt = 0;
         // Whether any attempt sent the script (one that never connected cannot have run).
@@ -178,11 +163,7 @@ impl<'a> Waiter<'a> {
                     // made after it, and a retry that finds its own hold (after a lost reply)
                     // is told the time that hold has left, counted from after it too.
                     let sent = conn.last_send.unwrap_or(started);
-                    // Waiters a purge let move up: wake them (not our own place in line).
-                    if reply.first().and_then(int_of) == Some(0) {
-                        let woken = tokens_at(&reply, 5);
-                        wake_call(conn, keys, &woken, self.budget()).await;
-                    }
+                    self.wake_moved_up(conn, &reply).await;
                     return Ok((reply, sent));
                 }
                 // A cluster that is moving the lock's slot answers "not now" for as long as
@@ -197,16 +178,7 @@ impl<'a> Waiter<'a> {
                     attempt = 0;
                     tokio::time::sleep(SETTLE_RETRY_PAUSE).await;
                 }
-                // The script is idempotent for our token: after a lost reply, ask again. A
-                // connection that got no answer at all within the call's time (a TLS
-                // handshake with a server that does not speak TLS) is not asked again: that
-                // is no lost reply, and another try would take as long.
-                Err(failure)
-                    if failure.is_transient()
-                        && attempt < ACQUIRE_ATTEMPTS
-                        && !passed(self.answer_by)
-                        && (conn.last_send.is_some() || !failure.is_timeout()) =>
-                {
+                Err(failure) if self.may_retry(&failure, attempt, conn) => {
                     tracing::debug!(
                         "acquire attempt {attempt} failed: {}; retrying",
                         failure.describe()
@@ -216,35 +188,7 @@ impl<'a> Waiter<'a> {
                     tokio::time::sleep(Duration::from_millis(50 * u64::from(attempt))).await;
                 }
                 Err(failure) => {
-                    let error = if failure.is_timeout() && passed(self.answer_by) && ticket != 0 {
-                        // The server answered all along the wait: only the last check at the
-                        // deadline was late. Not acquired, for the reason it last gave.
-                        let (live, ahead) = self.last.get();
-                        not_acquired(
-                            &self.request.name,
-                            &self.reason(live, ahead, ""),
-                            self.request.wait,
-                        )
-                    } else if failure.is_timeout() && !sent_any && conn.setup.tls() {
-                        // A plain-text server waits for a command and never answers the
-                        // handshake: say so, whenever the wait ends.
-                        let plain = if self.backend.display.starts_with("rediss-sentinel:") {
-                            "use redis-sentinel:// for servers without TLS"
-                        } else {
-                            "use redis:// for a server without TLS"
-                        };
-                        Error::Unavailable(crate::wording::no_tls_handshake(
-                            &self.backend.display,
-                            plain,
-                        ))
-                    } else if failure.is_timeout() && passed(self.answer_by) {
-                        Error::Unavailable(format!(
-                            "no answer from {} within {}",
-                            self.backend.display, self.within
-                        ))
-                    } else {
-                        failure.into_error(&self.backend.display)
-                    };
+                    let error = self.call_error(failure, conn, sent_any, ticket);
                     // The script may have run without us seeing the reply: take back
                     // whatever it created for our token (a place in line or a grant).
                     if (failure_may_have_run(&error) && sent_any) || ticket != 0 {
@@ -253,6 +197,81 @@ impl<'a> Waiter<'a> {
                     return Err(Stop::Failed(error));
                 }
             }
+        }
+    }
+
+    /// Wakes the waiters that a purge in `reply` let move up (not our own place in line).
+    async fn wake_moved_up(&self, conn: &mut Conn, reply: &[Value]) {
+        if reply.first().and_then(int_of) == Some(0) {
+            let woken = tokens_at(reply, 5);
+            wake_call(conn, &self.keys, &woken, self.budget()).await;
+        }
+    }
+
+    /// The `acquire.lua` call for our token, keys and settings, at our place in line
+    /// `ticket`.
+    fn acquire_invocation(&self, ticket: i64) -> Invocation<'static> {
+        let keys = &self.keys;
+        let mut invocation = ACQUIRE.prepare_invoke();
+        invocation
+            .key(&keys.fence)
+            .key(&keys.owners)
+            .key(&keys.hold)
+            .key(&keys.queue)
+            .key(&keys.qdl)
+            .key(&keys.wake)
+            .arg(&self.tok)
+            .arg(self.request.limit)
+            .arg(&self.ttl_ms)
+            .arg(millis(WAITER_LEASE))
+            .arg(&self.meta)
+            .arg(self.mode)
+            .arg(ticket);
+        invocation
+    }
+
+    /// Whether to ask again after `failure` on attempt `attempt`. The script is idempotent
+    /// for our token: after a lost reply, ask again. A connection that got no answer at all
+    /// within the call's time (a TLS handshake with a server that does not speak TLS) is
+    /// not asked again: that is no lost reply, and another try would take as long.
+    fn may_retry(&self, failure: &Failure, attempt: u32, conn: &Conn) -> bool {
+        failure.is_transient()
+            && attempt < ACQUIRE_ATTEMPTS
+            && !passed(self.answer_by)
+            && (conn.last_send.is_some() || !failure.is_timeout())
+    }
+
+    /// The error an acquire call that failed for good ends the acquisition with (`sent_any`:
+    /// whether any attempt sent the script).
+    fn call_error(&self, failure: Failure, conn: &Conn, sent_any: bool, ticket: i64) -> Error {
+        if failure.is_timeout() && passed(self.answer_by) && ticket != 0 {
+            // The server answered all along the wait: only the last check at the
+            // deadline was late. Not acquired, for the reason it last gave.
+            let (live, ahead) = self.last.get();
+            not_acquired(
+                &self.request.name,
+                &self.reason(live, ahead, ""),
+                self.request.wait,
+            )
+        } else if failure.is_timeout() && !sent_any && conn.setup.tls() {
+            // A plain-text server waits for a command and never answers the
+            // handshake: say so, whenever the wait ends.
+            let plain = if self.backend.display.starts_with("rediss-sentinel:") {
+                "use redis-sentinel:// for servers without TLS"
+            } else {
+                "use redis:// for a server without TLS"
+            };
+            Error::Unavailable(crate::wording::no_tls_handshake(
+                &self.backend.display,
+                plain,
+            ))
+        } else if failure.is_timeout() && passed(self.answer_by) {
+            Error::Unavailable(format!(
+                "no answer from {} within {}",
+                self.backend.display, self.within
+            ))
+        } else {
+            failure.into_error(&self.backend.display)
         }
     }
 

@@ -5,7 +5,7 @@
 use crate::lock::CheckReport;
 
 use super::super::conn::{Conn, OP_TIMEOUT};
-use super::{Answer, ASK_TIMEOUT};
+use super::{Answer, Locator, Round, ASK_TIMEOUT};
 
 /// Add the Sentinel details to `report` (nothing when `conn` is not behind Sentinel).
 pub(in crate::backend::redis) async fn report(conn: &mut Conn, report: &mut CheckReport) {
@@ -14,6 +14,17 @@ pub(in crate::backend::redis) async fn report(conn: &mut Conn, report: &mut Chec
     };
     report.backend = "redis-sentinel".into();
     let round = locator.ask(ASK_TIMEOUT, false).await;
+    let answered = report_answers(&round, locator, report);
+    report_quorum(&round, answered, report);
+    report_master(&round, locator, answered, report);
+    let wanted = locator.replicas;
+    report_wanted_replicas(locator, report);
+    report_connected_replicas(conn, wanted, report).await;
+}
+
+/// Reports how many sentinels answered and the group they know, warning of each sentinel
+/// that did not answer or does not monitor the master; returns how many named a master.
+fn report_answers(round: &Round, locator: &Locator, report: &mut CheckReport) -> usize {
     let answers = &round.answers;
     let listed = round.listed;
     let answered = answers
@@ -44,8 +55,15 @@ pub(in crate::backend::redis) async fn report(conn: &mut Conn, report: &mut Chec
             Answer::Master { .. } => {}
         }
     }
+    answered
+}
+
+/// Reports the quorum the first answering sentinel gives, warning when fewer sentinels than
+/// that answered.
+fn report_quorum(round: &Round, answered: usize, report: &mut CheckReport) {
+    let listed = round.listed;
     let field = |name: &str| {
-        answers.iter().find_map(|a| match a {
+        round.answers.iter().find_map(|a| match a {
             Answer::Master { fields, .. } => fields
                 .iter()
                 .find(|(k, _)| k == name)
@@ -63,6 +81,11 @@ pub(in crate::backend::redis) async fn report(conn: &mut Conn, report: &mut Chec
             ));
         }
     }
+}
+
+/// Reports the master a majority of the sentinels names, with its config epoch; warns when
+/// sentinels answered but no majority names one.
+fn report_master(round: &Round, locator: &Locator, answered: usize, report: &mut CheckReport) {
     match round.agreed(&locator.master, &locator.display) {
         Ok(((host, port), epoch)) => report.details.push((
             "master".into(),
@@ -78,6 +101,10 @@ pub(in crate::backend::redis) async fn report(conn: &mut Conn, report: &mut Chec
         )),
         Err(_) => {}
     }
+}
+
+/// Reports how many replicas must acknowledge each hold (`?replicas=N`), when any must.
+fn report_wanted_replicas(locator: &Locator, report: &mut CheckReport) {
     let wanted = locator.replicas;
     if wanted > 0 {
         report.details.push((
@@ -90,6 +117,11 @@ pub(in crate::backend::redis) async fn report(conn: &mut Conn, report: &mut Chec
             ),
         ));
     }
+}
+
+/// Reports the master's connected replicas, warning when there are none, when they cannot
+/// be read, or when fewer are connected than the `wanted` acknowledgements.
+async fn report_connected_replicas(conn: &mut Conn, wanted: u32, report: &mut CheckReport) {
     let replicas = replicas_of(conn).await;
     match &replicas {
         Some(replicas) if replicas.is_empty() => report
