@@ -6,29 +6,15 @@
 //! [`shared_contract_tests!`](crate::shared_contract_tests) expands them for one backend;
 //! `offered_or_refused_as_the_registry_says` is in every backend's `contract_tests!`.
 
-use std::process::{Child, Stdio};
+use std::process::Child;
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
 
 use crate::support::*;
 
-/// `dlock ARGS` in the background, stderr kept for the failure message.
-fn spawn(env: &TestEnv, args: &[&str]) -> Child {
-    env.dlock(args)
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn dlock")
-}
-
 fn finish(child: &mut Child) -> i32 {
     wait_within(child, PATIENCE).code().unwrap_or(-1)
-}
-
-/// The `--json` status of `name`.
-fn status_json(env: &TestEnv, name: &str) -> serde_json::Value {
-    let out = env.run(["status", "--json", name]);
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|_| panic!("{}", describe(&out)))
 }
 
 /// A shell loop that waits (bounded) until `count` files match `pattern`, else exits 9.
@@ -76,7 +62,7 @@ pub fn many_shared_holders_hold_at_once(server: &dyn LockServer) {
     let mut readers: Vec<Child> = (0..4)
         .map(|i| {
             let script = format!("touch in-{i}; {barrier}; echo \"$DLOCK_SHARED\" > seen-{i}");
-            spawn(&env, &["run", "--shared", &lock, "sh", "-c", &script])
+            env.spawn(&["run", "--shared", &lock, "sh", "-c", &script])
         })
         .collect();
     for (i, reader) in readers.iter_mut().enumerate() {
@@ -94,10 +80,7 @@ pub fn an_exclusive_run_waits_for_readers_and_excludes_them(server: &dyn LockSer
     let env = TestEnv::new(server);
     let lock = lock_name("data");
     let reader = env.hold(&lock, &["--shared"]);
-    let mut writer = spawn(
-        &env,
-        &["run", &lock, "sh", "-c", "touch writing; exec sleep 1000"],
-    );
+    let mut writer = env.spawn(&["run", &lock, "sh", "-c", "touch writing; exec sleep 1000"]);
     wait_until("the writer waits", PATIENCE, || env.waiters(&lock) >= 1);
     assert!(
         !env.path("writing").exists(),
@@ -120,12 +103,12 @@ pub fn a_writer_behind_readers_is_granted_once_they_all_leave(server: &dyn LockS
     let lock = lock_name("data");
     let first = env.hold(&lock, &["--shared"]);
     let second = env.hold(&lock, &["--shared"]);
-    let mut writer = spawn(&env, &["run", &lock, "touch", "written"]);
+    let mut writer = env.spawn(&["run", &lock, "touch", "written"]);
     wait_until("the writer waits", PATIENCE, || env.waiters(&lock) >= 1);
     drop(first);
     // The remaining reader is still listed, and the writer still waits behind it.
     wait_until("one reader left", PATIENCE, || {
-        status_json(&env, &lock)["holders"]
+        env.status_json(&lock)["holders"]
             .as_array()
             .is_some_and(|h| h.len() == 1)
     });
@@ -145,21 +128,18 @@ pub fn a_reader_behind_a_waiting_writer_waits_for_it(server: &dyn LockServer) {
     let env = TestEnv::new(server);
     let lock = lock_name("data");
     let first = env.hold(&lock, &["--shared"]);
-    let mut writer = spawn(&env, &["run", &lock, "touch", "writer-done"]);
+    let mut writer = env.spawn(&["run", &lock, "touch", "writer-done"]);
     wait_until("the writer waits", PATIENCE, || env.waiters(&lock) >= 1);
     let out = env.run(["run", "--shared", "--no-wait", &lock, "true"]);
     assert_fails(&out, 75, "is held");
-    let mut late = spawn(
-        &env,
-        &[
-            "run",
-            "--shared",
-            &lock,
-            "sh",
-            "-c",
-            "if [ -e writer-done ]; then echo after > late; else echo before > late; fi",
-        ],
-    );
+    let mut late = env.spawn(&[
+        "run",
+        "--shared",
+        &lock,
+        "sh",
+        "-c",
+        "if [ -e writer-done ]; then echo after > late; else echo before > late; fi",
+    ]);
     wait_until("the late reader waits", PATIENCE, || {
         env.waiters(&lock) >= 2
     });
@@ -196,7 +176,7 @@ pub fn tokens_increase_across_shared_and_exclusive_holds(server: &dyn LockServer
     let w1 = env.token(&lock);
     let r1 = shared_token();
     let holder = env.hold(&lock, &["--shared"]);
-    let held = status_json(&env, &lock)["holders"][0]["token"]
+    let held = env.status_json(&lock)["holders"][0]["token"]
         .as_u64()
         .expect("holder token");
     let r2 = shared_token();
@@ -239,7 +219,7 @@ pub fn status_and_list_show_the_mode_and_every_holder(server: &dyn LockServer) {
     let lock = lock_name("data");
     let a = env.hold(&lock, &["--shared"]);
     let b = env.hold(&lock, &["--shared"]);
-    let status = status_json(&env, &lock);
+    let status = env.status_json(&lock);
     let holders = status["holders"].as_array().expect("holders");
     assert_eq!(holders.len(), 2, "{status}");
     for holding in [&a, &b] {
@@ -267,7 +247,7 @@ pub fn status_and_list_show_the_mode_and_every_holder(server: &dyn LockServer) {
     drop((a, b));
     wait_until("the readers are gone", PATIENCE, || env.is_free(&lock));
     let _w = env.hold(&lock, &[]);
-    let status = status_json(&env, &lock);
+    let status = env.status_json(&lock);
     assert_eq!(status["holders"][0]["mode"], "exclusive", "{status}");
     let text = stdout_of(&env.run(["status", &lock]));
     assert!(text.contains("mode:       exclusive"), "{text}");
@@ -324,7 +304,7 @@ pub fn a_waiting_shared_run_keeps_to_wait_and_signals(server: &dyn LockServer) {
     let out = env.run(["run", "--shared", "--wait", "1s", &lock, "touch", "ran"]);
     assert_fails(&out, 75, "is held");
     assert!(started.elapsed() < Duration::from_secs(1) + PAST_WAIT);
-    let mut reader = spawn(&env, &["run", "--shared", &lock, "touch", "ran"]);
+    let mut reader = env.spawn(&["run", "--shared", &lock, "touch", "ran"]);
     wait_until("the reader waits", PATIENCE, || env.waiters(&lock) >= 1);
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(reader.id() as i32),
@@ -346,12 +326,9 @@ pub fn a_waiting_shared_run_keeps_to_wait_and_signals(server: &dyn LockServer) {
 pub fn min_hold_keeps_a_shared_hold_and_status_says_so(server: &dyn LockServer) {
     let env = TestEnv::new(server);
     let lock = lock_name("data");
-    let mut reader = spawn(
-        &env,
-        &["run", "--shared", "--min-hold", "1h", &lock, "true"],
-    );
+    let mut reader = env.spawn(&["run", "--shared", "--min-hold", "1h", &lock, "true"]);
     wait_until("the command has finished", PATIENCE, || {
-        status_json(&env, &lock)["holders"][0]["kept_until"].is_string()
+        env.status_json(&lock)["holders"][0]["kept_until"].is_string()
     });
     let out = env.run(["run", "--no-wait", &lock, "true"]);
     assert_fails(&out, 75, "is held");
@@ -368,7 +345,7 @@ pub fn a_killed_reader_frees_its_share(server: &dyn LockServer) {
     let env = TestEnv::new(server);
     let lock = lock_name("data");
     let mut killed = env.hold(&lock, &["--shared"]);
-    let mut writer = spawn(&env, &["run", &lock, "touch", "written"]);
+    let mut writer = env.spawn(&["run", &lock, "touch", "written"]);
     wait_until("the writer waits", PATIENCE, || env.waiters(&lock) >= 1);
     killed.signal(Signal::SIGKILL);
     killed.wait();

@@ -115,6 +115,21 @@ impl TestEnv {
         holding
     }
 
+    /// `dlock ARGS` in the background, its stderr kept for a failure message
+    /// ([`stderr_left`]).
+    pub fn spawn(&self, args: &[&str]) -> Child {
+        self.dlock(args)
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn dlock")
+    }
+
+    /// `status --json NAME`, parsed.
+    pub fn status_json(&self, name: &str) -> serde_json::Value {
+        let out = self.run(["status", "--json", name]);
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|_| panic!("{}", describe(&out)))
+    }
+
     /// Number of waiters `status` reports for `name` (0 when unknown).
     pub fn waiters(&self, name: &str) -> u64 {
         let out = self.run(["status", "--json", name]);

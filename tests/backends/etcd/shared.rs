@@ -13,14 +13,6 @@ use crate::support::*;
 
 use super::keys;
 
-/// `dlock run ARGS` in the background, stderr kept for the failure message.
-fn spawn(env: &TestEnv, args: &[&str]) -> Child {
-    env.dlock(args)
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn dlock")
-}
-
 /// A run of `name` (with `extra`) whose command writes its token to `file` and sleeps;
 /// `file` has a whole line once the command holds.
 fn spawn_holder(env: &TestEnv, name: &str, extra: &[&str], file: &str) -> Child {
@@ -31,7 +23,7 @@ fn spawn_holder(env: &TestEnv, name: &str, extra: &[&str], file: &str) -> Child 
     let mut args = vec!["run"];
     args.extend(extra);
     args.extend([name, "sh", "-c", &script]);
-    spawn(env, &args)
+    env.spawn(&args)
 }
 
 /// The token the command of [`spawn_holder`] wrote to `file`, once it holds.
@@ -42,14 +34,9 @@ fn token_in(env: &TestEnv, file: &str) -> Option<u64> {
         .and_then(|s| s.trim().parse().ok())
 }
 
-fn status_json(env: &TestEnv, name: &str) -> serde_json::Value {
-    let out = env.run(["status", "--json", name]);
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|_| panic!("{}", describe(&out)))
-}
-
 /// The modes of `name`'s holders, as `status --json` lists them.
 fn holder_modes(env: &TestEnv, name: &str) -> Vec<String> {
-    let status = status_json(env, name);
+    let status = env.status_json(name);
     status["holders"]
         .as_array()
         .map(|holders| {
@@ -188,7 +175,7 @@ fn a_late_reader_queues_behind_a_waiting_writer() {
     wait_until("the late reader waits", PATIENCE, || {
         env.waiters(&lock) == 2
     });
-    let status = status_json(&env, &lock);
+    let status = env.status_json(&lock);
     let queue: Vec<&str> = status["queue"]
         .as_array()
         .expect("the queue")

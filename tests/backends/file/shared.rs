@@ -5,12 +5,6 @@ use std::process::Command;
 
 use crate::support::*;
 
-/// The `--json` status of `name`.
-fn status_json(env: &TestEnv, name: &str) -> serde_json::Value {
-    let out = env.run(["status", "--json", name]);
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|_| panic!("{}", describe(&out)))
-}
-
 /// The setting comes from DLOCK_SHARED and the config file too; `DLOCK_SHARED=0` beats the
 /// config file.
 #[test]
@@ -57,7 +51,7 @@ fn flock_s_shares_and_flock_x_excludes() {
     let out = env.run(["run", "--no-wait", "data", "true"]);
     assert_fails(&out, 75, "is held");
     // /proc/locks names the flock(1) that took the lock (it has exited; its shell holds it).
-    let status = status_json(&env, "data");
+    let status = env.status_json("data");
     assert_eq!(
         status["holders"].as_array().map(Vec::len),
         Some(1),
@@ -111,6 +105,6 @@ fn a_killed_readers_record_is_removed_by_the_next_reader_to_leave() {
         record(live.pid()).exists(),
         "a live reader's record was removed"
     );
-    let status = status_json(&env, "data");
+    let status = env.status_json("data");
     assert_eq!(status["holders"][0]["pid"], live.pid(), "{status}");
 }

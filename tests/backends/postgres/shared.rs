@@ -13,14 +13,6 @@ use crate::support::*;
 
 use super::sql::KEY_SQL;
 
-/// `dlock ARGS` in the background, stderr kept for the failure message.
-fn spawn(env: &TestEnv, args: &[&str]) -> Child {
-    env.dlock(args)
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn dlock")
-}
-
 fn finish(child: &mut Child) -> i32 {
     wait_within(child, PATIENCE).code().unwrap_or(-1)
 }
@@ -86,21 +78,18 @@ fn stoppable_reader(env: &TestEnv, url: &str, name: &str, tag: &str) -> Child {
         log = log.display(),
         ready = ready.display()
     );
-    let reader = spawn(
-        env,
-        &[
-            "run",
-            "--shared",
-            "--url",
-            url,
-            "--kill-after",
-            "5s",
-            name,
-            "sh",
-            "-c",
-            &script,
-        ],
-    );
+    let reader = env.spawn(&[
+        "run",
+        "--shared",
+        "--url",
+        url,
+        "--kill-after",
+        "5s",
+        name,
+        "sh",
+        "-c",
+        &script,
+    ]);
     wait_until("reader ready", PATIENCE, || ready.exists());
     reader
 }
@@ -109,7 +98,7 @@ fn stoppable_reader(env: &TestEnv, url: &str, name: &str, tag: &str) -> Child {
 fn logging_writer(env: &TestEnv, name: &str) -> Child {
     let log = env.path("log");
     let script = format!("echo writer-started >> {}", log.display());
-    spawn(env, &["run", name, "sh", "-c", &script])
+    env.spawn(&["run", name, "sh", "-c", &script])
 }
 
 fn log_of(env: &TestEnv) -> String {
@@ -225,9 +214,9 @@ fn readers_queued_behind_a_writer_that_gives_up_or_dies_get_in() {
     let env = TestEnv::new(&server);
     let lock = lock_name("pg-shared");
     let _first = env.hold(&lock, &["--shared"]);
-    let mut writer = spawn(&env, &["run", "--wait", "5s", &lock, "touch", "wrote"]);
+    let mut writer = env.spawn(&["run", "--wait", "5s", &lock, "touch", "wrote"]);
     wait_until("the writer waits", PATIENCE, || env.waiters(&lock) == 1);
-    let mut late = spawn(&env, &["run", "--shared", &lock, "touch", "late-ran"]);
+    let mut late = env.spawn(&["run", "--shared", &lock, "touch", "late-ran"]);
     wait_until("the late reader waits", PATIENCE, || {
         env.waiters(&lock) == 2
     });
@@ -235,9 +224,9 @@ fn readers_queued_behind_a_writer_that_gives_up_or_dies_get_in() {
     assert_eq!(finish(&mut late), 0, "{}", stderr_left(&mut late));
     assert!(env.path("late-ran").exists() && !env.path("wrote").exists());
 
-    let mut writer = spawn(&env, &["run", &lock, "touch", "wrote"]);
+    let mut writer = env.spawn(&["run", &lock, "touch", "wrote"]);
     wait_until("the writer waits", PATIENCE, || env.waiters(&lock) == 1);
-    let mut late = spawn(&env, &["run", "--shared", &lock, "touch", "late-ran-2"]);
+    let mut late = env.spawn(&["run", "--shared", &lock, "touch", "late-ran-2"]);
     wait_until("the late reader waits", PATIENCE, || {
         env.waiters(&lock) == 2
     });
@@ -258,7 +247,7 @@ fn a_killed_reader_frees_its_share_at_once() {
     let lock = lock_name("pg-shared");
     let first = env.hold(&lock, &["--shared"]);
     let second = env.hold(&lock, &["--shared"]);
-    let mut writer = spawn(&env, &["run", &lock, "touch", "writer-ran"]);
+    let mut writer = env.spawn(&["run", &lock, "touch", "writer-ran"]);
     wait_until("the writer waits", PATIENCE, || env.waiters(&lock) == 1);
     drop(first);
     wait_until("one reader left", PATIENCE, || {
@@ -305,16 +294,13 @@ fn a_writer_waiting_behind_readers_is_granted_once_they_all_leave() {
         tokens.windows(2).all(|w| w[0] < w[1]),
         "readers' tokens: {tokens:?}"
     );
-    let mut writer = spawn(
-        &env,
-        &[
-            "run",
-            &lock,
-            "sh",
-            "-c",
-            "echo $DLOCK_FENCING_TOKEN > writer-token",
-        ],
-    );
+    let mut writer = env.spawn(&[
+        "run",
+        &lock,
+        "sh",
+        "-c",
+        "echo $DLOCK_FENCING_TOKEN > writer-token",
+    ]);
     wait_until("the writer waits", PATIENCE, || env.waiters(&lock) == 1);
     for reader in readers.iter_mut().take(2) {
         reader.signal(Signal::SIGTERM);
@@ -394,7 +380,7 @@ fn every_reader_and_its_mode_show_without_their_metadata() {
     let a = env.hold(&lock, &["--shared"]);
     let b = env.hold(&lock, &["--shared"]);
     let _exclusive = env.hold(&other, &[]);
-    let mut writer = spawn(&env, &["run", &lock, "true"]);
+    let mut writer = env.spawn(&["run", &lock, "true"]);
     wait_until("the writer waits", PATIENCE, || env.waiters(&lock) == 1);
     let app = server.url_as("app", Some(APP_PASSWORD));
     let status = status_json(&env, &lock, &["--url", &app]);
@@ -487,7 +473,7 @@ fn a_cancelled_reader_leaves_nothing_behind() {
     assert_fails(&out, 75, "is held");
     assert_eq!(server.pending_requests(), 0, "--wait expiry left a request");
     assert_eq!(server.granted_advisory_locks(), held, "a share stayed held");
-    let mut reader = spawn(&env, &["run", "--shared", &lock, "touch", "ran"]);
+    let mut reader = env.spawn(&["run", "--shared", &lock, "touch", "ran"]);
     wait_until("the reader waits", PATIENCE, || {
         server.pending_requests() == 1
     });

@@ -88,14 +88,9 @@ impl Drop for Run {
     }
 }
 
-fn status_json(env: &TestEnv, name: &str) -> serde_json::Value {
-    let out = env.run(["status", "--json", name]);
-    serde_json::from_slice(&out.stdout).unwrap_or_else(|_| panic!("{}", describe(&out)))
-}
-
 /// (holders, waiters) as `status` counts them.
 fn counts(env: &TestEnv, name: &str) -> (usize, u64) {
-    let status = status_json(env, name);
+    let status = env.status_json(name);
     (
         status["holders"].as_array().map_or(0, Vec::len),
         status["waiters"].as_u64().unwrap_or(0),
@@ -188,7 +183,7 @@ fn a_writer_waiting_behind_readers_is_granted_once_they_all_leave() {
         tokens[0] < tokens[2] && tokens[1] < tokens[2],
         "tokens {tokens:?}"
     );
-    let status = status_json(&env, &lock);
+    let status = env.status_json(&lock);
     assert_eq!(status["holders"][0]["mode"], "exclusive", "{status}");
     assert_eq!(writer.stop(), Some(143));
 }
@@ -265,7 +260,7 @@ fn release_force_frees_every_reader() {
     wait_until("the writer waits", PATIENCE, || {
         counts(&env, &lock) == (3, 1)
     });
-    let status = status_json(&env, &lock);
+    let status = env.status_json(&lock);
     let holders = status["holders"].as_array().expect("holders");
     assert!(holders.iter().all(|h| h["mode"] == "shared"), "{status}");
     let out = env.run(["release", "--force", &lock]);
@@ -298,7 +293,7 @@ fn dlock_shared_and_a_curator_read_lock_hold_together() {
     let out = env.run(["run", "--no-wait", &lock, "true"]);
     assert_fails(&out, 75, "is held");
     let mut reader = Run::holding(&env, &lock, &["--shared"]);
-    let status = status_json(&env, &lock);
+    let status = env.status_json(&lock);
     let modes: Vec<&str> = status["holders"]
         .as_array()
         .expect("holders")
