@@ -7,7 +7,6 @@
 //! raced against signals and the `--wait` backstop; then the command, with the lease's loss
 //! and forwarded signals watched by the supervisor; then release, bounded in time.
 
-use std::ffi::OsString;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -15,16 +14,20 @@ use anyhow::Context;
 use crate::cli::OnLost;
 use crate::error::Error;
 use crate::exit::{self, Outcome};
-use crate::lock::{self, AcquireRequest, Backend, Holder, Lease, LockName, Lost, Mode, Wait};
-use crate::secrets::{Handoff, CREDENTIALS_FD};
+use crate::lock::{self, AcquireRequest, Backend, Holder, Lease, LockName, Wait};
+use crate::secrets::Handoff;
 use crate::settings::RunSettings;
 use crate::signals::{self, Signals};
 use crate::{clock, logging, reentry, supervise};
 
+mod environment;
 mod min_hold;
 mod record;
+mod reentrant;
 
+use self::environment::{child_environment, ChildEnv};
 pub(crate) use self::record::refused;
+use self::reentrant::{reenter, Reentrant, Reentry};
 mod waiting;
 
 /// How long after a backend's own deadline ([`Backend::wait_overrun`]) the `--wait`
@@ -150,58 +153,6 @@ async fn acquire_and_run<B: Backend>(
         track,
     )
     .await
-}
-
-/// Whether an ancestor's hold of the lock is this run's to re-enter.
-enum Reentry {
-    /// An ancestor provably holds it in a mode this run may share: run at once.
-    Held,
-    /// Acquire as usual.
-    Acquire,
-}
-
-/// An ancestor named in `DLOCK_HELD` that the backend shows holding the lock lets the
-/// command run at once, unless this run is exclusive and the ancestor's hold is shared
-/// (refused: never an upgrade). Anything unproven means acquiring.
-async fn reenter<B: Backend>(
-    backend: &B,
-    settings: &RunSettings,
-    inherited_held: &str,
-    identity: &str,
-    track: &mut record::Track,
-) -> Result<Reentry, Error> {
-    let lock_key = reentry::lock_key(identity, &settings.name);
-    let Some(entry) = reentry::ancestor_entry(inherited_held, &lock_key) else {
-        return Ok(Reentry::Acquire);
-    };
-    match ancestor_holds(backend, &settings.name, &entry).await {
-        Some(Mode::Shared) if settings.mode == Mode::Exclusive => {
-            // Re-entering would run an exclusive command beside the other shared holders.
-            track.gave_up();
-            Err(Error::Usage(format!(
-                "'{}' is held shared by dlock pid {}, an ancestor; a nested exclusive run \
-                 would have to upgrade that hold, which dlock does not do: run the outer dlock \
-                 without --shared, or this one with --shared",
-                settings.name, entry.pid
-            )))
-        }
-        Some(_) => {
-            tracing::info!(
-                "'{}' is held by dlock pid {}, an ancestor; running the command at once",
-                settings.name,
-                entry.pid
-            );
-            Ok(Reentry::Held)
-        }
-        None => {
-            tracing::info!(
-                "DLOCK_HELD names pid {} as the holder of '{}', but the backend does not show it holding; acquiring",
-                entry.pid,
-                settings.name
-            );
-            Ok(Reentry::Acquire)
-        }
-    }
 }
 
 /// What this run asks the backend for, with the metadata it records.
@@ -510,110 +461,12 @@ async fn release<L: Lease>(lease: L, settings: &RunSettings) {
     }
 }
 
-/// What dlock changes in the command's environment.
-struct ChildEnv {
-    /// Variables set, or removed (`None`).
-    vars: Vec<(OsString, Option<OsString>)>,
-    /// The credentials taken out of the environment, for nested dlocks ([`Handoff`]).
-    handoff: Option<Handoff>,
-}
-
-/// The environment changes for the command (docs/guide.md: "What the command sees"): the lock's
-/// variables in, consumed credentials out, and handed on to nested dlocks through an
-/// inherited descriptor instead.
-fn child_environment(settings: &RunSettings) -> ChildEnv {
-    let mut env: Vec<(OsString, Option<OsString>)> = vec![
-        ("DLOCK_NAME".into(), Some(settings.name.as_str().into())),
-        (
-            "DLOCK_BACKEND".into(),
-            Some(settings.common.scheme().into()),
-        ),
-        // Also the setting of a nested dlock, which so takes the same mode by default: a
-        // nested run of the same name re-enters.
-        (
-            "DLOCK_SHARED".into(),
-            Some(if settings.mode.is_shared() { "1" } else { "0" }.into()),
-        ),
-    ];
-    let mut hidden = Vec::new();
-    for (key, value) in std::env::vars_os() {
-        let upper = key.to_string_lossy().to_ascii_uppercase();
-        if upper.starts_with("DLOCK_") && upper.contains("PASSWORD") {
-            env.push((key.clone(), None));
-            hidden.push((key, value));
-        }
-    }
-    if let Some(url) = std::env::var_os("DLOCK_URL") {
-        let redacted = crate::secrets::redact_url(&url.to_string_lossy());
-        if redacted != url.to_string_lossy() {
-            env.push(("DLOCK_URL".into(), Some(redacted.into())));
-            hidden.push(("DLOCK_URL".into(), url));
-        }
-    }
-    let handoff = Handoff::new(&hidden).unwrap_or_else(|err| {
-        tracing::info!("cannot hand the credentials on to nested dlocks: {err}");
-        None
-    });
-    if let Some(handoff) = &handoff {
-        env.push((
-            CREDENTIALS_FD.into(),
-            Some(handoff.raw_fd().to_string().into()),
-        ));
-    }
-    ChildEnv { vars: env, handoff }
-}
-
 /// Who holds `name` now, for the record of a run that did not get it (`None` when the
 /// backend cannot say within a moment, or the lock was freed since).
 async fn holder_now<B: Backend>(backend: &B, name: &LockName) -> Option<Holder> {
     match tokio::time::timeout(Duration::from_secs(2), backend.status(name)).await {
         Ok(Ok(status)) => status.holders.into_iter().next().map(|h| h.holder),
         _ => None,
-    }
-}
-
-/// How the backend shows `entry`'s process (an ancestor of ours) holding `name` with the
-/// entry's token, on this host (see [`reentry`]); `None` when it does not. Any doubt means
-/// `None`.
-async fn ancestor_holds<B: Backend>(
-    backend: &B,
-    name: &LockName,
-    entry: &reentry::Entry,
-) -> Option<Mode> {
-    let host = nix::unistd::gethostname()
-        .ok()
-        .and_then(|h| h.into_string().ok())
-        .unwrap_or_default();
-    match tokio::time::timeout(Duration::from_secs(10), backend.status(name)).await {
-        Ok(Ok(status)) => status
-            .holders
-            .iter()
-            .find(|h| {
-                h.holder.pid == entry.pid && h.holder.token == entry.token && h.holder.host == host
-            })
-            .map(|h| h.holder.mode),
-        Ok(Err(err)) => {
-            tracing::info!("cannot confirm the ancestor's hold of '{name}': {err}");
-            None
-        }
-        Err(_) => None,
-    }
-}
-
-/// The lease of a reentrant run: the ancestor holds the lock, so there is nothing to lose here.
-struct Reentrant;
-
-impl Lease for Reentrant {
-    fn token(&self) -> u64 {
-        0
-    }
-
-    async fn lost(&mut self) -> Lost {
-        std::future::pending().await
-    }
-
-    async fn release(self) -> Result<(), Error> {
-        Ok(())
     }
 }
 

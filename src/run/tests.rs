@@ -2,6 +2,7 @@
 //! signal while waiting, the `--wait` backstop, and reentrancy.
 
 use std::cell::RefCell;
+use std::ffi::OsString;
 use std::path::PathBuf;
 use std::rc::Rc;
 use std::sync::Mutex;
@@ -9,7 +10,7 @@ use std::sync::Mutex;
 use super::*;
 use crate::backend::{FileTarget, Target};
 use crate::exit::{Code, Outcome};
-use crate::lock::{Cancel, CheckReport, HolderStatus, LockStatus};
+use crate::lock::{Cancel, CheckReport, HolderStatus, LockStatus, Lost};
 use crate::settings::{CommandSpec, Common};
 
 /// Signals go to the whole test process: runs that listen for them take turns.
