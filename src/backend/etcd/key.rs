@@ -7,8 +7,9 @@ use std::time::Duration;
 
 use etcd_client::{GetOptions, KeyValue, SortOrder, SortTarget};
 
-use super::conn::{Conn, OP_TIMEOUT};
+use super::conn::Conn;
 use crate::error::Error;
+use crate::kit::timeouts::OP_TIMEOUT;
 use crate::lock::{limit_mismatch, AcquireRequest, Holder, LockName, Record};
 
 /// Bound for reading who is ahead, for the message once `--wait` is over.
@@ -159,7 +160,7 @@ impl Queue {
         let (holders, waiting): (Vec<Entry>, Vec<Entry>) = ahead.partition(|e| e.holds);
         // With no holder ahead, the first waiter is taking the lock right now, or it was
         // killed while it waited and its key goes with its waiter lease.
-        crate::backend::busy_reason(
+        crate::kit::held::busy_reason(
             holders.into_iter().map(|e| e.holder).collect(),
             waiting.len(),
         )

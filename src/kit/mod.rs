@@ -1,0 +1,30 @@
+//! What the backends share, written once: the kit a backend folder imports besides the seam
+//! (`lock.rs`, `kind.rs`). A backend folder never imports another backend folder, nor the
+//! registry (`backend/mod.rs`); what two of them need is here.
+//!
+//! Nothing in the kit names a backend or imports one, so it sits below them all.
+//!
+//! - [`timeouts`]: how long one call to a server may take.
+//! - [`backoff`]: the jittered, growing pauses between retries.
+//! - [`capacity`]: refusals of a server that is full, waited out within `--wait`.
+//! - [`url`]: the URL grammar of the network backends and their query parameters.
+//! - [`tls`]: the TLS set-up the rustls-based clients need.
+//! - [`held`]: `list`'s held locks and the words of a not-acquired message.
+//! - [`round_trip`]: `check`'s round-trip measurement.
+//! - [`flock`], [`lock_dir`], [`proc_locks`], [`stem`]: the kernel locks, the checked lock
+//!   directory, the kernel's table of holders and the lock files' names, which the file
+//!   backend and the host-local queue are both built from.
+//! - [`local_queue`]: the host-local queue every remote backend is wrapped in.
+
+pub mod backoff;
+pub mod capacity;
+pub mod flock;
+pub mod held;
+pub mod local_queue;
+pub mod lock_dir;
+pub mod proc_locks;
+pub mod round_trip;
+pub mod stem;
+pub mod timeouts;
+pub mod tls;
+pub mod url;
