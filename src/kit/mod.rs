@@ -9,6 +9,8 @@
 //! - [`capacity`]: refusals of a server that is full, waited out within `--wait`.
 //! - [`url`]: the URL grammar of the network backends and their query parameters.
 //! - [`tls`]: the TLS set-up the rustls-based clients need.
+//! - [`error_text`]: a client library's error and its causes in words.
+//! - [`limit`]: the `--limit` agreement between holders.
 //! - [`held`]: `list`'s held locks and the words of a not-acquired message.
 //! - [`round_trip`]: `check`'s round-trip measurement.
 //! - [`flock`], [`lock_dir`], [`proc_locks`], [`stem`]: the kernel locks, the checked lock
@@ -18,8 +20,10 @@
 
 pub mod backoff;
 pub mod capacity;
+pub mod error_text;
 pub mod flock;
 pub mod held;
+pub mod limit;
 pub mod local_queue;
 pub mod lock_dir;
 pub mod proc_locks;

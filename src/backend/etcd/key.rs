@@ -9,8 +9,9 @@ use etcd_client::{GetOptions, KeyValue, SortOrder, SortTarget};
 
 use super::conn::Conn;
 use crate::error::Error;
+use crate::kit::limit;
 use crate::kit::timeouts::OP_TIMEOUT;
-use crate::lock::{limit_mismatch, AcquireRequest, Holder, LockName, Record};
+use crate::lock::{AcquireRequest, Holder, LockName, Record};
 
 /// Bound for reading who is ahead, for the message once `--wait` is over.
 const REPORT_TIMEOUT: Duration = Duration::from_secs(1);
@@ -195,10 +196,8 @@ pub(super) fn same_limit(oldest: &[KeyValue], request: &AcquireRequest) -> Resul
         .and_then(|kv| serde_json::from_slice::<Value>(kv.value()).ok())
         .map(|v| v.record.limit);
     match theirs {
-        Some(theirs) if theirs != 0 && theirs != request.limit => {
-            Err(limit_mismatch(&request.name, theirs))
-        }
-        _ => Ok(()),
+        Some(theirs) => limit::agrees(&request.name, request.limit, theirs),
+        None => Ok(()),
     }
 }
 

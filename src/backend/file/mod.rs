@@ -52,6 +52,7 @@ use self::slot::{
 use crate::clock::{sleep_until, BootInstant};
 use crate::error::Error;
 use crate::kit::flock::{flock, BlockedWait};
+use crate::kit::limit;
 use crate::kit::lock_dir::LockDir;
 use crate::kit::proc_locks::ProcLocks;
 use crate::kit::stem::stem;
@@ -547,9 +548,7 @@ fn check_limits(
             continue;
         };
         if let Some(record) = record.filter(|r| r.holder.pid == pid) {
-            if record.limit != 0 && record.limit != request.limit {
-                return Err(limit_mismatch(&request.name, record.limit));
-            }
+            limit::agrees(&request.name, request.limit, record.limit)?;
         }
     }
     Ok(())

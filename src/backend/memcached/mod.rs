@@ -60,6 +60,7 @@ use crate::lock::{
     Record, Wait,
 };
 
+use crate::kit::limit;
 use crate::kit::timeouts::OP_TIMEOUT;
 use client::{mg, ms, Conn, Failure};
 use keys::{Keys, Stored};
@@ -495,11 +496,8 @@ fn pause_before_next_poll(
     deadline: Option<BootInstant>,
     backoff: &mut Backoff,
 ) -> Result<Duration, Error> {
-    if let Some(other) = holders
-        .iter()
-        .find(|h| h.record.limit != 0 && h.record.limit != request.limit)
-    {
-        return Err(limit_mismatch(&request.name, other.record.limit));
+    for holder in holders {
+        limit::agrees(&request.name, request.limit, holder.record.limit)?;
     }
     if request.wait == Wait::No {
         return Err(busy(

@@ -479,19 +479,7 @@ pub(super) fn cell<T: FromValue>(row: &Row, i: usize) -> Option<T> {
 pub(super) fn describe(e: &mysql_async::Error) -> String {
     match e {
         mysql_async::Error::Server(s) => format!("{} (error {})", s.message, s.code),
-        other => {
-            let mut text = other.to_string();
-            let mut source = std::error::Error::source(other);
-            while let Some(cause) = source {
-                let more = cause.to_string();
-                if !text.contains(&more) {
-                    text.push_str(": ");
-                    text.push_str(&more);
-                }
-                source = cause.source();
-            }
-            text
-        }
+        other => crate::kit::error_text::chain_text(other),
     }
 }
 

@@ -301,19 +301,7 @@ fn truncate(text: &str, max: usize) -> String {
 pub(super) fn describe(e: &tokio_postgres::Error) -> String {
     match e.as_db_error() {
         Some(db) => format!("{} ({})", db.message(), db.code().code()),
-        None => {
-            let mut text = e.to_string();
-            let mut source = std::error::Error::source(e);
-            while let Some(cause) = source {
-                let more = cause.to_string();
-                if !text.contains(&more) {
-                    text.push_str(": ");
-                    text.push_str(&more);
-                }
-                source = cause.source();
-            }
-            text
-        }
+        None => crate::kit::error_text::chain_text(e),
     }
 }
 
