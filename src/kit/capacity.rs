@@ -35,7 +35,7 @@ pub fn refused(display: &str, limit: &str, detail: &str) -> Error {
 }
 
 /// Run `attempt` (given the `--wait` still left) until it does not fail with a capacity
-/// refusal; pause with a doubling [`Backoff`] ([`FIRST_DELAY`] to [`MAX_DELAY`]) between
+/// refusal; pause with a doubling [`Backoff`] (`FIRST_DELAY` to `MAX_DELAY`) between
 /// attempts. One deadline for all attempts: the `--wait` that started at `deadline - wait`.
 /// `cancel` ends the pauses (a signal).
 pub async fn wait_out<T>(

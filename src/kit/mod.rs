@@ -13,22 +13,22 @@
 //! - [`limit`]: the `--limit` agreement between holders.
 //! - [`held`]: `list`'s held locks and the words of a not-acquired message.
 //! - [`round_trip`]: `check`'s round-trip measurement.
-//! - [`flock`], [`lock_dir`], [`proc_locks`], [`stem`]: the kernel locks, the checked lock
-//!   directory, the kernel's table of holders and the lock files' names, which the file
-//!   backend and the host-local queue are both built from.
+//! - `flock`, `lock_dir`, `proc_locks`, `stem`: the kernel locks, the checked lock directory,
+//!   the kernel's table of holders and the lock files' names, which the file backend and the
+//!   host-local queue are both built from (crate-internal).
 //! - [`local_queue`]: the host-local queue every remote backend is wrapped in.
 
 pub mod backoff;
 pub mod capacity;
 pub mod error_text;
-pub mod flock;
+pub(crate) mod flock;
 pub mod held;
 pub mod limit;
 pub mod local_queue;
-pub mod lock_dir;
-pub mod proc_locks;
+pub(crate) mod lock_dir;
+pub(crate) mod proc_locks;
 pub mod round_trip;
-pub mod stem;
+pub(crate) mod stem;
 pub mod timeouts;
 pub mod tls;
 pub mod url;

@@ -11,7 +11,7 @@ pub struct FileTarget {
 }
 
 impl FileTarget {
-    /// dlock's own directory ([`crate::kit::lock_dir::default_dir`]), which dlock creates.
+    /// dlock's own directory (`kit::lock_dir::default_dir`), which dlock creates.
     pub fn default_dir() -> FileTarget {
         FileTarget {
             dir: crate::kit::lock_dir::default_dir(),

@@ -14,7 +14,7 @@
 //! at the server's speed: the next waiters have already connected and queued when a holder is
 //! done.
 //!
-//! - Where: the file backend's default directory ([`lock_dir::default_dir`], one per user
+//! - Where: the file backend's default directory (`kit::lock_dir::default_dir`, one per user
 //!   whatever the session, private to the user and checked as the file backend checks it), in a
 //!   sub-directory named after a digest of the remote backend's identity and prefix. Another
 //!   user has another directory: users do not share a queue, and nobody else can block or
