@@ -115,8 +115,10 @@ impl Lease for PgLease {
                 if end.server_ended {
                     Lost::gone(format!("the server ended our session, which frees the lock: {}", end.reason))
                 } else {
-                    // The server may keep the session until it notices the silence.
-                    let last = self.last_ack.lock().map(|at| *at).unwrap_or_else(|_| BootInstant::now());
+                    // The server may keep the session until it notices the silence. A poisoned
+                    // lock still holds the last value written (only ever a plain assignment):
+                    // a later instant would put the deadline after the real one.
+                    let last = *self.last_ack.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
                     self.schedule.lost_after(format!("the connection to the server broke: {}", end.reason), last)
                 }
             }
