@@ -26,6 +26,13 @@
 //! ([`GrantBudget`]), and [`confirm`] retries a proving round trip within that rule. No
 //! fixed sub-second bound decides whether a granted run starts: on a busy machine (or a slow
 //! link) an answer that is late by a fixed constant but well within the lease still counts.
+//! A grant older than one renewal attempt when it arrives is confirmed that way before the
+//! keeper counts from it ([`confirm_if_old`]).
+//!
+//! Every deadline a hold ends with is computed here too, also where a backend notices the end
+//! itself: a backend reports what it saw (a hold found gone: [`Lost::gone`]; a broken link,
+//! with the send time of the last acknowledged round trip: [`Schedule::lost_after`]; a lease
+//! it keeps alive by a loop of its own: [`Proof`]), never a `kill_by` of its own.
 
 use std::future::Future;
 use std::time::Duration;
@@ -128,6 +135,16 @@ impl Schedule {
     /// The instant by which the command must be dead, for a renewal sent at `sent`.
     pub fn kill_by(&self, sent: BootInstant) -> BootInstant {
         (sent + self.ttl.mul_f64(0.99)).saturating_sub(self.margin())
+    }
+
+    /// The hold is lost, but may still be the server's until its lease runs out (a broken
+    /// connection, renewals that went unanswered): the command must be dead by the deadline of
+    /// the last acknowledged round trip, sent at `last_ack`.
+    pub fn lost_after(&self, reason: String, last_ack: BootInstant) -> Lost {
+        Lost {
+            reason,
+            kill_by: Some(self.kill_by(last_ack)),
+        }
     }
 
     /// When to give up renewing and start stopping the command.
@@ -246,6 +263,81 @@ pub async fn confirm<R: Renew>(renewer: &mut R, schedule: Schedule) -> Result<Bo
     }
 }
 
+/// Before a keeper starts counting from a grant whose request was sent at `granted_sent`: a
+/// grant that took longer than a renewal attempt to arrive (a long wait, a slow server, a
+/// stopped process) may be near the end of its lease, or past it, which the keeper would find
+/// out only after the command started. Such a grant is confirmed by a renewal first, retried
+/// within the keeper's rule ([`confirm`]): a busy machine or server delays the answer, not
+/// the hold. Returns the send time the keeper counts from, or why the grant does not count.
+pub async fn confirm_if_old<R: Renew>(
+    renewer: &mut R,
+    schedule: Schedule,
+    granted_sent: BootInstant,
+) -> Result<BootInstant, String> {
+    if BootInstant::now().saturating_since(granted_sent) <= schedule.attempt_timeout() {
+        return Ok(granted_sent);
+    }
+    let since = confirm(renewer, schedule).await?;
+    tracing::debug!(target: crate::logging::HANDOFF, "confirmed");
+    Ok(since)
+}
+
+impl Lost {
+    /// The hold is gone already (deleted, expired, ended by the server): there is no later
+    /// moment to protect, the command is stopped now.
+    pub fn gone(reason: impl Into<String>) -> Lost {
+        Lost {
+            reason: reason.into(),
+            kill_by: None,
+        }
+    }
+}
+
+/// What acknowledged round trips have proved of a hold so far: the send time of the latest,
+/// read with the keeper's rule. For a lease that a backend keeps alive by a loop of its own
+/// (etcd's waiter lease), so that the deadlines it relies on are the keeper's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Proof {
+    schedule: Schedule,
+    last_ack: BootInstant,
+}
+
+impl Proof {
+    /// The proof of a grant whose request was sent at `sent`, kept on `schedule`.
+    pub fn new(schedule: Schedule, sent: BootInstant) -> Proof {
+        Proof {
+            schedule,
+            last_ack: sent,
+        }
+    }
+
+    /// A round trip sent at `sent` was acknowledged: the latest send time counts.
+    pub fn acked(&mut self, sent: BootInstant) {
+        self.last_ack = self.last_ack.max(sent);
+    }
+
+    /// The instant by which a command started on the hold must be dead ([`Schedule::kill_by`]).
+    pub fn kill_by(&self) -> BootInstant {
+        self.schedule.kill_by(self.last_ack)
+    }
+
+    /// Whether more than `room` is left before [`Proof::kill_by`].
+    pub fn leaves(&self, room: Duration) -> bool {
+        BootInstant::now() + room < self.kill_by()
+    }
+
+    /// The last moment to give the hold up and still leave the command `room` before
+    /// [`Proof::kill_by`].
+    pub fn give_up_at(&self, room: Duration) -> BootInstant {
+        self.kill_by().saturating_sub(room)
+    }
+
+    /// The hold is lost with this proof's deadline ([`Schedule::lost_after`]).
+    pub fn lost(&self, reason: String) -> Lost {
+        self.schedule.lost_after(reason, self.last_ack)
+    }
+}
+
 /// A running keep-alive task. Dropping it stops renewing (the lease then expires by itself).
 pub struct Keeper<R> {
     lost: watch::Receiver<Option<Lost>>,
@@ -323,15 +415,11 @@ async fn run<R: Renew>(
         }
         let give_up = schedule.give_up_at(last_ack);
         if BootInstant::now() >= give_up {
-            lost.send_replace(Some(Lost {
-                reason: format!(
-                    "the lease could not be renewed for {}",
-                    humantime::format_duration(round_ms(
-                        BootInstant::now().saturating_since(last_ack)
-                    ))
-                ),
-                kill_by: Some(schedule.kill_by(last_ack)),
-            }));
+            let reason = format!(
+                "the lease could not be renewed for {}",
+                humantime::format_duration(round_ms(BootInstant::now().saturating_since(last_ack)))
+            );
+            lost.send_replace(Some(schedule.lost_after(reason, last_ack)));
             return renewer;
         }
         let sent = BootInstant::now();
@@ -354,10 +442,7 @@ async fn run<R: Renew>(
                 next = sent + schedule.renew_every();
             }
             Ok(Err(RenewError::Gone(reason))) => {
-                lost.send_replace(Some(Lost {
-                    reason,
-                    kill_by: None,
-                }));
+                lost.send_replace(Some(Lost::gone(reason)));
                 return renewer;
             }
             Ok(Err(RenewError::Failed(reason))) => {
@@ -617,6 +702,87 @@ mod tests {
         let why = confirm(&mut renewer, schedule).await.expect_err("gone");
         assert_eq!(why, "key deleted");
         assert_eq!(calls.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn an_old_grant_is_confirmed_before_the_keeper_counts_from_it() {
+        let ttl = Duration::from_secs(3);
+        let schedule = Schedule::new(ttl, crate::settings::DEFAULT_KILL_AFTER);
+        let calls = Arc::new(AtomicU32::new(0));
+        let mut renewer = Scripted {
+            calls: calls.clone(),
+            script: vec![Ok(ttl)],
+        };
+        // Answered within a renewal attempt: the keeper counts from the grant, no round trip.
+        let fresh = BootInstant::now();
+        let since = confirm_if_old(&mut renewer, schedule, fresh).await;
+        assert_eq!(since, Ok(fresh));
+        assert_eq!(calls.load(Ordering::SeqCst), 0);
+        // Older than that: one renewal proves the hold, and the keeper counts from its send.
+        let old = BootInstant::now().saturating_sub(schedule.attempt_timeout() * 2);
+        let start = BootInstant::now();
+        let since = confirm_if_old(&mut renewer, schedule, old)
+            .await
+            .expect("confirmed");
+        assert!(since >= start, "counts from {since:?}, not the old grant");
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test(flavor = "current_thread")]
+    async fn an_old_grant_found_gone_does_not_count() {
+        let calls = Arc::new(AtomicU32::new(0));
+        let mut renewer = Scripted {
+            calls: calls.clone(),
+            script: vec![Err(RenewError::Gone("key deleted".into()))],
+        };
+        let schedule = Schedule::new(Duration::from_secs(3), Duration::from_secs(1));
+        let old = BootInstant::now().saturating_sub(Duration::from_secs(2));
+        let why = confirm_if_old(&mut renewer, schedule, old).await;
+        assert_eq!(why, Err("key deleted".to_owned()));
+        assert_eq!(calls.load(Ordering::SeqCst), 1);
+    }
+
+    #[test]
+    fn a_broken_connection_is_lost_by_the_deadline_of_the_last_acknowledged_send() {
+        let schedule = Schedule::new(Duration::from_secs(30), Duration::from_secs(10));
+        let last_ack = BootInstant::now().saturating_sub(Duration::from_secs(4));
+        let lost = schedule.lost_after("the connection broke".into(), last_ack);
+        assert_eq!(lost.reason, "the connection broke");
+        assert_eq!(lost.kill_by, Some(schedule.kill_by(last_ack)));
+        assert_eq!(
+            schedule.kill_by(last_ack).saturating_since(last_ack),
+            Duration::from_millis(26_700)
+        );
+        // A hold already gone has no later moment to protect.
+        assert_eq!(Lost::gone("key deleted").kill_by, None);
+    }
+
+    #[test]
+    fn a_proof_gives_the_keepers_deadline_of_its_latest_acknowledged_send() {
+        let schedule = Schedule::new(Duration::from_secs(2), Duration::ZERO);
+        let t0 = BootInstant::now();
+        let mut proof = Proof::new(schedule, t0);
+        assert_eq!(proof.kill_by(), schedule.kill_by(t0));
+        // 2 s lease: 1.98 s − 0.5 s margin.
+        assert_eq!(
+            proof.kill_by().saturating_since(t0),
+            Duration::from_millis(1480)
+        );
+        let room = Duration::from_millis(300);
+        assert_eq!(
+            proof.give_up_at(room),
+            schedule.kill_by(t0).saturating_sub(room)
+        );
+        assert!(proof.leaves(room));
+        assert!(!proof.leaves(Duration::from_secs(2)));
+        // An answer to an older request proves nothing new.
+        proof.acked(t0.saturating_sub(Duration::from_secs(1)));
+        assert_eq!(proof, Proof::new(schedule, t0));
+        let later = t0 + Duration::from_millis(500);
+        proof.acked(later);
+        assert_eq!(proof.kill_by(), schedule.kill_by(later));
+        let lost = proof.lost("not moved in time".into());
+        assert_eq!(lost.kill_by, Some(schedule.kill_by(later)));
     }
 
     #[tokio::test(flavor = "current_thread")]

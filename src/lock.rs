@@ -373,7 +373,8 @@ impl Cancel {
     }
 }
 
-/// Why a hold ended while the command ran.
+/// Why a hold ended while the command ran. Built by the keeper's rule ([`Lost::gone`],
+/// [`crate::keeper::Schedule::lost_after`], [`crate::keeper::Proof::lost`]), which owns the deadline.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Lost {
     /// One line for the user: what happened.

@@ -4,7 +4,7 @@
 //!
 //! Why that is safe: at the grant our key is the oldest (etcd delivered the holder's deletion
 //! in revision order, with our key still there), and it lives on the waiter lease, which is
-//! surely alive until [`WaiterLease::kill_by`] (the deadline rule the keeper uses for a hold,
+//! surely alive until the deadline of [`WaiterLease::proof`] (the keeper's rule for a hold,
 //! from the send time of the last acknowledged keep-alive). Until the re-attach is confirmed,
 //! that is the hold's deadline: the waiter lease is kept alive meanwhile, and if the re-attach
 //! is not confirmed [`MARGIN`] before it, the hold is lost with that deadline, so the
@@ -24,7 +24,7 @@ use tokio::task::JoinHandle;
 
 use super::conn::{lease_not_found, Conn};
 use super::lease::WaiterLease;
-use crate::clock::{sleep_until, BootInstant};
+use crate::clock::sleep_until;
 use crate::error::Error;
 use crate::kit::timeouts::OP_TIMEOUT;
 use crate::lock::Lost;
@@ -105,8 +105,8 @@ impl Attach {
         target: Move,
         waiter: WaiterLease,
     ) -> Result<Attach, WaiterLease> {
-        match waiter.kill_by() {
-            Some(kill_by) if BootInstant::now() + MARGIN < kill_by => Ok(Attach {
+        match waiter.proof() {
+            Some(proof) if proof.leaves(MARGIN) => Ok(Attach {
                 task: Task(tokio::spawn(move_until_done(conn, target))),
                 waiter,
                 ended: None,
@@ -134,24 +134,24 @@ impl Attach {
 
     async fn outcome(&mut self) -> Result<(), Lost> {
         loop {
-            let Some(kill_by) = self.waiter.kill_by() else {
-                return Err(lost(KEY_GONE.into(), None));
+            let Some(proof) = self.waiter.proof() else {
+                return Err(Lost::gone(KEY_GONE));
             };
             tokio::select! {
                 biased;
                 moved = &mut self.task.0 => return match moved {
                     Ok(Ok(())) => Ok(()),
-                    Ok(Err(reason)) => Err(lost(reason, None)),
-                    Err(e) => Err(lost(format!("the re-attach task failed: {e}"), None)),
+                    Ok(Err(reason)) => Err(Lost::gone(reason)),
+                    Err(e) => Err(Lost::gone(format!("the re-attach task failed: {e}"))),
                 },
                 () = self.waiter.changed() => {}
-                () = sleep_until(kill_by.saturating_sub(MARGIN)) => {
-                    if self.waiter.kill_by().is_some_and(|k| k <= kill_by) {
+                () = sleep_until(proof.give_up_at(MARGIN)) => {
+                    // Unless a keep-alive was acknowledged meanwhile, which moves the deadline.
+                    if self.waiter.proof() == Some(proof) {
                         self.task.0.abort();
-                        return Err(lost(
+                        return Err(proof.lost(
                             "etcd did not confirm the move of our key to the hold lease in time"
                                 .into(),
-                            Some(kill_by),
                         ));
                     }
                 }
@@ -164,10 +164,6 @@ impl Attach {
         drop(self.task);
         self.waiter.retire();
     }
-}
-
-fn lost(reason: String, kill_by: Option<BootInstant>) -> Lost {
-    Lost { reason, kill_by }
 }
 
 /// Try the move until it is confirmed or refused; [`Attach::done`] bounds it in time.

@@ -11,7 +11,7 @@ use tokio::task::JoinHandle;
 
 use super::conn::{is_transport, Conn};
 use crate::clock::BootInstant;
-use crate::keeper::{Renew, RenewError, Schedule};
+use crate::keeper::{Proof, Renew, RenewError, Schedule};
 use crate::kit::timeouts::OP_TIMEOUT;
 
 /// TTL of a waiter's lease, in seconds: etcd's minimum with default settings. A waiter
@@ -105,8 +105,8 @@ impl Renew for Renewer {
 /// A waiter's own short lease, which holds its place in the queue while it waits (module
 /// docs). It is renewed until stopped, and failed renewals are retried with no deadline:
 /// nothing relies on this lease being alive, except a command started before the re-attach
-/// is confirmed ([`super::attach`]), and that one relies only on [`WaiterLease::kill_by`],
-/// the deadline the last acknowledged renewal gives.
+/// is confirmed ([`super::attach`]), and that one relies only on [`WaiterLease::proof`],
+/// the keeper's reading of the last acknowledged renewal.
 pub(super) struct WaiterLease {
     pub(super) id: i64,
     /// What the keep-alives have shown so far.
@@ -119,32 +119,31 @@ pub(super) struct WaiterLease {
 struct Kept {
     /// etcd said the lease is gone (and our key with it).
     gone: bool,
-    /// Until when the lease is surely alive, as the keeper reckons a hold's deadline
-    /// ([`Schedule::kill_by`] of the last acknowledged request's send time).
-    kill_by: BootInstant,
+    /// The send time of the last acknowledged request, which the keeper's rule turns into
+    /// the deadline until which the lease is surely alive.
+    proof: Proof,
 }
 
 impl WaiterLease {
     /// Keep lease `id` alive, granted for `granted` by a request sent at `sent`.
     pub(super) fn start(conn: Conn, id: i64, granted: Duration, sent: BootInstant) -> WaiterLease {
-        let schedule = Schedule::new(granted, Duration::ZERO);
         let (state_tx, state) = watch::channel(Kept {
             gone: false,
-            kill_by: schedule.kill_by(sent),
+            proof: Proof::new(Schedule::new(granted, Duration::ZERO), sent),
         });
         let renewer = Renewer::new(conn, id, granted);
-        let task = tokio::spawn(keep_waiting(renewer, schedule, state_tx));
+        let task = tokio::spawn(keep_waiting(renewer, state_tx));
         WaiterLease { id, state, task }
     }
 
-    /// Until when the lease (and so our key on it) is surely alive; `None` once etcd said
-    /// it is gone.
-    pub(super) fn kill_by(&self) -> Option<BootInstant> {
+    /// What the keep-alives have proved of the lease (and so of our key on it): until when
+    /// it is surely alive ([`Proof::kill_by`]); `None` once etcd said it is gone.
+    pub(super) fn proof(&self) -> Option<Proof> {
         let kept = *self.state.borrow();
-        (!kept.gone).then_some(kept.kill_by)
+        (!kept.gone).then_some(kept.proof)
     }
 
-    /// Resolves when the deadline [`WaiterLease::kill_by`] gives may have moved, or the lease
+    /// Resolves when the deadline [`WaiterLease::proof`] gives may have moved, or the lease
     /// is gone. Cancel-safe.
     pub(super) async fn changed(&mut self) {
         if self.state.changed().await.is_err() {
@@ -178,7 +177,7 @@ pub(super) async fn waiter_gone(waiter: &mut Option<WaiterLease>) {
 
 /// Renew a waiter lease every quarter of its TTL, retrying failures soon, until aborted. A
 /// slow reply gets up to half the TTL: a reply that comes in time still keeps the place.
-async fn keep_waiting(mut renewer: Renewer, schedule: Schedule, state: watch::Sender<Kept>) {
+async fn keep_waiting(mut renewer: Renewer, state: watch::Sender<Kept>) {
     let every = (renewer.granted / 4).max(Duration::from_millis(250));
     let attempt = renewer.granted / 2;
     let mut pause = every;
@@ -187,7 +186,7 @@ async fn keep_waiting(mut renewer: Renewer, schedule: Schedule, state: watch::Se
         let sent = BootInstant::now();
         pause = match tokio::time::timeout(attempt, renewer.renew()).await {
             Ok(Ok(_)) => {
-                state.send_modify(|kept| kept.kill_by = kept.kill_by.max(schedule.kill_by(sent)));
+                state.send_modify(|kept| kept.proof.acked(sent));
                 every
             }
             Ok(Err(RenewError::Gone(_))) => {
@@ -197,7 +196,7 @@ async fn keep_waiting(mut renewer: Renewer, schedule: Schedule, state: watch::Se
             Ok(Err(RenewError::Failed(reason))) => {
                 tracing::debug!("waiter lease keep-alive failed: {reason}");
                 // Soon, but not in a tight loop against a failing connection; a pause, not a
-                // deadline: only `kill_by` (from the last acknowledged send) decides anything.
+                // deadline: only the proof (the last acknowledged send) decides anything.
                 Duration::from_millis(100)
             }
             Err(_) => {

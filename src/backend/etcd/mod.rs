@@ -265,11 +265,8 @@ impl Lease for EtcdLease {
             tokio::select! {
                 biased;
                 lost = self.keeper.lost() => return lost,
-                reason = self.own.deleted(&mut self.conn) => return Lost {
-                    reason,
-                    // The lock is gone already: there is no later moment to protect.
-                    kill_by: None,
-                },
+                // The lock is gone already: there is no later moment to protect.
+                reason = self.own.deleted(&mut self.conn) => return Lost::gone(reason),
                 moved = attached(&mut self.attach) => match moved {
                     Ok(()) => {
                         if let Some(attach) = self.attach.take() {

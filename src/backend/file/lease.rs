@@ -69,10 +69,10 @@ impl FileLease {
     fn check(&self) -> Option<Lost> {
         match same_file(&self.file, &self.path) {
             Ok(true) => None,
-            Ok(false) => Some(Lost {
-                reason: format!("lock file {} was deleted or replaced", self.path.display()),
-                kill_by: None,
-            }),
+            Ok(false) => Some(Lost::gone(format!(
+                "lock file {} was deleted or replaced",
+                self.path.display()
+            ))),
             Err(e) => {
                 tracing::debug!("cannot check {}: {e}", self.path.display());
                 None

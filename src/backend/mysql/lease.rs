@@ -26,9 +26,8 @@ use super::conn::{cell, Failure, Session};
 use super::keys::quoted;
 use super::sql::{finished_sql, server_seconds};
 use super::{MysqlBackend, CANCEL_TIMEOUT};
-use crate::clock::BootInstant;
 use crate::error::Error;
-use crate::keeper::{confirm, Keeper, Renew, RenewError, Schedule};
+use crate::keeper::{confirm_if_old, Keeper, Renew, RenewError, Schedule};
 use crate::kit::timeouts::OP_TIMEOUT;
 use crate::lock::{AcquireRequest, Holder, Lease, Lost};
 
@@ -77,24 +76,16 @@ impl MysqlLease {
             session,
             ttl,
         };
-        let mut since = granted.sent;
-        if BootInstant::now().saturating_since(granted.sent) > schedule.attempt_timeout() {
-            // As long as the keeper's rule allows, retried: a busy machine or server delays
-            // the answer, not the hold.
-            match confirm(&mut renewer, schedule).await {
-                Ok(sent) => {
-                    tracing::debug!(target: crate::logging::HANDOFF, "confirmed");
-                    since = sent;
-                }
-                Err(why) => {
-                    super::acquire::give_back(&mut *renewer.session.lock().await).await;
-                    return Err(Error::Unavailable(format!(
-                        "'{}' was granted but could not be confirmed: {why}; the command was not started",
-                        request.name
-                    )));
-                }
+        let since = match confirm_if_old(&mut renewer, schedule, granted.sent).await {
+            Ok(since) => since,
+            Err(why) => {
+                super::acquire::give_back(&mut *renewer.session.lock().await).await;
+                return Err(Error::Unavailable(format!(
+                    "'{}' was granted but could not be confirmed: {why}; the command was not started",
+                    request.name
+                )));
             }
-        }
+        };
         let session = renewer.session.clone();
         let watcher = tokio::spawn(watch(
             backend,
@@ -200,7 +191,7 @@ impl Lease for MysqlLease {
                 seen = watcher => {
                     self.watcher = None;
                     if let Ok(Watched::Ended(reason)) = seen {
-                        return Lost { reason, kill_by: None };
+                        return Lost::gone(reason);
                     }
                 }
                 lost = self.keeper.lost() => return lost,

@@ -75,7 +75,7 @@ impl Backend for MysqlBackend {
 
     /// Connecting and the lock call get `--wait` and [`conn::WAIT_GRACE`] (the lock call's
     /// timeout is in whole seconds: up to a second more), then a grant that came by then is
-    /// checked ([`crate::keeper::confirm`]) on the server's whole-second TTL, at most ours,
+    /// checked ([`crate::keeper::confirm_if_old`]) on the server's whole-second TTL, at most ours,
     /// and one that did not count is given back ([`CANCEL_TIMEOUT`]).
     fn wait_overrun(&self, request: &AcquireRequest) -> Duration {
         crate::lock::MIN_ANSWER

@@ -19,7 +19,7 @@ use super::token::Granted;
 use super::CANCEL_TIMEOUT;
 use crate::clock::BootInstant;
 use crate::error::Error;
-use crate::keeper::{confirm, Keeper, Renew, RenewError, Schedule};
+use crate::keeper::{confirm_if_old, Keeper, Renew, RenewError, Schedule};
 use crate::lock::{AcquireRequest, Holder, Lease, Lost, Mode};
 
 /// A held advisory lock on our own connection.
@@ -70,25 +70,18 @@ impl PgLease {
         // The server ends a session that was idle for the TTL, counting from the end of its
         // last statement, which it ran after we sent it. After a prompt grant that is the
         // token statement, sent with the lock call; after a wait (or a stopped process)
-        // the grant may be old news, so a heartbeat confirms the hold and restarts the count.
-        // It may take as long as the keeper's rule allows, retried ([`confirm`]): a busy
-        // machine or server delays the answer, not the hold.
-        let mut since = granted.sent;
-        if BootInstant::now().saturating_since(granted.sent) > schedule.attempt_timeout() {
-            match confirm(&mut renewer, schedule).await {
-                Ok(sent) => {
-                    tracing::debug!(target: crate::logging::HANDOFF, "confirmed");
-                    since = sent;
-                }
-                Err(why) => {
-                    give_back(&session.client, key, request.mode, &session.marker).await;
-                    return Err(Error::Unavailable(format!(
-                        "'{}' was granted but could not be confirmed: {why}; the command was not started",
-                        request.name
-                    )));
-                }
+        // the grant may be old news, so a heartbeat confirms the hold and restarts the count
+        // ([`confirm_if_old`]).
+        let since = match confirm_if_old(&mut renewer, schedule, granted.sent).await {
+            Ok(since) => since,
+            Err(why) => {
+                give_back(&session.client, key, request.mode, &session.marker).await;
+                return Err(Error::Unavailable(format!(
+                    "'{}' was granted but could not be confirmed: {why}; the command was not started",
+                    request.name
+                )));
             }
-        }
+        };
         let keeper = Keeper::start(renewer, since, request.ttl, request.kill_after);
         Ok(PgLease {
             keeper,
@@ -120,17 +113,13 @@ impl Lease for PgLease {
                 let end = self.session.ended.borrow().clone();
                 let end = end.unwrap_or(End { reason: "connection closed".into(), server_ended: false });
                 if end.server_ended {
-                    Lost {
-                        reason: format!("the server ended our session, which frees the lock: {}", end.reason),
-                        kill_by: None,
-                    }
+                    Lost::gone(format!("the server ended our session, which frees the lock: {}", end.reason))
                 } else {
-                    // The server may keep the session until it notices the silence.
-                    let last = self.last_ack.lock().map(|at| *at).unwrap_or_else(|_| BootInstant::now());
-                    Lost {
-                        reason: format!("the connection to the server broke: {}", end.reason),
-                        kill_by: Some(self.schedule.kill_by(last)),
-                    }
+                    // The server may keep the session until it notices the silence. A poisoned
+                    // lock still holds the last value written (only ever a plain assignment):
+                    // a later instant would put the deadline after the real one.
+                    let last = *self.last_ack.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+                    self.schedule.lost_after(format!("the connection to the server broke: {}", end.reason), last)
                 }
             }
             lost = self.keeper.lost() => lost,

@@ -95,7 +95,7 @@ impl Backend for PgBackend {
 
     /// The server's time to answer, the client's own limit on a lock call
     /// [`deadline::CLIENT_LIMIT`] after it, the check of a grant that came by then
-    /// ([`crate::keeper::confirm`]), and giving back one that did not count
+    /// ([`crate::keeper::confirm_if_old`]), and giving back one that did not count
     /// ([`CANCEL_TIMEOUT`]).
     fn wait_overrun(&self, request: &AcquireRequest) -> Duration {
         crate::lock::MIN_ANSWER

@@ -120,7 +120,7 @@ impl Renewer {
     /// or past it, which the keeper, counting from the grant, would find out only after the
     /// command started. Such a grant is confirmed by one renewal (behind Sentinel: a majority
     /// of the sentinels names its master, then `renew.lua`), retried within the keeper's rule
-    /// ([`keeper::confirm`]), and the lease dates from that renewal. Returns when the lease
+    /// ([`keeper::confirm_if_old`]), and the lease dates from that renewal. Returns when the lease
     /// dates from and its TTL, or why the grant does not count.
     pub(super) async fn confirm_grant(
         &mut self,
@@ -128,14 +128,7 @@ impl Renewer {
         ttl: Duration,
         kill_after: Duration,
     ) -> Result<(BootInstant, Duration), String> {
-        let schedule = Schedule::new(ttl, kill_after);
-        if BootInstant::now().saturating_since(sent) <= schedule.attempt_timeout() {
-            return Ok((sent, ttl));
-        }
-        // As long as the keeper's rule allows, retried: a busy machine or server delays the
-        // answer, not the hold.
-        let since = keeper::confirm(self, schedule).await?;
-        tracing::debug!(target: crate::logging::HANDOFF, "confirmed");
+        let since = keeper::confirm_if_old(self, Schedule::new(ttl, kill_after), sent).await?;
         Ok((since, ttl))
     }
 }

@@ -23,12 +23,7 @@ use crate::lock::{Holder, Lease, Lost, Record};
 /// a disconnection is left to the keeper's deadline.
 async fn monitor(client: Client, path: String, session: i64, lost: watch::Sender<Option<Lost>>) {
     let mut states = client.state_watcher();
-    let gone = |reason: &str| {
-        Some(Lost {
-            reason: reason.to_owned(),
-            kill_by: None,
-        })
-    };
+    let gone = |reason: &str| Some(Lost::gone(reason));
     const DELETED: &str = "the lock node was deleted (dlock release --force, or another client)";
     loop {
         let watcher = match client.get_and_watch_data(&path).await {
@@ -143,7 +138,7 @@ impl Lease for ZkLease {
         tokio::select! {
             lost = self.keeper.lost() => lost,
             Ok(lost) = self.events.wait_for(Option::is_some) => {
-                lost.clone().unwrap_or_else(|| Lost { reason: "the lock was lost".into(), kill_by: None })
+                lost.clone().unwrap_or_else(|| Lost::gone("the lock was lost"))
             }
         }
     }

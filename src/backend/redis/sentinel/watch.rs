@@ -81,10 +81,7 @@ async fn follow(
                 continue;
             };
             if let Some(reason) = check(&locator, &new_master, &owners, &owner).await {
-                lost.send_replace(Some(Lost {
-                    reason,
-                    kill_by: None,
-                }));
+                lost.send_replace(Some(Lost::gone(reason)));
                 return;
             }
         }
