@@ -18,7 +18,7 @@ pub enum Error {
     #[error("{0}")]
     Unavailable(String),
     /// The server refused the connection because it serves as many clients as it allows
-    /// (`backend::capacity`): waited out within `--wait`, 69 when it is final.
+    /// (`kit::capacity`): waited out within `--wait`, 69 when it is final.
     #[error("{0}")]
     Capacity(String),
     /// The lock file or its directory cannot be created.

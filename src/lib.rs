@@ -19,6 +19,7 @@ pub mod exit;
 pub mod files;
 pub mod keeper;
 pub mod kind;
+pub mod kit;
 pub mod lock;
 mod process;
 mod reentry;

@@ -8,22 +8,14 @@
 //! unknown-scheme message, `--version`, the `--url` help, the man pages) is derived from
 //! [`KINDS`]. Adding a backend is ARCHITECTURE.md's checklist ("Adding a backend").
 
-pub mod capacity;
 pub mod etcd;
 pub mod file;
-pub mod local_queue;
 pub mod memcached;
 pub mod mysql;
 pub mod postgres;
 pub mod redis;
-pub mod url;
 pub mod zk;
 
-use std::time::Duration;
-
-use crate::clock::BootInstant;
-use crate::error::Error;
-use crate::lock::{Holder, LockName, LockStatus};
 use crate::text::put;
 
 pub use crate::kind::{Capabilities, Kind, Target, MIN_LEASE_TTL};
@@ -87,7 +79,7 @@ impl Target {
             return (kind.parse)(&lower, url);
         }
         if matches!(lower.as_str(), "http" | "https") {
-            return Err(url::http_hint(&lower));
+            return Err(http_hint(&lower));
         }
         // A scheme is letters, digits, `+`, `-` and `.`; anything else before the first `:`
         // is part of something else (perhaps `user:password@host` without a scheme).
@@ -105,6 +97,16 @@ impl Target {
             scheme_list()
         ))
     }
+}
+
+/// The refusal of an `http://` or `https://` URL, which is how etcd's own tools write an
+/// endpoint: dlock names the backend by its scheme, so say how to write it.
+fn http_hint(scheme: &str) -> String {
+    let etcd = if scheme == "https" { "etcds" } else { "etcd" };
+    format!(
+        "unknown URL scheme '{scheme}'; for an etcd endpoint write {etcd}://host:port (etcd's \
+         {scheme}://host:port), for the other backends see --url in 'dlock run --help'"
+    )
 }
 
 /// "file, redis, …, memcached or memcached+unix": every scheme, for messages.
@@ -224,54 +226,6 @@ fn or_list(mut words: Vec<String>) -> String {
     format!("{} or {last}", words.join(", "))
 }
 
-/// The held locks among `names` (sorted, each once), as `list` shows them: `status` is asked
-/// for each, and an error ends the listing. (A backend that can tell a lock with bad data from
-/// a failing server reports the bad lock and answers "free" for it, so that one bad lock
-/// never hides the others.)
-pub async fn list_held(
-    mut names: Vec<LockName>,
-    mut status: impl AsyncFnMut(&LockName) -> Result<LockStatus, Error>,
-) -> Result<Vec<LockStatus>, Error> {
-    names.sort_by(|a, b| a.as_str().cmp(b.as_str()));
-    names.dedup();
-    let mut held = Vec::new();
-    for name in &names {
-        let lock = status(name).await?;
-        if lock.held {
-            held.push(lock);
-        }
-    }
-    Ok(held)
-}
-
-/// Why a lock cannot be had, for the not-acquired message, from the queue ahead of the
-/// waiter: `holders` (who holds it) and `waiting` (waiters ahead that do not hold it yet).
-/// The words are [`crate::wording::busy_state`]'s, the same on every backend.
-pub fn busy_reason(holders: Vec<Holder>, waiting: usize) -> String {
-    crate::wording::busy_state(&holders, waiting)
-}
-
-/// The median of `count` timed round trips of `probe` (for `check`).
-pub async fn median_round_trip(
-    count: usize,
-    mut probe: impl AsyncFnMut() -> Result<(), Error>,
-) -> Result<Duration, Error> {
-    let mut times = Vec::with_capacity(count);
-    for _ in 0..count.max(1) {
-        let sent = BootInstant::now();
-        probe().await?;
-        times.push(BootInstant::now().saturating_since(sent));
-    }
-    times.sort();
-    Ok(times[times.len() / 2])
-}
-
-/// Make ring rustls's crypto provider: the Redis and etcd clients pick none, and without one
-/// the first TLS connection panics. Installing it twice is harmless.
-pub fn install_tls_provider() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -299,6 +253,30 @@ mod tests {
             for shown in kind.shown_as {
                 assert!(kind.schemes.contains(shown), "{shown} is not a scheme");
             }
+        }
+    }
+
+    /// Every backend that has a URL query refuses a key it does not take in one shape.
+    #[test]
+    fn every_scheme_refuses_an_unknown_key_alike() {
+        for scheme in schemes().filter(|s| *s != "file") {
+            let url = if scheme.ends_with("+unix") {
+                format!("{scheme}:///run/x.sock?bogus=1")
+            } else if scheme.ends_with("-sentinel") {
+                format!("{scheme}://127.0.0.1?bogus=1#m")
+            } else {
+                format!("{scheme}://127.0.0.1/?bogus=1")
+            };
+            let Err(e) = Target::parse(&url) else {
+                panic!("{url} was accepted");
+            };
+            let (head, tail) = e.split_once(" takes ").unwrap_or_default();
+            assert!(
+                head.starts_with("unknown URL parameter 'bogus'; a")
+                    && head.ends_with(" URL")
+                    && tail.ends_with("; see dlock run --help"),
+                "{url}: {e}"
+            );
         }
     }
 

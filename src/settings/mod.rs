@@ -43,7 +43,7 @@ pub struct Common {
     pub ttl: Duration,
     /// The URL as given, with any password replaced by `***` (safe to print or pass on).
     pub display_url: String,
-    /// Queue on this host before the server (`backend::local_queue`); `run` only.
+    /// Queue on this host before the server (`kit::local_queue`); `run` only.
     pub local_queue: bool,
 }
 

@@ -5,13 +5,15 @@ use std::time::Duration;
 
 use etcd_client::{GetOptions, PutOptions};
 
-use super::conn::{Conn, OP_TIMEOUT};
+use super::conn::Conn;
 use super::key::{read_queue, Entry};
 use super::lease::WAITER_TTL_S;
 use super::EtcdBackend;
-use crate::backend::{list_held, median_round_trip};
 use crate::clock::BootInstant;
 use crate::error::Error;
+use crate::kit::held::list_held;
+use crate::kit::round_trip::median_round_trip;
+use crate::kit::timeouts::OP_TIMEOUT;
 use crate::lock::{decode_component, CheckReport, Holder, HolderStatus, LockName, LockStatus};
 
 /// Holders and waiters of a lock.

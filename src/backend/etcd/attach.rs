@@ -22,10 +22,11 @@ use std::time::Duration;
 use etcd_client::{Compare, CompareOp, PutOptions, Txn, TxnOp};
 use tokio::task::JoinHandle;
 
-use super::conn::{lease_not_found, Conn, OP_TIMEOUT};
+use super::conn::{lease_not_found, Conn};
 use super::lease::WaiterLease;
 use crate::clock::sleep_until;
 use crate::error::Error;
+use crate::kit::timeouts::OP_TIMEOUT;
 use crate::lock::Lost;
 
 /// The re-attach must be confirmed this long before the waiter lease's deadline; a grant

@@ -8,12 +8,10 @@ use std::time::Duration;
 use etcd_client::{Client, ConnectOptions};
 
 use super::EtcdTarget;
-use crate::backend::url::join_host_port;
 use crate::clock::BootInstant;
 use crate::error::Error;
+use crate::kit::url::join_host_port;
 
-/// Bound for reaching the cluster and for one operation outside the keeper.
-pub(super) const OP_TIMEOUT: Duration = Duration::from_secs(5);
 /// Bound for one attempt on one endpoint.
 const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(2);
 

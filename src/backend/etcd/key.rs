@@ -7,9 +7,11 @@ use std::time::Duration;
 
 use etcd_client::{GetOptions, KeyValue, SortOrder, SortTarget};
 
-use super::conn::{Conn, OP_TIMEOUT};
+use super::conn::Conn;
 use crate::error::Error;
-use crate::lock::{limit_mismatch, AcquireRequest, Holder, LockName, Record};
+use crate::kit::limit;
+use crate::kit::timeouts::OP_TIMEOUT;
+use crate::lock::{AcquireRequest, Holder, LockName, Record};
 
 /// Bound for reading who is ahead, for the message once `--wait` is over.
 const REPORT_TIMEOUT: Duration = Duration::from_secs(1);
@@ -159,7 +161,7 @@ impl Queue {
         let (holders, waiting): (Vec<Entry>, Vec<Entry>) = ahead.partition(|e| e.holds);
         // With no holder ahead, the first waiter is taking the lock right now, or it was
         // killed while it waited and its key goes with its waiter lease.
-        crate::backend::busy_reason(
+        crate::kit::held::busy_reason(
             holders.into_iter().map(|e| e.holder).collect(),
             waiting.len(),
         )
@@ -194,10 +196,8 @@ pub(super) fn same_limit(oldest: &[KeyValue], request: &AcquireRequest) -> Resul
         .and_then(|kv| serde_json::from_slice::<Value>(kv.value()).ok())
         .map(|v| v.record.limit);
     match theirs {
-        Some(theirs) if theirs != 0 && theirs != request.limit => {
-            Err(limit_mismatch(&request.name, theirs))
-        }
-        _ => Ok(()),
+        Some(theirs) => limit::agrees(&request.name, request.limit, theirs),
+        None => Ok(()),
     }
 }
 

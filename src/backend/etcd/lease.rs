@@ -9,9 +9,10 @@ use etcd_client::{LeaseKeepAliveStream, LeaseKeeper};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
-use super::conn::{is_transport, Conn, OP_TIMEOUT};
+use super::conn::{is_transport, Conn};
 use crate::clock::BootInstant;
 use crate::keeper::{Proof, Renew, RenewError, Schedule};
+use crate::kit::timeouts::OP_TIMEOUT;
 
 /// TTL of a waiter's lease, in seconds: etcd's minimum with default settings. A waiter
 /// killed while it waits (SIGKILL: no chance to clean up) keeps its place no longer.

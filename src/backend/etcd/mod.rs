@@ -83,16 +83,17 @@ mod watch;
 
 use std::time::Duration;
 
-use crate::backend::install_tls_provider;
 use crate::clock::BootInstant;
 use crate::error::Error;
 use crate::keeper::Keeper;
+use crate::kit::timeouts::OP_TIMEOUT;
+use crate::kit::tls::install_tls_provider;
 use crate::lock::{
     AcquireRequest, Backend, Cancel, CheckReport, Holder, Lease, LockName, LockStatus, Lost,
 };
 use attach::Attach;
 use before::Before;
-use conn::{Conn, OP_TIMEOUT};
+use conn::Conn;
 use lease::{revoke_all, Renewer};
 use own_key::OwnKey;
 use queue::{Acquisition, Taken};

@@ -6,9 +6,10 @@ use std::time::Duration;
 
 use etcd_client::{EventType, GetOptions, WatchFilterType, WatchOptions, WatchStream};
 
-use super::conn::{Conn, OP_TIMEOUT};
+use super::conn::Conn;
 use crate::clock::{sleep_until, BootInstant};
 use crate::error::Error;
+use crate::kit::timeouts::OP_TIMEOUT;
 
 /// Our key, watched for its deletion while the command runs.
 pub(super) struct OwnKey {

@@ -13,7 +13,7 @@ use etcd_client::{
 
 use super::attach::{Attach, Move};
 use super::before::Before;
-use super::conn::{Conn, OP_TIMEOUT};
+use super::conn::Conn;
 use super::key::{is_reader, older_keys, oldest_key, same_limit, value_json, why_busy};
 use super::lease::{waiter_gone, Renewer, WaiterLease, WAITER_TTL_S};
 use super::own_key::OwnKey;
@@ -22,6 +22,7 @@ use super::watch::{Seen, Target, Wake};
 use crate::clock::{sleep_until, BootInstant};
 use crate::error::Error;
 use crate::keeper::Keeper;
+use crate::kit::timeouts::OP_TIMEOUT;
 use crate::lock::{AcquireRequest, Cancel, Wait};
 
 /// One acquisition: our key in the lock's queue, and everything it needs while it waits.

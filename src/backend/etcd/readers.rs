@@ -15,9 +15,10 @@
 
 use etcd_client::{GetOptions, KeyValue, SortOrder, SortTarget};
 
-use super::conn::{Conn, OP_TIMEOUT};
+use super::conn::Conn;
 use super::key::is_reader;
 use crate::error::Error;
+use crate::kit::timeouts::OP_TIMEOUT;
 
 /// Keys (with their values, which say their mode) read per request while looking for the
 /// nearest older writer: a reader behind more readers than this pages on.

@@ -1,9 +1,9 @@
 //! Where an etcd cluster is: `etcd://` and `etcds://` URLs with one or more endpoints, and
 //! the password and TLS files of the config file's `[etcd]` table.
 
-use crate::backend::url::{parse_query, sorted_endpoints, split_host_port, split_userinfo, Params};
 use crate::config::FileConfig;
 use crate::error::Error;
+use crate::kit::url::{parse_query, sorted_endpoints, split_host_port, split_userinfo, Params};
 use crate::secrets::{check_tls_files, credentials_for_user, Secret, TlsFiles};
 
 /// An etcd cluster: its client endpoints and credentials.
@@ -96,7 +96,7 @@ pub fn complete(target: &mut EtcdTarget, file: &FileConfig) -> Result<(), Error>
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::Target;
+    use crate::kind::Target;
 
     #[test]
     fn etcd_urls() {

@@ -6,16 +6,17 @@
 use std::collections::HashSet;
 use std::os::unix::fs::MetadataExt;
 
-use super::dir::LockDir;
-use super::proc_locks::ProcLocks;
 use super::slot::{
-    existing_slots, read_contents, reader_file_name, split_file_name, stem, turnstile_file_name,
+    existing_slots, read_contents, reader_file_name, split_file_name, turnstile_file_name,
 };
-use super::wait::flock;
 use super::FileBackend;
-use crate::backend::list_held;
 use crate::clock::BootInstant;
 use crate::error::Error;
+use crate::kit::flock::flock;
+use crate::kit::held::list_held;
+use crate::kit::lock_dir::LockDir;
+use crate::kit::proc_locks::ProcLocks;
+use crate::kit::stem::stem;
 use crate::lock::{CheckReport, Holder, HolderStatus, LockName, LockStatus, Mode, Waiter};
 
 /// The holders and waiters of `name`, and the last token handed out for it.

@@ -14,9 +14,9 @@ use tokio::io::unix::AsyncFd;
 
 use crate::clock::{sleep_until, BootInstant, Readable};
 use crate::error::Error;
+use crate::kit::lock_dir::LockDir;
 use crate::lock::{Holder, Lease, Lost, Record};
 
-use super::dir::LockDir;
 use super::slot::{write_at, HEADER_LEN};
 
 const RECHECK_EVERY: Duration = Duration::from_secs(5);

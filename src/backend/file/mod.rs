@@ -6,9 +6,9 @@
 //! - A lock is one file per slot: `<stem>.lock`, and `<stem>#i.lock` for slot `i > 0` of a
 //!   `--limit N` semaphore (`slot.rs`). A non-default `--prefix P` is the sub-directory
 //!   `<dir>/<P>.d/`.
-//! - Directories and lock files are opened as `dir.rs` describes: relative to the checked
-//!   directory, never following a link, never blocking on a FIFO, and only if nobody else
-//!   could have planted them.
+//! - Directories and lock files are opened as `kit/lock_dir.rs` describes: relative to the
+//!   checked directory, never following a link, never blocking on a FIFO, and only if nobody
+//!   else could have planted them.
 //! - Lock files are never unlinked (unlink-and-recreate lets two holders lock two different
 //!   inodes). After locking, the (dev, inode) of the descriptor is compared with the directory
 //!   entry; if the file was replaced meanwhile, we retry.
@@ -16,9 +16,9 @@
 //!   name (README: "Guarantees and limits"), updated under an OFD record lock on the header so that holders of
 //!   different slots serialize (`slot.rs`). The holder's [`Record`] (JSON) follows the header;
 //!   it is only believed while `/proc/locks` shows the same pid holding the file
-//!   (`proc_locks.rs`).
+//!   (`kit/proc_locks.rs`).
 //! - Waiting blocks in the kernel on helper threads, one per slot, so a release hands over
-//!   without polling (`wait.rs`).
+//!   without polling (`kit/flock.rs`).
 //! - A held lock counts as lost when its file is deleted or replaced (`lease.rs`).
 //! - Shared holds (`--shared`, `--limit 1` only): `LOCK_SH` on slot 0's file, so `flock -s`
 //!   shares with them. `<stem>.turnstile` keeps shared runs from starving exclusive ones: an
@@ -36,27 +36,26 @@ use std::io;
 use std::path::{Path, PathBuf};
 
 mod admin;
-pub(crate) mod dir;
 pub mod kind;
 mod lease;
-pub(crate) mod proc_locks;
-pub(crate) mod slot;
+mod slot;
 pub mod target;
-pub(crate) mod wait;
 
 pub use lease::FileLease;
 pub use target::FileTarget;
 
-use self::dir::LockDir;
 use self::lease::ReaderRecord;
-use self::proc_locks::ProcLocks;
 use self::slot::{
-    header, header_lock, read_contents, reader_file_name, slot_file_name, stem,
-    turnstile_file_name, write_at, HEADER_LEN,
+    header, header_lock, read_contents, reader_file_name, slot_file_name, turnstile_file_name,
+    write_at, HEADER_LEN,
 };
-use self::wait::{flock, BlockedWait};
 use crate::clock::{sleep_until, BootInstant};
 use crate::error::Error;
+use crate::kit::flock::{flock, BlockedWait};
+use crate::kit::limit;
+use crate::kit::lock_dir::LockDir;
+use crate::kit::proc_locks::ProcLocks;
+use crate::kit::stem::stem;
 use crate::lock::{
     limit_mismatch, AcquireRequest, Backend, Cancel, CheckReport, Holder, LockName, LockStatus,
     Record, Wait,
@@ -549,9 +548,7 @@ fn check_limits(
             continue;
         };
         if let Some(record) = record.filter(|r| r.holder.pid == pid) {
-            if record.limit != 0 && record.limit != request.limit {
-                return Err(limit_mismatch(&request.name, record.limit));
-            }
+            limit::agrees(&request.name, request.limit, record.limit)?;
         }
     }
     Ok(())

@@ -1,9 +1,9 @@
 //! The files a lock is made of, and what is in them.
 //!
 //! - Slot 0 of a lock is `<stem>.lock`, slot `i > 0` of a `--limit N` semaphore is
-//!   `<stem>#i.lock`, where the stem is [`LockName::encoded`] (shortened and made unique with a
-//!   SHA-256 suffix when the file system would not take it); `#` never occurs in an encoded
-//!   name.
+//!   `<stem>#i.lock`, where the stem is [`stem`] (the encoded name, shortened and made unique
+//!   with a SHA-256 suffix when the file system would not take it); `#` never occurs in an
+//!   encoded name.
 //! - Each file starts with a fixed-width header `fence NNNNNNNNNNNNNNNNNNNN\n`, followed by
 //!   the holder's [`Record`] (JSON). In slot 0 the header is the fencing counter of the name,
 //!   updated under an OFD record lock on the header ([`header_lock`]) so that holders of
@@ -11,30 +11,16 @@
 
 use std::fs::File;
 use std::io::{self, Read};
-use std::os::fd::AsRawFd;
 use std::path::Path;
 
-use sha2::{Digest, Sha256};
-
-use super::dir::LockDir;
 use crate::error::Error;
+use crate::kit::flock::range_lock;
+use crate::kit::lock_dir::LockDir;
+use crate::kit::stem::stem;
 use crate::lock::{LockName, Record};
 
 /// The length of the header `fence NNNNNNNNNNNNNNNNNNNN\n`.
 pub(super) const HEADER_LEN: usize = 27;
-const MAX_STEM: usize = 200;
-
-/// The file-name stem of a lock name.
-pub(crate) fn stem(name: &LockName) -> String {
-    let encoded = name.encoded();
-    if encoded.len() <= MAX_STEM {
-        return encoded;
-    }
-    let digest = Sha256::digest(name.as_str().as_bytes());
-    let hex: String = digest.iter().take(16).map(|b| format!("{b:02x}")).collect();
-    // The encoding is ASCII, so any byte index is a char boundary.
-    format!("{}~{hex}", &encoded[..120])
-}
 
 /// The file name of slot `slot` of the lock whose file-name stem is `stem`.
 pub(super) fn slot_file_name(stem: &str, slot: u32) -> String {
@@ -120,23 +106,8 @@ pub(super) fn header(token: u64) -> String {
 }
 
 /// Take or drop a blocking OFD write lock on the header of `file`.
-pub(crate) fn header_lock(file: &File, lock: bool) -> io::Result<()> {
-    // SAFETY: a zeroed flock struct is a valid starting value; fcntl reads it only.
-    let mut range: libc::flock = unsafe { std::mem::zeroed() };
-    range.l_type = if lock { libc::F_WRLCK } else { libc::F_UNLCK } as libc::c_short;
-    range.l_whence = libc::SEEK_SET as libc::c_short;
-    range.l_start = 0;
-    range.l_len = HEADER_LEN as libc::off_t;
-    loop {
-        // SAFETY: F_OFD_SETLKW with a pointer to a live, initialised flock struct.
-        if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_SETLKW, &range) } == 0 {
-            return Ok(());
-        }
-        let err = io::Error::last_os_error();
-        if err.kind() != io::ErrorKind::Interrupted {
-            return Err(err);
-        }
-    }
+pub(super) fn header_lock(file: &File, lock: bool) -> io::Result<()> {
+    range_lock(file, HEADER_LEN, lock)
 }
 
 pub(super) fn write_at(file: &File, offset: u64, bytes: &[u8]) -> io::Result<()> {
@@ -204,14 +175,6 @@ mod tests {
         assert_eq!(split_file_name("#check-1.lock"), None);
         assert_eq!(split_file_name("a#0.lock"), None);
         assert_eq!(split_file_name("a.txt"), None);
-    }
-
-    #[test]
-    fn long_names_get_short_unique_stems() {
-        let a = LockName::new(&"é".repeat(127)).unwrap();
-        let b = LockName::new(&format!("{}x", "é".repeat(126))).unwrap();
-        assert!(stem(&a).len() < 255 - "#1024.lock".len());
-        assert_ne!(stem(&a), stem(&b));
     }
 
     #[test]

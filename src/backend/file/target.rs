@@ -1,7 +1,6 @@
 //! Where the file backend keeps its lock files: `file:///dir`, or the default directory.
 
-use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 /// A lock directory.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -12,38 +11,18 @@ pub struct FileTarget {
 }
 
 impl FileTarget {
-    /// dlock's own directory, for file locks without `--url` and the host-local queues
-    /// (docs/backends/file.md): `$DLOCK_DIR` when set, else
-    /// `/run/lock/dlock-<uid>` where `/run/lock` is root's and sticky (as on Debian), else
-    /// `/tmp/dlock-<uid>`. One per user, the same from cron and from a login session (nothing
-    /// depends on `XDG_RUNTIME_DIR`, which cron does not set and logout removes), and not
-    /// aged out by tmp cleaners where `/run/lock` is used.
+    /// dlock's own directory (`kit::lock_dir::default_dir`), which dlock creates.
     pub fn default_dir() -> FileTarget {
-        let uid = nix::unistd::getuid();
-        let dir = match std::env::var_os("DLOCK_DIR").map(PathBuf::from) {
-            Some(dir) if dir.is_absolute() => dir,
-            _ if shared_sticky_root_dir(Path::new(RUN_LOCK)) => {
-                Path::new(RUN_LOCK).join(format!("dlock-{uid}"))
-            }
-            _ => PathBuf::from(format!("/tmp/dlock-{uid}")),
-        };
-        FileTarget { dir, default: true }
+        FileTarget {
+            dir: crate::kit::lock_dir::default_dir(),
+            default: true,
+        }
     }
 
     /// The directory, for reentrancy (DLOCK_HELD).
     pub fn identity(&self) -> String {
         format!("file://{}", self.dir.display())
     }
-}
-
-/// Where the default directory goes when users may create directories there.
-const RUN_LOCK: &str = "/run/lock";
-
-/// Whether `dir` is a real directory (no link) of root's that everyone may create entries in
-/// and only their owners may remove (mode 1777), like /tmp.
-fn shared_sticky_root_dir(dir: &Path) -> bool {
-    std::fs::symlink_metadata(dir)
-        .is_ok_and(|meta| meta.is_dir() && meta.uid() == 0 && meta.mode() & 0o1777 == 0o1777)
 }
 
 /// `file:///dir`, `file://localhost/dir`; `file://` alone is the default directory.
@@ -83,7 +62,7 @@ pub fn parse(rest: &str) -> Result<FileTarget, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::Target;
+    use crate::kind::Target;
 
     #[test]
     fn file_urls() {

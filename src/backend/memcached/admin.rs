@@ -17,16 +17,17 @@
 
 use std::time::Duration;
 
-use crate::backend::median_round_trip;
 use crate::clock::BootInstant;
 use crate::error::Error;
+use crate::kit::round_trip::median_round_trip;
 use crate::lock::{CheckReport, Holder, HolderStatus, LockName, LockStatus};
 
-use super::client::{md, mg, ms, Conn, Failure, OP_TIMEOUT};
+use super::client::{md, mg, ms, Conn, Failure};
 use super::keys::{parse_fence, Keys, Stored, WAITER_SLOTS};
 use super::target::Server;
 use super::token::now_micros;
 use super::MemcachedBackend;
+use crate::kit::timeouts::OP_TIMEOUT;
 
 /// The most keys `list` reads from one server's listing.
 const MAX_LISTED: usize = 10_000_000;

@@ -13,17 +13,10 @@ use std::time::Duration;
 use tokio::net::{TcpStream, UnixStream};
 
 use crate::error::Error;
+use crate::kit::timeouts::CONNECT_TIMEOUT;
 
 use super::target::McAddr;
 
-/// Bound for connecting, inside the exchange's own budget: an unanswered SYN retransmits
-/// after 1 s and 3 s, so 5 s still lets a lossy link connect while a dead host fails soon.
-pub(super) const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-/// Bound for one exchange when no `--wait` bounds it (`--no-wait`, waiting without end,
-/// `status`, `release --force`, the release after the command): a healthy server answers in
-/// well under a millisecond, so 5 s only ever ends a stalled or unreachable one; with
-/// `--wait`, the acquisition derives its bound from the wait instead (`super::budget`).
-pub(super) const OP_TIMEOUT: Duration = Duration::from_secs(5);
 /// Bound for asking a server that closed the connection at dlock's first request whether it
 /// speaks only the binary protocol: one loopback-or-LAN round trip on a fresh connection, and
 /// only after the real request already failed, so a short fixed bound costs nothing else.

@@ -3,8 +3,8 @@
 use std::time::Duration;
 
 use super::{MemcachedBackend, MemcachedTarget};
-use crate::backend::local_queue::LocalQueued;
 use crate::kind::{after_scheme, Capabilities, DynBackend, Kind, Place, Target};
+use crate::kit::local_queue::LocalQueued;
 use crate::settings::Common;
 
 /// The shortest `--ttl` on memcached: its whole-second expiry may tick one second early, so
@@ -55,7 +55,7 @@ impl Place for MemcachedTarget {
     fn open(&self, common: &Common) -> Box<dyn DynBackend> {
         Box::new(LocalQueued::new(
             MemcachedBackend::new(self, &common.prefix),
-            common,
+            common.local_queue.then(|| common.identity()),
         ))
     }
 }

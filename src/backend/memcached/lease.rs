@@ -26,8 +26,9 @@ use crate::error::Error;
 use crate::keeper::{Keeper, Renew, RenewError};
 use crate::lock::{Holder, Lease, Lost};
 
-use super::client::{md, mg, ms, Conn, Failure, OP_TIMEOUT};
+use super::client::{md, mg, ms, Conn, Failure};
 use super::keys::Stored;
+use crate::kit::timeouts::OP_TIMEOUT;
 
 /// The bound the keeper puts on a renewal is the only one: no budget of our own.
 const NO_BUDGET: Duration = Duration::from_secs(3600);

@@ -51,18 +51,21 @@ mod wait;
 
 use std::time::Duration;
 
-use crate::backend::busy_reason;
 use crate::clock::BootInstant;
 use crate::error::Error;
+use crate::kit::backoff::Backoff;
+use crate::kit::held::busy_reason;
 use crate::lock::{
     limit_mismatch, AcquireRequest, Backend, Cancel, CheckReport, Holder, LockName, LockStatus,
     Record, Wait,
 };
 
-use client::{mg, ms, Conn, Failure, OP_TIMEOUT};
+use crate::kit::limit;
+use crate::kit::timeouts::OP_TIMEOUT;
+use client::{mg, ms, Conn, Failure};
 use keys::{Keys, Stored};
 use lease::{expiry_for, Held, Hold};
-use wait::{Backoff, Registration};
+use wait::Registration;
 
 pub use lease::MemcachedLease;
 pub use target::{McAddr, MemcachedTarget};
@@ -340,8 +343,8 @@ impl MemcachedBackend {
     ) -> Result<(Won, bool), Error> {
         let deadline = ctx.deadline;
         let value = ctx.stored.to_bytes();
-        let mut backoff = Backoff::new();
-        let mut relink = RELINK_FIRST;
+        let mut backoff = wait::polling();
+        let mut relink = Backoff::new(RELINK_FIRST, RELINK_CAP);
         // The connection whose server settings were read (0: none yet). A reconnected
         // waiter may reach a server restarted with other options: read them again.
         let mut settled = 0;
@@ -365,7 +368,7 @@ impl MemcachedBackend {
                 }
                 Ok(Attempt::Held(holders)) => {
                     answered = true;
-                    relink = RELINK_FIRST;
+                    relink.reset();
                     holders
                 }
                 Err(Failed::Link(failure))
@@ -373,7 +376,7 @@ impl MemcachedBackend {
                 {
                     // Waiting on through a server restart (or a broken link), reconnecting
                     // with backoff; `--wait` still ends the wait.
-                    wait_out_lost_link(ctx, &failure, &mut relink, &mut backoff, cancel).await?;
+                    wait_out_lost_link(ctx, &failure, &mut relink, cancel).await?;
                     continue;
                 }
                 Err(failed) => return Err(poll_error(failed, ctx)),
@@ -454,23 +457,19 @@ async fn sleep_unless_cancelled(cancel: &mut Cancel, pause: Duration) -> Result<
     }
 }
 
-/// Warns of a waiter's lost link and pauses before reconnecting: half of `relink` plus
-/// jitter, no later than `--wait`'s end; the next pause doubles, up to [`RELINK_CAP`].
+/// Warns of a waiter's lost link and pauses before reconnecting: `relink`'s next pause (from
+/// the upper half of a step doubling from [`RELINK_FIRST`] up to [`RELINK_CAP`]), no later
+/// than `--wait`'s end.
 async fn wait_out_lost_link(
     ctx: &Ctx<'_>,
     failure: &Failure,
-    relink: &mut Duration,
-    backoff: &mut Backoff,
+    relink: &mut Backoff,
     cancel: &mut Cancel,
 ) -> Result<(), Error> {
     let why = failure.describe();
     let server = ctx.display.as_str();
     tracing::warn!("{server}: {why}; reconnecting and waiting on");
-    let mut pause = *relink / 2
-        + Duration::from_micros(
-            backoff.random(u64::try_from(relink.as_micros()).unwrap_or(1) / 2 + 1),
-        );
-    *relink = (*relink * 2).min(RELINK_CAP);
+    let mut pause = relink.next_delay();
     if let Some(deadline) = ctx.deadline {
         pause = pause.min(deadline.remaining());
     }
@@ -497,11 +496,8 @@ fn pause_before_next_poll(
     deadline: Option<BootInstant>,
     backoff: &mut Backoff,
 ) -> Result<Duration, Error> {
-    if let Some(other) = holders
-        .iter()
-        .find(|h| h.record.limit != 0 && h.record.limit != request.limit)
-    {
-        return Err(limit_mismatch(&request.name, other.record.limit));
+    for holder in holders {
+        limit::agrees(&request.name, request.limit, holder.record.limit)?;
     }
     if request.wait == Wait::No {
         return Err(busy(

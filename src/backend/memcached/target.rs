@@ -24,8 +24,8 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
-use crate::backend::url::{join_host_port, split_host_port, Params};
 use crate::error::Error;
+use crate::kit::url::{join_host_port, split_host_port, Params};
 use crate::lock::LockName;
 
 /// memcached's default port.
@@ -260,7 +260,7 @@ const PARAMS: Params = Params {
 /// The query: only `allow-evictions=1|0|true|false`.
 fn parse_query(query: &str) -> Result<bool, String> {
     let mut allow = false;
-    for (_, value) in crate::backend::url::parse_query(query, &PARAMS)? {
+    for (_, value) in crate::kit::url::parse_query(query, &PARAMS)? {
         allow = match value.as_str() {
             "1" | "true" | "yes" => true,
             "0" | "false" | "no" => false,
@@ -273,7 +273,7 @@ fn parse_query(query: &str) -> Result<bool, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::Target;
+    use crate::kind::Target;
 
     fn parse_ok(url: &str) -> MemcachedTarget {
         match Target::parse_as::<MemcachedTarget>(url) {

@@ -16,6 +16,7 @@
 use std::time::Duration;
 
 use crate::clock::BootInstant;
+use crate::kit::backoff::Backoff;
 
 use super::client::{md, mg, ms, Conn, Failure};
 use super::keys::{Keys, WAITER_SLOTS};
@@ -24,44 +25,17 @@ use super::keys::{Keys, WAITER_SLOTS};
 /// the wait, and a busy machine only makes a poll later, never an acquisition fail. They
 /// trade a hand-off's delay against requests to the server; a waiter has no lease yet to
 /// derive them from.
-pub(super) const FIRST: Duration = Duration::from_millis(2);
+const FIRST: Duration = Duration::from_millis(2);
 /// The longest polling interval.
-pub(super) const CAP: Duration = Duration::from_millis(25);
+const CAP: Duration = Duration::from_millis(25);
 /// How long a waiter's registration lives without a refresh (whole seconds: memcached's).
 const REGISTRATION_TTL: u64 = 3;
 /// How often a waiter refreshes its registration.
 const REFRESH_EVERY: Duration = Duration::from_secs(1);
 
-/// Polling intervals: growing from [`FIRST`] to [`CAP`], jittered.
-pub(super) struct Backoff {
-    next: Duration,
-    rng: u64,
-}
-
-impl Backoff {
-    pub(super) fn new() -> Backoff {
-        let (a, b) = uuid::Uuid::new_v4().as_u64_pair();
-        Backoff {
-            next: FIRST,
-            rng: (a ^ b) | 1,
-        }
-    }
-
-    /// A number in `0..n` (xorshift64*; not for secrets).
-    pub(super) fn random(&mut self, n: u64) -> u64 {
-        self.rng ^= self.rng >> 12;
-        self.rng ^= self.rng << 25;
-        self.rng ^= self.rng >> 27;
-        self.rng.wrapping_mul(0x2545_F491_4F6C_DD1D) % n.max(1)
-    }
-
-    /// The next interval, drawn from the upper half of the current step.
-    pub(super) fn next_delay(&mut self) -> Duration {
-        let step = self.next;
-        self.next = (self.next * 3 / 2).min(CAP);
-        let micros = u64::try_from(step.as_micros()).unwrap_or(u64::MAX).max(2);
-        Duration::from_micros(micros / 2 + self.random(micros / 2 + 1))
-    }
+/// Polling intervals: growing by half from [`FIRST`] to [`CAP`], jittered.
+pub(super) fn polling() -> Backoff {
+    Backoff::new(FIRST, CAP).growing_by(3, 2)
 }
 
 /// A waiter's registration (for the count `status` shows).
@@ -161,7 +135,7 @@ mod tests {
 
     #[test]
     fn intervals_grow_to_the_cap_with_jitter() {
-        let mut backoff = Backoff::new();
+        let mut backoff = polling();
         let delays: Vec<Duration> = (0..40).map(|_| backoff.next_delay()).collect();
         assert!(delays[0] >= FIRST / 2 && delays[0] <= FIRST, "{delays:?}");
         assert!(delays.iter().all(|d| *d <= CAP), "{delays:?}");

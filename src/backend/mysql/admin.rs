@@ -13,9 +13,9 @@ use super::conn::{cell, Session};
 use super::keys::{key, quoted, turnstile_key};
 use super::sql::CREATE_TABLE;
 use super::MysqlBackend;
-use crate::backend::median_round_trip;
 use crate::clock::BootInstant;
 use crate::error::Error;
+use crate::kit::round_trip::median_round_trip;
 use crate::lock::{CheckReport, Holder, HolderStatus, LockName, LockStatus};
 
 /// The live holders recorded in `dlock_locks`, with their client address: `WHERE` is added.

@@ -17,8 +17,9 @@ use mysql_async::prelude::{FromValue, Queryable};
 use mysql_async::{Conn, OptsBuilder, Row, SslOpts};
 
 use super::target::{MysqlHost, SslMode};
-use super::{MysqlBackend, CONNECT_TIMEOUT, OP_TIMEOUT};
+use super::MysqlBackend;
 use crate::error::Error;
+use crate::kit::timeouts::{CONNECT_TIMEOUT, OP_TIMEOUT};
 
 /// One connection and what we know about it.
 pub(super) struct Session {
@@ -187,7 +188,7 @@ impl MysqlBackend {
             MysqlHost::Unix(path) => opts.socket(Some(path.display().to_string())),
         };
         if tls {
-            crate::backend::install_tls_provider();
+            crate::kit::tls::install_tls_provider();
             let mut ssl = SslOpts::default();
             if let Some(ca) = &target.tls_files.ca_file {
                 ssl = ssl
@@ -478,26 +479,14 @@ pub(super) fn cell<T: FromValue>(row: &Row, i: usize) -> Option<T> {
 pub(super) fn describe(e: &mysql_async::Error) -> String {
     match e {
         mysql_async::Error::Server(s) => format!("{} (error {})", s.message, s.code),
-        other => {
-            let mut text = other.to_string();
-            let mut source = std::error::Error::source(other);
-            while let Some(cause) = source {
-                let more = cause.to_string();
-                if !text.contains(&more) {
-                    text.push_str(": ");
-                    text.push_str(&more);
-                }
-                source = cause.source();
-            }
-            text
-        }
+        other => crate::kit::error_text::chain_text(other),
     }
 }
 
 /// MySQL error 1040: the server is at `max_connections`. A capacity refusal, waited out
-/// within `--wait` by [`crate::backend::capacity`] like the other servers' (69 when final).
+/// within `--wait` by [`crate::kit::capacity`] like the other servers' (69 when final).
 pub(super) fn too_many_connections(display: &str, text: &str) -> Error {
-    crate::backend::capacity::refused(display, "MySQL max_connections", text)
+    crate::kit::capacity::refused(display, "MySQL max_connections", text)
 }
 
 /// The exit status a driver error stands for (README: "Exit status").

@@ -1,10 +1,10 @@
 //! The MySQL/MariaDB backend as the registry knows it.
 
 use super::{MysqlBackend, MysqlTarget};
-use crate::backend::local_queue::LocalQueued;
 use crate::config::FileConfig;
 use crate::error::Error;
 use crate::kind::{after_scheme, Capabilities, DynBackend, Kind, Place, Target, MIN_LEASE_TTL};
+use crate::kit::local_queue::LocalQueued;
 use crate::settings::Common;
 
 pub const KIND: Kind = Kind {
@@ -45,7 +45,7 @@ impl Place for MysqlTarget {
     fn open(&self, common: &Common) -> Box<dyn DynBackend> {
         Box::new(LocalQueued::new(
             MysqlBackend::new(self, &common.prefix, &common.display_url),
-            common,
+            common.local_queue.then(|| common.identity()),
         ))
     }
 }

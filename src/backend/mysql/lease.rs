@@ -25,9 +25,10 @@ use super::acquire::Granted;
 use super::conn::{cell, Failure, Session};
 use super::keys::quoted;
 use super::sql::{finished_sql, server_seconds};
-use super::{MysqlBackend, CANCEL_TIMEOUT, OP_TIMEOUT};
+use super::{MysqlBackend, CANCEL_TIMEOUT};
 use crate::error::Error;
 use crate::keeper::{confirm_if_old, Keeper, Renew, RenewError, Schedule};
+use crate::kit::timeouts::OP_TIMEOUT;
 use crate::lock::{AcquireRequest, Holder, Lease, Lost};
 
 /// A held `GET_LOCK` lock on our own connection.

@@ -46,12 +46,10 @@ pub use lease::MysqlLease;
 pub use target::{MysqlHost, MysqlTarget, SslMode};
 
 use crate::error::Error;
+// The bound of one statement, for this module's children (`super::OP_TIMEOUT`).
+use crate::kit::timeouts::OP_TIMEOUT;
 use crate::lock::{AcquireRequest, Backend, Cancel, CheckReport, Holder, LockName, LockStatus};
 
-/// Bound for connecting (TCP, TLS, authentication) when the URL sets no `connect-timeout`.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-/// Bound for one statement outside the lock calls and the keeper.
-const OP_TIMEOUT: Duration = Duration::from_secs(5);
 /// Bound for giving back, ending a waiting call, and the unlock at release.
 const CANCEL_TIMEOUT: Duration = Duration::from_secs(2);
 

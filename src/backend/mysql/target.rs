@@ -9,9 +9,9 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::backend::url::{join_host_port, parse_query, split_host_port, split_userinfo, Params};
 use crate::config::FileConfig;
 use crate::error::Error;
+use crate::kit::url::{join_host_port, parse_query, split_host_port, split_userinfo, Params};
 use crate::lock::decode_component;
 use crate::secrets::{check_tls_files, credentials, Secret, TlsFiles};
 

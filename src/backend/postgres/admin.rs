@@ -10,9 +10,9 @@ use super::holders::{Seen, LIST_SQL, STATUS_SQL};
 use super::keys::{key_with, slot_key, turnstile_key};
 use super::target::PgHost;
 use super::PgBackend;
-use crate::backend::median_round_trip;
 use crate::clock::BootInstant;
 use crate::error::Error;
+use crate::kit::round_trip::median_round_trip;
 use crate::lock::{CheckReport, Holder, LockName, LockStatus, MAX_LIMIT};
 
 /// What `check` asks the server about itself.

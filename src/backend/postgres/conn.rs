@@ -14,8 +14,9 @@ use tokio_postgres_rustls::MakeRustlsConnect;
 use super::deadline::{Deadline, MIN_ANSWER};
 use super::settings::{client_keepalives, session_options, Features};
 use super::target::{PgHost, SslMode};
-use super::{tls, PgBackend, CONNECT_TIMEOUT, MAX_APPLICATION_NAME, OP_TIMEOUT};
+use super::{tls, PgBackend, MAX_APPLICATION_NAME};
 use crate::error::Error;
+use crate::kit::timeouts::{CONNECT_TIMEOUT, OP_TIMEOUT};
 
 impl PgBackend {
     /// Connect with dlock's session settings; `lock_timeout` bounds lock waits, and a `--wait`
@@ -300,19 +301,7 @@ fn truncate(text: &str, max: usize) -> String {
 pub(super) fn describe(e: &tokio_postgres::Error) -> String {
     match e.as_db_error() {
         Some(db) => format!("{} ({})", db.message(), db.code().code()),
-        None => {
-            let mut text = e.to_string();
-            let mut source = std::error::Error::source(e);
-            while let Some(cause) = source {
-                let more = cause.to_string();
-                if !text.contains(&more) {
-                    text.push_str(": ");
-                    text.push_str(&more);
-                }
-                source = cause.source();
-            }
-            text
-        }
+        None => crate::kit::error_text::chain_text(e),
     }
 }
 
@@ -340,7 +329,7 @@ pub(super) fn classify(e: &tokio_postgres::Error, display: &str) -> Error {
             "28P01" | "28000" | "42501" => Error::Permission(format!("{display}: {text}")),
             "3D000" => Error::Config(format!("{display}: {text}")),
             "55P03" => Error::Busy(text),
-            "53300" => crate::backend::capacity::refused(display, capacity_limit(&text), &text),
+            "53300" => crate::kit::capacity::refused(display, capacity_limit(&text), &text),
             "08P01" if text.contains("startup parameter") => Error::Config(format!(
                 "{display} refused dlock's session settings ({text}); a connection pooler? use a direct connection"
             )),

@@ -1,10 +1,10 @@
 //! The PostgreSQL backend as the registry knows it.
 
 use super::{PgBackend, PgTarget};
-use crate::backend::local_queue::LocalQueued;
 use crate::config::FileConfig;
 use crate::error::Error;
 use crate::kind::{Capabilities, DynBackend, Kind, Place, Target, MIN_LEASE_TTL};
+use crate::kit::local_queue::LocalQueued;
 use crate::settings::Common;
 
 pub const KIND: Kind = Kind {
@@ -54,7 +54,7 @@ impl Place for PgTarget {
     fn open(&self, common: &Common) -> Box<dyn DynBackend> {
         Box::new(LocalQueued::new(
             PgBackend::new(self, &common.prefix, &common.display_url),
-            common,
+            common.local_queue.then(|| common.identity()),
         ))
     }
 }

@@ -69,10 +69,6 @@ use deadline::Deadline;
 use keys::channel;
 use limit::limit_key;
 
-/// Bound for connecting (TCP, TLS, authentication) when the URL sets no `connect_timeout`.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-/// Bound for one statement outside the keeper.
-const OP_TIMEOUT: Duration = Duration::from_secs(5);
 /// Bound for a cancel request and for the cancelled statement to answer.
 const CANCEL_TIMEOUT: Duration = Duration::from_secs(2);
 /// Longest `application_name` the server keeps (NAMEDATALEN − 1).

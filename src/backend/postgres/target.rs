@@ -5,9 +5,9 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::backend::url::{join_host_port, parse_query, unknown_parameter, Params};
 use crate::config::FileConfig;
 use crate::error::Error;
+use crate::kit::url::{join_host_port, parse_query, unknown_parameter, Params};
 use crate::lock::decode_component;
 use crate::secrets::{check_tls_files, credentials, Secret, TlsFiles};
 

@@ -7,19 +7,21 @@ use std::time::Duration;
 
 use redis::Value;
 
-use crate::backend::{list_held, median_round_trip};
 use crate::clock::BootInstant;
 use crate::error::Error;
+use crate::kit::held::list_held;
+use crate::kit::round_trip::median_round_trip;
 use crate::lock::{CheckReport, Holder, LockName, LockStatus};
 
 use super::cluster;
-use super::conn::{Conn, OP_TIMEOUT};
+use super::conn::Conn;
 use super::role;
 use super::scripts::{
     bad_data, holder_of, int_of, millis, parse_status, text_of, tokens_at, wake_call, LockScript,
     FORCE, STATUS,
 };
 use super::RedisBackend;
+use crate::kit::timeouts::OP_TIMEOUT;
 
 /// `release --force` removes waiter entries whose heartbeat deadline is further ahead than
 /// this: a live waiter's is at most its waiter lease (2 s) ahead, so such an entry is nobody's.
@@ -288,7 +290,7 @@ async fn server_info(
             .and_then(|n| n.addr.as_ref())
             .map_or_else(
                 || "HOST:PORT".to_owned(),
-                |(h, p)| crate::backend::url::join_host_port(h, *p),
+                |(h, p)| crate::kit::url::join_host_port(h, *p),
             );
         return Err(role::sentinel_given(
             display,
@@ -308,7 +310,7 @@ async fn server_info(
         if kind != b"master" {
             let master = match (role.get(1), role.get(2)) {
                 (Some(Value::BulkString(host)), Some(Value::Int(port))) => {
-                    crate::backend::url::join_host_port(
+                    crate::kit::url::join_host_port(
                         &String::from_utf8_lossy(host),
                         u16::try_from(*port).unwrap_or(0),
                     )

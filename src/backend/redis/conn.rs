@@ -20,6 +20,7 @@ use redis::{
 
 use crate::clock::BootInstant;
 use crate::error::Error;
+use crate::kit::timeouts::{CONNECT_TIMEOUT, OP_TIMEOUT};
 
 pub(super) use super::failure::{classify, Failure};
 
@@ -27,11 +28,6 @@ use super::cluster::{slot_of, NodeAddr, SlotMap};
 use super::scripts::Invocation;
 use super::sentinel::Locator;
 use super::{RedisAddr, RedisTarget};
-
-/// Bound for connecting (TCP, TLS handshake, AUTH, SELECT).
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-/// Bound for one script call outside the lease keeper.
-pub(super) const OP_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// What it takes to open a connection to any node: credentials, database, TLS files (read
 /// once), for the URL's hosts and for the nodes a cluster names.

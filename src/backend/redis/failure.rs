@@ -84,7 +84,7 @@ pub(super) fn classify(e: &RedisError, display: &str) -> Error {
     let detail = e.detail().unwrap_or_default();
     let text = e.to_string();
     if text.contains("max number of clients reached") {
-        return crate::backend::capacity::refused(display, "Redis maxclients", &text);
+        return crate::kit::capacity::refused(display, "Redis maxclients", &text);
     }
     // A server that wants a password closes unauthenticated connections that send scripts
     // ("Protocol error: unauthenticated multibulk length").

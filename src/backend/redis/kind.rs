@@ -2,10 +2,10 @@
 //! them: two kinds of one backend, told apart by their schemes.
 
 use super::{sentinel, RedisBackend, RedisTarget};
-use crate::backend::local_queue::LocalQueued;
 use crate::config::FileConfig;
 use crate::error::Error;
 use crate::kind::{after_scheme, Capabilities, DynBackend, Kind, Place, Target, MIN_LEASE_TTL};
+use crate::kit::local_queue::LocalQueued;
 use crate::settings::Common;
 
 /// What both kinds can honour: the same scripts serve both.
@@ -81,7 +81,7 @@ impl Place for RedisTarget {
     fn open(&self, common: &Common) -> Box<dyn DynBackend> {
         Box::new(LocalQueued::new(
             RedisBackend::new(self, &common.prefix, &common.display_url),
-            common,
+            common.local_queue.then(|| common.identity()),
         ))
     }
 }

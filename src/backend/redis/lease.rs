@@ -9,11 +9,12 @@ use crate::error::Error;
 use crate::keeper::{self, Keeper, Renew, RenewError, Schedule};
 use crate::lock::{Holder, Lease, Lost};
 
-use super::conn::{Conn, OP_TIMEOUT};
+use super::conn::Conn;
 use super::keys::Keys;
 use super::scripts::{bad_data, release_call, Released, FINISH, RENEW};
 use super::sentinel::watch::SwitchWatch;
 use super::RedisTarget;
+use crate::kit::timeouts::OP_TIMEOUT;
 
 /// A held Redis lock: the keeper renews it; release gives it back and wakes the next waiter.
 pub struct RedisLease {

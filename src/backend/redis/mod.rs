@@ -96,7 +96,7 @@ impl RedisBackend {
     pub fn new(target: &RedisTarget, prefix: &str, display: &str) -> RedisBackend {
         if matches!(target.addr, RedisAddr::Tls { .. }) {
             // Also `rediss-sentinel://` (its `addr` is the first sentinel, over TLS).
-            crate::backend::install_tls_provider();
+            crate::kit::tls::install_tls_provider();
         }
         RedisBackend {
             target: target.clone(),

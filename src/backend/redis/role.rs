@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use redis::{RedisError, Value};
 
-use crate::backend::url::join_host_port;
 use crate::error::Error;
+use crate::kit::url::join_host_port;
 
 use super::conn::{Conn, Failure};
 

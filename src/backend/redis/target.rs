@@ -3,9 +3,9 @@
 
 use std::path::PathBuf;
 
-use crate::backend::url::{parse_query, split_host_port, split_userinfo, Params};
 use crate::config::FileConfig;
 use crate::error::Error;
+use crate::kit::url::{parse_query, split_host_port, split_userinfo, Params};
 use crate::secrets::{check_tls_files, credentials, Secret, TlsFiles};
 
 use super::sentinel::target::SentinelTarget;
@@ -62,7 +62,7 @@ impl RedisTarget {
                 // One cluster, however its nodes are listed.
                 let mut hosts: Vec<String> = std::iter::once((host, port))
                     .chain(self.more_hosts.iter().map(|(h, p)| (h, p)))
-                    .map(|(h, p)| crate::backend::url::join_host_port(h, *p))
+                    .map(|(h, p)| crate::kit::url::join_host_port(h, *p))
                     .collect();
                 hosts.sort();
                 hosts.dedup();
@@ -209,7 +209,7 @@ pub fn complete(target: &mut RedisTarget, file: &FileConfig) -> Result<(), Error
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::Target;
+    use crate::kind::Target;
 
     #[test]
     fn redis_urls() {

@@ -12,7 +12,7 @@ use crate::keeper::Keeper;
 use crate::lock::{limit_mismatch, AcquireRequest, Cancel, Wait};
 use crate::wording::not_acquired;
 
-use super::conn::{Conn, Failure, OP_TIMEOUT};
+use super::conn::{Conn, Failure};
 use super::keys::Keys;
 use super::lease::{RedisLease, Renewer};
 use super::scripts::{
@@ -21,6 +21,7 @@ use super::scripts::{
 };
 use super::sentinel::watch::SwitchWatch;
 use super::RedisBackend;
+use crate::kit::timeouts::OP_TIMEOUT;
 
 /// Attempts of an acquire step after a lost reply or a dropped connection.
 const ACQUIRE_ATTEMPTS: u32 = 3;

@@ -9,8 +9,9 @@ use zookeeper_client::{self as zk, Client, CreateMode};
 use super::conn::{server_info, timed};
 use super::nodes::{name_of_component, Entry};
 use super::ZkBackend;
-use crate::backend::{list_held, median_round_trip};
 use crate::error::Error;
+use crate::kit::held::list_held;
+use crate::kit::round_trip::median_round_trip;
 use crate::lock::{CheckReport, Holder, LockName, LockStatus};
 
 impl ZkBackend {

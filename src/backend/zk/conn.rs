@@ -9,14 +9,13 @@ use std::time::Duration;
 use zookeeper_client::{self as zk, Client};
 
 use super::ZkBackend;
-use crate::backend::capacity;
-use crate::backend::url::join_host_port;
 use crate::clock::BootInstant;
 use crate::error::Error;
+use crate::kit::capacity;
+use crate::kit::timeouts::OP_TIMEOUT;
+use crate::kit::url::join_host_port;
 use crate::lock::{Wait, MIN_ANSWER};
 
-/// Bound for reaching the ensemble and for one operation outside the keeper.
-pub(super) const OP_TIMEOUT: Duration = Duration::from_secs(5);
 /// Bound for closing the session after a release or a cancel.
 pub(super) const CLOSE_TIMEOUT: Duration = Duration::from_secs(1);
 /// This process was turned away for capacity (a process talks to one ensemble).

@@ -1,10 +1,10 @@
 //! The ZooKeeper backend as the registry knows it.
 
 use super::{ZkBackend, ZkTarget};
-use crate::backend::local_queue::LocalQueued;
 use crate::config::FileConfig;
 use crate::error::Error;
 use crate::kind::{after_scheme, Capabilities, DynBackend, Kind, Place, Target, MIN_LEASE_TTL};
+use crate::kit::local_queue::LocalQueued;
 use crate::settings::Common;
 
 pub const KIND: Kind = Kind {
@@ -43,7 +43,7 @@ impl Place for ZkTarget {
     fn open(&self, common: &Common) -> Box<dyn DynBackend> {
         Box::new(LocalQueued::new(
             ZkBackend::new(self, &common.prefix, &common.display_url, common.ttl),
-            common,
+            common.local_queue.then(|| common.identity()),
         ))
     }
 }

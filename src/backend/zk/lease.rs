@@ -11,11 +11,12 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use zookeeper_client::{self as zk, Client, EventType, SessionState};
 
-use super::conn::{closed, OP_TIMEOUT};
+use super::conn::closed;
 use super::nodes::Meta;
 use crate::clock::BootInstant;
 use crate::error::Error;
 use crate::keeper::{Keeper, Renew, RenewError};
+use crate::kit::timeouts::OP_TIMEOUT;
 use crate::lock::{Holder, Lease, Lost, Record};
 
 /// Watch our node and the session: a deleted node or an expired session is a loss at once;

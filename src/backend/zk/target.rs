@@ -1,9 +1,9 @@
 //! Where a ZooKeeper ensemble is: `zk://` URLs with members and a chroot, and the digest
 //! password of the config file's `[zookeeper]` table.
 
-use crate::backend::url::{parse_query, sorted_endpoints, split_host_port, split_userinfo, Params};
 use crate::config::FileConfig;
 use crate::error::Error;
+use crate::kit::url::{parse_query, sorted_endpoints, split_host_port, split_userinfo, Params};
 use crate::secrets::{credentials_for_user, Secret, TlsFiles};
 
 /// A ZooKeeper ensemble: its members, the chroot and the digest credentials.
@@ -102,7 +102,7 @@ pub fn complete(target: &mut ZkTarget, file: &FileConfig) -> Result<(), Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::Target;
+    use crate::kind::Target;
 
     #[test]
     fn zk_urls() {

@@ -123,7 +123,7 @@ impl ZkBackend {
             .into_iter()
             .take_while(|e| Some(e.child.as_str()) != own);
         let (holders, waiting): (Vec<Entry>, Vec<Entry>) = ahead.partition(|e| e.holds);
-        crate::backend::busy_reason(
+        crate::kit::held::busy_reason(
             holders.into_iter().map(|e| e.status.holder).collect(),
             waiting.len(),
         )

@@ -116,7 +116,7 @@ fn pgpass_lines_honour_escapes_and_wildcards() {
 
 #[test]
 fn postgres_urls_in_both_forms() {
-    use crate::backend::Target;
+    use crate::kind::Target;
     let Ok(t) = Target::parse_as::<PgTarget>("postgresql://u@db:6432/app?sslmode=disable") else {
         panic!("not a postgres URL");
     };

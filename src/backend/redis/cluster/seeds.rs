@@ -12,8 +12,8 @@ use std::net::IpAddr;
 
 use redis::{ErrorKind, RedisError};
 
-use crate::backend::url::join_host_port;
 use crate::error::Error;
+use crate::kit::url::join_host_port;
 
 use crate::backend::redis::conn::{Conn, Failure, Request};
 

@@ -4,8 +4,9 @@
 
 use crate::lock::CheckReport;
 
-use super::super::conn::{Conn, OP_TIMEOUT};
+use super::super::conn::Conn;
 use super::{Answer, Locator, Round, ASK_TIMEOUT};
+use crate::kit::timeouts::OP_TIMEOUT;
 
 /// Add the Sentinel details to `report` (nothing when `conn` is not behind Sentinel).
 pub(in crate::backend::redis) async fn report(conn: &mut Conn, report: &mut CheckReport) {
@@ -92,7 +93,7 @@ fn report_master(round: &Round, locator: &Locator, answered: usize, report: &mut
             format!(
                 "'{}' at {} (config epoch {epoch})",
                 locator.master,
-                crate::backend::url::join_host_port(&host, port)
+                crate::kit::url::join_host_port(&host, port)
             ),
         )),
         Err(e) if answered > 0 => report.warnings.push(format!(

@@ -146,7 +146,7 @@ impl Locator {
                 sentinel: None,
             };
             sentinels.push(Sentinel {
-                label: crate::backend::url::join_host_port(host, *port),
+                label: crate::kit::url::join_host_port(host, *port),
                 host: host.clone(),
                 port: *port,
                 client: Conn::client_for(&own, display)?,
@@ -303,7 +303,7 @@ impl Locator {
             "{} (master '{}' at {})",
             self.display,
             self.master,
-            crate::backend::url::join_host_port(&addr.0, addr.1)
+            crate::kit::url::join_host_port(&addr.0, addr.1)
         );
         let client = Conn::client_for(&data, &self.display)?;
         let config = AsyncConnectionConfig::new()
@@ -348,7 +348,7 @@ impl Locator {
             tracing::warn!(
                 "the sentinels name a new master for '{}': {}; moving there",
                 self.master,
-                crate::backend::url::join_host_port(&addr.0, addr.1)
+                crate::kit::url::join_host_port(&addr.0, addr.1)
             );
             self.next = Some(addr);
             return Ok(true);

@@ -128,7 +128,7 @@ impl Round {
             .map(|(addr, epoch, count)| {
                 format!(
                     "{count} name {} (epoch {epoch})",
-                    crate::backend::url::join_host_port(&addr.0, addr.1)
+                    crate::kit::url::join_host_port(&addr.0, addr.1)
                 )
             })
             .collect();

@@ -14,9 +14,9 @@
 
 use std::time::Duration;
 
-use crate::backend::url::{parse_query, sorted_endpoints, split_host_port, split_userinfo, Params};
 use crate::config::FileConfig;
 use crate::error::Error;
+use crate::kit::url::{parse_query, sorted_endpoints, split_host_port, split_userinfo, Params};
 use crate::secrets::{read_password_file, Secret, TlsFiles};
 
 use super::super::{RedisAddr, RedisTarget};
@@ -179,7 +179,7 @@ pub fn complete(target: &mut SentinelTarget, file: &FileConfig) -> Result<(), Er
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backend::Target;
+    use crate::kind::Target;
 
     fn sentinel_of(url: &str) -> (RedisTarget, SentinelTarget) {
         let Ok(t) = Target::parse_as::<RedisTarget>(url) else {

@@ -121,7 +121,7 @@ async fn next_switch(sentinel: &Sentinel, master: &str) -> Option<Addr> {
 /// Does the new master have our hold? `Some(reason)` when it plainly does not; `None` when it
 /// does, or when that cannot be told now (the next renewal looks again).
 async fn check(locator: &Locator, addr: &Addr, owners: &str, owner: &str) -> Option<String> {
-    let shown = crate::backend::url::join_host_port(&addr.0, addr.1);
+    let shown = crate::kit::url::join_host_port(&addr.0, addr.1);
     // The sentinels announce the switch when the replica reports itself master; allow a
     // moment in case this one is ahead of it. Bounded: a few attempts within the patience.
     let deadline = tokio::time::Instant::now() + PROMOTION_PATIENCE;

@@ -26,16 +26,6 @@ pub fn split_userinfo(authority: &str) -> Result<(Option<String>, Option<Secret>
     Ok((user, password, rest))
 }
 
-/// The refusal of an `http://` or `https://` URL, which is how etcd's own tools write an
-/// endpoint: dlock names the backend by its scheme, so say how to write it.
-pub fn http_hint(scheme: &str) -> String {
-    let etcd = if scheme == "https" { "etcds" } else { "etcd" };
-    format!(
-        "unknown URL scheme '{scheme}'; for an etcd endpoint write {etcd}://host:port (etcd's \
-         {scheme}://host:port), for the other backends see --url in 'dlock run --help'"
-    )
-}
-
 /// `host:port`, with brackets around an IPv6 address: the inverse of [`split_host_port`].
 pub fn join_host_port(host: &str, port: u16) -> String {
     if host.contains(':') {
@@ -211,30 +201,6 @@ mod tests {
             parse_query("db=%zz", &PARAMS).unwrap_err(),
             "bad percent-encoding in the URL's query"
         );
-    }
-
-    /// Every backend that has a URL query refuses a key it does not take in one shape.
-    #[test]
-    fn every_scheme_refuses_an_unknown_key_alike() {
-        for scheme in crate::backend::schemes().filter(|s| *s != "file") {
-            let url = if scheme.ends_with("+unix") {
-                format!("{scheme}:///run/x.sock?bogus=1")
-            } else if scheme.ends_with("-sentinel") {
-                format!("{scheme}://127.0.0.1?bogus=1#m")
-            } else {
-                format!("{scheme}://127.0.0.1/?bogus=1")
-            };
-            let Err(e) = crate::backend::Target::parse(&url) else {
-                panic!("{url} was accepted");
-            };
-            let (head, tail) = e.split_once(" takes ").unwrap_or_default();
-            assert!(
-                head.starts_with("unknown URL parameter 'bogus'; a")
-                    && head.ends_with(" URL")
-                    && tail.ends_with("; see dlock run --help"),
-                "{url}: {e}"
-            );
-        }
     }
 
     #[test]

@@ -14,7 +14,7 @@
 //! at the server's speed: the next waiters have already connected and queued when a holder is
 //! done.
 //!
-//! - Where: the file backend's default directory ([`FileTarget::default_dir`], one per user
+//! - Where: the file backend's default directory (`kit::lock_dir::default_dir`, one per user
 //!   whatever the session, private to the user and checked as the file backend checks it), in a
 //!   sub-directory named after a digest of the remote backend's identity and prefix. Another
 //!   user has another directory: users do not share a queue, and nobody else can block or
@@ -58,15 +58,13 @@ use std::time::Duration;
 use sha2::Digest;
 
 use self::tickets::{LocalQueue, Ticket};
-use super::capacity;
-use super::file::FileTarget;
 use crate::clock::BootInstant;
 use crate::error::Error;
+use crate::kit::{capacity, lock_dir};
 use crate::lock::{
     AcquireRequest, Backend, Cancel, CheckReport, Holder, Lease, LockName, LockStatus, Lost,
     OnQueued, Wait, Waiter,
 };
-use crate::settings::Common;
 
 /// How many processes of a host wait at the server besides the `--limit` holders. More than
 /// one, so that the next waiter has connected and queued before the holder releases even when
@@ -98,11 +96,13 @@ pub struct LocalQueued<B> {
 }
 
 impl<B: Backend> LocalQueued<B> {
-    /// `remote`, with the local queue `common` asks for (`--local-queue`, on by default).
-    pub fn new(remote: B, common: &Common) -> LocalQueued<B> {
+    /// `remote`, queueing on this host first in the queue of the remote namespace `identity`
+    /// (`Common::identity`: the server and the prefix); `None` when `--local-queue` turned the
+    /// queue off.
+    pub fn new(remote: B, identity: Option<String>) -> LocalQueued<B> {
         LocalQueued {
             remote,
-            queue: common.local_queue.then(|| queue_for(&common.identity())),
+            queue: identity.as_deref().map(queue_for),
         }
     }
 
@@ -151,12 +151,12 @@ impl<B: Backend> LocalQueued<B> {
     }
 }
 
-/// This user's local queue for the remote namespace `identity`: a sub-directory of the file
-/// backend's default directory, named after a digest of the identity.
+/// This user's local queue for the remote namespace `identity`: a sub-directory of dlock's
+/// own directory (the file backend's default), named after a digest of the identity.
 fn queue_for(identity: &str) -> LocalQueue {
     let digest = sha2::Sha256::digest(identity.as_bytes());
     let short: String = digest[..10].iter().map(|b| format!("{b:02x}")).collect();
-    LocalQueue::new(&FileTarget::default_dir().dir, format!("queue-{short}"))
+    LocalQueue::new(&lock_dir::default_dir(), format!("queue-{short}"))
 }
 
 impl<B: Backend> Backend for LocalQueued<B> {

@@ -1,5 +1,6 @@
 //! The lock directory and its lock files, opened so that nobody else can redirect dlock's
-//! writes or make it hang (docs/backends/file.md).
+//! writes or make it hang (docs/backends/file.md); and dlock's own directory, where the file
+//! backend keeps its locks without `--url` and the host-local queues keep their tickets.
 //!
 //! - The base directory is opened once. The `--prefix` sub-directory and every lock file are
 //!   opened relative to it (`openat`) with `O_NOFOLLOW`, so swapping a directory or a file for
@@ -27,6 +28,33 @@ use nix::fcntl::{AtFlags, FcntlArg, OFlag};
 use nix::sys::stat::{FileStat, Mode, SFlag};
 
 use crate::error::Error;
+
+/// dlock's own directory, for file locks without `--url` and the host-local queues
+/// (docs/backends/file.md): `$DLOCK_DIR` when set, else `/run/lock/dlock-<uid>` where
+/// `/run/lock` is root's and sticky (as on Debian), else `/tmp/dlock-<uid>`. One per user, the
+/// same from cron and from a login session (nothing depends on `XDG_RUNTIME_DIR`, which cron
+/// does not set and logout removes), and not aged out by tmp cleaners where `/run/lock` is
+/// used.
+pub fn default_dir() -> PathBuf {
+    let uid = nix::unistd::getuid();
+    match std::env::var_os("DLOCK_DIR").map(PathBuf::from) {
+        Some(dir) if dir.is_absolute() => dir,
+        _ if shared_sticky_root_dir(Path::new(RUN_LOCK)) => {
+            Path::new(RUN_LOCK).join(format!("dlock-{uid}"))
+        }
+        _ => PathBuf::from(format!("/tmp/dlock-{uid}")),
+    }
+}
+
+/// Where the default directory goes when users may create directories there.
+const RUN_LOCK: &str = "/run/lock";
+
+/// Whether `dir` is a real directory (no link) of root's that everyone may create entries in
+/// and only their owners may remove (mode 1777), like /tmp.
+fn shared_sticky_root_dir(dir: &Path) -> bool {
+    std::fs::symlink_metadata(dir)
+        .is_ok_and(|meta| meta.is_dir() && meta.uid() == 0 && meta.mode() & 0o1777 == 0o1777)
+}
 
 /// An open lock directory: the base, or the `--prefix` directory in it.
 pub(crate) struct LockDir {
@@ -274,7 +302,7 @@ impl LockDir {
         nix::sys::stat::fstat(&self.fd).is_ok_and(|stat| stat.st_nlink == 0)
     }
 
-    pub(super) fn statfs(&self) -> Option<nix::sys::statfs::Statfs> {
+    pub(crate) fn statfs(&self) -> Option<nix::sys::statfs::Statfs> {
         nix::sys::statfs::fstatfs(&self.fd).ok()
     }
 }

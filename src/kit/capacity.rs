@@ -16,12 +16,12 @@
 
 use std::time::Duration;
 
+use super::backoff::Backoff;
 use crate::clock::{sleep_until, BootInstant};
 use crate::error::Error;
 use crate::lock::{Cancel, Wait};
 
-/// The first pause after a refusal. Pauses are not deadlines: `--wait` bounds the whole, and
-/// a busy machine only makes a pause longer, never an attempt fail.
+/// The first pause after a refusal (see [`Backoff`]: pauses are not deadlines).
 const FIRST_DELAY: Duration = Duration::from_millis(20);
 /// The longest pause between two attempts: a slot freed meanwhile is noticed within it.
 const MAX_DELAY: Duration = Duration::from_secs(1);
@@ -34,47 +34,17 @@ pub fn refused(display: &str, limit: &str, detail: &str) -> Error {
     ))
 }
 
-/// Exponential backoff with jitter: each pause is drawn uniformly from the upper half of a
-/// window that doubles from [`FIRST_DELAY`] up to [`MAX_DELAY`].
-#[derive(Debug)]
-pub struct Backoff {
-    window: Duration,
-}
-
-impl Default for Backoff {
-    fn default() -> Self {
-        Backoff {
-            window: FIRST_DELAY,
-        }
-    }
-}
-
-impl Backoff {
-    /// The next pause.
-    pub fn next_delay(&mut self) -> Duration {
-        let window = self.window;
-        self.window = (window * 2).min(MAX_DELAY);
-        let half = window / 2;
-        half + half.mul_f64(unit_random())
-    }
-}
-
-/// A number in [0, 1): a v4 UUID's random bits (the kernel's random source, no extra crate).
-fn unit_random() -> f64 {
-    let bits = (uuid::Uuid::new_v4().as_u128() >> 75) as u64; // 53 random bits
-    bits as f64 / (1u64 << 53) as f64
-}
-
 /// Run `attempt` (given the `--wait` still left) until it does not fail with a capacity
-/// refusal; pause with [`Backoff`] between attempts. One deadline for all attempts: the
-/// `--wait` that started at `deadline - wait`. `cancel` ends the pauses (a signal).
+/// refusal; pause with a doubling [`Backoff`] (`FIRST_DELAY` to `MAX_DELAY`) between
+/// attempts. One deadline for all attempts: the `--wait` that started at `deadline - wait`.
+/// `cancel` ends the pauses (a signal).
 pub async fn wait_out<T>(
     wait: Wait,
     deadline: Option<BootInstant>,
     cancel: &mut Cancel,
     mut attempt: impl AsyncFnMut(Wait) -> Result<T, Error>,
 ) -> Result<T, Error> {
-    let mut backoff = Backoff::default();
+    let mut backoff = Backoff::new(FIRST_DELAY, MAX_DELAY);
     let mut refusals = 0u32;
     let mut last: Option<String> = None;
     loop {
@@ -132,19 +102,6 @@ pub async fn wait_out<T>(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn backoff_grows_with_jitter_up_to_the_cap() {
-        let mut backoff = Backoff::default();
-        let pauses: Vec<Duration> = (0..12).map(|_| backoff.next_delay()).collect();
-        assert!(pauses[0] >= FIRST_DELAY / 2 && pauses[0] <= FIRST_DELAY);
-        assert!(pauses.iter().all(|p| *p <= MAX_DELAY));
-        assert!(pauses[11] >= MAX_DELAY / 2);
-        // Two crowds of clients do not pause in step.
-        let mut other = Backoff::default();
-        let theirs: Vec<Duration> = (0..12).map(|_| other.next_delay()).collect();
-        assert_ne!(pauses, theirs);
-    }
 
     fn block_on<F: std::future::Future>(future: F) -> F::Output {
         tokio::runtime::Builder::new_current_thread()

@@ -1,7 +1,10 @@
-//! Waiting for a slot in the kernel. Each slot file gets a helper thread blocked in
-//! `flock(LOCK_EX)`, so a release hands over without polling; the first thread to win gives
-//! its slot to the waiter. The wait is cancelled by interrupting those threads with a private
-//! real-time signal.
+//! The kernel's file locks, as the file backend's lock files and the host-local queue's
+//! tickets use them: `flock(2)` on a whole file, an OFD record lock on a file's first bytes,
+//! and waiting for `flock` in the kernel.
+//!
+//! Waiting: each file gets a helper thread blocked in `flock(LOCK_EX)`, so a release hands
+//! over without polling; the first thread to win gives its file to the waiter. The wait is
+//! cancelled by interrupting those threads with a private real-time signal.
 
 use std::fs::File;
 use std::io;
@@ -21,6 +24,28 @@ pub(crate) fn flock(file: &File, operation: libc::c_int) -> io::Result<()> {
         Ok(())
     } else {
         Err(io::Error::last_os_error())
+    }
+}
+
+/// Take (`lock`) or drop a blocking OFD write lock on the first `len` bytes of `file`: the
+/// lock of a counter kept at the start of a file, which `flock` holders of the same file do
+/// not conflict with.
+pub(crate) fn range_lock(file: &File, len: usize, lock: bool) -> io::Result<()> {
+    // SAFETY: a zeroed flock struct is a valid starting value; fcntl reads it only.
+    let mut range: libc::flock = unsafe { std::mem::zeroed() };
+    range.l_type = if lock { libc::F_WRLCK } else { libc::F_UNLCK } as libc::c_short;
+    range.l_whence = libc::SEEK_SET as libc::c_short;
+    range.l_start = 0;
+    range.l_len = len as libc::off_t;
+    loop {
+        // SAFETY: F_OFD_SETLKW with a pointer to a live, initialised flock struct.
+        if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_OFD_SETLKW, &range) } == 0 {
+            return Ok(());
+        }
+        let err = io::Error::last_os_error();
+        if err.kind() != io::ErrorKind::Interrupted {
+            return Err(err);
+        }
     }
 }
 

@@ -22,7 +22,7 @@
 //!   admission: blocked in the kernel on one file at a time, within `--wait`, cancellable.
 //!   The first to find one unlocked removes it.
 //!
-//! The directory is opened as the file backend opens its own (`file::dir`): private to the
+//! The directory is opened as the file backend opens its own (`kit::lock_dir`): private to the
 //! user, never following a link, refusing files someone else planted.
 //!
 //! Nothing is left behind: the last ticket of a lock name to leave removes its counter, and
@@ -39,16 +39,21 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use crate::backend::file::dir::LockDir;
-use crate::backend::file::proc_locks::ProcLocks;
-use crate::backend::file::slot::{header_lock, stem};
-use crate::backend::file::wait::{flock, BlockedWait};
 use crate::clock::{sleep_until, BootInstant};
 use crate::error::Error;
+use crate::kit::flock::{flock, range_lock, BlockedWait};
+use crate::kit::lock_dir::LockDir;
+use crate::kit::proc_locks::ProcLocks;
+use crate::kit::stem::stem;
 use crate::lock::{Cancel, LockName};
 
 /// The width of the counter: 20 digits and a newline.
 const COUNTER_LEN: usize = 21;
+
+/// Take or drop the lock on a counter (an OFD record lock on its number).
+fn counter_lock(counter: &File, lock: bool) -> io::Result<()> {
+    range_lock(counter, COUNTER_LEN, lock)
+}
 
 /// How often taking a ticket starts again because a leaver removed the counter or the
 /// directory meanwhile (each time needs another process to empty the queue in between).
@@ -125,7 +130,7 @@ impl Ticket {
                 &e,
             )
         };
-        header_lock(&counter, true).map_err(lock_err)?;
+        counter_lock(&counter, true).map_err(lock_err)?;
         let prefix = format!("{}.", self.stem);
         let removed = (|| {
             if !self
@@ -155,7 +160,7 @@ impl Ticket {
             })?;
             Ok(true)
         })();
-        let _ = header_lock(&counter, false);
+        let _ = counter_lock(&counter, false);
         if removed? {
             if let Some(base) = LockDir::open(&self.base, true, None, false)? {
                 base.remove_empty_dir(&self.sub).map_err(|e| {
@@ -402,12 +407,12 @@ fn take_ticket(
     let path = dir.path_of(&counter_name);
     let io_err =
         |what: &str, e: io::Error| Error::from_lock_io(format!("{what} {}", path.display()), &e);
-    header_lock(&counter, true).map_err(|e| io_err("cannot lock", e))?;
+    counter_lock(&counter, true).map_err(|e| io_err("cannot lock", e))?;
     if !dir
         .is_current(&counter, &counter_name)
         .map_err(|e| io_err("cannot inspect", e))?
     {
-        let _ = header_lock(&counter, false);
+        let _ = counter_lock(&counter, false);
         return Ok(None);
     }
     let taken = (|| {
@@ -444,7 +449,7 @@ fn take_ticket(
         };
         Ok((number, name, file, queuing_name, queuing))
     })();
-    let _ = header_lock(&counter, false);
+    let _ = counter_lock(&counter, false);
     let (number, name, file, queuing_name, queuing) = taken?;
     Ok(Some((
         number,

@@ -1,0 +1,31 @@
+//! What `list` and the not-acquired message say about held locks, the same on every backend.
+
+use crate::error::Error;
+use crate::lock::{Holder, LockName, LockStatus};
+
+/// The held locks among `names` (sorted, each once), as `list` shows them: `status` is asked
+/// for each, and an error ends the listing. (A backend that can tell a lock with bad data from
+/// a failing server reports the bad lock and answers "free" for it, so that one bad lock
+/// never hides the others.)
+pub async fn list_held(
+    mut names: Vec<LockName>,
+    mut status: impl AsyncFnMut(&LockName) -> Result<LockStatus, Error>,
+) -> Result<Vec<LockStatus>, Error> {
+    names.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+    names.dedup();
+    let mut held = Vec::new();
+    for name in &names {
+        let lock = status(name).await?;
+        if lock.held {
+            held.push(lock);
+        }
+    }
+    Ok(held)
+}
+
+/// Why a lock cannot be had, for the not-acquired message, from the queue ahead of the
+/// waiter: `holders` (who holds it) and `waiting` (waiters ahead that do not hold it yet).
+/// The words are [`crate::wording::busy_state`]'s, the same on every backend.
+pub fn busy_reason(holders: Vec<Holder>, waiting: usize) -> String {
+    crate::wording::busy_state(&holders, waiting)
+}
