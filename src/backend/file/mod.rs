@@ -229,7 +229,7 @@ fn try_slots(dir: &LockDir, stem: &str, limit: u32) -> Result<Attempt, Error> {
     Ok(Attempt::AllHeld(files))
 }
 
-/// Every slot is held: wait as `request.budget.wait()` says for the first of `files` to be freed.
+/// Every slot is held: wait as `request.budget` says for the first of `files` to be freed.
 async fn wait_for_slot(
     dir: &LockDir,
     request: &AcquireRequest,
@@ -337,7 +337,7 @@ fn keeps_being_replaced(name: &LockName, dir: impl std::fmt::Display) -> Error {
     ))
 }
 
-/// `flock(operation)` on the file `file_name`, waiting as `request.budget.wait()` says (cancellable,
+/// `flock(operation)` on the file `file_name`, waiting as `request.budget` says (cancellable,
 /// bounded by `deadline`); the file, locked. `before_waiting` runs when it has to wait (the
 /// `--limit` check, so that a mismatch is refused at once rather than after the wait).
 async fn pass(
