@@ -69,15 +69,19 @@ pub struct WaitBudget {
 impl WaitBudget {
     /// The budget of an acquisition that starts now and waits as `wait` says.
     pub fn start(wait: Wait) -> WaitBudget {
-        let now = BootInstant::now();
-        let deadline = match wait {
-            Wait::For(length) => Some(now + length),
-            Wait::No | Wait::Forever => None,
+        let (deadline, answer_by) = match wait {
+            Wait::For(length) => {
+                let now = BootInstant::now();
+                let deadline = now + length;
+                (Some(deadline), Some(deadline.max(now + MIN_ANSWER)))
+            }
+            // No clock read: nothing ends by a deadline.
+            Wait::No | Wait::Forever => (None, None),
         };
         WaitBudget {
             wait,
             deadline,
-            answer_by: deadline.map(|at| at.max(now + MIN_ANSWER)),
+            answer_by,
         }
     }
 
