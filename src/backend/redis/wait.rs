@@ -262,6 +262,7 @@ impl<'a> Waiter<'a> {
             let given = match wait {
                 Wait::No => NO_WAIT_BOUND,
                 Wait::For(length) => length,
+                // Not reached: without a `--wait` nothing passes `answer_by`.
                 Wait::Forever => OP_TIMEOUT,
             };
             Error::Unavailable(crate::wording::no_answer_within(
