@@ -123,3 +123,30 @@ impl PgBackend {
         outcome
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lock::Wait;
+
+    #[test]
+    fn what_is_left_of_the_wait_is_the_servers_lock_timeout() {
+        let budget = WaitBudget::start(Wait::For(Duration::from_secs(60)));
+        let sql = lock_timeout_sql(&budget);
+        let millis: u64 = sql
+            .strip_prefix("set_config('lock_timeout', '")
+            .and_then(|rest| rest.strip_suffix("', false)"))
+            .and_then(|ms| ms.parse().ok())
+            .unwrap_or_else(|| panic!("{sql}"));
+        assert!(millis > 50_000 && millis <= 60_000, "{sql}");
+        // A wait that is over still sets a limit: 0 would mean none.
+        let over = WaitBudget::start(Wait::For(Duration::ZERO));
+        assert_eq!(
+            lock_timeout_sql(&over),
+            "set_config('lock_timeout', '1', false)"
+        );
+        for wait in [Wait::No, Wait::Forever] {
+            assert_eq!(lock_timeout_sql(&WaitBudget::start(wait)), "NULL::text");
+        }
+    }
+}
