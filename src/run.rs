@@ -215,14 +215,14 @@ async fn acquire<B: Backend>(
     // `--wait` bounds everything before the command starts, connecting included. Backends
     // honour the deadline themselves; this backstop catches a server that accepted the
     // connection and then never answered, should a backend not end that itself.
-    let backstop = match settings.wait {
+    let backstop = match request.budget.wait() {
         // No backstop for a wait too long for the clock: it is as good as forever.
         Wait::For(wait) => {
             tokio::time::Instant::now().checked_add(wait_backstop(backend, request, wait))
         }
         Wait::No | Wait::Forever => None,
     };
-    let waiting = waiting::Waiting::new(settings.wait == Wait::No);
+    let waiting = waiting::Waiting::new(request.budget.is_no_wait());
     let acquired = tokio::select! {
         result = &mut acquire => result,
         () = waiting.report(backend, &settings.name) => Err(Error::Internal("the waiting line ended".into())),
