@@ -11,6 +11,7 @@ mod logging;
 mod text;
 
 pub mod backend;
+pub mod budget;
 pub mod cli;
 pub mod clock;
 pub mod config;

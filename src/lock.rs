@@ -18,6 +18,8 @@ use tokio::sync::watch;
 use crate::clock::BootInstant;
 use crate::error::Error;
 
+pub use crate::budget::{Wait, WaitBudget, MIN_ANSWER};
+
 /// The namespace of locks when `--prefix` is not given.
 pub const DEFAULT_PREFIX: &str = "dlock";
 /// The largest `--limit`.
@@ -220,49 +222,6 @@ pub fn user_name() -> String {
     }
 }
 
-/// The least time a server gets to answer an acquisition, however short `--wait` is: a
-/// floor, not a bound. It only lengthens a `--wait` shorter than itself, so that on a busy
-/// machine (or over a slow link) a short `--wait` still reaches a healthy server and takes a
-/// free lock (or hears that it is held: 75, not 69); the lock's own wait still ends with
-/// `--wait`. The backends that bound connecting and the server's first answers by `--wait`
-/// (etcd, ZooKeeper, PostgreSQL) give the server until then, and `run`'s `--wait` backstop
-/// counts it in ([`Backend::wait_overrun`]).
-///
-/// Two seconds because a busy machine is the normal case: on 2 cores at a load average
-/// around 20, opening a ZooKeeper session and queueing over a link with a 100 ms round trip
-/// took longer than 1 s in 4 runs of 5, and less than 2 s in 5 of 5. It only costs time
-/// when no server answers at all, and then only when `--wait` is shorter.
-pub const MIN_ANSWER: Duration = Duration::from_secs(2);
-
-/// How long `acquire` may wait.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Wait {
-    /// Give up at once if the lock is held.
-    No,
-    /// Give up when this long has passed.
-    For(Duration),
-    Forever,
-}
-
-impl Wait {
-    /// When a wait that starts now gives up (`None`: at once or never; see the variant).
-    pub fn deadline(self) -> Option<BootInstant> {
-        match self {
-            Wait::For(wait) => Some(BootInstant::now() + wait),
-            Wait::No | Wait::Forever => None,
-        }
-    }
-
-    /// How long it waits, for messages: `5s`, `0s` for no wait, `forever`.
-    pub fn describe(self) -> String {
-        match self {
-            Wait::For(wait) => humantime::format_duration(wait).to_string(),
-            Wait::No => "0s".to_owned(),
-            Wait::Forever => "forever".to_owned(),
-        }
-    }
-}
-
 /// What a holder records with its hold where the backend stores JSON (a lock file, an etcd
 /// value, a ZooKeeper node): its metadata and the `--limit` it holds with.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -291,7 +250,8 @@ pub struct AcquireRequest {
     /// `shared` capability never sees a shared request (`Kind::check_shared`).
     pub mode: Mode,
     pub ttl: Duration,
-    pub wait: Wait,
+    /// How long to wait (`--wait`, `--no-wait`), counted from the start of the acquisition.
+    pub budget: WaitBudget,
     /// Grace between SIGTERM and SIGKILL; a lease keeper declares loss early enough for it.
     pub kill_after: Duration,
     /// Metadata to record; the backend fills in the token.
@@ -523,7 +483,7 @@ pub struct CheckReport {
 pub trait Backend {
     type Lease: Lease;
 
-    /// Take the lock, waiting as `request.wait` says. Returns [`Error::Busy`] when the lock
+    /// Take the lock, waiting as `request.budget` says. Returns [`Error::Busy`] when the lock
     /// stayed held, [`Error::Cancelled`] when `cancel` fired; in both cases every trace of
     /// this waiter (keys, nodes, leases) is gone before it returns.
     async fn acquire(&self, request: &AcquireRequest, cancel: Cancel)
@@ -541,7 +501,7 @@ pub trait Backend {
     /// Connect, measure, create and delete a test entry.
     async fn check(&self) -> Result<CheckReport, Error>;
 
-    /// How long past the end of `request.wait` (counted from the call of `acquire`) an
+    /// How long past the end of `request.budget`'s wait (counted from its start) an
     /// acquisition may take by this backend's own rules before it ends: the server's time to
     /// answer ([`MIN_ANSWER`], however short `--wait` is), the round trip in flight at that
     /// deadline, a grant that came by then being checked before the command may start. `run`

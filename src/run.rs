@@ -14,7 +14,7 @@ use anyhow::Context;
 use crate::cli::OnLost;
 use crate::error::Error;
 use crate::exit::{self, Outcome};
-use crate::lock::{self, AcquireRequest, Backend, Holder, Lease, LockName, Wait};
+use crate::lock::{self, AcquireRequest, Backend, Holder, Lease, LockName, Wait, WaitBudget};
 use crate::secrets::Handoff;
 use crate::settings::RunSettings;
 use crate::signals::{self, Signals};
@@ -66,14 +66,17 @@ async fn sleep_until_some(deadline: Option<tokio::time::Instant>) {
     }
 }
 
-fn no_answer_within(settings: &RunSettings) -> Error {
-    let wait = match settings.wait {
-        Wait::For(wait) => humantime::format_duration(wait).to_string(),
-        Wait::No | Wait::Forever => "the wait".to_owned(),
-    };
+/// The backstop ended an acquisition: `no answer from URL within --wait 5s; the command did
+/// not run` (the backstop only runs with a `--wait` of some length).
+fn no_answer_within(settings: &RunSettings, request: &AcquireRequest) -> Error {
     Error::Unavailable(format!(
-        "no answer from {} within --wait {wait}; the command did not run",
-        settings.common.display_url
+        "{}; the command did not run",
+        crate::wording::no_answer_within(
+            &settings.common.display_url,
+            None,
+            request.budget.wait(),
+            Duration::ZERO
+        )
     ))
 }
 
@@ -130,10 +133,11 @@ async fn acquire_and_run<B: Backend>(
         }
         Reentry::Acquire => sigchld,
     };
-    let request = request_for(settings);
     // Made before acquiring (the credentials' hand-off included), so that the command starts
     // as soon as the lock is granted.
     let env = child_environment(settings);
+    // Last before acquiring: `--wait` counts from here.
+    let request = request_for(settings);
     let (lease, acquired_at) =
         match acquire(&backend, settings, &request, &mut signals, track).await? {
             Acquisition::Held(lease, at) => (lease, at),
@@ -155,32 +159,34 @@ async fn acquire_and_run<B: Backend>(
     .await
 }
 
-/// What this run asks the backend for, with the metadata it records.
+/// What this run asks the backend for, with the metadata it records; its `--wait` budget
+/// starts now.
 fn request_for(settings: &RunSettings) -> AcquireRequest {
+    let holder = Holder {
+        min_hold_ms: settings
+            .min_hold
+            .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
+        mode: settings.mode,
+        ..Holder::for_this_process(
+            &settings.name,
+            if settings.record_command {
+                &settings.command.display
+            } else {
+                &[]
+            },
+            settings.common.ttl,
+        )
+    };
     AcquireRequest {
         name: settings.name.clone(),
         limit: settings.limit,
         mode: settings.mode,
         ttl: settings.common.ttl,
-        wait: settings.wait,
+        budget: WaitBudget::start(settings.wait),
         kill_after: settings.kill_after,
         likely_held: false,
         on_queued: Default::default(),
-        holder: Holder {
-            min_hold_ms: settings
-                .min_hold
-                .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
-            mode: settings.mode,
-            ..Holder::for_this_process(
-                &settings.name,
-                if settings.record_command {
-                    &settings.command.display
-                } else {
-                    &[]
-                },
-                settings.common.ttl,
-            )
-        },
+        holder,
     }
 }
 
@@ -209,14 +215,14 @@ async fn acquire<B: Backend>(
     // `--wait` bounds everything before the command starts, connecting included. Backends
     // honour the deadline themselves; this backstop catches a server that accepted the
     // connection and then never answered, should a backend not end that itself.
-    let backstop = match settings.wait {
+    let backstop = match request.budget.wait() {
         // No backstop for a wait too long for the clock: it is as good as forever.
         Wait::For(wait) => {
             tokio::time::Instant::now().checked_add(wait_backstop(backend, request, wait))
         }
         Wait::No | Wait::Forever => None,
     };
-    let waiting = waiting::Waiting::new(settings.wait == Wait::No);
+    let waiting = waiting::Waiting::new(request.budget.is_no_wait());
     let acquired = tokio::select! {
         result = &mut acquire => result,
         () = waiting.report(backend, &settings.name) => Err(Error::Internal("the waiting line ended".into())),
@@ -225,9 +231,9 @@ async fn acquire<B: Backend>(
             match tokio::time::timeout(WAIT_BACKSTOP_CLEANUP, &mut acquire).await {
                 Ok(Ok(lease)) => {
                     release(lease, settings).await;
-                    Err(no_answer_within(settings))
+                    Err(no_answer_within(settings, request))
                 }
-                Ok(Err(Error::Cancelled)) | Err(_) => Err(no_answer_within(settings)),
+                Ok(Err(Error::Cancelled)) | Err(_) => Err(no_answer_within(settings, request)),
                 Ok(Err(err)) => Err(err),
             }
         }

@@ -1,6 +1,7 @@
 //! The words every backend shares, written once so that a lock reads the same on every
-//! backend: who holds it ([`holder`]), why a run did not get it ([`not_acquired`]), and the
-//! durations in both ([`short_duration`]).
+//! backend: who holds it ([`holder`]), why a run did not get it ([`not_acquired`],
+//! [`gave_up`]), a server that did not answer within `--wait` ([`no_answer`]), and the
+//! durations in them ([`short_duration`]).
 //!
 //! A backend says *what* it saw (the holders, how many wait ahead) and calls these; it never
 //! formats a holder itself. A new backend gets the same conflict line, `status` and `list`
@@ -8,6 +9,7 @@
 
 use std::time::{Duration, SystemTime};
 
+use crate::budget::{WaitBudget, MIN_ANSWER};
 use crate::error::Error;
 use crate::lock::{Holder, LockName, Wait};
 
@@ -135,6 +137,30 @@ pub fn gave_up(wait: Wait) -> String {
 /// backend's own, starting with a verb: `is held by 2 of --limit 2 …`).
 pub fn not_acquired(name: &LockName, state: &str, wait: Wait) -> Error {
     Error::Busy(format!("lock '{name}' {state}; {}", gave_up(wait)))
+}
+
+/// `no answer from SERVER[ (WHAT)] within --wait 5s`: a server that did not answer (`what`:
+/// to which request) in the time a run gave it, `given`. That time is named beside the wait
+/// when it was longer (a short `--wait` still gives a server [`MIN_ANSWER`]: `within 2s
+/// (--wait 1ms)`), with `--no-wait` (`within 5s (--no-wait)`), and alone without a wait.
+pub fn no_answer_within(server: &str, what: Option<&str>, wait: Wait, given: Duration) -> String {
+    let length = |d: Duration| humantime::format_duration(d).to_string();
+    let within = match wait {
+        Wait::For(asked) if given > asked => {
+            format!("{} (--wait {})", length(given), length(asked))
+        }
+        Wait::For(asked) => format!("--wait {}", length(asked)),
+        Wait::No => format!("{} (--no-wait)", length(given)),
+        Wait::Forever => length(given),
+    };
+    let what = what.map_or_else(String::new, |what| format!(" ({what})"));
+    format!("no answer from {server}{what} within {within}")
+}
+
+/// [`no_answer_within`] the server's time to answer of `budget` ([`WaitBudget::answer_by`]):
+/// the server is unavailable (69).
+pub fn no_answer(server: &str, what: Option<&str>, budget: &WaitBudget) -> Error {
+    Error::Unavailable(no_answer_within(server, what, budget.wait(), MIN_ANSWER))
 }
 
 /// How long ago an RFC 3339 time was (`None` when it is not one, or in the future).
@@ -343,6 +369,49 @@ mod tests {
             line,
             "lock 'job' is held by pid 14028 on ci-3 (deploy: ./deploy.sh), 2 waiting ahead; \
              not waiting (--no-wait)"
+        );
+    }
+
+    #[test]
+    fn a_server_that_did_not_answer_within_the_wait() {
+        let ms = Duration::from_millis;
+        let server = "etcd://127.0.0.1:2379";
+        let no_answer_text = |what, wait| match no_answer(server, what, &WaitBudget::start(wait)) {
+            Error::Unavailable(text) => text,
+            other => panic!("not Unavailable: {other:?}"),
+        };
+        assert_eq!(
+            no_answer_text(None, Wait::For(ms(2500))),
+            "no answer from etcd://127.0.0.1:2379 within --wait 2s 500ms"
+        );
+        assert_eq!(
+            no_answer_text(None, Wait::For(MIN_ANSWER)),
+            "no answer from etcd://127.0.0.1:2379 within --wait 2s"
+        );
+        assert_eq!(
+            no_answer_text(Some("LISTEN"), Wait::For(ms(1))),
+            "no answer from etcd://127.0.0.1:2379 (LISTEN) within 2s (--wait 1ms)"
+        );
+        assert_eq!(
+            no_answer_within("redis://h:1", None, Wait::For(ms(1)), ms(1)),
+            "no answer from redis://h:1 within --wait 1ms"
+        );
+        assert_eq!(
+            no_answer_within("redis://h:1", None, Wait::No, Duration::from_secs(5)),
+            "no answer from redis://h:1 within 5s (--no-wait)"
+        );
+        assert_eq!(
+            no_answer_within("zk://h:1", None, Wait::Forever, Duration::from_secs(5)),
+            "no answer from zk://h:1 within 5s"
+        );
+    }
+
+    #[test]
+    fn why_a_run_gave_up() {
+        assert_eq!(gave_up(Wait::No), "not waiting (--no-wait)");
+        assert_eq!(
+            gave_up(Wait::For(Duration::from_millis(300))),
+            "gave up after waiting 300ms (--wait)"
         );
     }
 

@@ -63,14 +63,13 @@
 //! calls, errors → exit classes), `lease` (the two leases and their keep-alives, its
 //! `session.go`), `attach` (the move to the hold lease beside the command), `key` (the keys
 //! and their values, its `key.go`), `queue` (taking a place, waiting, the re-attach at the
-//! grant: its `mutex.go`), `readers` (what a shared run waits for), `watch` (what a waiter
-//! watches and what an event means), `before` (`--wait` over every request), `own_key` (the
-//! holder's watch on its key), `admin` (status, list, release --force, check), `target`
-//! (the URL).
+//! grant: its `mutex.go`; every request bounded by the request's `--wait` budget),
+//! `readers` (what a shared run waits for), `watch` (what a waiter watches and what an
+//! event means), `own_key` (the holder's watch on its key), `admin` (status, list, release
+//! --force, check), `target` (the URL).
 
 mod admin;
 mod attach;
-mod before;
 mod conn;
 mod key;
 pub mod kind;
@@ -92,11 +91,10 @@ use crate::lock::{
     AcquireRequest, Backend, Cancel, CheckReport, Holder, Lease, LockName, LockStatus, Lost,
 };
 use attach::Attach;
-use before::Before;
 use conn::Conn;
 use lease::{revoke_all, Renewer};
 use own_key::OwnKey;
-use queue::{Acquisition, Taken};
+use queue::{answer, Acquisition, Taken};
 
 pub use target::EtcdTarget;
 
@@ -146,7 +144,6 @@ impl Backend for EtcdBackend {
         request: &AcquireRequest,
         mut cancel: Cancel,
     ) -> Result<EtcdLease, Error> {
-        let before = Before::new(request.wait, &self.display);
         let mut conn = self.conn()?;
         let ttl_s = request.ttl.as_secs_f64().ceil().max(1.0) as i64;
         let sent = BootInstant::now();
@@ -160,7 +157,7 @@ impl Backend for EtcdBackend {
         let grant = conn.call(OP_TIMEOUT, |mut c| async move {
             c.lease_grant(ttl_s, None).await
         });
-        let grant = before.answer(&mut cancel, grant).await?;
+        let grant = answer(&request.budget, &self.display, &mut cancel, grant).await?;
         let (id, granted_s) = (grant.id(), grant.ttl());
         if granted_s != ttl_s {
             tracing::warn!(
@@ -183,7 +180,7 @@ impl Backend for EtcdBackend {
             keeper: &mut keeper,
             waiter: &mut waiter,
             cancel: &mut cancel,
-            before: &before,
+            display: &self.display,
         };
         match acquisition.queue_and_wait().await {
             Ok(Taken { token, own, attach }) => {
@@ -207,7 +204,7 @@ impl Backend for EtcdBackend {
             Err(error) => {
                 drop(keeper.stop().await);
                 // Revoking the leases deletes our key too: nothing is left behind.
-                revoke_all(&mut conn, (id, granted_s), waiter, before.is_over()).await;
+                revoke_all(&mut conn, (id, granted_s), waiter, request.budget.is_over()).await;
                 Err(error)
             }
         }

@@ -3,6 +3,7 @@
 //! re-attach at the grant that moves our key from the waiter lease to the hold lease, and
 //! the wait itself on the watch that `watch` chooses.
 
+use std::future::Future;
 use std::ops::ControlFlow;
 use std::time::Duration;
 
@@ -12,7 +13,6 @@ use etcd_client::{
 };
 
 use super::attach::{Attach, Move};
-use super::before::Before;
 use super::conn::Conn;
 use super::key::{is_reader, older_keys, oldest_key, same_limit, value_json, why_busy};
 use super::lease::{waiter_gone, Renewer, WaiterLease, WAITER_TTL_S};
@@ -23,7 +23,7 @@ use crate::clock::{sleep_until, BootInstant};
 use crate::error::Error;
 use crate::keeper::Keeper;
 use crate::kit::timeouts::OP_TIMEOUT;
-use crate::lock::{AcquireRequest, Cancel, Wait};
+use crate::lock::{AcquireRequest, Cancel, WaitBudget};
 
 /// One acquisition: our key in the lock's queue, and everything it needs while it waits.
 pub(super) struct Acquisition<'a> {
@@ -42,7 +42,8 @@ pub(super) struct Acquisition<'a> {
     /// The waiter lease, once there is one (for the caller to clean up).
     pub(super) waiter: &'a mut Option<WaiterLease>,
     pub(super) cancel: &'a mut Cancel,
-    pub(super) before: &'a Before<'a>,
+    /// The cluster, for messages.
+    pub(super) display: &'a str,
 }
 
 /// What a holder takes over from its acquisition.
@@ -87,12 +88,12 @@ impl Acquisition<'_> {
             if place.older.len() < self.limit {
                 return self.take(place, &held).await;
             }
-            if self.request.wait == Wait::No {
+            if self.request.budget.is_no_wait() {
                 return Err(self.busy(true, "not waiting (--no-wait)").await);
             }
             let target = Target::for_waiter(&place.older, self.limit);
             // Checked here too: every round of the loop could otherwise end before the timer.
-            let woken = if self.before.is_over() {
+            let woken = if self.request.budget.is_over() {
                 Wake::TimedOut
             } else {
                 self.wait_for(place.my_rev, place.read_at, target).await?
@@ -109,14 +110,11 @@ impl Acquisition<'_> {
                 Wake::Changed => {
                     let reread =
                         recheck(self.conn, &self.key, &self.pfx, place.my_rev, self.waits());
-                    self.before.bounded(self.cancel, reread).await?
+                    bounded(&self.request.budget, self.cancel, reread).await?
                 }
             };
             let Some((older, at)) = checked else {
-                let waited = format!(
-                    "gave up after waiting {} (--wait)",
-                    self.before.wait.describe()
-                );
+                let waited = crate::wording::gave_up(self.request.budget.wait());
                 return Err(self.busy(true, &waited).await);
             };
             place.older = older;
@@ -127,7 +125,7 @@ impl Acquisition<'_> {
     /// Take the lock if it has no key at all, or find our key (a retry after a lost reply),
     /// or take a place in the queue (at once, when the lock is [likely held](AcquireRequest::likely_held)).
     async fn join(&mut self, held: &str) -> Result<Place, Error> {
-        if self.request.likely_held && self.request.wait != Wait::No {
+        if self.request.likely_held && !self.request.budget.is_no_wait() {
             // Another process of this host is at the server ahead of us: the lock is taken,
             // and trying to take it free would cost etcd a request for nothing. If it is
             // free after all, our key is the oldest and we hold it all the same.
@@ -166,10 +164,11 @@ impl Acquisition<'_> {
         }
         if let Some((my_rev, on_hold_lease)) = ours {
             let reread = recheck(self.conn, &self.key, &self.pfx, my_rev, self.waits());
-            let (older, at) = self.before.answer(self.cancel, reread).await?;
+            let (older, at) =
+                answer(&self.request.budget, self.display, self.cancel, reread).await?;
             return Ok(Place::new(my_rev, older, at, on_hold_lease));
         }
-        if self.request.wait == Wait::No
+        if self.request.budget.is_no_wait()
             && self.limit == 1
             && (writer_holds || !self.request.mode.is_shared())
         {
@@ -187,7 +186,7 @@ impl Acquisition<'_> {
         let grant = self.conn.call(OP_TIMEOUT, |mut c| async move {
             c.lease_grant(WAITER_TTL_S, None).await
         });
-        let grant = self.before.answer(self.cancel, grant).await?;
+        let grant = answer(&self.request.budget, self.display, self.cancel, grant).await?;
         let granted = Duration::from_secs(u64::try_from(grant.ttl()).unwrap_or(1));
         let lease = WaiterLease::start(self.conn.clone(), grant.id(), granted, sent);
         let lease = self.waiter.insert(lease).id;
@@ -243,7 +242,7 @@ impl Acquisition<'_> {
         };
         // Re-read what is before us.
         let reread = recheck(self.conn, &self.key, &self.pfx, my_rev, self.waits());
-        let (older, at) = self.before.answer(self.cancel, reread).await?;
+        let (older, at) = answer(&self.request.budget, self.display, self.cancel, reread).await?;
         Ok(Place::new(my_rev, older, at, false))
     }
 
@@ -253,12 +252,13 @@ impl Acquisition<'_> {
         let (first, oldest) = reader_page(created, 1, revision)?;
         let more =
             readers::nearest_writer(self.conn, &self.pfx, revision, first, oldest.as_deref());
-        let (older, at) = match self.before.answer(self.cancel, more).await {
+        let (older, at) = match answer(&self.request.budget, self.display, self.cancel, more).await
+        {
             Ok(older) => (older, revision),
             // The pages after the first could not be read at the first one's revision.
             Err(e) if readers::compacted(&e) => {
                 let reread = recheck(self.conn, &self.key, &self.pfx, revision, Waits::Writers);
-                self.before.answer(self.cancel, reread).await?
+                answer(&self.request.budget, self.display, self.cancel, reread).await?
             }
             Err(e) => return Err(e),
         };
@@ -317,13 +317,13 @@ impl Acquisition<'_> {
         Ok(Taken { token, own, attach })
     }
 
-    /// A transaction whose answer dlock needs before it can go on ([`Before::answer`]).
+    /// A transaction whose answer dlock needs before it can go on ([`answer`]).
     async fn txn(&mut self, txn: Txn) -> Result<TxnResponse, Error> {
         let call = self.conn.call(OP_TIMEOUT, |mut c| {
             let txn = txn.clone();
             async move { c.txn(txn).await }
         });
-        self.before.answer(self.cancel, call).await
+        answer(&self.request.budget, self.display, self.cancel, call).await
     }
 
     /// The lock stayed busy: who has it, as seen from our key (`queued`) or from outside,
@@ -332,6 +332,36 @@ impl Acquisition<'_> {
         let own = queued.then_some(self.key.as_str());
         let why = why_busy(self.conn, &self.pfx, &self.request.name, own).await;
         Error::Busy(format!("lock '{}' {why}; {why_not}", self.request.name))
+    }
+}
+
+/// `step`, unless a cancel comes first (an error) or `--wait` runs out (`None`).
+pub(super) async fn bounded<T>(
+    budget: &WaitBudget,
+    cancel: &mut Cancel,
+    step: impl Future<Output = Result<T, Error>>,
+) -> Result<Option<T>, Error> {
+    tokio::select! {
+        biased;
+        _ = cancel.cancelled() => Err(Error::Cancelled),
+        result = budget.bounded(step) => result.transpose(),
+    }
+}
+
+/// A request whose answer dlock needs before it can wait at all, unless a cancel comes
+/// first: no answer within the server's time to answer means the cluster is unavailable.
+pub(super) async fn answer<T>(
+    budget: &WaitBudget,
+    display: &str,
+    cancel: &mut Cancel,
+    step: impl Future<Output = Result<T, Error>>,
+) -> Result<T, Error> {
+    tokio::select! {
+        biased;
+        _ = cancel.cancelled() => Err(Error::Cancelled),
+        result = budget.answer(step) => {
+            result.unwrap_or_else(|| Err(crate::wording::no_answer(display, None, budget)))
+        }
     }
 }
 
@@ -401,7 +431,8 @@ impl Acquisition<'_> {
                 continue;
             }
             let reread = recheck(self.conn, &self.key, &self.pfx, my_rev, self.waits());
-            let Some((older, at)) = self.before.bounded(self.cancel, reread).await? else {
+            let Some((older, at)) = bounded(&self.request.budget, self.cancel, reread).await?
+            else {
                 return Ok(Wake::TimedOut);
             };
             let next = Target::for_waiter(&older, self.limit);
@@ -421,7 +452,7 @@ impl Acquisition<'_> {
             let options = options.clone();
             async move { c.watch(key, Some(options)).await }
         });
-        self.before.bounded(self.cancel, open).await
+        bounded(&self.request.budget, self.cancel, open).await
     }
 
     /// The next response on the watch (`Break`: a reason to stop waiting came first).
@@ -430,7 +461,7 @@ impl Acquisition<'_> {
         stream: &mut WatchStream,
         recheck_at: Option<BootInstant>,
     ) -> Result<ControlFlow<Wake, WatchResponse>, Error> {
-        let deadline = self.before.deadline;
+        let deadline = self.request.budget.deadline();
         loop {
             let wake = sleep_until(match (deadline, recheck_at) {
                 (Some(d), Some(r)) => d.min(r),

@@ -124,7 +124,7 @@ impl Backend for FileBackend {
     ) -> Result<FileLease, Error> {
         let dir = self.prepare_dir()?;
         // One deadline for the whole call, however often a replaced file makes us retry.
-        let deadline = request.wait.deadline();
+        let deadline = request.budget.deadline();
         let stem = stem(&request.name);
         if request.mode.is_shared() {
             return acquire_shared(dir, request, &stem, deadline, &mut cancel).await;
@@ -135,7 +135,7 @@ impl Backend for FileBackend {
                 Attempt::AllHeld(files) => {
                     // An exclusive run that has to wait holds the turnstile until it holds the
                     // lock: shared runs that arrive meanwhile queue behind it.
-                    let turnstile = if request.limit == 1 && request.wait != Wait::No {
+                    let turnstile = if request.limit == 1 && !request.budget.is_no_wait() {
                         let name = turnstile_file_name(&stem);
                         Some(
                             pass(
@@ -228,7 +228,7 @@ fn try_slots(dir: &LockDir, stem: &str, limit: u32) -> Result<Attempt, Error> {
     Ok(Attempt::AllHeld(files))
 }
 
-/// Every slot is held: wait as `request.wait` says for the first of `files` to be freed.
+/// Every slot is held: wait as `request.budget` says for the first of `files` to be freed.
 async fn wait_for_slot(
     dir: &LockDir,
     request: &AcquireRequest,
@@ -239,11 +239,11 @@ async fn wait_for_slot(
 ) -> Result<SlotFile, Error> {
     // Refuse a mismatched --limit at once rather than after the wait.
     check_limits(dir, request, stem, None)?;
-    if request.wait == Wait::No {
+    if request.budget.is_no_wait() {
         return Err(busy(
             request,
             &admin::describe_holders(dir, &request.name),
-            request.wait,
+            request.budget.wait(),
         ));
     }
     let mut blocked = BlockedWait::start(files);
@@ -262,7 +262,7 @@ async fn wait_for_slot(
         Err(Error::Busy(_)) => Err(busy(
             request,
             &admin::describe_holders(dir, &request.name),
-            request.wait,
+            request.budget.wait(),
         )),
         other => other,
     }
@@ -336,7 +336,7 @@ fn keeps_being_replaced(name: &LockName, dir: impl std::fmt::Display) -> Error {
     ))
 }
 
-/// `flock(operation)` on the file `file_name`, waiting as `request.wait` says (cancellable,
+/// `flock(operation)` on the file `file_name`, waiting as `request.budget` says (cancellable,
 /// bounded by `deadline`); the file, locked. `before_waiting` runs when it has to wait (the
 /// `--limit` check, so that a mismatch is refused at once rather than after the wait).
 async fn pass(
@@ -360,11 +360,11 @@ async fn pass(
         }
     }
     before_waiting()?;
-    if request.wait == Wait::No {
+    if request.budget.is_no_wait() {
         return Err(busy(
             request,
             &admin::describe_holders(dir, &request.name),
-            request.wait,
+            request.budget.wait(),
         ));
     }
     let mut blocked = BlockedWait::start_with(vec![(0, file, file_name.to_owned())], operation);
@@ -381,7 +381,7 @@ async fn pass(
         Err(Error::Busy(_)) => Err(busy(
             request,
             &admin::describe_holders(dir, &request.name),
-            request.wait,
+            request.budget.wait(),
         )),
         Err(other) => Err(other),
     }

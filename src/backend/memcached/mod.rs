@@ -16,7 +16,7 @@
 //! - **Waiting** is polling with short jittered intervals (`wait.rs`); waiters are not FIFO.
 //!   A waiter whose connection breaks once the server has answered (a restart) reconnects
 //!   with backoff ([`RELINK_FIRST`] to [`RELINK_CAP`]) and waits on. With `--wait`, every
-//!   exchange of an acquisition ends by `--wait` + [`WAIT_GRACE`] ([`budget`]).
+//!   exchange of an acquisition ends by `--wait` + [`WAIT_GRACE`] ([`exchange_limit`]).
 //! - **Fencing tokens** come from a counter item advanced to `max(last + 1, now µs)` by
 //!   compare-and-swap (`token.rs`, which also says what holds when clocks differ).
 //! - **Several servers** are independent: each lock lives on one, chosen by a hash of its
@@ -57,7 +57,7 @@ use crate::kit::backoff::Backoff;
 use crate::kit::held::busy_reason;
 use crate::lock::{
     limit_mismatch, AcquireRequest, Backend, Cancel, CheckReport, Holder, LockName, LockStatus,
-    Record, Wait,
+    Record, WaitBudget,
 };
 
 use crate::kit::limit;
@@ -89,9 +89,9 @@ const LEAVE_BUDGET: Duration = Duration::from_millis(500);
 /// The bound of one exchange of an acquisition: with `--wait`, what is left of it plus
 /// [`WAIT_GRACE`] (at most [`OP_TIMEOUT`]), so an exchange started at any time ends by
 /// `--wait` + the grace; otherwise [`OP_TIMEOUT`].
-fn budget(deadline: Option<BootInstant>) -> Duration {
-    match deadline {
-        Some(deadline) => (deadline.remaining() + WAIT_GRACE).min(OP_TIMEOUT),
+fn exchange_limit(budget: &WaitBudget) -> Duration {
+    match budget.left() {
+        Some(left) => (left + WAIT_GRACE).min(OP_TIMEOUT),
         None => OP_TIMEOUT,
     }
 }
@@ -127,8 +127,6 @@ pub struct MemcachedBackend {
 /// One acquisition: the lock, the item we add, and where.
 struct Ctx<'a> {
     request: &'a AcquireRequest,
-    /// When `--wait` ends, from the start of the acquisition.
-    deadline: Option<BootInstant>,
     keys: Keys,
     /// What we store in a slot until the token is known.
     stored: Stored,
@@ -341,7 +339,7 @@ impl MemcachedBackend {
         registration: &mut Option<Registration>,
         cancel: &mut Cancel,
     ) -> Result<(Won, bool), Error> {
-        let deadline = ctx.deadline;
+        let budget = &ctx.request.budget;
         let value = ctx.stored.to_bytes();
         let mut backoff = wait::polling();
         let mut relink = Backoff::new(RELINK_FIRST, RELINK_CAP);
@@ -353,7 +351,7 @@ impl MemcachedBackend {
         let mut answered = false;
         let mut waited = false;
         loop {
-            let step = budget(deadline);
+            let step = exchange_limit(budget);
             let attempt = match self.settle(conn, &mut settled, &ctx.display, step).await {
                 Ok(()) => self.attempt(conn, ctx, &value, &mut backoff, step).await,
                 Err(failed) => Err(failed),
@@ -371,9 +369,7 @@ impl MemcachedBackend {
                     relink.reset();
                     holders
                 }
-                Err(Failed::Link(failure))
-                    if answered && deadline.is_none_or(|d| !d.remaining().is_zero()) =>
-                {
+                Err(Failed::Link(failure)) if answered && !budget.is_over() => {
                     // Waiting on through a server restart (or a broken link), reconnecting
                     // with backoff; `--wait` still ends the wait.
                     wait_out_lost_link(ctx, &failure, &mut relink, cancel).await?;
@@ -381,7 +377,7 @@ impl MemcachedBackend {
                 }
                 Err(failed) => return Err(poll_error(failed, ctx)),
             };
-            let pause = pause_before_next_poll(ctx.request, &holders, deadline, &mut backoff)?;
+            let pause = pause_before_next_poll(ctx.request, &holders, &mut backoff)?;
             keep_registered(conn, ctx, registration, &mut backoff).await;
             if !waited {
                 // Polling from now on: the next free poll after a release wins.
@@ -470,8 +466,8 @@ async fn wait_out_lost_link(
     let server = ctx.display.as_str();
     tracing::warn!("{server}: {why}; reconnecting and waiting on");
     let mut pause = relink.next_delay();
-    if let Some(deadline) = ctx.deadline {
-        pause = pause.min(deadline.remaining());
+    if let Some(left) = ctx.request.budget.left() {
+        pause = pause.min(left);
     }
     sleep_unless_cancelled(cancel, pause).await
 }
@@ -480,10 +476,12 @@ async fn wait_out_lost_link(
 fn poll_error(failed: Failed, ctx: &Ctx<'_>) -> Error {
     let display = ctx.display.as_str();
     match failed {
-        Failed::Link(Failure::Timeout(_)) if ctx.deadline.is_some() => Error::Unavailable(format!(
-            "{display} did not answer within --wait {}",
-            ctx.request.wait.describe()
-        )),
+        Failed::Link(Failure::Timeout(_)) if ctx.request.budget.deadline().is_some() => {
+            Error::Unavailable(format!(
+                "{display} did not answer within --wait {}",
+                ctx.request.budget.wait().describe()
+            ))
+        }
         failed => failed.into_error(display),
     }
 }
@@ -493,13 +491,12 @@ fn poll_error(failed: Failed, ctx: &Ctx<'_>) -> Error {
 fn pause_before_next_poll(
     request: &AcquireRequest,
     holders: &[Stored],
-    deadline: Option<BootInstant>,
     backoff: &mut Backoff,
 ) -> Result<Duration, Error> {
     for holder in holders {
         limit::agrees(&request.name, request.limit, holder.record.limit)?;
     }
-    if request.wait == Wait::No {
+    if request.budget.is_no_wait() {
         return Err(busy(
             &request.name,
             holders,
@@ -507,10 +504,9 @@ fn pause_before_next_poll(
         ));
     }
     let mut pause = backoff.next_delay();
-    if let Some(deadline) = deadline {
-        let left = deadline.remaining();
+    if let Some(left) = request.budget.left() {
         if left.is_zero() {
-            let why = format!("gave up after waiting {} (--wait)", request.wait.describe());
+            let why = crate::wording::gave_up(request.budget.wait());
             return Err(busy(&request.name, holders, why));
         }
         pause = pause.min(left);
@@ -527,7 +523,7 @@ async fn keep_registered(
     backoff: &mut Backoff,
 ) {
     let owner = ctx.stored.owner.as_str();
-    let step = budget(ctx.deadline);
+    let step = exchange_limit(&ctx.request.budget);
     *registration = match registration.take() {
         None => {
             let start = backoff.random(keys::WAITER_SLOTS as u64) as usize;
@@ -552,10 +548,10 @@ impl Backend for MemcachedBackend {
         request: &AcquireRequest,
         mut cancel: Cancel,
     ) -> Result<MemcachedLease, Error> {
-        let deadline = request.wait.deadline();
+        let budget = &request.budget;
         let server = self
             .target
-            .server_for(&request.name, budget(deadline))
+            .server_for(&request.name, exchange_limit(budget))
             .await?;
         let display = server.display();
         let mut conn = Conn::new(&server.at);
@@ -564,7 +560,6 @@ impl Backend for MemcachedBackend {
         holder.token = 0;
         let ctx = Ctx {
             request,
-            deadline,
             keys: self.keys(&request.name),
             stored: Stored {
                 owner: owner.clone(),
@@ -583,11 +578,11 @@ impl Backend for MemcachedBackend {
         // Every way out leaves the waiter count (nothing to do if this run never waited).
         match polled {
             Ok((won, waited)) => {
-                wait::leave(&mut registration, &mut conn, &owner, budget(deadline)).await;
+                wait::leave(&mut registration, &mut conn, &owner, exchange_limit(budget)).await;
                 if waited {
                     tracing::debug!(target: crate::logging::HANDOFF, "unregistered");
                 }
-                self.finish(conn, ctx, won, budget(deadline)).await
+                self.finish(conn, ctx, won, exchange_limit(budget)).await
             }
             Err(err) => {
                 wait::leave(&mut registration, &mut conn, &owner, LEAVE_BUDGET).await;

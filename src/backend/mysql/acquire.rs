@@ -22,7 +22,7 @@ use super::sql::{
 use super::{MysqlBackend, CANCEL_TIMEOUT};
 use crate::clock::{sleep_until, BootInstant};
 use crate::error::Error;
-use crate::lock::{limit_mismatch, AcquireRequest, Cancel, Wait};
+use crate::lock::{limit_mismatch, AcquireRequest, Cancel, WaitBudget};
 
 /// The longest one lock call waits in the server without `--wait`: a year, in whole seconds
 /// that MySQL and MariaDB both accept (a negative timeout means "for ever" only on MySQL).
@@ -86,23 +86,22 @@ impl Report {
 }
 
 impl MysqlBackend {
-    /// Take the lock on `session` as `request` says, by `deadline` (`--wait`); a waiter
-    /// whose connection closes connects again (with backoff) and waits on.
+    /// Take the lock on `session` as `request` says, within its `--wait`; a waiter whose
+    /// connection closes connects again (with backoff) and waits on.
     pub(super) async fn take(
         &self,
         session: &mut Session,
         request: &AcquireRequest,
-        deadline: Option<BootInstant>,
         cancel: &mut Cancel,
     ) -> Result<Granted, Error> {
         let mut pause = RECONNECT_FIRST;
         // Bounded: each round ends in a grant, an error, or a reconnection that waits longer.
         for _ in 0..u32::MAX {
-            let Closed(why) = match self.take_on(session, request, deadline, cancel).await? {
+            let Closed(why) = match self.take_on(session, request, cancel).await? {
                 Ok(granted) => return Ok(granted),
                 Err(closed) => closed,
             };
-            if request.wait == Wait::No {
+            if request.budget.is_no_wait() {
                 return Err(Error::Unavailable(format!(
                     "the connection to {} closed: {why}",
                     self.display
@@ -112,38 +111,37 @@ impl MysqlBackend {
                 "the connection to {} closed while waiting ({why}); connecting again",
                 self.display
             );
-            *session = self.reconnect(deadline, &mut pause, cancel).await?;
+            *session = self.reconnect(&request.budget, &mut pause, cancel).await?;
         }
         Err(Error::Internal("the lock wait loop ended".into()))
     }
 
     /// Connect again after a pause (doubling from [`RECONNECT_FIRST`] to [`RECONNECT_MAX`]),
-    /// until it works or `deadline` passes. Only a server that cannot be reached is tried
+    /// until it works or `--wait` is over. Only a server that cannot be reached is tried
     /// again; a refusal (password, privileges, TLS) is final.
     async fn reconnect(
         &self,
-        deadline: Option<BootInstant>,
+        budget: &WaitBudget,
         pause: &mut Duration,
         cancel: &mut Cancel,
     ) -> Result<Session, Error> {
         // Bounded: each try waits longer, up to RECONNECT_MAX, and --wait ends it.
         for _ in 0..u32::MAX {
             let next = BootInstant::now() + *pause;
-            let wake = deadline.map_or(next, |d| d.min(next));
+            let wake = budget.deadline().map_or(next, |d| d.min(next));
             tokio::select! {
                 () = sleep_until(wake) => {}
                 () = cancel.cancelled() => return Err(Error::Cancelled),
             }
             *pause = pause.saturating_mul(2).min(RECONNECT_MAX);
-            let budget = deadline.map(BootInstant::remaining);
             let connected = tokio::select! {
-                connected = self.connect(budget) => connected,
+                connected = self.connect(budget.left()) => connected,
                 () = cancel.cancelled() => return Err(Error::Cancelled),
             };
             match connected {
                 Ok(session) => return Ok(session),
                 Err(e @ (Error::Unavailable(_) | Error::Capacity(_))) => {
-                    if deadline.is_some_and(|d| BootInstant::now() >= d) {
+                    if budget.is_over() {
                         return Err(e);
                     }
                     tracing::debug!("connecting again: {e}");
@@ -159,7 +157,6 @@ impl MysqlBackend {
         &self,
         session: &mut Session,
         request: &AcquireRequest,
-        deadline: Option<BootInstant>,
         cancel: &mut Cancel,
     ) -> Result<Result<Granted, Closed>, Error> {
         let name = request.name.as_str();
@@ -167,12 +164,9 @@ impl MysqlBackend {
         let slots: Vec<String> = (0..request.limit.max(1))
             .map(|i| slot_key(&self.prefix, name, i))
             .collect();
-        let queue = request.limit > 1 && request.wait != Wait::No;
+        let queue = request.limit > 1 && !request.budget.is_no_wait();
         if queue {
-            if let Err(closed) = self
-                .queue(session, request, &name_key, deadline, cancel)
-                .await?
-            {
+            if let Err(closed) = self.queue(session, request, &name_key, cancel).await? {
                 return Ok(Err(closed));
             }
         }
@@ -187,8 +181,7 @@ impl MysqlBackend {
         let tail = grant_tail(queue.then_some(turnstile.as_str()));
         let mut created = false;
         for _ in 0..u32::MAX {
-            let (sql, wait) =
-                self.lock_statement(session, request, &name_key, &slots, &grant, deadline);
+            let (sql, wait) = self.lock_statement(session, request, &name_key, &slots, &grant);
             let marks = handoff_marks(&sql);
             let sent = BootInstant::now();
             // The GET_LOCK call waits in the server's queue from now on.
@@ -207,12 +200,12 @@ impl MysqlBackend {
             if let Some(granted) = self.grant_in(&rows, session, request, &slots, sent).await? {
                 return Ok(Ok(granted));
             }
-            if wait_over(request, deadline) {
+            if wait_over(&request.budget) {
                 let head = queue.then_some(turnstile.as_str());
                 return Err(self.give_up(session, request, head).await);
             }
             if request.limit > 1 {
-                self.pause(deadline, cancel).await?;
+                self.pause(&request.budget, cancel).await?;
             }
         }
         Err(Error::Internal("the lock wait loop ended".into()))
@@ -228,9 +221,8 @@ impl MysqlBackend {
         name_key: &str,
         slots: &[String],
         grant: &str,
-        deadline: Option<BootInstant>,
     ) -> (String, Duration) {
-        let wait = whole_wait(request.wait, deadline);
+        let wait = whole_wait(&request.budget);
         let lock = if request.limit > 1 {
             slot_lock_sql(slots)
         } else {
@@ -325,13 +317,12 @@ impl MysqlBackend {
         session: &mut Session,
         request: &AcquireRequest,
         name_key: &str,
-        deadline: Option<BootInstant>,
         cancel: &mut Cancel,
     ) -> Result<Result<(), Closed>, Error> {
         let turnstile = turnstile_key(&self.prefix, request.name.as_str());
         let mut created = false;
         for _ in 0..u32::MAX {
-            let wait = whole_wait(request.wait, deadline);
+            let wait = whole_wait(&request.budget);
             let sql = format!(
                 "{}{}{}",
                 self.settings(session, request),
@@ -362,7 +353,7 @@ impl MysqlBackend {
             if row.and_then(|r| cell::<i64>(r, 0)) == Some(1) {
                 return Ok(Ok(()));
             }
-            if deadline.is_some_and(|d| BootInstant::now() >= d) {
+            if request.budget.is_over() {
                 return Err(self.busy(session, request).await);
             }
         }
@@ -417,10 +408,10 @@ impl MysqlBackend {
         }
     }
 
-    /// Between looks for a free slot (`--limit N`), unless cancelled or past the deadline.
-    async fn pause(&self, deadline: Option<BootInstant>, cancel: &mut Cancel) -> Result<(), Error> {
+    /// Between looks for a free slot (`--limit N`), unless cancelled or past `--wait`.
+    async fn pause(&self, budget: &WaitBudget, cancel: &mut Cancel) -> Result<(), Error> {
         let next = BootInstant::now() + SLOT_LOOK;
-        let wake = deadline.map_or(next, |d| d.min(next));
+        let wake = budget.deadline().map_or(next, |d| d.min(next));
         tokio::select! {
             () = sleep_until(wake) => Ok(()),
             () = cancel.cancelled() => Err(Error::Cancelled),
@@ -446,7 +437,7 @@ impl MysqlBackend {
             }
             _ => "is held".into(),
         };
-        crate::wording::not_acquired(&request.name, &state, request.wait)
+        crate::wording::not_acquired(&request.name, &state, request.budget.wait())
     }
 
     /// A granted lock is ours only on a writable server, on our own session (a proxy that
@@ -562,20 +553,16 @@ fn handoff_marks(sql: &str) -> Vec<(usize, &'static str)> {
 }
 
 /// How long the next lock call may wait in the server: all that is left of the wait.
-fn whole_wait(wait: Wait, deadline: Option<BootInstant>) -> Duration {
-    match (wait, deadline) {
-        (Wait::No, _) => Duration::ZERO,
-        (_, Some(d)) => d.remaining().min(UNBOUNDED),
-        (_, None) => UNBOUNDED,
+fn whole_wait(budget: &WaitBudget) -> Duration {
+    if budget.is_no_wait() {
+        return Duration::ZERO;
     }
+    budget.left().map_or(UNBOUNDED, |left| left.min(UNBOUNDED))
 }
 
 /// Whether the lock stays unacquired for good: `--wait` is over, or `--no-wait` looked once.
-fn wait_over(request: &AcquireRequest, deadline: Option<BootInstant>) -> bool {
-    match deadline {
-        Some(d) => BootInstant::now() >= d,
-        None => request.wait == Wait::No,
-    }
+fn wait_over(budget: &WaitBudget) -> bool {
+    budget.is_over() || budget.is_no_wait()
 }
 
 /// Undo whatever a failed or refused acquisition took on this session (best effort: the

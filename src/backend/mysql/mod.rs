@@ -89,16 +89,12 @@ impl Backend for MysqlBackend {
         request: &AcquireRequest,
         mut cancel: Cancel,
     ) -> Result<MysqlLease, Error> {
-        let deadline = request.wait.deadline();
-        let budget = deadline.map(|d| d.remaining());
         // Nothing is queued on the server yet: a cancel during connect just drops it.
         let mut session = tokio::select! {
-            session = self.connect(budget) => session?,
+            session = self.connect(request.budget.left()) => session?,
             () = cancel.cancelled() => return Err(Error::Cancelled),
         };
-        let granted = self
-            .take(&mut session, request, deadline, &mut cancel)
-            .await?;
+        let granted = self.take(&mut session, request, &mut cancel).await?;
         MysqlLease::start(self.clone(), session, request, granted).await
     }
 

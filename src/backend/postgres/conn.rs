@@ -11,29 +11,29 @@ use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::{AsyncMessage, CancelToken, Client, Config, Connection};
 use tokio_postgres_rustls::MakeRustlsConnect;
 
-use super::deadline::{Deadline, MIN_ANSWER};
 use super::settings::{client_keepalives, session_options, Features};
 use super::target::{PgHost, SslMode};
 use super::{tls, PgBackend, MAX_APPLICATION_NAME};
+use crate::budget::WaitBudget;
 use crate::error::Error;
 use crate::kit::timeouts::{CONNECT_TIMEOUT, OP_TIMEOUT};
 
 impl PgBackend {
-    /// Connect with dlock's session settings; `lock_timeout` bounds lock waits, and a `--wait`
-    /// deadline bounds connecting.
+    /// Connect with dlock's session settings; `lock_timeout` bounds lock waits, and an
+    /// acquisition's `--wait` budget bounds connecting.
     pub(super) async fn connect(
         &self,
         label: &str,
         ttl: Duration,
         lock_timeout: Option<Duration>,
-        deadline: Option<Deadline>,
+        budget: Option<&WaitBudget>,
     ) -> Result<Session, Error> {
         let tls = tls::connector(&self.target)?;
         let mut features = Features::ALL;
         // At most one retry per feature the server may not know.
         for _ in 0..3 {
             match self
-                .connect_with(&tls, label, ttl, lock_timeout, features, deadline)
+                .connect_with(&tls, label, ttl, lock_timeout, features, budget)
                 .await
             {
                 Err(e) => match features.without(&e.to_string()) {
@@ -74,18 +74,15 @@ impl PgBackend {
         ttl: Duration,
         lock_timeout: Option<Duration>,
         features: Features,
-        deadline: Option<Deadline>,
+        wait: Option<&WaitBudget>,
     ) -> Result<Session, Error> {
         let timeout = self.target.connect_timeout.unwrap_or(CONNECT_TIMEOUT);
         let config = self.config(label, ttl, lock_timeout, features, timeout);
         let hosts = u32::try_from(self.target.hosts.len()).unwrap_or(1).max(1);
-        let mut budget = timeout.saturating_mul(hosts);
-        // The whole acquisition ends by the --wait deadline, connecting included (but the
-        // server gets at least `MIN_ANSWER` to answer).
-        let wait = deadline.filter(|d| d.answer_by.remaining() < budget);
-        if let Some(d) = wait {
-            budget = d.answer_by.remaining();
-        }
+        let every_host = timeout.saturating_mul(hosts);
+        // The whole acquisition ends by the server's time to answer, connecting included.
+        let budget = wait.map_or(every_host, |w| w.call_limit(every_host));
+        let wait = wait.filter(|_| budget < every_host);
         let deadline = tokio::time::Instant::now() + budget;
         let connecting = tokio::time::timeout(budget, config.connect(tls.clone()));
         let connected = tokio::select! {
@@ -100,24 +97,14 @@ impl PgBackend {
         };
         let (client, connection) = match connected {
             Err(_) => {
-                return Err(Error::Unavailable(match wait {
-                    Some(d) if d.wait < MIN_ANSWER => format!(
-                        "no answer from {} within {} (--wait {})",
-                        self.display,
-                        humantime::format_duration(MIN_ANSWER),
-                        humantime::format_duration(d.wait)
-                    ),
-                    Some(d) => format!(
-                        "no answer from {} within --wait {}",
-                        self.display,
-                        humantime::format_duration(d.wait)
-                    ),
-                    None => format!(
+                return Err(match wait {
+                    Some(wait) => crate::wording::no_answer(&self.display, None, wait),
+                    None => Error::Unavailable(format!(
                         "cannot reach {}: no answer within {}",
                         self.display,
                         humantime::format_duration(budget)
-                    ),
-                }))
+                    )),
+                })
             }
             Ok(Err(e)) => return Err(classify(&e, &self.display)),
             Ok(Ok(pair)) => pair,

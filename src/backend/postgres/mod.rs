@@ -34,14 +34,14 @@
 //!
 //! The parts: `keys` (the advisory-lock keys), `limit` (the shared `--limit` key),
 //! `conn` (connecting, error classes) with `settings` (session settings, keepalives),
-//! `single` (`--limit 1`) and `slots` (`--limit N`) on top of `deadline` and `wait`,
+//! `single` (`--limit 1`) and `slots` (`--limit N`) on top of `wait` (`--wait` as
+//! `lock_timeout` and a client limit, and giving up),
 //! `claim` and `token` (what a grant's statements check), `lease` (the hold and its
 //! heartbeat), `holders` and `admin` (what others see, and the admin commands).
 
 mod admin;
 mod claim;
 mod conn;
-mod deadline;
 mod holders;
 mod keys;
 pub mod kind;
@@ -65,7 +65,6 @@ use crate::error::Error;
 use crate::lock::{
     AcquireRequest, Backend, Cancel, CheckReport, Holder, LockName, LockStatus, Wait,
 };
-use deadline::Deadline;
 use keys::channel;
 use limit::limit_key;
 
@@ -94,12 +93,12 @@ impl Backend for PgBackend {
     type Lease = PgLease;
 
     /// The server's time to answer, the client's own limit on a lock call
-    /// [`deadline::CLIENT_LIMIT`] after it, the check of a grant that came by then
+    /// [`wait::CLIENT_LIMIT`] after it, the check of a grant that came by then
     /// ([`crate::keeper::confirm_if_old`]), and giving back one that did not count
     /// ([`CANCEL_TIMEOUT`]).
     fn wait_overrun(&self, request: &AcquireRequest) -> Duration {
         crate::lock::MIN_ANSWER
-            + deadline::CLIENT_LIMIT
+            + wait::CLIENT_LIMIT
             + crate::keeper::confirm_bound(request.ttl)
             + CANCEL_TIMEOUT
     }
@@ -116,25 +115,24 @@ impl Backend for PgBackend {
                 request.limit
             )));
         }
-        let deadline = Deadline::of(request.wait);
-        let lock_timeout = match request.wait {
+        let lock_timeout = match request.budget.wait() {
             Wait::For(d) if request.limit <= 1 => Some(d),
             _ => None,
         };
         let label = format!("dlock {} wait {}", request.holder.pid, request.holder.host);
         // Nothing is queued on the server yet: a cancel during connect just drops it.
         let mut session = tokio::select! {
-            session = self.connect(&label, request.ttl, lock_timeout, deadline) => session?,
+            session = self.connect(&label, request.ttl, lock_timeout, Some(&request.budget)) => session?,
             () = cancel.cancelled() => return Err(Error::Cancelled),
         };
         let (granted, key) = if request.limit <= 1 {
             let key = key(&self.prefix, request.name.as_str());
             let granted = self
-                .acquire_single(&mut session, request, key, deadline, &mut cancel)
+                .acquire_single(&mut session, request, key, &mut cancel)
                 .await?;
             (granted, key)
         } else {
-            self.acquire_slot(&mut session, request, deadline, &mut cancel)
+            self.acquire_slot(&mut session, request, &mut cancel)
                 .await?
         };
         let name = request.name.as_str();

@@ -15,15 +15,15 @@ use tokio_postgres::Row;
 
 use super::claim::claim_sql;
 use super::conn::Session;
-use super::deadline::{backstop, Deadline};
 use super::holders::{holder_label, metadata_comment};
 use super::keys::functions;
 use super::limit::{limit_key, other_limit, other_limit_sql};
 use super::token::{token_sql, Granted};
+use super::wait::{backstop, lock_timeout_sql};
 use super::PgBackend;
 use crate::clock::BootInstant;
 use crate::error::Error;
-use crate::lock::{limit_mismatch, AcquireRequest, Cancel, Wait};
+use crate::lock::{limit_mismatch, AcquireRequest, Cancel};
 use crate::logging::HANDOFF;
 use crate::wording::not_acquired;
 
@@ -34,12 +34,11 @@ impl PgBackend {
         session: &mut Session,
         request: &AcquireRequest,
         key: i64,
-        deadline: Option<Deadline>,
         cancel: &mut Cancel,
     ) -> Result<Granted, Error> {
         let client = session.client.clone();
         let other = other_limit_sql(&self.prefix, request.name.as_str(), request.limit);
-        let lock_sql = self.single_lock_sql(request, &other, deadline);
+        let lock_sql = self.single_lock_sql(request, &other);
         let (label, host) = holder_label(&request.holder);
         let token_sql = token_sql(&request.holder, &other);
         let lock_params: [(&(dyn ToSql + Sync), Type); 2] =
@@ -68,7 +67,7 @@ impl PgBackend {
         // then the token statement, which the server runs as soon as the lock is granted.
         let work = async { tokio::join!(lock, token) };
         tokio::pin!(work);
-        let backstop = backstop(deadline);
+        let backstop = backstop(&request.budget);
         tokio::pin!(backstop);
         let mut ended = session.ended.clone();
         // Biased, work first: its first poll puts the requests on the wire, so a cancel that
@@ -80,7 +79,7 @@ impl PgBackend {
                 return Err(self.abandon(session, work.as_mut(), (key, request.mode), Error::Cancelled).await);
             }
             () = &mut backstop => {
-                let busy = not_acquired(&request.name, "is held", request.wait);
+                let busy = not_acquired(&request.name, "is held", request.budget.wait());
                 return Err(self.abandon(session, work.as_mut(), (key, request.mode), busy).await);
             }
             _ = ended.wait_for(Option::is_some) => {
@@ -92,12 +91,7 @@ impl PgBackend {
     }
 
     /// The lock statement.
-    fn single_lock_sql(
-        &self,
-        request: &AcquireRequest,
-        other: &str,
-        deadline: Option<Deadline>,
-    ) -> String {
+    fn single_lock_sql(&self, request: &AcquireRequest, other: &str) -> String {
         let name = request.name.as_str();
         let functions = functions(request.mode);
         // One statement claims the session and takes the lock, so both happen on the same
@@ -105,7 +99,7 @@ impl PgBackend {
         // First (the subquery) it records our --limit and looks for holders with another one,
         // and only then, if there are none, sets what is left of --wait as the server's lock
         // wait limit and takes (or queues for) the lock, in our mode.
-        let lock = if request.wait == Wait::No {
+        let lock = if request.budget.is_no_wait() {
             format!("{}($1)", functions.try_lock)
         } else {
             format!("{}($1)::text", functions.lock)
@@ -115,7 +109,7 @@ impl PgBackend {
              FROM (SELECT {other} AS other, pg_advisory_lock_shared({})::text AS mark OFFSET 0) o",
             metadata_comment(&request.holder),
             claim_sql("$2"),
-            Deadline::lock_timeout_sql(deadline),
+            lock_timeout_sql(&request.budget),
             limit_key(&self.prefix, name, request.limit),
         )
     }
@@ -131,7 +125,7 @@ impl PgBackend {
         sent: BootInstant,
     ) -> Result<Granted, Error> {
         let client = &session.client;
-        let try_only = request.wait == Wait::No;
+        let try_only = request.budget.is_no_wait();
         let rows = match lock {
             Ok(rows) => rows,
             Err(e) => return Err(self.busy_or(&e, request, session).await),
@@ -157,7 +151,7 @@ impl PgBackend {
         }
         if !granted {
             let state = self.describe_holders(session, &request.name).await;
-            return Err(not_acquired(&request.name, &state, request.wait));
+            return Err(not_acquired(&request.name, &state, request.budget.wait()));
         }
         let token = self
             .check_token(

@@ -8,15 +8,15 @@ use tokio_postgres::types::{ToSql, Type};
 
 use super::claim::claim_sql;
 use super::conn::{classify, Session};
-use super::deadline::{backstop, within, Deadline};
 use super::holders::{holder_label, metadata_comment};
 use super::keys::{channel, slot_key, turnstile_key};
 use super::limit::{limit_key, other_limit, other_limit_sql};
 use super::token::{token_sql, Granted};
+use super::wait::{backstop, lock_timeout_sql, within};
 use super::{PgBackend, CANCEL_TIMEOUT};
 use crate::clock::{sleep_until, BootInstant};
 use crate::error::Error;
-use crate::lock::{limit_mismatch, AcquireRequest, Cancel, Mode, Wait};
+use crate::lock::{limit_mismatch, AcquireRequest, Cancel, Mode};
 use crate::wording::not_acquired;
 
 impl PgBackend {
@@ -26,7 +26,6 @@ impl PgBackend {
         &self,
         session: &mut Session,
         request: &AcquireRequest,
-        deadline: Option<Deadline>,
         cancel: &mut Cancel,
     ) -> Result<(Granted, i64), Error> {
         let name = request.name.as_str();
@@ -34,24 +33,21 @@ impl PgBackend {
             .map(|i| slot_key(&self.prefix, name, i))
             .collect();
         let try_sql = self.try_slot_sql(request, &slots);
-        if request.wait != Wait::No {
-            self.queue(session, request, deadline, cancel).await?;
+        if !request.budget.is_no_wait() {
+            self.queue(session, request, cancel).await?;
         }
         let recheck = (request.ttl / 3).min(Duration::from_secs(1));
         for _ in 0..u32::MAX {
             let sent = BootInstant::now();
-            if let Some(key) = self
-                .try_slots(session, request, &try_sql, &slots, deadline)
-                .await?
-            {
-                let token = self.take_slot(session, request, key, deadline).await?;
+            if let Some(key) = self.try_slots(session, request, &try_sql, &slots).await? {
+                let token = self.take_slot(session, request, key).await?;
                 return Ok((Granted { token, sent }, key));
             }
-            if request.wait == Wait::No {
+            if request.budget.is_no_wait() {
                 let state = self.describe_holders(session, &request.name).await;
-                return Err(not_acquired(&request.name, &state, request.wait));
+                return Err(not_acquired(&request.name, &state, request.budget.wait()));
             }
-            self.wait_for_slot(session, request, deadline, recheck, cancel)
+            self.wait_for_slot(session, request, recheck, cancel)
                 .await?;
         }
         Err(Error::Internal("slot wait loop ended".into()))
@@ -76,7 +72,7 @@ impl PgBackend {
             metadata_comment(&request.holder),
             claim_sql("$1"),
             try_slots_sql(slots),
-            if request.wait == Wait::No {
+            if request.budget.is_no_wait() {
                 format!(", {}", self.mark_sql(request))
             } else {
                 String::new()
@@ -89,7 +85,6 @@ impl PgBackend {
         &self,
         session: &mut Session,
         request: &AcquireRequest,
-        deadline: Option<Deadline>,
         cancel: &mut Cancel,
     ) -> Result<(), Error> {
         let client = session.client.clone();
@@ -97,23 +92,23 @@ impl PgBackend {
         let other = other_limit_sql(&self.prefix, name, request.limit);
         let turnstile = turnstile_key(&self.prefix, name);
         let listen = format!("LISTEN {}", channel(&self.prefix, name));
-        within(deadline, client.batch_execute(&listen))
+        within(&request.budget, client.batch_execute(&listen))
             .await
-            .map_err(|()| self.no_answer(deadline, "LISTEN"))?
+            .map_err(|()| self.no_answer(&request.budget, "LISTEN"))?
             .map_err(|e| classify(&e, &self.display))?;
         let params: [(&(dyn ToSql + Sync), Type); 1] = [(&turnstile, Type::INT8)];
         let lock_sql = format!(
             "{} SELECT o.other, {}, CASE WHEN o.other IS NULL THEN pg_advisory_lock($1)::text END \
              FROM (SELECT {other} AS other, {} OFFSET 0) o",
             metadata_comment(&request.holder),
-            Deadline::lock_timeout_sql(deadline),
+            lock_timeout_sql(&request.budget),
             self.mark_sql(request),
         );
         // The lock call goes out at the first poll below: in the turnstile's queue from then on.
         crate::lock::queued(request);
         let lock = client.query_typed(&lock_sql, &params);
         tokio::pin!(lock);
-        let backstop = backstop(deadline);
+        let backstop = backstop(&request.budget);
         tokio::pin!(backstop);
         let mut ended = session.ended.clone();
         tokio::select! {
@@ -131,7 +126,7 @@ impl PgBackend {
                 Err(self.abandon(session, lock.as_mut(), (turnstile, Mode::Exclusive), Error::Cancelled).await)
             }
             () = &mut backstop => {
-                let busy = not_acquired(&request.name, "is held", request.wait);
+                let busy = not_acquired(&request.name, "is held", request.budget.wait());
                 Err(self.abandon(session, lock.as_mut(), (turnstile, Mode::Exclusive), busy).await)
             }
             _ = ended.wait_for(Option::is_some) => Err(self.lost_while_waiting(session)),
@@ -145,15 +140,14 @@ impl PgBackend {
         request: &AcquireRequest,
         try_sql: &str,
         slots: &[i64],
-        deadline: Option<Deadline>,
     ) -> Result<Option<i64>, Error> {
         let client = &session.client;
         let rows = within(
-            deadline,
+            &request.budget,
             client.query_typed(try_sql, &[(&session.marker, Type::TEXT)]),
         )
         .await
-        .map_err(|()| self.no_answer(deadline, "taking a slot"))?
+        .map_err(|()| self.no_answer(&request.budget, "taking a slot"))?
         .map_err(|e| classify(&e, &self.display))?;
         let row = rows.first();
         let theirs = other_limit(row, 2);
@@ -177,7 +171,6 @@ impl PgBackend {
         session: &Session,
         request: &AcquireRequest,
         key: i64,
-        deadline: Option<Deadline>,
     ) -> Result<u64, Error> {
         let client = &session.client;
         let other = other_limit_sql(&self.prefix, request.name.as_str(), request.limit);
@@ -191,7 +184,7 @@ impl PgBackend {
         // Leave the queue and read the token in one round trip; the token statement
         // goes last so its metadata comment is what pg_stat_activity shows.
         let leave = async {
-            if request.wait == Wait::No {
+            if request.budget.is_no_wait() {
                 return Ok(());
             }
             let turnstile = turnstile_key(&self.prefix, request.name.as_str());
@@ -202,9 +195,9 @@ impl PgBackend {
                 .await
         };
         let both = async { tokio::join!(leave, client.query_typed(&token_sql, &token_params)) };
-        let (left, token) = within(deadline, both)
+        let (left, token) = within(&request.budget, both)
             .await
-            .map_err(|()| self.no_answer(deadline, "reading the token"))?;
+            .map_err(|()| self.no_answer(&request.budget, "reading the token"))?;
         left.map_err(|e| classify(&e, &self.display))?;
         self.check_token(
             token,
@@ -222,23 +215,22 @@ impl PgBackend {
         &self,
         session: &mut Session,
         request: &AcquireRequest,
-        deadline: Option<Deadline>,
         recheck: Duration,
         cancel: &mut Cancel,
     ) -> Result<(), Error> {
         let mut ended = session.ended.clone();
         let next_check = BootInstant::now() + recheck;
-        let wake = match deadline {
-            Some(d) if d.at < next_check => d.at,
+        let wake = match request.budget.deadline() {
+            Some(at) if at < next_check => at,
             _ => next_check,
         };
         tokio::select! {
             _ = session.notes.recv() => Ok(()),
             () = sleep_until(wake) => {
-                if deadline.is_some_and(|d| BootInstant::now() >= d.at) {
+                if request.budget.is_over() {
                     self.leave_queue(session, request).await;
                     let state = self.describe_holders(session, &request.name).await;
-                    return Err(not_acquired(&request.name, &state, request.wait));
+                    return Err(not_acquired(&request.name, &state, request.budget.wait()));
                 }
                 Ok(())
             }

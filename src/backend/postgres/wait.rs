@@ -1,5 +1,7 @@
-//! Giving up a wait: the messages of a wait that ended (busy, no answer, connection lost),
-//! and abandoning a queued lock call so that no request stays on the server's queue.
+//! Bounding and giving up a wait: what is left of `--wait` as the server's `lock_timeout`,
+//! the client's own limit on a lock call a second after the server's time to answer, the
+//! messages of a wait that ended (busy, no answer, connection lost), and abandoning a queued
+//! lock call so that no request stays on the server's queue.
 
 use std::future::Future;
 use std::time::Duration;
@@ -7,22 +9,57 @@ use std::time::Duration;
 use tokio_postgres::types::Type;
 
 use super::conn::{classify, Session};
-use super::deadline::Deadline;
 use super::keys::functions;
 use super::{PgBackend, CANCEL_TIMEOUT};
+use crate::budget::WaitBudget;
+use crate::clock::sleep_until;
 use crate::error::Error;
 use crate::lock::{AcquireRequest, Mode};
 use crate::wording::not_acquired;
 
+/// How long after the server's time to answer ([`WaitBudget::answer_by`]) the client ends a
+/// lock call itself, should the server's `lock_timeout` not end it: a round trip to a server
+/// that answers, on a busy machine.
+pub(super) const CLIENT_LIMIT: Duration = Duration::from_secs(1);
+
+/// `set_config` of `lock_timeout` to what is left of `--wait` (at least 1 ms: 0 would mean
+/// none); without a `--wait`, nothing.
+pub(super) fn lock_timeout_sql(budget: &WaitBudget) -> String {
+    match budget.left() {
+        Some(left) => format!(
+            "set_config('lock_timeout', '{}', false)",
+            left.as_millis().clamp(1, i32::MAX as u128)
+        ),
+        None => "NULL::text".into(),
+    }
+}
+
+/// Ends [`CLIENT_LIMIT`] after the server's time to answer (never without a `--wait`): the
+/// client's own limit on a lock call, should the server's `lock_timeout` not end it.
+pub(super) async fn backstop(budget: &WaitBudget) {
+    match budget.answer_by() {
+        Some(by) => sleep_until(by + CLIENT_LIMIT).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// `work`, ended [`CLIENT_LIMIT`] after the server's time to answer if it has not answered
+/// by then.
+pub(super) async fn within<F: Future>(budget: &WaitBudget, work: F) -> Result<F::Output, ()> {
+    match budget.answer_by() {
+        Some(by) => {
+            let limit = (by + CLIENT_LIMIT).remaining();
+            tokio::time::timeout(limit, work).await.map_err(|_| ())
+        }
+        None => Ok(work.await),
+    }
+}
+
 impl PgBackend {
-    /// A statement did not answer by the `--wait` deadline (and a second more).
-    pub(super) fn no_answer(&self, deadline: Option<Deadline>, what: &str) -> Error {
-        let wait = deadline.map_or(Duration::ZERO, |d| d.wait);
-        Error::Unavailable(format!(
-            "no answer from {} ({what}) within --wait {}",
-            self.display,
-            humantime::format_duration(wait)
-        ))
+    /// A statement (`what`) did not answer by the server's time to answer (and a second
+    /// more).
+    pub(super) fn no_answer(&self, budget: &WaitBudget, what: &str) -> Error {
+        crate::wording::no_answer(&self.display, Some(what), budget)
     }
 
     /// The connection ended while we waited.
@@ -45,7 +82,7 @@ impl PgBackend {
         match e.code().map(|c| c.code()) {
             Some("55P03") => {
                 let state = self.describe_holders(session, &request.name).await;
-                not_acquired(&request.name, &state, request.wait)
+                not_acquired(&request.name, &state, request.budget.wait())
             }
             _ => classify(e, &self.display),
         }
@@ -84,5 +121,32 @@ impl PgBackend {
         )
         .await;
         outcome
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::lock::Wait;
+
+    #[test]
+    fn what_is_left_of_the_wait_is_the_servers_lock_timeout() {
+        let budget = WaitBudget::start(Wait::For(Duration::from_secs(60)));
+        let sql = lock_timeout_sql(&budget);
+        let millis: u64 = sql
+            .strip_prefix("set_config('lock_timeout', '")
+            .and_then(|rest| rest.strip_suffix("', false)"))
+            .and_then(|ms| ms.parse().ok())
+            .unwrap_or_else(|| panic!("{sql}"));
+        assert!(millis > 50_000 && millis <= 60_000, "{sql}");
+        // A wait that is over still sets a limit: 0 would mean none.
+        let over = WaitBudget::start(Wait::For(Duration::ZERO));
+        assert_eq!(
+            lock_timeout_sql(&over),
+            "set_config('lock_timeout', '1', false)"
+        );
+        for wait in [Wait::No, Wait::Forever] {
+            assert_eq!(lock_timeout_sql(&WaitBudget::start(wait)), "NULL::text");
+        }
     }
 }

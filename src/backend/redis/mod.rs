@@ -74,9 +74,7 @@ mod wait;
 use redis::Value;
 
 use crate::error::Error;
-use crate::lock::{
-    AcquireRequest, Backend, Cancel, CheckReport, Holder, LockName, LockStatus, Wait,
-};
+use crate::lock::{AcquireRequest, Backend, Cancel, CheckReport, Holder, LockName, LockStatus};
 
 use conn::Conn;
 use keys::Keys;
@@ -138,7 +136,7 @@ impl Backend for RedisBackend {
     ) -> Result<RedisLease, Error> {
         let (waiter, mut conn) = Waiter::start(self, request)?;
         // Behind Sentinel, the checks of the sentinels end with the `--wait` budget too.
-        sentinel::bound(&mut conn, request.wait.deadline());
+        sentinel::bound(&mut conn, request.budget.deadline());
         let mut ticket: i64 = 0;
         let stop = loop {
             let (reply, sent) = match waiter.call(&mut conn, ticket, &mut cancel).await {
@@ -178,7 +176,7 @@ impl Backend for RedisBackend {
                 }
                 refused => return Err(refused_step(&waiter, ticket, refused, &reply).await),
             };
-            if request.wait == Wait::No {
+            if request.budget.is_no_wait() {
                 return Err(not_waiting(&waiter, &mut conn, request, live, ahead).await);
             }
             if let Err(stop) = waiter
@@ -251,7 +249,7 @@ async fn not_waiting(
     ahead: i64,
 ) -> Error {
     let reason = waiter.busy_reason(conn, live, ahead).await;
-    crate::wording::not_acquired(&request.name, &reason, request.wait)
+    crate::wording::not_acquired(&request.name, &reason, request.budget.wait())
 }
 
 /// The error an acquisition that stopped ends with; after a cancel, the connection is closed

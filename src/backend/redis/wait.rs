@@ -66,14 +66,13 @@ pub(super) struct Waiter<'a> {
     request: &'a AcquireRequest,
     tok: String,
     keys: Keys,
-    /// Ends the wait for the lock (75).
-    deadline: Option<BootInstant>,
-    /// Bounds how long dlock waits for the server itself, connecting included (69).
+    /// Bounds how long dlock waits for the server itself, connecting included (69): the end
+    /// of `--wait` itself, without the [`crate::lock::MIN_ANSWER`] floor (a run ends by
+    /// `--wait` and [`OVERRUN`]), or [`NO_WAIT_BOUND`] with `--no-wait`. The lock's own wait
+    /// (75) ends with the request's budget.
     answer_by: Option<BootInstant>,
     /// `answer_by` and [`OVERRUN`]: everything ends by then, leaving the queue included.
     finish_by: Option<BootInstant>,
-    /// The bound `answer_by` stands for, for messages.
-    within: String,
     mode: &'static str,
     meta: String,
     ttl_ms: String,
@@ -91,17 +90,12 @@ impl<'a> Waiter<'a> {
     ) -> Result<(Waiter<'a>, Conn), Error> {
         let tok = super::keys::owner_token(request.mode);
         let keys = backend.keys(&request.name, &tok);
-        let deadline = request.wait.deadline();
-        let (answer_by, within) = match request.wait {
-            Wait::For(_) => (deadline, format!("--wait {}", request.wait.describe())),
-            Wait::No => (
-                Some(BootInstant::now() + NO_WAIT_BOUND),
-                format!("{} (--no-wait)", humantime::format_duration(NO_WAIT_BOUND)),
-            ),
-            Wait::Forever => (None, String::new()),
+        let answer_by = match request.budget.wait() {
+            Wait::No => Some(BootInstant::now() + NO_WAIT_BOUND),
+            Wait::For(_) | Wait::Forever => request.budget.deadline(),
         };
         let conn = Conn::new(&backend.target, &backend.display)?;
-        let mode = if request.wait == Wait::No {
+        let mode = if request.budget.is_no_wait() {
             "try"
         } else {
             "wait"
@@ -119,10 +113,8 @@ impl<'a> Waiter<'a> {
             request,
             tok,
             keys,
-            deadline,
             answer_by,
             finish_by: answer_by.map(|by| by + OVERRUN),
-            within,
             mode,
             meta,
             ttl_ms: millis(request.ttl),
@@ -252,7 +244,7 @@ impl<'a> Waiter<'a> {
             not_acquired(
                 &self.request.name,
                 &self.reason(live, ahead, ""),
-                self.request.wait,
+                self.request.budget.wait(),
             )
         } else if failure.is_timeout() && !sent_any && conn.setup.tls() {
             // A plain-text server waits for a command and never answers the
@@ -267,9 +259,18 @@ impl<'a> Waiter<'a> {
                 plain,
             ))
         } else if failure.is_timeout() && passed(self.answer_by) {
-            Error::Unavailable(format!(
-                "no answer from {} within {}",
-                self.backend.display, self.within
+            let wait = self.request.budget.wait();
+            let given = match wait {
+                Wait::No => NO_WAIT_BOUND,
+                Wait::For(length) => length,
+                // Not reached: without a `--wait` nothing passes `answer_by`.
+                Wait::Forever => OP_TIMEOUT,
+            };
+            Error::Unavailable(crate::wording::no_answer_within(
+                &self.backend.display,
+                None,
+                wait,
+                given,
             ))
         } else {
             failure.into_error(&self.backend.display)
@@ -381,7 +382,8 @@ impl<'a> Waiter<'a> {
             // deadline would find the holder still live.
             block = block.min(Duration::from_millis(hint as u64 + 5));
         }
-        if let Some(deadline) = self.deadline {
+        let deadline = self.request.budget.deadline();
+        if let Some(deadline) = deadline {
             let left = deadline.remaining();
             if left.is_zero() {
                 let reason = self.busy_reason(conn, live, ahead).await;
@@ -389,14 +391,13 @@ impl<'a> Waiter<'a> {
                 return Err(Stop::Failed(not_acquired(
                     &self.request.name,
                     &reason,
-                    self.request.wait,
+                    self.request.budget.wait(),
                 )));
             }
             block = block.min(left);
         }
         // Redis before 7.0.8 rounds sub-millisecond timeouts to 0, which blocks for ever.
         let block = block.max(Duration::from_millis(10));
-        let deadline = self.deadline;
         // Redis times BLPOP out at its own granularity (up to 100 ms late at hz 10), so
         // the --wait deadline is also kept by our own clock.
         tokio::select! {

@@ -9,12 +9,11 @@ use std::time::Duration;
 use zookeeper_client::{self as zk, Client};
 
 use super::ZkBackend;
-use crate::clock::BootInstant;
 use crate::error::Error;
 use crate::kit::capacity;
 use crate::kit::timeouts::OP_TIMEOUT;
 use crate::kit::url::join_host_port;
-use crate::lock::{Wait, MIN_ANSWER};
+use crate::lock::WaitBudget;
 
 /// Bound for closing the session after a release or a cancel.
 pub(super) const CLOSE_TIMEOUT: Duration = Duration::from_secs(1);
@@ -24,30 +23,6 @@ static REFUSED_FOR_CAPACITY: AtomicBool = AtomicBool::new(false);
 /// kernel completes the connection before the server accepts it, so a busy server closes it
 /// late; this is only spent when connecting failed.
 const CAPACITY_PROBE: Duration = Duration::from_secs(1);
-
-/// The end of `--wait`: when, and the duration asked for (for messages).
-#[derive(Clone, Copy)]
-pub(super) struct WaitEnd {
-    pub(super) at: BootInstant,
-    /// `at`, but at least [`MIN_ANSWER`] from the start: a healthy server gets the time to
-    /// answer, so that a short `--wait` still takes a free lock.
-    pub(super) answer_by: BootInstant,
-    pub(super) wait: Duration,
-}
-
-impl WaitEnd {
-    pub(super) fn of(wait: Wait) -> Option<WaitEnd> {
-        let now = BootInstant::now();
-        match wait {
-            Wait::For(d) => Some(WaitEnd {
-                at: now + d,
-                answer_by: (now + d).max(now + MIN_ANSWER),
-                wait: d,
-            }),
-            Wait::No | Wait::Forever => None,
-        }
-    }
-}
 
 impl ZkBackend {
     /// `h1:p1,[v6]:p2/chroot`, without credentials.
@@ -70,13 +45,14 @@ impl ZkBackend {
         self.connect_by(session_timeout, None).await
     }
 
-    /// Open a session, bounded by [`OP_TIMEOUT`] and by the end of `--wait`, if any.
+    /// Open a session, bounded by [`OP_TIMEOUT`] and by an acquisition's time to answer, if
+    /// any.
     pub(super) async fn connect_by(
         &self,
         session_timeout: Duration,
-        wait: Option<WaitEnd>,
+        wait: Option<&WaitBudget>,
     ) -> Result<Client, Error> {
-        let budget = wait.map_or(OP_TIMEOUT, |w| w.answer_by.remaining().min(OP_TIMEOUT));
+        let budget = wait.map_or(OP_TIMEOUT, |w| w.call_limit(OP_TIMEOUT));
         let mut connector = Client::connector()
             .with_session_timeout(session_timeout)
             .with_fail_eagerly();
@@ -108,12 +84,14 @@ impl ZkBackend {
                 Err(crate::wording::connection_refused(&self.display))
             }
             Ok(Err(e)) => Err(self.classify(&e, "connecting")),
-            Err(_) if budget < OP_TIMEOUT => Err(self.no_answer(wait)),
-            Err(_) => Err(Error::Unavailable(format!(
-                "no ZooKeeper server of {} answered within {}",
-                self.display,
-                humantime::format_duration(OP_TIMEOUT)
-            ))),
+            Err(_) => match wait.filter(|_| budget < OP_TIMEOUT) {
+                Some(wait) => Err(self.no_answer(wait)),
+                None => Err(Error::Unavailable(format!(
+                    "no ZooKeeper server of {} answered within {}",
+                    self.display,
+                    humantime::format_duration(OP_TIMEOUT)
+                ))),
+            },
         }
     }
 
@@ -180,24 +158,9 @@ impl ZkBackend {
         true
     }
 
-    /// The error for a server that did not answer before `--wait` ran out.
-    pub(super) fn no_answer(&self, wait: Option<WaitEnd>) -> Error {
-        let display = &self.display;
-        match wait {
-            Some(w) if w.wait < MIN_ANSWER => Error::Unavailable(format!(
-                "no answer from {display} within {} (--wait {})",
-                humantime::format_duration(MIN_ANSWER),
-                humantime::format_duration(w.wait)
-            )),
-            Some(w) => Error::Unavailable(format!(
-                "no answer from {display} within --wait {}",
-                humantime::format_duration(w.wait)
-            )),
-            None => Error::Unavailable(format!(
-                "no answer from {display} within {}",
-                humantime::format_duration(OP_TIMEOUT)
-            )),
-        }
+    /// The error for a server that did not answer within an acquisition's time to answer.
+    pub(super) fn no_answer(&self, wait: &WaitBudget) -> Error {
+        crate::wording::no_answer(&self.display, None, wait)
     }
 
     /// Map a client error to dlock's error kinds (exit statuses); `what` names the operation.

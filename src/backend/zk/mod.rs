@@ -77,7 +77,7 @@ pub use lease::ZkLease;
 pub use nodes::zk_component;
 pub use target::ZkTarget;
 
-use conn::{close, WaitEnd};
+use conn::close;
 use queue::Queue;
 
 /// Locks in a ZooKeeper ensemble under `--prefix`; `ttl` is the session timeout asked for
@@ -116,9 +116,8 @@ impl Backend for ZkBackend {
         mut cancel: Cancel,
     ) -> Result<ZkLease, Error> {
         let dir = self.dir(&request.name)?;
-        let wait = WaitEnd::of(request.wait);
         let client = tokio::select! {
-            c = self.connect_by(request.ttl, wait) => c?,
+            c = self.connect_by(request.ttl, Some(&request.budget)) => c?,
             _ = cancel.cancelled() => return Err(Error::Cancelled),
         };
         let granted = client.session_timeout();
@@ -136,18 +135,15 @@ impl Backend for ZkBackend {
         // `--wait` (a re-check, a grant that came at the end, the report of who is ahead) on a
         // busy machine; only a server silent for a whole session timeout past it has stopped
         // answering (by then it has expired our session by its own rule).
-        let outcome = match wait {
-            Some(w) => {
-                let backstop = sleep_until(w.answer_by + granted);
+        let outcome = match request.budget.answer_by() {
+            Some(answer_by) => {
+                let backstop = sleep_until(answer_by + granted);
                 tokio::select! {
-                    outcome = self.queue_and_wait(&mut queue, request, wait, &mut cancel) => outcome,
-                    () = backstop => Err(self.no_answer(wait)),
+                    outcome = self.queue_and_wait(&mut queue, request, &mut cancel) => outcome,
+                    () = backstop => Err(self.no_answer(&request.budget)),
                 }
             }
-            None => {
-                self.queue_and_wait(&mut queue, request, wait, &mut cancel)
-                    .await
-            }
+            None => self.queue_and_wait(&mut queue, request, &mut cancel).await,
         };
         match outcome {
             Ok((token, acquired_sent)) => {
@@ -164,7 +160,7 @@ impl Backend for ZkBackend {
             }
             Err(error) => {
                 drop(client);
-                queue.abandon(wait).await;
+                queue.abandon(&request.budget).await;
                 Err(error)
             }
         }

@@ -6,10 +6,11 @@ use std::time::Duration;
 
 use zookeeper_client::{self as zk, Client, CreateMode, Stat};
 
-use super::conn::{close, timed, WaitEnd};
+use super::conn::{close, timed};
 use super::ZkBackend;
 use crate::clock::BootInstant;
 use crate::error::Error;
+use crate::lock::WaitBudget;
 
 /// How often a create may find its parent missing (removed container) before giving up.
 const MAX_PARENT_RETRIES: usize = 5;
@@ -136,8 +137,8 @@ impl Queue {
 
     /// Clean up after a failed acquisition. Once `--wait` is over, the server gets a short
     /// while only: our node goes with the session anyway.
-    pub(super) async fn abandon(self, wait: Option<WaitEnd>) {
-        if wait.is_some_and(|w| w.at.remaining().is_zero()) {
+    pub(super) async fn abandon(self, budget: &WaitBudget) {
+        if budget.is_over() {
             if tokio::time::timeout(LATE_CLEANUP, self.cleanup())
                 .await
                 .is_err()

@@ -7,13 +7,13 @@ use std::time::Duration;
 
 use zookeeper_client::{self as zk, Client, EventType, OneshotWatcher};
 
-use super::conn::{reread, timed, WaitEnd};
+use super::conn::{reread, timed};
 use super::nodes::{has_turn, mode_of, sort_queue, Entry, Meta, EXCLUSIVE_MARK, READ_MARK};
 use super::queue::{lost_place, Queue};
 use super::ZkBackend;
 use crate::clock::{sleep_until, BootInstant};
 use crate::error::Error;
-use crate::lock::{limit_mismatch, AcquireRequest, Cancel, LockName, Mode, Record, Wait};
+use crate::lock::{limit_mismatch, AcquireRequest, Cancel, LockName, Mode, Record};
 
 /// Bound for reading who holds a lock for a message, once `--wait` is over.
 const REPORT_TIMEOUT: Duration = Duration::from_secs(1);
@@ -26,7 +26,6 @@ impl ZkBackend {
         &self,
         queue: &mut Queue,
         request: &AcquireRequest,
-        wait: Option<WaitEnd>,
         cancel: &mut Cancel,
     ) -> Result<(u64, BootInstant), Error> {
         let mut holder = request.holder.clone();
@@ -43,7 +42,7 @@ impl ZkBackend {
         };
         let (holding, waiting) = (record(false)?, record(true)?);
         let queued_by = async {
-            match wait.map(|w| w.answer_by) {
+            match request.budget.answer_by() {
                 Some(at) => sleep_until(at).await,
                 None => std::future::pending().await,
             }
@@ -55,7 +54,7 @@ impl ZkBackend {
         let (own, stat, mut children, mut listed_sent) = tokio::select! {
             r = self.enqueue(&queue.client, &queue.dir, &queue.guid_prefix, mark, &holding) => r?,
             _ = cancel.cancelled() => return Err(Error::Cancelled),
-            () = queued_by => return Err(self.no_answer(wait)),
+            () = queued_by => return Err(self.no_answer(&request.budget)),
         };
         let own_path = format!("{}/{own}", queue.dir);
         queue.own = Some(own_path.clone());
@@ -74,14 +73,13 @@ impl ZkBackend {
             marked: false,
             limit_checked: false,
         };
-        let deadline = wait.map(|w| w.at);
         loop {
             let index = waiter.place(&mut children).await?;
             if has_turn(&children, index, waiter.limit) {
                 waiter.take().await?;
                 return Ok((token, listed_sent));
             }
-            if request.wait == Wait::No {
+            if request.budget.is_no_wait() {
                 return Err(waiter.busy("not waiting (--no-wait)").await);
             }
             waiter.mark().await?;
@@ -91,11 +89,9 @@ impl ZkBackend {
                 // the lock and dropped its waiting mark, or recorded its finish) and is still
                 // there, so only its deletion can make our turn: watch it again instead of
                 // listing the queue, which would cost a read, and at a hand-off a second one.
-                while let (Some(EventType::NodeDataChanged), Some(node), 1) = (
-                    waiter.sleep(watcher, deadline, cancel).await?,
-                    watched,
-                    waiter.limit,
-                ) {
+                while let (Some(EventType::NodeDataChanged), Some(node), 1) =
+                    (waiter.sleep(watcher, cancel).await?, watched, waiter.limit)
+                {
                     match waiter.watch_predecessor(node).await? {
                         Some(again) => watcher = again,
                         None => break,
@@ -186,7 +182,8 @@ impl Waiter<'_> {
         // Anyone ahead of us must use the same --limit (checked once, before any wait). A
         // --limit 1 waiter reads its predecessor's data anyway when it sets its watch, and
         // checks that instead of asking for the first node's.
-        if index > 0 && !self.limit_checked && (self.limit > 1 || self.request.wait == Wait::No) {
+        if index > 0 && !self.limit_checked && (self.limit > 1 || self.request.budget.is_no_wait())
+        {
             self.backend
                 .check_limit(&self.client, &self.dir, &children[0], self.request)
                 .await?;
@@ -312,14 +309,14 @@ impl Waiter<'_> {
     }
 
     /// Sleep until `watcher` fires (returns what happened to the node it watched) or
-    /// `cancel` does; give up at `deadline` (the end of `--wait`) with who holds the lock.
-    /// `None`: a semaphore waiter's periodic look.
+    /// `cancel` does; give up at the end of `--wait` with who holds the lock. `None`: a
+    /// semaphore waiter's periodic look.
     async fn sleep(
         &self,
         watcher: OneshotWatcher,
-        deadline: Option<BootInstant>,
         cancel: &mut Cancel,
     ) -> Result<Option<EventType>, Error> {
+        let deadline = self.request.budget.deadline();
         // A semaphore waiter also looks again every TTL, in case a wake-up was missed.
         let recheck_at = (self.limit > 1).then(|| BootInstant::now() + self.request.ttl);
         let wake = match (deadline, recheck_at) {
@@ -345,10 +342,9 @@ impl Waiter<'_> {
             }
             _ = cancel.cancelled() => return Err(Error::Cancelled),
             _ = wake => {
-                if deadline.is_some_and(|d| BootInstant::now() >= d) {
-                    // Only a `--wait` duration has a deadline.
-                    let waited = self.request.wait.describe();
-                    return Err(self.busy(&format!("gave up after waiting {waited} (--wait)")).await);
+                if self.request.budget.is_over() {
+                    let waited = crate::wording::gave_up(self.request.budget.wait());
+                    return Err(self.busy(&waited).await);
                 }
             }
         }

@@ -63,7 +63,7 @@ use crate::error::Error;
 use crate::kit::{capacity, lock_dir};
 use crate::lock::{
     AcquireRequest, Backend, Cancel, CheckReport, Holder, Lease, LockName, LockStatus, Lost,
-    OnQueued, Wait, Waiter,
+    OnQueued, Wait, WaitBudget, Waiter,
 };
 
 /// How many processes of a host wait at the server besides the `--limit` holders. More than
@@ -144,9 +144,9 @@ impl<B: Backend> LocalQueued<B> {
                 _ => String::new(),
             };
         Error::Busy(format!(
-            "lock '{}' is held{holders}; gave up after waiting {} (--wait) behind other runs on this host",
+            "lock '{}' is held{holders}; {} behind other runs on this host",
             request.name,
-            request.wait.describe()
+            crate::wording::gave_up(request.budget.wait())
         ))
     }
 }
@@ -177,9 +177,9 @@ impl<B: Backend> Backend for LocalQueued<B> {
         request: &AcquireRequest,
         mut cancel: Cancel,
     ) -> Result<QueuedLease<B::Lease>, Error> {
-        let deadline = request.wait.deadline();
+        let (wait, deadline) = (request.budget.wait(), request.budget.deadline());
         let started = BootInstant::now();
-        let local = match (&self.queue, request.wait) {
+        let local = match (&self.queue, wait) {
             (Some(queue), Wait::For(_) | Wait::Forever) => {
                 self.join_local(queue, request, deadline, &mut cancel)
                     .await?
@@ -192,28 +192,29 @@ impl<B: Backend> Backend for LocalQueued<B> {
         let admitted_at_once = !local.as_ref().is_some_and(|t| t.waited);
         let mut first_try = true;
         let remote_cancel = cancel.clone();
-        let remote = capacity::wait_out(request.wait, deadline, &mut cancel, async |left| {
+        let remote = capacity::wait_out(wait, deadline, &mut cancel, async |left| {
             let mut remote_request = request.clone();
             remote_request.likely_held = local.as_ref().is_some_and(|t| t.peer_ahead);
             if let Some(ticket) = &local {
                 remote_request.on_queued = OnQueued::new(ticket.on_queued());
             }
             let at_once = std::mem::take(&mut first_try) && admitted_at_once;
-            remote_request.wait = match left {
+            // The remote acquisition starts now, with a budget of its own.
+            remote_request.budget = WaitBudget::start(match left {
                 // Admitted at once: the backend's deadline is the user's, to a few
                 // milliseconds (to the queue's bookkeeping on a busy machine), and its
                 // messages name the --wait the user gave.
                 Wait::For(_)
                     if at_once || BootInstant::now().saturating_since(started) < QUEUE_SLACK =>
                 {
-                    request.wait
+                    wait
                 }
                 // What the local queue (or a capacity refusal) left of the wait.
                 Wait::For(d) => Wait::For(
                     Duration::from_millis(d.as_millis() as u64).max(Duration::from_millis(1)),
                 ),
                 other => other,
-            };
+            });
             self.remote
                 .acquire(&remote_request, remote_cancel.clone())
                 .await
