@@ -14,11 +14,14 @@
 //! after `--ttl`, and `client_connection_check_interval` so a killed waiter leaves the
 //! queue. Acquiring is one
 //! pipelined round trip after connecting: the lock call (the server's own FIFO lock queue),
-//! which also marks the server session as ours (`dlock.owner`), and the statement that reads
-//! the fencing token (the server's clock in µs × 1000 plus `txid_current()`: it grows across
-//! a crash without waiting for the disk, see `token::TOKEN`), checks the mark and that the start-up settings arrived (a pooler could route the
-//! statements to different server sessions, share one between clients, or drop the settings)
-//! and labels the session in `pg_stat_activity`. No round trip follows the grant.
+//! which also marks the server session as ours (`dlock.owner`) and, as the grant comes, in
+//! the same statement, reads the fencing token (the server's clock in µs × 1000 plus
+//! `txid_current()`: it grows across a crash without waiting for the disk, see
+//! `token::TOKEN`), checks that the start-up settings arrived and labels the session in
+//! `pg_stat_activity`; then a trivial statement checks that it still runs on the session our
+//! mark is on (a pooler could route the statements to different server sessions, share one
+//! between clients, or drop the settings). No round trip follows the grant, and no statement
+//! is planned between the grant and its answer.
 //!
 //! `--shared` takes the same key in share mode (`pg_advisory_lock_shared`, `single`): the
 //! server's lock queue lets any number of shared holders in together, none beside an

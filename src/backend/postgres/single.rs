@@ -1,6 +1,7 @@
 //! `--limit 1`: the server's own FIFO lock queue. One pipelined round trip after connecting:
-//! the lock call (which also claims the session and records our `--limit`), then the token
-//! statement, which the server runs as soon as the lock is granted.
+//! the lock call (which also claims the session, records our `--limit` and, as the grant
+//! comes, takes the token: `token::lock_with_token_sql`), then the check that a second
+//! statement runs on our session too, which the server runs right after the grant.
 //!
 //! `--shared` is the same call in share mode on the same key (`pg_advisory_lock_shared`).
 //! The server's lock manager grants a request only if it conflicts neither with the granted
@@ -15,10 +16,10 @@ use tokio_postgres::Row;
 
 use super::claim::claim_sql;
 use super::conn::Session;
-use super::holders::{holder_label, metadata_comment};
+use super::holders::holder_label;
 use super::keys::functions;
 use super::limit::{limit_key, other_limit, other_limit_sql};
-use super::token::{token_sql, Granted};
+use super::token::{lock_with_token_sql, mine_sql, Granted};
 use super::wait::{backstop, lock_timeout_sql};
 use super::PgBackend;
 use crate::clock::BootInstant;
@@ -40,14 +41,14 @@ impl PgBackend {
         let other = other_limit_sql(&self.prefix, request.name.as_str(), request.limit);
         let lock_sql = self.single_lock_sql(request, &other);
         let (label, host) = holder_label(&request.holder);
-        let token_sql = token_sql(&request.holder, &other);
-        let lock_params: [(&(dyn ToSql + Sync), Type); 2] =
-            [(&key, Type::INT8), (&session.marker, Type::TEXT)];
-        let token_params: [(&(dyn ToSql + Sync), Type); 3] = [
+        let lock_params: [(&(dyn ToSql + Sync), Type); 4] = [
+            (&key, Type::INT8),
+            (&session.marker, Type::TEXT),
             (&label, Type::TEXT),
             (&host, Type::TEXT),
-            (&session.marker, Type::TEXT),
         ];
+        let mine_sql = mine_sql(&request.holder);
+        let mine_params: [(&(dyn ToSql + Sync), Type); 1] = [(&session.marker, Type::TEXT)];
         let sent = BootInstant::now();
         // The lock call goes out at the first poll below: in the server's queue from then on.
         crate::lock::queued(request);
@@ -59,12 +60,13 @@ impl PgBackend {
             answer
         };
         let token = async {
-            let answer = client.query_typed(&token_sql, &token_params).await;
+            let answer = client.query_typed(&mine_sql, &mine_params).await;
             tracing::debug!(target: HANDOFF, "token-written");
             answer
         };
         // Both requests go out at once, in the order `join` first polls them: the lock call,
-        // then the token statement, which the server runs as soon as the lock is granted.
+        // which takes the token as the lock is granted, then the check that a second
+        // statement runs on our session too, which the server runs right after.
         let work = async { tokio::join!(lock, token) };
         tokio::pin!(work);
         let backstop = backstop(&request.budget);
@@ -99,19 +101,26 @@ impl PgBackend {
         // First (the subquery) it records our --limit and looks for holders with another one,
         // and only then, if there are none, sets what is left of --wait as the server's lock
         // wait limit and takes (or queues for) the lock, in our mode.
-        let lock = if request.budget.is_no_wait() {
-            format!("{}($1)", functions.try_lock)
+        // Once it has the lock, the outer query takes the token ([`lock_with_token_sql`]).
+        let (lock, granted) = if request.budget.is_no_wait() {
+            (
+                format!("{}($1)", functions.try_lock),
+                "coalesce(g.locked, false)",
+            )
         } else {
-            format!("{}($1)::text", functions.lock)
+            (
+                format!("{}($1)::text", functions.lock),
+                "g.locked IS NOT NULL",
+            )
         };
-        format!(
-            "{} SELECT {}, o.other, {}, CASE WHEN o.other IS NULL THEN {lock} END \
+        let statement = format!(
+            "SELECT {}, o.other, {}, CASE WHEN o.other IS NULL THEN {lock} END AS locked \
              FROM (SELECT {other} AS other, pg_advisory_lock_shared({})::text AS mark OFFSET 0) o",
-            metadata_comment(&request.holder),
             claim_sql("$2"),
             lock_timeout_sql(&request.budget),
             limit_key(&self.prefix, name, request.limit),
-        )
+        );
+        lock_with_token_sql(&request.holder, &statement, granted, other)
     }
 
     /// Read the answers of the lock call and the token statement.
@@ -153,8 +162,12 @@ impl PgBackend {
             let state = self.describe_holders(session, &request.name).await;
             return Err(not_acquired(&request.name, &state, request.budget.wait()));
         }
+        let Some(row) = row else {
+            return Err(Error::Internal("the lock statement returned no row".into()));
+        };
         let token = self
-            .check_token(
+            .check_token_after_lock(
+                row,
                 token,
                 client,
                 (key, request.mode),

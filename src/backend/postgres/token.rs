@@ -61,6 +61,95 @@ pub(super) fn token_sql(holder: &Holder, other_limit: &str) -> String {
     )
 }
 
+/// The lock statement of `--limit 1`, wrapped so that the token statement's work is done as
+/// the grant comes, in the same statement (see [`token_sql`] for what each item checks):
+/// `lock_statement` selects the claim (2 items), the other `--limit` seen before the wait,
+/// the lock timeout and the lock call as `locked`; `granted` says, of its row `g`, whether
+/// the lock was taken. The server plans all of it before the wait, and after the grant it
+/// only evaluates the outer items, so no statement has to be parsed and planned between the
+/// grant and the answer. Only the check that a second statement still runs on our session
+/// is left to a statement of its own ([`mine_sql`]), which is trivial to plan.
+/// `holder`'s metadata comes first; `$3` and `$4` are the label's parts ([`super::holders::holder_label`]).
+pub(super) fn lock_with_token_sql(
+    holder: &Holder,
+    lock_statement: &str,
+    granted: &str,
+    other_limit: &str,
+) -> String {
+    // Each level is fenced (OFFSET 0), so the lock call has returned before the token (t)
+    // is computed, once, for the answer and the label alike. The holder's metadata comes
+    // first, as in every statement `status` reads it from.
+    format!(
+        "{} SELECT t.*, \
+         CASE WHEN t.granted THEN coalesce(current_setting('dlock.session', true), '') = 'on' END, \
+         CASE WHEN t.granted THEN set_config('application_name', \
+         left($3 || coalesce(t.token::text, '0') || $4, {MAX_APPLICATION_NAME}), false) END, \
+         CASE WHEN t.granted THEN {other_limit} END \
+         FROM (SELECT g.*, {granted} AS granted, \
+         CASE WHEN {granted} THEN pg_is_in_recovery() END AS standby, \
+         CASE WHEN {granted} AND NOT pg_is_in_recovery() THEN {TOKEN} END AS token \
+         FROM ({lock_statement} OFFSET 0) g OFFSET 0) t",
+        metadata_comment(holder)
+    )
+}
+
+/// The columns of [`lock_with_token_sql`]'s row after the lock statement's own five.
+pub(super) const AFTER_LOCK: TokenColumns = TokenColumns {
+    standby: 6,
+    token: 7,
+    settings_arrived: 8,
+    other_limit: 10,
+};
+
+/// The columns of [`token_sql`]'s row.
+const TOKEN_STATEMENT: TokenColumns = TokenColumns {
+    standby: 0,
+    token: 1,
+    settings_arrived: 3,
+    other_limit: 5,
+};
+
+/// Where a row keeps what the checks of a grant read.
+pub(super) struct TokenColumns {
+    standby: usize,
+    token: usize,
+    settings_arrived: usize,
+    other_limit: usize,
+}
+
+/// Run after [`lock_with_token_sql`], pipelined: is the mark the lock statement set visible
+/// to a second statement, i.e. do our statements all run on one server session (`$1`: our
+/// mark)? As the session's latest statement until the first heartbeat, it carries the
+/// holder's metadata first, where `status` reads it (`pg_stat_activity.query`).
+pub(super) fn mine_sql(holder: &Holder) -> String {
+    format!(
+        "{} SELECT coalesce(current_setting('dlock.owner', true), '') = $1",
+        metadata_comment(holder)
+    )
+}
+
+/// What the checks of a grant read: the row with the token, and whether a statement after
+/// the lock statement still ran on our session.
+struct Read {
+    standby: bool,
+    settings_arrived: bool,
+    mine: bool,
+    other_limit: Option<u32>,
+    token: Option<i64>,
+}
+
+impl Read {
+    fn of(row: &tokio_postgres::Row, columns: &TokenColumns, mine: bool) -> Read {
+        Read {
+            standby: row.try_get(columns.standby).unwrap_or(false),
+            settings_arrived: row.try_get(columns.settings_arrived).unwrap_or(false),
+            mine,
+            other_limit: other_limit(Some(row), columns.other_limit),
+            token: row.try_get(columns.token).unwrap_or(None),
+        }
+    }
+}
+
 impl PgBackend {
     /// Read the token statement's answer: a standby or a pooler is refused (and `key`, held
     /// in `mode`, given back).
@@ -83,28 +172,68 @@ impl PgBackend {
         let row = rows
             .first()
             .ok_or_else(|| Error::Internal("the token statement returned no row".into()))?;
-        let standby: bool = row.try_get(0).unwrap_or(false);
         let mine: bool = row.try_get(2).unwrap_or(false);
-        let settings_arrived: bool = row.try_get(3).unwrap_or(false);
+        let read = Read::of(row, &TOKEN_STATEMENT, mine);
+        self.check_grant(read, client, (key, mode), marker, name)
+            .await
+    }
+
+    /// Read the token from the row of [`lock_with_token_sql`] that granted `key` in `mode`,
+    /// and the answer of [`mine_sql`]: a standby or a pooler is refused (and the key given back).
+    pub(super) async fn check_token_after_lock(
+        &self,
+        row: &tokio_postgres::Row,
+        mine: Result<Vec<tokio_postgres::Row>, tokio_postgres::Error>,
+        client: &Client,
+        (key, mode): (i64, Mode),
+        marker: &str,
+        name: &LockName,
+    ) -> Result<u64, Error> {
+        let mine = match mine {
+            Ok(rows) => rows
+                .first()
+                .and_then(|r| r.try_get::<_, bool>(0).ok())
+                .unwrap_or(false),
+            Err(e) => {
+                // Granted but unusable (the statement failed).
+                give_back(client, key, mode, marker).await;
+                return Err(classify(&e, &self.display));
+            }
+        };
+        let read = Read::of(row, &AFTER_LOCK, mine);
+        self.check_grant(read, client, (key, mode), marker, name)
+            .await
+    }
+
+    /// The checks of a grant, in order: a standby, a pooler that dropped our settings or
+    /// spreads our statements, a holder with another `--limit`; then the token.
+    async fn check_grant(
+        &self,
+        read: Read,
+        client: &Client,
+        (key, mode): (i64, Mode),
+        marker: &str,
+        name: &LockName,
+    ) -> Result<u64, Error> {
         let refuse = |message: String| async move {
             give_back(client, key, mode, marker).await;
             Err(Error::Config(message))
         };
-        if standby {
+        if read.standby {
             return refuse(format!(
                 "{} is a hot standby (pg_is_in_recovery() is true); locks must be taken on the primary",
                 self.display
             ))
             .await;
         }
-        if !settings_arrived {
+        if !read.settings_arrived {
             return refuse(format!(
                 "dlock's session settings (keepalives, timeouts) did not reach the server behind {}: a connection pooler that drops start-up options (pgbouncer ignore_startup_parameters = options?); use a direct connection",
                 self.display
             ))
             .await;
         }
-        if !mine {
+        if !read.mine {
             return refuse(format!(
                 "the lock taken on {} does not show up for our own session: the connection goes through a transaction-pooling proxy (pgbouncer pool_mode=transaction?); use a direct or session-pooled connection",
                 self.display
@@ -113,12 +242,11 @@ impl PgBackend {
         }
         // Read after our own --limit was recorded and the lock granted: of two holders that
         // disagree, at least one sees the other.
-        if let Some(theirs) = other_limit(Some(row), 5) {
+        if let Some(theirs) = read.other_limit {
             give_back(client, key, mode, marker).await;
             return Err(limit_mismatch(name, theirs));
         }
-        let token: Option<i64> = row.try_get(1).unwrap_or(None);
-        token
+        read.token
             .and_then(|t| u64::try_from(t).ok())
             .ok_or_else(|| Error::Internal("the server gave no transaction id".into()))
     }
