@@ -62,11 +62,11 @@ use super::capacity;
 use super::file::FileTarget;
 use crate::clock::BootInstant;
 use crate::error::Error;
+use crate::kind::Common;
 use crate::lock::{
     AcquireRequest, Backend, Cancel, CheckReport, Holder, Lease, LockName, LockStatus, Lost,
     OnQueued, Wait, Waiter,
 };
-use crate::settings::Common;
 
 /// How many processes of a host wait at the server besides the `--limit` holders. More than
 /// one, so that the next waiter has connected and queued before the holder releases even when

@@ -4,8 +4,7 @@ use std::time::Duration;
 
 use super::{MemcachedBackend, MemcachedTarget};
 use crate::backend::local_queue::LocalQueued;
-use crate::kind::{after_scheme, Capabilities, DynBackend, Kind, Place, Target};
-use crate::settings::Common;
+use crate::kind::{after_scheme, Capabilities, Common, DynBackend, Kind, Place, Target};
 
 /// The shortest `--ttl` on memcached: its whole-second expiry may tick one second early, so
 /// 3 s leaves a 2 s lease.

@@ -4,8 +4,9 @@ use super::{MysqlBackend, MysqlTarget};
 use crate::backend::local_queue::LocalQueued;
 use crate::config::FileConfig;
 use crate::error::Error;
-use crate::kind::{after_scheme, Capabilities, DynBackend, Kind, Place, Target, MIN_LEASE_TTL};
-use crate::settings::Common;
+use crate::kind::{
+    after_scheme, Capabilities, Common, DynBackend, Kind, Place, Target, MIN_LEASE_TTL,
+};
 
 pub const KIND: Kind = Kind {
     name: "mysql",

@@ -4,8 +4,7 @@ use super::{PgBackend, PgTarget};
 use crate::backend::local_queue::LocalQueued;
 use crate::config::FileConfig;
 use crate::error::Error;
-use crate::kind::{Capabilities, DynBackend, Kind, Place, Target, MIN_LEASE_TTL};
-use crate::settings::Common;
+use crate::kind::{Capabilities, Common, DynBackend, Kind, Place, Target, MIN_LEASE_TTL};
 
 pub const KIND: Kind = Kind {
     name: "postgres",

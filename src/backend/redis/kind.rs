@@ -5,8 +5,9 @@ use super::{sentinel, RedisBackend, RedisTarget};
 use crate::backend::local_queue::LocalQueued;
 use crate::config::FileConfig;
 use crate::error::Error;
-use crate::kind::{after_scheme, Capabilities, DynBackend, Kind, Place, Target, MIN_LEASE_TTL};
-use crate::settings::Common;
+use crate::kind::{
+    after_scheme, Capabilities, Common, DynBackend, Kind, Place, Target, MIN_LEASE_TTL,
+};
 
 /// What both kinds can honour: the same scripts serve both.
 const CAPABILITIES: Capabilities = Capabilities {
