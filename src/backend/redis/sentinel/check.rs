@@ -5,7 +5,7 @@
 use crate::lock::CheckReport;
 
 use super::super::conn::{Conn, OP_TIMEOUT};
-use super::{Answer, Locator, Round, ASK_TIMEOUT};
+use super::super::topology::{Answer, Locator, Round, ASK_TIMEOUT};
 
 /// Add the Sentinel details to `report` (nothing when `conn` is not behind Sentinel).
 pub(in crate::backend::redis) async fn report(conn: &mut Conn, report: &mut CheckReport) {
