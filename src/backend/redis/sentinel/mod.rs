@@ -41,7 +41,6 @@
 
 pub(super) mod check;
 pub(super) mod replicas;
-pub mod target;
 pub(super) mod watch;
 
 use std::time::Duration;
