@@ -1,5 +1,7 @@
 //! What a backend says about itself: its [`Kind`] (schemes, config table, capabilities, how
-//! to parse its URL) and its validated [`Target`] (how to open it).
+//! to parse its URL) and its validated [`Target`] (how to open it, with the [`Common`]
+//! settings). It sits below the registry and the settings layer: it names no backend and
+//! reads no flag.
 //!
 //! Each backend folder exports one `KIND`; the registry (`backend::KINDS`) lists them, and
 //! everything that names the backends (the scheme table, the unknown-scheme message,
@@ -21,7 +23,6 @@ use crate::error::Error;
 use crate::lock::{
     AcquireRequest, Backend, Cancel, CheckReport, Holder, Lease, LockName, LockStatus, Lost,
 };
-use crate::settings::Common;
 
 /// The shortest lease a server-side backend accepts: a lease is renewed at least every TTL/3
 /// and the command is stopped a safety margin of at least 500 ms before it can expire (see
@@ -90,8 +91,15 @@ impl Kind {
 
     /// Refuse `--shared` where the backend does not offer shared locks, and beside a
     /// `--limit` above 1, whose meaning with shared holders is not defined (64; `option` is
-    /// where `--shared` came from: `--shared`, `DLOCK_SHARED`).
-    pub fn check_shared(&self, shared: bool, limit: u32, option: &str) -> Result<(), Error> {
+    /// where `--shared` came from: `--shared`, `DLOCK_SHARED`). The refusal names the kinds of
+    /// `registry` that do offer them.
+    pub fn check_shared(
+        &self,
+        shared: bool,
+        limit: u32,
+        option: &str,
+        registry: &[&Kind],
+    ) -> Result<(), Error> {
         if !shared {
             return Ok(());
         }
@@ -100,7 +108,7 @@ impl Kind {
                 "" => String::new(),
                 why => format!(": {why}"),
             };
-            let instead = match shared_titles() {
+            let instead = match shared_titles(registry) {
                 titles if titles.is_empty() => String::new(),
                 titles => format!(" (shared locks: {titles})"),
             };
@@ -127,10 +135,10 @@ impl Kind {
     }
 }
 
-/// "local file, Redis, … and PostgreSQL": the backends that offer shared locks, for the
-/// refusal of `--shared` elsewhere.
-fn shared_titles() -> String {
-    let mut titles: Vec<&str> = crate::backend::KINDS
+/// "local file, Redis, … and PostgreSQL": the kinds of `registry` that offer shared locks, for
+/// the refusal of `--shared` elsewhere.
+fn shared_titles(registry: &[&Kind]) -> String {
+    let mut titles: Vec<&str> = registry
         .iter()
         .filter(|kind| kind.capabilities.shared)
         .map(|kind| kind.title)
@@ -139,6 +147,32 @@ fn shared_titles() -> String {
         None => String::new(),
         Some(last) if titles.is_empty() => last.to_owned(),
         Some(last) => format!("{} and {last}", titles.join(", ")),
+    }
+}
+
+/// Settings every subcommand shares, and what a backend is opened with ([`Target::open`]).
+/// The settings layer fills them in (`settings`); the backends only read them.
+#[derive(Clone, Debug)]
+pub struct Common {
+    pub target: Target,
+    pub prefix: String,
+    pub ttl: Duration,
+    /// The URL as given, with any password replaced by `***` (safe to print or pass on).
+    pub display_url: String,
+    /// Queue on this host before the server (`kit::local_queue`); `run` only.
+    pub local_queue: bool,
+}
+
+impl Common {
+    /// The scheme name shown in DLOCK_BACKEND.
+    pub fn scheme(&self) -> &'static str {
+        self.target.scheme()
+    }
+
+    /// Identifies "the same backend and namespace" for reentrancy (DLOCK_HELD).
+    pub fn identity(&self) -> String {
+        let prefix = crate::lock::encode_component(&self.prefix);
+        format!("{}|{prefix}", self.target.identity())
     }
 }
 
@@ -439,7 +473,7 @@ mod tests {
     /// backend; with it, only `--limit` above 1 is refused.
     #[test]
     fn shared_without_the_capability_is_refused_naming_the_backend() {
-        let Err(err) = NO_LIMIT.check_shared(true, 1, "DLOCK_SHARED") else {
+        let Err(err) = NO_LIMIT.check_shared(true, 1, "DLOCK_SHARED", crate::backend::KINDS) else {
             panic!("--shared accepted without the capability");
         };
         assert_eq!(err.code().value(), 64);
@@ -448,10 +482,12 @@ mod tests {
             format!(
                 "DLOCK_SHARED: the plain backend (plain://) does not offer shared locks: it \
                  cannot (shared locks: {})",
-                shared_titles()
+                shared_titles(crate::backend::KINDS)
             )
         );
-        assert!(NO_LIMIT.check_shared(false, 1, "--shared").is_ok());
+        assert!(NO_LIMIT
+            .check_shared(false, 1, "--shared", crate::backend::KINDS)
+            .is_ok());
         let shared = Kind {
             capabilities: Capabilities {
                 shared: true,
@@ -459,8 +495,10 @@ mod tests {
             },
             ..NO_LIMIT
         };
-        assert!(shared.check_shared(true, 1, "--shared").is_ok());
-        let Err(err) = shared.check_shared(true, 2, "--shared") else {
+        assert!(shared
+            .check_shared(true, 1, "--shared", crate::backend::KINDS)
+            .is_ok());
+        let Err(err) = shared.check_shared(true, 2, "--shared", crate::backend::KINDS) else {
             panic!("--shared --limit 2 accepted");
         };
         assert_eq!(err.code().value(), 64);

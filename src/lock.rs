@@ -176,7 +176,7 @@ impl Holder {
     /// masked), to be completed with the token.
     pub fn for_this_process(name: &LockName, command: &[String], ttl: Duration) -> Holder {
         let mut line = command.join(" ");
-        cut_to(&mut line, Self::MAX_COMMAND);
+        crate::process::cut_to(&mut line, Self::MAX_COMMAND);
         Holder {
             name: name.as_str().to_owned(),
             host: nix::unistd::gethostname()
@@ -194,18 +194,6 @@ impl Holder {
             kept_until: String::new(),
             mode: Mode::Exclusive,
         }
-    }
-}
-
-/// `line` cut to at most `max` bytes at a character boundary, with `…` where it was cut.
-pub(crate) fn cut_to(line: &mut String, max: usize) {
-    if line.len() > max {
-        let mut cut = max;
-        while !line.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        line.truncate(cut);
-        line.push('…');
     }
 }
 
@@ -453,14 +441,6 @@ impl LockStatus {
                 waiting_here: Vec::new(),
             }),
         }
-    }
-}
-
-impl LockStatus {
-    /// " by pid N on host (user: command) for 4m12s, …" for messages about a held lock
-    /// ("" when free); see [`crate::wording`].
-    pub fn held_by(&self) -> String {
-        crate::wording::held_by(self.holders.iter().map(|h| &h.holder))
     }
 }
 

@@ -60,8 +60,20 @@ pub fn command_line(pid: u32, max: usize) -> String {
     let mut line = String::from_utf8_lossy(&raw)
         .trim_end_matches('\0')
         .replace('\0', " ");
-    crate::lock::cut_to(&mut line, max);
+    cut_to(&mut line, max);
     line
+}
+
+/// `line` cut to at most `max` bytes at a character boundary, with `…` where it was cut.
+pub(crate) fn cut_to(line: &mut String, max: usize) {
+    if line.len() > max {
+        let mut cut = max;
+        while !line.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        line.truncate(cut);
+        line.push('…');
+    }
 }
 
 #[cfg(test)]

@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime};
 
 use crate::budget::{WaitBudget, MIN_ANSWER};
 use crate::error::Error;
-use crate::lock::{Holder, LockName, Wait};
+use crate::lock::{Holder, LockName, LockStatus, Wait};
 
 /// One holder, for a message: `pid 14028 on ci-3 (deploy: ./deploy.sh) for 4m12s`. A holder
 /// that is not a dlock is named for what it is: `etcdctl lock or another client (not dlock)`.
@@ -95,6 +95,14 @@ pub fn held_by<'a>(holders: impl IntoIterator<Item = &'a Holder>) -> String {
         String::new()
     } else {
         format!(" by {}", who.join(", "))
+    }
+}
+
+impl LockStatus {
+    /// " by pid N on host (user: command) for 4m12s, …" for messages about a held lock
+    /// ("" when free): [`held_by`] of its holders.
+    pub fn held_by(&self) -> String {
+        held_by(self.holders.iter().map(|h| &h.holder))
     }
 }
 

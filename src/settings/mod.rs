@@ -22,6 +22,7 @@ use crate::secrets::redact_url;
 use crate::backend::Target;
 use crate::cli::{self, OnLost};
 use crate::error::Error;
+pub use crate::kind::Common;
 use crate::lock::{LockName, Mode, Wait};
 
 pub const DEFAULT_TTL: Duration = Duration::from_secs(15);
@@ -34,31 +35,6 @@ pub const MAX_TTL: Duration = Duration::from_secs(7 * 24 * 3600);
 /// typo, and a deadline this far ahead still fits every clock dlock adds it to (the boot
 /// clock, the wall clock for `status`, tokio's timers), so no arithmetic on it can overflow.
 pub const MAX_DURATION: Duration = Duration::from_secs(100 * 31_557_600);
-
-/// Settings every subcommand shares.
-#[derive(Clone, Debug)]
-pub struct Common {
-    pub target: Target,
-    pub prefix: String,
-    pub ttl: Duration,
-    /// The URL as given, with any password replaced by `***` (safe to print or pass on).
-    pub display_url: String,
-    /// Queue on this host before the server (`kit::local_queue`); `run` only.
-    pub local_queue: bool,
-}
-
-impl Common {
-    /// The scheme name shown in DLOCK_BACKEND.
-    pub fn scheme(&self) -> &'static str {
-        self.target.scheme()
-    }
-
-    /// Identifies "the same backend and namespace" for reentrancy (DLOCK_HELD).
-    pub fn identity(&self) -> String {
-        let prefix = crate::lock::encode_component(&self.prefix);
-        format!("{}|{prefix}", self.target.identity())
-    }
-}
 
 #[derive(Clone, Debug)]
 pub struct RunSettings {
@@ -457,7 +433,7 @@ fn mode_setting(
     common
         .target
         .kind()
-        .check_shared(shared, limit, &shared_origin)?;
+        .check_shared(shared, limit, &shared_origin, crate::backend::KINDS)?;
     Ok(if shared {
         Mode::Shared
     } else {

@@ -3,8 +3,7 @@
 use std::time::Duration;
 
 use super::{FileBackend, FileTarget};
-use crate::kind::{after_scheme, Capabilities, DynBackend, Kind, Place, Target};
-use crate::settings::Common;
+use crate::kind::{after_scheme, Capabilities, Common, DynBackend, Kind, Place, Target};
 
 pub const KIND: Kind = Kind {
     name: "file",

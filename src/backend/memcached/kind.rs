@@ -3,9 +3,8 @@
 use std::time::Duration;
 
 use super::{MemcachedBackend, MemcachedTarget};
-use crate::kind::{after_scheme, Capabilities, DynBackend, Kind, Place, Target};
+use crate::kind::{after_scheme, Capabilities, Common, DynBackend, Kind, Place, Target};
 use crate::kit::local_queue::LocalQueued;
-use crate::settings::Common;
 
 /// The shortest `--ttl` on memcached: its whole-second expiry may tick one second early, so
 /// 3 s leaves a 2 s lease.

@@ -3,9 +3,8 @@
 use super::{PgBackend, PgTarget};
 use crate::config::FileConfig;
 use crate::error::Error;
-use crate::kind::{Capabilities, DynBackend, Kind, Place, Target, MIN_LEASE_TTL};
+use crate::kind::{Capabilities, Common, DynBackend, Kind, Place, Target, MIN_LEASE_TTL};
 use crate::kit::local_queue::LocalQueued;
-use crate::settings::Common;
 
 pub const KIND: Kind = Kind {
     name: "postgres",

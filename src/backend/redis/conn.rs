@@ -8,111 +8,28 @@
 //! server nothing of that costs anything: one node, no discovery.
 //!
 //! Behind Sentinel a `Conn` has one node, the master, and where it is is asked of the
-//! sentinels at every (re)connect ([`super::sentinel`]); cluster routing never applies there.
+//! sentinels at every (re)connect (its `Locator`, `topology/`), whenever that node has no
+//! connection: the first call, or after an error, an abandoned call, or a renewal that found
+//! the master moved ([`super::sentinel`]). Cluster routing never applies there.
 
 use std::time::Duration;
 
 use redis::aio::MultiplexedConnection;
 use redis::{
-    AsyncConnectionConfig, Client, ConnectionAddr, ErrorKind, FromRedisValue, IntoConnectionInfo,
-    RedisConnectionInfo, RedisError, ServerErrorKind, TlsCertificates,
+    AsyncConnectionConfig, Client, ConnectionAddr, ErrorKind, FromRedisValue, RedisError,
+    ServerErrorKind,
 };
 
 use crate::clock::BootInstant;
 use crate::error::Error;
 use crate::kit::timeouts::{CONNECT_TIMEOUT, OP_TIMEOUT};
 
-pub(super) use super::failure::{classify, Failure};
+pub(super) use super::failure::Failure;
 
-use super::cluster::{slot_of, NodeAddr, SlotMap};
-use super::scripts::Invocation;
-use super::sentinel::Locator;
+use super::invocation::Invocation;
+use super::setup::Setup;
+use super::topology::{slot_of, Locator, NodeAddr, SlotMap};
 use super::{RedisAddr, RedisTarget};
-
-/// What it takes to open a connection to any node: credentials, database, TLS files (read
-/// once), for the URL's hosts and for the nodes a cluster names.
-pub(super) struct Setup {
-    redis: RedisConnectionInfo,
-    tls: Option<TlsCertificates>,
-    display: String,
-}
-
-impl Setup {
-    pub(super) fn new(target: &RedisTarget, display: &str) -> Result<Setup, Error> {
-        let mut redis = RedisConnectionInfo::default()
-            .set_db(target.db)
-            .set_skip_set_lib_name();
-        if let Some(user) = &target.user {
-            redis = redis.set_username(user);
-        }
-        if let Some(password) = &target.password {
-            redis = redis.set_password(password.expose());
-        }
-        let tls = match &target.addr {
-            RedisAddr::Tls { .. } => {
-                let read = |path: &std::path::PathBuf| {
-                    std::fs::read(path)
-                        .map_err(|e| Error::Config(format!("cannot read {}: {e}", path.display())))
-                };
-                let root_cert = target.tls.ca_file.as_ref().map(read).transpose()?;
-                let client_tls = match (&target.tls.cert_file, &target.tls.key_file) {
-                    (Some(cert), Some(key)) => Some(redis::ClientTlsConfig {
-                        client_cert: read(cert)?,
-                        client_key: read(key)?,
-                    }),
-                    _ => None,
-                };
-                Some(TlsCertificates {
-                    client_tls,
-                    root_cert,
-                })
-            }
-            _ => None,
-        };
-        Ok(Setup {
-            redis,
-            tls,
-            display: display.to_owned(),
-        })
-    }
-
-    pub(super) fn display(&self) -> &str {
-        &self.display
-    }
-
-    /// Over TLS (`rediss://`).
-    pub(super) fn tls(&self) -> bool {
-        self.tls.is_some()
-    }
-
-    /// A client for one node (a host and port; TLS when the URL said `rediss://`).
-    pub(super) fn client(&self, addr: ConnectionAddr) -> Result<Client, Error> {
-        let setup = |e: RedisError| {
-            Error::Config(format!(
-                "cannot set up the connection to {}: {e}",
-                self.display
-            ))
-        };
-        let addr = match (addr, &self.tls) {
-            (ConnectionAddr::Tcp(host, port), Some(_)) => ConnectionAddr::TcpTls {
-                host,
-                port,
-                insecure: false,
-                tls_params: None,
-            },
-            (addr, _) => addr,
-        };
-        let info = addr
-            .into_connection_info()
-            .map_err(setup)?
-            .set_redis_settings(self.redis.clone())
-            .set_tcp_settings(redis::io::tcp::TcpSettings::default().set_nodelay(true));
-        match &self.tls {
-            Some(tls) => Client::build_with_tls(info, tls.clone()).map_err(setup),
-            None => Client::open(info).map_err(setup),
-        }
-    }
-}
 
 /// One node and its connection (opened on first use).
 pub(super) struct Node {
@@ -274,6 +191,31 @@ impl Conn {
         for node in &mut self.nodes {
             node.connection = None;
         }
+    }
+
+    /// Drop the connection: the next call connects again (behind Sentinel, to the master the
+    /// sentinels name then).
+    pub(super) fn reconnect(&mut self) {
+        self.drop_connections();
+    }
+
+    /// Behind Sentinel, a connection about to be opened goes to the master the sentinels name
+    /// now, checked with `ROLE`; it becomes the only node, and every call goes there.
+    pub(super) async fn locate(&mut self) -> Result<(), Failure> {
+        let Some(locator) = &mut self.sentinel else {
+            return Ok(());
+        };
+        if self.nodes.first().is_some_and(|n| n.connection.is_some()) {
+            return Ok(());
+        }
+        let (client, connection) = locator.locate().await.map_err(Failure::Sentinel)?;
+        let mut node = Node::new(locator.current.clone().unwrap_or_default(), client);
+        node.connection = Some(connection);
+        self.nodes = vec![node];
+        self.seeds = 1;
+        self.home = 0;
+        self.cluster = None;
+        Ok(())
     }
 
     /// Send `request` to node `index` (after `ASKING` when a migration redirected it there):

@@ -1,5 +1,6 @@
 //! What a failed call means: the kinds of failure a call on a [`super::conn::Conn`] can end
-//! with, and the mapping of redis-rs errors to dlock's error kinds (exit statuses).
+//! with, and the mapping of redis-rs errors to dlock's error kinds (exit statuses), a Redis
+//! Cluster's own errors included (a migration or failover under way, a cluster that is down).
 
 use std::time::Duration;
 
@@ -23,10 +24,7 @@ impl Failure {
         match self {
             Failure::Timeout(_) => true,
             Failure::Redis(e) => {
-                e.is_io_error()
-                    || e.is_connection_dropped()
-                    || e.is_timeout()
-                    || super::cluster::in_transition(e)
+                e.is_io_error() || e.is_connection_dropped() || e.is_timeout() || in_transition(e)
             }
             Failure::Refused(_) => false,
             Failure::Sentinel(e) => matches!(e, Error::Unavailable(_)),
@@ -39,7 +37,7 @@ impl Failure {
     pub(super) fn is_settling(&self) -> bool {
         match self {
             Failure::Redis(e) => {
-                super::cluster::in_transition(e)
+                in_transition(e)
                     || matches!(
                         e.kind(),
                         ErrorKind::Server(ServerErrorKind::Moved | ServerErrorKind::Ask)
@@ -111,7 +109,7 @@ pub(super) fn classify(e: &RedisError, display: &str) -> Error {
             "{display} is a read-only replica; locks must be taken on the master"
         ));
     }
-    if let Some(error) = super::cluster::classify(e, display) {
+    if let Some(error) = cluster_error(e, display) {
         return error;
     }
     if e.is_connection_refusal() || crate::wording::refused_in(e) {
@@ -155,4 +153,42 @@ pub(super) fn classify(e: &RedisError, display: &str) -> Error {
 
 fn is_tls_error(e: &RedisError) -> bool {
     crate::error::caused_by_tls(e)
+}
+
+/// A migration or a failover is under way: the same request may succeed in a moment.
+pub(super) fn in_transition(e: &RedisError) -> bool {
+    matches!(
+        e.kind(),
+        ErrorKind::Server(
+            ServerErrorKind::TryAgain | ServerErrorKind::ClusterDown | ServerErrorKind::MasterDown
+        )
+    )
+}
+
+/// The errors of a Redis Cluster, as dlock's error kinds; `None` for the others.
+fn cluster_error(e: &RedisError, display: &str) -> Option<Error> {
+    let text = e.to_string();
+    Some(match e.kind() {
+        ErrorKind::Server(ServerErrorKind::ClusterDown | ServerErrorKind::MasterDown) => {
+            Error::Unavailable(format!(
+                "{display}: the Redis Cluster cannot serve this lock now ({text}); check `dlock \
+                 check` for slots without a master, or wait for the failover to finish"
+            ))
+        }
+        ErrorKind::Server(ServerErrorKind::TryAgain) => Error::Unavailable(format!(
+            "{display}: the lock's slot is still being migrated ({text}); try again"
+        )),
+        ErrorKind::Server(ServerErrorKind::Moved | ServerErrorKind::Ask) => {
+            Error::Unavailable(format!(
+                "{display}: the Redis Cluster kept redirecting ({text}); its slot table is changing, try again"
+            ))
+        }
+        ErrorKind::Server(ServerErrorKind::CrossSlot) => {
+            Error::Internal(format!("{display}: a dlock call spanned two slots: {text}"))
+        }
+        _ if text.contains("SELECT is not allowed in cluster mode") => Error::Usage(format!(
+            "{display}: a Redis Cluster has only database 0; remove the /N from the URL"
+        )),
+        _ => return None,
+    })
 }

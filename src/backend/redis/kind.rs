@@ -1,12 +1,13 @@
 //! Redis (one server, or a Redis Cluster) and Redis behind Sentinel as the registry knows
 //! them: two kinds of one backend, told apart by their schemes.
 
-use super::{sentinel, RedisBackend, RedisTarget};
+use super::{target, RedisBackend, RedisTarget};
 use crate::config::FileConfig;
 use crate::error::Error;
-use crate::kind::{after_scheme, Capabilities, DynBackend, Kind, Place, Target, MIN_LEASE_TTL};
+use crate::kind::{
+    after_scheme, Capabilities, Common, DynBackend, Kind, Place, Target, MIN_LEASE_TTL,
+};
 use crate::kit::local_queue::LocalQueued;
-use crate::settings::Common;
 
 /// What both kinds can honour: the same scripts serve both.
 const CAPABILITIES: Capabilities = Capabilities {
@@ -45,10 +46,10 @@ pub const SENTINEL_KIND: Kind = Kind {
         "redis-sentinel://host[:port][,host[:port]…][/db]#master",
         "rediss-sentinel://…",
     ],
-    config_table: Some(sentinel::target::CONFIG_TABLE),
+    config_table: Some(target::sentinel::CONFIG_TABLE),
     capabilities: CAPABILITIES,
     minimum_ttl: MIN_LEASE_TTL,
-    parse: |scheme, url| sentinel::target::parse(scheme, after_scheme(url)).map(Target::new),
+    parse: |scheme, url| target::sentinel::parse(scheme, after_scheme(url)).map(Target::new),
     recognises: None,
     no_shared_because: "",
 };

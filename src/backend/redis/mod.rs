@@ -50,25 +50,34 @@
 //! else overwrote is reported by name (exit 69), never as an internal error, and `list` skips
 //! (and names) such a lock instead of failing for all of them.
 //!
-//! The parts: `conn.rs` (connecting, bounded calls), `failure.rs` (error classes), `keys.rs`
+//! The parts, from the bottom: `topology/` (where a call goes: the slot of a key and the
+//! cluster's slot table, and the master a majority of the sentinels name), `setup.rs`
+//! (credentials and TLS for opening a node), `invocation.rs` (a script call on the wire),
+//! `failure.rs` (error classes), `conn.rs` (connecting, bounded calls), `keys.rs`
 //! (the key layout), `scripts.rs` (the scripts and what their replies say), `wait.rs` (the
 //! waiting protocol of one acquisition), `lease.rs` (the held lock and its renewer), `admin.rs`
 //! (status, list, release --force, check), `role.rs` (refusing a replica or a Sentinel given as
 //! `redis://`), [`target`] (the URL), `cluster/` (Redis Cluster:
 //! routing each call to its slot's master), [`sentinel`] (Redis behind Sentinel: the master
-//! located through the sentinels at every connect and confirmed at every renewal).
+//! located through the sentinels at every connect and confirmed at every renewal). `conn.rs`
+//! keeps the slot table and the Sentinel locator (`topology/`) as data and imports neither
+//! `cluster/` nor `sentinel/`: those import it. Routing a call (`cluster/route.rs`) and
+//! explaining a refusal (`role.rs`) are methods of `Conn` written in those files.
 
 mod admin;
 mod cluster;
 mod conn;
 mod failure;
+mod invocation;
 mod keys;
 pub mod kind;
 mod lease;
 mod role;
 mod scripts;
 pub mod sentinel;
+mod setup;
 pub mod target;
+mod topology;
 mod wait;
 
 use redis::Value;

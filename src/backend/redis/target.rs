@@ -1,5 +1,8 @@
 //! Where a Redis server is: `redis://`, `rediss://` and `redis+unix://` URLs, and the
-//! password and TLS files of the config file's `[redis]` table.
+//! password and TLS files of the config file's `[redis]` table; `redis-sentinel://` URLs are
+//! [`sentinel`].
+
+pub mod sentinel;
 
 use std::path::PathBuf;
 
@@ -8,7 +11,7 @@ use crate::error::Error;
 use crate::kit::url::{parse_query, split_host_port, split_userinfo, Params};
 use crate::secrets::{check_tls_files, credentials, Secret, TlsFiles};
 
-use super::sentinel::target::SentinelTarget;
+use self::sentinel::SentinelTarget;
 
 /// How to reach a Redis server.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -29,7 +32,7 @@ pub struct RedisTarget {
     /// Redis Cluster: the URL's further hosts (`redis://h1:p1,h2:p2,…`), after `addr`.
     pub more_hosts: Vec<(String, u16)>,
     /// Behind Sentinel: the master is wherever the sentinels say (`addr` is then only the
-    /// first sentinel, see [`super::sentinel::target`]).
+    /// first sentinel, see [`sentinel`]).
     pub sentinel: Option<Box<SentinelTarget>>,
 }
 
@@ -201,7 +204,7 @@ pub fn complete(target: &mut RedisTarget, file: &FileConfig) -> Result<(), Error
         check_tls_files(&target.tls)?;
     }
     if let Some(sentinel) = &mut target.sentinel {
-        super::sentinel::target::complete(sentinel, file)?;
+        sentinel::complete(sentinel, file)?;
     }
     Ok(())
 }

@@ -3,9 +3,10 @@
 use super::{ZkBackend, ZkTarget};
 use crate::config::FileConfig;
 use crate::error::Error;
-use crate::kind::{after_scheme, Capabilities, DynBackend, Kind, Place, Target, MIN_LEASE_TTL};
+use crate::kind::{
+    after_scheme, Capabilities, Common, DynBackend, Kind, Place, Target, MIN_LEASE_TTL,
+};
 use crate::kit::local_queue::LocalQueued;
-use crate::settings::Common;
 
 pub const KIND: Kind = Kind {
     name: "zk",

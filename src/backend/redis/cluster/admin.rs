@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use crate::error::Error;
 
-use super::slot::SLOTS;
 use crate::backend::redis::conn::{Conn, Failure};
+use crate::backend::redis::topology::SLOTS;
 
 /// The nodes a listing must scan: the masters of a cluster (indices into the connection's
 /// pool), or `None` for a standalone server. Reads the slot table unless known.

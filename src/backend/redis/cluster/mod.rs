@@ -22,46 +22,13 @@
 //! exactly), and a token is never less than the serving master's clock in µs, which covers a
 //! promoted replica that had not yet received the last increments (as long as the masters'
 //! clocks agree within the time a failover takes).
+//!
+//! The slot of a key and the slot table are `topology/`, kept by the connection; this folder
+//! routes calls by them (`route.rs`), checks the URL's hosts (`seeds.rs`) and reports the
+//! masters and their coverage for `list` and `check` (`admin.rs`).
 
 mod admin;
-mod map;
 mod route;
 mod seeds;
-mod slot;
 
 pub(super) use admin::{check_details, masters};
-pub(super) use map::{NodeAddr, SlotMap};
-pub(super) use route::in_transition;
-pub(super) use slot::slot_of;
-
-use redis::{ErrorKind, RedisError, ServerErrorKind};
-
-use crate::error::Error;
-
-/// The cluster-specific errors, as dlock's error kinds; `None` for the others.
-pub(super) fn classify(e: &RedisError, display: &str) -> Option<Error> {
-    let text = e.to_string();
-    Some(match e.kind() {
-        ErrorKind::Server(ServerErrorKind::ClusterDown | ServerErrorKind::MasterDown) => {
-            Error::Unavailable(format!(
-                "{display}: the Redis Cluster cannot serve this lock now ({text}); check `dlock \
-                 check` for slots without a master, or wait for the failover to finish"
-            ))
-        }
-        ErrorKind::Server(ServerErrorKind::TryAgain) => Error::Unavailable(format!(
-            "{display}: the lock's slot is still being migrated ({text}); try again"
-        )),
-        ErrorKind::Server(ServerErrorKind::Moved | ServerErrorKind::Ask) => {
-            Error::Unavailable(format!(
-                "{display}: the Redis Cluster kept redirecting ({text}); its slot table is changing, try again"
-            ))
-        }
-        ErrorKind::Server(ServerErrorKind::CrossSlot) => {
-            Error::Internal(format!("{display}: a dlock call spanned two slots: {text}"))
-        }
-        _ if text.contains("SELECT is not allowed in cluster mode") => Error::Usage(format!(
-            "{display}: a Redis Cluster has only database 0; remove the /N from the URL"
-        )),
-        _ => return None,
-    })
-}

@@ -12,8 +12,9 @@ use redis::{ConnectionAddr, ErrorKind, FromRedisValue, RedisError, ServerErrorKi
 
 use crate::error::Error;
 
-use super::map::{parse_node, NodeAddr, SlotMap};
 use crate::backend::redis::conn::{Conn, Failure, Node, Request};
+use crate::backend::redis::failure::in_transition;
+use crate::backend::redis::topology::{parse_node, NodeAddr, SlotMap};
 
 /// Redirections one call follows in a row before it pauses as for a migration: a slot moves
 /// once per migration, so more in a row means the nodes disagree for a moment (between the
@@ -223,16 +224,6 @@ fn not_a_cluster(node: Option<&NodeAddr>, display: &str) -> Error {
         "{display}: a node{node} is not part of a Redis Cluster (cluster_enabled:0); a URL with \
          several hosts names nodes of one cluster (give a standalone server as one host)"
     ))
-}
-
-/// A migration or a failover is under way: the same request may succeed in a moment.
-pub(in crate::backend::redis) fn in_transition(e: &RedisError) -> bool {
-    matches!(
-        e.kind(),
-        ErrorKind::Server(
-            ServerErrorKind::TryAgain | ServerErrorKind::ClusterDown | ServerErrorKind::MasterDown
-        )
-    )
 }
 
 /// The node itself is gone (refused, reset, closed), not the request.

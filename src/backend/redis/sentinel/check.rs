@@ -5,7 +5,7 @@
 use crate::lock::CheckReport;
 
 use super::super::conn::Conn;
-use super::{Answer, Locator, Round, ASK_TIMEOUT};
+use super::super::topology::{Answer, Locator, Round, ASK_TIMEOUT};
 use crate::kit::timeouts::OP_TIMEOUT;
 
 /// Add the Sentinel details to `report` (nothing when `conn` is not behind Sentinel).

@@ -16,6 +16,7 @@ use crate::error::Error;
 use crate::keeper::Schedule;
 
 use super::super::conn::Conn;
+use super::super::topology::ASK_TIMEOUT;
 
 /// How long `WAIT` may block for a lease of `ttl`: `replicas-timeout`, capped at the lease's
 /// safety margin.
@@ -49,7 +50,7 @@ pub(in crate::backend::redis) async fn acknowledged(
     let display = locator.display.clone();
     let mut command = redis::cmd("WAIT");
     command.arg(wanted).arg(timeout.as_millis() as u64);
-    let budget = timeout + super::ASK_TIMEOUT;
+    let budget = timeout + ASK_TIMEOUT;
     let acknowledged: i64 = conn
         .query(&command, budget)
         .await

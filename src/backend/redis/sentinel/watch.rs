@@ -20,7 +20,7 @@ use tokio::task::JoinHandle;
 use crate::lock::Lost;
 
 use super::super::conn::Conn;
-use super::{Addr, Locator, Sentinel, ASK_TIMEOUT};
+use super::super::topology::{Addr, Locator, Sentinel, ASK_TIMEOUT};
 
 /// How long to wait for the new master to answer `ROLE` with `master`.
 const PROMOTION_PATIENCE: Duration = Duration::from_secs(2);
