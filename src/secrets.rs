@@ -457,7 +457,7 @@ mod tests {
             let Some(target) = parsed
                 .as_ref()
                 .ok()
-                .and_then(|t| t.downcast_ref::<crate::backend::PgTarget>())
+                .and_then(|t| t.downcast_ref::<crate::backend::postgres::PgTarget>())
             else {
                 panic!("{text:?} does not parse as PostgreSQL");
             };

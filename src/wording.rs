@@ -241,48 +241,46 @@ pub fn refused_in(err: &(dyn std::error::Error + 'static)) -> bool {
     false
 }
 
+/// How messages name a backend's server, and the port its URLs reach when they name none.
+/// Each backend states its own (`SERVER` in its folder), so these words know no backend.
+#[derive(Clone, Copy, Debug)]
+pub struct Server {
+    /// What is not listening when a connection is refused: "Redis server", "memcached".
+    pub listening: &'static str,
+    /// What the server at the URL does not look like: "Redis" (… a Redis server).
+    pub name: &'static str,
+    /// The port a URL without one reaches.
+    pub port: u16,
+}
+
 /// `cannot connect to HOST:PORT: connection refused`: nothing listens where the URL points
 /// (the same words on every backend; 69, waited out within `--wait` like any unreachable
 /// server).
-pub fn connection_refused(display: &str) -> Error {
-    let server = match display.split_once("://").map_or("", |(s, _)| s) {
-        "redis" | "rediss" => "Redis server",
-        "redis-sentinel" | "rediss-sentinel" => {
-            return Error::Unavailable(format!(
-                "cannot connect to {}: connection refused (no sentinel answered: none is \
-                 listening there)",
-                endpoint_of(display)
-            ))
-        }
-        "etcd" | "etcds" => "etcd server",
-        "zk" => "ZooKeeper server",
-        "postgres" | "postgresql" => "PostgreSQL server",
-        "mysql" | "mariadb" => "MySQL/MariaDB server",
-        "memcached" => "memcached",
-        _ => "server",
-    };
+pub fn connection_refused(display: &str, server: &Server) -> Error {
     Error::Unavailable(format!(
-        "cannot connect to {}: connection refused (no {server} is listening there)",
-        endpoint_of(display)
+        "cannot connect to {}: connection refused (no {} is listening there)",
+        endpoint_of(display, server.port),
+        server.listening
     ))
 }
 
 /// `HOST:PORT does not look like a SERVER server (WHAT IT DID)`: something else listens
 /// where the URL points (a Redis URL at an etcd port, say).
-pub fn not_a(display: &str, server: &str, seen: &str) -> Error {
+pub fn not_a(display: &str, server: &Server, seen: &str) -> Error {
     Error::Unavailable(format!(
-        "{} does not look like {} {server} server ({seen}); check the URL's host and port",
-        endpoint_of(display),
-        article(server)
+        "{} does not look like {} {} server ({seen}); check the URL's host and port",
+        endpoint_of(display, server.port),
+        article(server.name),
+        server.name
     ))
 }
 
 /// `HOST:PORT did not answer the TLS handshake; is it serving plain text? (use redis:// …)`:
 /// a TLS URL at a server that does not speak TLS; `plain` says how to ask for no TLS.
-pub fn no_tls_handshake(display: &str, plain: &str) -> String {
+pub fn no_tls_handshake(display: &str, server: &Server, plain: &str) -> String {
     format!(
         "{} did not answer the TLS handshake; is it serving plain text? ({plain})",
-        endpoint_of(display)
+        endpoint_of(display, server.port)
     )
 }
 
@@ -294,21 +292,11 @@ fn article(word: &str) -> &'static str {
 }
 
 /// The `host:port` list of a (credential-free) URL: `redis://127.0.0.1:6380/0` →
-/// `127.0.0.1:6380`, with the backend's default port where the URL names none.
-pub fn endpoint_of(display: &str) -> String {
-    let (scheme, rest) = display.split_once("://").unwrap_or(("", display));
+/// `127.0.0.1:6380`, with `port` where the URL names none.
+pub fn endpoint_of(display: &str, port: u16) -> String {
+    let rest = display.split_once("://").map_or(display, |(_, rest)| rest);
     let authority = rest.split(['/', '?', '#']).next().unwrap_or(rest);
     let hosts = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
-    let port = match scheme {
-        "redis" | "rediss" => 6379,
-        "redis-sentinel" | "rediss-sentinel" => 26379,
-        "etcd" | "etcds" => 2379,
-        "zk" => 2181,
-        "postgres" | "postgresql" => 5432,
-        "mysql" | "mariadb" => 3306,
-        "memcached" => 11211,
-        _ => return hosts.to_owned(),
-    };
     hosts
         .split(',')
         .map(|h| {
@@ -434,11 +422,32 @@ mod tests {
 
     #[test]
     fn endpoints_of_urls() {
-        assert_eq!(endpoint_of("redis://127.0.0.1:6380/0"), "127.0.0.1:6380");
-        assert_eq!(endpoint_of("postgres://u@db/x"), "db:5432");
-        assert_eq!(endpoint_of("zk://a:1,b/chroot"), "a:1,b:2181");
-        assert_eq!(endpoint_of("etcds://[::1]"), "[::1]:2379");
-        assert_eq!(endpoint_of("mysql://[::1]:3307/d"), "[::1]:3307");
+        assert_eq!(
+            endpoint_of("redis://127.0.0.1:6380/0", 6379),
+            "127.0.0.1:6380"
+        );
+        assert_eq!(endpoint_of("postgres://u@db/x", 5432), "db:5432");
+        assert_eq!(endpoint_of("zk://a:1,b/chroot", 2181), "a:1,b:2181");
+        assert_eq!(endpoint_of("etcds://[::1]", 2379), "[::1]:2379");
+        assert_eq!(endpoint_of("mysql://[::1]:3307/d", 3306), "[::1]:3307");
+        assert_eq!(endpoint_of("memcached+unix:///run/m.sock", 11211), "");
+    }
+
+    #[test]
+    fn a_refused_connection_and_another_server_are_named_by_the_backends_words() {
+        const SERVER: Server = Server {
+            listening: "Redis server",
+            name: "Redis",
+            port: 6379,
+        };
+        assert_eq!(
+            connection_refused("redis://h/0", &SERVER).to_string(),
+            "cannot connect to h:6379: connection refused (no Redis server is listening there)"
+        );
+        assert_eq!(
+            not_a("redis://h:7/0", &SERVER, "it answered HTTP").to_string(),
+            "h:7 does not look like a Redis server (it answered HTTP); check the URL's host and port"
+        );
     }
 
     #[test]

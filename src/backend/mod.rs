@@ -19,13 +19,6 @@ pub mod zk;
 use crate::text::put;
 
 pub use crate::kind::{Capabilities, Kind, Target, MIN_LEASE_TTL};
-pub use etcd::EtcdTarget;
-pub use file::FileTarget;
-pub use memcached::MemcachedTarget;
-pub use mysql::MysqlTarget;
-pub use postgres::PgTarget;
-pub use redis::RedisTarget;
-pub use zk::ZkTarget;
 
 /// Every backend of this build, the default (file) first: the one list.
 pub const KINDS: &[&Kind] = &[
@@ -60,7 +53,7 @@ pub fn schemes() -> impl Iterator<Item = &'static str> {
 impl Target {
     /// The file backend in its default directory (no URL given).
     pub fn default_file() -> Target {
-        Target::new(FileTarget::default_dir())
+        Target::new(file::FileTarget::default_dir())
     }
 
     /// Parse a `--url`. Messages never quote text that may be part of a password.

@@ -8,7 +8,8 @@ use std::rc::Rc;
 use std::sync::Mutex;
 
 use super::*;
-use crate::backend::{FileTarget, Target};
+use crate::backend::file::FileTarget;
+use crate::backend::Target;
 use crate::exit::{Code, Outcome};
 use crate::lock::{Cancel, CheckReport, HolderStatus, LockStatus, Lost};
 use crate::settings::{CommandSpec, Common};

@@ -11,6 +11,14 @@ use super::EtcdTarget;
 use crate::clock::BootInstant;
 use crate::error::Error;
 use crate::kit::url::join_host_port;
+use crate::wording::Server;
+
+/// How messages name an etcd server, and the port a URL without one reaches.
+pub(super) const SERVER: Server = Server {
+    listening: "etcd server",
+    name: "etcd",
+    port: 2379,
+};
 
 /// Bound for one attempt on one endpoint.
 const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(2);
@@ -172,7 +180,7 @@ impl Conn {
             _ => crate::wording::refused_in(e),
         };
         if refused {
-            return crate::wording::connection_refused(display);
+            return crate::wording::connection_refused(display, &SERVER);
         }
         // A server that is not HTTP/2 (Redis, PostgreSQL, …) answers the gRPC preface with
         // bytes that are not an HTTP/2 frame.
@@ -181,13 +189,14 @@ impl Conn {
             _ => describe_chain(e),
         };
         if chain.contains("h2 protocol error") {
-            return crate::wording::not_a(display, "etcd", "it did not answer in HTTP/2 (gRPC)");
+            return crate::wording::not_a(display, &SERVER, "it did not answer in HTTP/2 (gRPC)");
         }
         // A plain-text server (etcd without TLS, or anything else) closes or resets the
         // connection on a TLS ClientHello.
         if self.tls && plain_text_at_handshake(e) {
             return Error::Unavailable(crate::wording::no_tls_handshake(
                 display,
+                &SERVER,
                 "use etcd:// for a server without TLS",
             ));
         }

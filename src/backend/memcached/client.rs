@@ -14,8 +14,16 @@ use tokio::net::{TcpStream, UnixStream};
 
 use crate::error::Error;
 use crate::kit::timeouts::CONNECT_TIMEOUT;
+use crate::wording::Server;
 
 use super::target::McAddr;
+
+/// How messages name a memcached server, and the port a URL without one reaches.
+pub(super) const SERVER: Server = Server {
+    listening: "memcached",
+    name: "memcached",
+    port: super::target::DEFAULT_PORT,
+};
 
 /// Bound for asking a server that closed the connection at dlock's first request whether it
 /// speaks only the binary protocol: one loopback-or-LAN round trip on a fresh connection, and
@@ -64,7 +72,7 @@ impl Failure {
     pub(super) fn into_error(self, display: &str) -> Error {
         match self {
             Failure::Io(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
-                crate::wording::connection_refused(display)
+                crate::wording::connection_refused(display, &SERVER)
             }
             Failure::Io(e) => Error::Unavailable(format!("cannot reach {display}: {e}")),
             Failure::Timeout(d) => {
@@ -88,7 +96,7 @@ impl Failure {
                 if text.trim_start_matches(['\'', '"']).starts_with("-ERR")
                     || text.contains("HTTP/") =>
             {
-                crate::wording::not_a(display, "memcached", &format!("it answered {text}"))
+                crate::wording::not_a(display, &SERVER, &format!("it answered {text}"))
             }
             Failure::Protocol(text) => Error::Unavailable(format!(
                 "{display} answered unexpectedly ({text}); dlock needs memcached 1.6 or later \

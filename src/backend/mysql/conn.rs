@@ -20,6 +20,14 @@ use super::target::{MysqlHost, SslMode};
 use super::MysqlBackend;
 use crate::error::Error;
 use crate::kit::timeouts::{CONNECT_TIMEOUT, OP_TIMEOUT};
+use crate::wording::Server;
+
+/// How messages name a MySQL or MariaDB server, and the port a URL without one reaches.
+pub(super) const SERVER: Server = Server {
+    listening: "MySQL/MariaDB server",
+    name: "MySQL",
+    port: super::target::DEFAULT_PORT,
+};
 
 /// One connection and what we know about it.
 pub(super) struct Session {
@@ -59,7 +67,7 @@ impl MysqlBackend {
                         },
                         Some(what) = self.other_server(deadline) => Err(crate::wording::not_a(
                             &self.display,
-                            "MySQL",
+                            &SERVER,
                             &format!("it answers like {what}"),
                         )),
                     }
@@ -88,6 +96,7 @@ impl MysqlBackend {
             Err(e) if no_tls(&e) => {
                 return Err(Error::Config(crate::wording::no_tls_handshake(
                     &self.display,
+                    &SERVER,
                     &format!(
                         "ssl-mode={} requires TLS; use ssl-mode=PREFERRED, or DISABLED, for a \
                          server without TLS",
@@ -515,7 +524,7 @@ pub(super) fn classify(e: &mysql_async::Error, display: &str) -> Error {
         },
         mysql_async::Error::Io(mysql_async::IoError::Tls(_)) => tls_failure(e, display),
         _ if crate::error::caused_by_tls(e) => tls_failure(e, display),
-        _ if crate::wording::refused_in(e) => crate::wording::connection_refused(display),
+        _ if crate::wording::refused_in(e) => crate::wording::connection_refused(display, &SERVER),
         _ => Error::Unavailable(format!("cannot reach {display}: {text}")),
     }
 }

@@ -17,6 +17,14 @@ use super::{tls, PgBackend, MAX_APPLICATION_NAME};
 use crate::budget::WaitBudget;
 use crate::error::Error;
 use crate::kit::timeouts::{CONNECT_TIMEOUT, OP_TIMEOUT};
+use crate::wording::Server;
+
+/// How messages name a PostgreSQL server, and the port a URL without one reaches.
+pub(super) const SERVER: Server = Server {
+    listening: "PostgreSQL server",
+    name: "PostgreSQL",
+    port: super::target::DEFAULT_PORT,
+};
 
 impl PgBackend {
     /// Connect with dlock's session settings; `lock_timeout` bounds lock waits, and an
@@ -90,7 +98,7 @@ impl PgBackend {
             Some(what) = self.other_server(deadline) => {
                 return Err(crate::wording::not_a(
                     &self.display,
-                    "PostgreSQL",
+                    &SERVER,
                     &format!("it answers like {what}"),
                 ));
             }
@@ -325,11 +333,12 @@ pub(super) fn classify(e: &tokio_postgres::Error, display: &str) -> Error {
         };
     }
     if crate::wording::refused_in(e) {
-        return crate::wording::connection_refused(display);
+        return crate::wording::connection_refused(display, &SERVER);
     }
     if text.contains("server does not support TLS") {
         return Error::Config(crate::wording::no_tls_handshake(
             display,
+            &SERVER,
             "use sslmode=prefer, or sslmode=disable, for a server without TLS",
         ));
     }

@@ -7,6 +7,7 @@ use std::time::Duration;
 use redis::{ErrorKind, RedisError, ServerErrorKind};
 
 use crate::error::Error;
+use crate::wording::Server;
 
 /// Why a call failed.
 pub(super) enum Failure {
@@ -113,7 +114,7 @@ pub(super) fn classify(e: &RedisError, display: &str) -> Error {
         return error;
     }
     if e.is_connection_refusal() || crate::wording::refused_in(e) {
-        return crate::wording::connection_refused(display);
+        return refused(display);
     }
     // An HTTP/2 server (etcd) resets a connection whose first bytes are a Redis command.
     if e.kind() == ErrorKind::Io && text.contains("reset by peer") {
@@ -124,7 +125,7 @@ pub(super) fn classify(e: &RedisError, display: &str) -> Error {
         };
         return crate::wording::not_a(
             display,
-            "Redis",
+            server_of(display),
             &format!("it reset the connection at the first command{tls_hint}"),
         );
     }
@@ -138,7 +139,11 @@ pub(super) fn classify(e: &RedisError, display: &str) -> Error {
         return Error::Unavailable(format!("cannot reach {display}: {text}"));
     }
     if e.kind() == ErrorKind::Parse || text.contains("Parse error") {
-        return crate::wording::not_a(display, "Redis", "it did not answer in the Redis protocol");
+        return crate::wording::not_a(
+            display,
+            server_of(display),
+            "it did not answer in the Redis protocol",
+        );
     }
     if text.contains("refused to switch database") {
         return Error::Usage(format!(
@@ -191,4 +196,40 @@ fn cluster_error(e: &RedisError, display: &str) -> Option<Error> {
         )),
         _ => return None,
     })
+}
+
+/// How messages name a Redis server, and the port a URL without one reaches.
+pub(super) const SERVER: Server = Server {
+    listening: "Redis server",
+    name: "Redis",
+    port: 6379,
+};
+
+/// The same for the sentinels a `redis-sentinel://` URL names.
+pub(super) const SENTINEL: Server = Server {
+    listening: "sentinel",
+    name: "Redis Sentinel",
+    port: 26379,
+};
+
+/// Nothing listens where `display` (a URL as shown) points: for a `redis-sentinel://` URL,
+/// none of its sentinels answered.
+pub(super) fn refused(display: &str) -> Error {
+    if std::ptr::eq(server_of(display), &SENTINEL) {
+        return Error::Unavailable(format!(
+            "cannot connect to {}: connection refused (no sentinel answered: none is \
+             listening there)",
+            crate::wording::endpoint_of(display, SENTINEL.port)
+        ));
+    }
+    crate::wording::connection_refused(display, &SERVER)
+}
+
+/// The words for the servers `display` (a URL as shown) names: Redis, or its sentinels.
+pub(super) fn server_of(display: &str) -> &'static Server {
+    if display.starts_with("redis-sentinel:") || display.starts_with("rediss-sentinel:") {
+        &SENTINEL
+    } else {
+        &SERVER
+    }
 }

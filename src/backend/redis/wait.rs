@@ -256,6 +256,7 @@ impl<'a> Waiter<'a> {
             };
             Error::Unavailable(crate::wording::no_tls_handshake(
                 &self.backend.display,
+                super::failure::server_of(&self.backend.display),
                 plain,
             ))
         } else if failure.is_timeout() && passed(self.answer_by) {

@@ -14,6 +14,14 @@ use crate::kit::capacity;
 use crate::kit::timeouts::OP_TIMEOUT;
 use crate::kit::url::join_host_port;
 use crate::lock::WaitBudget;
+use crate::wording::Server;
+
+/// How messages name a ZooKeeper server, and the port a URL without one reaches.
+pub(super) const SERVER: Server = Server {
+    listening: "ZooKeeper server",
+    name: "ZooKeeper",
+    port: 2181,
+};
 
 /// Bound for closing the session after a release or a cancel.
 pub(super) const CLOSE_TIMEOUT: Duration = Duration::from_secs(1);
@@ -68,7 +76,7 @@ impl ZkBackend {
             Some(what) = self.other_server(deadline) => {
                 return Err(crate::wording::not_a(
                     &self.display,
-                    "ZooKeeper",
+                    &SERVER,
                     &format!("it answers like {what}"),
                 ));
             }
@@ -81,7 +89,7 @@ impl ZkBackend {
                 "it closed the connection at once",
             )),
             Ok(Err(zk::Error::NoHosts)) if self.all_refuse().await => {
-                Err(crate::wording::connection_refused(&self.display))
+                Err(crate::wording::connection_refused(&self.display, &SERVER))
             }
             Ok(Err(e)) => Err(self.classify(&e, "connecting")),
             Err(_) => match wait.filter(|_| budget < OP_TIMEOUT) {

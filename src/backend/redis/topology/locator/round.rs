@@ -331,7 +331,7 @@ pub(in crate::backend::redis) fn none_answered(
         && reasons.len() == answers.len()
         && reasons.iter().all(|r| r.contains("Connection refused"))
     {
-        return crate::wording::connection_refused(display);
+        return super::super::super::failure::refused(display);
     }
     // A sentinel that speaks TLS only resets a plain-text connection at its first bytes.
     let hint = if display.starts_with("redis-sentinel:")
