@@ -216,7 +216,8 @@ pub fn user_name() -> String {
 pub struct Record {
     #[serde(flatten)]
     pub holder: Holder,
-    /// The `--limit` it holds with (0: not recorded, by an older dlock).
+    /// The `--limit` it holds with (0: not recorded: a record written by hand or by another
+    /// program, which agrees with any `--limit`).
     #[serde(default)]
     pub limit: u32,
 }
