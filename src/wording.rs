@@ -165,6 +165,12 @@ pub fn no_answer_within(server: &str, what: Option<&str>, wait: Wait, given: Dur
     format!("no answer from {server}{what} within {within}")
 }
 
+/// `no answer from SERVER within D`: a bound of dlock's own (connecting, one call), not
+/// `--wait`, ran out before the server answered (69).
+pub fn no_answer_in(server: &str, given: Duration) -> Error {
+    Error::Unavailable(no_answer_within(server, None, Wait::Forever, given))
+}
+
 /// [`no_answer_within`] the server's time to answer of `budget` ([`WaitBudget::answer_by`]):
 /// the server is unavailable (69).
 pub fn no_answer(server: &str, what: Option<&str>, budget: &WaitBudget) -> Error {

@@ -155,11 +155,7 @@ impl Conn {
         }
         Err(match last {
             Failure::Etcd(e) => self.classify(&e),
-            Failure::Timeout => Error::Unavailable(format!(
-                "no etcd endpoint of {} answered within {}",
-                self.display,
-                humantime::format_duration(budget)
-            )),
+            Failure::Timeout => crate::wording::no_answer_in(&self.display, budget),
         })
     }
 

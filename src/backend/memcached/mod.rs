@@ -477,10 +477,7 @@ fn poll_error(failed: Failed, ctx: &Ctx<'_>) -> Error {
     let display = ctx.display.as_str();
     match failed {
         Failed::Link(Failure::Timeout(_)) if ctx.request.budget.deadline().is_some() => {
-            Error::Unavailable(format!(
-                "{display} did not answer within --wait {}",
-                ctx.request.budget.wait().describe()
-            ))
+            crate::wording::no_answer(display, None, &ctx.request.budget)
         }
         failed => failed.into_error(display),
     }

@@ -158,13 +158,10 @@ impl MysqlBackend {
     }
 
     fn no_answer(&self, limit: Duration) -> Error {
-        Error::Unavailable(format!(
-            "cannot reach {}: no answer within {}",
-            self.display,
-            humantime::format_duration(Duration::from_millis(
-                u64::try_from(limit.as_millis()).unwrap_or(u64::MAX)
-            ))
-        ))
+        crate::wording::no_answer_in(
+            &self.display,
+            Duration::from_millis(u64::try_from(limit.as_millis()).unwrap_or(u64::MAX)),
+        )
     }
 
     /// PREFERRED asks for TLS except on this machine (a socket or a loopback address, where

@@ -107,11 +107,7 @@ impl PgBackend {
             Err(_) => {
                 return Err(match wait {
                     Some(wait) => crate::wording::no_answer(&self.display, None, wait),
-                    None => Error::Unavailable(format!(
-                        "cannot reach {}: no answer within {}",
-                        self.display,
-                        humantime::format_duration(budget)
-                    )),
+                    None => crate::wording::no_answer_in(&self.display, budget),
                 })
             }
             Ok(Err(e)) => return Err(classify(&e, &self.display)),

@@ -94,11 +94,7 @@ impl ZkBackend {
             Ok(Err(e)) => Err(self.classify(&e, "connecting")),
             Err(_) => match wait.filter(|_| budget < OP_TIMEOUT) {
                 Some(wait) => Err(self.no_answer(wait)),
-                None => Err(Error::Unavailable(format!(
-                    "no ZooKeeper server of {} answered within {}",
-                    self.display,
-                    humantime::format_duration(OP_TIMEOUT)
-                ))),
+                None => Err(crate::wording::no_answer_in(&self.display, OP_TIMEOUT)),
             },
         }
     }

@@ -94,7 +94,12 @@ fn gives_up_within_the_wait(env: &TestEnv, url: &str, healthy: &str) {
         "true",
     ]);
     let took = started.elapsed();
-    assert_fails(&out, 69, "did not answer within --wait 2s");
+    assert_fails(&out, 69, "within --wait 2s");
+    assert!(
+        stderr_of(&out).contains("no answer from memcached://"),
+        "{}",
+        describe(&out)
+    );
     let bound = Duration::from_secs(2) + PAST_WAIT + overhead;
     assert!(took < bound, "took {took:?}, more than {bound:?}");
 }
