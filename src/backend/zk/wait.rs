@@ -13,7 +13,8 @@ use super::queue::{lost_place, Queue};
 use super::ZkBackend;
 use crate::clock::{sleep_until, BootInstant};
 use crate::error::Error;
-use crate::lock::{limit_mismatch, AcquireRequest, Cancel, LockName, Mode, Record};
+use crate::kit::limit;
+use crate::lock::{AcquireRequest, Cancel, LockName, Mode, Record};
 
 /// Bound for reading who holds a lock for a message, once `--wait` is over.
 const REPORT_TIMEOUT: Duration = Duration::from_secs(1);
@@ -364,13 +365,8 @@ impl Waiter<'_> {
 /// A usage error when a node's data says it uses another `--limit` than ours (foreign data,
 /// or none recorded, says nothing).
 fn same_limit(data: &[u8], request: &AcquireRequest) -> Result<(), Error> {
-    match serde_json::from_slice::<Meta>(data)
-        .ok()
-        .map(|m| m.record.limit)
-    {
-        Some(theirs) if theirs != 0 && theirs != request.limit => {
-            Err(limit_mismatch(&request.name, theirs))
-        }
-        _ => Ok(()),
+    match serde_json::from_slice::<Meta>(data) {
+        Ok(meta) => limit::agrees(&request.name, request.limit, meta.record.limit),
+        Err(_) => Ok(()),
     }
 }
