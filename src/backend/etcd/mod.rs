@@ -77,6 +77,7 @@ mod lease;
 mod own_key;
 mod queue;
 mod readers;
+mod recheck;
 pub mod target;
 mod watch;
 

@@ -1,7 +1,7 @@
 //! Taking a place in a lock's queue and waiting there until it is among the first
-//! `--limit`, like etcd's `mutex.go`: creating our key, the linearizable re-check, and the
-//! re-attach at the grant that moves our key from the waiter lease to the hold lease, and
-//! the wait itself on the watch that `watch` chooses.
+//! `--limit`, like etcd's `mutex.go`: creating our key, the linearizable re-check (in
+//! `recheck`), the re-attach at the grant that moves our key from the waiter lease to the
+//! hold lease, and the wait itself on the watch that `watch` chooses.
 
 use std::future::Future;
 use std::ops::ControlFlow;
@@ -17,7 +17,8 @@ use super::conn::Conn;
 use super::key::{is_reader, older_keys, oldest_key, same_limit, value_json, why_busy};
 use super::lease::{waiter_gone, Renewer, WaiterLease, WAITER_TTL_S};
 use super::own_key::OwnKey;
-use super::readers::{self, Scan};
+use super::readers;
+use super::recheck::{reader_page, recheck, Waits};
 use super::watch::{Seen, Target, Wake};
 use crate::clock::{sleep_until, BootInstant};
 use crate::error::Error;
@@ -510,131 +511,4 @@ impl Place {
             watching: None,
         }
     }
-}
-
-/// Which keys before ours keep a waiter waiting.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Waits {
-    /// Every key: an exclusive run (`--limit 1`) waits until none is before its own, one of
-    /// `--limit N` until fewer than N are.
-    Any(usize),
-    /// Writers' keys only: a shared run waits until no writer's key is before its own
-    /// (`readers`).
-    Writers,
-}
-
-/// Linearizable re-check: our key must still be there (else our lease died while waiting:
-/// never start the command); returns the keys before ours that keep us waiting (newest
-/// first: at most limit+1; a reader's nearest older writer and a key before it) and the
-/// revision read at.
-pub(super) async fn recheck(
-    conn: &mut Conn,
-    key: &str,
-    pfx: &str,
-    my_rev: i64,
-    waits: Waits,
-) -> Result<(Vec<Vec<u8>>, i64), Error> {
-    let limit = match waits {
-        Waits::Any(limit) => limit,
-        Waits::Writers => return recheck_reader(conn, key, pfx, my_rev).await,
-    };
-    let check = Txn::new()
-        .when([Compare::create_revision(
-            key.to_owned(),
-            CompareOp::Equal,
-            my_rev,
-        )])
-        .and_then([TxnOp::get(
-            pfx.to_owned(),
-            Some(older_keys(Some(my_rev), limit + 1)),
-        )])
-        .or_else([TxnOp::get(
-            key.to_owned(),
-            Some(GetOptions::new().with_keys_only()),
-        )]);
-    let response = conn
-        .call(OP_TIMEOUT, |mut c| {
-            let t = check.clone();
-            async move { c.txn(t).await }
-        })
-        .await?;
-    if !response.succeeded() {
-        return Err(place_lost());
-    }
-    let older = match response.op_responses().first() {
-        Some(TxnOpResponse::Get(range)) => range.kvs().iter().map(|kv| kv.key().to_vec()).collect(),
-        _ => Vec::new(),
-    };
-    Ok((older, response.header().map_or(0, |h| h.revision())))
-}
-
-/// [`recheck`] for a reader: a page of the keys before ours with their values, and the
-/// lock's oldest key, in one read that also checks our key; more pages if needed, at the
-/// same revision (read once more from the start if etcd compacted it meanwhile).
-async fn recheck_reader(
-    conn: &mut Conn,
-    key: &str,
-    pfx: &str,
-    my_rev: i64,
-) -> Result<(Vec<Vec<u8>>, i64), Error> {
-    let check = Txn::new()
-        .when([Compare::create_revision(
-            key.to_owned(),
-            CompareOp::Equal,
-            my_rev,
-        )])
-        .and_then([
-            TxnOp::get(
-                pfx.to_owned(),
-                Some(readers::older_with_values(Some(my_rev), 0)),
-            ),
-            TxnOp::get(pfx.to_owned(), Some(readers::oldest_key_only())),
-        ])
-        .or_else([TxnOp::get(
-            key.to_owned(),
-            Some(GetOptions::new().with_keys_only()),
-        )]);
-    let mut compactions = 0;
-    loop {
-        let response = conn
-            .call(OP_TIMEOUT, |mut c| {
-                let t = check.clone();
-                async move { c.txn(t).await }
-            })
-            .await?;
-        if !response.succeeded() {
-            return Err(place_lost());
-        }
-        let at = response.header().map_or(0, |h| h.revision());
-        let (first, oldest) = reader_page(&response, 0, my_rev)?;
-        match readers::nearest_writer(conn, pfx, at, first, oldest.as_deref()).await {
-            Ok(older) => return Ok((older, at)),
-            Err(e) if readers::compacted(&e) && compactions < 3 => compactions += 1,
-            Err(e) => return Err(e),
-        }
-    }
-}
-
-/// The first page of a reader's keys before ours (created before `before`) and the lock's
-/// oldest key, from the transaction operations `first` and `first + 1` of `response`.
-fn reader_page(
-    response: &TxnResponse,
-    first: usize,
-    before: i64,
-) -> Result<(Scan, Option<Vec<u8>>), Error> {
-    let answers = response.op_responses();
-    let (Some(TxnOpResponse::Get(page)), Some(TxnOpResponse::Get(oldest))) =
-        (answers.get(first), answers.get(first + 1))
-    else {
-        return Err(Error::Internal(
-            "etcd's answer lacks the keys before ours".into(),
-        ));
-    };
-    let oldest = oldest.kvs().first().map(|kv| kv.key().to_vec());
-    let scan = readers::scan(
-        &readers::listed(page.kvs(), before),
-        page.more(),
-        oldest.as_deref(),
-    );
-    Ok((scan, oldest))
 }

@@ -5,7 +5,7 @@
 //! dlock's, `etcdctl lock`'s (an empty value) or another client's. Pure, but for the paging
 //! ([`nearest_writer`]).
 //!
-//! The answer takes the shape a writer's re-check gives (`queue::recheck`): the keys before
+//! The answer takes the shape a writer's re-check gives (`recheck::recheck`): the keys before
 //! ours that matter, newest first — here the nearest older writer `W` and a key before `W`,
 //! none when `W` is the oldest — so that the same waiting protocol serves both: the reader
 //! holds when no key is left (no writer before it), and otherwise watches `W` and that key
