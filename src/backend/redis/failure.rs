@@ -215,7 +215,7 @@ pub(super) const SENTINEL: Server = Server {
 /// Nothing listens where `display` (a URL as shown) points: for a `redis-sentinel://` URL,
 /// none of its sentinels answered.
 pub(super) fn refused(display: &str) -> Error {
-    if std::ptr::eq(server_of(display), &SENTINEL) {
+    if names_sentinels(display) {
         return Error::Unavailable(format!(
             "cannot connect to {}: connection refused (no sentinel answered: none is \
              listening there)",
@@ -227,9 +227,14 @@ pub(super) fn refused(display: &str) -> Error {
 
 /// The words for the servers `display` (a URL as shown) names: Redis, or its sentinels.
 pub(super) fn server_of(display: &str) -> &'static Server {
-    if display.starts_with("redis-sentinel:") || display.starts_with("rediss-sentinel:") {
+    if names_sentinels(display) {
         &SENTINEL
     } else {
         &SERVER
     }
+}
+
+/// Whether `display` is a `redis-sentinel://` URL (its hosts are sentinels).
+fn names_sentinels(display: &str) -> bool {
+    display.starts_with("redis-sentinel:") || display.starts_with("rediss-sentinel:")
 }
