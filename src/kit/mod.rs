@@ -17,6 +17,7 @@
 //!   the kernel's table of holders and the lock files' names, which the file backend and the
 //!   host-local queue are both built from (crate-internal).
 //! - [`local_queue`]: the host-local queue every remote backend is wrapped in.
+//! - [`owed`]: what a waiter may have left on a server, given back on the way out.
 
 pub mod backoff;
 pub mod capacity;
@@ -26,6 +27,7 @@ pub mod held;
 pub mod limit;
 pub mod local_queue;
 pub(crate) mod lock_dir;
+pub mod owed;
 pub(crate) mod proc_locks;
 pub mod round_trip;
 pub(crate) mod stem;

@@ -80,15 +80,13 @@ pub mod target;
 mod topology;
 mod wait;
 
-use redis::Value;
-
 use crate::error::Error;
 use crate::lock::{AcquireRequest, Backend, Cancel, CheckReport, Holder, LockName, LockStatus};
 
 use conn::Conn;
 use keys::Keys;
 use scripts::Step;
-use wait::{Stop, Waiter};
+use wait::Waiter;
 
 pub use lease::RedisLease;
 pub use target::{RedisAddr, RedisTarget};
@@ -137,65 +135,13 @@ impl Backend for RedisBackend {
 
     /// Ask `acquire.lua` until it grants: each "not yet" queues us (or keeps our place) and
     /// we wait for our turn; a refusal, a failure, the `--wait` deadline or a cancel ends it
-    /// with our token's entries given back.
-    async fn acquire(
-        &self,
-        request: &AcquireRequest,
-        mut cancel: Cancel,
-    ) -> Result<RedisLease, Error> {
-        let (waiter, mut conn) = Waiter::start(self, request)?;
-        // Behind Sentinel, the checks of the sentinels end with the `--wait` budget too.
-        sentinel::bound(&mut conn, request.budget.deadline());
-        let mut ticket: i64 = 0;
-        let stop = loop {
-            let (reply, sent) = match waiter.call(&mut conn, ticket, &mut cancel).await {
-                Ok(answer) => answer,
-                Err(stop) => break stop,
-            };
-            let granted = matches!(Step::parse(&reply), Some(Step::Granted { .. }));
-            if granted {
-                tracing::debug!(target: crate::logging::HANDOFF, "granted");
-            }
-            if master_moved(&waiter, &mut conn, granted).await? {
-                continue;
-            }
-            let (hint, ahead, live) = match Step::parse(&reply) {
-                Some(Step::Granted {
-                    fence,
-                    ttl_ms,
-                    next,
-                }) => {
-                    return waiter.granted(conn, &fence, ttl_ms, sent, next).await;
-                }
-                Some(Step::Waiting {
-                    hint,
-                    ahead,
-                    ticket: theirs,
-                    live,
-                }) => {
-                    if ticket == 0 {
-                        // Our first place in line: woken by a release from now on.
-                        crate::lock::queued(request);
-                    }
-                    if theirs != 0 {
-                        ticket = theirs;
-                    }
-                    waiter.saw(live, ahead);
-                    (hint, ahead, live)
-                }
-                refused => return Err(refused_step(&waiter, ticket, refused, &reply).await),
-            };
-            if request.budget.is_no_wait() {
-                return Err(not_waiting(&waiter, &mut conn, request, live, ahead).await);
-            }
-            if let Err(stop) = waiter
-                .wait_turn(&mut conn, hint, live, ahead, &mut cancel)
-                .await
-            {
-                break stop;
-            }
-        };
-        Err(stopped(&waiter, conn, stop).await)
+    /// with our token's entries given back, here, on the one way out.
+    async fn acquire(&self, request: &AcquireRequest, cancel: Cancel) -> Result<RedisLease, Error> {
+        let (waiter, conn) = Waiter::start(self, request)?;
+        // On the way out the connection is closed (ending a server-side BLPOP) before our
+        // place is given back.
+        let outcome = take_turns(&waiter, conn, request, cancel).await;
+        waiter.owed.settle(outcome, || waiter.leave()).await
     }
 
     async fn status(&self, name: &LockName) -> Result<LockStatus, Error> {
@@ -215,10 +161,69 @@ impl Backend for RedisBackend {
     }
 }
 
+/// The steps of one acquisition, each saying in `waiter.owed` what the server may hold for
+/// our token afterwards (a grant, or our place in line).
+async fn take_turns(
+    waiter: &Waiter<'_>,
+    mut conn: Conn,
+    request: &AcquireRequest,
+    mut cancel: Cancel,
+) -> Result<RedisLease, Error> {
+    // Behind Sentinel, the checks of the sentinels end with the `--wait` budget too.
+    sentinel::bound(&mut conn, request.budget.deadline());
+    let mut ticket: i64 = 0;
+    loop {
+        let (reply, sent) = waiter.call(&mut conn, ticket, &mut cancel).await?;
+        let step = Step::parse(&reply);
+        waiter.owed.set(match &step {
+            Some(Step::Granted { .. }) => true,
+            Some(Step::Waiting { ticket: theirs, .. }) => *theirs != 0 || ticket != 0,
+            _ => ticket != 0,
+        });
+        let granted = matches!(step, Some(Step::Granted { .. }));
+        if granted {
+            tracing::debug!(target: crate::logging::HANDOFF, "granted");
+        }
+        if master_moved(waiter, &mut conn, granted).await? {
+            continue;
+        }
+        let (hint, ahead, live) = match step {
+            Some(Step::Granted {
+                fence,
+                ttl_ms,
+                next,
+            }) => return waiter.granted(conn, &fence, ttl_ms, sent, next).await,
+            Some(Step::Waiting {
+                hint,
+                ahead,
+                ticket: theirs,
+                live,
+            }) => {
+                if ticket == 0 {
+                    // Our first place in line: woken by a release from now on.
+                    crate::lock::queued(request);
+                }
+                if theirs != 0 {
+                    ticket = theirs;
+                }
+                waiter.saw(live, ahead);
+                (hint, ahead, live)
+            }
+            refused => return Err(waiter.refusal(refused, &reply)),
+        };
+        if request.budget.is_no_wait() {
+            return Err(not_waiting(waiter, &mut conn, request, live, ahead).await);
+        }
+        waiter
+            .wait_turn(&mut conn, hint, live, ahead, &mut cancel)
+            .await?;
+    }
+}
+
 /// Behind Sentinel, whether the master moved since the step: a grant or a place in line on
 /// a master that the sentinels no longer name counts for nothing, so the step is taken again
 /// on the new one (a grant on the old one given back first). When the sentinels cannot say,
-/// our token's entries are given back and the acquisition fails.
+/// the acquisition fails (and our token's entries are given back on the way out).
 async fn master_moved(waiter: &Waiter<'_>, conn: &mut Conn, granted: bool) -> Result<bool, Error> {
     match sentinel::follow(conn, granted).await {
         Ok(false) => Ok(false),
@@ -229,24 +234,10 @@ async fn master_moved(waiter: &Waiter<'_>, conn: &mut Conn, granted: bool) -> Re
             Ok(true)
         }
         Err(error) => {
-            waiter.leave().await;
+            waiter.owed.set(true);
             Err(error)
         }
     }
-}
-
-/// The error of a step that `acquire.lua` refused, after our place in line (`ticket`, when we
-/// have one) is given back.
-async fn refused_step(
-    waiter: &Waiter<'_>,
-    ticket: i64,
-    step: Option<Step>,
-    reply: &[Value],
-) -> Error {
-    if ticket != 0 {
-        waiter.leave().await;
-    }
-    waiter.refusal(step, reply)
 }
 
 /// The refusal of `--no-wait` when the lock is held: who holds it, and how many wait.
@@ -259,17 +250,4 @@ async fn not_waiting(
 ) -> Error {
     let reason = waiter.busy_reason(conn, live, ahead).await;
     crate::wording::not_acquired(&request.name, &reason, request.budget.wait())
-}
-
-/// The error an acquisition that stopped ends with; after a cancel, the connection is closed
-/// first (which ends the server-side BLPOP), then our place in line is given back.
-async fn stopped(waiter: &Waiter<'_>, conn: Conn, stop: Stop) -> Error {
-    match stop {
-        Stop::Cancelled => {
-            drop(conn);
-            waiter.leave().await;
-            Error::Cancelled
-        }
-        Stop::Failed(error) => error,
-    }
 }

@@ -21,6 +21,7 @@ use super::scripts::{
 };
 use super::sentinel::watch::SwitchWatch;
 use super::RedisBackend;
+use crate::kit::owed::Owed;
 use crate::kit::timeouts::OP_TIMEOUT;
 
 /// Attempts of an acquire step after a lost reply or a dropped connection.
@@ -51,15 +52,6 @@ const LAST_CALL: Duration = Duration::from_millis(200);
 /// when no `--wait` bounds it (then [`OVERRUN`] does).
 pub(super) const LEAVE_TIMEOUT: Duration = Duration::from_secs(2);
 
-/// Why an acquisition stopped before the lock was ours.
-pub(super) enum Stop {
-    /// Cancelled: the caller closes the connection (which ends a server-side `BLPOP`), then
-    /// leaves the queue.
-    Cancelled,
-    /// Failed, or gave up; what the server may hold for our token is already given back.
-    Failed(Error),
-}
-
 /// One acquisition: its owner token, its keys, and its bounds.
 pub(super) struct Waiter<'a> {
     backend: &'a RedisBackend,
@@ -79,6 +71,8 @@ pub(super) struct Waiter<'a> {
     heartbeat: Duration,
     /// Live holders and waiters ahead of us, as the last acquire reply said.
     last: std::cell::Cell<(i64, i64)>,
+    /// What the server may hold for our token: given back if the lock does not become ours.
+    pub(super) owed: Owed,
 }
 
 impl<'a> Waiter<'a> {
@@ -120,6 +114,7 @@ impl<'a> Waiter<'a> {
             ttl_ms: millis(request.ttl),
             heartbeat,
             last: std::cell::Cell::new((1, 0)),
+            owed: Owed::new(),
         };
         Ok((waiter, conn))
     }
@@ -136,7 +131,7 @@ impl<'a> Waiter<'a> {
         conn: &mut Conn,
         ticket: i64,
         cancel: &mut Cancel,
-    ) -> Result<(Vec<Value>, BootInstant), Stop> {
+    ) -> Result<(Vec<Value>, BootInstant), Error> {
         let invocation = self.acquire_invocation(ticket);
         let started = BootInstant::now();
         let mut attempt = 0;
@@ -147,7 +142,11 @@ impl<'a> Waiter<'a> {
             let call = conn.invoke::<Vec<Value>>(&invocation, self.budget());
             let result = tokio::select! {
                 result = call => result,
-                _ = cancel.cancelled() => return Err(Stop::Cancelled),
+                _ = cancel.cancelled() => {
+                    // The script may have run.
+                    self.owed.set(true);
+                    return Err(Error::Cancelled);
+                }
             };
             sent_any |= conn.last_send.is_some();
             match result {
@@ -182,12 +181,11 @@ impl<'a> Waiter<'a> {
                 }
                 Err(failure) => {
                     let error = self.call_error(failure, conn, sent_any, ticket);
-                    // The script may have run without us seeing the reply: take back
-                    // whatever it created for our token (a place in line or a grant).
-                    if (failure_may_have_run(&error) && sent_any) || ticket != 0 {
-                        self.leave().await;
-                    }
-                    return Err(Stop::Failed(error));
+                    // The script may have run without us seeing the reply: whatever it
+                    // created for our token (a place in line or a grant) is taken back.
+                    self.owed
+                        .set((failure_may_have_run(&error) && sent_any) || ticket != 0);
+                    return Err(error);
                 }
             }
         }
@@ -292,7 +290,6 @@ impl<'a> Waiter<'a> {
         let token = match fence.parse::<u64>() {
             Ok(token) if token > 0 => token,
             _ => {
-                self.leave().await;
                 return Err(bad_data(
                     display,
                     &self.keys.hold,
@@ -307,10 +304,7 @@ impl<'a> Waiter<'a> {
             granted
         };
         // Behind Sentinel with `?replicas=N`: not before N replicas have the hold.
-        if let Err(error) = super::sentinel::replicas::acknowledged(&mut conn, granted).await {
-            self.leave().await;
-            return Err(error);
-        }
+        super::sentinel::replicas::acknowledged(&mut conn, granted).await?;
         let mut renewer = Renewer {
             conn,
             keys: self.keys.clone(),
@@ -323,7 +317,6 @@ impl<'a> Waiter<'a> {
         {
             Ok(confirmed) => confirmed,
             Err(why) => {
-                self.leave().await;
                 return Err(Error::Unavailable(format!(
                     "'{}' was granted but could not be confirmed: {why}; the command was not \
                      started",
@@ -375,7 +368,7 @@ impl<'a> Waiter<'a> {
         live: i64,
         ahead: i64,
         cancel: &mut Cancel,
-    ) -> Result<(), Stop> {
+    ) -> Result<(), Error> {
         let mut block = self.heartbeat;
         if hint >= 0 {
             // The head of the queue re-checks when a holder's lease would run out: 5 ms after
@@ -388,12 +381,11 @@ impl<'a> Waiter<'a> {
             let left = deadline.remaining();
             if left.is_zero() {
                 let reason = self.busy_reason(conn, live, ahead).await;
-                self.leave().await;
-                return Err(Stop::Failed(not_acquired(
+                return Err(not_acquired(
                     &self.request.name,
                     &reason,
                     self.request.budget.wait(),
-                )));
+                ));
             }
             block = block.min(left);
         }
@@ -410,7 +402,10 @@ impl<'a> Waiter<'a> {
                 }
             }
             _ = crate::clock::sleep_until(deadline.unwrap_or(BootInstant::now())), if deadline.is_some() => {}
-            _ = cancel.cancelled() => return Err(Stop::Cancelled),
+            _ = cancel.cancelled() => {
+                self.owed.set(true);
+                return Err(Error::Cancelled);
+            }
         }
         Ok(())
     }
