@@ -39,6 +39,12 @@ pub(super) fn turnstile_key(prefix: &str, name: &str) -> i64 {
     key_with(prefix, name, b"\0queue")
 }
 
+/// The key every run with `--limit N > 1` holds in shared mode (beside its recorded
+/// `--limit`) until its session ends: see [`super::limit::must_look_sql`].
+pub(super) fn others_key(prefix: &str, name: &str) -> i64 {
+    key_with(prefix, name, b"\0others")
+}
+
 /// The NOTIFY channel a released slot wakes (`dlock_` and the slot-0 key in hex).
 pub(super) fn channel(prefix: &str, name: &str) -> String {
     format!("dlock_{:016x}", key(prefix, name))

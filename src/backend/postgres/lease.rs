@@ -32,8 +32,9 @@ pub struct PgLease {
     /// Our [`limit_key`](super::limit::limit_key), held in shared mode.
     limit_key: i64,
     token: u64,
-    /// The channel to NOTIFY on release (`--limit N > 1`).
-    notify: Option<String>,
+    /// With `--limit N > 1`: the channel to NOTIFY on release, and the others' key we hold
+    /// ([`others_key`](super::keys::others_key)).
+    notify: Option<(String, i64)>,
     schedule: Schedule,
     last_ack: Arc<Mutex<BootInstant>>,
     /// The heartbeat statement, shared with the renewer: its comment is what `status` shows,
@@ -50,7 +51,7 @@ impl PgLease {
         key: i64,
         granted: Granted,
         limit_key: i64,
-        notify: Option<String>,
+        notify: Option<(String, i64)>,
     ) -> Result<PgLease, Error> {
         let schedule = Schedule::new(request.ttl, request.kill_after);
         let last_ack = Arc::new(Mutex::new(granted.sent));
@@ -158,15 +159,17 @@ impl Lease for PgLease {
         let bound = (self.schedule.ttl / 3).min(CANCEL_TIMEOUT);
         let unlock = async {
             match &self.notify {
-                Some(channel) => {
+                Some((channel, others)) => {
                     client
                         .query_typed(
                             "SELECT pg_advisory_unlock($1), pg_notify($2, ''), \
-                             set_config('dlock.owner', '', false), pg_advisory_unlock_shared($3)",
+                             set_config('dlock.owner', '', false), pg_advisory_unlock_shared($3), \
+                             pg_advisory_unlock_shared($4)",
                             &[
                                 (&self.key, Type::INT8),
                                 (channel, Type::TEXT),
                                 (&self.limit_key, Type::INT8),
+                                (others, Type::INT8),
                             ],
                         )
                         .await

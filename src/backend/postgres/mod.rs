@@ -68,7 +68,7 @@ use crate::error::Error;
 use crate::lock::{
     AcquireRequest, Backend, Cancel, CheckReport, Holder, LockName, LockStatus, Wait,
 };
-use keys::channel;
+use keys::{channel, others_key};
 use limit::limit_key;
 
 /// Bound for a cancel request and for the cancelled statement to answer.
@@ -139,7 +139,8 @@ impl Backend for PgBackend {
                 .await?
         };
         let name = request.name.as_str();
-        let notify = (request.limit > 1).then(|| channel(&self.prefix, name));
+        let notify = (request.limit > 1)
+            .then(|| (channel(&self.prefix, name), others_key(&self.prefix, name)));
         let limit_key = limit_key(&self.prefix, name, request.limit);
         PgLease::start(session, request, key, granted, limit_key, notify).await
     }

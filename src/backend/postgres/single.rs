@@ -3,6 +3,11 @@
 //! comes, takes the token: `token::lock_with_token_sql`), then the check that a second
 //! statement runs on our session too, which the server runs right after the grant.
 //!
+//! Whether a holder records another `--limit` is first asked cheaply, by trying the name's
+//! others' key ([`super::limit::must_look_sql`]); only when somebody holds that key does the
+//! run read `pg_locks`: before the lock call, by the lock statement that scans (a second
+//! round trip), and after a grant, by a statement of its own.
+//!
 //! `--shared` is the same call in share mode on the same key (`pg_advisory_lock_shared`).
 //! The server's lock manager grants a request only if it conflicts neither with the granted
 //! locks nor with any request already waiting (`LockAcquireExtended` checks the lock's
@@ -18,7 +23,7 @@ use super::claim::claim_sql;
 use super::conn::Session;
 use super::holders::holder_label;
 use super::keys::functions;
-use super::limit::{limit_key, other_limit, other_limit_sql};
+use super::limit::{limit_key, must_look_sql, other_limit, other_limit_sql};
 use super::token::{lock_with_token_sql, mine_sql, Granted};
 use super::wait::{backstop, lock_timeout_sql};
 use super::PgBackend;
@@ -27,6 +32,17 @@ use crate::error::Error;
 use crate::lock::{limit_mismatch, AcquireRequest, Cancel};
 use crate::logging::HANDOFF;
 use crate::wording::not_acquired;
+
+/// How a lock statement looks for a holder that records another `--limit` (see
+/// [`super::limit`]).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Look {
+    /// Try the others' key: when it is held, take nothing and say so.
+    Probe,
+    /// Read `pg_locks`, before the lock call and after the grant (after a probe, which
+    /// recorded our `--limit` already).
+    Scan,
+}
 
 impl PgBackend {
     /// `--limit 1`: the server's lock queue. Returns the token and when its request was sent.
@@ -37,9 +53,32 @@ impl PgBackend {
         key: i64,
         cancel: &mut Cancel,
     ) -> Result<Granted, Error> {
+        let probed = self
+            .lock_single(session, request, key, cancel, Look::Probe)
+            .await?;
+        if let Some(granted) = probed {
+            return Ok(granted);
+        }
+        // Somebody holds the others' key (a run with another --limit, or a --limit 1 run
+        // trying it at the same instant): the statement that reads pg_locks. Our host's next
+        // waiter may already be on its way to the server; it is at least a connection behind.
+        self.lock_single(session, request, key, cancel, Look::Scan)
+            .await?
+            .ok_or_else(|| Error::Internal("the lock statement that scans did not lock".into()))
+    }
+
+    /// One lock statement (with the check that follows it): the grant, or `None` when the
+    /// probe said to look for another `--limit` first (nothing but our `--limit` was taken).
+    async fn lock_single(
+        &self,
+        session: &mut Session,
+        request: &AcquireRequest,
+        key: i64,
+        cancel: &mut Cancel,
+        look: Look,
+    ) -> Result<Option<Granted>, Error> {
         let client = session.client.clone();
-        let other = other_limit_sql(&self.prefix, request.name.as_str(), request.limit);
-        let lock_sql = self.single_lock_sql(request, &other);
+        let lock_sql = self.single_lock_sql(request, look);
         let (label, host) = holder_label(&request.holder);
         let lock_params: [(&(dyn ToSql + Sync), Type); 4] = [
             (&key, Type::INT8),
@@ -92,15 +131,15 @@ impl PgBackend {
             .await
     }
 
-    /// The lock statement.
-    fn single_lock_sql(&self, request: &AcquireRequest, other: &str) -> String {
+    /// The lock statement, which looks for another `--limit` as `look` says.
+    fn single_lock_sql(&self, request: &AcquireRequest, look: Look) -> String {
         let name = request.name.as_str();
         let functions = functions(request.mode);
         // One statement claims the session and takes the lock, so both happen on the same
         // server session; the waiter's metadata rides along, so `status` can list the queue.
-        // First (the subquery) it records our --limit and looks for holders with another one,
-        // and only then, if there are none, sets what is left of --wait as the server's lock
-        // wait limit and takes (or queues for) the lock, in our mode.
+        // First (the subquery) it records our --limit and asks whether a holder records
+        // another one, and only then, if none may, sets what is left of --wait as the
+        // server's lock wait limit and takes (or queues for) the lock, in our mode.
         // Once it has the lock, the outer query takes the token ([`lock_with_token_sql`]).
         let (lock, granted) = if request.budget.is_no_wait() {
             (
@@ -113,14 +152,35 @@ impl PgBackend {
                 "g.locked IS NOT NULL",
             )
         };
+        // The subquery `o`: the other --limit seen before the wait (int4), and whether to
+        // look for one first (boolean: then nothing is locked).
+        let (checks, after) = match look {
+            Look::Probe => {
+                let probe = must_look_sql(&self.prefix, name);
+                let mark = limit_key(&self.prefix, name, request.limit);
+                (
+                    format!(
+                        "SELECT NULL::int4 AS other, {probe} AS look \
+                         FROM (SELECT pg_advisory_lock_shared({mark}) OFFSET 0) m"
+                    ),
+                    ("NULL::int4".to_owned(), probe),
+                )
+            }
+            Look::Scan => {
+                let other = other_limit_sql(&self.prefix, name, request.limit);
+                (
+                    format!("SELECT {other} AS other, false AS look"),
+                    (other, "false".to_owned()),
+                )
+            }
+        };
         let statement = format!(
-            "SELECT {}, o.other, {}, CASE WHEN o.other IS NULL THEN {lock} END AS locked \
-             FROM (SELECT {other} AS other, pg_advisory_lock_shared({})::text AS mark OFFSET 0) o",
+            "SELECT {}, o.other, {}, CASE WHEN o.other IS NULL AND NOT o.look THEN {lock} END \
+             AS locked, o.look FROM ({checks} OFFSET 0) o",
             claim_sql("$2"),
             lock_timeout_sql(&request.budget),
-            limit_key(&self.prefix, name, request.limit),
         );
-        lock_with_token_sql(&request.holder, &statement, granted, other)
+        lock_with_token_sql(&request.holder, &statement, granted, (&after.0, &after.1))
     }
 
     /// Read the answers of the lock call and the token statement.
@@ -132,7 +192,7 @@ impl PgBackend {
         lock: Result<Vec<Row>, tokio_postgres::Error>,
         token: Result<Vec<Row>, tokio_postgres::Error>,
         sent: BootInstant,
-    ) -> Result<Granted, Error> {
+    ) -> Result<Option<Granted>, Error> {
         let client = &session.client;
         let try_only = request.budget.is_no_wait();
         let rows = match lock {
@@ -158,6 +218,13 @@ impl PgBackend {
         if let Some(theirs) = theirs {
             return Err(limit_mismatch(&request.name, theirs));
         }
+        let look = row
+            .and_then(|r| r.try_get::<_, Option<bool>>(5).ok())
+            .flatten()
+            .unwrap_or(false);
+        if look {
+            return Ok(None);
+        }
         if !granted {
             let state = self.describe_holders(session, &request.name).await;
             return Err(not_acquired(&request.name, &state, request.budget.wait()));
@@ -175,6 +242,6 @@ impl PgBackend {
                 &request.name,
             )
             .await?;
-        Ok(Granted { token, sent })
+        Ok(Some(Granted { token, sent }))
     }
 }

@@ -9,7 +9,7 @@ use tokio_postgres::types::{ToSql, Type};
 use super::claim::claim_sql;
 use super::conn::{classify, Session};
 use super::holders::{holder_label, metadata_comment};
-use super::keys::{channel, slot_key, turnstile_key};
+use super::keys::{channel, others_key, slot_key, turnstile_key};
 use super::limit::{limit_key, other_limit, other_limit_sql};
 use super::token::{token_sql, Granted};
 use super::wait::{backstop, lock_timeout_sql, within};
@@ -53,12 +53,16 @@ impl PgBackend {
         Err(Error::Internal("slot wait loop ended".into()))
     }
 
-    /// Our `--limit`, recorded in shared mode (see [`limit_key`]) before we can take a slot:
-    /// by the turnstile statement when we queue, else by the slot statement.
+    /// Our `--limit`, recorded in shared mode (see [`limit_key`]), and the [`others_key`] that
+    /// tells `--limit 1` runs to look for it, held before we can take a slot: by the
+    /// turnstile statement when we queue, else by the slot statement. (A `--limit 1` run
+    /// holds the others' key only for an instant, so taking it waits no longer than that.)
     fn mark_sql(&self, request: &AcquireRequest) -> String {
+        let name = request.name.as_str();
         format!(
-            "pg_advisory_lock_shared({})::text AS mark",
-            limit_key(&self.prefix, request.name.as_str(), request.limit)
+            "pg_advisory_lock_shared({})::text || pg_advisory_lock_shared({})::text AS mark",
+            limit_key(&self.prefix, name, request.limit),
+            others_key(&self.prefix, name),
         )
     }
 

@@ -9,7 +9,7 @@ use tokio_postgres::Client;
 use super::claim::give_back;
 use super::conn::classify;
 use super::holders::metadata_comment;
-use super::limit::other_limit;
+use super::limit::{other_limit, other_limit_sql};
 use super::{PgBackend, MAX_APPLICATION_NAME};
 use crate::clock::BootInstant;
 use crate::error::Error;
@@ -64,17 +64,19 @@ pub(super) fn token_sql(holder: &Holder, other_limit: &str) -> String {
 /// The lock statement of `--limit 1`, wrapped so that the token statement's work is done as
 /// the grant comes, in the same statement (see [`token_sql`] for what each item checks):
 /// `lock_statement` selects the claim (2 items), the other `--limit` seen before the wait,
-/// the lock timeout and the lock call as `locked`; `granted` says, of its row `g`, whether
-/// the lock was taken. The server plans all of it before the wait, and after the grant it
-/// only evaluates the outer items, so no statement has to be parsed and planned between the
-/// grant and the answer. Only the check that a second statement still runs on our session
-/// is left to a statement of its own ([`mine_sql`]), which is trivial to plan.
+/// the lock timeout, the lock call as `locked` and whether it must look for another
+/// `--limit` before locking (`look`); `granted` says, of its row `g`, whether the lock was
+/// taken. `other_limit` and `look` are the same two checks after the grant (an int4 and a
+/// boolean: see [`super::limit`]). The server plans all of it before the wait, and after the
+/// grant it only evaluates the outer items, so no statement has to be parsed and planned
+/// between the grant and the answer. Only the check that a second statement still runs on
+/// our session is left to a statement of its own ([`mine_sql`]), which is trivial to plan.
 /// `holder`'s metadata comes first; `$3` and `$4` are the label's parts ([`super::holders::holder_label`]).
 pub(super) fn lock_with_token_sql(
     holder: &Holder,
     lock_statement: &str,
     granted: &str,
-    other_limit: &str,
+    (other_limit, look): (&str, &str),
 ) -> String {
     // Each level is fenced (OFFSET 0), so the lock call has returned before the token (t)
     // is computed, once, for the answer and the label alike. The holder's metadata comes
@@ -84,7 +86,8 @@ pub(super) fn lock_with_token_sql(
          CASE WHEN t.granted THEN coalesce(current_setting('dlock.session', true), '') = 'on' END, \
          CASE WHEN t.granted THEN set_config('application_name', \
          left($3 || coalesce(t.token::text, '0') || $4, {MAX_APPLICATION_NAME}), false) END, \
-         CASE WHEN t.granted THEN {other_limit} END \
+         CASE WHEN t.granted THEN {other_limit} END, \
+         CASE WHEN t.granted THEN {look} END \
          FROM (SELECT g.*, {granted} AS granted, \
          CASE WHEN {granted} THEN pg_is_in_recovery() END AS standby, \
          CASE WHEN {granted} AND NOT pg_is_in_recovery() THEN {TOKEN} END AS token \
@@ -93,12 +96,13 @@ pub(super) fn lock_with_token_sql(
     )
 }
 
-/// The columns of [`lock_with_token_sql`]'s row after the lock statement's own five.
+/// The columns of [`lock_with_token_sql`]'s row after the lock statement's own six.
 pub(super) const AFTER_LOCK: TokenColumns = TokenColumns {
-    standby: 6,
-    token: 7,
-    settings_arrived: 8,
-    other_limit: 10,
+    standby: 7,
+    token: 8,
+    settings_arrived: 9,
+    other_limit: 11,
+    look: Some(12),
 };
 
 /// The columns of [`token_sql`]'s row.
@@ -107,6 +111,7 @@ const TOKEN_STATEMENT: TokenColumns = TokenColumns {
     token: 1,
     settings_arrived: 3,
     other_limit: 5,
+    look: None,
 };
 
 /// Where a row keeps what the checks of a grant read.
@@ -115,6 +120,8 @@ pub(super) struct TokenColumns {
     token: usize,
     settings_arrived: usize,
     other_limit: usize,
+    /// Whether the other `--limit` is still to be looked for (NULL or absent: no).
+    look: Option<usize>,
 }
 
 /// Run after [`lock_with_token_sql`], pipelined: is the mark the lock statement set visible
@@ -135,6 +142,7 @@ struct Read {
     settings_arrived: bool,
     mine: bool,
     other_limit: Option<u32>,
+    look: bool,
     token: Option<i64>,
 }
 
@@ -145,6 +153,11 @@ impl Read {
             settings_arrived: row.try_get(columns.settings_arrived).unwrap_or(false),
             mine,
             other_limit: other_limit(Some(row), columns.other_limit),
+            look: columns
+                .look
+                .and_then(|column| row.try_get::<_, Option<bool>>(column).ok())
+                .flatten()
+                .unwrap_or(false),
             token: row.try_get(columns.token).unwrap_or(None),
         }
     }
@@ -241,13 +254,39 @@ impl PgBackend {
             .await;
         }
         // Read after our own --limit was recorded and the lock granted: of two holders that
-        // disagree, at least one sees the other.
-        if let Some(theirs) = read.other_limit {
+        // disagree, at least one sees the other. The others' key was held: look.
+        let other_limit = if read.look {
+            match self.other_limit_now(client, name).await {
+                Ok(theirs) => theirs,
+                Err(error) => {
+                    give_back(client, key, mode, marker).await;
+                    return Err(error);
+                }
+            }
+        } else {
+            read.other_limit
+        };
+        if let Some(theirs) = other_limit {
             give_back(client, key, mode, marker).await;
             return Err(limit_mismatch(name, theirs));
         }
         read.token
             .and_then(|t| u64::try_from(t).ok())
             .ok_or_else(|| Error::Internal("the server gave no transaction id".into()))
+    }
+
+    /// The other `--limit` a holder of `name` records, read now, by a `--limit 1` run
+    /// ([`other_limit_sql`]).
+    async fn other_limit_now(
+        &self,
+        client: &Client,
+        name: &LockName,
+    ) -> Result<Option<u32>, Error> {
+        let sql = format!("SELECT {}", other_limit_sql(&self.prefix, name.as_str(), 1));
+        let rows = client
+            .query_typed(&sql, &[])
+            .await
+            .map_err(|e| classify(&e, &self.display))?;
+        Ok(other_limit(rows.first(), 0))
     }
 }

@@ -81,6 +81,13 @@ pub(super) const KEY_SQL: &str = "('x' || encode(substr(sha256('\\x646c6f636b007
      || convert_to(:'prefix', 'UTF8') || '\\x00'::bytea || convert_to(:'name', 'UTF8')), 1, 8), \
      'hex'))::bit(64)::bigint";
 
+/// The SQL for a lock's others' key (`\0others` after the name): the key every holder with
+/// `--limit N > 1` holds in shared mode, which tells `--limit 1` runs to read `pg_locks`.
+pub(super) const OTHERS_KEY_SQL: &str =
+    "('x' || encode(substr(sha256('\\x646c6f636b00763100'::bytea \
+     || convert_to(:'prefix', 'UTF8') || '\\x00'::bytea || convert_to(:'name', 'UTF8') \
+     || '\\x006f7468657273'::bytea), 1, 8), 'hex'))::bit(64)::bigint";
+
 /// Any session may hold a lock's key and name itself like a dlock holder; `status` reads its
 /// `application_name` as data, so a start time no clock can show is not believed, never a
 /// panic.

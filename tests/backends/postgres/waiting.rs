@@ -7,7 +7,7 @@ use nix::sys::signal::Signal;
 
 use crate::support::*;
 
-use super::sql::KEY_SQL;
+use super::sql::{KEY_SQL, OTHERS_KEY_SQL};
 
 #[test]
 fn killed_waiter_leaves_the_queue() {
@@ -141,4 +141,40 @@ fn a_waiter_that_gets_the_lock_beside_another_limit_refuses() {
     assert_eq!(status.code(), Some(64), "{stderr}");
     assert!(stderr.contains("--limit 2"), "{stderr}");
     assert!(!env.path("waiter-ran").exists(), "the waiter's command ran");
+}
+
+/// A `--limit 1` run that finds the name's others' key held (here by SQL; in life by a
+/// `--limit N` run, or by another `--limit 1` run trying the key at that instant) reads
+/// `pg_locks` instead, and with nobody recording another `--limit`, takes the lock, waiting
+/// or not; beside a `--limit 2` holder it is refused as before.
+#[test]
+fn a_run_that_finds_the_others_key_held_looks_and_then_locks() {
+    let server = PgServer::start();
+    let env = TestEnv::new(&server);
+    let lock = lock_name("p");
+    let mut sql = server.psql_session(&["prefix=dlock", &format!("name={lock}")]);
+    {
+        use std::io::Write;
+        let stdin = sql.stdin.as_mut().expect("psql stdin");
+        writeln!(stdin, "SELECT pg_advisory_lock_shared({OTHERS_KEY_SQL});")
+            .expect("write to psql");
+        stdin.flush().expect("flush psql");
+    }
+    wait_until("psql holds the others' key", PATIENCE, || {
+        server.granted_advisory_locks() == 1
+    });
+    let out = env.run(["run", "--no-wait", &lock, "touch", "tried"]);
+    assert!(out.status.success(), "{}", describe(&out));
+    let out = env.run(["run", "--wait", "30s", &lock, "touch", "waited"]);
+    assert!(out.status.success(), "{}", describe(&out));
+    assert!(env.path("tried").exists() && env.path("waited").exists());
+    let _pair = env.hold(&lock, &["--limit", "2"]);
+    let out = env.run(["run", "--wait", "30s", &lock, "touch", "beside"]);
+    assert_fails(&out, 64, "--limit 2");
+    assert!(
+        !env.path("beside").exists(),
+        "the command ran beside --limit 2"
+    );
+    drop(sql.stdin.take());
+    let _ = wait_within(&mut sql, PATIENCE);
 }
