@@ -24,6 +24,20 @@ pub(super) fn claim_sql(marker: &str) -> String {
     )
 }
 
+/// The statement that claims the session (`$1`: our marker), sent ahead of a lock statement
+/// that takes its lock only where it finds our mark ([`mine_sql`]): both run on one server
+/// session, or the lock is not taken.
+pub(super) fn claim_statement() -> String {
+    format!("SELECT {}", claim_sql("$1"))
+}
+
+/// A boolean: is this server session marked as ours (`marker`: the parameter with our
+/// marker)? Statements that a transaction-pooling proxy spreads over several server sessions
+/// do not all see the mark.
+pub(super) fn mine_sql(marker: &str) -> String {
+    format!("coalesce(current_setting('dlock.owner', true), '') = {marker}")
+}
+
 /// Undo what an acquisition did on a session it must not keep: one unlock of `key` in
 /// `mode` (a lock taken again on a shared session only raised its count) and our mark, if it
 /// is ours.

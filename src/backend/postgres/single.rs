@@ -1,7 +1,9 @@
 //! `--limit 1`: the server's own FIFO lock queue. One pipelined round trip after connecting:
-//! the lock call (which also claims the session, records our `--limit` and, as the grant
-//! comes, takes the token: `token::lock_with_token_sql`), then the check that a second
-//! statement runs on our session too, which the server runs right after the grant.
+//! the statement that claims the session (marks it as ours), then the lock call, which takes
+//! the lock only where it finds our mark (statements that a transaction-pooling proxy
+//! spreads over several server sessions do not), records our `--limit` and, as the grant
+//! comes, takes the token (`token::lock_with_token_sql`). Nothing is left to ask after the
+//! grant.
 //!
 //! Whether a holder records another `--limit` is first asked cheaply, by trying the name's
 //! others' key ([`super::limit::must_look_sql`]); only when somebody holds that key does the
@@ -19,12 +21,13 @@
 use tokio_postgres::types::{ToSql, Type};
 use tokio_postgres::Row;
 
-use super::claim::claim_sql;
+use super::claim::{claim_statement, give_back, mine_sql};
+use super::conn::classify;
 use super::conn::Session;
 use super::holders::holder_label;
 use super::keys::functions;
 use super::limit::{limit_key, must_look_sql, other_limit, other_limit_sql};
-use super::token::{lock_with_token_sql, mine_sql, Granted};
+use super::token::{lock_with_token_sql, Granted};
 use super::wait::{backstop, lock_timeout_sql};
 use super::PgBackend;
 use crate::clock::BootInstant;
@@ -67,7 +70,7 @@ impl PgBackend {
             .ok_or_else(|| Error::Internal("the lock statement that scans did not lock".into()))
     }
 
-    /// One lock statement (with the check that follows it): the grant, or `None` when the
+    /// One lock statement (after the claim of the session): the grant, or `None` when the
     /// probe said to look for another `--limit` first (nothing but our `--limit` was taken).
     async fn lock_single(
         &self,
@@ -78,6 +81,8 @@ impl PgBackend {
         look: Look,
     ) -> Result<Option<Granted>, Error> {
         let client = session.client.clone();
+        let claim_sql = claim_statement();
+        let claim_params: [(&(dyn ToSql + Sync), Type); 1] = [(&session.marker, Type::TEXT)];
         let lock_sql = self.single_lock_sql(request, look);
         let (label, host) = holder_label(&request.holder);
         let lock_params: [(&(dyn ToSql + Sync), Type); 4] = [
@@ -86,34 +91,27 @@ impl PgBackend {
             (&label, Type::TEXT),
             (&host, Type::TEXT),
         ];
-        let mine_sql = mine_sql(&request.holder);
-        let mine_params: [(&(dyn ToSql + Sync), Type); 1] = [(&session.marker, Type::TEXT)];
         let sent = BootInstant::now();
         // The lock call goes out at the first poll below: in the server's queue from then on.
         crate::lock::queued(request);
-        // Each answer is marked as it arrives (the hand-off events, `logging::HANDOFF`); the
-        // wrappers put their request on the wire at their first poll, as the bare calls do.
+        // The grant is marked as it arrives (the hand-off events, `logging::HANDOFF`); the
+        // wrapper puts its request on the wire at its first poll, as the bare call does.
+        let claim = client.query_typed(&claim_sql, &claim_params);
         let lock = async {
             let answer = client.query_typed(&lock_sql, &lock_params).await;
             tracing::debug!(target: HANDOFF, "granted");
             answer
         };
-        let token = async {
-            let answer = client.query_typed(&mine_sql, &mine_params).await;
-            tracing::debug!(target: HANDOFF, "token-written");
-            answer
-        };
-        // Both requests go out at once, in the order `join` first polls them: the lock call,
-        // which takes the token as the lock is granted, then the check that a second
-        // statement runs on our session too, which the server runs right after.
-        let work = async { tokio::join!(lock, token) };
+        // Both requests go out at once, in the order `join` first polls them: the claim,
+        // then the lock call, which finds the claim's mark on its session.
+        let work = async { tokio::join!(claim, lock) };
         tokio::pin!(work);
         let backstop = backstop(&request.budget);
         tokio::pin!(backstop);
         let mut ended = session.ended.clone();
         // Biased, work first: its first poll puts the requests on the wire, so a cancel that
         // is already set finds something to cancel on the server.
-        let (lock, token) = tokio::select! {
+        let (claim, lock) = tokio::select! {
             biased;
             done = &mut work => done,
             () = cancel.cancelled() => {
@@ -127,7 +125,7 @@ impl PgBackend {
                 return Err(self.lost_while_waiting(session));
             }
         };
-        self.read_single(session, request, key, lock, token, sent)
+        self.read_single(session, request, key, claim, lock, sent)
             .await
     }
 
@@ -152,45 +150,50 @@ impl PgBackend {
                 "g.locked IS NOT NULL",
             )
         };
-        // The subquery `o`: the other --limit seen before the wait (int4), and whether to
-        // look for one first (boolean: then nothing is locked).
-        let (checks, after) = match look {
+        // The subquery `o`: whether the session carries our mark (the claim's), the other
+        // --limit seen before the wait (int4), and whether to look for one first (boolean:
+        // then nothing is locked). Nothing is taken on a session that is not ours.
+        let mine = format!("SELECT {} AS mine", mine_sql("$2"));
+        let checks = match look {
             Look::Probe => {
-                let probe = must_look_sql(&self.prefix, name);
                 let mark = limit_key(&self.prefix, name, request.limit);
-                (
-                    format!(
-                        "SELECT NULL::int4 AS other, {probe} AS look \
-                         FROM (SELECT pg_advisory_lock_shared({mark}) OFFSET 0) m"
-                    ),
-                    ("NULL::int4".to_owned(), probe),
+                format!(
+                    "SELECT p.mine, NULL::int4 AS other, \
+                     CASE WHEN p.mine THEN {} ELSE false END AS look \
+                     FROM (SELECT m.mine, CASE WHEN m.mine THEN pg_advisory_lock_shared({mark}) END \
+                     FROM ({mine} OFFSET 0) m OFFSET 0) p",
+                    must_look_sql(&self.prefix, name)
                 )
             }
-            Look::Scan => {
-                let other = other_limit_sql(&self.prefix, name, request.limit);
-                (
-                    format!("SELECT {other} AS other, false AS look"),
-                    (other, "false".to_owned()),
-                )
-            }
+            Look::Scan => format!(
+                "SELECT m.mine, {} AS other, false AS look FROM ({mine} OFFSET 0) m",
+                other_limit_sql(&self.prefix, name, request.limit)
+            ),
+        };
+        let after = match look {
+            Look::Probe => ("NULL::int4".to_owned(), must_look_sql(&self.prefix, name)),
+            Look::Scan => (
+                other_limit_sql(&self.prefix, name, request.limit),
+                "false".to_owned(),
+            ),
         };
         let statement = format!(
-            "SELECT {}, o.other, {}, CASE WHEN o.other IS NULL AND NOT o.look THEN {lock} END \
-             AS locked, o.look FROM ({checks} OFFSET 0) o",
-            claim_sql("$2"),
+            "SELECT o.mine, NULL::text, o.other, {}, \
+             CASE WHEN o.mine AND o.other IS NULL AND NOT o.look THEN {lock} END AS locked, \
+             o.look FROM ({checks} OFFSET 0) o",
             lock_timeout_sql(&request.budget),
         );
         lock_with_token_sql(&request.holder, &statement, granted, (&after.0, &after.1))
     }
 
-    /// Read the answers of the lock call and the token statement.
+    /// Read the answers of the claim and the lock call.
     async fn read_single(
         &self,
         session: &Session,
         request: &AcquireRequest,
         key: i64,
+        claim: Result<Vec<Row>, tokio_postgres::Error>,
         lock: Result<Vec<Row>, tokio_postgres::Error>,
-        token: Result<Vec<Row>, tokio_postgres::Error>,
         sent: BootInstant,
     ) -> Result<Option<Granted>, Error> {
         let client = &session.client;
@@ -200,21 +203,37 @@ impl PgBackend {
             Err(e) => return Err(self.busy_or(&e, request, session).await),
         };
         let row = rows.first();
+        let mine = row
+            .and_then(|r| r.try_get::<_, Option<bool>>(0).ok())
+            .flatten()
+            .unwrap_or(false);
         let theirs = other_limit(row, 2);
         // pg_advisory_lock(_shared) returns void (as '' here): an answer is a grant.
-        let granted = theirs.is_none()
-            && if try_only {
-                row.and_then(|r| r.try_get::<_, Option<bool>>(4).ok())
-                    .flatten()
-                    .unwrap_or(false)
-            } else {
-                row.and_then(|r| r.try_get::<_, Option<String>>(4).ok())
-                    .flatten()
-                    .is_some()
-            };
+        let granted = if try_only {
+            row.and_then(|r| r.try_get::<_, Option<bool>>(4).ok())
+                .flatten()
+                .unwrap_or(false)
+        } else {
+            row.and_then(|r| r.try_get::<_, Option<String>>(4).ok())
+                .flatten()
+                .is_some()
+        };
         let taken = granted.then_some((key, request.mode));
-        self.check_claim(&rows, client, taken, &session.marker)
+        let claim = match claim {
+            Ok(rows) => rows,
+            Err(e) => {
+                if granted {
+                    give_back(client, key, request.mode, &session.marker).await;
+                }
+                return Err(classify(&e, &self.display));
+            }
+        };
+        self.check_claim(&claim, client, taken, &session.marker)
             .await?;
+        if !mine {
+            // Claimed on one server session, asked to lock on another: nothing was taken.
+            return Err(self.spread_over_sessions());
+        }
         if let Some(theirs) = theirs {
             return Err(limit_mismatch(&request.name, theirs));
         }
@@ -235,7 +254,6 @@ impl PgBackend {
         let token = self
             .check_token_after_lock(
                 row,
-                token,
                 client,
                 (key, request.mode),
                 &session.marker,

@@ -69,8 +69,8 @@ pub(super) fn token_sql(holder: &Holder, other_limit: &str) -> String {
 /// taken. `other_limit` and `look` are the same two checks after the grant (an int4 and a
 /// boolean: see [`super::limit`]). The server plans all of it before the wait, and after the
 /// grant it only evaluates the outer items, so no statement has to be parsed and planned
-/// between the grant and the answer. Only the check that a second statement still runs on
-/// our session is left to a statement of its own ([`mine_sql`]), which is trivial to plan.
+/// between the grant and the answer, and none follows it: that our statements run on one
+/// server session was checked before the lock call (see [`super::single`]).
 /// `holder`'s metadata comes first; `$3` and `$4` are the label's parts ([`super::holders::holder_label`]).
 pub(super) fn lock_with_token_sql(
     holder: &Holder,
@@ -122,17 +122,6 @@ pub(super) struct TokenColumns {
     other_limit: usize,
     /// Whether the other `--limit` is still to be looked for (NULL or absent: no).
     look: Option<usize>,
-}
-
-/// Run after [`lock_with_token_sql`], pipelined: is the mark the lock statement set visible
-/// to a second statement, i.e. do our statements all run on one server session (`$1`: our
-/// mark)? As the session's latest statement until the first heartbeat, it carries the
-/// holder's metadata first, where `status` reads it (`pg_stat_activity.query`).
-pub(super) fn mine_sql(holder: &Holder) -> String {
-    format!(
-        "{} SELECT coalesce(current_setting('dlock.owner', true), '') = $1",
-        metadata_comment(holder)
-    )
 }
 
 /// What the checks of a grant read: the row with the token, and whether a statement after
@@ -191,29 +180,18 @@ impl PgBackend {
             .await
     }
 
-    /// Read the token from the row of [`lock_with_token_sql`] that granted `key` in `mode`,
-    /// and the answer of [`mine_sql`]: a standby or a pooler is refused (and the key given back).
+    /// Read the token from the row of [`lock_with_token_sql`] that granted `key` in `mode`
+    /// (on our own session: the lock statement checked): a standby or a pooler is refused
+    /// (and the key given back).
     pub(super) async fn check_token_after_lock(
         &self,
         row: &tokio_postgres::Row,
-        mine: Result<Vec<tokio_postgres::Row>, tokio_postgres::Error>,
         client: &Client,
         (key, mode): (i64, Mode),
         marker: &str,
         name: &LockName,
     ) -> Result<u64, Error> {
-        let mine = match mine {
-            Ok(rows) => rows
-                .first()
-                .and_then(|r| r.try_get::<_, bool>(0).ok())
-                .unwrap_or(false),
-            Err(e) => {
-                // Granted but unusable (the statement failed).
-                give_back(client, key, mode, marker).await;
-                return Err(classify(&e, &self.display));
-            }
-        };
-        let read = Read::of(row, &AFTER_LOCK, mine);
+        let read = Read::of(row, &AFTER_LOCK, true);
         self.check_grant(read, client, (key, mode), marker, name)
             .await
     }
@@ -247,11 +225,8 @@ impl PgBackend {
             .await;
         }
         if !read.mine {
-            return refuse(format!(
-                "the lock taken on {} does not show up for our own session: the connection goes through a transaction-pooling proxy (pgbouncer pool_mode=transaction?); use a direct or session-pooled connection",
-                self.display
-            ))
-            .await;
+            give_back(client, key, mode, marker).await;
+            return Err(self.spread_over_sessions());
         }
         // Read after our own --limit was recorded and the lock granted: of two holders that
         // disagree, at least one sees the other. The others' key was held: look.
@@ -273,6 +248,14 @@ impl PgBackend {
         read.token
             .and_then(|t| u64::try_from(t).ok())
             .ok_or_else(|| Error::Internal("the server gave no transaction id".into()))
+    }
+
+    /// The error for statements that ran on different server sessions.
+    pub(super) fn spread_over_sessions(&self) -> Error {
+        Error::Config(format!(
+            "dlock's statements to {} ran on different server sessions: the connection goes through a transaction-pooling proxy (pgbouncer pool_mode=transaction?); use a direct or session-pooled connection",
+            self.display
+        ))
     }
 
     /// The other `--limit` a holder of `name` records, read now, by a `--limit 1` run
