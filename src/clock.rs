@@ -29,6 +29,11 @@ impl BootInstant {
         BootInstant(Duration::from(ts))
     }
 
+    /// Time since boot, as the kernel counts a process's start (`/proc/PID/stat`).
+    pub fn since_boot(self) -> Duration {
+        self.0
+    }
+
     /// Time from `earlier` to `self`, zero if `earlier` is later.
     pub fn saturating_since(self, earlier: BootInstant) -> Duration {
         self.0.saturating_sub(earlier.0)

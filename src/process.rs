@@ -23,21 +23,19 @@ pub fn start_ticks(pid: u32) -> Option<u64> {
     stat_field(pid, 19)
 }
 
-/// When the process started, on the wall clock (to a clock tick, 10 ms).
+/// When the process started, on the wall clock, to a clock tick (10 ms): its age on
+/// `CLOCK_BOOTTIME`, on which the kernel counts its start, taken from now. (The start added
+/// to `/proc/stat`'s `btime` would be up to a second early: `btime` is whole seconds.)
 pub fn started_at(pid: u32) -> Option<SystemTime> {
     let ticks = start_ticks(pid)?;
     let per_second = u64::try_from(nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK).ok()??)
         .ok()
         .filter(|&t| t > 0)?;
-    let stat = std::fs::read_to_string("/proc/stat").ok()?;
-    let boot: u64 = stat
-        .lines()
-        .find_map(|line| line.strip_prefix("btime "))?
-        .trim()
-        .parse()
-        .ok()?;
     let since_boot = Duration::from_millis(ticks.checked_mul(1000)? / per_second);
-    (SystemTime::UNIX_EPOCH + Duration::from_secs(boot)).checked_add(since_boot)
+    let age = crate::clock::BootInstant::now()
+        .since_boot()
+        .saturating_sub(since_boot);
+    SystemTime::now().checked_sub(age)
 }
 
 /// The name of the user the process runs as (its uid where the user database has no name).
@@ -79,6 +77,28 @@ pub(crate) fn cut_to(line: &mut String, max: usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// To a clock tick, not to the second: `status` shows a waiter's start and how long it
+    /// has waited from it.
+    #[test]
+    fn a_process_started_now_started_now_to_a_clock_tick() {
+        let before = SystemTime::now();
+        let mut child = std::process::Command::new("sleep")
+            .arg("10")
+            .spawn()
+            .expect("spawn sleep");
+        let started = started_at(child.id());
+        let _ = child.kill();
+        let _ = child.wait();
+        let started = started.expect("the child's start time");
+        // A tick (10 ms) truncated, and as much again between the reads of the two clocks.
+        assert!(
+            started + Duration::from_millis(20) >= before,
+            "started {:?} before it was spawned",
+            before.duration_since(started).unwrap_or_default()
+        );
+        assert!(started <= SystemTime::now());
+    }
 
     #[test]
     fn this_process_started_before_now_and_after_boot_and_is_named_by_its_arguments() {
