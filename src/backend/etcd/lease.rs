@@ -11,6 +11,7 @@ use tokio::task::JoinHandle;
 
 use super::conn::{is_transport, Conn};
 use crate::clock::BootInstant;
+use crate::error::Error;
 use crate::keeper::{Proof, Renew, RenewError, Schedule};
 use crate::kit::timeouts::OP_TIMEOUT;
 
@@ -163,6 +164,15 @@ impl Drop for WaiterLease {
     fn drop(&mut self) {
         self.task.abort();
     }
+}
+
+/// Our key is gone: the lease that kept our place died while we waited.
+pub(super) fn place_lost() -> Error {
+    Error::Unavailable(
+        "our place in the etcd queue was lost while waiting (its lease expired or was revoked); \
+         the command was not started"
+            .into(),
+    )
 }
 
 /// Resolves when etcd says the waiter lease is gone; never without one. Cancel-safe.

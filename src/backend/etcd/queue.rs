@@ -15,7 +15,7 @@ use etcd_client::{
 use super::attach::{Attach, Move};
 use super::conn::Conn;
 use super::key::{is_reader, older_keys, oldest_key, same_limit, value_json, why_busy};
-use super::lease::{waiter_gone, Renewer, WaiterLease, WAITER_TTL_S};
+use super::lease::{place_lost, waiter_gone, Renewer, WaiterLease, WAITER_TTL_S};
 use super::own_key::OwnKey;
 use super::readers;
 use super::recheck::{reader_page, recheck, Waits};
@@ -69,15 +69,6 @@ struct Place {
     attached: bool,
     /// A watch that covers our key, when the wait ended on one.
     watching: Option<WatchStream>,
-}
-
-/// Our key is gone: the lease that kept our place died while we waited.
-pub(super) fn place_lost() -> Error {
-    Error::Unavailable(
-        "our place in the etcd queue was lost while waiting (its lease expired or was revoked); \
-         the command was not started"
-            .into(),
-    )
 }
 
 impl Acquisition<'_> {

@@ -6,7 +6,7 @@ use etcd_client::{Compare, CompareOp, GetOptions, Txn, TxnOp, TxnOpResponse, Txn
 
 use super::conn::Conn;
 use super::key::older_keys;
-use super::queue::place_lost;
+use super::lease::place_lost;
 use super::readers::{self, Scan};
 use crate::error::Error;
 use crate::kit::timeouts::OP_TIMEOUT;
