@@ -3,6 +3,7 @@
 //! temp dir. As root, everything runs as the `postgres` user (initdb refuses root). Also
 //! pgbouncer in front of one (`Pooler`).
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
@@ -233,9 +234,10 @@ impl PgServer {
         std::fs::read_to_string(self.dir.path().join("log")).unwrap_or_default()
     }
 
-    /// A `psql` session as the superuser over the socket, reading SQL from its stdin (piped),
-    /// with `-v` variables; end it by dropping its stdin and waiting.
-    pub fn psql_session(&self, vars: &[&str]) -> std::process::Child {
+    /// A `psql` session as the superuser over the socket, with `-v` variables, that runs
+    /// `sql` and then reads more from its stdin (piped); end it by dropping its stdin and
+    /// waiting.
+    pub fn psql_session(&self, vars: &[&str], sql: &str) -> std::process::Child {
         let mut psql = Command::new(bin_dir().join("psql"));
         psql.args(["-X", "-At", "-U", "postgres", "-d", "postgres"])
             .arg("-h")
@@ -245,11 +247,16 @@ impl PgServer {
         for var in vars {
             psql.arg("-v").arg(var);
         }
-        psql.stdin(Stdio::piped())
+        let mut session = psql
+            .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
-            .expect("spawn psql")
+            .expect("spawn psql");
+        let stdin = session.stdin.as_mut().expect("psql stdin");
+        writeln!(stdin, "{sql}").expect("write to psql");
+        stdin.flush().expect("flush psql");
+        session
     }
 
     /// Granted advisory locks in the cluster, in any mode.

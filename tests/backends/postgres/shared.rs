@@ -53,12 +53,7 @@ fn key_sql(env: &TestEnv, name: &str) -> String {
 
 /// A psql session that runs `sql` and then stays connected until its stdin is dropped.
 fn psql_holding(server: &PgServer, sql: &str) -> Child {
-    use std::io::Write;
-    let mut psql = server.psql_session(&[]);
-    let stdin = psql.stdin.as_mut().expect("psql stdin");
-    writeln!(stdin, "{sql}").expect("write to psql");
-    stdin.flush().expect("flush psql");
-    psql
+    server.psql_session(&[], sql)
 }
 
 /// End a [`psql_holding`] session (its lock goes with it).

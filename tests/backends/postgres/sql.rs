@@ -96,18 +96,13 @@ fn a_holder_with_an_impossible_start_time_is_shown_not_fatal() {
     let server = PgServer::start();
     let env = TestEnv::new(&server);
     let lock = lock_name("p");
-    let mut sql = server.psql_session(&["prefix=dlock", &format!("name={lock}")]);
-    {
-        use std::io::Write;
-        let stdin = sql.stdin.as_mut().expect("psql stdin");
-        writeln!(
-            stdin,
+    let mut sql = server.psql_session(
+        &["prefix=dlock", &format!("name={lock}")],
+        &format!(
             "SET application_name = 'dlock 4242 18446744073709551615 t7 elsewhere';\n\
              SELECT pg_advisory_lock({KEY_SQL});"
-        )
-        .expect("write to psql");
-        stdin.flush().expect("flush psql");
-    }
+        ),
+    );
     wait_until("psql holds the key", PATIENCE, || {
         server.granted_advisory_locks() == 1
     });

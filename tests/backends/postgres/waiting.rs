@@ -114,13 +114,10 @@ fn a_waiter_that_gets_the_lock_beside_another_limit_refuses() {
     let env = TestEnv::new(&server);
     let lock = lock_name("p");
     // SQL (no recorded limit) holds the key that is slot 0 of every limit.
-    let mut sql = server.psql_session(&["prefix=dlock", &format!("name={lock}")]);
-    {
-        use std::io::Write;
-        let stdin = sql.stdin.as_mut().expect("psql stdin");
-        writeln!(stdin, "SELECT pg_advisory_lock({KEY_SQL});").expect("write to psql");
-        stdin.flush().expect("flush psql");
-    }
+    let mut sql = server.psql_session(
+        &["prefix=dlock", &format!("name={lock}")],
+        &format!("SELECT pg_advisory_lock({KEY_SQL});"),
+    );
     wait_until("psql holds the key", PATIENCE, || {
         server.granted_advisory_locks() == 1
     });
@@ -152,14 +149,10 @@ fn a_run_that_finds_the_others_key_held_looks_and_then_locks() {
     let server = PgServer::start();
     let env = TestEnv::new(&server);
     let lock = lock_name("p");
-    let mut sql = server.psql_session(&["prefix=dlock", &format!("name={lock}")]);
-    {
-        use std::io::Write;
-        let stdin = sql.stdin.as_mut().expect("psql stdin");
-        writeln!(stdin, "SELECT pg_advisory_lock_shared({OTHERS_KEY_SQL});")
-            .expect("write to psql");
-        stdin.flush().expect("flush psql");
-    }
+    let mut sql = server.psql_session(
+        &["prefix=dlock", &format!("name={lock}")],
+        &format!("SELECT pg_advisory_lock_shared({OTHERS_KEY_SQL});"),
+    );
     wait_until("psql holds the others' key", PATIENCE, || {
         server.granted_advisory_locks() == 1
     });
