@@ -133,8 +133,8 @@ impl PgBackend {
     fn single_lock_sql(&self, request: &AcquireRequest, look: Look) -> String {
         let name = request.name.as_str();
         let functions = functions(request.mode);
-        // One statement claims the session and takes the lock, so both happen on the same
-        // server session; the waiter's metadata rides along, so `status` can list the queue.
+        // The lock statement runs on the session the claim (sent just before) marked, or
+        // takes nothing; the waiter's metadata rides along, so `status` can list the queue.
         // First (the subquery) it records our --limit and asks whether a holder records
         // another one, and only then, if none may, sets what is left of --wait as the
         // server's lock wait limit and takes (or queues for) the lock, in our mode.
@@ -154,31 +154,29 @@ impl PgBackend {
         // --limit seen before the wait (int4), and whether to look for one first (boolean:
         // then nothing is locked). Nothing is taken on a session that is not ours.
         let mine = format!("SELECT {} AS mine", mine_sql("$2"));
-        let checks = match look {
+        // `after`: the same two checks once the lock is ours.
+        let (checks, after) = match look {
             Look::Probe => {
                 let mark = limit_key(&self.prefix, name, request.limit);
-                format!(
+                let probe = must_look_sql(&self.prefix, name);
+                let checks = format!(
                     "SELECT p.mine, NULL::int4 AS other, \
-                     CASE WHEN p.mine THEN {} ELSE false END AS look \
+                     CASE WHEN p.mine THEN {probe} ELSE false END AS look \
                      FROM (SELECT m.mine, CASE WHEN m.mine THEN pg_advisory_lock_shared({mark}) END \
-                     FROM ({mine} OFFSET 0) m OFFSET 0) p",
-                    must_look_sql(&self.prefix, name)
-                )
+                     FROM ({mine} OFFSET 0) m OFFSET 0) p"
+                );
+                (checks, ("NULL::int4".to_owned(), probe))
             }
-            Look::Scan => format!(
-                "SELECT m.mine, {} AS other, false AS look FROM ({mine} OFFSET 0) m",
-                other_limit_sql(&self.prefix, name, request.limit)
-            ),
-        };
-        let after = match look {
-            Look::Probe => ("NULL::int4".to_owned(), must_look_sql(&self.prefix, name)),
-            Look::Scan => (
-                other_limit_sql(&self.prefix, name, request.limit),
-                "false".to_owned(),
-            ),
+            Look::Scan => {
+                let other = other_limit_sql(&self.prefix, name, request.limit);
+                let checks = format!(
+                    "SELECT m.mine, {other} AS other, false AS look FROM ({mine} OFFSET 0) m"
+                );
+                (checks, (other, "false".to_owned()))
+            }
         };
         let statement = format!(
-            "SELECT o.mine, NULL::text, o.other, {}, \
+            "SELECT o.mine, o.other, {}, \
              CASE WHEN o.mine AND o.other IS NULL AND NOT o.look THEN {lock} END AS locked, \
              o.look FROM ({checks} OFFSET 0) o",
             lock_timeout_sql(&request.budget),
@@ -207,14 +205,14 @@ impl PgBackend {
             .and_then(|r| r.try_get::<_, Option<bool>>(0).ok())
             .flatten()
             .unwrap_or(false);
-        let theirs = other_limit(row, 2);
+        let theirs = other_limit(row, 1);
         // pg_advisory_lock(_shared) returns void (as '' here): an answer is a grant.
         let granted = if try_only {
-            row.and_then(|r| r.try_get::<_, Option<bool>>(4).ok())
+            row.and_then(|r| r.try_get::<_, Option<bool>>(3).ok())
                 .flatten()
                 .unwrap_or(false)
         } else {
-            row.and_then(|r| r.try_get::<_, Option<String>>(4).ok())
+            row.and_then(|r| r.try_get::<_, Option<String>>(3).ok())
                 .flatten()
                 .is_some()
         };
@@ -238,7 +236,7 @@ impl PgBackend {
             return Err(limit_mismatch(&request.name, theirs));
         }
         let look = row
-            .and_then(|r| r.try_get::<_, Option<bool>>(5).ok())
+            .and_then(|r| r.try_get::<_, Option<bool>>(4).ok())
             .flatten()
             .unwrap_or(false);
         if look {

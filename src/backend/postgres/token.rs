@@ -63,8 +63,8 @@ pub(super) fn token_sql(holder: &Holder, other_limit: &str) -> String {
 
 /// The lock statement of `--limit 1`, wrapped so that the token statement's work is done as
 /// the grant comes, in the same statement (see [`token_sql`] for what each item checks):
-/// `lock_statement` selects the claim (2 items), the other `--limit` seen before the wait,
-/// the lock timeout, the lock call as `locked` and whether it must look for another
+/// `lock_statement` selects whether the session is ours, the other `--limit` seen before the
+/// wait, the lock timeout, the lock call as `locked` and whether it must look for another
 /// `--limit` before locking (`look`); `granted` says, of its row `g`, whether the lock was
 /// taken. `other_limit` and `look` are the same two checks after the grant (an int4 and a
 /// boolean: see [`super::limit`]). The server plans all of it before the wait, and after the
@@ -96,13 +96,13 @@ pub(super) fn lock_with_token_sql(
     )
 }
 
-/// The columns of [`lock_with_token_sql`]'s row after the lock statement's own six.
+/// The columns of [`lock_with_token_sql`]'s row after the lock statement's own five.
 pub(super) const AFTER_LOCK: TokenColumns = TokenColumns {
-    standby: 7,
-    token: 8,
-    settings_arrived: 9,
-    other_limit: 11,
-    look: Some(12),
+    standby: 6,
+    token: 7,
+    settings_arrived: 8,
+    other_limit: 10,
+    look: Some(11),
 };
 
 /// The columns of [`token_sql`]'s row.
