@@ -27,7 +27,7 @@ use super::conn::Session;
 use super::holders::holder_label;
 use super::keys::functions;
 use super::limit::{limit_key, must_look_sql, other_limit, other_limit_sql};
-use super::token::{lock_with_token_sql, Granted};
+use super::token::{lock_column, lock_with_token_sql, Granted};
 use super::wait::{backstop, lock_timeout_sql};
 use super::PgBackend;
 use crate::clock::BootInstant;
@@ -202,17 +202,17 @@ impl PgBackend {
         };
         let row = rows.first();
         let mine = row
-            .and_then(|r| r.try_get::<_, Option<bool>>(0).ok())
+            .and_then(|r| r.try_get::<_, Option<bool>>(lock_column::MINE).ok())
             .flatten()
             .unwrap_or(false);
-        let theirs = other_limit(row, 1);
+        let theirs = other_limit(row, lock_column::OTHER);
         // pg_advisory_lock(_shared) returns void (as '' here): an answer is a grant.
         let granted = if try_only {
-            row.and_then(|r| r.try_get::<_, Option<bool>>(3).ok())
+            row.and_then(|r| r.try_get::<_, Option<bool>>(lock_column::LOCKED).ok())
                 .flatten()
                 .unwrap_or(false)
         } else {
-            row.and_then(|r| r.try_get::<_, Option<String>>(3).ok())
+            row.and_then(|r| r.try_get::<_, Option<String>>(lock_column::LOCKED).ok())
                 .flatten()
                 .is_some()
         };
@@ -236,7 +236,7 @@ impl PgBackend {
             return Err(limit_mismatch(&request.name, theirs));
         }
         let look = row
-            .and_then(|r| r.try_get::<_, Option<bool>>(4).ok())
+            .and_then(|r| r.try_get::<_, Option<bool>>(lock_column::LOOK).ok())
             .flatten()
             .unwrap_or(false);
         if look {

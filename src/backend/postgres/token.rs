@@ -96,13 +96,30 @@ pub(super) fn lock_with_token_sql(
     )
 }
 
-/// The columns of [`lock_with_token_sql`]'s row after the lock statement's own five.
+/// The columns the lock statement given to [`lock_with_token_sql`] selects, in this order;
+/// the wrapper's own columns follow them.
+pub(super) mod lock_column {
+    /// Whether the session carries our mark (boolean).
+    pub(in crate::backend::postgres) const MINE: usize = 0;
+    /// The other `--limit` seen before the wait (int4, NULL: none).
+    pub(in crate::backend::postgres) const OTHER: usize = 1;
+    /// The lock call: '' (blocking) or true (trying) when taken, NULL otherwise. Column 2,
+    /// between it and `OTHER`, sets the lock timeout.
+    pub(in crate::backend::postgres) const LOCKED: usize = 3;
+    /// Whether to look for another `--limit` first (boolean; then nothing was locked).
+    pub(in crate::backend::postgres) const LOOK: usize = 4;
+    /// How many there are.
+    pub(super) const COUNT: usize = 5;
+}
+
+/// The columns of [`lock_with_token_sql`]'s row after the lock statement's own: `granted`,
+/// `standby`, `token`, the settings check, the label, `other_limit`, `look`.
 pub(super) const AFTER_LOCK: TokenColumns = TokenColumns {
-    standby: 6,
-    token: 7,
-    settings_arrived: 8,
-    other_limit: 10,
-    look: Some(11),
+    standby: lock_column::COUNT + 1,
+    token: lock_column::COUNT + 2,
+    settings_arrived: lock_column::COUNT + 3,
+    other_limit: lock_column::COUNT + 5,
+    look: Some(lock_column::COUNT + 6),
 };
 
 /// The columns of [`token_sql`]'s row.
