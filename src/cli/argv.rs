@@ -1,0 +1,202 @@
+//! How the argument words reach clap: `dlock run`'s rule that option parsing stops at the
+//! first word after NAME (the words are rewritten into a form clap parses that way), and
+//! clap's errors about unknown options and bad values reworded to name the command.
+
+use std::ffi::{OsStr, OsString};
+
+use clap::Args;
+
+use super::GlobalArgs;
+
+/// clap's word for an unknown option ("to pass '--shared' as a value, use '-- --shared'")
+/// would make the option the lock's NAME: say which command has no such option instead, with
+/// the one clap thinks was meant.
+pub(super) fn no_such_option(
+    err: clap::Error,
+    args: &[OsString],
+    command: &clap::Command,
+) -> clap::Error {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    if err.kind() != ErrorKind::UnknownArgument {
+        return err;
+    }
+    let Some(ContextValue::String(given)) = err.get(ContextKind::InvalidArg) else {
+        return err;
+    };
+    let option = given.split_once('=').map_or(given.as_str(), |(o, _)| o);
+    // The subcommand whose options it stands among (dlock's own before the subcommand).
+    let words: Vec<&str> = args.iter().skip(1).filter_map(|a| a.to_str()).collect();
+    let sub_at = words
+        .iter()
+        .position(|a| command.find_subcommand(a).is_some());
+    let given_at = words.iter().position(|a| a == given);
+    let who = match (sub_at, given_at) {
+        (Some(s), Some(g)) if g < s => "dlock".to_owned(),
+        (Some(s), _) => format!("dlock {}", words[s]),
+        (None, _) => "dlock".to_owned(),
+    };
+    let meant = match err.get(ContextKind::SuggestedArg) {
+        Some(ContextValue::String(s)) => format!(" (did you mean {s}?)"),
+        _ => String::new(),
+    };
+    clap::Error::raw(
+        ErrorKind::UnknownArgument,
+        format!("{who} has no option {option}{meant}; see {who} --help"),
+    )
+}
+
+/// clap's bad value of an option names the option even when the value came from its
+/// `DLOCK_*` variable, and leaves the values it takes to a line that the one-line report
+/// drops: name the variable, and the values.
+pub(super) fn bad_value(
+    err: clap::Error,
+    args: &[OsString],
+    command: &clap::Command,
+) -> clap::Error {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    if !matches!(
+        err.kind(),
+        ErrorKind::InvalidValue | ErrorKind::ValueValidation
+    ) {
+        return err;
+    }
+    let Some(ContextValue::String(shown)) = err.get(ContextKind::InvalidArg) else {
+        return err;
+    };
+    let flag = shown.split(' ').next().unwrap_or(shown);
+    let text = err.to_string();
+    let first = text.lines().next().unwrap_or_default();
+    let mut message = first.strip_prefix("error: ").unwrap_or(first).to_owned();
+    let long = flag.strip_prefix("--").unwrap_or_default();
+    let env = command
+        .get_subcommands()
+        .chain(std::iter::once(command))
+        .flat_map(|c| c.get_arguments())
+        .find(|a| a.get_long() == Some(long))
+        .and_then(|a| a.get_env().map(|v| (v.to_owned(), a.get_short())));
+    if let Some((var, short)) = env {
+        let on_the_line = args.iter().filter_map(|a| a.to_str()).any(|a| {
+            a == flag
+                || a.starts_with(&format!("{flag}="))
+                || short
+                    .is_some_and(|s| a.starts_with('-') && !a.starts_with("--") && a.contains(s))
+        });
+        if !on_the_line && std::env::var_os(&var).is_some() {
+            message = message.replace(
+                &format!("for '{shown}'"),
+                &format!("for {} (environment)", var.to_string_lossy()),
+            );
+        }
+    }
+    if let Some(ContextValue::Strings(valid)) = err.get(ContextKind::ValidValue) {
+        message.push_str(&format!("; expected {}", valid.join(", ")));
+    }
+    clap::Error::raw(err.kind(), message)
+}
+
+/// Rewrite `dlock … run [OPTS] NAME [-c CMD] [--] COMMAND…` into
+/// `dlock … run [OPTS] [--command=CMD] -- NAME COMMAND…`, so clap stops option parsing at the
+/// first word after NAME. Anything it does not recognise is left for clap to report.
+pub fn normalize_run_args(args: Vec<OsString>, command: &clap::Command) -> Vec<OsString> {
+    let Some(run) = command.find_subcommand("run") else {
+        return args;
+    };
+    let top_level = scan_options(&args, 1, command, |word| word == "run");
+    let Some(run_at) = top_level.filter(|&i| args[i] == "run") else {
+        return args;
+    };
+    let Some(name_at) = scan_options(&args, run_at + 1, run, |_| true) else {
+        return args;
+    };
+    let mut out: Vec<OsString> = args[..name_at].to_vec();
+    let mut rest = name_at;
+    if args[rest] == "--" {
+        rest += 1;
+    }
+    let Some(name) = args.get(rest).cloned() else {
+        return args;
+    };
+    rest += 1;
+    // `-c CMD` / `-cCMD` / `--command CMD` / `--command=CMD` right after NAME.
+    if let Some(word) = args.get(rest).and_then(|w| w.to_str()) {
+        let shell_command = if word == "-c" || word == "--command" {
+            args.get(rest + 1).cloned().map(|v| (v, 2))
+        } else if let Some(v) = word.strip_prefix("--command=") {
+            Some((OsString::from(v), 1))
+        } else {
+            word.strip_prefix("-c")
+                .filter(|v| !v.is_empty())
+                .map(|v| (OsString::from(v), 1))
+        };
+        if let Some((value, consumed)) = shell_command {
+            let mut flag = OsString::from("--command=");
+            flag.push(&value);
+            out.push(flag);
+            rest += consumed;
+        }
+    }
+    if args.get(rest).is_some_and(|w| w == "--") {
+        rest += 1;
+    }
+    out.push("--".into());
+    out.push(name);
+    out.extend(args[rest..].iter().cloned());
+    out
+}
+
+/// From `start`, skip options (and their values) of `command`; return the index of the first
+/// word that is not an option and satisfies `stop`, or of `--`.
+fn scan_options(
+    args: &[OsString],
+    start: usize,
+    command: &clap::Command,
+    stop: impl Fn(&OsStr) -> bool,
+) -> Option<usize> {
+    let mut i = start;
+    while i < args.len() {
+        let word = args[i].to_str()?;
+        if word == "--" || !word.starts_with('-') || word == "-" {
+            return (word == "--" || stop(args[i].as_os_str())).then_some(i);
+        }
+        let takes_value = if let Some(long) = word.strip_prefix("--") {
+            !long.contains('=') && long_takes_value(command, long)
+        } else {
+            short_cluster_wants_next(command, &word[1..])
+        };
+        i += if takes_value { 2 } else { 1 };
+    }
+    None
+}
+
+fn long_takes_value(command: &clap::Command, long: &str) -> bool {
+    arguments(command).any(|a| {
+        (a.get_long() == Some(long) || a.get_all_aliases().is_some_and(|al| al.contains(&long)))
+            && a.get_action().takes_values()
+    })
+}
+
+/// In a cluster like `-nE5` or `-w`, does the last option take its value from the next word?
+fn short_cluster_wants_next(command: &clap::Command, cluster: &str) -> bool {
+    for (pos, c) in cluster.char_indices() {
+        let takes =
+            arguments(command).any(|a| a.get_short() == Some(c) && a.get_action().takes_values());
+        if takes {
+            return pos + c.len_utf8() == cluster.len();
+        }
+    }
+    false
+}
+
+/// The options of `command`, plus the global ones (which clap only propagates to subcommands
+/// when it builds the tree, so they are looked up under their names here).
+fn arguments(command: &clap::Command) -> impl Iterator<Item = &clap::Arg> {
+    command.get_arguments().chain(GLOBALS.iter())
+}
+
+/// The global options' definitions (see [`GlobalArgs`]).
+static GLOBALS: std::sync::LazyLock<Vec<clap::Arg>> = std::sync::LazyLock::new(|| {
+    GlobalArgs::augment_args(clap::Command::new("globals"))
+        .get_arguments()
+        .cloned()
+        .collect()
+});
