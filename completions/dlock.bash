@@ -155,7 +155,7 @@ _dlock() {
             ;;
         dlock__subcmd__run)
             __dlock_run_after_name && return 0
-            opts="-u -w -n -s -E -t -l -c -v -q -h -V --url --prefix --wait --no-wait --shared --conflict-exit-code --ttl --limit --on-lost --kill-after --local-queue --record-command --min-hold --report --command --verbose --quiet --config --help --version"
+            opts="-u -w -n -s -x -E -t -l -c -v -q -h -V --url --prefix --wait --no-wait --shared --exclusive --conflict-exit-code --ttl --limit --on-lost --kill-after --local-queue --record-command --min-hold --report --command --verbose --quiet --config --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0

@@ -54,6 +54,7 @@ complete -c dlock -n "__fish_dlock_using_subcommand run; and __fish_dlock_run_op
 complete -c dlock -n "__fish_dlock_using_subcommand run; and __fish_dlock_run_options" -l config -d 'Config file (TOML; see man dlock.toml)' -r -F
 complete -c dlock -n "__fish_dlock_using_subcommand run; and __fish_dlock_run_options" -s n -l no-wait -d 'Give up at once if the lock is held'
 complete -c dlock -n "__fish_dlock_using_subcommand run; and __fish_dlock_run_options" -s s -l shared -d 'Hold the lock shared: any number of shared holders at once, or one exclusive holder (a run without --shared)'
+complete -c dlock -n "__fish_dlock_using_subcommand run; and __fish_dlock_run_options" -s x -l exclusive -d 'Hold the lock exclusively (the default), whatever DLOCK_SHARED or the config file say'
 complete -c dlock -n "__fish_dlock_using_subcommand run; and __fish_dlock_run_options" -s v -l verbose -d 'More messages on stderr (repeat for more)'
 complete -c dlock -n "__fish_dlock_using_subcommand run; and __fish_dlock_run_options" -s q -l quiet -d 'Fewer messages on stderr (repeat for none)'
 complete -c dlock -n "__fish_dlock_using_subcommand run; and __fish_dlock_run_options" -s h -l help -d 'Print help (see more with \'--help\')'

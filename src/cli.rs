@@ -312,9 +312,9 @@ pub struct RunArgs {
     /// Hold the lock shared: any number of shared holders at once, or one exclusive holder
     /// (a run without --shared).
     ///
-    /// The command sees DLOCK_SHARED=1 (0 when it holds the lock exclusively). A reader that
-    /// arrives while an exclusive run waits queues behind it. Not with --limit; backends
-    /// without shared locks refuse it.
+    /// The command sees DLOCK_MODE=shared (exclusive when it holds the lock exclusively). A
+    /// reader that arrives while an exclusive run waits queues behind it. Not with --limit;
+    /// backends without shared locks refuse it.
     #[arg(
         short,
         long,
@@ -324,6 +324,10 @@ pub struct RunArgs {
         value_parser = clap::builder::BoolishValueParser::new()
     )]
     pub shared: bool,
+
+    /// Hold the lock exclusively (the default), whatever DLOCK_SHARED or the config file say.
+    #[arg(short = 'x', long)]
+    pub exclusive: bool,
 
     /// Exit status when the lock was not acquired [default: 75].
     #[arg(

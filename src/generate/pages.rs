@@ -192,6 +192,12 @@ fn run_environment() -> Vec<(&'static str, &'static str)> {
             "The lock's name and the backend's URL scheme.",
         ),
         (
+            "DLOCK_MODE (set for the command)",
+            "shared when the command holds the lock shared, exclusive otherwise. A \
+             description, not a setting: a nested dlock run is exclusive unless it \
+             says --shared.",
+        ),
+        (
             "DLOCK_FENCING_TOKEN (set for the command)",
             "A decimal number that strictly increases with every acquisition of \
              the name on the backend: pass it to the resource the lock protects.",

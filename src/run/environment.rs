@@ -24,11 +24,21 @@ pub(super) fn child_environment(settings: &RunSettings) -> ChildEnv {
             "DLOCK_BACKEND".into(),
             Some(settings.common.scheme().into()),
         ),
-        // Also the setting of a nested dlock, which so takes the same mode by default: a
-        // nested run of the same name re-enters.
+        // A description of this hold under a name no run reads as a setting: a nested run
+        // of another lock must not become shared because this one is. Every variable dlock
+        // sets is such a description (run::tests: no_variable_that_describes_a_hold_is_a_setting);
+        // a nested run reads DLOCK_HELD only to re-enter the hold it names (proven alive) and
+        // DLOCK_CREDENTIALS_FD only for the credentials taken out of the environment.
         (
-            "DLOCK_SHARED".into(),
-            Some(if settings.mode.is_shared() { "1" } else { "0" }.into()),
+            "DLOCK_MODE".into(),
+            Some(
+                if settings.mode.is_shared() {
+                    "shared"
+                } else {
+                    "exclusive"
+                }
+                .into(),
+            ),
         ),
     ];
     let mut hidden = Vec::new();

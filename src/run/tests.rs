@@ -337,3 +337,71 @@ fn an_entry_the_backend_does_not_confirm_acquires_normally() {
         );
     }
 }
+
+/// The variables dlock sets to describe the hold to its command (docs/guide.md: "What the
+/// command sees").
+const DESCRIPTIONS: [&str; 6] = [
+    "DLOCK_NAME",
+    "DLOCK_BACKEND",
+    "DLOCK_MODE",
+    "DLOCK_FENCING_TOKEN",
+    "DLOCK_HELD",
+    crate::secrets::CREDENTIALS_FD,
+];
+
+/// What dlock sets to describe a hold is never read back as a setting of another run: no
+/// variable the command gets from dlock is the variable of an option or one dlock reads for
+/// its configuration, and every variable dlock sets is one of [`DESCRIPTIONS`] (or the
+/// user's own `DLOCK_URL`, passed on with its password masked).
+#[test]
+fn no_variable_that_describes_a_hold_is_a_setting() {
+    use clap::CommandFactory;
+    fn option_variables(command: &clap::Command, into: &mut Vec<String>) {
+        for arg in command.get_arguments() {
+            if let Some(var) = arg.get_env() {
+                into.push(var.to_string_lossy().into_owned());
+            }
+        }
+        for sub in command.get_subcommands() {
+            option_variables(sub, into);
+        }
+    }
+    let mut read = vec![
+        "DLOCK_CONFIG".to_owned(),
+        "DLOCK_DIR".to_owned(),
+        "DLOCK_LOG".to_owned(),
+        "DLOCK_PASSWORD".to_owned(),
+        "DLOCK_SENTINEL_PASSWORD".to_owned(),
+    ];
+    option_variables(&crate::cli::Cli::command(), &mut read);
+    assert!(read.iter().any(|s| s == "DLOCK_SHARED"), "{read:?}");
+    for described in DESCRIPTIONS {
+        assert!(
+            !read.iter().any(|s| s == described),
+            "{described} describes a hold and is also a setting"
+        );
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    for shared in [false, true] {
+        let mut run = settings(dir.path(), "true", Wait::Forever);
+        run.mode = if shared {
+            crate::lock::Mode::Shared
+        } else {
+            crate::lock::Mode::Exclusive
+        };
+        let set = child_environment(&run).vars;
+        for (key, value) in &set {
+            let key = key.to_string_lossy();
+            assert!(
+                value.is_none() || key == "DLOCK_URL" || DESCRIPTIONS.contains(&&*key),
+                "dlock sets {key}, which is not listed as a description"
+            );
+        }
+        let mode = set
+            .iter()
+            .find(|(k, _)| k == "DLOCK_MODE")
+            .and_then(|(_, v)| v.clone());
+        let expected = if shared { "shared" } else { "exclusive" };
+        assert_eq!(mode, Some(expected.into()));
+    }
+}

@@ -333,7 +333,13 @@ pub fn run(args: cli::RunArgs, file: &FileConfig) -> Result<RunSettings, Error> 
         .target
         .kind()
         .check_limit(limit, &origin("--limit", env))?;
-    let mode = mode_setting(args.shared, &args.backend.from_env, file, &common, limit)?;
+    let mode = mode_setting(
+        (args.shared, args.exclusive),
+        &args.backend.from_env,
+        file,
+        &common,
+        limit,
+    )?;
     let on_lost = on_lost_setting(args.on_lost, file)?;
     let kill_after = duration_setting(
         args.kill_after,
@@ -409,19 +415,28 @@ fn wait_setting(
     })
 }
 
-/// `--shared` (`DLOCK_SHARED`, `shared` in the config file), checked against the backend's
-/// capability and the `--limit`.
+/// `--shared` (`DLOCK_SHARED`, `shared` in the config file) or `--exclusive`, checked against
+/// the backend's capability and the `--limit`.
 fn mode_setting(
-    flag: bool,
+    (shared_flag, exclusive_flag): (bool, bool),
     env: &[String],
     file: &FileConfig,
     common: &Common,
     limit: u32,
 ) -> Result<Mode, Error> {
+    if exclusive_flag {
+        // Only the two flags contradict each other: --exclusive overrides DLOCK_SHARED.
+        if shared_flag && !env.iter().any(|id| id == "shared") {
+            return Err(Error::Usage(
+                "--shared and --exclusive contradict each other; give one of them".into(),
+            ));
+        }
+        return Ok(Mode::Exclusive);
+    }
     // The flag, or DLOCK_SHARED whether 1 or 0, beats `shared` in the config file.
-    let shared_given = flag || env.iter().any(|id| id == "shared");
+    let shared_given = shared_flag || env.iter().any(|id| id == "shared");
     let shared = if shared_given {
-        flag
+        shared_flag
     } else {
         file.values.shared == Some(true)
     };

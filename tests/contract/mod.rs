@@ -104,6 +104,7 @@ macro_rules! contract_tests {
                 report_lines_of_concurrent_runs_never_mix,
                 waiting_shows_in_ci_logs_but_not_in_cron_mail,
                 offered_or_refused_as_the_registry_says,
+                a_shared_hold_around_it_never_makes_a_nested_run_shared,
             );
         }
     };

@@ -25,18 +25,18 @@ fn until_files(pattern: &str, count: usize) -> String {
     )
 }
 
-/// A backend with the capability takes `--shared` (the command sees DLOCK_SHARED=1); one
+/// A backend with the capability takes `--shared` (the command sees DLOCK_MODE=shared); one
 /// without refuses it and DLOCK_SHARED=1 with 64, naming itself, before anything runs.
 pub fn offered_or_refused_as_the_registry_says(server: &dyn LockServer) {
     let env = TestEnv::new(server);
     let lock = lock_name("shared");
     let kind = dlock::backend::kind_of_scheme(server.scheme()).expect("a registered scheme");
-    let show = format!("echo \"$DLOCK_SHARED\" > {}", env.path("seen").display());
+    let show = format!("echo \"$DLOCK_MODE\" > {}", env.path("seen").display());
     let out = env.run(["run", "--shared", &lock, "sh", "-c", &show]);
     if kind.capabilities.shared {
         assert!(out.status.success(), "{}", describe(&out));
         let seen = std::fs::read_to_string(env.path("seen")).expect("the command ran");
-        assert_eq!(seen.trim(), "1");
+        assert_eq!(seen.trim(), "shared");
         return;
     }
     assert_fails(&out, 64, kind.title);
@@ -53,15 +53,15 @@ pub fn offered_or_refused_as_the_registry_says(server: &dyn LockServer) {
 }
 
 /// Four shared runs hold at once: each waits, holding, for a file from every other, which
-/// only four simultaneous holders can all reach; each sees DLOCK_SHARED=1, and an exclusive
-/// run afterwards sees 0.
+/// only four simultaneous holders can all reach; each sees DLOCK_MODE=shared, and an exclusive
+/// run afterwards sees exclusive.
 pub fn many_shared_holders_hold_at_once(server: &dyn LockServer) {
     let env = TestEnv::new(server);
     let lock = lock_name("readers");
     let barrier = until_files("in-*", 4);
     let mut readers: Vec<Child> = (0..4)
         .map(|i| {
-            let script = format!("touch in-{i}; {barrier}; echo \"$DLOCK_SHARED\" > seen-{i}");
+            let script = format!("touch in-{i}; {barrier}; echo \"$DLOCK_MODE\" > seen-{i}");
             env.spawn(&["run", "--shared", &lock, "sh", "-c", &script])
         })
         .collect();
@@ -69,10 +69,10 @@ pub fn many_shared_holders_hold_at_once(server: &dyn LockServer) {
         let code = finish(reader);
         assert_eq!(code, 0, "reader {i}: {}", stderr_left(reader));
         let seen = std::fs::read_to_string(env.path(&format!("seen-{i}"))).expect("seen");
-        assert_eq!(seen.trim(), "1", "reader {i} saw DLOCK_SHARED={seen}");
+        assert_eq!(seen.trim(), "shared", "reader {i} saw DLOCK_MODE={seen}");
     }
-    let out = env.run(["run", &lock, "sh", "-c", "echo \"$DLOCK_SHARED\""]);
-    assert_eq!(stdout_of(&out).trim(), "0", "{}", describe(&out));
+    let out = env.run(["run", &lock, "sh", "-c", "echo \"$DLOCK_MODE\""]);
+    assert_eq!(stdout_of(&out).trim(), "exclusive", "{}", describe(&out));
 }
 
 /// An exclusive run waits while a reader holds, and no reader gets in while it holds.
@@ -254,27 +254,103 @@ pub fn status_and_list_show_the_mode_and_every_holder(server: &dyn LockServer) {
 }
 
 /// Nested runs of the same name: shared inside shared or exclusive re-enters; exclusive
-/// inside shared is refused (64), never a silent upgrade. A nested dlock takes the outer
-/// mode from DLOCK_SHARED unless told otherwise.
+/// inside shared is refused (64), never a silent upgrade, whether the nested run says nothing,
+/// `--exclusive` or `DLOCK_SHARED=0`: the outer hold's mode is no setting of the nested run.
 pub fn nested_runs_reenter_but_never_upgrade_a_shared_hold(server: &dyn LockServer) {
     let env = TestEnv::new(server);
     let lock = lock_name("data");
     let nested = |outer: &[&str], inner: &str| {
-        let script = format!("{inner} {DLOCK} run --no-wait {lock} sh -c 'echo \"$DLOCK_SHARED\"'");
+        let script = format!("{inner} {DLOCK} run --no-wait {lock} sh -c 'echo \"$DLOCK_MODE\"'");
         let mut args = vec!["run"];
         args.extend(outer);
         args.extend([lock.as_str(), "sh", "-c", &script]);
         env.run(&args)
     };
-    let out = nested(&["--shared"], "");
+    let out = nested(&["--shared"], "DLOCK_SHARED=1");
     assert!(out.status.success(), "{}", describe(&out));
-    assert_eq!(stdout_of(&out).trim(), "1");
+    assert_eq!(stdout_of(&out).trim(), "shared");
     let out = nested(&[], "DLOCK_SHARED=1");
     assert!(out.status.success(), "{}", describe(&out));
-    assert_eq!(stdout_of(&out).trim(), "1");
-    let out = nested(&["--shared"], "DLOCK_SHARED=0");
-    assert_fails(&out, 64, "upgrade");
-    assert!(stdout_of(&out).is_empty(), "{}", describe(&out));
+    assert_eq!(stdout_of(&out).trim(), "shared");
+    for (inner, flag) in [
+        ("", ""),
+        ("DLOCK_SHARED=0", ""),
+        ("DLOCK_SHARED=1", "--exclusive"),
+    ] {
+        let script =
+            format!("{inner} {DLOCK} run {flag} --no-wait {lock} sh -c 'echo \"$DLOCK_MODE\"'");
+        let out = env.run(["run", "--shared", &lock, "sh", "-c", &script]);
+        assert_fails(&out, 64, "upgrade");
+        assert!(
+            stdout_of(&out).is_empty(),
+            "{inner} {flag}: {}",
+            describe(&out)
+        );
+    }
+}
+
+/// Inside a shared holder, a nested run that does not see the hold (`env -u DLOCK_HELD`, a
+/// daemon it starts) is an exclusive run of its own: it finds the lock held shared.
+pub fn a_nested_run_that_cannot_see_the_shared_hold_is_exclusive(server: &dyn LockServer) {
+    let env = TestEnv::new(server);
+    let lock = lock_name("data");
+    let script = format!(
+        "env -u DLOCK_HELD {DLOCK} run --no-wait {lock} sh -c 'echo \"$DLOCK_MODE\"'; \
+         echo \"nested: $?\""
+    );
+    let out = env.run(["run", "--shared", &lock, "sh", "-c", &script]);
+    assert!(out.status.success(), "{}", describe(&out));
+    assert_eq!(stdout_of(&out).trim(), "nested: 75", "{}", describe(&out));
+}
+
+/// A shared hold of a file lock around a run of this backend does not make that run shared,
+/// whatever the name (design.md §3: what describes a hold is no setting): the nested run is
+/// exclusive on every backend (one without shared locks does not refuse it), and two of them
+/// under two shared holders of the outer lock never hold at once.
+pub fn a_shared_hold_around_it_never_makes_a_nested_run_shared(server: &dyn LockServer) {
+    let env = TestEnv::new(server);
+    let outer_url = format!("file://{}", env.path("outer-locks").display());
+    let lock = lock_name("migrate");
+    let held = env.path("held");
+    let done = env.path("done");
+    let first_script = format!(
+        "{DLOCK} run --no-wait {lock} sh -c 'echo \"$DLOCK_MODE\" > {held}; \
+         n=0; while [ ! -e {done} ] && [ $n -lt 2000 ]; do n=$((n+1)); sleep 0.01; done'",
+        held = held.display(),
+        done = done.display(),
+    );
+    let mut first = env.spawn(&[
+        "run",
+        "--url",
+        &outer_url,
+        "--shared",
+        "dataset",
+        "sh",
+        "-c",
+        &first_script,
+    ]);
+    wait_until("the first nested run holds", PATIENCE, || {
+        std::fs::read_to_string(&held).is_ok_and(|seen| seen.ends_with('\n'))
+    });
+    let seen = std::fs::read_to_string(&held).unwrap_or_default();
+    assert_eq!(seen.trim(), "exclusive", "the nested run's mode");
+    let status = env.status_json(&lock);
+    assert_eq!(status["holders"][0]["mode"], "exclusive", "{status}");
+    let second = env.run([
+        "run",
+        "--url",
+        &outer_url,
+        "--shared",
+        "dataset",
+        DLOCK,
+        "run",
+        "--no-wait",
+        &lock,
+        "true",
+    ]);
+    std::fs::write(&done, "").expect("write the done file");
+    assert_eq!(second.status.code(), Some(75), "{}", describe(&second));
+    assert_eq!(finish(&mut first), 0, "{}", stderr_left(&mut first));
 }
 
 /// Shared holders hold with `--limit 1`: a `--limit 3` run beside them is refused (64), as
@@ -437,6 +513,7 @@ macro_rules! shared_contract_tests {
                 shared_with_a_limit_is_refused,
                 status_and_list_show_the_mode_and_every_holder,
                 nested_runs_reenter_but_never_upgrade_a_shared_hold,
+                a_nested_run_that_cannot_see_the_shared_hold_is_exclusive,
                 shared_holders_and_a_semaphore_refuse_each_other,
                 a_waiting_shared_run_keeps_to_wait_and_signals,
                 min_hold_keeps_a_shared_hold_and_status_says_so,

@@ -6,24 +6,34 @@ use std::process::Command;
 use crate::support::*;
 
 /// The setting comes from DLOCK_SHARED and the config file too; `DLOCK_SHARED=0` beats the
-/// config file.
+/// config file, and `--exclusive` beats both; `--shared` with `--exclusive` is a usage error.
 #[test]
 fn shared_is_read_from_the_environment_and_the_config_file() {
     let (_server, env) = file_env();
     let config = env.path("config.toml");
     std::fs::write(&config, "shared = true\n").expect("config");
     let config = config.display().to_string();
-    let show = ["sh", "-c", "echo \"$DLOCK_SHARED\""];
+    let show = ["sh", "-c", "echo \"$DLOCK_MODE\""];
     let mut from_env = env.dlock(["run", "data"].iter().chain(&show));
     from_env.env("DLOCK_SHARED", "1");
     let out = output_within(from_env, PATIENCE);
-    assert_eq!(stdout_of(&out).trim(), "1", "{}", describe(&out));
+    assert_eq!(stdout_of(&out).trim(), "shared", "{}", describe(&out));
     let out = env.run(["--config", &config, "run", "data"].iter().chain(&show));
-    assert_eq!(stdout_of(&out).trim(), "1", "{}", describe(&out));
+    assert_eq!(stdout_of(&out).trim(), "shared", "{}", describe(&out));
     let mut off = env.dlock(["--config", &config, "run", "data"].iter().chain(&show));
     off.env("DLOCK_SHARED", "0");
     let out = output_within(off, PATIENCE);
-    assert_eq!(stdout_of(&out).trim(), "0", "{}", describe(&out));
+    assert_eq!(stdout_of(&out).trim(), "exclusive", "{}", describe(&out));
+    let mut exclusive = env.dlock(
+        ["--config", &config, "run", "--exclusive", "data"]
+            .iter()
+            .chain(&show),
+    );
+    exclusive.env("DLOCK_SHARED", "1");
+    let out = output_within(exclusive, PATIENCE);
+    assert_eq!(stdout_of(&out).trim(), "exclusive", "{}", describe(&out));
+    let out = env.run(["run", "-s", "-x", "data"].iter().chain(&show));
+    assert_fails(&out, 64, "--exclusive");
 }
 
 /// `flock -s` on the lock file shares with `dlock run --shared`; `flock -x` excludes both,
