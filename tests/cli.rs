@@ -398,6 +398,9 @@ fn errors_say_what_to_do() {
     let config = env.path("config.toml");
     std::fs::write(&config, "wait = \"5\"\n").expect("write");
     let config = config.to_str().expect("utf-8");
+    let both = env.path("both.toml");
+    std::fs::write(&both, "wait = \"2s\"\nno_wait = true\n").expect("write");
+    let both = both.to_str().expect("utf-8");
     // (arguments, environment, status, what the one line must say)
     type Case<'a> = (Vec<&'a str>, Vec<(&'a str, &'a str)>, i32, &'a str);
     let cases: Vec<Case> = vec![
@@ -443,6 +446,18 @@ fn errors_say_what_to_do() {
             vec![("DLOCK_WAIT", "1s"), ("DLOCK_NO_WAIT", "1")],
             64,
             "contradict",
+        ),
+        (
+            vec!["--config", both, "run", "x", "true"],
+            vec![],
+            78,
+            "config file: wait and no_wait contradict each other",
+        ),
+        (
+            vec!["--config", both, "run", "--wait", "1s", "x", "true"],
+            vec![],
+            78,
+            "config file: wait and no_wait contradict each other",
         ),
         (
             vec!["run", "--url", "http://127.0.0.1:2379", "x", "true"],

@@ -474,7 +474,8 @@ pub const CONFIG_KEYS: &[(&str, &str)] = &[
     ),
     (
         "no_wait = true",
-        "Give up at once when the lock is held (--no-wait).",
+        "Give up at once when the lock is held (--no-wait). Not with wait: a file with both \
+         is refused.",
     ),
     (
         "conflict_exit_code = N",

@@ -376,8 +376,8 @@ pub fn run(args: cli::RunArgs, file: &FileConfig) -> Result<RunSettings, Error> 
 }
 
 /// `--wait`/`--no-wait` (flags, `DLOCK_WAIT`/`DLOCK_NO_WAIT`, the config file): a flag beats
-/// a variable, and a flag or variable beats the file; only two flags, or two variables,
-/// contradict each other.
+/// a variable, and a flag or variable beats the file; two flags, two variables, or the two
+/// keys in the file contradict each other.
 fn wait_setting(
     no_wait_flag: bool,
     wait_flag: Option<String>,
@@ -393,6 +393,13 @@ fn wait_setting(
                 "{no_wait} and {wait} contradict each other; give one of them"
             )));
         }
+    }
+    // The file contradicts itself whatever the flags say, as two flags would.
+    if file.values.no_wait == Some(true) && file.values.wait.is_some() {
+        let at = crate::config::whereabouts("no_wait");
+        return Err(Error::Config(format!(
+            "config file: wait and no_wait contradict each other; give one of them{at}"
+        )));
     }
     // A flag beats a variable: `DLOCK_NO_WAIT=1 dlock run --wait 5s` waits.
     let no_wait_from_env = env.iter().any(|id| id == "no_wait");
