@@ -348,11 +348,14 @@ pub struct HolderStatus {
     pub session: Option<String>,
 }
 
-/// [`HolderStatus`] as JSON: the holder's fields, then its mode, whether shared or not.
+/// [`HolderStatus`] as JSON: the holder's fields, the token in decimal too, then its mode,
+/// whether shared or not.
 #[derive(Serialize)]
 struct HolderView {
     #[serde(flatten)]
     holder: Holder,
+    /// `token` as a string ([`token_str`]).
+    token_str: String,
     mode: Mode,
     ttl_left_ms: Option<u64>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -363,6 +366,7 @@ impl From<HolderStatus> for HolderView {
     fn from(status: HolderStatus) -> HolderView {
         let mode = status.holder.mode;
         HolderView {
+            token_str: token_str(status.holder.token),
             // Named once, below.
             holder: Holder {
                 mode: Mode::Exclusive,
@@ -375,8 +379,17 @@ impl From<HolderStatus> for HolderView {
     }
 }
 
+/// A fencing token as JSON shows it beside the number: its decimal digits in a string. JSON
+/// tools that read numbers as doubles (jq 1.6, JavaScript) round integers above 2^53, as
+/// PostgreSQL's tokens are, and two tokens could then read as equal; scripts compare the
+/// string form (the same digits as `DLOCK_FENCING_TOKEN`).
+pub fn token_str(token: u64) -> String {
+    token.to_string()
+}
+
 /// The state of one lock.
 #[derive(Clone, Debug, Serialize)]
+#[serde(into = "LockStatusView")]
 pub struct LockStatus {
     pub name: String,
     pub held: bool,
@@ -384,14 +397,42 @@ pub struct LockStatus {
     /// Number of waiters, where the backend can tell.
     pub waiters: Option<u64>,
     /// The waiters in the order they will get the lock, where the backend keeps one.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub queue: Vec<HolderStatus>,
     /// The newest fencing token handed out, where the backend keeps one.
     pub last_token: Option<u64>,
     /// The processes of this host that wait for the lock, longest-waiting first, where dlock
     /// can see them: the file backend's waiters and the host-local queue's tickets.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
     pub waiting_here: Vec<Waiter>,
+}
+
+/// [`LockStatus`] as JSON: its fields, and `last_token` in decimal too ([`token_str`]).
+#[derive(Serialize)]
+struct LockStatusView {
+    name: String,
+    held: bool,
+    holders: Vec<HolderStatus>,
+    waiters: Option<u64>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    queue: Vec<HolderStatus>,
+    last_token: Option<u64>,
+    last_token_str: Option<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    waiting_here: Vec<Waiter>,
+}
+
+impl From<LockStatus> for LockStatusView {
+    fn from(status: LockStatus) -> LockStatusView {
+        LockStatusView {
+            last_token_str: status.last_token.map(token_str),
+            name: status.name,
+            held: status.held,
+            holders: status.holders,
+            waiters: status.waiters,
+            queue: status.queue,
+            last_token: status.last_token,
+            waiting_here: status.waiting_here,
+        }
+    }
 }
 
 /// A process of this host waiting for a lock, as `status` shows it.

@@ -211,6 +211,10 @@ impl Track {
             .map(|(at, _, _)| at)
             .or(self.gave_up)
             .unwrap_or(now);
+        let token = self
+            .acquired
+            .map(|(_, _, token)| token)
+            .filter(|&token| token > 0);
         Record {
             name: settings.name.as_str().to_owned(),
             backend: settings.common.scheme(),
@@ -221,10 +225,8 @@ impl Track {
             outcome,
             exit_status,
             command_status: self.command_status,
-            token: self
-                .acquired
-                .map(|(_, _, token)| token)
-                .filter(|&token| token > 0),
+            token,
+            token_str: token.map(crate::lock::token_str),
             signal: self.signalled.clone().filter(|s| !s.is_empty()),
             waited_ms: millis(waited_until.saturating_since(self.started)),
             held_ms: self
@@ -282,6 +284,7 @@ pub(crate) fn refused(args: &cli::RunArgs, file: &FileConfig, err: &anyhow::Erro
         exit_status: crate::error::code_of(err).value(),
         command_status: None,
         token: None,
+        token_str: None,
         signal: None,
         waited_ms: 0,
         held_ms: None,
@@ -324,6 +327,9 @@ pub(super) struct Record {
     command_status: Option<u8>,
     #[serde(skip_serializing_if = "Option::is_none")]
     token: Option<u64>,
+    /// `token` in decimal digits, exact for every JSON tool (`lock::token_str`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    token_str: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     signal: Option<String>,
     waited_ms: u64,

@@ -85,6 +85,7 @@ macro_rules! contract_tests {
                 secrets_in_the_holders_command_line_are_masked_or_not_recorded,
                 stdin_and_stdout_pass_through_untouched,
                 status_reports_holder_and_exits_0_held_1_free,
+                json_shows_each_token_exactly_for_every_json_tool,
                 status_shows_since_when_each_waiter_of_this_host_waits,
                 list_shows_held_locks,
                 every_list_shows_every_held_lock,

@@ -308,3 +308,62 @@ pub fn status_shows_since_when_each_waiter_of_this_host_waits(server: &dyn LockS
         serde_json::from_slice(&env.run(["status", "--json", &lock]).stdout).unwrap_or_default();
     assert!(json["waiting_here"].is_null(), "{json}");
 }
+
+/// Every JSON that shows a fencing token shows it exactly to every JSON tool: `token_str`
+/// (status, list) and `last_token_str` hold the digits the command saw in
+/// `DLOCK_FENCING_TOKEN`, read with `jq -r` (which reads numbers as doubles: PostgreSQL's
+/// tokens are above 2^53), and so does the outcome record's `token_str`.
+pub fn json_shows_each_token_exactly_for_every_json_tool(server: &dyn LockServer) {
+    let env = TestEnv::new(server);
+    let lock = lock_name("lock");
+    let seen = env.path("token");
+    let release = env.path("release");
+    let script = format!(
+        "echo $DLOCK_FENCING_TOKEN > {seen}.tmp; mv {seen}.tmp {seen}; \
+         n=0; while [ ! -e {release} ] && [ $n -lt 2000 ]; do n=$((n+1)); sleep 0.01; done",
+        seen = seen.display(),
+        release = release.display(),
+    );
+    let report = env.path("runs.jsonl");
+    let report = report.to_str().expect("utf-8 path");
+    let mut holder = env.spawn(&["run", "--report", report, &lock, "sh", "-c", &script]);
+    wait_until("the holder runs", PATIENCE, || seen.exists());
+    let token = std::fs::read_to_string(&seen)
+        .expect("the token")
+        .trim()
+        .to_owned();
+    assert!(token.parse::<u64>().is_ok_and(|t| t > 0), "{token}");
+    let jq = |filter: &str, json: &[u8]| {
+        let mut child = std::process::Command::new("jq")
+            .args(["-r", filter])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("jq is needed (apt-get install jq)");
+        use std::io::Write;
+        child
+            .stdin
+            .take()
+            .expect("stdin")
+            .write_all(json)
+            .expect("write to jq");
+        let out = child.wait_with_output().expect("jq");
+        assert!(out.status.success(), "jq {filter}");
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    };
+    let status = env.run(["status", "--json", &lock]);
+    assert_eq!(jq(".holders[0].token_str", &status.stdout), token);
+    let last = jq(".last_token_str", &status.stdout);
+    assert!(
+        last == token || last == "null",
+        "last_token_str {last}, token {token}"
+    );
+    let list = env.run(["list", "--json"]);
+    let filter = format!(".[] | select(.name == \"{lock}\") | .holders[0].token_str");
+    assert_eq!(jq(&filter, &list.stdout), token);
+    std::fs::write(&release, "").expect("release the holder");
+    let status = wait_within(&mut holder, PATIENCE);
+    assert!(status.success(), "{}", stderr_left(&mut holder));
+    let record = std::fs::read(report).expect("the outcome record");
+    assert_eq!(jq(".token_str", &record), token);
+}
