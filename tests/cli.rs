@@ -869,6 +869,34 @@ fn a_report_path_through_links_and_directories_of_root_is_used() {
     }
 }
 
+/// In a directory everyone can create files in, a report file another user made first is not
+/// used: the run exits 78 without running its command, and the message says where reports
+/// belong instead (the guide and `--report`'s help say so too).
+#[test]
+fn a_report_file_another_user_made_first_in_a_shared_directory_stops_the_run() {
+    let (_server, env) = file_env();
+    let shared = dir_of_mode(&env.path("shared"), 0o1777);
+    let report = shared.join("runs.jsonl");
+    std::fs::write(&report, b"").expect("plant the report");
+    hand_to_another_user(&report);
+    let out = env.run([
+        "run",
+        "--report",
+        report.to_str().expect("UTF-8 path"),
+        "job",
+        "touch",
+        "ran",
+    ]);
+    assert_fails(&out, 78, &format!("it is owned by uid {ANOTHER_USER}"));
+    assert_fails(
+        &out,
+        78,
+        "keep reports in a directory only you and root can write to",
+    );
+    assert!(!env.path("ran").exists(), "the command ran");
+    assert_eq!(std::fs::read(&report).expect("report"), b"");
+}
+
 /// On a full disk the record is whole or absent, never a torn line, and the run says on
 /// stderr that it could not be written; the next record starts on a line of its own, even
 /// after a torn line that could not be removed (left by a crash).
