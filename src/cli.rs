@@ -412,7 +412,9 @@ pub struct RunArgs {
     /// Append one JSON line per run to PATH.
     ///
     /// The line says how the run ended: ran, busy, lost, error or signalled. PATH is created
-    /// 0600 and checked before acquiring; `-` is stderr [default: none].
+    /// 0600 and checked before acquiring: it must lead only through your or root's directories
+    /// and links, and if another user created it first (they can where others may write, as in
+    /// /tmp), the run exits 78 without running the command. `-` is stderr [default: none].
     #[arg(
         long,
         value_name = "PATH",

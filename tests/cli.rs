@@ -767,6 +767,201 @@ fn a_planted_symlink_as_the_report_is_refused() {
     );
 }
 
+/// Root's report is never written where another user could send it: not through a directory
+/// or a symbolic link of theirs anywhere on the path, nor through a directory others can write
+/// to without the sticky bit above the report's own (they could swap what is below it).
+/// Nothing is created, the command does not run, and the message names what is in the way.
+#[test]
+fn a_report_path_another_user_controls_is_refused() {
+    let (_server, env) = file_env();
+    // Where a redirected report would land: a directory only root can write to.
+    let root_only = dir_of_mode(&env.path("root-only"), 0o700);
+    // A user who owns ~/logs replaces it with a symbolic link to root's directory.
+    let home = dir_of_mode(&env.path("home"), 0o755);
+    hand_to_another_user(&home);
+    let logs = home.join("logs");
+    std::os::unix::fs::symlink(&root_only, &logs).expect("symlink");
+    hand_to_another_user(&logs);
+    // A symbolic link of theirs in a directory of root's.
+    let their_link = env.path("their-link");
+    std::os::unix::fs::symlink(&root_only, &their_link).expect("symlink");
+    hand_to_another_user(&their_link);
+    // Root's directory inside a directory of theirs that only they can write to.
+    let in_theirs = dir_of_mode(&home.join("sub"), 0o755);
+    // Root's directory in a directory everyone can write to, without the sticky bit.
+    let open = dir_of_mode(&env.path("open"), 0o777);
+    let below_open = dir_of_mode(&open.join("sub"), 0o755);
+    let cases = [
+        (
+            logs.join("runs.jsonl"),
+            format!("owned by uid {ANOTHER_USER}"),
+        ),
+        (
+            home.join("runs.jsonl"),
+            format!("owned by uid {ANOTHER_USER}"),
+        ),
+        (
+            their_link.join("runs.jsonl"),
+            format!("owned by uid {ANOTHER_USER}"),
+        ),
+        (
+            in_theirs.join("runs.jsonl"),
+            format!("owned by uid {ANOTHER_USER}"),
+        ),
+        (below_open.join("runs.jsonl"), "sticky bit".to_owned()),
+    ];
+    for (report, complaint) in cases {
+        let out = env.run([
+            "run",
+            "--report",
+            report.to_str().expect("UTF-8 path"),
+            "job",
+            "touch",
+            "ran",
+        ]);
+        assert_fails(&out, 78, &complaint);
+        assert_fails(&out, 78, "--report");
+        assert!(
+            !env.path("ran").exists(),
+            "{}: the command ran",
+            report.display()
+        );
+        assert!(
+            std::fs::symlink_metadata(&report).is_err(),
+            "{} was created",
+            report.display()
+        );
+    }
+    assert_eq!(
+        std::fs::read_dir(&root_only).expect("read_dir").count(),
+        0,
+        "a report was written into root's directory"
+    );
+}
+
+/// What a legitimate path goes through is still followed: a symbolic link of root's (as
+/// /var/run -> /run) or of the user's own, a sticky directory everyone can write to (as /tmp)
+/// above the report's, `..`, and a report directory others can write to (where only the
+/// user's or root's own file is used).
+#[test]
+fn a_report_path_through_links_and_directories_of_root_is_used() {
+    let (_server, env) = file_env();
+    let run = dir_of_mode(&env.path("run"), 0o755);
+    let var_run = env.path("var-run");
+    std::os::unix::fs::symlink("run", &var_run).expect("symlink");
+    let sticky = dir_of_mode(&env.path("sticky"), 0o1777);
+    let below_sticky = dir_of_mode(&sticky.join("mine"), 0o755);
+    let open = dir_of_mode(&env.path("open"), 0o777);
+    let dotdot = below_sticky.join("..").join("mine");
+    for (report, lands_in) in [
+        (var_run.join("runs.jsonl"), run.join("runs.jsonl")),
+        (
+            below_sticky.join("runs.jsonl"),
+            below_sticky.join("runs.jsonl"),
+        ),
+        (dotdot.join("dots.jsonl"), below_sticky.join("dots.jsonl")),
+        (open.join("runs.jsonl"), open.join("runs.jsonl")),
+        (
+            std::path::PathBuf::from("var-run/rel.jsonl"),
+            run.join("rel.jsonl"),
+        ),
+    ] {
+        let out = env.run([
+            "run",
+            "--report",
+            report.to_str().expect("UTF-8 path"),
+            "job",
+            "true",
+        ]);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{}: {}",
+            report.display(),
+            describe(&out)
+        );
+        assert_eq!(report_line(&lands_in)["outcome"], "ran");
+    }
+}
+
+/// In a directory everyone can create files in, a report file another user made first is not
+/// used: the run exits 78 without running its command, and the message says where reports
+/// belong instead (the guide and `--report`'s help say so too).
+#[test]
+fn a_report_file_another_user_made_first_in_a_shared_directory_stops_the_run() {
+    let (_server, env) = file_env();
+    let shared = dir_of_mode(&env.path("shared"), 0o1777);
+    let report = shared.join("runs.jsonl");
+    std::fs::write(&report, b"").expect("plant the report");
+    hand_to_another_user(&report);
+    let out = env.run([
+        "run",
+        "--report",
+        report.to_str().expect("UTF-8 path"),
+        "job",
+        "touch",
+        "ran",
+    ]);
+    assert_fails(&out, 78, &format!("it is owned by uid {ANOTHER_USER}"));
+    assert_fails(
+        &out,
+        78,
+        "keep reports in a directory only you and root can write to",
+    );
+    assert!(!env.path("ran").exists(), "the command ran");
+    assert_eq!(std::fs::read(&report).expect("report"), b"");
+}
+
+/// On a full disk the record is whole or absent, never a torn line, and the run says on
+/// stderr that it could not be written; the next record starts on a line of its own, even
+/// after a torn line that could not be removed (left by a crash).
+#[test]
+fn a_report_line_is_whole_or_absent_when_the_disk_is_full() {
+    let (_server, env) = file_env();
+    let disk = SmallDisk::mount(&env.path("disk"), 1024 * 1024);
+    let report = disk.path.join("runs.jsonl");
+    let to = report.to_str().expect("UTF-8 path");
+    // A first line that leaves 100 bytes of its block free: the record's first 100 bytes fit,
+    // the rest needs a block the full disk does not have.
+    let pad = disk.block_size() - 100 - r#"{"pad":""}"#.len() - 1;
+    let first = format!("{{\"pad\":\"{}\"}}\n", "x".repeat(pad));
+    std::fs::write(&report, &first).expect("write the first line");
+    disk.fill("filler");
+    let out = env.run(["run", "--report", to, "job", "touch", "ran"]);
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+    assert!(env.path("ran").exists(), "the command did not run");
+    assert!(
+        stderr_of(&out).contains("dlock: warning: cannot write the report to "),
+        "{}",
+        describe(&out)
+    );
+    let text = std::fs::read_to_string(&report).expect("report");
+    assert!(
+        text == first,
+        "a part of the record was left in the report: {:?}",
+        text.get(first.len()..).unwrap_or(&text)
+    );
+    // With room again, the next record is a line of its own.
+    std::fs::remove_file(disk.path.join("filler")).expect("remove the filler");
+    let out = env.run(["run", "--report", to, "job", "sh", "-c", "exit 3"]);
+    assert_eq!(out.status.code(), Some(3), "{}", describe(&out));
+    let lines = report_lines(&report);
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    assert_eq!(lines[1]["exit_status"], 3);
+    // A torn line that stayed (a crash while writing) is ended before the next record.
+    let mut text = std::fs::read_to_string(&report).expect("report");
+    text.push_str("{\"name\":\"torn");
+    std::fs::write(&report, &text).expect("tear the last line");
+    let out = env.run(["run", "--report", to, "job", "true"]);
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+    let text = std::fs::read_to_string(&report).expect("report");
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 4, "{text}");
+    assert_eq!(lines[2], "{\"name\":\"torn", "{text}");
+    let last: serde_json::Value = serde_json::from_str(lines[3]).expect("a whole last line");
+    assert_eq!(last["outcome"], "ran", "{text}");
+}
+
 /// An unknown option names the command that lacks it and where its options are listed, never
 /// suggesting `--` (which would make the option the lock's NAME); a value that starts with a
 /// hyphen is that option's bad value, not an unknown option.

@@ -2,18 +2,17 @@
 //! line per run, whatever the outcome, for machines and for "did last night's job run?".
 //!
 //! - The line is appended with one `write` on an `O_APPEND` descriptor, so the runs sharing a
-//!   file never interleave or overwrite each other's lines.
+//!   file never interleave or overwrite each other's lines, and a line that does not fit whole
+//!   is cut back off (`opening`).
 //! - The file is opened before the lock is asked for, so a wrong path is reported at once
-//!   (78) and nothing runs. It is opened with the care of a lock file in a shared directory:
-//!   never through a symbolic link (`O_NOFOLLOW`), `O_NONBLOCK` so a FIFO cannot hang dlock,
-//!   only a regular file; in a directory others can write to, only the user's or root's file
-//!   with a single link. A missing file is created 0600.
+//!   (78) and nothing runs. It is opened with the care of a lock file in a shared directory,
+//!   and only through directories and links of the user's or root's (`opening`).
 //! - Writing the line after the run can only warn: the record never changes the exit status.
 
-use std::fs::File;
+mod opening;
+
 use std::io::Write;
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::SystemTime;
 
 use serde::Serialize;
@@ -28,7 +27,10 @@ use crate::settings::{self, ReportTo, RunSettings};
 /// Where the record goes, opened.
 pub(super) enum Sink {
     Stderr,
-    File { file: File, path: PathBuf },
+    File {
+        report: opening::Report,
+        path: PathBuf,
+    },
 }
 
 impl Sink {
@@ -37,7 +39,8 @@ impl Sink {
         match to {
             ReportTo::Stderr => Ok(Sink::Stderr),
             ReportTo::File { path, given_as } => Ok(Sink::File {
-                file: open_file(path, given_as)?,
+                report: opening::open(path)
+                    .map_err(|why| Error::Config(format!("{given_as}: {why}")))?,
                 path: path.clone(),
             }),
         }
@@ -53,71 +56,23 @@ impl Sink {
             }
         };
         line.push(b'\n');
-        // One write(2) of the whole line: O_APPEND makes it atomic against other appenders.
-        let written = match self {
-            Sink::Stderr => std::io::stderr().lock().write(&line),
-            Sink::File { file, .. } => (&*file).write(&line),
-        };
-        let problem = match written {
-            Ok(n) if n == line.len() => return,
-            Ok(n) => format!("only {n} of {} bytes were written", line.len()),
-            Err(err) => err.to_string(),
-        };
         match self {
-            Sink::Stderr => tracing::warn!("cannot write the report to stderr: {problem}"),
-            Sink::File { path, .. } => {
-                tracing::warn!("cannot write the report to {}: {problem}", path.display());
+            Sink::Stderr => {
+                // One write(2) of the whole line, as to a file.
+                let problem = match std::io::stderr().lock().write(&line) {
+                    Ok(n) if n == line.len() => return,
+                    Ok(n) => format!("only {n} of {} bytes were written", line.len()),
+                    Err(err) => err.to_string(),
+                };
+                tracing::warn!("cannot write the report to stderr: {problem}");
+            }
+            Sink::File { report, path } => {
+                if let Err(problem) = report.append(&line) {
+                    tracing::warn!("cannot write the report to {}: {problem}", path.display());
+                }
             }
         }
     }
-}
-
-fn open_file(path: &Path, given_as: &str) -> Result<File, Error> {
-    let refuse = |why: String| Error::Config(format!("{given_as}: {why}"));
-    let file = std::fs::OpenOptions::new()
-        .append(true)
-        .create(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC)
-        .open(path)
-        .map_err(|err| match err.raw_os_error() {
-            Some(libc::ELOOP) => refuse("refusing to follow a symbolic link".into()),
-            Some(libc::ENXIO) => refuse("it is not a regular file".into()),
-            _ => refuse(format!("cannot open it for appending: {err}")),
-        })?;
-    let meta = file
-        .metadata()
-        .map_err(|err| refuse(format!("cannot inspect it: {err}")))?;
-    if !meta.file_type().is_file() {
-        return Err(refuse("it is not a regular file".into()));
-    }
-    if in_shared_directory(path) {
-        let uid = nix::unistd::getuid().as_raw();
-        if meta.uid() != uid && meta.uid() != 0 {
-            return Err(refuse(format!(
-                "it is owned by uid {} in a directory where others can create files; \
-                 only your own or root's file is used there",
-                meta.uid()
-            )));
-        }
-        if meta.nlink() > 1 {
-            return Err(refuse(format!(
-                "it has {} hard links, so writing it would change another file",
-                meta.nlink()
-            )));
-        }
-    }
-    Ok(file)
-}
-
-/// Whether others (group or world) can create entries in `path`'s directory.
-fn in_shared_directory(path: &Path) -> bool {
-    let dir = match path.parent() {
-        Some(dir) if !dir.as_os_str().is_empty() => dir,
-        _ => Path::new("."),
-    };
-    // A directory that cannot be inspected is treated as shared: the stricter rules apply.
-    std::fs::metadata(dir).map_or(true, |m| m.permissions().mode() & 0o022 != 0)
 }
 
 /// What a run saw, filled in as it goes (by `run`), turned into a [`Record`] at the end.

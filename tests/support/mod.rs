@@ -10,7 +10,8 @@
 //! - `process`: bounded waits, output helpers, `assert_fails`, unique names, server binaries;
 //! - `net`: free ports, a `Proxy` that black-holes or slows a link, a `SilentServer`;
 //! - `busy`: every core kept busy for a bounded time (a loaded machine);
-//! - `report`: reading `--report` files, a URL that reaches no server;
+//! - `report`: reading `--report` files, a URL that reaches no server, another user's
+//!   directories, a small disk to fill;
 //! - `certs`: throw-away certificates for the TLS tests;
 //! - one file per test server: `redis`, `redis_cluster`, `sentinel`, `etcd`, `zk`, `postgres`, `mysql`, `memcached`.
 //!
