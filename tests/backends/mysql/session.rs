@@ -1,6 +1,6 @@
 //! Losing the session: a SIGKILLed holder frees the lock at once; `KILL` of the holder's
-//! connection, `release --force` and a server restart stop its command (124) by the time the
-//! next holder's starts, with one line; fencing tokens keep increasing across a server crash
+//! connection or of all its connections (its watcher's first, too), `release --force` and a
+//! server restart stop its command (124) by the time the next holder's starts, with one line; fencing tokens keep increasing across a server crash
 //! right after a grant, across databases of one server, and across an emptied table.
 
 use std::path::PathBuf;
@@ -106,9 +106,9 @@ struct Handover {
     started: PathBuf,
 }
 
-fn handover(env: &TestEnv, lock: &str) -> Handover {
+/// The holder of a [`Handover`], once its command runs, and where its stop is noted.
+fn holding(env: &TestEnv, lock: &str) -> (Child, PathBuf) {
     let stopped = env.path("stopped");
-    let started = env.path("started");
     let ready = env.path("ready");
     let holder = env
         .dlock([
@@ -130,6 +130,12 @@ fn handover(env: &TestEnv, lock: &str) -> Handover {
         .spawn()
         .expect("spawn holder");
     wait_until("holder ready", PATIENCE, || ready.exists());
+    (holder, stopped)
+}
+
+/// The waiter of a [`Handover`] (no `--wait`), whose command notes when it started.
+fn waiting(env: &TestEnv, lock: &str) -> (Child, PathBuf) {
+    let started = env.path("started");
     let waiter = env
         .dlock([
             "run",
@@ -143,6 +149,12 @@ fn handover(env: &TestEnv, lock: &str) -> Handover {
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn waiter");
+    (waiter, started)
+}
+
+fn handover(env: &TestEnv, lock: &str) -> Handover {
+    let (holder, stopped) = holding(env, lock);
+    let (waiter, started) = waiting(env, lock);
     wait_until("waiter queued", PATIENCE, || env.waiters(lock) == 1);
     Handover {
         holder,
@@ -198,6 +210,66 @@ fn kill_of_the_holders_connection_stops_its_command_before_the_next_holder_start
     let run = handover(&env, &lock);
     let id = holder_connection(&env, &lock);
     server.sql(&format!("KILL {id}"));
+    assert_one_line(&run.assert_no_overlap());
+}
+
+#[test]
+fn kill_of_all_the_holders_connections_stops_its_command_before_the_next_holder_starts() {
+    // Every session of the user at once, the lock session and its watcher alike, as a proxy
+    // failover or a network blip cuts them; the next holder comes after.
+    let server = MysqlServer::start();
+    let env = TestEnv::new(&server);
+    let lock = lock_name("m");
+    let (holder, stopped) = holding(&env, &lock);
+    server.sql("KILL USER 'dlock'");
+    let (waiter, started) = waiting(&env, &lock);
+    let run = Handover {
+        holder,
+        waiter,
+        stopped,
+        started,
+    };
+    assert_one_line(&run.assert_no_overlap());
+}
+
+/// The connection id of the holder's watcher (the one connection of the user waiting in
+/// `GET_LOCK`), once it waits.
+fn watcher_connection(server: &MysqlServer) -> u64 {
+    let mut id = None;
+    wait_until("the holder's watcher waiting", PATIENCE, || {
+        id = server
+            .sql(
+                "SELECT ID FROM information_schema.PROCESSLIST \
+                 WHERE USER = 'dlock' AND INFO LIKE 'SELECT GET_LOCK(%'",
+            )
+            .parse()
+            .ok();
+        id.is_some()
+    });
+    id.unwrap_or_default()
+}
+
+#[test]
+fn kill_of_the_holders_watcher_then_of_its_lock_session_stops_its_command_before_the_next_holder_starts(
+) {
+    // A failover or a network cut ends both connections, not always the lock session's
+    // first: here the watcher's end comes first, seen while the lock session still answers,
+    // and the lock session's a moment later.
+    let server = MysqlServer::start();
+    let env = TestEnv::new(&server);
+    let lock = lock_name("m");
+    let (holder, stopped) = holding(&env, &lock);
+    let watcher = watcher_connection(&server);
+    let session = holder_connection(&env, &lock);
+    server.sql(&format!("KILL {watcher}"));
+    server.sql(&format!("KILL {session}"));
+    let (waiter, started) = waiting(&env, &lock);
+    let run = Handover {
+        holder,
+        waiter,
+        stopped,
+        started,
+    };
     assert_one_line(&run.assert_no_overlap());
 }
 
