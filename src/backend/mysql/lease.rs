@@ -9,10 +9,10 @@
 //! (`keys::session_key`), which the server grants the moment that session ends (`KILL`,
 //! `release --force`). A watcher that cannot connect, or whose own connection fails (a
 //! server restart, a failover, `KILL USER`: both connections end, in either order), has the
-//! lock session checked at once: unless that proves the lock ours within the keeper's margin
-//! it is lost, and if it does, the watcher connects again and waits anew. A heartbeat that finds the lock gone or its connection
-//! closed is a loss at once, without retries; one that gets no answer leaves the command
-//! until the keeper's deadline.
+//! lock session checked at once: unless that proves the lock ours within the keeper's
+//! margin it is lost, and if it does, the watcher connects again and waits anew. A
+//! heartbeat that finds the lock gone or its connection closed is a loss at once, without
+//! retries; one that gets no answer leaves the command until the keeper's deadline.
 //!
 //! `--min-hold`'s finish ([`Lease::finished`]) rewrites the holder's row on our connection
 //! (shared with the renewer), only while the row and the lock are still ours.
@@ -149,6 +149,7 @@ async fn watch(
     // Bounded: each round ends in a report, or waits (in the server, or a pause that grows
     // to WATCH_RETRY_MAX) before the next; the lease's release aborts the task.
     for _ in 0..u32::MAX {
+        // Bounded by the margin (and the connect grace): while connecting, nothing watches.
         let failure = match backend.connect(Some(margin)).await {
             Err(e) => {
                 let retry = matches!(e, Error::Unavailable(_) | Error::Capacity(_));
