@@ -149,8 +149,9 @@ async fn watch(
     // Bounded: each round ends in a report, or waits (in the server, or a pause that grows
     // to WATCH_RETRY_MAX) before the next; the lease's release aborts the task.
     for _ in 0..u32::MAX {
-        // Bounded by the margin (and the connect grace): while connecting, nothing watches.
-        let failure = match backend.connect(Some(margin)).await {
+        // A slow connection is no sign of a lost session (a busy machine or server): it gets
+        // the connect timeout, and a session that ended meanwhile has the wait granted at once.
+        let failure = match backend.connect(None).await {
             Err(e) => {
                 let retry = matches!(e, Error::Unavailable(_) | Error::Capacity(_));
                 let why = format!("the watcher cannot connect: {e}");
