@@ -7,10 +7,12 @@
 //! The session's end is the lock's end, and is noticed at once: a watcher on a second
 //! connection waits in `GET_LOCK` for the session key that only our lock session holds
 //! (`keys::session_key`), which the server grants the moment that session ends (`KILL`,
-//! `release --force`); a watcher whose own connection closes (a server restart) has the
-//! lock session checked at once. A heartbeat that finds the lock gone or its connection
-//! closed is a loss at once, without retries; one that gets no answer leaves the command
-//! until the keeper's deadline.
+//! `release --force`). A watcher that cannot connect, or whose own connection fails (a
+//! server restart, a failover, `KILL USER`: both connections end, in either order), has the
+//! lock session checked at once: unless that proves the lock ours within the keeper's
+//! margin it is lost, and if it does, the watcher connects again and waits anew. A
+//! heartbeat that finds the lock gone or its connection closed is a loss at once, without
+//! retries; one that gets no answer leaves the command until the keeper's deadline.
 //!
 //! `--min-hold`'s finish ([`Lease::finished`]) rewrites the holder's row on our connection
 //! (shared with the renewer), only while the row and the lock are still ours.
@@ -26,6 +28,7 @@ use super::conn::{cell, Failure, Session};
 use super::keys::quoted;
 use super::sql::{finished_sql, server_seconds};
 use super::{MysqlBackend, CANCEL_TIMEOUT};
+use crate::clock::BootInstant;
 use crate::error::Error;
 use crate::keeper::{confirm_if_old, Keeper, Renew, RenewError, Schedule};
 use crate::kit::timeouts::OP_TIMEOUT;
@@ -92,7 +95,7 @@ impl MysqlLease {
             granted.session_key,
             session.clone(),
             renewer.heartbeat.clone(),
-            schedule.attempt_timeout(),
+            schedule.margin(),
         ));
         let keeper = Keeper::start(renewer, since, ttl, request.kill_after);
         Ok(MysqlLease {
@@ -108,58 +111,117 @@ impl MysqlLease {
 
 /// What the watcher saw.
 enum Watched {
-    /// Our lock session ended (or its lock is gone): why, in words.
+    /// Our lock session ended (or its lock is gone, or it could not be proved alive when
+    /// the watcher lost its connection): why, in words.
     Ended(String),
-    /// Nothing more to see: no watcher connection, or ours broke while the lock session
-    /// still answers; the keeper's heartbeats remain.
+    /// Nothing more to see: the server refuses the watcher's connection for good (a
+    /// privilege, a setting) while the lock session answers; the keeper's heartbeats remain.
     Unwatched,
 }
 
+/// The first pause before the watcher connects again after its connection failed twice in a
+/// row (the first reconnection is immediate), and the longest (doubling in between): a
+/// server that refuses new connections while the lock session answers is not hammered, and
+/// the lock session is checked before each try.
+const WATCH_RETRY_FIRST: Duration = Duration::from_millis(100);
+const WATCH_RETRY_MAX: Duration = Duration::from_secs(1);
+
 /// Wait on a connection of its own for `session_key`, which our lock session holds until it
-/// ends: a grant means it ended. When the watcher's own connection closes instead, the lock
-/// session is checked at once with `heartbeat` (a server restart closes both).
+/// ends: a grant means it ended. A watcher that cannot connect, or whose connection fails,
+/// may have lost it with the lock session (a failover, `KILL USER`, a network cut end both,
+/// not always in the same order): the lock session is checked at once with `heartbeat`,
+/// and unless that proves it alive within the keeper's margin the lock counts as lost; a
+/// session that is alive is watched again from a new connection, whose wait is granted at
+/// once if the session ended in between.
 async fn watch(
     backend: MysqlBackend,
     session_key: String,
     lock_session: Arc<Mutex<Session>>,
     heartbeat: String,
-    bound: Duration,
+    margin: Duration,
 ) -> Watched {
-    let mut conn = match backend.connect(None).await {
-        Ok(conn) => conn,
-        Err(e) => {
-            tracing::debug!("no watcher for the lock session (heartbeats only): {e}");
-            return Watched::Unwatched;
-        }
-    };
     let sql = format!(
         "SELECT GET_LOCK({}, {})",
         quoted(&session_key),
         super::acquire::UNBOUNDED.as_secs()
     );
-    // Bounded by the lock session's life: the server grants this when that session ends.
-    let failure = match conn
-        .rows(&sql, super::acquire::UNBOUNDED + OP_TIMEOUT)
-        .await
-    {
-        Ok(rows) if rows.first().and_then(|r| cell::<i64>(r, 0)) == Some(1) => {
-            return Watched::Ended(
-                "the server ended our session (KILL, release --force, or a restart)".into(),
-            )
-        }
-        Ok(_) => return Watched::Unwatched,
-        Err(f) => f,
-    };
-    tracing::debug!("the watcher's connection ended: {}", failure.describe());
-    let checked =
-        tokio::time::timeout(bound, lock_session.lock().await.rows(&heartbeat, bound)).await;
+    let mut pause = Duration::ZERO;
+    // Bounded: each round ends in a report, or waits (in the server, or a pause that grows
+    // to WATCH_RETRY_MAX) before the next; the lease's release aborts the task.
+    for _ in 0..u32::MAX {
+        // A slow connection is no sign of a lost session (a busy machine or server): it gets
+        // the connect timeout, and a session that ended meanwhile has the wait granted at once.
+        let failure = match backend.connect(None).await {
+            Err(e) => {
+                let retry = matches!(e, Error::Unavailable(_) | Error::Capacity(_));
+                let why = format!("the watcher cannot connect: {e}");
+                if let Some(ended) = check(&lock_session, &heartbeat, margin, &why).await {
+                    return ended;
+                }
+                if !retry {
+                    tracing::debug!("no watcher for the lock session (heartbeats only): {e}");
+                    return Watched::Unwatched;
+                }
+                why
+            }
+            Ok(mut conn) => {
+                let since = BootInstant::now();
+                // Bounded by the lock session's life: the server grants this when that
+                // session ends.
+                let waited = conn
+                    .rows(&sql, super::acquire::UNBOUNDED + OP_TIMEOUT)
+                    .await;
+                if BootInstant::now().saturating_since(since) > WATCH_RETRY_MAX {
+                    pause = Duration::ZERO;
+                }
+                let why = match waited {
+                    Ok(rows) if rows.first().and_then(|r| cell::<i64>(r, 0)) == Some(1) => {
+                        return Watched::Ended(
+                            "the server ended our session (KILL, release --force, or a restart)"
+                                .into(),
+                        )
+                    }
+                    Ok(_) => "the watcher's wait ended without a grant".to_owned(),
+                    Err(f) => format!("the watcher's connection failed: {}", f.describe()),
+                };
+                if let Some(ended) = check(&lock_session, &heartbeat, margin, &why).await {
+                    return ended;
+                }
+                why
+            }
+        };
+        tracing::debug!("{failure}; the lock session answers, watching it again");
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).clamp(WATCH_RETRY_FIRST, WATCH_RETRY_MAX);
+    }
+    Watched::Unwatched
+}
+
+/// The check of the lock session after the watcher failed (`why`): `None` when `heartbeat`
+/// proves the lock still ours within `margin` (the wait for the connection included),
+/// otherwise the end to report.
+async fn check(
+    lock_session: &Mutex<Session>,
+    heartbeat: &str,
+    margin: Duration,
+    why: &str,
+) -> Option<Watched> {
+    let checked = tokio::time::timeout(margin, async {
+        lock_session.lock().await.rows(heartbeat, margin).await
+    })
+    .await;
     match checked {
-        Ok(Ok(rows)) if rows.first().and_then(|r| cell::<i64>(r, 0)) == Some(1) => {
-            Watched::Unwatched
-        }
-        Ok(Ok(_)) => Watched::Ended(gone_reason()),
-        Ok(Err(f)) if f.closed() => Watched::Ended(closed_reason(&f)),
-        _ => Watched::Unwatched,
+        Ok(Ok(rows)) if rows.first().and_then(|r| cell::<i64>(r, 0)) == Some(1) => None,
+        Ok(Ok(_)) => Some(Watched::Ended(gone_reason())),
+        Ok(Err(f)) if f.closed() => Some(Watched::Ended(closed_reason(&f))),
+        Ok(Err(f)) => Some(Watched::Ended(format!(
+            "{why}, and the lock session failed to answer ({}): the server may have ended both",
+            f.describe()
+        ))),
+        Err(_) => Some(Watched::Ended(format!(
+            "{why}, and the lock session did not answer within {}: the server may have ended both",
+            humantime::format_duration(margin)
+        ))),
     }
 }
 

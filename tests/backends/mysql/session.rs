@@ -1,6 +1,6 @@
 //! Losing the session: a SIGKILLed holder frees the lock at once; `KILL` of the holder's
-//! connection, `release --force` and a server restart stop its command (124) by the time the
-//! next holder's starts, with one line; fencing tokens keep increasing across a server crash
+//! connection or of all its connections (its watcher's first, too), `release --force` and a
+//! server restart stop its command (124) by the time the next holder's starts, with one line; fencing tokens keep increasing across a server crash
 //! right after a grant, across databases of one server, and across an emptied table.
 
 use std::path::PathBuf;
@@ -106,9 +106,9 @@ struct Handover {
     started: PathBuf,
 }
 
-fn handover(env: &TestEnv, lock: &str) -> Handover {
+/// The holder of a [`Handover`], once its command runs, and where its stop is noted.
+fn holding(env: &TestEnv, lock: &str) -> (Child, PathBuf) {
     let stopped = env.path("stopped");
-    let started = env.path("started");
     let ready = env.path("ready");
     let holder = env
         .dlock([
@@ -130,6 +130,12 @@ fn handover(env: &TestEnv, lock: &str) -> Handover {
         .spawn()
         .expect("spawn holder");
     wait_until("holder ready", PATIENCE, || ready.exists());
+    (holder, stopped)
+}
+
+/// The waiter of a [`Handover`] (no `--wait`), whose command notes when it started.
+fn waiting(env: &TestEnv, lock: &str) -> (Child, PathBuf) {
+    let started = env.path("started");
     let waiter = env
         .dlock([
             "run",
@@ -143,6 +149,12 @@ fn handover(env: &TestEnv, lock: &str) -> Handover {
         .stderr(Stdio::piped())
         .spawn()
         .expect("spawn waiter");
+    (waiter, started)
+}
+
+fn handover(env: &TestEnv, lock: &str) -> Handover {
+    let (holder, stopped) = holding(env, lock);
+    let (waiter, started) = waiting(env, lock);
     wait_until("waiter queued", PATIENCE, || env.waiters(lock) == 1);
     Handover {
         holder,
@@ -155,7 +167,13 @@ fn handover(env: &TestEnv, lock: &str) -> Handover {
 impl Handover {
     /// The holder exits 124 and its command was stopped no later than the waiter's started
     /// (within [`SAME_MOMENT`]); the waiter succeeds. Returns the holder's stderr.
-    fn assert_no_overlap(mut self) -> String {
+    fn assert_no_overlap(self) -> String {
+        self.assert_stopped_within(SAME_MOMENT)
+    }
+
+    /// The holder exits 124 and its command was stopped no later than `late` after the
+    /// waiter's started; the waiter succeeds. Returns the holder's stderr.
+    fn assert_stopped_within(mut self, late: Duration) -> String {
         let status = wait_within(&mut self.holder, PATIENCE);
         let holder_err = stderr_left(&mut self.holder);
         assert_eq!(status.code(), Some(124), "{holder_err}");
@@ -171,7 +189,7 @@ impl Handover {
         };
         let (stopped, started) = (stamp(&self.stopped), stamp(&self.started));
         assert!(
-            stopped <= started + SAME_MOMENT.as_nanos(),
+            stopped <= started + late.as_nanos(),
             "the old holder's command was stopped {} ms after the next holder's started: {holder_err}",
             (stopped - started) / 1_000_000
         );
@@ -199,6 +217,96 @@ fn kill_of_the_holders_connection_stops_its_command_before_the_next_holder_start
     let id = holder_connection(&env, &lock);
     server.sql(&format!("KILL {id}"));
     assert_one_line(&run.assert_no_overlap());
+}
+
+#[test]
+fn kill_of_all_the_holders_connections_stops_its_command_before_the_next_holder_starts() {
+    // Every session of the user at once, the lock session and its watcher alike, as a proxy
+    // failover or a network blip cuts them; the next holder comes after.
+    let server = MysqlServer::start();
+    let env = TestEnv::new(&server);
+    let lock = lock_name("m");
+    let (holder, stopped) = holding(&env, &lock);
+    server.sql("KILL USER 'dlock'");
+    let (waiter, started) = waiting(&env, &lock);
+    let run = Handover {
+        holder,
+        waiter,
+        stopped,
+        started,
+    };
+    assert_one_line(&run.assert_no_overlap());
+}
+
+/// The connection id of the holder's watcher (the one connection of the user waiting in
+/// `GET_LOCK`), once it waits.
+fn watcher_connection(server: &MysqlServer) -> u64 {
+    let mut id = None;
+    wait_until("the holder's watcher waiting", PATIENCE, || {
+        id = server
+            .sql(
+                "SELECT ID FROM information_schema.PROCESSLIST \
+                 WHERE USER = 'dlock' AND INFO LIKE 'SELECT GET_LOCK(%'",
+            )
+            .parse()
+            .ok();
+        id.is_some()
+    });
+    id.unwrap_or_default()
+}
+
+#[test]
+fn kill_of_the_holders_watcher_then_of_its_lock_session_stops_its_command_before_the_next_holder_starts(
+) {
+    // A failover or a network cut ends both connections, not always the lock session's
+    // first: here the watcher's end comes first, seen while the lock session still answers,
+    // and the lock session's a moment later.
+    let server = MysqlServer::start();
+    let env = TestEnv::new(&server);
+    let lock = lock_name("m");
+    let (holder, stopped) = holding(&env, &lock);
+    let watcher = watcher_connection(&server);
+    let session = holder_connection(&env, &lock);
+    server.sql(&format!("KILL {watcher}"));
+    server.sql(&format!("KILL {session}"));
+    let (waiter, started) = waiting(&env, &lock);
+    let run = Handover {
+        holder,
+        waiter,
+        stopped,
+        started,
+    };
+    assert_one_line(&run.assert_no_overlap());
+}
+
+/// How much later than the next holder's command start the old holder's stop may be noted
+/// when its watcher cannot connect: the watcher tries again at least every second, each
+/// time after checking the lock session, and a try after the session's end is granted the
+/// session key at once; [`SAME_MOMENT`] on top, and still far below a heartbeat interval.
+const WITHOUT_A_WATCHER: Duration = Duration::from_secs(2);
+
+#[test]
+fn a_holder_whose_watcher_cannot_connect_stops_its_command_within_a_second_of_its_sessions_end() {
+    let server = MysqlServer::start();
+    // The holder's user may have one connection: its lock session's. The watcher's are
+    // refused (error 1203) for as long as that session lives.
+    server.sql("ALTER USER 'app'@'%' WITH MAX_USER_CONNECTIONS 1");
+    let env = TestEnv::new(&server);
+    let mut app = TestEnv::new(&server);
+    app.url = server.password_url().expect("a URL with a password");
+    let lock = lock_name("m");
+    let (holder, stopped) = holding(&app, &lock);
+    let (waiter, started) = waiting(&env, &lock);
+    wait_until("waiter queued", PATIENCE, || env.waiters(&lock) == 1);
+    let session = holder_connection(&env, &lock);
+    server.sql(&format!("KILL {session}"));
+    let run = Handover {
+        holder,
+        waiter,
+        stopped,
+        started,
+    };
+    assert_one_line(&run.assert_stopped_within(WITHOUT_A_WATCHER));
 }
 
 #[test]
