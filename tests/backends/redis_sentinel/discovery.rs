@@ -1,6 +1,7 @@
 //! A URL may list one sentinel: dlock finds the rest of the group through it
 //! (`SENTINEL SENTINELS`) and still needs a majority of the whole group to name the master,
-//! each sentinel counted once however many addresses reach it.
+//! for a grant and for every renewal, each sentinel counted once however many addresses
+//! reach it.
 
 use nix::sys::signal::Signal;
 
@@ -97,4 +98,21 @@ fn one_sentinel_listed_at_ipv4_and_ipv6_loopback_counts_once() {
     );
     assert_fails(&out, 69, "only 1 of the 3 sentinels");
     server.stop_sentinels();
+}
+
+#[test]
+fn a_holder_through_one_listed_sentinel_is_stopped_when_the_found_majority_goes_away() {
+    let server = SentinelServer::start();
+    let mut env = TestEnv::new(&server); // TTL 3 s
+    env.url = one_sentinel(&server, 0, "127.0.0.1");
+    let lock = lock_name("found-gone");
+    let (mut holder, log) = env.stoppable_holder(&env.url, &lock);
+    // Its renewals ask the two sentinels found through the listed one: both gone, the one
+    // left is one of three.
+    server.signal_sentinel(1, Signal::SIGKILL);
+    server.signal_sentinel(2, Signal::SIGKILL);
+    let status = wait_within(&mut holder, PATIENCE);
+    assert_eq!(status.code(), Some(124), "{}", stderr_left(&mut holder));
+    let order = std::fs::read_to_string(&log).expect("log");
+    assert_eq!(order, "holder-stopped\n", "the command was not stopped");
 }
