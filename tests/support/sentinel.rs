@@ -6,6 +6,9 @@
 //! [`SentinelServer::start_tls`] makes every process speak TLS only (clients, replication, the
 //! sentinels' links to the data nodes and to each other), as Redis documents it: `port 0`,
 //! `tls-port`, and `tls-replication yes`, which also turns the sentinels' own links to TLS.
+//!
+//! The sentinels listen on `127.0.0.1` and, where the host has it, `::1`: one sentinel that a
+//! URL can name at two addresses.
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -96,7 +99,7 @@ impl SentinelServer {
             // FAILOVER), so a longer bound costs nothing.
             let down_after = if tls.is_some() { 5000 } else { 1000 };
             text.push_str(&format!(
-                "bind 127.0.0.1\ndir {dir}\n\
+                "bind 127.0.0.1 -::1\ndir {dir}\n\
                  sentinel monitor {MASTER_NAME} 127.0.0.1 {master_port} 2\n\
                  sentinel down-after-milliseconds {MASTER_NAME} {down_after}\n\
                  sentinel failover-timeout {MASTER_NAME} 5000\n\

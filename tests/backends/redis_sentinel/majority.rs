@@ -147,11 +147,12 @@ fn a_sentinel_that_missed_the_failover_cannot_send_a_run_to_the_old_master() {
         server.node_text(old, &["ROLE"]).contains("master"),
         "the old master was turned into a replica already"
     );
-    // A run that lists that sentinel alone must not get the lock: it knows of two others.
+    // A run that lists that sentinel alone must not get the lock: it knows of two others,
+    // which dlock asks too, and they are silent.
     let alone = server.url_of(&[format!("127.0.0.1:{}", server.sentinel_ports[2])]);
     let out = env.run(["run", "--no-wait", "--url", &alone, "split", "touch", "ran"]);
     assert!(!env.path("ran").exists(), "two holders: {}", describe(&out));
-    assert_fails(&out, 69, "the URL lists only 1 of them");
+    assert_fails(&out, 69, "only 1 of the 3 sentinels");
     // Nor one that reaches only that sentinel of the three it lists.
     let out = env.run(["run", "--no-wait", "--url", &url, "split", "touch", "ran"]);
     assert!(!env.path("ran").exists(), "two holders: {}", describe(&out));

@@ -6,6 +6,7 @@
 //! servers (`tls`).
 
 mod connect;
+mod discovery;
 mod failover;
 mod majority;
 mod replicas;

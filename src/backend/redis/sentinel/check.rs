@@ -1,5 +1,6 @@
-//! What `dlock check` adds behind Sentinel: how many sentinels answered (a warning when fewer
-//! than the quorum did: a failover could not be agreed on now), the master they name and the
+//! What `dlock check` adds behind Sentinel: how many sentinels answered (the URL's, and those
+//! found through them when it lists fewer than a majority; a warning when fewer than the
+//! quorum did: a failover could not be agreed on now), the master they name and the
 //! configuration epoch, and the master's replicas with their lag.
 
 use crate::lock::CheckReport;
@@ -23,20 +24,42 @@ pub(in crate::backend::redis) async fn report(conn: &mut Conn, report: &mut Chec
     report_connected_replicas(conn, wanted, report).await;
 }
 
-/// Reports how many sentinels answered and the group they know, warning of each sentinel
-/// that did not answer or does not monitor the master; returns how many named a master.
+/// Reports how many sentinels answered (the URL's, then each found through them) and the
+/// group they know, warning of each sentinel that did not answer or does not monitor the
+/// master; returns how many (each once) named a master.
 fn report_answers(round: &Round, locator: &Locator, report: &mut CheckReport) -> usize {
     let answers = &round.answers;
     let listed = round.listed;
-    let answered = answers
-        .iter()
-        .filter(|a| matches!(a, Answer::Master { .. }))
-        .count();
+    let (group, answered, _) = round.tally(answers.iter());
+    let found_answered = round.found.iter().filter(|f| f.answered).count();
     report.details.push((
         "sentinels".into(),
-        format!("{answered} of {listed} answered"),
+        format!(
+            "{} of {listed} answered",
+            answered.saturating_sub(found_answered)
+        ),
     ));
-    let (group, _, _) = round.tally(answers.iter());
+    if !round.found.is_empty() {
+        let found: Vec<String> = round
+            .found
+            .iter()
+            .map(|f| {
+                let said = if f.answered {
+                    "answered"
+                } else {
+                    "did not answer"
+                };
+                format!("{} {said} (through {})", f.label, f.through)
+            })
+            .collect();
+        report.details.push((
+            "found through them".into(),
+            format!(
+                "{} (the URL lists fewer than a majority of the group)",
+                found.join("; ")
+            ),
+        ));
+    }
     report.details.push((
         "sentinel group".into(),
         format!(
@@ -62,7 +85,7 @@ fn report_answers(round: &Round, locator: &Locator, report: &mut CheckReport) ->
 /// Reports the quorum the first answering sentinel gives, warning when fewer sentinels than
 /// that answered.
 fn report_quorum(round: &Round, answered: usize, report: &mut CheckReport) {
-    let listed = round.listed;
+    let asked = round.listed + round.found.len();
     let field = |name: &str| {
         round.answers.iter().find_map(|a| match a {
             Answer::Master { fields, .. } => fields
@@ -76,7 +99,7 @@ fn report_quorum(round: &Round, answered: usize, report: &mut CheckReport) {
         report.details.push(("quorum".into(), quorum.to_string()));
         if answered < quorum {
             report.warnings.push(format!(
-                "only {answered} of {listed} sentinels answered, fewer than the quorum of \
+                "only {answered} of {asked} sentinels answered, fewer than the quorum of \
                  {quorum}: a failover cannot be agreed on now, and runs and renewals need a \
                  majority of the group"
             ));

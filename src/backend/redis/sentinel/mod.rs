@@ -13,10 +13,15 @@
 //!
 //! - the distinct sentinels of the URL are asked at once (`SENTINEL MASTER <name>`, each
 //!   bounded by [`ASK_TIMEOUT`](super::topology::ASK_TIMEOUT)); entries whose names resolve to a common address
-//!   (IPv4-mapped IPv6 counted as IPv4) are one sentinel, asked once and counted once;
+//!   (IPv4-mapped IPv6 counted as IPv4) are one sentinel, asked once and counted once, and
+//!   answers with one run id (`SENTINEL MYID`: one sentinel reached at `127.0.0.1` and at
+//!   `::1`) are one vote;
 //! - the group is as large as the sentinels know it (`num-other-sentinels` + 1, the largest
-//!   any of them reports), and never smaller than the URL's distinct sentinels; a master
-//!   counts only when a majority of that group names it ([`Round::agreed`](super::topology::Round::agreed)). The asking stops
+//!   any of them reports), and never smaller than the URL's distinct sentinels. When the URL
+//!   lists fewer than a majority of it (one sentinel, say), the others the answers name
+//!   (`SENTINEL SENTINELS <name>`) are asked too, in that round and the next ones: a URL that
+//!   lists a majority is the user's choice of whom to ask, one that lists fewer could never
+//!   reach one. A master counts only when a majority of that group names it ([`Round::agreed`](super::topology::Round::agreed)). The asking stops
 //!   as soon as one does (a black-holed sentinel costs nothing then); fewer is "unavailable"
 //!   (69), for a grant and for a renewal alike;
 //! - a connection goes to that master, which must answer `ROLE` with `master`;

@@ -1,7 +1,7 @@
 //! Following `+switch-master`: while a lock is held, a task subscribes to the event on one
-//! sentinel (the next one when that connection ends), and when the sentinels switch the master
-//! it looks at once whether the new master has the hold, instead of at the next renewal
-//! (up to TTL/3 later). A hold the failover lost is reported lost there and then (124); one it
+//! sentinel (the next one when that connection ends: the URL's, then those found through
+//! them), and when the sentinels switch the master it looks at once whether the new master
+//! has the hold, instead of at the next renewal (up to TTL/3 later). A hold the failover lost is reported lost there and then (124); one it
 //! carried over is left to the next renewal, which moves to the new master.
 //!
 //! The subscription is made [`FIRST_LOOK`] after the grant, not at once: most held commands
@@ -76,7 +76,8 @@ async fn follow(
     // For as long as the lock is held (the task is aborted at release): one sentinel after the
     // other, a pause after each full round that found none to subscribe to.
     loop {
-        for sentinel in sentinels.iter() {
+        let found = locator.found.lock().map(|f| f.clone()).unwrap_or_default();
+        for sentinel in sentinels.iter().chain(found.iter()) {
             let Some(new_master) = next_switch(sentinel, &locator.master).await else {
                 continue;
             };

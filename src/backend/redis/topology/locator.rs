@@ -1,5 +1,6 @@
-//! Where the master is behind Sentinel, found without a `Conn`: the sentinels of the URL, asked
-//! at once for the master they name ([`round`]), and a connection to it once a majority agree.
+//! Where the master is behind Sentinel, found without a `Conn`: the sentinels of the URL (and,
+//! when it lists fewer than a majority of the group, the others they know), asked at once for
+//! the master they name ([`round`]), and a connection to it once a majority agree.
 //! Why a majority, and when the sentinels are asked (every connect, every renewal, a waiter's
 //! re-checks), is the theory of `sentinel/`, which drives this from a `Conn`.
 
@@ -21,8 +22,8 @@ use crate::backend::redis::failure::classify;
 use crate::backend::redis::setup::Setup;
 use crate::backend::redis::{RedisAddr, RedisTarget};
 
-use self::round::{ask, distinct};
-pub(in crate::backend::redis) use self::round::{Answer, Round};
+use self::round::{ask, distinct, Listed, Peer};
+pub(in crate::backend::redis) use self::round::{Answer, Found, Round};
 
 /// Bound for asking one sentinel (connecting, authenticating, the answer). A sentinel answers
 /// from memory in well under a millisecond on a LAN, but a new TLS connection with a client
@@ -37,27 +38,47 @@ pub(in crate::backend::redis) const ASK_TIMEOUT: Duration = Duration::from_secs(
 const LAST_CHECK: Duration = Duration::from_millis(250);
 /// Bound for connecting to the master the sentinels name.
 const MASTER_CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// The most sentinels dlock asks beyond the URL's, found through them: a group has a handful
+/// (Redis documents three or five).
+const MAX_FOUND: usize = 16;
 
 /// A `host:port`.
 pub(in crate::backend::redis) type Addr = (String, u16);
 
-/// One sentinel of the URL.
+/// One sentinel: of the URL, or found through one of the URL's.
 #[derive(Clone)]
 pub(in crate::backend::redis) struct Sentinel {
     pub(in crate::backend::redis) label: String,
     host: String,
     port: u16,
+    /// For a sentinel the URL does not list, the one it was found through.
+    through: Option<String>,
     pub(in crate::backend::redis) client: Client,
     /// The connection of the last answer, kept for the next question (a waiter asks every
     /// second, a holder at every renewal).
     link: Arc<std::sync::Mutex<Option<MultiplexedConnection>>>,
 }
 
+impl Sentinel {
+    /// Its address, and for one found through another, which.
+    fn shown(&self) -> String {
+        match &self.through {
+            Some(through) => format!("{} (found through {through})", self.label),
+            None => self.label.clone(),
+        }
+    }
+}
+
 /// Where the master is, for one connection.
 pub(in crate::backend::redis) struct Locator {
     pub(in crate::backend::redis) sentinels: Arc<[Sentinel]>,
     /// Which of `sentinels` are distinct servers (resolved once, on first use).
-    distinct: Arc<OnceCell<Vec<usize>>>,
+    distinct: Arc<OnceCell<Listed>>,
+    /// The sentinels found through the URL's when it lists fewer than a majority of the group,
+    /// as the last round that heard of them left them (asked from the start of each round).
+    pub(in crate::backend::redis) found: Arc<std::sync::Mutex<Vec<Sentinel>>>,
+    /// The sentinels' settings (credentials, TLS) for one found through the URL's.
+    own: RedisTarget,
     pub(in crate::backend::redis) master: String,
     data: RedisTarget,
     pub(in crate::backend::redis) display: String,
@@ -83,41 +104,26 @@ impl Locator {
         let Some(sentinel) = &target.sentinel else {
             return Ok(None);
         };
+        let own = RedisTarget {
+            addr: target.addr.clone(),
+            db: 0,
+            user: sentinel.user.clone(),
+            password: sentinel.password.clone(),
+            tls: target.tls.clone(),
+            more_hosts: Vec::new(),
+            sentinel: None,
+        };
         let mut sentinels = Vec::new();
         for (host, port) in &sentinel.sentinels {
-            let addr = if sentinel.tls {
-                RedisAddr::Tls {
-                    host: host.clone(),
-                    port: *port,
-                }
-            } else {
-                RedisAddr::Tcp {
-                    host: host.clone(),
-                    port: *port,
-                }
-            };
-            let own = RedisTarget {
-                addr,
-                db: 0,
-                user: sentinel.user.clone(),
-                password: sentinel.password.clone(),
-                tls: target.tls.clone(),
-                more_hosts: Vec::new(),
-                sentinel: None,
-            };
-            sentinels.push(Sentinel {
-                label: crate::kit::url::join_host_port(host, *port),
-                host: host.clone(),
-                port: *port,
-                client: Setup::client_for(&own, display)?,
-                link: Arc::default(),
-            });
+            sentinels.push(Self::sentinel_at(&own, host, *port, None, display)?);
         }
         let mut data = target.clone();
         data.sentinel = None;
         Ok(Some(Locator {
             sentinels: sentinels.into(),
             distinct: Arc::default(),
+            found: Arc::default(),
+            own,
             master: sentinel.master.clone(),
             data,
             display: display.to_owned(),
@@ -128,6 +134,36 @@ impl Locator {
             replicas: sentinel.replicas,
             replicas_timeout: sentinel.replicas_timeout,
         }))
+    }
+
+    /// A sentinel at `host:port` with the settings of `own` (found `through` another, or of
+    /// the URL).
+    fn sentinel_at(
+        own: &RedisTarget,
+        host: &str,
+        port: u16,
+        through: Option<String>,
+        display: &str,
+    ) -> Result<Sentinel, Error> {
+        let mut own = own.clone();
+        own.addr = match own.addr {
+            RedisAddr::Tls { .. } => RedisAddr::Tls {
+                host: host.to_owned(),
+                port,
+            },
+            _ => RedisAddr::Tcp {
+                host: host.to_owned(),
+                port,
+            },
+        };
+        Ok(Sentinel {
+            label: crate::kit::url::join_host_port(host, port),
+            host: host.to_owned(),
+            port,
+            through,
+            client: Setup::client_for(&own, display)?,
+            link: Arc::default(),
+        })
     }
 
     /// Ask the sentinels where the master is, connect there and check that it is one.
@@ -176,6 +212,8 @@ impl Locator {
         Locator {
             sentinels: self.sentinels.clone(),
             distinct: self.distinct.clone(),
+            found: self.found.clone(),
+            own: self.own.clone(),
             master: self.master.clone(),
             data: self.data.clone(),
             display: self.display.clone(),
@@ -190,31 +228,50 @@ impl Locator {
 
     /// Ask the distinct sentinels at once, within `budget` (each within [`ASK_TIMEOUT`]);
     /// with `early`, stop as soon as a majority names one master (the others are not waited
-    /// for). The answers in the URL's order.
+    /// for). When the URL lists fewer than a majority of the group (as the answers tell it),
+    /// the other sentinels the answers name are asked too, as soon as they are named (and from
+    /// the start in the rounds after). The answers in the URL's order, then the others'.
     pub(in crate::backend::redis) async fn ask(&self, budget: Duration, early: bool) -> Round {
-        let distinct = self
+        let listed = self
             .distinct
             .get_or_init(|| distinct(&self.sentinels))
             .await;
-        let listed = distinct.len();
+        let mut asked: Vec<Sentinel> = listed
+            .kept
+            .iter()
+            .map(|&i| self.sentinels[i].clone())
+            .collect();
+        let known = self.found.lock().map(|f| f.clone()).unwrap_or_default();
+        let first_found = asked.len();
+        asked.extend(known);
         let mut asks = tokio::task::JoinSet::new();
-        for &i in distinct {
-            let (sentinel, master) = (self.sentinels[i].clone(), self.master.clone());
+        for (i, sentinel) in asked.iter().enumerate() {
+            let (sentinel, master) = (sentinel.clone(), self.master.clone());
             asks.spawn(async move { (i, ask(&sentinel, &master).await) });
         }
         let until = tokio::time::Instant::now() + budget;
-        let mut answers: Vec<(usize, Answer)> = Vec::with_capacity(listed);
+        let mut answers: Vec<(usize, Answer)> = Vec::with_capacity(asked.len());
+        // The other sentinels the answers name, and whether any answer told the URL lists
+        // fewer than a majority of the group.
+        let mut named: Vec<Peer> = Vec::new();
+        let mut short = false;
         loop {
             let done = match tokio::time::timeout_at(until, asks.join_next()).await {
                 Ok(Some(done)) => done,
                 Ok(None) => break,
                 Err(_) => {
+                    let silent: Vec<String> = asked
+                        .iter()
+                        .enumerate()
+                        .filter(|(i, _)| !answers.iter().any(|(a, _)| a == i))
+                        .map(|(_, s)| s.shown())
+                        .collect();
                     answers.push((
                         usize::MAX,
                         Answer::Failed(
                             format!(
-                                "{} more sentinel(s): no answer within {}",
-                                asks.len(),
+                                "{}: no answer within {}",
+                                silent.join(", "),
                                 humantime::format_duration(budget)
                             ),
                             None,
@@ -227,24 +284,116 @@ impl Locator {
                 Ok(answer) => answers.push(answer),
                 Err(e) => answers.push((usize::MAX, Answer::Failed(e.to_string(), None))),
             }
-            if early {
-                let round = Round {
-                    answers: Vec::new(),
-                    listed,
-                };
-                if round.majority_of(answers.iter().map(|(_, a)| a)).is_some() {
-                    break;
+            let round = Round {
+                answers: Vec::new(),
+                listed: listed_count(listed.kept.len(), first_found, &answers),
+                found: Vec::new(),
+            };
+            if early && round.majority_of(answers.iter().map(|(_, a)| a)).is_some() {
+                break;
+            }
+            let (group, _, _) = round.tally(answers.iter().map(|(_, a)| a));
+            if round.listed > group / 2 {
+                continue;
+            }
+            short = true;
+            // Ask each sentinel named that is not asked yet: not one of the URL's, nor one
+            // asked under this address, nor one that answered under another (its run id).
+            let mut ids: Vec<&str> = Vec::new();
+            for (_, answer) in &answers {
+                if let Answer::Master { id, peers, .. } = answer {
+                    ids.extend(id.as_deref());
+                    for peer in peers {
+                        if !named.contains(peer) {
+                            named.push(peer.clone());
+                        }
+                    }
                 }
+            }
+            let mut new = Vec::new();
+            for peer in &named {
+                let (host, port) = &peer.addr;
+                let already = listed.has(&self.sentinels, &peer.addr)
+                    || asked.iter().any(|s| &s.host == host && s.port == *port)
+                    || peer.id.as_deref().is_some_and(|id| ids.contains(&id));
+                if already || asked.len() >= first_found + MAX_FOUND {
+                    continue;
+                }
+                let through = answers.iter().find_map(|(i, a)| match a {
+                    Answer::Master { peers, .. } if peers.contains(peer) => {
+                        asked.get(*i).map(|s| s.label.clone())
+                    }
+                    _ => None,
+                });
+                match Self::sentinel_at(&self.own, host, *port, through, &self.display) {
+                    Ok(sentinel) => {
+                        new.push(asked.len());
+                        asked.push(sentinel);
+                    }
+                    Err(e) => tracing::debug!("a sentinel named at {host}:{port}: {e}"),
+                }
+            }
+            for i in new {
+                let (sentinel, master) = (asked[i].clone(), self.master.clone());
+                asks.spawn(async move { (i, ask(&sentinel, &master).await) });
             }
         }
         // The sentinels not waited for finish on their own (each within ASK_TIMEOUT) and
         // keep their connection for the next round: a TLS handshake cut off at every round
         // would be made again at every round.
         asks.detach_all();
+        self.keep_found(&asked[first_found..], &answers, &named, short);
         answers.sort_by_key(|(i, _)| *i);
+        let found = asked[first_found..]
+            .iter()
+            .enumerate()
+            .map(|(j, s)| Found {
+                label: s.label.clone(),
+                through: s.through.clone().unwrap_or_default(),
+                answered: answers
+                    .iter()
+                    .any(|(i, a)| *i == first_found + j && matches!(a, Answer::Master { .. })),
+            })
+            .collect();
         Round {
+            listed: listed_count(listed.kept.len(), first_found, &answers),
             answers: answers.into_iter().map(|(_, a)| a).collect(),
-            listed,
+            found,
+        }
+    }
+
+    /// What the next round asks beyond the URL's sentinels: when this one found the URL lists
+    /// fewer than a majority, those of `asked` that a sentinel named in it (`named`: a
+    /// sentinel that left the group is dropped with it); none when it lists a majority; as
+    /// they were when no sentinel answered.
+    fn keep_found(
+        &self,
+        asked: &[Sentinel],
+        answers: &[(usize, Answer)],
+        named: &[Peer],
+        short: bool,
+    ) {
+        if !answers
+            .iter()
+            .any(|(_, a)| matches!(a, Answer::Master { .. }))
+        {
+            return;
+        }
+        let kept: Vec<Sentinel> = if short {
+            asked
+                .iter()
+                .filter(|s| {
+                    named
+                        .iter()
+                        .any(|p| p.addr.0 == s.host && p.addr.1 == s.port)
+                })
+                .cloned()
+                .collect()
+        } else {
+            Vec::new()
+        };
+        if let Ok(mut found) = self.found.lock() {
+            *found = kept;
         }
     }
 
@@ -320,6 +469,25 @@ impl Locator {
         }
         Ok(false)
     }
+}
+
+/// How many distinct sentinels the URL lists, as far as `answers` tell: `distinct` entries
+/// (those before `first_found` in the round's order), less those that answered with the run
+/// id of another entry that did (one sentinel reached at two addresses, `127.0.0.1` and
+/// `::1`).
+fn listed_count(distinct: usize, first_found: usize, answers: &[(usize, Answer)]) -> usize {
+    let mut ids: Vec<&str> = Vec::new();
+    let mut twice = 0;
+    for (i, answer) in answers {
+        if let (true, Answer::Master { id: Some(id), .. }) = (*i < first_found, answer) {
+            if ids.contains(&id.as_str()) {
+                twice += 1;
+            } else {
+                ids.push(id);
+            }
+        }
+    }
+    distinct.saturating_sub(twice)
 }
 
 /// The last time no majority of a set of sentinels named a master while connecting: the key

@@ -1,6 +1,7 @@
 //! One round of asking the sentinels where the master is, and what their answers add up
-//! to: each distinct sentinel asked at once ([`ask`], [`distinct`]), and a master that counts
-//! only when a majority of the group names it ([`Round::agreed`]).
+//! to: each distinct sentinel asked at once ([`ask`], [`distinct`]), with who it is (its run
+//! id) and the others it knows (`SENTINEL SENTINELS`), and a master that counts only when a
+//! majority of the group names it, each sentinel once ([`Round::agreed`]).
 
 use std::net::SocketAddr;
 
@@ -14,29 +15,51 @@ use super::*;
 pub(in crate::backend::redis) enum Answer {
     /// Its current view: the master's address and the configuration epoch it dates from,
     /// and how many other sentinels it knows, with the rest of the `SENTINEL MASTER` fields
-    /// (for `check`).
+    /// (for `check`); its run id (`SENTINEL MYID`, when it tells) and the other sentinels it
+    /// knows (`SENTINEL SENTINELS`, when it tells).
     Master {
         addr: Addr,
         epoch: u64,
         others: usize,
         fields: Vec<(String, String)>,
+        id: Option<String>,
+        peers: Vec<Peer>,
     },
     /// It monitors no master of that name.
     Unknown,
     Failed(String, Option<Error>),
 }
 
-/// The answers of one round of asking, and how many distinct sentinels the URL lists.
+/// Another sentinel of the group, as one sentinel knows it: the address it announces, and
+/// its run id.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(in crate::backend::redis) struct Peer {
+    pub(in crate::backend::redis) addr: Addr,
+    pub(in crate::backend::redis) id: Option<String>,
+}
+
+/// A sentinel that the URL does not list, found through the ones it does and asked in a
+/// round: where, through which, and whether it named a master.
+pub(in crate::backend::redis) struct Found {
+    pub(in crate::backend::redis) label: String,
+    pub(in crate::backend::redis) through: String,
+    pub(in crate::backend::redis) answered: bool,
+}
+
+/// The answers of one round of asking (the URL's sentinels' and those found through them),
+/// how many distinct sentinels the URL lists, and those found through them that were asked.
 pub(in crate::backend::redis) struct Round {
     pub(in crate::backend::redis) answers: Vec<Answer>,
     pub(in crate::backend::redis) listed: usize,
+    pub(in crate::backend::redis) found: Vec<Found>,
 }
 
 impl Round {
     /// The group's size as the sentinels know it (the largest `num-other-sentinels` + 1 any
     /// of them reports; never fewer than the distinct sentinels that answered, or than the
-    /// URL lists), the sentinels that answered (each a distinct one of the URL's), and the
-    /// votes for each master (address, newest epoch, how many).
+    /// URL lists), the sentinels that answered (each once: answers that give a run id
+    /// already counted are the same sentinel reached at another address), and the votes for
+    /// each master (address, newest epoch, how many).
     pub(in crate::backend::redis) fn tally<'a>(
         &self,
         answers: impl Iterator<Item = &'a Answer>,
@@ -44,16 +67,24 @@ impl Round {
         let mut group = self.listed;
         let mut answered = 0;
         let mut votes: Vec<(Addr, u64, usize)> = Vec::new();
+        let mut ids: Vec<&str> = Vec::new();
         for answer in answers {
             let Answer::Master {
                 addr,
                 epoch,
                 others,
+                id,
                 ..
             } = answer
             else {
                 continue;
             };
+            if let Some(id) = id {
+                if ids.contains(&id.as_str()) {
+                    continue;
+                }
+                ids.push(id);
+            }
             answered += 1;
             group = group.max(others.saturating_add(1)).max(answered);
             match votes.iter_mut().find(|(a, ..)| a == addr) {
@@ -109,9 +140,18 @@ impl Round {
             format!(" ({})", reasons.join("; "))
         };
         if answered < majority {
-            let listed = if self.listed < majority {
+            let listed = if self.found.iter().any(|f| !f.answered) {
                 format!(
-                    "; the URL lists only {} of them: list at least {majority}",
+                    "; the URL lists {} of them and dlock found the others through it, at the \
+                     addresses they announce: if those cannot be reached from here (NAT, \
+                     containers), set 'sentinel announce-ip' and 'sentinel announce-port' on \
+                     the sentinels, or list {majority} of them in the URL",
+                    self.listed
+                )
+            } else if self.listed < majority {
+                format!(
+                    "; the URL lists only {} of them, and they named no other that dlock could \
+                     ask: list at least {majority}",
                     self.listed
                 )
             } else {
@@ -140,11 +180,32 @@ impl Round {
     }
 }
 
+/// The URL's sentinels as asked: which entries are distinct servers, and every address
+/// their names resolve to (to tell a sentinel found through them from one they list).
+pub(in crate::backend::redis) struct Listed {
+    pub(in crate::backend::redis) kept: Vec<usize>,
+    addrs: Vec<SocketAddr>,
+}
+
+impl Listed {
+    /// Is `addr` (as a sentinel announces it) one of the URL's sentinels?
+    pub(in crate::backend::redis) fn has(&self, sentinels: &[Sentinel], addr: &Addr) -> bool {
+        let by_name = sentinels
+            .iter()
+            .any(|s| s.host == addr.0 && s.port == addr.1);
+        let by_ip = addr.0.parse::<std::net::IpAddr>().is_ok_and(|ip| {
+            self.addrs
+                .contains(&SocketAddr::new(ip.to_canonical(), addr.1))
+        });
+        by_name || by_ip
+    }
+}
+
 /// Which of `sentinels` to ask: one per server, where entries whose names resolve to a
 /// common address (IPv4-mapped IPv6 as IPv4) are one server. A name that does not resolve
 /// stays an entry of its own (asking it reports why). Resolved once per run, each name within
 /// [`ASK_TIMEOUT`].
-pub(in crate::backend::redis) async fn distinct(sentinels: &[Sentinel]) -> Vec<usize> {
+pub(in crate::backend::redis) async fn distinct(sentinels: &[Sentinel]) -> Listed {
     let lookups = sentinels.iter().map(|s| async {
         let found = tokio::time::timeout(
             ASK_TIMEOUT,
@@ -173,10 +234,15 @@ pub(in crate::backend::redis) async fn distinct(sentinels: &[Sentinel]) -> Vec<u
             kept.push(i);
         }
     }
-    kept
+    Listed {
+        kept,
+        addrs: resolved.into_iter().flatten().collect(),
+    }
 }
 
-/// `SENTINEL MASTER <name>` on one sentinel.
+/// `SENTINEL MASTER <name>` on one sentinel, with `SENTINEL MYID` and `SENTINEL SENTINELS
+/// <name>` beside it on the same connection (who it is, and the others it knows; a sentinel
+/// that does not tell, such as one whose ACL does not allow them, still answers).
 pub(in crate::backend::redis) async fn ask(sentinel: &Sentinel, master: &str) -> Answer {
     let link = |update: &dyn Fn(&mut Option<MultiplexedConnection>)| {
         if let Ok(mut link) = sentinel.link.lock() {
@@ -185,11 +251,9 @@ pub(in crate::backend::redis) async fn ask(sentinel: &Sentinel, master: &str) ->
     };
     let asked = tokio::time::timeout(ASK_TIMEOUT, async {
         let kept = sentinel.link.lock().ok().and_then(|l| l.clone());
-        let mut command = redis::cmd("SENTINEL");
-        command.arg("MASTER").arg(master);
-        if let Some(mut connection) = kept {
-            match command.query_async::<Value>(&mut connection).await {
-                Ok(reply) => return Ok(reply),
+        if let Some(connection) = kept {
+            match questions(connection, master).await {
+                Ok(replies) => return Ok(replies),
                 // A kept connection may have died since: one more try on a fresh one.
                 Err(e) if e.is_io_error() || e.is_connection_dropped() => link(&|l| *l = None),
                 Err(e) => return Err(e),
@@ -198,22 +262,22 @@ pub(in crate::backend::redis) async fn ask(sentinel: &Sentinel, master: &str) ->
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(ASK_TIMEOUT))
             .set_response_timeout(Some(ASK_TIMEOUT));
-        let mut connection = sentinel
+        let connection = sentinel
             .client
             .get_multiplexed_async_connection_with_config(&config)
             .await?;
-        let reply = command.query_async::<Value>(&mut connection).await?;
+        let replies = questions(connection.clone(), master).await?;
         link(&|l| *l = Some(connection.clone()));
-        Ok(reply)
+        Ok(replies)
     })
     .await;
     if !matches!(asked, Ok(Ok(_))) {
         link(&|l| *l = None);
     }
-    let label = &sentinel.label;
-    let reply = match asked {
-        Ok(Ok(reply)) => reply,
-        Ok(Err(e)) => return failed(label, &e),
+    let label = sentinel.shown();
+    let (reply, id, peers) = match asked {
+        Ok(Ok(replies)) => replies,
+        Ok(Err(e)) => return failed(&label, &e),
         Err(_) => {
             return Answer::Failed(
                 format!(
@@ -236,12 +300,58 @@ pub(in crate::backend::redis) async fn ask(sentinel: &Sentinel, master: &str) ->
                 .and_then(|n| n.parse().ok())
                 .unwrap_or(0),
             fields: fields.clone(),
+            id,
+            peers,
         },
         _ => Answer::Failed(
             format!("{label}: an answer dlock cannot read: {reply:?}"),
             None,
         ),
     }
+}
+
+/// The three questions to one sentinel, sent together on `connection`: `SENTINEL MASTER`
+/// (its error is the answer's), and its run id and the other sentinels it knows, `None` and
+/// none when it does not tell.
+async fn questions(
+    mut connection: MultiplexedConnection,
+    master: &str,
+) -> Result<(Value, Option<String>, Vec<Peer>), RedisError> {
+    let (mut for_id, mut for_peers) = (connection.clone(), connection.clone());
+    let mut about = redis::cmd("SENTINEL");
+    about.arg("MASTER").arg(master);
+    let mut myid = redis::cmd("SENTINEL");
+    myid.arg("MYID");
+    let mut others = redis::cmd("SENTINEL");
+    others.arg("SENTINELS").arg(master);
+    let (reply, id, peers) = tokio::join!(
+        about.query_async::<Value>(&mut connection),
+        myid.query_async::<String>(&mut for_id),
+        others.query_async::<Value>(&mut for_peers),
+    );
+    let peers = peers.map(|p| peers_of(&p)).unwrap_or_default();
+    Ok((reply?, id.ok().filter(|id| !id.is_empty()), peers))
+}
+
+/// The sentinels of a `SENTINEL SENTINELS` reply, as many as [`MAX_FOUND`] (each entry a
+/// flat array in RESP2, a map in RESP3).
+fn peers_of(reply: &Value) -> Vec<Peer> {
+    let Value::Array(entries) = reply else {
+        return Vec::new();
+    };
+    entries
+        .iter()
+        .filter_map(|entry| {
+            let fields = fields_of(entry);
+            let get = |k: &str| fields.iter().find(|(f, _)| f == k).map(|(_, v)| v.clone());
+            let port = get("port")?.parse::<u16>().ok().filter(|p| *p != 0)?;
+            Some(Peer {
+                addr: (get("ip").filter(|ip| !ip.is_empty())?, port),
+                id: get("runid").filter(|id| !id.is_empty()),
+            })
+        })
+        .take(MAX_FOUND)
+        .collect()
 }
 
 /// Why one sentinel could not answer; authentication and "not a sentinel" are kept as

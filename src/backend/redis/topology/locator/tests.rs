@@ -2,7 +2,7 @@
 //! the group names it (the group as the sentinels know it, never smaller than the URL's distinct
 //! sentinels), and when none does, the exit class and the way out.
 
-use super::round::{none_answered, Answer, Round};
+use super::round::{none_answered, Answer, Found, Round};
 use crate::error::Error;
 
 fn failed(reason: &str) -> Answer {
@@ -15,11 +15,17 @@ fn names(port: u16, epoch: u64, others: usize) -> Answer {
         epoch,
         others,
         fields: Vec::new(),
+        id: None,
+        peers: Vec::new(),
     }
 }
 
 fn round(answers: Vec<Answer>, listed: usize) -> Round {
-    Round { answers, listed }
+    Round {
+        answers,
+        listed,
+        found: Vec::new(),
+    }
 }
 
 #[test]
@@ -102,4 +108,78 @@ fn a_tls_failure_of_every_sentinel_is_a_configuration_error() {
         round(answers, 2).agreed("m", "rediss-sentinel://h/0#m"),
         Err(Error::Config(m)) if m.contains("TLS")
     ));
+}
+
+fn names_as(port: u16, id: &str) -> Answer {
+    let Answer::Master {
+        addr,
+        epoch,
+        others,
+        fields,
+        peers,
+        ..
+    } = names(port, 1, 2)
+    else {
+        unreachable!()
+    };
+    Answer::Master {
+        addr,
+        epoch,
+        others,
+        fields,
+        id: Some(id.to_owned()),
+        peers,
+    }
+}
+
+#[test]
+fn one_sentinel_answering_at_two_addresses_is_one_vote() {
+    // Listed twice (127.0.0.1 and ::1): the same run id twice is one sentinel of three.
+    let twice = round(vec![names_as(6379, "a"), names_as(6379, "a")], 2);
+    let Err(Error::Unavailable(message)) = twice.agreed("m", "d") else {
+        panic!("one sentinel answering twice was a majority");
+    };
+    assert!(message.contains("only 1 of the 3 sentinels"), "{message}");
+    // Two sentinels of three: a majority.
+    let two = round(vec![names_as(6379, "a"), names_as(6379, "b")], 2);
+    assert_eq!(two.agreed("m", "d").ok().map(|(a, _)| a.1), Some(6379));
+    // The URL's two entries count as one when they answer with one run id.
+    let answers = vec![(0, names_as(6379, "a")), (1, names_as(6379, "a"))];
+    assert_eq!(super::listed_count(2, 2, &answers), 1);
+    // A sentinel found through them with that run id is not one of the URL's.
+    let answers = vec![(0, names_as(6379, "a")), (2, names_as(6379, "a"))];
+    assert_eq!(super::listed_count(2, 2, &answers), 2);
+}
+
+#[test]
+fn found_sentinels_that_do_not_answer_are_named_with_the_way_out() {
+    let mut cut_off = round(
+        vec![
+            names_as(6379, "a"),
+            failed("127.0.0.1:26380 (found through 127.0.0.1:26379): no answer within 2s"),
+        ],
+        1,
+    );
+    cut_off.found = vec![
+        Found {
+            label: "127.0.0.1:26380".into(),
+            through: "127.0.0.1:26379".into(),
+            answered: false,
+        },
+        Found {
+            label: "127.0.0.1:26381".into(),
+            through: "127.0.0.1:26379".into(),
+            answered: false,
+        },
+    ];
+    let Err(Error::Unavailable(message)) = cut_off.agreed("m", "d") else {
+        panic!("one of three was enough");
+    };
+    assert!(message.contains("only 1 of the 3 sentinels"), "{message}");
+    assert!(
+        message.contains("found through 127.0.0.1:26379"),
+        "{message}"
+    );
+    assert!(message.contains("announce-ip"), "{message}");
+    assert!(!message.contains("list at least"), "{message}");
 }
