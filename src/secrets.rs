@@ -283,6 +283,57 @@ pub fn redact_command(words: &[String]) -> Vec<String> {
         .collect()
 }
 
+/// A command line as `status` shows it: its words masked by [`redact_command`], joined by
+/// spaces and cut to `max` bytes (with `…`).
+pub fn shown_command_line(words: &[String], max: usize) -> String {
+    let mut line = redact_command(words).join(" ");
+    crate::process::cut_to(&mut line, max);
+    line
+}
+
+/// This process's command line as [`shown_command_line`] shows it: what a run waiting in
+/// this host's queue records for `status`.
+pub fn own_command_line(max: usize) -> String {
+    let words: Vec<String> = std::env::args_os()
+        .map(|word| word.to_string_lossy().into_owned())
+        .collect();
+    shown_command_line(&words, max)
+}
+
+/// The command line of process `pid` of this host (a waiter `status` shows) as
+/// [`shown_command_line`] shows it, or nothing for a dlock that records none: one given
+/// `--record-command off`, or started with `DLOCK_RECORD_COMMAND` off where its environment
+/// can be read. (A `record_command = false` in its config file cannot be seen from here; a run
+/// in this host's queue says what it records itself.)
+pub fn command_line_of(pid: u32, max: usize) -> String {
+    let Some(words) = crate::process::arguments(pid) else {
+        return String::new();
+    };
+    let from_arguments = words.iter().enumerate().find_map(|(i, word)| {
+        let value = match word.strip_prefix("--record-command") {
+            Some("") => words.get(i + 1)?.as_str(),
+            Some(with) => with.strip_prefix('=')?,
+            None => return None,
+        };
+        Some(value.to_owned())
+    });
+    let setting =
+        from_arguments.or_else(|| crate::process::environment_value(pid, "DLOCK_RECORD_COMMAND"));
+    if setting.is_some_and(|value| says_off(&value)) {
+        return String::new();
+    }
+    shown_command_line(&words, max)
+}
+
+/// Whether an on/off setting says off (`off`, `false`, `no`, `n`, `f`, `0`, as `--record-command`
+/// takes them).
+fn says_off(value: &str) -> bool {
+    matches!(
+        value.to_ascii_lowercase().as_str(),
+        "off" | "false" | "no" | "n" | "f" | "0"
+    )
+}
+
 /// A word ending in white space (a script's last token) does not carry `next` into the
 /// next word of the command line; a word that is one token does.
 fn word_end_keeps(next: &mut Next, word: &str) {

@@ -86,6 +86,7 @@ macro_rules! contract_tests {
                 stdin_and_stdout_pass_through_untouched,
                 status_reports_holder_and_exits_0_held_1_free,
                 status_shows_since_when_each_waiter_of_this_host_waits,
+                waiters_command_lines_are_masked_or_not_shown,
                 list_shows_held_locks,
                 every_list_shows_every_held_lock,
                 check_reports_ok,

@@ -308,3 +308,88 @@ pub fn status_shows_since_when_each_waiter_of_this_host_waits(server: &dyn LockS
         serde_json::from_slice(&env.run(["status", "--json", &lock]).stdout).unwrap_or_default();
     assert!(json["waiting_here"].is_null(), "{json}");
 }
+
+/// The processes of this host that wait for a lock are shown as holders are: the secrets in
+/// their command lines masked (a password in the waiter's own `--url` included), and a waiter
+/// that records no command line (`--record-command off`, `DLOCK_RECORD_COMMAND=0`) shows
+/// none, in `status`'s text and JSON alike.
+pub fn waiters_command_lines_are_masked_or_not_shown(server: &dyn LockServer) {
+    let env = TestEnv::new(server);
+    let lock = lock_name("waiters");
+    let mut holder = env.hold(&lock, &[]);
+    let waiter = |extra: &[&str], variable: Option<&str>, words: &[&str]| {
+        // Bounded: a waiter left by a failed test gives up by itself.
+        let mut args = vec!["run", "--wait", "60s"];
+        args.extend(extra);
+        args.push(&lock);
+        // `true` ignores its arguments: they are only there to be shown.
+        args.push("true");
+        args.extend(words);
+        let mut command = env.dlock(&args);
+        if let Some(variable) = variable {
+            command.env("DLOCK_RECORD_COMMAND", variable);
+        }
+        command
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn a waiter")
+    };
+    let mut masked = waiter(
+        &[],
+        None,
+        &[
+            "mysql",
+            "-pPw1Secret",
+            "--password=Pw2Secret",
+            "redis://:Pw3Secret@h",
+            "--pass",
+            "Pw4Secret",
+        ],
+    );
+    let mut unrecorded = waiter(&["--record-command", "off"], None, &["Unrecorded1"]);
+    let mut unrecorded_by_variable = waiter(&[], Some("0"), &["Unrecorded2"]);
+    let pids = [&masked, &unrecorded, &unrecorded_by_variable].map(|c| u64::from(c.id()));
+    let mut json = serde_json::Value::Null;
+    wait_until("every waiter in status --json", PATIENCE, || {
+        json = env.status_json(&lock);
+        let shown: Vec<u64> = json["waiting_here"]
+            .as_array()
+            .map(|waiting| waiting.iter().filter_map(|w| w["pid"].as_u64()).collect())
+            .unwrap_or_default();
+        pids.iter().all(|pid| shown.contains(pid))
+    });
+    let text = stdout_of(&env.run(["status", &lock]));
+    holder.signal(nix::sys::signal::Signal::SIGTERM);
+    holder.wait();
+    for child in [&mut masked, &mut unrecorded, &mut unrecorded_by_variable] {
+        assert_eq!(
+            wait_within(child, PATIENCE).code(),
+            Some(0),
+            "a waiter failed"
+        );
+    }
+    let command_of = |pid: u64| {
+        json["waiting_here"]
+            .as_array()
+            .and_then(|waiting| waiting.iter().find(|w| w["pid"].as_u64() == Some(pid)))
+            .map(|w| w["command"].as_str().unwrap_or_default().to_owned())
+            .unwrap_or_default()
+    };
+    let shown = command_of(pids[0]);
+    for part in [
+        "mysql -p***",
+        "--password=***",
+        "redis://:***@h",
+        "--pass ***",
+    ] {
+        assert!(shown.contains(part), "{part} is not in {shown:?}: {json}");
+    }
+    assert_eq!(command_of(pids[1]), "", "{json}");
+    assert_eq!(command_of(pids[2]), "", "{json}");
+    for out in [&json.to_string(), &text] {
+        for hidden in ["Secret", "Unrecorded"] {
+            assert!(!out.contains(hidden), "{hidden} is shown: {out}");
+        }
+    }
+    assert!(text.contains("mysql -p***"), "{text}");
+}
