@@ -295,6 +295,36 @@ mod tests {
     use super::*;
 
     #[test]
+    fn invisible_and_line_breaking_characters_are_escaped() {
+        for c in [
+            '\u{2028}', '\u{2029}', '\u{200b}', '\u{200d}', '\u{feff}', '\u{202e}',
+        ] {
+            let text = format!("a{c}b");
+            assert_eq!(printable(&text), format!("a\\u{{{:x}}}b", u32::from(c)));
+        }
+        assert_eq!(printable("plain é 漢"), "plain é 漢");
+    }
+
+    #[test]
+    fn shown_fields_are_cut_to_the_cap_and_marked() {
+        let long = "x".repeat(2 * 1024 * 1024);
+        let cut = capped(&long);
+        assert_eq!(cut.chars().count(), MAX_SHOWN + 1);
+        assert!(cut.ends_with(CUT));
+        assert_eq!(capped("short"), "short");
+        let exact = "é".repeat(MAX_SHOWN);
+        assert_eq!(capped(&exact), exact);
+        // Escapes count as what is shown, and none is cut in half.
+        let spoofing = "\u{202e}".repeat(MAX_SHOWN);
+        let shown_text = shown(&spoofing);
+        assert!(shown_text.chars().count() <= MAX_SHOWN + 1, "{shown_text}");
+        assert!(shown_text.ends_with("\\u{202e}…"), "{shown_text}");
+        assert!(!shown_text.contains('\u{202e}'));
+        assert_eq!(shown(&exact), exact);
+        assert_eq!(shown("a\u{2028}b"), "a\\u{2028}b");
+    }
+
+    #[test]
     fn a_handoff_stamp_is_wall_clock_microseconds_and_the_pid() {
         let before = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)

@@ -393,3 +393,91 @@ pub fn waiters_command_lines_are_masked_or_not_shown(server: &dyn LockServer) {
     }
     assert!(text.contains("mysql -p***"), "{text}");
 }
+
+/// Characters that must not reach a terminal as they are: the line and paragraph separators,
+/// a zero-width space, the byte-order mark and a right-to-left override.
+pub const INVISIBLE: &str = "\u{2028}\u{2029}\u{200b}\u{feff}\u{202e}";
+
+/// How many characters of one field of a holder's metadata dlock shows (docs/guide.md:
+/// "Looking at locks"), before the `…` that marks the cut.
+pub const MAX_SHOWN: usize = 256;
+
+/// What dlock shows of a holder of `lock` whose metadata was written by hand, each field far
+/// longer than dlock writes it and the command starting with [`INVISIBLE`]: `status`, `list`
+/// (text and JSON), the conflict line and a CI log's waiting line each show every field cut
+/// to [`MAX_SHOWN`] characters and marked `…`, the text escapes the invisible characters, and
+/// the JSON is still JSON.
+pub fn oversized_holder_metadata_is_cut_and_escaped(env: &TestEnv, lock: &str) {
+    let status = env.run(["status", lock]);
+    let status_json = env.run(["status", "--json", lock]);
+    let list = env.run(["list"]);
+    let list_json = env.run(["list", "--json"]);
+    let busy = env.run(["run", "--no-wait", lock, "true"]);
+    let waited = output_within(
+        {
+            let mut command = env.dlock(["run", "--wait", "2s", lock, "true"]);
+            command.env("CI", "true");
+            command
+        },
+        PATIENCE,
+    );
+    assert_eq!(status.status.code(), Some(0), "{}", describe(&status));
+    assert_eq!(busy.status.code(), Some(75), "{}", describe(&busy));
+    assert_eq!(waited.status.code(), Some(75), "{}", describe(&waited));
+    assert!(
+        stderr_of(&waited).contains("waiting for"),
+        "{}",
+        describe(&waited)
+    );
+    // Three fields of a holder on one line, and the words around them.
+    let longest_line = 4 * MAX_SHOWN;
+    for (what, out) in [
+        ("status", &status),
+        ("status --json", &status_json),
+        ("list", &list),
+        ("list --json", &list_json),
+        ("run --no-wait", &busy),
+        ("a CI log's waiting line", &waited),
+    ] {
+        let text = format!("{}{}", stdout_of(out), stderr_of(out));
+        let longest = text.lines().map(|l| l.chars().count()).max().unwrap_or(0);
+        assert!(
+            longest <= longest_line,
+            "{what} printed a line of {longest} characters"
+        );
+        assert!(text.contains('…'), "{what} does not mark the cut: {text}");
+        if !what.ends_with("--json") {
+            for c in INVISIBLE.chars() {
+                assert!(
+                    !text.contains(c),
+                    "{what} printed U+{:04X} as it is: {text}",
+                    u32::from(c)
+                );
+            }
+            assert!(text.contains("\\u{2028}"), "{what}: {text}");
+        }
+    }
+    let status: serde_json::Value =
+        serde_json::from_slice(&status_json.stdout).expect("status --json is JSON");
+    let list: serde_json::Value =
+        serde_json::from_slice(&list_json.stdout).expect("list --json is JSON");
+    let listed = list
+        .as_array()
+        .and_then(|locks| locks.iter().find(|l| l["name"] == lock))
+        .cloned()
+        .unwrap_or_default();
+    for (what, json) in [("status --json", &status), ("list --json", &listed)] {
+        let holder = &json["holders"][0];
+        for field in ["command", "host", "user", "version"] {
+            let value = holder[field].as_str().unwrap_or_default();
+            assert!(
+                value.ends_with('…') && value.chars().count() == MAX_SHOWN + 1,
+                "{what}: {field} is {} characters: {}",
+                value.chars().count(),
+                value.chars().take(80).collect::<String>()
+            );
+        }
+        let command = holder["command"].as_str().unwrap_or_default();
+        assert!(command.starts_with(INVISIBLE), "{what}: {command}");
+    }
+}
