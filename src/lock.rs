@@ -451,7 +451,8 @@ pub struct Waiter {
 }
 
 impl Waiter {
-    /// Process `pid`, waiting since `since`, at `stage`.
+    /// Process `pid`, waiting since `since`, at `stage`, with its command line as
+    /// [`crate::secrets::command_line_of`] shows it.
     pub fn new(pid: u32, since: std::time::SystemTime, stage: &'static str) -> Waiter {
         let waited = std::time::SystemTime::now()
             .duration_since(since)
@@ -459,7 +460,7 @@ impl Waiter {
         Waiter {
             pid,
             user: crate::process::user_of(pid).unwrap_or_default(),
-            command: crate::process::command_line(pid, Holder::MAX_COMMAND),
+            command: crate::secrets::command_line_of(pid, Holder::MAX_COMMAND),
             since: humantime::format_rfc3339_seconds(since).to_string(),
             waited_ms: u64::try_from(waited.as_millis()).unwrap_or(u64::MAX),
             stage,

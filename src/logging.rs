@@ -35,30 +35,95 @@ pub fn say(message: fmt::Arguments<'_>) {
     let _ = writeln!(std::io::stderr().lock(), "dlock: {}", printable(&text));
 }
 
-/// `text` with every control character (C0, DEL, C1) and every bidirectional-formatting
-/// character written as `\u{..}` (`\n`, `\t`, `\r` for those three), so that text from a lock's
-/// metadata or a server (a user name, a command line, a host) cannot move the cursor, retitle
-/// the terminal or reorder what is shown.
+/// `text` with every control character (C0, DEL, C1), every bidirectional-formatting
+/// character, the line and paragraph separators (U+2028, U+2029), the zero-width and invisible
+/// characters and the byte-order mark written as `\u{..}` (`\n`, `\t`, `\r` for those three),
+/// so that text from a lock's metadata or a server (a user name, a command line, a host)
+/// cannot move the cursor, retitle the terminal, break a line, hide text or reorder what is
+/// shown.
 pub fn printable(text: &str) -> Cow<'_, str> {
     if !text.chars().any(needs_escape) {
         return Cow::Borrowed(text);
     }
     let mut out = String::with_capacity(text.len() + 8);
     for c in text.chars() {
-        match c {
-            '\n' => out.push_str("\\n"),
-            '\t' => out.push_str("\\t"),
-            '\r' => out.push_str("\\r"),
-            c if needs_escape(c) => out.push_str(&format!("\\u{{{:x}}}", u32::from(c))),
-            c => out.push(c),
-        }
+        push_escaped(&mut out, c);
     }
     Cow::Owned(out)
 }
 
+/// `c` as [`printable`] writes it.
+fn push_escaped(out: &mut String, c: char) {
+    match c {
+        '\n' => out.push_str("\\n"),
+        '\t' => out.push_str("\\t"),
+        '\r' => out.push_str("\\r"),
+        c if needs_escape(c) => {
+            use std::fmt::Write;
+            let _ = write!(out, "\\u{{{:x}}}", u32::from(c));
+        }
+        c => out.push(c),
+    }
+}
+
 fn needs_escape(c: char) -> bool {
     c.is_control()
-        || matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+        || matches!(
+            c,
+            // Arabic letter mark, Mongolian vowel separator (invisible).
+            '\u{61c}' | '\u{180e}'
+            // Zero-width space, non-joiner, joiner; left-to-right and right-to-left marks.
+            | '\u{200b}'..='\u{200f}'
+            // Line and paragraph separators; bidirectional embeddings and overrides.
+            | '\u{2028}'..='\u{202e}'
+            // Word joiner, invisible operators; bidirectional isolates.
+            | '\u{2060}'..='\u{2069}'
+            // Byte-order mark (zero-width no-break space); interlinear annotation marks.
+            | '\u{feff}' | '\u{fff9}'..='\u{fffb}'
+        )
+}
+
+/// How many characters of one field of metadata read back from a server or a lock file (a
+/// host, a user, a command line, a version) dlock shows, in text and in JSON: room for the
+/// command line dlock itself records ([`crate::lock::Holder::MAX_COMMAND`] bytes) and then
+/// some, so that a hand-written megabyte cannot become a megabyte line on a terminal, in a CI
+/// log or in a report.
+pub const MAX_SHOWN: usize = 256;
+
+/// What marks a field cut to [`MAX_SHOWN`].
+pub const CUT: char = '…';
+
+/// `text` cut to [`MAX_SHOWN`] characters, `…` where it was cut: for JSON (which escapes
+/// what it must itself) and for text that [`printable`] escapes later.
+pub fn capped(text: &str) -> Cow<'_, str> {
+    match text.char_indices().nth(MAX_SHOWN) {
+        None => Cow::Borrowed(text),
+        Some((at, _)) => Cow::Owned(format!("{}{CUT}", &text[..at])),
+    }
+}
+
+/// `text` for a terminal: escaped as [`printable`] escapes it and cut to [`MAX_SHOWN`]
+/// characters of what is shown (escapes included; never inside one), `…` where it was cut.
+pub fn shown(text: &str) -> Cow<'_, str> {
+    let plain = text.len() <= MAX_SHOWN && !text.chars().any(needs_escape);
+    if plain {
+        return Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len().min(MAX_SHOWN * 4));
+    let mut count = 0;
+    let mut one = String::new();
+    for c in text.chars() {
+        one.clear();
+        push_escaped(&mut one, c);
+        let width = one.chars().count();
+        if count + width > MAX_SHOWN {
+            out.push(CUT);
+            return Cow::Owned(out);
+        }
+        count += width;
+        out.push_str(&one);
+    }
+    Cow::Owned(out)
 }
 
 /// The target of the hand-off events: `tracing::debug!(target: "dlock::handoff", "woken")`.
@@ -228,6 +293,36 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn invisible_and_line_breaking_characters_are_escaped() {
+        for c in [
+            '\u{2028}', '\u{2029}', '\u{200b}', '\u{200d}', '\u{feff}', '\u{202e}',
+        ] {
+            let text = format!("a{c}b");
+            assert_eq!(printable(&text), format!("a\\u{{{:x}}}b", u32::from(c)));
+        }
+        assert_eq!(printable("plain é 漢"), "plain é 漢");
+    }
+
+    #[test]
+    fn shown_fields_are_cut_to_the_cap_and_marked() {
+        let long = "x".repeat(2 * 1024 * 1024);
+        let cut = capped(&long);
+        assert_eq!(cut.chars().count(), MAX_SHOWN + 1);
+        assert!(cut.ends_with(CUT));
+        assert_eq!(capped("short"), "short");
+        let exact = "é".repeat(MAX_SHOWN);
+        assert_eq!(capped(&exact), exact);
+        // Escapes count as what is shown, and none is cut in half.
+        let spoofing = "\u{202e}".repeat(MAX_SHOWN);
+        let shown_text = shown(&spoofing);
+        assert!(shown_text.chars().count() <= MAX_SHOWN + 1, "{shown_text}");
+        assert!(shown_text.ends_with("\\u{202e}…"), "{shown_text}");
+        assert!(!shown_text.contains('\u{202e}'));
+        assert_eq!(shown(&exact), exact);
+        assert_eq!(shown("a\u{2028}b"), "a\\u{2028}b");
+    }
 
     #[test]
     fn a_handoff_stamp_is_wall_clock_microseconds_and_the_pid() {

@@ -49,17 +49,29 @@ pub fn user_of(pid: u32) -> Option<String> {
     )
 }
 
-/// The process's command line, its arguments joined by spaces, cut to `max` bytes (with `…`).
-/// Empty for a kernel thread or a process that is gone.
-pub fn command_line(pid: u32, max: usize) -> String {
-    let Ok(raw) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
-        return String::new();
-    };
-    let mut line = String::from_utf8_lossy(&raw)
-        .trim_end_matches('\0')
-        .replace('\0', " ");
-    cut_to(&mut line, max);
-    line
+/// The process's arguments (`argv`), each made UTF-8 (U+FFFD for what is not). `None` for a
+/// process that is gone; empty for a kernel thread.
+pub fn arguments(pid: u32) -> Option<Vec<String>> {
+    let raw = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+    let raw = raw.strip_suffix(b"\0").unwrap_or(&raw);
+    if raw.is_empty() {
+        return Some(Vec::new());
+    }
+    Some(
+        raw.split(|&b| b == 0)
+            .map(|word| String::from_utf8_lossy(word).into_owned())
+            .collect(),
+    )
+}
+
+/// The value of the variable `name` in the process's environment as it started, where it may
+/// be read (the user's own processes).
+pub fn environment_value(pid: u32, name: &str) -> Option<String> {
+    let raw = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
+    raw.split(|&b| b == 0).find_map(|entry| {
+        let value = entry.strip_prefix(name.as_bytes())?.strip_prefix(b"=")?;
+        Some(String::from_utf8_lossy(value).into_owned())
+    })
 }
 
 /// `line` cut to at most `max` bytes at a character boundary, with `…` where it was cut.
@@ -108,8 +120,8 @@ mod tests {
         assert!(started <= now, "{started:?} is after {now:?}");
         // The test binary has not run for a day.
         assert!(now.duration_since(started).expect("ordered") < Duration::from_secs(86_400));
-        let arguments: Vec<String> = std::env::args().collect();
-        assert_eq!(command_line(pid, 100_000), arguments.join(" "));
+        let own: Vec<String> = std::env::args().collect();
+        assert_eq!(arguments(pid), Some(own));
         assert_eq!(
             user_of(pid).as_deref(),
             nix::unistd::User::from_uid(nix::unistd::getuid())
@@ -122,10 +134,9 @@ mod tests {
 
     #[test]
     fn a_long_command_line_is_cut_at_a_character_boundary() {
-        let pid = std::process::id();
-        let line = command_line(pid, 3);
-        assert!(line.ends_with('…'), "{line}");
-        assert!(line.len() <= 3 + '…'.len_utf8());
+        let mut line = "ab\u{e9}cd".to_owned();
+        cut_to(&mut line, 3);
+        assert_eq!(line, "ab…");
     }
 
     #[test]
@@ -134,7 +145,7 @@ mod tests {
         let pid = 4_194_400;
         assert_eq!(started_at(pid), None);
         assert_eq!(user_of(pid), None);
-        assert_eq!(command_line(pid, 100), "");
+        assert_eq!(arguments(pid), None);
         assert_eq!(parent_of(pid), None);
     }
 }

@@ -1,12 +1,16 @@
 //! What `status`, `list` and `check` print, for humans and as JSON, and how clap's usage
 //! errors are reported (one `dlock:` line, exit 64).
+//!
+//! What a server or a lock file says of a lock (a holder's host, user, command line, …) may
+//! have been written by anyone: each text is cut to [`crate::logging::MAX_SHOWN`] characters,
+//! in JSON as in text, and escaped in text ([`shown`]).
 
 use std::io::Write;
 use std::time::{Duration, SystemTime};
 
 use crate::exit::Code;
-use crate::lock::{CheckReport, HolderStatus, LockStatus};
-use crate::logging::printable;
+use crate::lock::{CheckReport, HolderStatus, LockStatus, Waiter};
+use crate::logging::{capped, shown};
 use crate::settings::Common;
 
 /// Report a command-line error as one `dlock:` line (help and version go to stdout, exit 0).
@@ -73,11 +77,11 @@ fn out() -> std::io::StdoutLock<'static> {
 pub fn print_status(status: &LockStatus, json: bool) -> std::io::Result<()> {
     let mut out = out();
     if json {
-        serde_json::to_writer_pretty(&mut out, status)?;
+        serde_json::to_writer_pretty(&mut out, &capped_status(status))?;
         writeln!(out)?;
         return Ok(());
     }
-    writeln!(out, "lock:       {}", printable(&status.name))?;
+    writeln!(out, "lock:       {}", shown(&status.name))?;
     writeln!(
         out,
         "state:      {}",
@@ -99,10 +103,10 @@ pub fn print_status(status: &LockStatus, json: bool) -> std::io::Result<()> {
             if h.host.is_empty() {
                 "?".into()
             } else {
-                printable(&h.host)
+                shown(&h.host)
             },
-            printable(&h.since),
-            printable(&h.command)
+            shown(&h.since),
+            shown(&h.command)
         )?;
     }
     if !status.waiting_here.is_empty() {
@@ -112,20 +116,20 @@ pub fn print_status(status: &LockStatus, json: bool) -> std::io::Result<()> {
         let user = if waiter.user.is_empty() {
             String::new()
         } else {
-            format!(", user {}", printable(&waiter.user))
+            format!(", user {}", shown(&waiter.user))
         };
         writeln!(
             out,
             "  pid {}{user}, waiting since {} ({}) {}: {}",
             waiter.pid,
-            printable(&waiter.since),
+            shown(&waiter.since),
             humantime::format_duration(Duration::from_secs(waiter.waited_ms / 1000)),
             match waiter.stage {
                 "host queue" => "in this host's queue",
                 "server" => "at the server",
                 _ => "for the lock file",
             },
-            printable(&waiter.command)
+            shown(&waiter.command)
         )?;
     }
     if !status.held {
@@ -144,33 +148,33 @@ fn write_holder(out: &mut impl Write, status: &HolderStatus) -> std::io::Result<
     } else if h.host.is_empty() {
         "?".into()
     } else {
-        printable(&h.host)
+        shown(&h.host)
     };
     let user = if h.user.is_empty() {
         String::new()
     } else {
-        format!(", user {}", printable(&h.user))
+        format!(", user {}", shown(&h.user))
     };
     match crate::wording::holder_kind(h) {
-        Some(kind) if h.is_foreign() => writeln!(out, "holder:     {}", printable(&kind))?,
+        Some(kind) if h.is_foreign() => writeln!(out, "holder:     {}", shown(&kind))?,
         Some(kind) => {
             writeln!(out, "holder:     pid {} on {host}{user}", h.pid)?;
-            writeln!(out, "            {}", printable(&kind))?;
+            writeln!(out, "            {}", shown(&kind))?;
         }
         None => writeln!(out, "holder:     pid {} on {host}{user}", h.pid)?,
     }
     writeln!(out, "mode:       {}", h.mode.as_str())?;
     if !h.command.is_empty() {
-        writeln!(out, "command:    {}", printable(&h.command))?;
+        writeln!(out, "command:    {}", shown(&h.command))?;
     }
     if !h.since.is_empty() {
-        writeln!(out, "since:      {}{}", printable(&h.since), ago(&h.since))?;
+        writeln!(out, "since:      {}{}", shown(&h.since), ago(&h.since))?;
     }
     if !h.kept_until.is_empty() {
         writeln!(
             out,
             "finished:   the command has ended; the lock is kept until {} (--min-hold)",
-            printable(&h.kept_until)
+            shown(&h.kept_until)
         )?;
     } else if h.min_hold_ms > 0 {
         writeln!(
@@ -195,12 +199,40 @@ fn write_holder(out: &mut impl Write, status: &HolderStatus) -> std::io::Result<
         None => {}
     }
     if !h.version.is_empty() {
-        writeln!(out, "dlock:      {}", printable(&h.version))?;
+        writeln!(out, "dlock:      {}", shown(&h.version))?;
     }
     if let Some(session) = &status.session {
-        writeln!(out, "session:    {}", printable(session))?;
+        writeln!(out, "session:    {}", shown(session))?;
     }
     Ok(())
+}
+
+/// `status` with each text of what the backend read back cut to
+/// [`crate::logging::MAX_SHOWN`] characters, for JSON.
+fn capped_status(status: &LockStatus) -> LockStatus {
+    let holder = |h: &HolderStatus| HolderStatus {
+        holder: crate::wording::capped_holder(&h.holder),
+        ttl_left_ms: h.ttl_left_ms,
+        session: h.session.as_deref().map(|s| capped(s).into_owned()),
+    };
+    LockStatus {
+        name: capped(&status.name).into_owned(),
+        held: status.held,
+        holders: status.holders.iter().map(holder).collect(),
+        waiters: status.waiters,
+        queue: status.queue.iter().map(holder).collect(),
+        last_token: status.last_token,
+        waiting_here: status
+            .waiting_here
+            .iter()
+            .map(|w| Waiter {
+                user: capped(&w.user).into_owned(),
+                command: capped(&w.command).into_owned(),
+                since: capped(&w.since).into_owned(),
+                ..w.clone()
+            })
+            .collect(),
+    }
 }
 
 /// ` (3m 12s ago)` for an RFC 3339 time in the past.
@@ -220,7 +252,8 @@ fn ago(since: &str) -> String {
 pub fn print_list(locks: &[LockStatus], json: bool) -> std::io::Result<()> {
     let mut out = out();
     if json {
-        serde_json::to_writer_pretty(&mut out, locks)?;
+        let locks: Vec<LockStatus> = locks.iter().map(capped_status).collect();
+        serde_json::to_writer_pretty(&mut out, &locks)?;
         writeln!(out)?;
         return Ok(());
     }
@@ -237,11 +270,11 @@ pub fn print_list(locks: &[LockStatus], json: bool) -> std::io::Result<()> {
             .map(|s| crate::wording::display_width(&s))
             .fold(min, usize::max)
     };
-    let name_width = widest(24, &|l| vec![printable(&l.name).into_owned()]);
+    let name_width = widest(24, &|l| vec![shown(&l.name).into_owned()]);
     let host_width = widest(16, &|l| {
         l.holders
             .iter()
-            .map(|h| printable(&h.holder.host).into_owned())
+            .map(|h| shown(&h.holder.host).into_owned())
             .collect()
     });
     writeln!(
@@ -264,20 +297,20 @@ pub fn print_list(locks: &[LockStatus], json: bool) -> std::io::Result<()> {
                 h.pid.to_string()
             };
             let command = match crate::wording::holder_kind(h) {
-                Some(_) if h.is_foreign() => printable(&h.command).into_owned(),
+                Some(_) if h.is_foreign() => shown(&h.command).into_owned(),
                 Some(kind) if kind.starts_with("gone") => {
-                    format!("(gone) {}", printable(&h.command))
+                    format!("(gone) {}", shown(&h.command))
                 }
                 Some(_) => "(not dlock: flock(1) or another program)".to_owned(),
-                None => printable(&h.command).into_owned(),
+                None => shown(&h.command).into_owned(),
             };
             writeln!(
                 out,
                 "{} {:>8} {} {:<21} {:>7} {:<9} {}",
-                pad(&printable(&lock.name), name_width),
+                pad(&shown(&lock.name), name_width),
                 pid,
-                pad(&printable(&h.host), host_width),
-                printable(&h.since),
+                pad(&shown(&h.host), host_width),
+                shown(&h.since),
                 waiting,
                 h.mode.as_str(),
                 command
@@ -295,14 +328,14 @@ pub fn print_check(check: &CheckReport, common: &Common, json: bool) -> std::io:
         return Ok(());
     }
     writeln!(out, "backend:    {} ({})", check.backend, check.location)?;
-    writeln!(out, "version:    {}", printable(&check.version))?;
+    writeln!(out, "version:    {}", shown(&check.version))?;
     writeln!(
         out,
         "round trip: {}",
         humantime::format_duration(Duration::from_micros(check.round_trip_us))
     )?;
     for (key, value) in &check.details {
-        writeln!(out, "{:<11} {}", format!("{key}:"), printable(value))?;
+        writeln!(out, "{:<11} {}", format!("{key}:"), shown(value))?;
     }
     writeln!(
         out,
@@ -312,7 +345,7 @@ pub fn print_check(check: &CheckReport, common: &Common, json: bool) -> std::io:
         humantime::format_duration(common.ttl)
     )?;
     for warning in &check.warnings {
-        writeln!(out, "warning:    {}", printable(warning))?;
+        writeln!(out, "warning:    {}", shown(warning))?;
     }
     writeln!(out, "ok")?;
     Ok(())

@@ -12,10 +12,14 @@ use std::time::{Duration, SystemTime};
 use crate::budget::{WaitBudget, MIN_ANSWER};
 use crate::error::Error;
 use crate::lock::{Holder, LockName, LockStatus, Wait};
+use crate::logging::capped;
 
 /// One holder, for a message: `pid 14028 on ci-3 (deploy: ./deploy.sh) for 4m12s`. A holder
 /// that is not a dlock is named for what it is: `etcdctl lock or another client (not dlock)`.
+/// Each field is cut to [`crate::logging::MAX_SHOWN`] characters (the metadata may have been written
+/// by anyone); the line is escaped where it is printed.
 pub fn holder(h: &Holder) -> String {
+    let h = &capped_holder(h);
     let held_for = held_for(&h.since)
         .map(|d| format!(" for {}", short_duration(d)))
         .unwrap_or_default();
@@ -44,6 +48,28 @@ pub fn holder(h: &Holder) -> String {
         (true, true) => String::new(),
     };
     format!("pid {} on {host}{what}{held_for}{gone}", h.pid)
+}
+
+/// `h` with each of its texts cut to [`crate::logging::MAX_SHOWN`] characters ([`capped`]):
+/// what dlock shows and records of a holder, whose metadata comes from a server or a lock
+/// file that others may write.
+pub fn capped_holder(h: &Holder) -> Holder {
+    let cap = |text: &str| capped(text).into_owned();
+    // Every field named: a new text field must be capped too.
+    Holder {
+        name: cap(&h.name),
+        host: cap(&h.host),
+        pid: h.pid,
+        user: cap(&h.user),
+        command: cap(&h.command),
+        since: cap(&h.since),
+        ttl_ms: h.ttl_ms,
+        token: h.token,
+        version: cap(&h.version),
+        min_hold_ms: h.min_hold_ms,
+        kept_until: cap(&h.kept_until),
+        mode: h.mode,
+    }
 }
 
 /// What a holder is when it is not a live dlock: not dlock at all (`etcdctl lock`, a

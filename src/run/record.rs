@@ -190,12 +190,16 @@ impl Track {
             started_at: rfc3339(self.started_at),
             acquired_at: self.acquired.map(|(_, at, _)| rfc3339(at)),
             ended_at: rfc3339(SystemTime::now()),
-            holder: self.holder.as_ref().map(|h| RecordHolder {
-                pid: h.pid,
-                host: h.host.clone(),
-                user: h.user.clone(),
-                since: h.since.clone(),
-                command: h.command.clone(),
+            // Anyone may have written the holder's metadata: each field is cut to the cap.
+            holder: self.holder.as_ref().map(|h| {
+                let h = crate::wording::capped_holder(h);
+                RecordHolder {
+                    pid: h.pid,
+                    host: h.host,
+                    user: h.user,
+                    since: h.since,
+                    command: h.command,
+                }
             }),
             error,
         }

@@ -367,3 +367,190 @@ pub fn json_shows_each_token_exactly_for_every_json_tool(server: &dyn LockServer
     let record = std::fs::read(report).expect("the outcome record");
     assert_eq!(jq(".token_str", &record), token);
 }
+
+/// The processes of this host that wait for a lock are shown as holders are: the secrets in
+/// their command lines masked (a password in the waiter's own `--url` included), and a waiter
+/// that records no command line (`--record-command off`, `DLOCK_RECORD_COMMAND=0`) shows
+/// none, in `status`'s text and JSON alike.
+pub fn waiters_command_lines_are_masked_or_not_shown(server: &dyn LockServer) {
+    let env = TestEnv::new(server);
+    let lock = lock_name("waiters");
+    let mut holder = env.hold(&lock, &[]);
+    let waiter = |extra: &[&str], variable: Option<&str>, words: &[&str]| {
+        // Bounded: a waiter left by a failed test gives up by itself.
+        let mut args = vec!["run", "--wait", "60s"];
+        args.extend(extra);
+        args.push(&lock);
+        // `true` ignores its arguments: they are only there to be shown.
+        args.push("true");
+        args.extend(words);
+        let mut command = env.dlock(&args);
+        if let Some(variable) = variable {
+            command.env("DLOCK_RECORD_COMMAND", variable);
+        }
+        command
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn a waiter")
+    };
+    let mut masked = waiter(
+        &[],
+        None,
+        &[
+            "mysql",
+            "-pPw1Secret",
+            "--password=Pw2Secret",
+            "redis://:Pw3Secret@h",
+            "--pass",
+            "Pw4Secret",
+        ],
+    );
+    let mut unrecorded = waiter(&["--record-command", "off"], None, &["Unrecorded1"]);
+    let mut unrecorded_by_variable = waiter(&[], Some("0"), &["Unrecorded2"]);
+    let pids = [&masked, &unrecorded, &unrecorded_by_variable].map(|c| u64::from(c.id()));
+    let mut json = serde_json::Value::Null;
+    wait_until("every waiter in status --json", PATIENCE, || {
+        json = env.status_json(&lock);
+        let shown: Vec<u64> = json["waiting_here"]
+            .as_array()
+            .map(|waiting| waiting.iter().filter_map(|w| w["pid"].as_u64()).collect())
+            .unwrap_or_default();
+        pids.iter().all(|pid| shown.contains(pid))
+    });
+    let text = stdout_of(&env.run(["status", &lock]));
+    holder.signal(nix::sys::signal::Signal::SIGTERM);
+    holder.wait();
+    for child in [&mut masked, &mut unrecorded, &mut unrecorded_by_variable] {
+        assert_eq!(
+            wait_within(child, PATIENCE).code(),
+            Some(0),
+            "a waiter failed"
+        );
+    }
+    let command_of = |pid: u64| {
+        json["waiting_here"]
+            .as_array()
+            .and_then(|waiting| waiting.iter().find(|w| w["pid"].as_u64() == Some(pid)))
+            .map(|w| w["command"].as_str().unwrap_or_default().to_owned())
+            .unwrap_or_default()
+    };
+    let shown = command_of(pids[0]);
+    for part in [
+        "mysql -p***",
+        "--password=***",
+        "redis://:***@h",
+        "--pass ***",
+    ] {
+        assert!(shown.contains(part), "{part} is not in {shown:?}: {json}");
+    }
+    assert_eq!(command_of(pids[1]), "", "{json}");
+    assert_eq!(command_of(pids[2]), "", "{json}");
+    for out in [&json.to_string(), &text] {
+        for hidden in ["Secret", "Unrecorded"] {
+            assert!(!out.contains(hidden), "{hidden} is shown: {out}");
+        }
+    }
+    assert!(text.contains("mysql -p***"), "{text}");
+}
+
+/// Characters that must not reach a terminal as they are: the line and paragraph separators,
+/// a zero-width space, the byte-order mark and a right-to-left override.
+pub const INVISIBLE: &str = "\u{2028}\u{2029}\u{200b}\u{feff}\u{202e}";
+
+/// How many characters of one field of a holder's metadata dlock shows (docs/guide.md:
+/// "Looking at locks"), before the `…` that marks the cut.
+pub const MAX_SHOWN: usize = 256;
+
+/// What dlock shows of a holder of `lock` whose metadata was written by hand, each field far
+/// longer than dlock writes it and the command starting with [`INVISIBLE`]: `status`, `list`
+/// (text and JSON), the conflict line, the outcome record and a CI log's waiting line each
+/// show every field cut
+/// to [`MAX_SHOWN`] characters and marked `…`, the text escapes the invisible characters, and
+/// the JSON is still JSON.
+pub fn oversized_holder_metadata_is_cut_and_escaped(env: &TestEnv, lock: &str) {
+    let status = env.run(["status", lock]);
+    let status_json = env.run(["status", "--json", lock]);
+    let list = env.run(["list"]);
+    let list_json = env.run(["list", "--json"]);
+    let report = env.path("oversized.jsonl");
+    let report = report.to_str().expect("utf-8 path");
+    let busy = env.run(["run", "--no-wait", "--report", report, lock, "true"]);
+    let waited = output_within(
+        {
+            let mut command = env.dlock(["run", "--wait", "2s", lock, "true"]);
+            command.env("CI", "true");
+            command
+        },
+        PATIENCE,
+    );
+    assert_eq!(status.status.code(), Some(0), "{}", describe(&status));
+    assert_eq!(busy.status.code(), Some(75), "{}", describe(&busy));
+    assert_eq!(waited.status.code(), Some(75), "{}", describe(&waited));
+    assert!(
+        stderr_of(&waited).contains("waiting for"),
+        "{}",
+        describe(&waited)
+    );
+    // Three fields of a holder on one line, and the words around them.
+    let longest_line = 4 * MAX_SHOWN;
+    for (what, out) in [
+        ("status", &status),
+        ("status --json", &status_json),
+        ("list", &list),
+        ("list --json", &list_json),
+        ("run --no-wait", &busy),
+        ("a CI log's waiting line", &waited),
+    ] {
+        let text = format!("{}{}", stdout_of(out), stderr_of(out));
+        let longest = text.lines().map(|l| l.chars().count()).max().unwrap_or(0);
+        assert!(
+            longest <= longest_line,
+            "{what} printed a line of {longest} characters"
+        );
+        assert!(text.contains('…'), "{what} does not mark the cut: {text}");
+        if !what.ends_with("--json") {
+            for c in INVISIBLE.chars() {
+                assert!(
+                    !text.contains(c),
+                    "{what} printed U+{:04X} as it is: {text}",
+                    u32::from(c)
+                );
+            }
+            assert!(text.contains("\\u{2028}"), "{what}: {text}");
+        }
+    }
+    let record = std::fs::read_to_string(report).expect("the busy run's outcome record");
+    let record: serde_json::Value =
+        serde_json::from_str(record.trim_end()).expect("one outcome record");
+    for field in ["command", "host", "user"] {
+        let value = record["holder"][field].as_str().unwrap_or_default();
+        assert!(
+            value.ends_with('…') && value.chars().count() == MAX_SHOWN + 1,
+            "the outcome record's holder {field} is {} characters",
+            value.chars().count()
+        );
+    }
+    let status: serde_json::Value =
+        serde_json::from_slice(&status_json.stdout).expect("status --json is JSON");
+    let list: serde_json::Value =
+        serde_json::from_slice(&list_json.stdout).expect("list --json is JSON");
+    let listed = list
+        .as_array()
+        .and_then(|locks| locks.iter().find(|l| l["name"] == lock))
+        .cloned()
+        .unwrap_or_default();
+    for (what, json) in [("status --json", &status), ("list --json", &listed)] {
+        let holder = &json["holders"][0];
+        for field in ["command", "host", "user", "version"] {
+            let value = holder[field].as_str().unwrap_or_default();
+            assert!(
+                value.ends_with('…') && value.chars().count() == MAX_SHOWN + 1,
+                "{what}: {field} is {} characters: {}",
+                value.chars().count(),
+                value.chars().take(80).collect::<String>()
+            );
+        }
+        let command = holder["command"].as_str().unwrap_or_default();
+        assert!(command.starts_with(INVISIBLE), "{what}: {command}");
+    }
+}

@@ -121,7 +121,17 @@ impl<B: Backend> LocalQueued<B> {
             u64::from(request.limit)
         };
         let admitted = holders + DEPTH;
-        match queue.enter(&request.name, admitted, deadline, cancel).await {
+        // What `status` shows of this waiter: its command line masked as a holder's is, or
+        // nothing when the run records no command line (`--record-command off`).
+        let command = if request.holder.command.is_empty() {
+            String::new()
+        } else {
+            crate::secrets::own_command_line(Holder::MAX_COMMAND)
+        };
+        match queue
+            .enter(&request.name, &command, admitted, deadline, cancel)
+            .await
+        {
             Ok(ticket) => Ok(Some(ticket)),
             Err(Error::Cancelled) => Err(Error::Cancelled),
             Err(Error::Busy(_)) => Err(self.gave_up(request).await),
@@ -277,7 +287,10 @@ impl<B: Backend> Backend for LocalQueued<B> {
             } else {
                 "server"
             };
-            waiting_here.push(Waiter::new(ticket.pid, ticket.since, stage));
+            waiting_here.push(Waiter {
+                command: ticket.command,
+                ..Waiter::new(ticket.pid, ticket.since, stage)
+            });
         }
         status.waiters = status.waiters.map(|waiters| waiters + blocked);
         status.waiting_here = waiting_here;

@@ -7,7 +7,9 @@
 //!   so a ticket file is locked before anyone can look for it.
 //! - A process holds its ticket file locked (`flock`) from the moment it takes the ticket until
 //!   it has released the remote lock (or given up); then it removes the file. The kernel drops
-//!   the lock when the process dies, however it dies.
+//!   the lock when the process dies, however it dies. The file holds what `status` shows of
+//!   the waiter's command line (masked, or nothing when the run records none), written once
+//!   as the ticket is taken.
 //! - Ticket `n` may go to the server once ticket `n - admitted` is done: its file is gone, or
 //!   it can be locked. With `admitted` = `--limit` + [`super::DEPTH`], a host never has more
 //!   than that many processes at the server.
@@ -45,7 +47,7 @@ use crate::kit::flock::{flock, range_lock, BlockedWait};
 use crate::kit::lock_dir::LockDir;
 use crate::kit::proc_locks::ProcLocks;
 use crate::kit::stem::stem;
-use crate::lock::{Cancel, LockName};
+use crate::lock::{Cancel, Holder, LockName};
 
 /// The width of the counter: 20 digits and a newline.
 const COUNTER_LEN: usize = 21;
@@ -192,12 +194,14 @@ impl LocalQueue {
         LockDir::open(&self.base, true, Some(&self.sub), create)
     }
 
-    /// Take a ticket for `name` and wait until fewer than `admitted` tickets ahead of it are
+    /// Take a ticket for `name`, recording `command` (what `status` shows of this waiter's
+    /// command line) in it, and wait until fewer than `admitted` tickets ahead of it are
     /// still at work. [`Error::Busy`] when `deadline` passes first, [`Error::Cancelled`] when
     /// `cancel` fires; either way the ticket is gone.
     pub(super) async fn enter(
         &self,
         name: &LockName,
+        command: &str,
         admitted: u64,
         deadline: Option<BootInstant>,
         cancel: &mut Cancel,
@@ -211,7 +215,7 @@ impl LocalQueue {
                     self.path().display()
                 ))
             })?;
-            taken = take_ticket(dir, &stem, self)?;
+            taken = take_ticket(dir, &stem, command, self)?;
             if taken.is_some() {
                 break;
             }
@@ -238,7 +242,7 @@ impl LocalQueue {
     }
 
     /// The tickets in use for `name`, in ticket order (first come first): whose, since when,
-    /// and whether its process is still blocked in this queue (on a ticket ahead of its own,
+    /// what it shows of its command line, and whether its process is still blocked in this queue (on a ticket ahead of its own,
     /// or on the `.queuing` file of an earlier one) or has gone on to the server.
     pub(super) fn in_use(&self, name: &LockName) -> Result<Vec<InUse>, Error> {
         let Some(dir) = self.open(false)? else {
@@ -277,16 +281,12 @@ impl LocalQueue {
             .filter_map(|(_, entry, key)| {
                 let pid = locks.holder(key, None)?;
                 // Nothing writes to a ticket file after it is created and locked.
-                let since = dir
-                    .read_lock_file(&entry)
-                    .ok()??
-                    .metadata()
-                    .ok()?
-                    .modified()
-                    .ok()?;
+                let file = dir.read_lock_file(&entry).ok()??;
+                let since = file.metadata().ok()?.modified().ok()?;
                 Some(InUse {
                     pid,
                     since,
+                    command: recorded_command(file),
                     blocked: blocked.contains(&pid),
                 })
             })
@@ -299,8 +299,22 @@ pub(super) struct InUse {
     pub(super) pid: u32,
     /// When the ticket was taken.
     pub(super) since: std::time::SystemTime,
+    /// What its run shows of its command line (masked; empty when it records none).
+    pub(super) command: String,
     /// Its process waits in this host's queue, not at the server yet.
     pub(super) blocked: bool,
+}
+
+/// The command line a ticket file records, as much of it as a record can be
+/// ([`Holder::MAX_COMMAND`] bytes and the `…` that marks a cut).
+fn recorded_command(file: File) -> String {
+    use std::io::Read;
+    let mut raw = Vec::new();
+    let most = Holder::MAX_COMMAND + '…'.len_utf8();
+    if file.take(most as u64).read_to_end(&mut raw).is_err() {
+        return String::new();
+    }
+    String::from_utf8_lossy(&raw).into_owned()
 }
 
 /// Whether ticket file `name` exists and its process still holds it (to the best of a quick
@@ -396,6 +410,7 @@ async fn wait_for(
 fn take_ticket(
     dir: LockDir,
     stem: &str,
+    command: &str,
     queue: &LocalQueue,
 ) -> Result<Option<(u64, Ticket)>, Error> {
     let counter_name = format!("{stem}.tickets");
@@ -439,6 +454,8 @@ fn take_ticket(
         };
         let name = ticket_name(stem, number);
         let file = lock(&name)?;
+        // For `status` only: a ticket whose record could not be written still queues.
+        let _ = file.write_all_at(command.as_bytes(), 0);
         let queuing_name = queuing_name(stem, number);
         let queuing = match lock(&queuing_name) {
             Ok(queuing) => queuing,

@@ -268,3 +268,27 @@ fn holders_with_different_limits_never_overlap() {
         }
     }
 }
+
+/// A holder whose record in the lock file was written by hand, each field longer than dlock
+/// writes it (as long as the file backend reads a record), is shown cut and escaped.
+#[test]
+fn oversized_holder_metadata_is_cut_and_escaped() {
+    let server = FileServer::start();
+    let env = TestEnv::new(&server);
+    let lock = lock_name("oversized");
+    let _holder = env.hold(&lock, &[]);
+    let path = server.dir.path().join(format!("{lock}.lock"));
+    let contents = std::fs::read_to_string(&path).expect("read the lock file");
+    // The header (`fence ` and 20 digits and a newline), then the record.
+    let (header, record) = contents.split_at(27);
+    let mut record: serde_json::Value = serde_json::from_str(record.trim()).expect("a record");
+    let long = |c: &str| c.repeat(12_000);
+    record["command"] = format!("{}{}", crate::contract::INVISIBLE, long("x")).into();
+    record["host"] = long("h").into();
+    record["user"] = long("u").into();
+    record["version"] = long("v").into();
+    let forged = format!("{header}{record}\n");
+    assert!(forged.len() < 64 * 1024, "more than the backend reads");
+    std::fs::write(&path, forged).expect("write the lock file");
+    crate::contract::oversized_holder_metadata_is_cut_and_escaped(&env, &lock);
+}

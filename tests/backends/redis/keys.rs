@@ -228,3 +228,39 @@ return n"#;
     assert!(stderr_of(&out).contains("released"), "{}", describe(&out));
     assert_eq!(holder.wait().code(), Some(124));
 }
+
+/// A holder whose metadata was rewritten on the server by another client, megabytes long, is
+/// shown cut and escaped.
+#[test]
+fn oversized_holder_metadata_is_cut_and_escaped() {
+    let server = RedisServer::start();
+    let env = TestEnv::new(&server);
+    let lock = lock_name("oversized");
+    let _holder = env.hold(&lock, &[]);
+    let script = r#"local n = 0
+for _, h in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do
+  local m = cjson.decode(redis.call('HGET', KEYS[2], h .. ':meta'))
+  m.command = ARGV[1] .. string.rep('x', 2 * 1024 * 1024)
+  m.host = string.rep('h', 100000)
+  m.user = string.rep('u', 100000)
+  m.version = string.rep('v', 100000)
+  redis.call('HSET', KEYS[2], h .. ':meta', cjson.encode(m))
+  n = n + 1
+end
+return n"#;
+    let (owners, hold) = (key(&lock, "owners"), key(&lock, "hold"));
+    let reply = redis_resp(
+        server.port,
+        &[
+            "EVAL",
+            script,
+            "2",
+            &owners,
+            &hold,
+            crate::contract::INVISIBLE,
+        ],
+    )
+    .expect("EVAL");
+    assert_eq!(reply, ":1\r\n");
+    crate::contract::oversized_holder_metadata_is_cut_and_escaped(&env, &lock);
+}
