@@ -29,6 +29,11 @@
 //!   file's holders, and they hold no turnstile. Each shared hold takes the next token under
 //!   the header lock as an exclusive one does, and writes its record to
 //!   `<stem>.<pid>.reader` (`slot::reader_file_name`), removed on release.
+//! - Exclusion rests on the lock file alone; the turnstile only orders runs, and the reader
+//!   files only describe holders. So neither may stop a run: a turnstile that cannot be
+//!   opened (a directory the user may not create it in, a file planted there) is passed by,
+//!   and so is one whose holders have stalled over a free lock file (stopped while they wait:
+//!   [`Stall`]); a shared hold whose record file cannot be created holds without one.
 //! - `status`, `list`, `release --force` and `check` are in `admin.rs`.
 
 use std::collections::BTreeSet;
@@ -567,7 +572,13 @@ fn start_shared_hold(
     };
     let name = reader_file_name(stem, request.holder.pid);
     let record_path = dir.path_of(&name);
-    let record_file = dir.open_lock_file(&name)?;
+    let record_file = match dir.open_lock_file(&name) {
+        Ok(record_file) => record_file,
+        Err(e) => {
+            without_record(&record_path, &e);
+            return Ok(FileLease::shared(file, path, token, None));
+        }
+    };
     let mut body = header(0);
     body.push_str(&serde_json::to_string(&record).map_err(|e| Error::Internal(e.to_string()))?);
     body.push('\n');
@@ -578,12 +589,28 @@ fn start_shared_hold(
         file,
         path,
         token,
-        ReaderRecord {
+        Some(ReaderRecord {
             dir,
             name,
             file: record_file,
-        },
+        }),
     ))
+}
+
+/// Say why a shared hold keeps no record at `path`: the hold stands without one (`status`
+/// then shows its pid alone, as for `flock -s`). Quietly where the directory does not let us
+/// create it (the multi-user recipe of docs/backends/file.md, a directory of root's), aloud
+/// where something else is in the way (a file another user planted in a shared directory).
+fn without_record(path: &Path, e: &Error) {
+    if matches!(e, Error::Permission(_)) {
+        tracing::debug!("holding without a record at {} ({e})", path.display());
+    } else {
+        tracing::warn!(
+            "holding without a record: {} cannot be used ({e}); status shows this holder by \
+             its pid alone",
+            path.display()
+        );
+    }
 }
 
 fn busy(request: &AcquireRequest, state: &str, wait: Wait) -> Error {
