@@ -8,7 +8,8 @@
 //! - Each directory (the base and the prefix directory) must be owned by the user or root, and
 //!   one that others (group or world) can write to must have the sticky bit, as /tmp does, so
 //!   that they cannot rename or replace the user's entries. dlock's default directory must be
-//!   the user's and writable by no one else. A symbolic link as the base itself is followed
+//!   the user's and writable by no one else; one another user made first is refused, naming
+//!   them and `DLOCK_DIR` ([`default_dir`] says why it is not exchanged for another). A symbolic link as the base itself is followed
 //!   only if the user or root made it.
 //! - Lock files are opened `O_NONBLOCK` and must be regular files: a FIFO, socket, device or
 //!   directory in their place is refused at once instead of blocking `open` or `read`.
@@ -460,4 +461,30 @@ fn not_regular(path: &Path, stat: &FileStat) -> Error {
         path.display(),
         kind(stat)
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nix::unistd::Uid;
+
+    #[test]
+    fn the_default_directory_is_per_user_and_roots_is_under_root_only_directories() {
+        let root = default_dir_for(Uid::from_raw(0), None);
+        assert!(root == Path::new("/run/dlock") || root == Path::new(ROOT_FALLBACK));
+        let user = default_dir_for(Uid::from_raw(1000), None);
+        assert!(
+            user == Path::new("/run/lock/dlock-1000") || user == Path::new("/tmp/dlock-1000"),
+            "{}",
+            user.display()
+        );
+        // DLOCK_DIR wins when absolute, for root too; a relative one is ignored.
+        let set = Some(std::ffi::OsString::from("/srv/locks"));
+        assert_eq!(
+            default_dir_for(Uid::from_raw(0), set),
+            Path::new("/srv/locks")
+        );
+        let relative = Some(std::ffi::OsString::from("locks"));
+        assert_eq!(default_dir_for(Uid::from_raw(1000), relative), user);
+    }
 }
