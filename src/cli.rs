@@ -57,8 +57,9 @@ Exit status:
        backend, where a kernel lock cannot be broken from outside (the holder's pid is named)";
 
 /// Where the locks are when no URL is given.
-const DEFAULT_FILE: &str = "Default: the file backend in $DLOCK_DIR, else /run/lock/dlock-<uid> \
-    where /run/lock is sticky, else /tmp/dlock-<uid>: the same from cron and a login shell.";
+const DEFAULT_FILE: &str = "Default: the file backend in $DLOCK_DIR, else /run/dlock for root, \
+    else /run/lock/dlock-<uid> where /run/lock is sticky, else /tmp/dlock-<uid>: the same from \
+    cron and a login shell.";
 
 // The texts that name the backends are assembled at compile time from the registry's lists
 // (`text.rs`): clap builds every help text on every run.

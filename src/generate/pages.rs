@@ -52,11 +52,13 @@ const CONFIG_FILES: (&str, &str) = (
      one. See dlock.toml(5).",
 );
 const LOCK_DIRECTORY: (&str, &str) = (
-    "$DLOCK_DIR, /run/lock/dlock-UID, /tmp/dlock-UID",
-    "The file backend's default lock directory: $DLOCK_DIR when set, else /run/lock/dlock-UID \
+    "$DLOCK_DIR, /run/dlock, /run/lock/dlock-UID, /tmp/dlock-UID",
+    "The file backend's default lock directory: $DLOCK_DIR when set; for root /run/dlock \
+     (/var/lib/dlock where /run is not root's alone); for other users /run/lock/dlock-UID \
      where /run/lock is root's with mode 1777, else /tmp/dlock-UID. It is the same from cron \
-     and from a login shell, and created with mode 0700. The host-local queues of the remote \
-     backends live there too.",
+     and from a login shell, and created with mode 0700. One that another user made first is \
+     refused (exit 73, naming them): have root remove it, or set DLOCK_DIR for every run. The \
+     host-local queues of the remote backends live there too.",
 );
 const LOCK_FILES: (&str, &str) = (
     "DIR/NAME.lock",

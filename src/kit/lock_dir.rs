@@ -8,7 +8,8 @@
 //! - Each directory (the base and the prefix directory) must be owned by the user or root, and
 //!   one that others (group or world) can write to must have the sticky bit, as /tmp does, so
 //!   that they cannot rename or replace the user's entries. dlock's default directory must be
-//!   the user's and writable by no one else. A symbolic link as the base itself is followed
+//!   the user's and writable by no one else; one another user made first is refused, naming
+//!   them and `DLOCK_DIR` ([`default_dir`] says why it is not exchanged for another). A symbolic link as the base itself is followed
 //!   only if the user or root made it.
 //! - Lock files are opened `O_NONBLOCK` and must be regular files: a FIFO, socket, device or
 //!   directory in their place is refused at once instead of blocking `open` or `read`.
@@ -30,15 +31,30 @@ use nix::sys::stat::{FileStat, Mode, SFlag};
 use crate::error::Error;
 
 /// dlock's own directory, for file locks without `--url` and the host-local queues
-/// (docs/backends/file.md): `$DLOCK_DIR` when set, else `/run/lock/dlock-<uid>` where
+/// (docs/backends/file.md): `$DLOCK_DIR` when set; for root, `/run/dlock` where `/run` is
+/// root's alone, else `/var/lib/dlock`; for any other user, `/run/lock/dlock-<uid>` where
 /// `/run/lock` is root's and sticky (as on Debian), else `/tmp/dlock-<uid>`. One per user, the
 /// same from cron and from a login session (nothing depends on `XDG_RUNTIME_DIR`, which cron
-/// does not set and logout removes), and not aged out by tmp cleaners where `/run/lock` is
-/// used.
+/// does not set and logout removes), and not aged out by tmp cleaners where `/run` is used.
+///
+/// Root's is under no directory others can write to, so nobody can make it first. Another
+/// user can make a user's in `/run/lock` or `/tmp` first; it is then refused, naming them,
+/// never exchanged for another directory: whether a run used the fallback would then be the
+/// other user's choice, made anew for each run, and two runs could lock in two directories.
 pub fn default_dir() -> PathBuf {
-    let uid = nix::unistd::getuid();
-    match std::env::var_os("DLOCK_DIR").map(PathBuf::from) {
+    default_dir_for(nix::unistd::getuid(), std::env::var_os("DLOCK_DIR"))
+}
+
+fn default_dir_for(uid: nix::unistd::Uid, dlock_dir: Option<std::ffi::OsString>) -> PathBuf {
+    match dlock_dir.map(PathBuf::from) {
         Some(dir) if dir.is_absolute() => dir,
+        _ if uid.is_root() => {
+            if root_only_dir(Path::new(RUN)) {
+                Path::new(RUN).join("dlock")
+            } else {
+                PathBuf::from(ROOT_FALLBACK)
+            }
+        }
         _ if shared_sticky_root_dir(Path::new(RUN_LOCK)) => {
             Path::new(RUN_LOCK).join(format!("dlock-{uid}"))
         }
@@ -46,6 +62,10 @@ pub fn default_dir() -> PathBuf {
     }
 }
 
+/// Where root's default directory goes when only root may create directories there.
+const RUN: &str = "/run";
+/// Root's default directory where `/run` is not root's alone.
+const ROOT_FALLBACK: &str = "/var/lib/dlock";
 /// Where the default directory goes when users may create directories there.
 const RUN_LOCK: &str = "/run/lock";
 
@@ -54,6 +74,12 @@ const RUN_LOCK: &str = "/run/lock";
 fn shared_sticky_root_dir(dir: &Path) -> bool {
     std::fs::symlink_metadata(dir)
         .is_ok_and(|meta| meta.is_dir() && meta.uid() == 0 && meta.mode() & 0o1777 == 0o1777)
+}
+
+/// Whether `dir` is a real directory (no link) of root's that no one else may write to.
+fn root_only_dir(dir: &Path) -> bool {
+    std::fs::symlink_metadata(dir)
+        .is_ok_and(|meta| meta.is_dir() && meta.uid() == 0 && meta.mode() & 0o022 == 0)
 }
 
 /// An open lock directory: the base, or the `--prefix` directory in it.
@@ -75,6 +101,14 @@ impl LockDir {
         sub: Option<&str>,
         create: bool,
     ) -> Result<Option<LockDir>, Error> {
+        if private {
+            // Whatever another user put at dlock's own directory is theirs: say so first.
+            if let Ok(meta) = std::fs::symlink_metadata(base) {
+                if meta.uid() != nix::unistd::getuid().as_raw() {
+                    return Err(made_by_another_user(base, meta.uid()));
+                }
+            }
+        }
         if create {
             if let Err(err) = std::fs::DirBuilder::new()
                 .recursive(true)
@@ -344,7 +378,10 @@ fn check_dir(stat: &FileStat, path: &Path, private: bool) -> Result<(), Error> {
     let uid = nix::unistd::getuid().as_raw();
     let mode = stat.st_mode & 0o7777;
     if private {
-        if stat.st_uid != uid || mode & 0o022 != 0 {
+        if stat.st_uid != uid {
+            return Err(made_by_another_user(path, stat.st_uid));
+        }
+        if mode & 0o022 != 0 {
             return Err(Error::CantCreate(format!(
                 "refusing to use lock directory {}: it must be a directory owned by uid {uid} and writable only by it \
                  (owner uid {}, mode {mode:04o}); remove it or choose another with --url file:///dir",
@@ -371,6 +408,20 @@ fn check_dir(stat: &FileStat, path: &Path, private: bool) -> Result<(), Error> {
         )));
     }
     Ok(())
+}
+
+/// dlock's own directory `path` is another user's (`owner`'s): they made it, or a file or
+/// link in its place, before the user did (in `/run/lock` or `/tmp` anyone can). It is never
+/// used, and never exchanged for another directory (see [`default_dir`]).
+fn made_by_another_user(path: &Path, owner: u32) -> Error {
+    Error::CantCreate(format!(
+        "refusing to use lock directory {}: another user (uid {owner}) made it before you \
+         (uid {}) did, so they could fake or block your locks there; have root remove it, or \
+         set DLOCK_DIR to a directory of your own for every run (in your crontab as in your \
+         shell profile)",
+        path.display(),
+        nix::unistd::getuid()
+    ))
 }
 
 /// The user and root are trusted; anyone else is not.
@@ -410,4 +461,30 @@ fn not_regular(path: &Path, stat: &FileStat) -> Error {
         path.display(),
         kind(stat)
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use nix::unistd::Uid;
+
+    #[test]
+    fn the_default_directory_is_per_user_and_roots_is_under_root_only_directories() {
+        let root = default_dir_for(Uid::from_raw(0), None);
+        assert!(root == Path::new("/run/dlock") || root == Path::new(ROOT_FALLBACK));
+        let user = default_dir_for(Uid::from_raw(1000), None);
+        assert!(
+            user == Path::new("/run/lock/dlock-1000") || user == Path::new("/tmp/dlock-1000"),
+            "{}",
+            user.display()
+        );
+        // DLOCK_DIR wins when absolute, for root too; a relative one is ignored.
+        let set = Some(std::ffi::OsString::from("/srv/locks"));
+        assert_eq!(
+            default_dir_for(Uid::from_raw(0), set),
+            Path::new("/srv/locks")
+        );
+        let relative = Some(std::ffi::OsString::from("locks"));
+        assert_eq!(default_dir_for(Uid::from_raw(1000), relative), user);
+    }
 }

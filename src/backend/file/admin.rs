@@ -24,7 +24,7 @@ pub(super) fn status(backend: &FileBackend, name: &LockName) -> Result<LockStatu
     match backend.existing_dir()? {
         Some(dir) => {
             let locks = ProcLocks::read(&slot_keys(&dir, name)?)?;
-            status_of(&dir, name, &locks)
+            status_of(&dir, name, &locks, None)
         }
         None => {
             ProcLocks::read(&HashSet::new())?;
@@ -72,7 +72,7 @@ pub(super) async fn list(backend: &FileBackend) -> Result<Vec<LockStatus>, Error
     let locks = ProcLocks::read(&keys)?;
     let names = held_names(&dir, &locks)?;
     list_held(names, async |name: &LockName| {
-        match status_of(&dir, name, &locks) {
+        match status_of(&dir, name, &locks, None) {
             Ok(status) => Ok(status),
             Err(e) => {
                 tracing::warn!("not listing '{name}': {e}");
@@ -192,25 +192,33 @@ pub(super) fn check(backend: &FileBackend) -> Result<CheckReport, Error> {
     })
 }
 
-/// "is held by pid N on host (…) for T[, N waiting ahead]" for the message of a busy lock
-/// ("is held" when it cannot tell who holds it).
+/// "is held by pid N on host (…) for T[, N waiting ahead]" for the message of a busy lock,
+/// or "is free, N waiting ahead" when the runs ahead have not taken it yet (one stopped
+/// while it waits, say); "is held" when it cannot tell.
 pub(super) fn describe_holders(dir: &LockDir, name: &LockName) -> String {
+    // Our own run may still be queued at the turnstile: it is not waiting ahead of itself.
+    let own = std::process::id();
     let status = slot_keys(dir, name)
         .and_then(|keys| ProcLocks::read(&keys))
-        .and_then(|locks| status_of(dir, name, &locks));
+        .and_then(|locks| status_of(dir, name, &locks, Some(own)));
     match status {
-        Ok(status) if status.held => {
+        Ok(status) => {
             let holders: Vec<Holder> = status.holders.into_iter().map(|h| h.holder).collect();
-            // Called before our own wait starts (--no-wait) or after it ended (--wait).
             let ahead = status.waiters.unwrap_or(0) as usize;
             crate::wording::busy_state(&holders, ahead)
         }
-        _ => "is held".into(),
+        Err(_) => "is held".into(),
     }
 }
 
-/// The state of `name` in `dir`, as `locks` shows its slot files held and waited for.
-fn status_of(dir: &LockDir, name: &LockName, locks: &ProcLocks) -> Result<LockStatus, Error> {
+/// The state of `name` in `dir`, as `locks` shows its slot files held and waited for;
+/// `leave_out`: a pid not to count among the waiters (our own run's).
+fn status_of(
+    dir: &LockDir,
+    name: &LockName,
+    locks: &ProcLocks,
+    leave_out: Option<u32>,
+) -> Result<LockStatus, Error> {
     let mut holders = Vec::new();
     // A process waiting for any of N slots blocks on each of them: count it once.
     let mut waiters = std::collections::BTreeSet::<u32>::new();
@@ -244,10 +252,21 @@ fn status_of(dir: &LockDir, name: &LockName, locks: &ProcLocks) -> Result<LockSt
             });
         }
     }
-    // Processes queued at the turnstile wait for the lock as well (a waiting exclusive run
-    // that holds it is blocked on the lock file too, and counted once).
+    // Processes queued at the turnstile wait for the lock as well, and so do those holding
+    // it: an exclusive run holds it only while it waits (a stopped one is blocked on nothing
+    // else), a shared one while it takes the lock. Each is counted once.
     if let Ok(Some(key)) = dir.identity(&turnstile_file_name(&stem(name))) {
         waiters.extend(locks.waiters.get(&key).into_iter().flatten());
+        match locks.shared.get(&key) {
+            Some(passing) => waiters.extend(passing),
+            None => waiters.extend(locks.holders.get(&key)),
+        }
+    }
+    for holder in &holders {
+        waiters.remove(&holder.holder.pid);
+    }
+    if let Some(pid) = leave_out {
+        waiters.remove(&pid);
     }
     Ok(LockStatus {
         name: name.to_string(),

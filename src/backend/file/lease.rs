@@ -33,7 +33,10 @@ pub struct FileLease {
     acquired: BootInstant,
     /// The `--limit` recorded with the hold (rewritten by [`Lease::finished`]).
     limit: u32,
-    /// A shared hold's own record file, removed on release.
+    /// A shared hold: its record is not in the lock file, which other holders share.
+    shared: bool,
+    /// A shared hold's own record file, removed on release (none where it could not be
+    /// created).
     reader: Option<ReaderRecord>,
 }
 
@@ -54,14 +57,21 @@ impl FileLease {
             watch: None,
             acquired: BootInstant::now(),
             limit,
+            shared: false,
             reader: None,
         }
     }
 
-    /// The same for a shared hold whose record is in `reader`.
-    pub(super) fn shared(file: File, path: PathBuf, token: u64, reader: ReaderRecord) -> FileLease {
+    /// The same for a shared hold whose record is in `reader`, if it has one.
+    pub(super) fn shared(
+        file: File,
+        path: PathBuf,
+        token: u64,
+        reader: Option<ReaderRecord>,
+    ) -> FileLease {
         FileLease {
-            reader: Some(reader),
+            shared: true,
+            reader,
             ..FileLease::new(file, path, token, 1)
         }
     }
@@ -140,8 +150,13 @@ impl Lease for FileLease {
         body.push('\n');
         let io_err =
             |e: io::Error| Error::from_lock_io(format!("cannot write {}", self.path.display()), &e);
-        // A shared holder's record is in its own file, behind the same kind of header.
-        let file = self.reader.as_ref().map_or(&self.file, |r| &r.file);
+        // A shared holder's record is in its own file, behind the same kind of header, or
+        // nowhere.
+        let file = match (&self.reader, self.shared) {
+            (Some(reader), _) => &reader.file,
+            (None, true) => return Ok(false),
+            (None, false) => &self.file,
+        };
         write_at(file, HEADER_LEN as u64, body.as_bytes()).map_err(io_err)?;
         file.set_len((HEADER_LEN + body.len()) as u64)
             .map_err(io_err)?;

@@ -29,11 +29,18 @@
 //!   file's holders, and they hold no turnstile. Each shared hold takes the next token under
 //!   the header lock as an exclusive one does, and writes its record to
 //!   `<stem>.<pid>.reader` (`slot::reader_file_name`), removed on release.
+//! - Exclusion rests on the lock file alone; the turnstile only orders runs, and the reader
+//!   files only describe holders. So neither may stop a run: a turnstile that cannot be
+//!   opened (a directory the user may not create it in, a file planted there) is passed by,
+//!   and so is one whose holders have stalled over a free lock file (stopped while they wait:
+//!   [`Stall`]); a shared hold whose record file cannot be created holds without one.
 //! - `status`, `list`, `release --force` and `check` are in `admin.rs`.
 
+use std::collections::BTreeSet;
 use std::fs::File;
 use std::io;
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 mod admin;
 pub mod kind;
@@ -136,19 +143,15 @@ impl Backend for FileBackend {
                     // An exclusive run that has to wait holds the turnstile until it holds the
                     // lock: shared runs that arrive meanwhile queue behind it.
                     let turnstile = if request.limit == 1 && !request.budget.is_no_wait() {
-                        let name = turnstile_file_name(&stem);
-                        Some(
-                            pass(
-                                &dir,
-                                request,
-                                &name,
-                                libc::LOCK_EX,
-                                deadline,
-                                &mut cancel,
-                                &|| check_limits(&dir, request, &stem, None),
-                            )
-                            .await?,
+                        queue_at_turnstile(
+                            &dir,
+                            request,
+                            &stem,
+                            libc::LOCK_EX,
+                            deadline,
+                            &mut cancel,
                         )
+                        .await?
                     } else {
                         None
                     };
@@ -278,20 +281,11 @@ async fn acquire_shared(
     deadline: Option<BootInstant>,
     cancel: &mut Cancel,
 ) -> Result<FileLease, Error> {
-    let turnstile_name = turnstile_file_name(stem);
     let file_name = slot_file_name(stem, 0);
     for _ in 0..MAX_INODE_RETRIES {
         // Held until the lock is ours: an exclusive run arriving meanwhile queues behind us.
-        let turnstile = pass(
-            &dir,
-            request,
-            &turnstile_name,
-            libc::LOCK_SH,
-            deadline,
-            cancel,
-            &|| check_limits(&dir, request, stem, None),
-        )
-        .await?;
+        let turnstile =
+            queue_at_turnstile(&dir, request, stem, libc::LOCK_SH, deadline, cancel).await?;
         crate::lock::queued(request);
         let file = pass(
             &dir,
@@ -349,8 +343,88 @@ async fn pass(
     before_waiting: &dyn Fn() -> Result<(), Error>,
 ) -> Result<File, Error> {
     let file = dir.open_lock_file(file_name)?;
+    let waited = wait_on(
+        dir,
+        request,
+        (file, file_name),
+        operation,
+        (deadline, cancel),
+        before_waiting,
+        None,
+    )
+    .await?;
+    waited.ok_or_else(|| Error::Internal(format!("the wait for {file_name} ended unlocked")))
+}
+
+/// Queue at the lock's turnstile (the module doc): `flock(operation)` on `<stem>.turnstile`,
+/// waiting as [`pass`] does; the turnstile, held. `None`: no turnstile, go straight to the
+/// lock file. That is safe, since the lock file alone excludes: the turnstile only orders
+/// shared runs behind a waiting exclusive one. So it is passed by when it cannot be used
+/// (a directory we may not create it in, or a file in its place that is not ours), and when
+/// the runs holding it have stopped moving ([`Stall`]): a waiter stopped with SIGSTOP or in
+/// a frozen cgroup must not keep everyone from a free lock.
+async fn queue_at_turnstile(
+    dir: &LockDir,
+    request: &AcquireRequest,
+    stem: &str,
+    operation: libc::c_int,
+    deadline: Option<BootInstant>,
+    cancel: &mut Cancel,
+) -> Result<Option<File>, Error> {
+    let name = turnstile_file_name(stem);
+    let file = match dir.open_lock_file(&name) {
+        Ok(file) => file,
+        Err(e) => {
+            without_turnstile(dir, &name, &e);
+            return Ok(None);
+        }
+    };
+    let stall = Stall::new(name.clone(), slot_file_name(stem, 0));
+    wait_on(
+        dir,
+        request,
+        (file, &name),
+        operation,
+        (deadline, cancel),
+        &|| check_limits(dir, request, stem, None),
+        Some(stall),
+    )
+    .await
+}
+
+/// Say why a run goes on without the turnstile `name` it could not open: quietly where the
+/// directory does not let us create it (the multi-user recipe of docs/backends/file.md, a
+/// directory of root's), aloud where something else is in the way (a file another user
+/// planted in a shared directory).
+fn without_turnstile(dir: &LockDir, name: &str, e: &Error) {
+    let path = dir.path_of(name);
+    if matches!(e, Error::Permission(_)) {
+        tracing::debug!(
+            "not queueing at {} ({e}): shared runs may overtake a waiting exclusive run",
+            path.display()
+        );
+    } else {
+        tracing::warn!(
+            "not queueing at {}, which cannot be used ({e}); exclusion is unaffected, but \
+             shared runs may overtake waiting exclusive ones",
+            path.display()
+        );
+    }
+}
+
+/// Wait for `flock(operation)` on `file` (named `file_name`), as [`pass`] says; with `stall`,
+/// give up the wait (`Ok(None)`) once the runs that hold the file have stalled.
+async fn wait_on(
+    dir: &LockDir,
+    request: &AcquireRequest,
+    (file, file_name): (File, &str),
+    operation: libc::c_int,
+    (deadline, cancel): (Option<BootInstant>, &mut Cancel),
+    before_waiting: &dyn Fn() -> Result<(), Error>,
+    mut stall: Option<Stall>,
+) -> Result<Option<File>, Error> {
     match flock(&file, operation | libc::LOCK_NB) {
-        Ok(()) => return Ok(file),
+        Ok(()) => return Ok(Some(file)),
         Err(e) if e.raw_os_error() == Some(libc::EWOULDBLOCK) => {}
         Err(e) => {
             return Err(Error::from_lock_io(
@@ -368,22 +442,99 @@ async fn pass(
         ));
     }
     let mut blocked = BlockedWait::start_with(vec![(0, file, file_name.to_owned())], operation);
-    let outcome = tokio::select! {
-        got = blocked.first() => got,
-        _ = cancel.cancelled() => Err(Error::Cancelled),
-        _ = sleep_until(deadline.unwrap_or(BootInstant::now())), if deadline.is_some() => {
-            Err(Error::Busy(String::new()))
+    // Bounded by the deadline, the cancel, or the stall (each look either ends the wait or
+    // starts the next interval).
+    let outcome = loop {
+        let next_look = BootInstant::now() + Stall::LOOK_EVERY;
+        tokio::select! {
+            got = blocked.first() => break got.map(Some),
+            _ = cancel.cancelled() => break Err(Error::Cancelled),
+            _ = sleep_until(deadline.unwrap_or(BootInstant::now())), if deadline.is_some() => {
+                break Err(Error::Busy(String::new()))
+            }
+            _ = sleep_until(next_look), if stall.is_some() => {
+                if stall.as_mut().is_some_and(|stall| stall.stalled(dir)) {
+                    break Ok(None);
+                }
+            }
         }
     };
-    blocked.stop(outcome.as_ref().ok().map(|(slot, _, _)| *slot));
+    let won = match &outcome {
+        Ok(Some((slot, _, _))) => Some(*slot),
+        _ => None,
+    };
+    blocked.stop(won);
     match outcome {
-        Ok((_, file, _)) => Ok(file),
+        Ok(won) => Ok(won.map(|(_, file, _)| file)),
         Err(Error::Busy(_)) => Err(busy(
             request,
             &admin::describe_holders(dir, &request.name),
             request.budget.wait(),
         )),
         Err(other) => Err(other),
+    }
+}
+
+/// Whether the runs that hold a lock's turnstile have stalled: stopped (SIGSTOP, Ctrl-Z, a
+/// debugger) or frozen, they hold it while the lock they wait for is free. A run that holds
+/// the turnstile takes the lock file within moments of its being free (it is blocked in the
+/// kernel, and woken by the release); the same runs holding the turnstile while the lock file
+/// stays free over [`Stall::AFTER`] are not running.
+struct Stall {
+    turnstile: String,
+    lock_file: String,
+    /// The runs ahead at the turnstile with the lock file free, and since when.
+    seen: Option<(BTreeSet<u32>, BootInstant)>,
+}
+
+impl Stall {
+    /// How often a run queued at the turnstile looks whether the runs ahead still move.
+    const LOOK_EVERY: Duration = Duration::from_millis(500);
+    /// How long the same runs may hold the turnstile over a free lock file.
+    const AFTER: Duration = Duration::from_secs(1);
+
+    fn new(turnstile: String, lock_file: String) -> Stall {
+        Stall {
+            turnstile,
+            lock_file,
+            seen: None,
+        }
+    }
+
+    /// Look again: whether the runs ahead have held the turnstile over a free lock file for
+    /// [`Stall::AFTER`]. `false` whenever it cannot be told.
+    fn stalled(&mut self, dir: &LockDir) -> bool {
+        let now = BootInstant::now();
+        let ahead = self.ahead_over_a_free_lock(dir).unwrap_or_default();
+        if ahead.is_empty() {
+            self.seen = None;
+            return false;
+        }
+        match &self.seen {
+            Some((seen, since)) if *seen == ahead => now.saturating_since(*since) >= Self::AFTER,
+            _ => {
+                self.seen = Some((ahead, now));
+                false
+            }
+        }
+    }
+
+    /// The pids holding the turnstile (ours aside) while nobody holds the lock file; none
+    /// while the lock file is held.
+    fn ahead_over_a_free_lock(&self, dir: &LockDir) -> Option<BTreeSet<u32>> {
+        let turnstile = dir.identity(&self.turnstile).ok()??;
+        let lock_file = dir.identity(&self.lock_file).ok()?;
+        let keys = [Some(turnstile), lock_file].into_iter().flatten().collect();
+        let locks = ProcLocks::read_best(&keys).ok()?;
+        if lock_file.is_some_and(|key| locks.holders.contains_key(&key)) {
+            return Some(BTreeSet::new());
+        }
+        let own = std::process::id();
+        let holders = match locks.shared.get(&turnstile) {
+            Some(readers) => readers.clone(),
+            None => locks.holders.get(&turnstile).copied().into_iter().collect(),
+        };
+        Some(holders.into_iter().filter(|&pid| pid != own).collect())
     }
 }
 
@@ -421,7 +572,13 @@ fn start_shared_hold(
     };
     let name = reader_file_name(stem, request.holder.pid);
     let record_path = dir.path_of(&name);
-    let record_file = dir.open_lock_file(&name)?;
+    let record_file = match dir.open_lock_file(&name) {
+        Ok(record_file) => record_file,
+        Err(e) => {
+            without_record(&record_path, &e);
+            return Ok(FileLease::shared(file, path, token, None));
+        }
+    };
     let mut body = header(0);
     body.push_str(&serde_json::to_string(&record).map_err(|e| Error::Internal(e.to_string()))?);
     body.push('\n');
@@ -432,12 +589,28 @@ fn start_shared_hold(
         file,
         path,
         token,
-        ReaderRecord {
+        Some(ReaderRecord {
             dir,
             name,
             file: record_file,
-        },
+        }),
     ))
+}
+
+/// Say why a shared hold keeps no record at `path`: the hold stands without one (`status`
+/// then shows its pid alone, as for `flock -s`). Quietly where the directory does not let us
+/// create it (the multi-user recipe of docs/backends/file.md, a directory of root's), aloud
+/// where something else is in the way (a file another user planted in a shared directory).
+fn without_record(path: &Path, e: &Error) {
+    if matches!(e, Error::Permission(_)) {
+        tracing::debug!("holding without a record at {} ({e})", path.display());
+    } else {
+        tracing::warn!(
+            "holding without a record: {} cannot be used ({e}); status shows this holder by \
+             its pid alone",
+            path.display()
+        );
+    }
 }
 
 fn busy(request: &AcquireRequest, state: &str, wait: Wait) -> Error {

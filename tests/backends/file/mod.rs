@@ -4,6 +4,7 @@
 //! interop of shared locks (`shared`).
 
 mod busy_lock_table;
+mod default_dir;
 mod shared;
 mod shared_dirs;
 mod special_files;
@@ -76,6 +77,8 @@ fn cron_and_a_login_session_share_the_default_directory() {
     // The runs used the machine's real default directory: leave nothing of this test there.
     let uid = nix::unistd::getuid();
     for dir in [
+        "/run/dlock".to_owned(),
+        "/var/lib/dlock".to_owned(),
         format!("/run/lock/dlock-{uid}"),
         format!("/tmp/dlock-{uid}"),
     ] {

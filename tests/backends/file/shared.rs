@@ -2,6 +2,9 @@
 //! the setting comes from, and `flock -s`/`flock -x` interop on the same lock file.
 
 use std::process::Command;
+use std::time::Duration;
+
+use nix::sys::signal::Signal;
 
 use crate::support::*;
 
@@ -117,4 +120,142 @@ fn a_killed_readers_record_is_removed_by_the_next_reader_to_leave() {
     );
     let status = env.status_json("data");
     assert_eq!(status["holders"][0]["pid"], live.pid(), "{status}");
+}
+
+/// The pids `status` lists as waiting for `name` on this host.
+fn waiting_pids(env: &TestEnv, name: &str) -> Vec<u64> {
+    env.status_json(name)["waiting_here"]
+        .as_array()
+        .map(|waiters| waiters.iter().filter_map(|w| w["pid"].as_u64()).collect())
+        .unwrap_or_default()
+}
+
+/// Whether every thread of process `pid` is stopped (SIGSTOP took effect).
+fn stopped(pid: u32) -> bool {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    tasks.flatten().all(|task| {
+        std::fs::read_to_string(task.path().join("stat")).is_ok_and(|stat| {
+            stat.rsplit_once(')')
+                .is_some_and(|(_, rest)| rest.trim_start().starts_with('T'))
+        })
+    })
+}
+
+/// `child` stopped with SIGSTOP; continued (SIGCONT) and reaped when dropped, however the
+/// test ends.
+struct Stopped(std::process::Child);
+
+impl Stopped {
+    fn new(child: std::process::Child) -> Stopped {
+        let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+        nix::sys::signal::kill(pid, Signal::SIGSTOP).expect("SIGSTOP");
+        let stopped_child = Stopped(child);
+        wait_until("the waiter is stopped", PATIENCE, || {
+            stopped(stopped_child.0.id())
+        });
+        stopped_child
+    }
+
+    /// Let it run again and wait (bounded) for it to end.
+    fn resume(mut self) -> std::process::ExitStatus {
+        let pid = nix::unistd::Pid::from_raw(self.0.id() as i32);
+        nix::sys::signal::kill(pid, Signal::SIGCONT).expect("SIGCONT");
+        wait_within(&mut self.0, PATIENCE)
+    }
+}
+
+impl Drop for Stopped {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+            let pid = nix::unistd::Pid::from_raw(self.0.id() as i32);
+            let _ = nix::sys::signal::kill(pid, Signal::SIGCONT);
+            let _ = self.0.wait();
+        }
+    }
+}
+
+/// An exclusive run stopped (SIGSTOP, Ctrl-Z, a frozen cgroup) while it waits behind shared
+/// holders does not keep shared runs from the lock once it is free: `status` shows the lock
+/// free with the stopped run waiting, a run that gives up says the lock is free, and a
+/// shared run gets it within a few seconds. The stopped run takes it when it goes on.
+#[test]
+fn a_stopped_exclusive_waiter_does_not_keep_shared_runs_from_a_free_lock() {
+    let (_server, env) = file_env();
+    let reader = env.hold("data", &["--shared"]);
+    let writer = env.spawn(&["run", "data", "touch", "writer-ran"]);
+    let writer_pid = writer.id();
+    wait_until("the exclusive run waits", PATIENCE, || {
+        waiting_pids(&env, "data").contains(&u64::from(writer_pid))
+    });
+    let writer = Stopped::new(writer);
+    drop(reader);
+
+    let status = env.status_json("data");
+    assert_eq!(status["held"], false, "{status}");
+    assert_eq!(
+        status["waiters"], 1,
+        "the stopped run is not shown: {status}"
+    );
+    assert!(
+        waiting_pids(&env, "data").contains(&u64::from(writer_pid)),
+        "{status}"
+    );
+    // Too short a wait to pass the stopped run: the lock is free, not held.
+    let out = env.run(["run", "--shared", "--wait", "200ms", "data", "true"]);
+    assert_fails(&out, 75, "is free");
+    assert!(!stderr_of(&out).contains("held"), "{}", describe(&out));
+
+    let started = std::time::Instant::now();
+    let out = env.run([
+        "run",
+        "--shared",
+        "--wait",
+        "15s",
+        "data",
+        "touch",
+        "reader-ran",
+    ]);
+    assert!(out.status.success(), "{}", describe(&out));
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "the shared run took {:?}",
+        started.elapsed()
+    );
+    assert!(env.path("reader-ran").exists());
+    assert!(writer.resume().success());
+    assert!(env.path("writer-ran").exists());
+}
+
+/// A shared run stopped while it waits behind an exclusive holder does not keep a later
+/// exclusive run from the lock once it is free.
+#[test]
+fn a_stopped_shared_waiter_does_not_keep_exclusive_runs_from_a_free_lock() {
+    let (_server, env) = file_env();
+    let holder = env.hold("data", &[]);
+    let reader = env.spawn(&["run", "--shared", "data", "touch", "reader-ran"]);
+    let reader_pid = reader.id();
+    wait_until("the shared run waits", PATIENCE, || {
+        waiting_pids(&env, "data").contains(&u64::from(reader_pid))
+    });
+    let reader = Stopped::new(reader);
+    let mut writer = env.spawn(&["run", "--wait", "15s", "data", "touch", "writer-ran"]);
+    let writer_pid = writer.id();
+    wait_until("the exclusive run waits", PATIENCE, || {
+        waiting_pids(&env, "data").contains(&u64::from(writer_pid))
+    });
+    let started = std::time::Instant::now();
+    drop(holder);
+    let status = wait_within(&mut writer, PATIENCE);
+    assert!(status.success(), "{status}: {}", stderr_left(&mut writer));
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "the exclusive run took {:?}",
+        started.elapsed()
+    );
+    assert!(env.path("writer-ran").exists());
+    assert!(reader.resume().success());
+    assert!(env.path("reader-ran").exists());
 }

@@ -172,3 +172,103 @@ fn hard_link_in_a_shared_directory_is_refused() {
     assert!(!env.path("ran").exists());
     assert_eq!(std::fs::read(&victim).expect("victim"), b"root's data\n");
 }
+
+/// A user who shares locks through the recipe of docs/backends/file.md (a directory of
+/// root's that only root can write to, lock files of root's the user's group can write)
+/// takes them shared as well as exclusively, and leaves nothing in the directory: not even a
+/// shared holder killed with SIGKILL.
+#[test]
+fn the_multi_user_recipe_takes_shared_locks_and_leaves_nothing_behind() {
+    use std::os::unix::process::CommandExt;
+    const USER: u32 = 424_243;
+    const TEAM: u32 = 424_242;
+    let server = FileServer::start();
+    let env = TestEnv::new(&server);
+    std::fs::set_permissions(env.scratch.path(), std::fs::Permissions::from_mode(0o711))
+        .expect("chmod");
+    let dir = dir_with_mode(&env.path("locks"), 0o755);
+    let lock = dir.join("data.lock");
+    std::fs::write(&lock, b"").expect("create the lock file");
+    std::fs::set_permissions(&lock, std::fs::Permissions::from_mode(0o660)).expect("chmod");
+    nix::unistd::chown(&lock, None, Some(nix::unistd::Gid::from_raw(TEAM))).expect("chgrp");
+    let url = url_of(&dir);
+    let as_user = |args: &[&str]| {
+        let mut command = env.dlock(args);
+        command
+            .env("DLOCK_URL", &url)
+            .uid(USER)
+            .gid(TEAM)
+            .current_dir("/");
+        command
+    };
+
+    let out = output_within(as_user(&["run", "--shared", "data", "true"]), PATIENCE);
+    assert!(out.status.success(), "{}", describe(&out));
+    let out = output_within(as_user(&["run", "data", "true"]), PATIENCE);
+    assert!(out.status.success(), "{}", describe(&out));
+    // Two shared holders at once, one of them killed.
+    let ready = env.path("ready");
+    std::fs::write(&ready, b"").expect("create");
+    std::os::unix::fs::chown(&ready, Some(USER), None).expect("chown");
+    let script = format!("echo $$ > '{}'; exec sleep 1000", ready.display());
+    let mut reader = as_user(&["run", "--shared", "data", "sh", "-c", &script])
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn a shared holder");
+    wait_until("the shared holder holds", PATIENCE, || {
+        std::fs::read_to_string(&ready).is_ok_and(|s| s.ends_with('\n'))
+    });
+    let out = output_within(
+        as_user(&["run", "--shared", "--no-wait", "data", "true"]),
+        PATIENCE,
+    );
+    assert!(out.status.success(), "{}", describe(&out));
+    let out = env.run(["status", "--json", "--url", &url, "data"]);
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(status["holders"][0]["pid"], reader.id(), "{status}");
+    let _ = reader.kill();
+    let _ = reader.wait();
+    let entries: Vec<_> = std::fs::read_dir(&dir)
+        .expect("read_dir")
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert_eq!(entries, ["data.lock"], "dlock left files in the directory");
+}
+
+/// In a directory everyone can write to (with the sticky bit), a file another user put where
+/// a lock's turnstile goes cannot stop a run: the turnstile only orders shared runs behind
+/// waiting exclusive ones, so the run goes on without it, and says so.
+#[test]
+fn a_turnstile_another_user_planted_stops_no_run() {
+    let server = FileServer::start();
+    let env = TestEnv::new(&server);
+    let base = dir_with_mode(&env.path("shared"), 0o1777);
+    let planted = base.join("x.turnstile");
+    std::fs::write(&planted, b"").expect("write");
+    give_to_other_user(&planted);
+    let url = url_of(&base);
+    let out = env.run(["run", "--url", &url, "--shared", "x", "touch", "ran"]);
+    assert!(out.status.success(), "{}", describe(&out));
+    assert!(env.path("ran").exists());
+    assert!(
+        stderr_of(&out).contains(&planted.display().to_string()),
+        "{}",
+        describe(&out)
+    );
+    // An exclusive run that has to wait goes on without it too.
+    let reader = env.hold("x", &["--url", &url, "--shared"]);
+    let mut writer = env.spawn(&["run", "--url", &url, "x", "touch", "writer-ran"]);
+    let writer_pid = u64::from(writer.id());
+    wait_until("the exclusive run waits", PATIENCE, || {
+        let out = env.run(["status", "--json", "--url", &url, "x"]);
+        let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+        json["waiting_here"]
+            .as_array()
+            .is_some_and(|w| w.iter().any(|w| w["pid"].as_u64() == Some(writer_pid)))
+    });
+    drop(reader);
+    let status = wait_within(&mut writer, PATIENCE);
+    assert!(status.success(), "{status}: {}", stderr_left(&mut writer));
+    assert!(env.path("writer-ran").exists());
+}
