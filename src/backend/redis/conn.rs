@@ -64,6 +64,9 @@ impl Request<'_> {
     }
 }
 
+/// How long a connect to one of the URL's hosts has before the next host is tried beside it.
+const SEED_STAGGER: Duration = Duration::from_millis(250);
+
 /// Connections to Redis (one node, or the masters of a cluster), re-opened after an error or
 /// an abandoned call.
 ///
@@ -139,21 +142,80 @@ impl Conn {
             self.drop_connections();
         }
         self.locate().await?;
-        let mut last = None;
-        for index in (self.home..self.seeds).chain(0..self.home) {
-            match self.open(index).await {
-                Ok(_) => {
-                    self.home = index;
-                    last = None;
-                    break;
+        let home_connected = self
+            .nodes
+            .get(self.home)
+            .is_some_and(|n| n.connection.is_some());
+        if !home_connected && self.sentinel.is_none() && self.seeds > 1 {
+            let order: Vec<usize> = (self.home..self.seeds).chain(0..self.home).collect();
+            self.home = self
+                .first_to_connect(&order)
+                .await
+                .map_err(Failure::Redis)?;
+        }
+        self.open(self.home).await.map_err(Failure::Redis)
+    }
+
+    /// Connect to the nodes `order` names, in that order, the next one as soon as one fails
+    /// or [`SEED_STAGGER`] after the last start, whichever comes first (as RFC 8305's Happy
+    /// Eyeballs does for addresses): a node whose packets are dropped costs the others a
+    /// moment, not the whole connect timeout. Keeps the first connection made and returns its
+    /// index; the last error when none connects.
+    pub(super) async fn first_to_connect(&mut self, order: &[usize]) -> Result<usize, RedisError> {
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(CONNECT_TIMEOUT))
+            .set_response_timeout(None);
+        let clients: Vec<(usize, Client)> = order
+            .iter()
+            .filter_map(|&index| Some((index, self.nodes.get(index)?.client.clone())))
+            .collect();
+        let mut order = clients.into_iter();
+        let mut tries = tokio::task::JoinSet::new();
+        let launch = |tries: &mut tokio::task::JoinSet<_>, (index, client): (usize, Client)| {
+            let config = config.clone();
+            tries.spawn(async move {
+                let connected = client
+                    .get_multiplexed_async_connection_with_config(&config)
+                    .await;
+                (index, connected)
+            });
+        };
+        let mut more = true;
+        let mut last = RedisError::from((ErrorKind::Io, "no host to connect to"));
+        // Bounded: each host is started once, and each try ends within the connect timeout.
+        while more || !tries.is_empty() {
+            if tries.is_empty() {
+                match order.next() {
+                    Some(next) => launch(&mut tries, next),
+                    None => more = false,
                 }
-                Err(e) => last = Some(e),
+                continue;
+            }
+            let done = tokio::select! {
+                done = tries.join_next() => done,
+                _ = tokio::time::sleep(SEED_STAGGER), if more => {
+                    match order.next() {
+                        Some(next) => launch(&mut tries, next),
+                        None => more = false,
+                    }
+                    continue;
+                }
+            };
+            match done {
+                Some(Ok((index, Ok(connection)))) => {
+                    if let Some(node) = self.nodes.get_mut(index) {
+                        node.connection = Some(connection);
+                        return Ok(index);
+                    }
+                }
+                Some(Ok((_, Err(e)))) => last = e,
+                Some(Err(e)) => {
+                    last = RedisError::from((ErrorKind::Io, "a connect failed", e.to_string()))
+                }
+                None => {}
             }
         }
-        match last {
-            Some(e) => Err(Failure::Redis(e)),
-            None => self.open(self.home).await.map_err(Failure::Redis),
-        }
+        Err(last)
     }
 
     /// The connection to node `index`, connecting first if need be.

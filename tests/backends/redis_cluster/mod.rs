@@ -195,3 +195,24 @@ fn a_url_mixing_a_cluster_node_with_another_server_is_refused_naming_it() {
     let out = env.run(["run", &lock_name("nodes"), "touch", "ran"]);
     assert!(out.status.success(), "{}", describe(&out));
 }
+
+/// A host of the URL that accepts connections and never answers (a node cut off whose
+/// packets are dropped, a stopped process), named first, does not keep a run from the nodes
+/// after it: the others are tried beside it, not after its whole connect timeout, and the
+/// run takes the lock within a `--wait` that a 5 s timeout on it would exceed.
+#[test]
+fn a_silent_first_host_of_the_url_does_not_keep_the_others_from_the_lock() {
+    let cluster = RedisCluster::shared();
+    let silent = SilentServer::start();
+    let mut hosts = vec![format!("127.0.0.1:{}", silent.port)];
+    hosts.extend(cluster.ports().iter().map(|p| format!("127.0.0.1:{p}")));
+    let url = format!("redis://{}", hosts.join(","));
+    let env = TestEnv::new(&*cluster);
+    let lock = lock_name("silent");
+    let out = env.run([
+        "run", "--url", &url, "--wait", "4s", &lock, "sh", "-c", "echo ran",
+    ]);
+    assert!(out.status.success(), "{}", describe(&out));
+    assert_eq!(stdout_of(&out).trim(), "ran");
+    assert!(silent.accepted() > 0, "the silent host was never tried");
+}

@@ -31,6 +31,9 @@ const SETTLE_PAUSE_FIRST: Duration = Duration::from_millis(20);
 /// ends, a waiter or a release gets through within this (a hand-off is late by at most this),
 /// and a cluster that keeps saying "not now" for seconds is asked 5 times a second.
 const SETTLE_PAUSE_MAX: Duration = Duration::from_millis(200);
+/// How long a node asked for the slot table has to answer before the next one is asked
+/// (the last one asked has what is left of the call).
+const NODE_ANSWER: Duration = Duration::from_secs(1);
 
 impl Conn {
     /// Send `request` to its slot's master, following the cluster.
@@ -148,15 +151,43 @@ impl Conn {
         &mut self,
         avoid: Option<usize>,
     ) -> Result<bool, Failure> {
-        let order: Vec<usize> = (0..self.nodes.len())
+        // The node we are connected to first, then the others, the one that just failed
+        // last; when none is connected, whichever connects first ([`Conn::first_to_connect`]),
+        // so that a node whose packets are dropped does not use up the call's time.
+        let connected = |conn: &Self, i: usize| conn.nodes[i].connection.is_some();
+        let mut order: Vec<usize> = (0..self.nodes.len())
             .filter(|&i| Some(i) != avoid)
-            .chain(avoid)
             .collect();
+        order.sort_by_key(|&i| (!connected(self, i), i != self.home));
+        order.extend(avoid);
+        if !order.first().is_some_and(|&i| connected(self, i)) && order.len() > 1 {
+            if let Ok(first) = self.first_to_connect(&order).await {
+                order.retain(|&i| i != first);
+                order.insert(0, first);
+            }
+        }
         let command = redis::cmd("CLUSTER").arg("SLOTS").clone();
         let request = Request::Command(&command, None);
         let mut last = None;
-        for index in order {
-            match self.send_on::<Value>(index, &request, false).await {
+        let final_ask = order.len().saturating_sub(1);
+        for (place, index) in order.into_iter().enumerate() {
+            // Each node but the last gets a moment to answer (a node whose process is stopped
+            // accepts connections and never answers); the last, what is left of the call.
+            let asked = if place < final_ask {
+                tokio::time::timeout(NODE_ANSWER, self.send_on::<Value>(index, &request, false))
+                    .await
+            } else {
+                Ok(self.send_on::<Value>(index, &request, false).await)
+            };
+            let Ok(answer) = asked else {
+                self.drop_connection(index);
+                last = Some(RedisError::from((
+                    ErrorKind::Io,
+                    "no answer to CLUSTER SLOTS",
+                )));
+                continue;
+            };
+            match answer {
                 Ok(reply) => {
                     let asked = self.nodes[index].addr.clone().unwrap_or_default().0;
                     let map = SlotMap::parse(&reply, &asked).ok_or_else(|| {

@@ -5,7 +5,8 @@
 //! Cost: one `CLUSTER NODES` to the node that answered; a host of the URL that is one of the
 //! nodes it lists (by the address the cluster announces, or that address resolved) costs
 //! nothing more. Only a host that is not listed so (a NAT, a name that resolves elsewhere) is
-//! asked `CLUSTER MYID`; one that does not answer cannot take locks and is let be.
+//! asked `CLUSTER MYID`; one that does not answer, within [`SEED_ANSWER`], cannot take locks
+//! and is let be.
 
 use std::collections::HashSet;
 use std::net::IpAddr;
@@ -73,6 +74,9 @@ impl Members {
     }
 }
 
+/// How long a host of the URL that the cluster does not list has to say which node it is.
+const SEED_ANSWER: std::time::Duration = std::time::Duration::from_secs(1);
+
 impl Conn {
     /// Every host of the URL is a node of the cluster that node `asked` belongs to; the
     /// first that is not is refused (78, by name).
@@ -92,10 +96,21 @@ impl Conn {
                 continue;
             }
             let command = redis::cmd("CLUSTER").arg("MYID").clone();
-            let why = match self
-                .send_on::<String>(index, &Request::Command(&command, None), false)
-                .await
-            {
+            let asked = tokio::time::timeout(
+                SEED_ANSWER,
+                self.send_on::<String>(index, &Request::Command(&command, None), false),
+            )
+            .await;
+            let answer = match asked {
+                Ok(answer) => answer,
+                // Silent (its packets dropped, a stopped process): it cannot take locks
+                // either way, and must not use up the call's time.
+                Err(_) => {
+                    self.drop_connection(index);
+                    continue;
+                }
+            };
+            let why = match answer {
                 Ok(id) if members.ids.contains(&id) => continue,
                 Ok(_) => "a node of another cluster".to_owned(),
                 // Not answering: it cannot take locks either way.
