@@ -219,15 +219,17 @@ async fn keep_waiting(mut renewer: Renewer, state: watch::Sender<Kept>) {
 
 /// After a failed acquisition: revoke the waiter lease (if any) and the hold lease
 /// (`(id, granted TTL in s)`), which deletes our key too, so that nothing is left behind.
-/// Once `--wait` is over (`late`), the server gets a short while only: what it does not
-/// revoke expires by itself.
+/// The server gets what is left of its time to answer within `--wait`, and at least
+/// [`LATE_CLEANUP`] (no more than that once `--wait` is over): what it does not revoke
+/// expires by itself, so a server that stopped answering (the reason the acquisition
+/// failed, often) does not keep the run past its `--wait`.
 pub(super) async fn revoke_all(
     conn: &mut Conn,
     hold: (i64, i64),
     waiter: Option<WaiterLease>,
-    late: bool,
+    wait: &crate::budget::WaitBudget,
 ) {
-    let budget = if late { LATE_CLEANUP } else { OP_TIMEOUT };
+    let budget = wait.call_limit(OP_TIMEOUT).max(LATE_CLEANUP);
     let mut leases = vec![hold];
     if let Some(waiter) = waiter {
         leases.insert(0, (waiter.id, WAITER_TTL_S));

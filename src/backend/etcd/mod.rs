@@ -205,7 +205,7 @@ impl Backend for EtcdBackend {
             Err(error) => {
                 drop(keeper.stop().await);
                 // Revoking the leases deletes our key too: nothing is left behind.
-                revoke_all(&mut conn, (id, granted_s), waiter, request.budget.is_over()).await;
+                revoke_all(&mut conn, (id, granted_s), waiter, &request.budget).await;
                 Err(error)
             }
         }
