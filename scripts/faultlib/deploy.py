@@ -46,6 +46,8 @@ class Deployment:
     FAULTS: frozenset[str] = frozenset()
     # Seconds a node may take to become ready after launch.
     READY_S: float = 30.0
+    # Seconds stop() gives the servers after SIGTERM before SIGKILL (their data is thrown away).
+    STOP_S: float = 3.0
 
     def __init__(self, topo: Topology, workdir: str):
         self.topo = topo
@@ -74,6 +76,10 @@ class Deployment:
 
     def _wait_ready(self, node: str, seconds: float):
         raise NotImplementedError
+
+    def _phases(self) -> list[list[str]]:
+        """Groups of nodes launched together, each group ready before the next is launched."""
+        return [self.nodes()]
 
     def _after_start(self):
         """Runs once every node is ready (form a cluster, wait for a leader ...)."""
@@ -114,16 +120,17 @@ class Deployment:
             self.topo.ensure_host(node)
         for node in self.nodes():
             self._prepare(node)
-        for node in self.nodes():
-            self.procs[node] = self._launch(node)
-        for node in self.nodes():
-            self._wait_ready(node, self.READY_S)
+        for phase in self._phases():
+            for node in phase:
+                self.procs[node] = self._launch(node)
+            for node in phase:
+                self._wait_ready(node, self.READY_S)
         self._after_start()
         self.started = True
         self.start_s = time.monotonic() - t0
 
     def stop(self):
-        """Stop every server process (SIGTERM to all, then each waited for, SIGKILL after 5 s).
+        """Stop every server process (SIGTERM to all, then each waited for, SIGKILL after STOP_S).
         Idempotent. The hosts stay (the Topology owns them)."""
         t0 = time.monotonic()
         running = [p for p in self.procs.values() if p.alive()]
@@ -131,7 +138,7 @@ class Deployment:
             p._group(signal.SIGTERM)
             p._group(signal.SIGCONT)
         for p in self.procs.values():
-            p.stop(5.0)
+            p.stop(self.STOP_S)
         self.procs.clear()
         self.started = False
         self.stop_s = time.monotonic() - t0
