@@ -1,5 +1,6 @@
 """The checker of scripts/faults: reads only what the run wrote (history.jsonl, fencing.jsonl,
-phases.jsonl, and nemesis.jsonl for the heal times) and makes one cell per backend x nemesis,
+phases.jsonl, and nemesis.jsonl for the heal times and the holders a nemesis SIGKILLed,
+whose CS ended with their dlock: PR_SET_PDEATHSIG) and makes one cell per backend x nemesis,
 each held to its promise (promises.py). Writes results.json and prints a short table.
 
     python3 scripts/faultlib/check.py OUT_DIR      # re-check a finished run; exit 1 if broken
@@ -10,7 +11,7 @@ accesses refused / accepted with a token lower than one accepted before for the 
 0), duplicate_tokens (two CS of one name with one token), tokens_backwards (a CS that began
 after another of its name had ended, with a token not larger), exits {rc: count} (runs the
 harness cancelled at the phase's end are counted apart), unavailable_ms (after the fault
-healed: the longest time a name had no CS running, from the heal to the phase's end),
+healed: the longest time a name was wanted, a run of it waiting, while no CS of it ran),
 hung, and the promise with its measured worst case; promise_broken is false or what broke.
 """
 
@@ -119,25 +120,53 @@ def stale_accepted(fencing: list[dict]) -> dict[tuple[str, str], list[dict]]:
     return out
 
 
-def unavailable(cs: list[dict], names: list[str], healed_ns: int, end_ns: int):
-    """Longest time (ms) after healed_ns in which a name had no CS running, until end_ns, and
-    the names that had none at all after the heal."""
+def unavailable(runs: list[dict], names: list[str], healed_ns: int, end_ns: int):
+    """Longest time (ms) after healed_ns in which a name was wanted (a run of it had started
+    and not yet ended) and not held (no CS of it running), and the names wanted after the heal
+    that had no CS at all after it."""
     worst, never = 0.0, []
     for name in names:
-        spans = sorted((c["enter_ns"], c["exit_ns"]) for c in cs
-                       if c["name"] == name and c["exit_ns"] > healed_ns)
-        t = healed_ns
-        entered = False
-        for enter, exit_ in spans:
+        mine = [r for r in runs if r["name"] == name and r.get("start_ns") is not None]
+        cs = sorted((r["enter_ns"], r["exit_ns"]) for r in mine
+                    if r.get("enter_ns") is not None and r.get("exit_ns") is not None
+                    and r["exit_ns"] > healed_ns)
+        # Gaps between holds, from the heal to the phase's end.
+        gaps, t = [], healed_ns
+        for enter, exit_ in cs:
             if enter > t:
-                worst = max(worst, (enter - t) / 1e6)
-            if enter >= healed_ns:
-                entered = True
+                gaps.append((t, enter, True))
             t = max(t, exit_)
-        if not entered:
+        if t < end_ns:
+            gaps.append((t, end_ns, False))
+        def wait_end(r):
+            """A run wants the name from its start until it enters (or gives up)."""
+            return r["enter_ns"] if r.get("enter_ns") is not None else (r.get("end_ns") or end_ns)
+
+        for g0, g1, closed in gaps:
+            waiting = [r for r in mine if r["start_ns"] < g1 and wait_end(r) > g0]
+            if not waiting:
+                continue
+            if not closed:
+                # An open gap counts until the last run that wanted the name gave up.
+                g1 = min(end_ns, max(wait_end(r) for r in waiting))
+            worst = max(worst, (g1 - min(max(r["start_ns"], g0) for r in waiting)) / 1e6)
+        wanted_after = any(wait_end(r) > healed_ns for r in mine)
+        if wanted_after and not any(enter >= healed_ns or exit_ > healed_ns
+                                    for enter, exit_ in cs):
             never.append(name)
-            worst = max(worst, (end_ns - healed_ns) / 1e6)
     return worst, never
+
+
+def killed_holders(nemesis_lines: list[dict]) -> dict[tuple[str, str, int], int]:
+    """(backend, nemesis, dlock pid) -> when a nemesis SIGKILLed that holding dlock: its
+    command died with it (PR_SET_PDEATHSIG), so its CS ended then, not when the client saw
+    dlock's exit."""
+    out = {}
+    for line in nemesis_lines:
+        if line.get("event") == "fault" and "SIGKILL" in str(line.get("detail", "")) \
+                and isinstance(line.get("dlock_pid"), int) and isinstance(line.get("at_ns"), int):
+            out[(line.get("backend"), line.get("nemesis"), line["dlock_pid"])] = line["at_ns"]
+    return out
 
 
 def heal_times(nemesis_lines: list[dict]) -> dict[tuple[str, str], int]:
@@ -172,7 +201,7 @@ def make_cell(phase: dict, runs: list[dict], fencing: list[dict], stale_acc: lis
     fence_errors = sum(1 for r in cs if str(r.get("fence_enter") or "").startswith("error"))
     names = phase.get("names") or sorted({r["name"] for r in runs})
     end_ns = phase.get("end_ns") or max([r.get("end_ns") or 0 for r in runs] + [healed_ns])
-    unavail_ms, never = unavailable(cs, names, healed_ns, end_ns)
+    unavail_ms, never = unavailable(runs, names, healed_ns, end_ns)
     waits = [(r["end_ns"] - r["start_ns"]) / 1e6 for r in runs
              if r.get("enter_ns") is None and not r.get("cancelled") and not r.get("hung")
              and r.get("end_ns") and r.get("start_ns")]
@@ -228,7 +257,14 @@ def check(out_dir: str) -> dict:
     phases = load_jsonl(os.path.join(out_dir, "phases.jsonl"))
     history = load_jsonl(os.path.join(out_dir, "history.jsonl"))
     fencing = load_jsonl(os.path.join(out_dir, "fencing.jsonl"))
-    heals = heal_times(load_jsonl(os.path.join(out_dir, "nemesis.jsonl")))
+    nemesis_lines = load_jsonl(os.path.join(out_dir, "nemesis.jsonl"))
+    heals = heal_times(nemesis_lines)
+    for (backend, nemesis, pid), at in killed_holders(nemesis_lines).items():
+        for r in history:
+            if (r.get("backend"), r.get("nemesis"), r.get("pid")) == (backend, nemesis, pid) \
+                    and r.get("exit_by") == "dlock-exit" and r.get("enter_ns") is not None:
+                r["exit_ns"] = max(r["enter_ns"], min(r["exit_ns"], at))
+                r["exit_by"] = "killed-with-dlock"
     stale = stale_accepted(fencing)
     cells = []
     for phase in phases:

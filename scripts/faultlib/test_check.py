@@ -21,8 +21,10 @@ def run(name, token, enter_s, exit_s, rc=0, host="c1", pid=100, **kw):
             "enter_ns": None if enter_s is None else int(enter_s * S),
             "exit_ns": None if exit_s is None else int(exit_s * S), "rc": rc,
             "mode": "exclusive", "run": f"{host}-{pid}-{token}",
-            "start_ns": int(((enter_s if enter_s is not None else kw.get("start_s", 0)) - 0.01) * S),
-            "end_ns": int(((exit_s if exit_s is not None else kw.get("end_s", 0)) + 0.01) * S),
+            # An entered run waited 10 ms and released in 10 ms; a run that never entered
+            # spans exactly start_s..end_s.
+            "start_ns": int((enter_s - 0.01 if enter_s is not None else kw.get("start_s", 0)) * S),
+            "end_ns": int((exit_s + 0.01 if exit_s is not None else kw.get("end_s", 0)) * S),
             "hung": kw.get("hung", False), "cancelled": kw.get("cancelled", False),
             "fence_enter": "ok 1"}
     return line
@@ -129,14 +131,16 @@ class Checker(unittest.TestCase):
 
     def test_unavailability_after_the_heal_is_measured(self):
         # Healed at 10 s; the name is taken again only at 12.5 s, then steadily.
-        history = [run("n0", 1, 4.0, 4.1)] + self.steady(start=12.5, n=10)
+        waiter = run("n0", None, None, None, rc=75, start_s=9.0, end_s=12.4)
+        history = [run("n0", 1, 4.0, 4.1), waiter] + self.steady(start=12.5, n=10)
         cell = self.check([phase(healed_s=10.0)], history)["cells"][0]
         self.assertAlmostEqual(cell["unavailable_ms"], 2500.0, delta=1)
         # isolate-holder states no recovery bound: measured, not a broken promise.
         self.assertFalse(cell["promise_broken"])
 
     def test_the_heal_time_comes_from_nemesis_jsonl_when_it_is_there(self):
-        history = self.steady(start=12.5, n=10)
+        waiter = run("n0", None, None, None, rc=75, start_s=9.0, end_s=12.4)
+        history = [waiter] + self.steady(start=12.5, n=10)
         nem = [{"backend": "etcd", "nemesis": "isolate-holder", "event": "healed",
                 "at_ns": 12 * S}]
         cell = self.check([phase(healed_s=10.0)], history, nemesis=nem)["cells"][0]
@@ -145,16 +149,38 @@ class Checker(unittest.TestCase):
     def test_unavailability_beyond_a_documented_recovery_bound_breaks_the_cell(self):
         # crash-holder on etcd: TTL 3 s + 0.5 s + 3 s slack = 6.5 s.
         ph = phase(nemesis="crash-holder", healed_s=10.0, end_s=30.0)
-        history = [dict(h, nemesis="crash-holder") for h in self.steady(start=18.0, n=10)]
+        waiter = run("n0", None, None, None, rc=75, start_s=9.0, end_s=17.9)
+        history = [dict(h, nemesis="crash-holder") for h in [waiter] + self.steady(start=18.0, n=10)]
         cell = self.check([ph], history)["cells"][0]
         self.assertAlmostEqual(cell["unavailable_ms"], 8000.0, delta=1)
         self.assertIn("unavailable 8000 ms after the heal > 6500 ms", cell["promise_broken"])
 
     def test_a_name_never_taken_after_the_heal_breaks_liveness(self):
-        history = [run("n0", 1, 4.0, 4.1)]
+        waiter = run("n0", None, None, None, rc=75, start_s=11.0, end_s=19.0)
+        history = [run("n0", 1, 4.0, 4.1), waiter]
         cell = self.check([phase()], history)["cells"][0]
         self.assertEqual(cell["never_recovered"], ["n0"])
+        self.assertAlmostEqual(cell["unavailable_ms"], 8000.0, delta=1)
         self.assertIn("liveness", cell["promise_broken"])
+
+    def test_a_name_nobody_wanted_is_not_unavailable(self):
+        history = [run("n0", 1, 4.0, 4.1), run("n0", 2, 15.0, 15.1)]
+        cell = self.check([phase()], history)["cells"][0]
+        # Only the 10 ms the second run itself waited.
+        self.assertAlmostEqual(cell["unavailable_ms"], 10.0, delta=0.5)
+        self.assertEqual(cell["never_recovered"], [])
+
+    def test_a_holder_killed_by_the_nemesis_ended_when_it_was_killed(self):
+        # The client saw dlock's exit at 12.3 s, the nemesis killed it at 12.0 s; the next
+        # holder entered at 12.1 s: no overlap.
+        ph = phase(nemesis="crash-holder")
+        killed = dict(run("n0", 100, 11.0, 12.3, rc=137, pid=777, exit_by="dlock-exit"),
+                      nemesis="crash-holder", exit_by="dlock-exit")
+        nxt = dict(run("n0", 110, 12.1, 12.2, pid=778), nemesis="crash-holder")
+        nem = [{"backend": "etcd", "nemesis": "crash-holder", "event": "fault",
+                "at_ns": 12 * S, "detail": "SIGKILL holder dlock 777", "dlock_pid": 777}]
+        cell = self.check([ph], [killed, nxt], nemesis=nem)["cells"][0]
+        self.assertEqual(cell["overlaps"], 0)
 
     def test_runs_cancelled_at_the_end_are_not_exits(self):
         history = self.steady() + [run("n0", None, None, None, rc=143, cancelled=True,

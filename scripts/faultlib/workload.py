@@ -2,7 +2,8 @@
 critical-section program they run, and the history they write.
 
 Clients: K per client host (threads of the harness, each running one `dlock run` at a time
-inside its host's namespace), looping on the names round-robin for the phase. Each run is
+inside its host's namespace), each looping on one of the names for the phase (client i of
+all hosts on name i mod N, so each name is contended across hosts). Each run is
 `dlock run --url URL --ttl TTL --wait W --kill-after KA NAME -- cs …` (cs.c, compiled once into
 the out dir): the critical section stamps its entry and exit on CLOCK_BOOTTIME, accesses the
 fencing resource with its token on entry and on exit, and sleeps (short, or every few runs
@@ -101,7 +102,7 @@ class Workload:
                  clients, fence_addr: str, fence_port: int, dlock: str, cs: str,
                  names=("n0", "n1"), clients_per_host: int = 2, wait_s: float = 5.0,
                  kill_after_s: float = 1.0, cs_ms: int = 50, long_cs_ms: int | None = None,
-                 long_every: int = 4, fence_timeout_ms: int = 1000,
+                 long_every: int = 5, fence_timeout_ms: int = 1000,
                  extra_env: dict | None = None, hung_extra_s: float = 0.0, log=print):
         self.topology = topology
         self.deployment = deployment
@@ -228,7 +229,9 @@ class Workload:
             for seq in range(MAX_RUNS_PER_CLIENT):
                 if self._stop.is_set():
                     return
-                name = self.names[(index + seq) % len(self.names)]
+                # Each client keeps one name: every name is always wanted, by clients of
+                # different hosts (c1-0 and c2-0 share n0).
+                name = self.names[index % len(self.names)]
                 long_run = self.long_every > 0 and (seq + index) % self.long_every == self.long_every - 1
                 entered = self._one_run(host, k, client, seq, name, url, env, log,
                                         self.long_cs_ms if long_run else self.cs_ms)
