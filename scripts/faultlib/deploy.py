@@ -87,8 +87,14 @@ class Deployment:
     def url(self) -> str:
         raise NotImplementedError
 
-    def leader(self) -> str | None:
+    def leader(self, name: str | None = None) -> str | None:
+        """The leader / master node now, None if there is none (or none agreed on). name: the
+        lock whose server matters, where that differs by lock (Redis Cluster: its slot's master)."""
         return None
+
+    def data_nodes(self) -> list[str]:
+        """The nodes holding lock data (Sentinel: the Redis servers, not the sentinels)."""
+        return self.nodes()
 
     # --- common ------------------------------------------------------------------------
 

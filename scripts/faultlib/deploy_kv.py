@@ -14,6 +14,7 @@ each deployment started, `dlock run` from a client host, the leader crashed and 
 import json
 import os
 import re
+import shutil
 import subprocess
 import time
 
@@ -65,6 +66,8 @@ class Etcd(Deployment):
     NODES = ["etcd1", "etcd2", "etcd3"]
     FAULTS = frozenset({"network", "pause", "crash", "leader", "failover"})
     CLIENT, PEER = 2379, 2380
+    # On SIGTERM the leader tries to hand its leadership to members that are stopping too.
+    STOP_S = 1.0
 
     def __init__(self, topo, workdir):
         super().__init__(topo, workdir)
@@ -609,7 +612,7 @@ def _selftest(backends: list[str]) -> int:
         d = None
         try:
             client = topo.add_host("c1")
-            d = _deployment_class(backend)(topo, os.path.join(workdir, backend))
+            d = _deployment_class(backend)(topo, workdir)
 
             def step(label, fn):
                 t0 = time.monotonic()
@@ -648,7 +651,11 @@ def _selftest(backends: list[str]) -> int:
             print(f"  {backend:15} {'stop + namespaces removed':38} {time.monotonic() - t0:6.2f}s", flush=True)
     left = [n for n in net.list_namespaces() if n.split("-")[0] in ours]
     print(f"namespaces of ours left: {left or 'none'}; processes left: {[p.pid for p in procs._live.values() if p.alive()] or 'none'}")
-    return 1 if failures or left else 0
+    if failures or left:
+        print(f"logs and data kept in {workdir}")
+        return 1
+    shutil.rmtree(workdir, ignore_errors=True)
+    return 0
 
 
 def _deployment_class(backend: str):
