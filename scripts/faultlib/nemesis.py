@@ -131,13 +131,20 @@ def ttl_seconds(text: str) -> float:
 
 
 def _is_dlock(pid: int) -> bool:
-    """Whether pid is (still) a dlock process, so a reused pid is never signalled."""
+    """Whether pid is (still) a live `dlock run` (a program named dlock*, not a zombie), so a
+    pid reused by something else is never signalled."""
+    if pid <= 0:
+        return False
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            argv0 = f.read().split(b"\0")[0]
+            argv = f.read().split(b"\0")
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
     except OSError:
         return False
-    return os.path.basename(argv0) == b"dlock" or argv0.endswith(b"/dlock")
+    if stat[stat.rfind(")") + 2 :].split()[:1] == ["Z"]:
+        return False
+    return os.path.basename(argv[0]).startswith(b"dlock") and b"run" in argv[1:]
 
 
 def _signal_group(pid: int, sig) -> bool:
