@@ -33,6 +33,8 @@ REPO = os.path.dirname(os.path.dirname(HERE))
 
 # How long a holder-targeting nemesis waits for some run to be inside its CS.
 HOLDER_WAIT_S = 10.0
+# How long target_node() waits for the servers to agree on a leader.
+LEADER_WAIT_S = 10.0
 # Slack kept before ctx.deadline for healing (restarts take seconds).
 HEAL_SLACK_S = 20.0
 
@@ -260,11 +262,20 @@ class Nemesis:
             time.sleep(min(left, 0.5))
 
     def target_node(self, ctx) -> str | None:
+        """The leader (master) of the first lock name the workload uses, waiting up to
+        LEADER_WAIT_S for the nodes to agree on one (a previous fault may have left an election
+        running); else the first data node."""
         d = ctx.deployment
-        leader = d.leader()
+        names = list(getattr(getattr(ctx, "workload", None), "names", None) or [])
+        end = time.monotonic() + LEADER_WAIT_S
+        for _ in range(1000):
+            leader = d.leader(names[0]) if names else d.leader()
+            if leader or not d.supports("leader") or time.monotonic() > end:
+                break
+            time.sleep(0.2)
         if leader:
             return leader
-        nodes = d.nodes()
+        nodes = d.data_nodes() if hasattr(d, "data_nodes") else d.nodes()
         return nodes[0] if nodes else None
 
     def wait_holder(self, ctx, seconds: float = HOLDER_WAIT_S) -> dict | None:
@@ -314,8 +325,12 @@ class Split(_Network):
         d = ctx.deployment
         nodes = d.nodes()
         leader = self.target_node(ctx)
-        size = (len(nodes) - 1) // 2
-        minority = [leader] + [n for n in nodes if n != leader][: size - 1]
+        # Each kind of node is split on its own (Sentinel: Redis servers and sentinels), so
+        # the leader and a minority of every kind end up on the small side.
+        data = d.data_nodes() if hasattr(d, "data_nodes") else nodes
+        others = [n for n in nodes if n not in data]
+        minority = [leader] + [n for n in data if n != leader][: max(0, (len(data) - 1) // 2 - 1)]
+        minority += others[: (len(others) - 1) // 2] if others else []
         majority = [n for n in nodes if n not in minority]
         clients = list(ctx.clients)
         minority_clients = clients[: len(clients) // 2]
