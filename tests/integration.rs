@@ -9,6 +9,7 @@
 //! - `handoff`: where a hand-off's time goes, part by part, on every backend.
 //! - `packaging`: `--version` and the builds (README "Install").
 //! - `cleanup`: an interrupted run leaves no server behind.
+//! - `faults`: the fault harness's smoke (scripts/faults --smoke: etcd in namespaces, a partition).
 //! - `registry`: every list of backends names every registered backend; capabilities.
 
 mod support;
@@ -19,6 +20,7 @@ mod backends;
 mod cleanup;
 mod cli;
 mod docs;
+mod faults;
 mod handoff;
 mod local_queue;
 mod packaging;
