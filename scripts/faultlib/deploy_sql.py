@@ -118,7 +118,7 @@ class _SingleServer(Deployment):
     def addr(self) -> str:
         return self.host_of(self.node).addr
 
-    def leader(self) -> str | None:
+    def leader(self, name: str | None = None) -> str | None:
         return self.node
 
     def _outside_dir(self, what: str) -> str:
