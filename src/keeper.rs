@@ -341,6 +341,8 @@ impl Proof {
 /// A running keep-alive task. Dropping it stops renewing (the lease then expires by itself).
 pub struct Keeper<R> {
     lost: watch::Receiver<Option<Lost>>,
+    /// When the keeper gives the hold up unless a renewal is acknowledged first.
+    proven: watch::Receiver<BootInstant>,
     stop: Option<oneshot::Sender<()>>,
     task: JoinHandle<R>,
 }
@@ -357,9 +359,17 @@ impl<R: Renew> Keeper<R> {
         let (lost_tx, lost_rx) = watch::channel(None);
         let (stop_tx, stop_rx) = oneshot::channel();
         let schedule = Schedule::new(granted_ttl, kill_after);
-        let task = tokio::spawn(run(renewer, schedule, acquired_sent, lost_tx, stop_rx));
+        let (proven_tx, proven_rx) = watch::channel(schedule.give_up_at(acquired_sent));
+        let task = tokio::spawn(run(
+            renewer,
+            schedule,
+            acquired_sent,
+            (lost_tx, proven_tx),
+            stop_rx,
+        ));
         Keeper {
             lost: lost_rx,
+            proven: proven_rx,
             stop: Some(stop_tx),
             task,
         }
@@ -371,6 +381,12 @@ impl<R: Renew> Keeper<R> {
             Ok(lost) => lost.clone().unwrap_or_else(unreachable_lost),
             Err(_) => unreachable_lost(),
         }
+    }
+
+    /// Until when the hold is proven: the keeper gives it up then unless a renewal is
+    /// acknowledged first ([`Schedule::give_up_at`] of the last acknowledged send).
+    pub fn proven_until(&self) -> BootInstant {
+        *self.proven.borrow()
     }
 
     /// Stop renewing and hand the renewer back (to release with it).
@@ -399,7 +415,7 @@ async fn run<R: Renew>(
     mut renewer: R,
     schedule: Schedule,
     acquired_sent: BootInstant,
-    lost: watch::Sender<Option<Lost>>,
+    (lost, proven): (watch::Sender<Option<Lost>>, watch::Sender<BootInstant>),
     mut stop: oneshot::Receiver<()>,
 ) -> R {
     let mut last_ack = acquired_sent;
@@ -439,6 +455,7 @@ async fn run<R: Renew>(
                 if granted != schedule.ttl {
                     schedule = Schedule::new(granted, schedule.grace);
                 }
+                proven.send_replace(schedule.give_up_at(sent));
                 next = sent + schedule.renew_every();
             }
             Ok(Err(RenewError::Gone(reason))) => {

@@ -381,6 +381,7 @@ pub trait DynLease {
     fn lost(&mut self) -> BoxFuture<'_, Lost>;
     fn release(self: Box<Self>) -> BoxFuture<'static, Result<(), Error>>;
     fn finished<'a>(&'a mut self, holder: &'a Holder) -> BoxFuture<'a, Result<bool, Error>>;
+    fn proven_until(&self) -> Option<crate::clock::BootInstant>;
 }
 
 /// The lease of a [`DynBackend`].
@@ -402,6 +403,10 @@ impl<L: Lease + 'static> DynLease for L {
     fn finished<'a>(&'a mut self, holder: &'a Holder) -> BoxFuture<'a, Result<bool, Error>> {
         Box::pin(Lease::finished(self, holder))
     }
+
+    fn proven_until(&self) -> Option<crate::clock::BootInstant> {
+        Lease::proven_until(self)
+    }
 }
 
 impl Lease for BoxedLease {
@@ -419,6 +424,10 @@ impl Lease for BoxedLease {
 
     async fn finished(&mut self, holder: &Holder) -> Result<bool, Error> {
         DynLease::finished(&mut **self, holder).await
+    }
+
+    fn proven_until(&self) -> Option<crate::clock::BootInstant> {
+        DynLease::proven_until(&**self)
     }
 }
 

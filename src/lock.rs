@@ -550,6 +550,14 @@ pub trait Lease {
     /// Give the lock back promptly, so the next waiter does not wait for a TTL.
     async fn release(self) -> Result<(), Error>;
 
+    /// Until when the hold is proven now: the instant the lease's keeper would give it up,
+    /// counted from its last acknowledged renewal (`None`: no lease, as a kernel lock, or
+    /// an ancestor's). A command seen to have ended after that instant may have run on
+    /// without the lock (dlock was stopped or starved meanwhile), and the run counts as lost.
+    fn proven_until(&self) -> Option<crate::clock::BootInstant> {
+        None
+    }
+
     /// Record in the hold's metadata that the command has finished and the lock is kept
     /// until `holder.kept_until` (`--min-hold`), so that `status` can say so. Returns
     /// whether it was recorded: a backend that cannot update its metadata cheaply keeps

@@ -431,9 +431,14 @@ async fn supervise_command<L: Lease>(
     match ending.lost {
         Some(lost) if settings.on_lost != OnLost::Ignore => {
             say!(
-                "lock '{}' was lost while the command ran ({}); the command was stopped",
+                "lock '{}' was lost while the command ran ({}){}",
                 settings.name,
-                lost.reason
+                lost.reason,
+                if ending.lost_after_end {
+                    ""
+                } else {
+                    "; the command was stopped"
+                }
             );
             Ok(Ran {
                 status: Outcome::Lost,

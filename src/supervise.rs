@@ -26,7 +26,10 @@
 //! - **the lock is lost** → per `--on-lost`: `term` sends SIGTERM to the group and SIGKILL after
 //!   `--kill-after` or at the lease's `kill_by` deadline, whichever is first; `kill` sends
 //!   SIGKILL at once; `ignore` only warns. After a loss, when the command itself exits, anything
-//!   left in its group is killed, so nothing keeps running unprotected.
+//!   left in its group is killed, so nothing keeps running unprotected. A command seen to have
+//!   ended only after the lease stopped being proven ([`Lease::proven_until`]: dlock was
+//!   stopped or starved past its keeper's deadline) counts as having lost the lock too: it
+//!   may have run on after the lock was gone, and nothing can tell.
 
 use std::ffi::{OsStr, OsString};
 use std::io;
@@ -62,6 +65,8 @@ pub struct Ending {
     pub status: ExitStatus,
     /// Set when the lock was lost while the command ran.
     pub lost: Option<Lost>,
+    /// The loss was found only once the command had ended on its own (dlock did not stop it).
+    pub lost_after_end: bool,
     /// The first terminating signal (TERM, INT, HUP, QUIT) forwarded to the command: dlock
     /// was asked to stop, so `--min-hold` does not keep the lock after it.
     pub stopped_by: Option<i32>,
@@ -213,6 +218,22 @@ pub async fn supervise<L: Lease>(
         // Look first: the child may have ended before the SIGCHLD listener saw it.
         match child.peek()? {
             Peek::Ended(status) => {
+                // Seen to have ended only after the hold stopped being proven (dlock was
+                // stopped or starved past its keeper's deadline): the command may have run on
+                // without the lock, and the run counts as having lost it.
+                let lost_after_end = lost.is_none()
+                    && lease
+                        .proven_until()
+                        .is_some_and(|t| BootInstant::now() >= t);
+                if lost_after_end {
+                    crate::lock::loss_reported();
+                    lost = Some(Lost {
+                        reason: "dlock was stopped or starved past the lease's deadline, and \
+                                 the command ended meanwhile, maybe after the lock was gone"
+                            .into(),
+                        kill_by: None,
+                    });
+                }
                 if lost.is_some() && policy.on_lost != OnLost::Ignore {
                     // Nothing the command started may run on without the lock.
                     child.signal_group(libc::SIGKILL);
@@ -225,6 +246,7 @@ pub async fn supervise<L: Lease>(
                 return Ok(Ending {
                     status,
                     lost,
+                    lost_after_end,
                     stopped_by,
                 });
             }

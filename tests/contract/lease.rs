@@ -87,3 +87,38 @@ pub fn a_short_wait_still_takes_a_free_lock_over_a_slow_link(server: &dyn LeaseS
     assert!(out.status.success(), "{}", describe(&out));
     assert!(env.path("ran").exists());
 }
+
+/// A holder whose dlock is stopped (SIGSTOP, a frozen cgroup) until its lease ran out and
+/// another run took the lock, and whose command ended meanwhile, does not report the run as
+/// done: the command may have run on without the lock, so it exits 124 once continued.
+pub fn a_command_that_ended_while_its_dlock_was_stopped_past_the_lease_counts_as_lost(
+    server: &dyn LeaseServer,
+) {
+    let env = TestEnv::new(server.as_lock_server());
+    let lock = lock_name("lock");
+    let (started, go, done) = (env.path("started"), env.path("go"), env.path("done"));
+    let script = format!(
+        "touch '{started}'; n=0; while [ ! -e '{go}' ] && [ $n -lt 3000 ]; do \
+         n=$((n+1)); sleep 0.01; done; touch '{done}'",
+        started = started.display(),
+        go = go.display(),
+        done = done.display()
+    );
+    let mut holder = env.spawn(&["run", &lock, "sh", "-c", &script]);
+    wait_until("the command runs", PATIENCE, || started.exists());
+    let dlock = nix::unistd::Pid::from_raw(holder.id() as i32);
+    nix::sys::signal::kill(dlock, Signal::SIGSTOP).expect("stop the holder's dlock");
+    // The lease runs out while dlock is stopped: another run gets the lock.
+    let next = env.run(["run", "--wait", "30s", &lock, "true"]);
+    std::fs::write(&go, "").expect("let the command end");
+    wait_until("the command ends", PATIENCE, || done.exists());
+    nix::sys::signal::kill(dlock, Signal::SIGCONT).expect("continue the holder's dlock");
+    let status = wait_within(&mut holder, PATIENCE);
+    assert!(next.status.success(), "{}", describe(&next));
+    assert_eq!(
+        status.code(),
+        Some(124),
+        "the stopped holder's run: {}",
+        stderr_left(&mut holder)
+    );
+}

@@ -130,6 +130,7 @@ macro_rules! lease_contract_tests {
             $crate::contract_tests!(@tests $start;
                 blackholed_holder_is_stopped_before_a_contender_gets_the_lock,
                 killed_holder_frees_the_lock_within_ttl_plus_one_second,
+                a_command_that_ended_while_its_dlock_was_stopped_past_the_lease_counts_as_lost,
             );
         }
     };

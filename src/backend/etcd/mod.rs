@@ -258,6 +258,10 @@ impl Lease for EtcdLease {
         self.token
     }
 
+    fn proven_until(&self) -> Option<crate::clock::BootInstant> {
+        Some(self.keeper.proven_until())
+    }
+
     async fn lost(&mut self) -> Lost {
         loop {
             tokio::select! {

@@ -230,6 +230,10 @@ impl Lease for MemcachedLease {
         self.token
     }
 
+    fn proven_until(&self) -> Option<crate::clock::BootInstant> {
+        Some(self.keeper.proven_until())
+    }
+
     async fn lost(&mut self) -> Lost {
         self.keeper.lost().await
     }

@@ -242,6 +242,10 @@ impl Lease for MysqlLease {
         self.token
     }
 
+    fn proven_until(&self) -> Option<crate::clock::BootInstant> {
+        Some(self.keeper.proven_until())
+    }
+
     async fn lost(&mut self) -> Lost {
         // Bounded: the watcher reports once, then only the keeper is left.
         for _ in 0..2 {

@@ -104,6 +104,10 @@ impl Lease for PgLease {
         self.token
     }
 
+    fn proven_until(&self) -> Option<crate::clock::BootInstant> {
+        Some(self.keeper.proven_until())
+    }
+
     async fn lost(&mut self) -> Lost {
         let mut ended = self.session.ended.clone();
         // Biased: when the connection ended, that (with its deadline) is the truth, not the

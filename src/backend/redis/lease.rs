@@ -36,6 +36,10 @@ impl Lease for RedisLease {
         self.token
     }
 
+    fn proven_until(&self) -> Option<crate::clock::BootInstant> {
+        Some(self.keeper.proven_until())
+    }
+
     async fn lost(&mut self) -> Lost {
         match &mut self.switch {
             None => self.keeper.lost().await,

@@ -134,6 +134,10 @@ impl Lease for ZkLease {
         self.token
     }
 
+    fn proven_until(&self) -> Option<crate::clock::BootInstant> {
+        Some(self.keeper.proven_until())
+    }
+
     async fn lost(&mut self) -> Lost {
         tokio::select! {
             lost = self.keeper.lost() => lost,

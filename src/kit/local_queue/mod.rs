@@ -344,4 +344,8 @@ impl<L: Lease> Lease for QueuedLease<L> {
     async fn finished(&mut self, holder: &Holder) -> Result<bool, Error> {
         self.remote.finished(holder).await
     }
+
+    fn proven_until(&self) -> Option<crate::clock::BootInstant> {
+        self.remote.proven_until()
+    }
 }
