@@ -432,13 +432,18 @@ class Loss(_Network):
 # --- pauses --------------------------------------------------------------------------------
 
 
-class _PauseLeader(Nemesis):
-    pause_target = "leader"
+class _Pause(Nemesis):
+    """A SIGSTOP for FACTOR x TTL + PLUS_S seconds (pause_s, which the checker reads)."""
+
     FACTOR = 1.0
     PLUS_S = 0.0
 
     def _configure(self):
         self.pause_s = round(self.ttl_s * self.FACTOR + self.PLUS_S, 3)
+
+
+class _PauseLeader(_Pause):
+    pause_target = "leader"
 
     def _applies(self, deployment) -> bool:
         return deployment.supports("pause") and bool(deployment.nodes())
@@ -472,13 +477,8 @@ class PauseLeaderLong(_PauseLeader):
     PLUS_S = 1.0
 
 
-class _PauseHolder(Nemesis):
+class _PauseHolder(_Pause):
     pause_target = "holder"
-    FACTOR = 1.0
-    PLUS_S = 0.0
-
-    def _configure(self):
-        self.pause_s = round(self.ttl_s * self.FACTOR + self.PLUS_S, 3)
 
     def inject(self, ctx):
         self._paused = None
