@@ -134,6 +134,18 @@ fn holding(env: &TestEnv, lock: &str) -> (Child, PathBuf) {
 }
 
 /// The waiter of a [`Handover`] (no `--wait`), whose command notes when it started.
+impl Handover {
+    /// The holder (from [`holding`]) and the waiter (from [`waiting`]) of one hand-over.
+    fn of((holder, stopped): (Child, PathBuf), (waiter, started): (Child, PathBuf)) -> Handover {
+        Handover {
+            holder,
+            waiter,
+            stopped,
+            started,
+        }
+    }
+}
+
 fn waiting(env: &TestEnv, lock: &str) -> (Child, PathBuf) {
     let started = env.path("started");
     let waiter = env
@@ -226,15 +238,9 @@ fn kill_of_all_the_holders_connections_stops_its_command_before_the_next_holder_
     let server = MysqlServer::start();
     let env = TestEnv::new(&server);
     let lock = lock_name("m");
-    let (holder, stopped) = holding(&env, &lock);
+    let held = holding(&env, &lock);
     server.sql("KILL USER 'dlock'");
-    let (waiter, started) = waiting(&env, &lock);
-    let run = Handover {
-        holder,
-        waiter,
-        stopped,
-        started,
-    };
+    let run = Handover::of(held, waiting(&env, &lock));
     assert_one_line(&run.assert_no_overlap());
 }
 
@@ -264,18 +270,12 @@ fn kill_of_the_holders_watcher_then_of_its_lock_session_stops_its_command_before
     let server = MysqlServer::start();
     let env = TestEnv::new(&server);
     let lock = lock_name("m");
-    let (holder, stopped) = holding(&env, &lock);
+    let held = holding(&env, &lock);
     let watcher = watcher_connection(&server);
     let session = holder_connection(&env, &lock);
     server.sql(&format!("KILL {watcher}"));
     server.sql(&format!("KILL {session}"));
-    let (waiter, started) = waiting(&env, &lock);
-    let run = Handover {
-        holder,
-        waiter,
-        stopped,
-        started,
-    };
+    let run = Handover::of(held, waiting(&env, &lock));
     assert_one_line(&run.assert_no_overlap());
 }
 
@@ -295,17 +295,10 @@ fn a_holder_whose_watcher_cannot_connect_stops_its_command_within_a_second_of_it
     let mut app = TestEnv::new(&server);
     app.url = server.password_url().expect("a URL with a password");
     let lock = lock_name("m");
-    let (holder, stopped) = holding(&app, &lock);
-    let (waiter, started) = waiting(&env, &lock);
+    let run = Handover::of(holding(&app, &lock), waiting(&env, &lock));
     wait_until("waiter queued", PATIENCE, || env.waiters(&lock) == 1);
     let session = holder_connection(&env, &lock);
     server.sql(&format!("KILL {session}"));
-    let run = Handover {
-        holder,
-        waiter,
-        stopped,
-        started,
-    };
     assert_one_line(&run.assert_stopped_within(WITHOUT_A_WATCHER));
 }
 
