@@ -5,8 +5,7 @@ Every cell is held to three promises whatever the fault:
 - no stale token accepted by the fencing resource, and tokens strictly increasing per name
   (guarantees.md, promise 2, "It gives the command a fencing token": "strictly increases with
   every acquisition of the name"; the backend pages say how each keeps it across restarts);
-- no hung run: every run ends within its --wait plus the bound the workload states
-  (issue #42 point 3);
+- no hung run: every run ends within its --wait plus the bound the workload states;
 - every name is taken again after the fault healed, within the phase's recovery time (a
   liveness expectation of the harness, not a sentence of guarantees.md: said so in the cell).
 

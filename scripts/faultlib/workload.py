@@ -12,7 +12,7 @@ longer than the TTL, so that faults meet holders whose lease must be renewed).
 Each run is bounded: a run that has not ended after W + TTL + KA + the long CS + HUNG_SLACK_S
 (+ the nemesis's declared pause for pause nemeses) is SIGKILLed and recorded as hung.
 
-History (history.jsonl, one line per run; issue #42 point 5 fields first):
+History (history.jsonl, one line per run; the documented fields first):
   backend, nemesis, name, host, pid (dlock's), token, enter_ns, exit_ns (CLOCK_BOOTTIME; null
   when the run never entered its CS), rc (the run's exit status; 128+N for a signal),
   mode ("exclusive"),
@@ -126,7 +126,7 @@ class Workload:
         self.fence_timeout_ms = fence_timeout_ms
         self.extra_env = dict(extra_env or {})
         self.log = log
-        # The bound on one run (issue #42 point 3: every run ends within its --wait plus this).
+        # The bound on one run: every run ends within its --wait plus this.
         self.hung_bound_s = (wait_s + self.ttl_s + kill_after_s + self.long_cs_ms / 1000.0
                              + 2 * fence_timeout_ms / 1000.0 + HUNG_SLACK_S + hung_extra_s)
         self.inside_dir = os.path.join(out_dir, "inside")
