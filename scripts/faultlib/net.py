@@ -112,12 +112,21 @@ def _delete_ns(ns: str, log=None):
 def pick_run() -> int:
     """A run number in 1..250 derived from our pid, the first one no live harness owns and no
     namespace uses."""
+    return pick_runs(1)[0]
+
+
+def pick_runs(count: int) -> list[int]:
+    """`count` distinct run numbers as pick_run() chooses them, for the parts of a side-by-side
+    run (each part claims its own when its Topology starts)."""
     existing = {m.group(1) for m in (NS_NAME.match(n) for n in list_namespaces()) if m}
     base = os.getpid() % 250
+    runs = []
     for i in range(250):
         run = (base + i) % 250 + 1
         if str(run) not in existing and not _owner_alive(run):
-            return run
+            runs.append(run)
+            if len(runs) == count:
+                return runs
     raise RuntimeError("no free run number in 1..250: too many fault harnesses (or stale ones: cleanup_stale())")
 
 
