@@ -301,6 +301,23 @@ def table(results: dict) -> str:
     return "\n".join(lines)
 
 
+def markdown(results: dict) -> str:
+    """The table of docs/guarantees.md's "Measured under faults": a row per cell."""
+    lines = ["| backend | nemesis | CS | overlaps (longest) | allowed | stale refused / accepted "
+             "| exits | unavailable after heal | hung | |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for c in results["cells"]:
+        bound = c["promise_detail"]["max_overlap_ms"]
+        allowed = "any (tokens)" if bound is None else "none" if bound == 0 else f"{bound:.0f} ms"
+        exits = " ".join(f"{k}:{v}" for k, v in c["exits"].items())
+        verdict = "ok" if not c["promise_broken"] else f"**broken**: {c['promise_broken']}"
+        lines.append(f"| {c['backend']} | {c['nemesis']} | {c['cs']} | {c['overlaps']} "
+                     f"({c['max_overlap_ms']:.0f} ms) | {allowed} | {c['stale_refused']} / "
+                     f"{c['stale_accepted']} | {exits} | {c['unavailable_ms']:.0f} ms | "
+                     f"{c['hung']} | {verdict} |")
+    return "\n".join(lines)
+
+
 def broken(results: dict) -> bool:
     return bool(results.get("orphan_stale_accepted")) or any(
         c["promise_broken"] for c in results["cells"])
@@ -316,12 +333,20 @@ def write(out_dir: str, results: dict):
 
 def main(argv=None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    as_markdown = argv[:1] == ["--markdown"]
+    argv = argv[1:] if as_markdown else argv
     if len(argv) != 1:
-        print("usage: check.py OUT_DIR", file=sys.stderr)
+        print("usage: check.py [--markdown] OUT_DIR", file=sys.stderr)
         return 64
     results = check(argv[0])
+    try:  # what the harness recorded about the run itself stays
+        with open(os.path.join(argv[0], "results.json"), encoding="utf-8") as f:
+            before = json.load(f)
+        results.update({k: before[k] for k in ("command", "date", "seconds") if k in before})
+    except (OSError, ValueError):
+        pass
     write(argv[0], results)
-    print(table(results))
+    print(markdown(results) if as_markdown else table(results))
     return 1 if broken(results) else 0
 
 

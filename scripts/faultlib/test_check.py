@@ -196,6 +196,17 @@ class Checker(unittest.TestCase):
         text = check.table(r)
         self.assertIn("BROKEN etcd / isolate-holder: overlap", text)
 
+    def test_the_markdown_table_has_a_row_per_cell_with_its_bound_and_verdict(self):
+        clean = self.check([phase()], self.steady())
+        rows = check.markdown(clean).splitlines()
+        self.assertEqual(len(rows), 3)
+        self.assertTrue(rows[2].startswith("| etcd | isolate-holder | 20 | 0 (0 ms) | none |"))
+        self.assertTrue(rows[2].endswith("| ok |"))
+        history = self.steady() + [run("n0", 145, 12.05, 12.3, pid=999)]
+        broken_row = check.markdown(self.check([phase()], history)).splitlines()[2]
+        self.assertIn("| 1 (", broken_row)
+        self.assertIn("**broken**: overlap", broken_row)
+
 
 class Promises(unittest.TestCase):
     def test_a_short_pause_of_the_holder_promises_no_overlap_and_a_long_one_does_not(self):
