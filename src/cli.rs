@@ -27,7 +27,8 @@ Examples:
   dlock status nightly                   who holds it, since when
   dlock check --url redis://locks:6379   can this backend be used?
 
-More: dlock run -h, man dlock, man dlock-run, /usr/share/doc/dlock.";
+More: dlock run -h, man dlock, man dlock-run; the guide is docs/guide.md in the source
+(/usr/share/doc/dlock/docs/guide.md where the Debian package is installed).";
 
 /// The examples of `dlock run -h` and `dlock run --help`.
 const RUN_EXAMPLES: &str = "\
@@ -284,10 +285,11 @@ pub struct RunArgs {
     #[command(flatten)]
     pub backend: BackendArgs,
 
-    /// Give up after waiting this long (500ms, 30s, 5m).
+    /// Give up after waiting this long (500ms, 30s, 5m; a bare number is seconds).
     ///
     /// Connecting to the backend counts against it; 0 is the same as --no-wait [default: wait
-    /// forever].
+    /// forever]. As with flock -w, a number without a unit is seconds (-w 0.5), here and in
+    /// every other duration.
     #[arg(
         short,
         long,
