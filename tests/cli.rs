@@ -1294,7 +1294,7 @@ fn a_bad_value_says_what_would_do_in_dlocks_words() {
 #[test]
 fn a_mistyped_or_misplaced_word_is_pointed_to_what_was_meant() {
     let (_server, env) = file_env();
-    let cases: [(&[&str], i32, &str); 4] = [
+    let cases: [(&[&str], i32, &str); 5] = [
         (
             &["rn", "x", "true"],
             64,
@@ -1310,6 +1310,12 @@ fn a_mistyped_or_misplaced_word_is_pointed_to_what_was_meant() {
             &["--wait", "5s", "run", "x", "true"],
             64,
             "dlock: dlock has no option --wait; it belongs to run: dlock run --wait 5s x true; \
+             see dlock run --help",
+        ),
+        (
+            &["--ttl=5s", "-v", "run", "x", "true"],
+            64,
+            "dlock: dlock has no option --ttl; it belongs to run: dlock -v run --ttl=5s x true; \
              see dlock run --help",
         ),
         (

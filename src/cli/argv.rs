@@ -29,14 +29,16 @@ pub(super) fn no_such_option(
     let sub_at = words
         .iter()
         .position(|a| command.find_subcommand(a).is_some());
-    let given_at = words.iter().position(|a| a == given);
+    let given_at = words
+        .iter()
+        .position(|a| a == given || a.strip_prefix(option).is_some_and(|v| v.starts_with('=')));
     let who = match (sub_at, given_at) {
         (Some(s), Some(g)) if g < s => "dlock".to_owned(),
         (Some(s), _) => format!("dlock {}", words[s]),
         (None, _) => "dlock".to_owned(),
     };
     if let (Some(s), Some(g)) = (sub_at, given_at) {
-        if g < s && given == option {
+        if g < s {
             if let Some(moved) = moved_to_its_command(&words, g, s, command) {
                 return clap::Error::raw(ErrorKind::UnknownArgument, moved);
             }
@@ -64,8 +66,12 @@ fn moved_to_its_command(
     let sub = command.find_subcommand(words[sub_at])?;
     let given = words[given_at];
     let takes_value = if let Some(long) = given.strip_prefix("--") {
+        // `--wait=5s` carries its value.
+        let (long, inline) = long
+            .split_once('=')
+            .map_or((long, false), |(l, _)| (l, true));
         let arg = sub.get_arguments().find(|a| a.get_long() == Some(long))?;
-        arg.get_action().takes_values()
+        arg.get_action().takes_values() && !inline
     } else {
         let mut letters = given.strip_prefix('-')?.chars();
         let (Some(letter), None) = (letters.next(), letters.next()) else {
@@ -90,8 +96,9 @@ fn moved_to_its_command(
     line.extend(&words[given_at..moved_end]);
     line.extend(&words[sub_at + 1..]);
     let name = words[sub_at];
+    let option = given.split_once('=').map_or(given, |(o, _)| o);
     Some(format!(
-        "dlock has no option {given}; it belongs to {name}: {}; see dlock {name} --help",
+        "dlock has no option {option}; it belongs to {name}: {}; see dlock {name} --help",
         line.join(" ")
     ))
 }
