@@ -34,9 +34,23 @@ complete -c dlock -n "__fish_dlock_needs_command" -f -a "status" -d 'Show who ho
 complete -c dlock -n "__fish_dlock_needs_command" -f -a "list" -d 'List held locks under the namespace'
 complete -c dlock -n "__fish_dlock_needs_command" -f -a "release" -d 'Break a lock held by someone else (admin; needs --force)'
 complete -c dlock -n "__fish_dlock_needs_command" -f -a "check" -d 'Check that the backend can be reached and used: latency, version, permissions'
-complete -c dlock -n "__fish_dlock_using_subcommand run; and __fish_dlock_run_options" -s u -l url -d 'Backend URL, e.g. redis://host or etcd://host:2379 (every form: --help) [default: a lock file on this host]' -r
+complete -c dlock -n "__fish_dlock_using_subcommand run; and __fish_dlock_run_options" -s u -l url -d 'Backend URL, e.g. redis://host or etcd://host:2379 (every form: --help) [default: a lock file on this host]' -r -f -a "file://\t''
+redis://\t''
+rediss://\t''
+redis+unix://\t''
+redis-sentinel://\t''
+rediss-sentinel://\t''
+etcd://\t''
+etcds://\t''
+zk://\t''
+postgres://\t''
+postgresql://\t''
+mysql://\t''
+mariadb://\t''
+memcached://\t''
+memcached+unix://\t''"
 complete -c dlock -n "__fish_dlock_using_subcommand run; and __fish_dlock_run_options" -l prefix -d 'Namespace for keys and paths [default: dlock]' -r
-complete -c dlock -n "__fish_dlock_using_subcommand run; and __fish_dlock_run_options" -s w -l wait -d 'Give up after waiting this long (500ms, 30s, 5m)' -r
+complete -c dlock -n "__fish_dlock_using_subcommand run; and __fish_dlock_run_options" -s w -l wait -d 'Give up after waiting this long (500ms, 30s, 5m; a bare number is seconds)' -r
 complete -c dlock -n "__fish_dlock_using_subcommand run; and __fish_dlock_run_options" -s E -l conflict-exit-code -d 'Exit status when the lock was not acquired [default: 75]' -r
 complete -c dlock -n "__fish_dlock_using_subcommand run; and __fish_dlock_run_options" -s t -l ttl -d 'Lease length [default: 15s]' -r
 complete -c dlock -n "__fish_dlock_using_subcommand run; and __fish_dlock_run_options" -s l -l limit -d 'Semaphore: up to N holders at once [default: 1]' -r
@@ -59,7 +73,21 @@ complete -c dlock -n "__fish_dlock_using_subcommand run; and __fish_dlock_run_op
 complete -c dlock -n "__fish_dlock_using_subcommand run; and __fish_dlock_run_options" -s q -l quiet -d 'Fewer messages on stderr (repeat for none)'
 complete -c dlock -n "__fish_dlock_using_subcommand run; and __fish_dlock_run_options" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c dlock -n "__fish_dlock_using_subcommand run; and __fish_dlock_run_options" -s V -l version -d 'Print version'
-complete -c dlock -n "__fish_dlock_using_subcommand status" -s u -l url -d 'Backend URL, e.g. redis://host or etcd://host:2379 (every form: --help) [default: a lock file on this host]' -r
+complete -c dlock -n "__fish_dlock_using_subcommand status" -s u -l url -d 'Backend URL, e.g. redis://host or etcd://host:2379 (every form: --help) [default: a lock file on this host]' -r -f -a "file://\t''
+redis://\t''
+rediss://\t''
+redis+unix://\t''
+redis-sentinel://\t''
+rediss-sentinel://\t''
+etcd://\t''
+etcds://\t''
+zk://\t''
+postgres://\t''
+postgresql://\t''
+mysql://\t''
+mariadb://\t''
+memcached://\t''
+memcached+unix://\t''"
 complete -c dlock -n "__fish_dlock_using_subcommand status" -l prefix -d 'Namespace for keys and paths [default: dlock]' -r
 complete -c dlock -n "__fish_dlock_using_subcommand status" -l config -d 'Config file (TOML; see man dlock.toml)' -r -F
 complete -c dlock -n "__fish_dlock_using_subcommand status" -l json -d 'Print JSON instead of text'
@@ -67,7 +95,21 @@ complete -c dlock -n "__fish_dlock_using_subcommand status" -s v -l verbose -d '
 complete -c dlock -n "__fish_dlock_using_subcommand status" -s q -l quiet -d 'Fewer messages on stderr (repeat for none)'
 complete -c dlock -n "__fish_dlock_using_subcommand status" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c dlock -n "__fish_dlock_using_subcommand status" -s V -l version -d 'Print version'
-complete -c dlock -n "__fish_dlock_using_subcommand list" -s u -l url -d 'Backend URL, e.g. redis://host or etcd://host:2379 (every form: --help) [default: a lock file on this host]' -r
+complete -c dlock -n "__fish_dlock_using_subcommand list" -s u -l url -d 'Backend URL, e.g. redis://host or etcd://host:2379 (every form: --help) [default: a lock file on this host]' -r -f -a "file://\t''
+redis://\t''
+rediss://\t''
+redis+unix://\t''
+redis-sentinel://\t''
+rediss-sentinel://\t''
+etcd://\t''
+etcds://\t''
+zk://\t''
+postgres://\t''
+postgresql://\t''
+mysql://\t''
+mariadb://\t''
+memcached://\t''
+memcached+unix://\t''"
 complete -c dlock -n "__fish_dlock_using_subcommand list" -l prefix -d 'Namespace for keys and paths [default: dlock]' -r
 complete -c dlock -n "__fish_dlock_using_subcommand list" -l config -d 'Config file (TOML; see man dlock.toml)' -r -F
 complete -c dlock -n "__fish_dlock_using_subcommand list" -l json -d 'Print JSON instead of text'
@@ -75,7 +117,21 @@ complete -c dlock -n "__fish_dlock_using_subcommand list" -s v -l verbose -d 'Mo
 complete -c dlock -n "__fish_dlock_using_subcommand list" -s q -l quiet -d 'Fewer messages on stderr (repeat for none)'
 complete -c dlock -n "__fish_dlock_using_subcommand list" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c dlock -n "__fish_dlock_using_subcommand list" -s V -l version -d 'Print version'
-complete -c dlock -n "__fish_dlock_using_subcommand release" -s u -l url -d 'Backend URL, e.g. redis://host or etcd://host:2379 (every form: --help) [default: a lock file on this host]' -r
+complete -c dlock -n "__fish_dlock_using_subcommand release" -s u -l url -d 'Backend URL, e.g. redis://host or etcd://host:2379 (every form: --help) [default: a lock file on this host]' -r -f -a "file://\t''
+redis://\t''
+rediss://\t''
+redis+unix://\t''
+redis-sentinel://\t''
+rediss-sentinel://\t''
+etcd://\t''
+etcds://\t''
+zk://\t''
+postgres://\t''
+postgresql://\t''
+mysql://\t''
+mariadb://\t''
+memcached://\t''
+memcached+unix://\t''"
 complete -c dlock -n "__fish_dlock_using_subcommand release" -l prefix -d 'Namespace for keys and paths [default: dlock]' -r
 complete -c dlock -n "__fish_dlock_using_subcommand release" -l config -d 'Config file (TOML; see man dlock.toml)' -r -F
 complete -c dlock -n "__fish_dlock_using_subcommand release" -l force -d 'Required: this breaks a lock that someone else holds; the holder then detects the loss and stops its command. The file backend refuses and names the holder\'s pid'
@@ -83,7 +139,21 @@ complete -c dlock -n "__fish_dlock_using_subcommand release" -s v -l verbose -d 
 complete -c dlock -n "__fish_dlock_using_subcommand release" -s q -l quiet -d 'Fewer messages on stderr (repeat for none)'
 complete -c dlock -n "__fish_dlock_using_subcommand release" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c dlock -n "__fish_dlock_using_subcommand release" -s V -l version -d 'Print version'
-complete -c dlock -n "__fish_dlock_using_subcommand check" -s u -l url -d 'Backend URL, e.g. redis://host or etcd://host:2379 (every form: --help) [default: a lock file on this host]' -r
+complete -c dlock -n "__fish_dlock_using_subcommand check" -s u -l url -d 'Backend URL, e.g. redis://host or etcd://host:2379 (every form: --help) [default: a lock file on this host]' -r -f -a "file://\t''
+redis://\t''
+rediss://\t''
+redis+unix://\t''
+redis-sentinel://\t''
+rediss-sentinel://\t''
+etcd://\t''
+etcds://\t''
+zk://\t''
+postgres://\t''
+postgresql://\t''
+mysql://\t''
+mariadb://\t''
+memcached://\t''
+memcached+unix://\t''"
 complete -c dlock -n "__fish_dlock_using_subcommand check" -l prefix -d 'Namespace for keys and paths [default: dlock]' -r
 complete -c dlock -n "__fish_dlock_using_subcommand check" -s t -l ttl -d 'Lease length to check against the backend\'s bounds [default: 15s]' -r
 complete -c dlock -n "__fish_dlock_using_subcommand check" -l config -d 'Config file (TOML; see man dlock.toml)' -r -F

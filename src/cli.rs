@@ -17,7 +17,7 @@ use crate::{backend, exit};
 mod argv;
 
 pub use argv::normalize_run_args;
-use argv::{bad_value, no_such_option};
+use argv::{bad_value, no_such_command, no_such_option};
 
 /// The examples of `dlock -h` and `dlock --help`.
 const TOP_EXAMPLES: &str = "\
@@ -27,7 +27,8 @@ Examples:
   dlock status nightly                   who holds it, since when
   dlock check --url redis://locks:6379   can this backend be used?
 
-More: dlock run -h, man dlock, man dlock-run, /usr/share/doc/dlock.";
+More: dlock run -h, man dlock, man dlock-run; the guide is docs/guide.md in the source
+(/usr/share/doc/dlock/docs/guide.md where the Debian package is installed).";
 
 /// The examples of `dlock run -h` and `dlock run --help`.
 const RUN_EXAMPLES: &str = "\
@@ -284,10 +285,11 @@ pub struct RunArgs {
     #[command(flatten)]
     pub backend: BackendArgs,
 
-    /// Give up after waiting this long (500ms, 30s, 5m).
+    /// Give up after waiting this long (500ms, 30s, 5m; a bare number is seconds).
     ///
     /// Connecting to the backend counts against it; 0 is the same as --no-wait [default: wait
-    /// forever].
+    /// forever]. As with flock -w, a number without a unit is seconds (-w 0.5), here and in
+    /// every other duration.
     #[arg(
         short,
         long,
@@ -598,11 +600,14 @@ pub fn parse(args: Vec<OsString>) -> Result<Cli, clap::Error> {
     use clap::FromArgMatches;
     // Building the command tree is the costliest part of start-up: do it once.
     let mut command = command();
+    let given = args.clone();
     let args = normalize_run_args(args, &command);
     let matches = command
         .try_get_matches_from_mut(args.iter().cloned())
-        .map_err(|e| no_such_option(e, &args, &command))
-        .map_err(|e| bad_value(e, &args, &command))?;
+        .map_err(|e| no_such_option(e, &given, &command))
+        .map_err(|e| no_such_command(e, &command))
+        .map_err(|e| bad_value(e, &args, &command))
+        .map_err(|e| version_of_dlock(e, &args, &mut command))?;
     let mut cli = Cli::from_arg_matches(&matches).map_err(|e| e.format(&mut command))?;
     if let Some((_, sub)) = matches.subcommand() {
         let from_env = from_environment(sub);
@@ -616,6 +621,27 @@ pub fn parse(args: Vec<OsString>) -> Result<Cli, clap::Error> {
         }
     }
     Ok(cli)
+}
+
+/// A subcommand's `-V` / `--version` is dlock's (clap would name the subcommand:
+/// `dlock-run 0.1.0`).
+fn version_of_dlock(
+    err: clap::Error,
+    args: &[OsString],
+    command: &mut clap::Command,
+) -> clap::Error {
+    if err.kind() != clap::error::ErrorKind::DisplayVersion {
+        return err;
+    }
+    let flag = if args.iter().any(|a| a == "--version") {
+        "--version"
+    } else {
+        "-V"
+    };
+    match command.try_get_matches_from_mut(["dlock", flag]) {
+        Err(top) if top.kind() == clap::error::ErrorKind::DisplayVersion => top,
+        _ => err,
+    }
 }
 
 /// The ids of the options in `matches` whose value came from their `DLOCK_*` variable.

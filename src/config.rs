@@ -24,14 +24,18 @@ pub struct FileConfig {
 #[serde(deny_unknown_fields)]
 pub(crate) struct Values {
     pub(crate) url: Option<OneOrMany>,
+    #[serde(default, deserialize_with = "duration_text")]
     pub(crate) wait: Option<String>,
     pub(crate) no_wait: Option<bool>,
     pub(crate) conflict_exit_code: Option<i64>,
+    #[serde(default, deserialize_with = "duration_text")]
     pub(crate) ttl: Option<String>,
     pub(crate) limit: Option<i64>,
     pub(crate) shared: Option<bool>,
     pub(crate) on_lost: Option<String>,
+    #[serde(default, deserialize_with = "duration_text")]
     pub(crate) kill_after: Option<String>,
+    #[serde(default, deserialize_with = "duration_text")]
     pub(crate) min_hold: Option<String>,
     pub(crate) prefix: Option<String>,
     pub(crate) local_queue: Option<bool>,
@@ -39,6 +43,23 @@ pub(crate) struct Values {
     pub(crate) report: Option<PathBuf>,
     /// Read by the remote backends (not needed by the file backend).
     pub(crate) password_file: Option<PathBuf>,
+}
+
+/// A duration as the command line takes it, `"30s"`, or a number of seconds, `30` or `2.5`,
+/// as the text `settings::parse_duration` reads.
+fn duration_text<'de, D: serde::Deserializer<'de>>(of: D) -> Result<Option<String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Given {
+        Text(String),
+        Whole(i64),
+        Fraction(f64),
+    }
+    Ok(Some(match Given::deserialize(of)? {
+        Given::Text(text) => text,
+        Given::Whole(n) => n.to_string(),
+        Given::Fraction(x) => x.to_string(),
+    }))
 }
 
 #[derive(Debug, Deserialize)]
@@ -142,15 +163,60 @@ fn check_keys(text: &str, section: Option<&str>, table: &toml::Table) -> Result<
                 .unwrap_or_default();
             return Err(at(format!("unknown key{meant} (expected {list})")));
         }
-        let hint = match (key.as_str(), value) {
-            ("wait" | "ttl" | "kill_after" | "min_hold", toml::Value::Integer(n)) => {
-                format!("; a duration is quoted, with its unit: {key} = \"{n}s\"")
-            }
-            _ => String::new(),
-        };
-        return Err(at(format!("{message}{hint}")));
+        if let Some((takes, example)) = what_it_takes(key) {
+            return Err(at(format!(
+                "{} is not {takes}; {example}",
+                described(value)
+            )));
+        }
+        return Err(at(message.to_owned()));
     }
     Ok(())
+}
+
+/// What `key` takes, and how to write it, for a value of the wrong type.
+fn what_it_takes(key: &str) -> Option<(&'static str, String)> {
+    let quoted = |example: &str| format!("write it in quotes: {key} = \"{example}\"");
+    Some(match key {
+        "wait" | "ttl" | "kill_after" | "min_hold" => (
+            "a duration",
+            format!("write it quoted with its unit, or as a number of seconds: {key} = \"30s\""),
+        ),
+        "limit" => (
+            "a whole number",
+            format!("write it without quotes: {key} = 2"),
+        ),
+        "conflict_exit_code" => (
+            "a whole number",
+            format!("write it without quotes: {key} = 75"),
+        ),
+        "no_wait" | "shared" | "local_queue" | "record_command" => (
+            "true or false",
+            format!("write one of them without quotes: {key} = true"),
+        ),
+        "url" => ("a URL", quoted("redis://locks:6379")),
+        "on_lost" => ("text", quoted("term")),
+        "prefix" => ("text", quoted("dlock")),
+        "report" => ("text", quoted("/var/log/dlock/runs.jsonl")),
+        "password_file" => ("text", quoted("/etc/dlock/password")),
+        "ca_file" => ("text", quoted("/etc/dlock/ca.pem")),
+        "cert_file" => ("text", quoted("/etc/dlock/client.pem")),
+        "key_file" => ("text", quoted("/etc/dlock/client.key")),
+        _ => return None,
+    })
+}
+
+/// A TOML value as a message shows it: its type, and the value where it is short.
+fn described(value: &toml::Value) -> String {
+    match value {
+        toml::Value::String(text) => format!("string {text:?}"),
+        toml::Value::Integer(n) => format!("integer `{n}`"),
+        toml::Value::Float(x) => format!("floating point `{x}`"),
+        toml::Value::Boolean(b) => format!("boolean `{b}`"),
+        toml::Value::Datetime(at) => format!("date `{at}`"),
+        toml::Value::Array(_) => "a list".to_owned(),
+        toml::Value::Table(_) => "a table".to_owned(),
+    }
 }
 
 /// The line (from 1) where `key` is set in `section` (the top level: before the first table).
@@ -268,9 +334,9 @@ mod tests {
     fn errors_name_the_key_and_the_line() {
         let error = |text: &str| FileConfig::parse(text, TABLES).err().unwrap_or_default();
         assert_eq!(
-            error("ttl = '5s'\n\nwait = 30\n"),
-            "line 3: wait: invalid type: integer `30`, expected a string; a duration is \
-             quoted, with its unit: wait = \"30s\""
+            error("ttl = '5s'\n\nwait = true\n"),
+            "line 3: wait: boolean `true` is not a duration; write it quoted with its unit, or \
+             as a number of seconds: wait = \"30s\""
         );
         assert!(
             error("wiat = '3s'\n").starts_with("line 1: wiat: unknown key; did you mean wait? ("),
@@ -281,6 +347,54 @@ mod tests {
             .starts_with("line 2: [redis] ca_fil: unknown key; did you mean ca_file? ("));
         assert!(error("colour = 'red'\n").starts_with("line 1: colour: unknown key (expected"));
         assert!(error("\nurl = redis://h\n").starts_with("line 2: url: "));
+    }
+
+    /// A value of the wrong type says what the key takes, with an example, never serde's
+    /// "expected i64".
+    #[test]
+    fn a_value_of_the_wrong_type_says_what_the_key_takes() {
+        let error = |text: &str| FileConfig::parse(text, TABLES).err().unwrap_or_default();
+        assert_eq!(
+            error("limit = \"2\"\n"),
+            "line 1: limit: string \"2\" is not a whole number; write it without quotes: limit = 2"
+        );
+        assert_eq!(
+            error("conflict_exit_code = 0.5\n"),
+            "line 1: conflict_exit_code: floating point `0.5` is not a whole number; write it \
+             without quotes: conflict_exit_code = 75"
+        );
+        for key in ["no_wait", "shared", "local_queue", "record_command"] {
+            assert_eq!(
+                error(&format!("{key} = \"yes\"\n")),
+                format!(
+                    "line 1: {key}: string \"yes\" is not true or false; write one of them \
+                     without quotes: {key} = true"
+                )
+            );
+        }
+        assert_eq!(
+            error("on_lost = 1\n"),
+            "line 1: on_lost: integer `1` is not text; write it in quotes: on_lost = \"term\""
+        );
+        assert_eq!(
+            error("[redis]\nca_file = 1\n"),
+            "line 2: [redis] ca_file: integer `1` is not text; write it in quotes: \
+             ca_file = \"/etc/dlock/ca.pem\""
+        );
+    }
+
+    /// A duration may be a number of seconds, as on the command line.
+    #[test]
+    fn a_duration_may_be_a_number_of_seconds() {
+        let config = FileConfig::parse(
+            "wait = 30\nttl = 2.5\nkill_after = '5'\nmin_hold = '1m'\n",
+            TABLES,
+        )
+        .expect("parses");
+        assert_eq!(config.values.wait.as_deref(), Some("30"));
+        assert_eq!(config.values.ttl.as_deref(), Some("2.5"));
+        assert_eq!(config.values.kill_after.as_deref(), Some("5"));
+        assert_eq!(config.values.min_hold.as_deref(), Some("1m"));
     }
 
     #[test]

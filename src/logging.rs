@@ -290,9 +290,34 @@ where
     }
 }
 
+/// How long something took, as `-v` says it: milliseconds to the microsecond below a
+/// second (`0.154ms`, `1.075ms`), seconds to the millisecond from one (`2.301s`), so that
+/// every such line reads one way.
+pub fn elapsed(took: std::time::Duration) -> String {
+    if took < std::time::Duration::from_secs(1) {
+        format!(
+            "{}.{:03}ms",
+            took.as_micros() / 1000,
+            took.as_micros() % 1000
+        )
+    } else {
+        format!("{}.{:03}s", took.as_secs(), took.subsec_millis())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn elapsed_times_read_one_way() {
+        use std::time::Duration;
+        assert_eq!(elapsed(Duration::from_nanos(154_469)), "0.154ms");
+        assert_eq!(elapsed(Duration::from_nanos(1_075_247)), "1.075ms");
+        assert_eq!(elapsed(Duration::from_micros(999_999)), "999.999ms");
+        assert_eq!(elapsed(Duration::from_millis(2_301)), "2.301s");
+        assert_eq!(elapsed(Duration::ZERO), "0.000ms");
+    }
 
     #[test]
     fn invisible_and_line_breaking_characters_are_escaped() {

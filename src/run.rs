@@ -127,7 +127,7 @@ async fn acquire_and_run<B: Backend>(
             return supervise_command(settings, &mut signals, sigchld, &mut Reentrant, env)
                 .await
                 .map(|ran| {
-                    track.command_ended(ran.command, ran.lock_lost, ran.stopped_by);
+                    track.command_ended(ran.command, ran.lost.as_deref(), ran.stopped_by);
                     ran.status
                 });
         }
@@ -284,10 +284,10 @@ async fn acquire<B: Backend>(
     // One "acquired" line per acquisition: the waiting line's, or this one.
     if !said_acquired {
         tracing::info!(
-            "acquired '{}' (token {}) in {:?}",
+            "acquired '{}' (token {}) in {}",
             settings.name,
             lease.token(),
-            clock::BootInstant::now().saturating_since(started)
+            logging::elapsed(clock::BootInstant::now().saturating_since(started))
         );
     }
     // A signal that arrived while acquiring counts as "while waiting": nothing runs.
@@ -339,10 +339,10 @@ async fn run_holding<L: Lease>(
     }
     let supervised = supervise_command(settings, signals, sigchld, &mut lease, env).await;
     if let Ok(ran) = &supervised {
-        track.command_ended(ran.command, ran.lock_lost, ran.stopped_by);
+        track.command_ended(ran.command, ran.lost.as_deref(), ran.stopped_by);
     }
     let outcome = match supervised {
-        Ok(ran) if !ran.lock_lost && ran.stopped_by.is_none() => {
+        Ok(ran) if ran.lost.is_none() && ran.stopped_by.is_none() => {
             let kept = min_hold::keep(
                 &mut lease,
                 signals,
@@ -368,8 +368,8 @@ struct Ran {
     status: Outcome,
     /// The command's own status (128+N for a signal), which `status` replaces on a loss.
     command: u8,
-    /// The lock was lost while it ran (and the command was stopped for it).
-    lock_lost: bool,
+    /// Why the lock was lost while it ran (and the command was stopped for it).
+    lost: Option<String>,
     /// dlock was asked to stop by this signal (a terminating one, forwarded): release at once.
     stopped_by: Option<i32>,
 }
@@ -443,14 +443,14 @@ async fn supervise_command<L: Lease>(
             Ok(Ran {
                 status: Outcome::Lost,
                 command,
-                lock_lost: true,
+                lost: Some(lost.reason),
                 stopped_by: ending.stopped_by,
             })
         }
         lost => Ok(Ran {
             status: Outcome::Command(command),
             command,
-            lock_lost: lost.is_some(),
+            lost: lost.map(|lost| lost.reason),
             stopped_by: ending.stopped_by,
         }),
     }

@@ -2,6 +2,7 @@
 //! None of these depend on a backend beyond the default file backend.
 
 use std::process::Stdio;
+use std::time::Duration;
 
 use crate::support::*;
 
@@ -17,8 +18,16 @@ fn bad_input_gives_its_status_and_one_clear_line() {
         (vec!["run", "--ttl", "0", "x", "true"], 64, "--ttl"),
         (vec!["run", "--ttl=-5s", "x", "true"], 64, "--ttl"),
         (vec!["run", "--ttl", "5x", "x", "true"], 64, "--ttl"),
-        (vec!["run", "--ttl", "5", "x", "true"], 64, "no unit"),
-        (vec!["run", "--wait", "5", "x", "true"], 64, "no unit"),
+        (
+            vec!["run", "--ttl", "5 furlongs", "x", "true"],
+            64,
+            "unknown unit",
+        ),
+        (
+            vec!["run", "--wait", "soon", "x", "true"],
+            64,
+            "not a duration",
+        ),
         (
             vec!["run", "--kill-after", "0", "x", "true"],
             64,
@@ -396,7 +405,7 @@ fn quiet_run_does_not_report_a_lock_that_was_not_acquired() {
 fn errors_say_what_to_do() {
     let (_server, env) = file_env();
     let config = env.path("config.toml");
-    std::fs::write(&config, "wait = \"5\"\n").expect("write");
+    std::fs::write(&config, "wait = \"soon\"\n").expect("write");
     let config = config.to_str().expect("utf-8");
     let both = env.path("both.toml");
     std::fs::write(&both, "wait = \"2s\"\nno_wait = true\n").expect("write");
@@ -413,19 +422,19 @@ fn errors_say_what_to_do() {
         (vec!["run"], vec![], 64, "<NAME>"),
         (
             vec!["run", "x", "true"],
-            vec![("DLOCK_WAIT", "5")],
+            vec![("DLOCK_WAIT", "soon")],
             64,
             "DLOCK_WAIT",
         ),
         (
             vec!["run", "x", "true"],
-            vec![("DLOCK_MIN_HOLD", "5")],
+            vec![("DLOCK_MIN_HOLD", "-5s")],
             64,
             "DLOCK_MIN_HOLD",
         ),
         (
             vec!["run", "x", "true"],
-            vec![("DLOCK_TTL", "1")],
+            vec![("DLOCK_TTL", "1x")],
             64,
             "DLOCK_TTL",
         ),
@@ -433,7 +442,7 @@ fn errors_say_what_to_do() {
             vec!["--config", config, "run", "x", "true"],
             vec![],
             78,
-            "config file: wait: '5' has no unit",
+            "config file: wait: 'soon' is not a duration",
         ),
         (
             vec!["run", "--wait", "1s", "--no-wait", "x", "true"],
@@ -673,8 +682,10 @@ fn a_run_refused_for_its_settings_is_recorded_as_an_error() {
     let (_server, env) = file_env();
     let report = env.path("runs.jsonl");
     let to = report.to_str().expect("UTF-8 path");
-    let out = env.run(["run", "--report", to, "--wait", "5", "job", "touch", "ran"]);
-    assert_fails(&out, 64, "no unit");
+    let out = env.run([
+        "run", "--report", to, "--wait", "soon", "job", "touch", "ran",
+    ]);
+    assert_fails(&out, 64, "not a duration");
     let mut command = env.dlock(["run", "job", "touch", "ran"]);
     command.env("DLOCK_REPORT", &report).env("DLOCK_LIMIT", "0");
     assert_fails(&output_within(command, PATIENCE), 64, "DLOCK_LIMIT");
@@ -702,7 +713,7 @@ fn a_run_refused_for_its_settings_is_recorded_as_an_error() {
     assert!(lines[0]["error"]
         .as_str()
         .unwrap_or_default()
-        .contains("no unit"));
+        .contains("not a duration"));
     assert!(lines[1]["error"]
         .as_str()
         .unwrap_or_default()
@@ -1061,9 +1072,9 @@ fn config_errors_name_the_file_the_line_and_the_key() {
     let path = config.to_str().expect("utf-8");
     for (text, wanted) in [
         (
-            "ttl = \"5s\"\nwait = 30\n",
-            "line 2: wait: invalid type: integer `30`, expected a string; a duration is quoted, \
-             with its unit: wait = \"30s\"",
+            "ttl = \"5s\"\nwait = true\n",
+            "line 2: wait: boolean `true` is not a duration; write it quoted with its unit, or \
+             as a number of seconds: wait = \"30s\"",
         ),
         ("\nurl = redis://h\n", "line 2: url: "),
         (
@@ -1081,12 +1092,15 @@ fn config_errors_name_the_file_the_line_and_the_key() {
         assert!(!env.path("ran").exists(), "{text:?}: the command ran");
     }
     // A value the file's syntax accepts but dlock does not: the key, the file and the line.
-    std::fs::write(&config, "ttl = \"5s\"\nwait = \"5\"\n").expect("write");
+    std::fs::write(&config, "ttl = \"5s\"\nwait = \"5x\"\n").expect("write");
     let out = env.run(["--config", path, "run", "x", "touch", "ran"]);
     assert_fails(
         &out,
         78,
-        &format!("config file: wait: '5' has no unit; write e.g. 5s or 5ms (in {path}, line 2)"),
+        &format!(
+            "config file: wait: '5x' has the unknown unit 'x'; write e.g. 500ms, 30s, 5m or \
+             1h30m (a bare number is seconds) (units: ms, s, m, h, d, w) (in {path}, line 2)"
+        ),
     );
 }
 
@@ -1155,4 +1169,254 @@ fn list_columns_align_by_display_width() {
         pid_ends.windows(2).all(|w| w[0] == w[1]),
         "{pid_ends:?}\n{list}"
     );
+}
+
+/// A bare number is seconds for every duration option, as `flock -w 1` and `timeout 0.5`
+/// read it: on the command line, in the environment and in the config file.
+#[test]
+fn a_bare_number_is_seconds_for_every_duration_option() {
+    let (_server, env) = file_env();
+    let holder = env.hold("busy", &[]);
+    let config = env.path("wait.toml");
+    std::fs::write(&config, "wait = 0.5\n").expect("write config");
+    let config = config.to_str().expect("UTF-8 path");
+    type Case<'a> = (Vec<&'a str>, Vec<(&'a str, &'a str)>);
+    let cases: [Case; 4] = [
+        (vec!["run", "--wait", "1", "busy"], vec![]),
+        (vec!["run", "-w", "0.5", "busy"], vec![]),
+        (vec!["run", "busy"], vec![("DLOCK_WAIT", "0.5")]),
+        (vec!["--config", config, "run", "busy"], vec![]),
+    ];
+    for (args, vars) in cases {
+        let mut command = env.dlock(&args);
+        command.args(["touch", "ran"]).envs(vars.iter().copied());
+        let started = std::time::Instant::now();
+        let out = output_within(command, PATIENCE);
+        assert_fails(&out, 75, "is held");
+        let waited = started.elapsed();
+        assert!(
+            waited >= Duration::from_millis(500) && waited < Duration::from_secs(1) + PAST_WAIT,
+            "{args:?} {vars:?}: gave up after {waited:?}"
+        );
+        assert!(!env.path("ran").exists(), "{args:?}: the command ran");
+    }
+    drop(holder);
+    for option in ["--ttl", "--kill-after", "--min-hold"] {
+        let out = env.run(["run", option, "3", "x", "true"]);
+        assert_eq!(out.status.code(), Some(0), "{option} 3: {}", describe(&out));
+    }
+}
+
+/// A bad value is said in dlock's words with what would do, never in a library's
+/// ("expected number at 0", "out of range 1..=1024", "expected i64", "value was not a
+/// boolean"); a relative DLOCK_DIR is refused rather than ignored.
+#[test]
+fn a_bad_value_says_what_would_do_in_dlocks_words() {
+    let (_server, env) = file_env();
+    let config = env.path("limit.toml");
+    std::fs::write(&config, "limit = \"2\"\n").expect("write config");
+    let config = config.to_str().expect("UTF-8 path");
+    type Case<'a> = (Vec<&'a str>, Vec<(&'a str, &'a str)>, i32, String);
+    let cases: Vec<Case> = vec![
+        (
+            vec!["run", "--wait", "-1s", "x"],
+            vec![],
+            64,
+            "dlock: --wait: '-1s' is negative; a duration is 0 or more: write e.g. 500ms, 30s, \
+             5m or 1h30m (a bare number is seconds)"
+                .into(),
+        ),
+        (
+            vec!["run", "--limit", "0", "x"],
+            vec![],
+            64,
+            "dlock: --limit: 0 is not between 1 and 1024".into(),
+        ),
+        (
+            vec!["run", "-E", "300", "x"],
+            vec![],
+            64,
+            "dlock: --conflict-exit-code: 300 is not between 0 and 255".into(),
+        ),
+        (
+            vec!["run", "--ttl", "8days", "x"],
+            vec![],
+            64,
+            "dlock: --ttl: '8days' is longer than the limit of 7 days".into(),
+        ),
+        (
+            vec!["--config", config, "run", "x"],
+            vec![],
+            78,
+            format!(
+                "dlock: bad config file {config}, line 1: limit: string \"2\" is not a whole \
+                 number; write it without quotes: limit = 2"
+            ),
+        ),
+        (
+            vec!["run", "x"],
+            vec![("DLOCK_NO_WAIT", "maybe")],
+            64,
+            "dlock: invalid value 'maybe' for DLOCK_NO_WAIT (environment): not a boolean; \
+             expected 1, 0, true, false, yes, no, on, off (see 'dlock --help')"
+                .into(),
+        ),
+        (
+            vec!["run", "x"],
+            vec![("DLOCK_DIR", "relative/locks")],
+            64,
+            "dlock: DLOCK_DIR (environment): 'relative/locks' is not an absolute path; give \
+             the lock directory from / (DLOCK_DIR=$PWD/relative/locks)"
+                .into(),
+        ),
+    ];
+    for (args, vars, code, wanted) in cases {
+        let mut command = env.dlock(&args);
+        command.args(["touch", "ran"]).envs(vars.iter().copied());
+        let out = output_within(command, PATIENCE);
+        assert_eq!(
+            out.status.code(),
+            Some(code),
+            "{args:?}: {}",
+            describe(&out)
+        );
+        assert_eq!(stderr_of(&out).trim_end(), wanted, "{args:?} {vars:?}");
+        assert!(!env.path("ran").exists(), "{args:?}: the command ran");
+    }
+    assert!(
+        !env.path("relative").exists(),
+        "a relative DLOCK_DIR was made"
+    );
+}
+
+/// A mistyped command gets the one meant; an option of `run` before `run` is pointed to
+/// its place; a command taken as the lock's NAME is named as such.
+#[test]
+fn a_mistyped_or_misplaced_word_is_pointed_to_what_was_meant() {
+    let (_server, env) = file_env();
+    let cases: [(&[&str], i32, &str); 5] = [
+        (
+            &["rn", "x", "true"],
+            64,
+            "dlock: dlock has no command rn (did you mean run?); see dlock --help",
+        ),
+        (
+            &["-n", "run", "x", "true"],
+            64,
+            "dlock: dlock has no option -n; it belongs to run: dlock run -n x true; see dlock \
+             run --help",
+        ),
+        (
+            &["--wait", "5s", "run", "x", "true"],
+            64,
+            "dlock: dlock has no option --wait; it belongs to run: dlock run --wait 5s x true; \
+             see dlock run --help",
+        ),
+        (
+            &["--ttl=5s", "-v", "run", "x", "true"],
+            64,
+            "dlock: dlock has no option --ttl; it belongs to run: dlock -v run --ttl=5s x true; \
+             see dlock run --help",
+        ),
+        (
+            &["run", "echo", "hello"],
+            127,
+            "dlock: command not found: hello (searched PATH); 'echo' was taken as the lock's \
+             NAME: dlock run NAME echo hello",
+        ),
+    ];
+    for (args, code, wanted) in cases {
+        let out = env.run(args);
+        assert_eq!(
+            out.status.code(),
+            Some(code),
+            "{args:?}: {}",
+            describe(&out)
+        );
+        assert_eq!(stderr_of(&out).trim_end(), wanted, "{args:?}");
+    }
+}
+
+/// `-V` and `--version` say `dlock`, whichever subcommand they follow.
+#[test]
+fn the_version_is_dlocks_after_any_subcommand() {
+    let (_server, env) = file_env();
+    let version = env!("CARGO_PKG_VERSION");
+    for args in [["-V"], ["--version"]] {
+        let top = stdout_of(&env.run(args));
+        for sub in ["run", "status", "check"] {
+            let out = env.run([sub, args[0]]);
+            assert_eq!(
+                out.status.code(),
+                Some(0),
+                "{sub} {args:?}: {}",
+                describe(&out)
+            );
+            assert_eq!(stdout_of(&out), top, "{sub} {args:?}");
+        }
+        assert!(
+            top.starts_with(&format!("dlock {version}")),
+            "{args:?}: {top}"
+        );
+    }
+}
+
+/// `-v` says how long the acquisition took in one format, whatever the length (never µs
+/// beside ms with six decimals).
+#[test]
+fn verbose_durations_read_one_way() {
+    let (_server, env) = file_env();
+    let out = env.run(["-v", "run", "x", "true"]);
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+    let stderr = stderr_of(&out);
+    let line = stderr
+        .lines()
+        .find(|l| l.contains("acquired 'x'"))
+        .unwrap_or_else(|| panic!("no acquired line: {stderr}"));
+    let took = line.rsplit(" in ").next().unwrap_or_default();
+    let number = took.strip_suffix("ms").unwrap_or_else(|| panic!("{line}"));
+    let (whole, decimals) = number.split_once('.').unwrap_or_else(|| panic!("{line}"));
+    assert!(
+        whole.parse::<u32>().is_ok() && decimals.len() == 3 && decimals.parse::<u32>().is_ok(),
+        "{line}"
+    );
+}
+
+/// The outcome record names the command (secrets masked as `status` masks them, none with
+/// `--record-command off`).
+#[test]
+fn the_outcome_record_names_the_command_masked() {
+    let (_server, env) = file_env();
+    let report = env.path("runs.jsonl");
+    let to = report.to_str().expect("UTF-8 path");
+    let out = env.run([
+        "run",
+        "--report",
+        to,
+        "x",
+        "echo",
+        "--password",
+        "hunter2",
+        "ok",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+    let out = env.run([
+        "run",
+        "--report",
+        to,
+        "--record-command",
+        "off",
+        "x",
+        "echo",
+        "quiet",
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+    let lines = report_lines(&report);
+    assert_eq!(
+        lines[0]["command"], "echo --password *** ok",
+        "{}",
+        lines[0]
+    );
+    assert!(!lines[0].to_string().contains("hunter2"), "{}", lines[0]);
+    assert!(lines[1].get("command").is_none(), "{}", lines[1]);
 }

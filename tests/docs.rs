@@ -890,35 +890,7 @@ fn help_mentions_exit_statuses_and_signals() {
 /// `dlock run`, dlock's options before NAME, then a command, then files, never dlock's options.
 #[test]
 fn completions_hide_generate_and_stop_options_at_the_command() {
-    let script = repo().join("completions/dlock.bash");
-    // Complete the last of `words` as bash would (COMP_WORDS, COMP_CWORD, `_dlock cmd cur prev`).
-    let complete = |words: &[&str]| -> Vec<String> {
-        let quoted: Vec<String> = words.iter().map(|w| format!("'{w}'")).collect();
-        let n = words.len();
-        let program = format!(
-            "source '{}'; COMP_WORDS=({}); COMP_CWORD={}; _dlock dlock '{}' '{}'; \
-             printf '%s\\n' \"${{COMPREPLY[@]}}\"",
-            script.display(),
-            quoted.join(" "),
-            n - 1,
-            words[n - 1],
-            words[n - 2]
-        );
-        let out = Command::new("bash")
-            .args(["--norc", "--noprofile", "-c", &program])
-            .current_dir(repo())
-            .output()
-            .expect("run bash (Debian package bash)");
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .map(str::to_owned)
-            .collect()
-    };
+    let complete = bash_completions;
     let has = |words: &[String], w: &str| words.iter().any(|x| x == w);
     let top = complete(&["dlock", ""]);
     assert!(has(&top, "run") && !has(&top, "generate"), "{top:?}");
@@ -933,6 +905,92 @@ fn completions_hide_generate_and_stop_options_at_the_command() {
     assert!(has(&command, "echo"), "{command:?}");
     let args = complete(&["dlock", "run", "job", "--", "echo", "--"]);
     assert!(!has(&args, "--ttl") && !has(&args, "--wait"), "{args:?}");
+}
+
+/// The man pages' first line of a script that locks itself works in a script that runs
+/// under `set -u`, where `$DLOCK_NAME` is unset on the first run (as the README's does).
+#[test]
+fn the_man_pages_self_locking_line_runs_under_set_u() {
+    for page in ["man/dlock.1", "man/dlock-run.1"] {
+        let text = read(page);
+        let line = text
+            .lines()
+            .find(|l| l.contains("exec dlock run job"))
+            .unwrap_or_else(|| panic!("{page} has no self-locking example"));
+        let line = line
+            .trim_start_matches("\\fB")
+            .trim_end_matches("\\fR")
+            .replace("\\-", "-");
+        let code = format!(
+            "cat > job.sh <<'EOF'\n#!/bin/sh\nset -u\n{line}\necho \"held $DLOCK_NAME\"\nEOF\n\
+             chmod +x job.sh\n./job.sh"
+        );
+        let run = run_block(&code);
+        assert!(
+            run.status.is_some_and(|s| s.success()) && run.stdout == "held job\n",
+            "{page}: {line}\nstdout: {}\nstderr: {}",
+            run.stdout,
+            run.stderr
+        );
+    }
+}
+
+/// What bash offers for the last of `words`, with completions/dlock.bash loaded (COMP_WORDS,
+/// COMP_CWORD, `_dlock cmd cur prev`).
+fn bash_completions(words: &[&str]) -> Vec<String> {
+    let script = repo().join("completions/dlock.bash");
+    let quoted: Vec<String> = words.iter().map(|w| format!("'{w}'")).collect();
+    let n = words.len();
+    let program = format!(
+        "source '{}'; COMP_WORDS=({}); COMP_CWORD={}; _dlock dlock '{}' '{}'; \
+         printf '%s\\n' \"${{COMPREPLY[@]}}\"",
+        script.display(),
+        quoted.join(" "),
+        n - 1,
+        words[n - 1],
+        words[n - 2]
+    );
+    let out = Command::new("bash")
+        .args(["--norc", "--noprofile", "-c", &program])
+        .current_dir(repo())
+        .output()
+        .expect("run bash (Debian package bash)");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// `--url <TAB>` offers the backends' schemes, not file names, in every shell.
+#[test]
+fn url_completes_the_backends_schemes_in_every_shell() {
+    let has = |words: &[String], w: &str| words.iter().any(|x| x == w);
+    for sub in ["run", "status", "check"] {
+        let offered = bash_completions(&["dlock", sub, "--url", "re"]);
+        assert!(
+            has(&offered, "redis://") && has(&offered, "redis-sentinel://"),
+            "bash {sub}: {offered:?}"
+        );
+        let offered = bash_completions(&["dlock", sub, "-u", ""]);
+        assert!(
+            has(&offered, "etcd://") && !has(&offered, "Cargo.toml"),
+            "bash {sub}: {offered:?}"
+        );
+    }
+    for shell in ["zsh", "fish"] {
+        let offered = shell_completions(shell, "dlock run --url ");
+        assert!(
+            has(&offered, "etcd://")
+                && has(&offered, "postgres://")
+                && !has(&offered, "Cargo.toml"),
+            "{shell}: {offered:?}"
+        );
+    }
 }
 
 /// What `shell` (zsh or fish, run for real) offers for the command line `line`, with dlock's

@@ -29,12 +29,21 @@ pub(super) fn no_such_option(
     let sub_at = words
         .iter()
         .position(|a| command.find_subcommand(a).is_some());
-    let given_at = words.iter().position(|a| a == given);
+    let given_at = words
+        .iter()
+        .position(|a| a == given || a.strip_prefix(option).is_some_and(|v| v.starts_with('=')));
     let who = match (sub_at, given_at) {
         (Some(s), Some(g)) if g < s => "dlock".to_owned(),
         (Some(s), _) => format!("dlock {}", words[s]),
         (None, _) => "dlock".to_owned(),
     };
+    if let (Some(s), Some(g)) = (sub_at, given_at) {
+        if g < s {
+            if let Some(moved) = moved_to_its_command(&words, g, s, command) {
+                return clap::Error::raw(ErrorKind::UnknownArgument, moved);
+            }
+        }
+    }
     let meant = match err.get(ContextKind::SuggestedArg) {
         Some(ContextValue::String(s)) => format!(" (did you mean {s}?)"),
         _ => String::new(),
@@ -42,6 +51,80 @@ pub(super) fn no_such_option(
     clap::Error::raw(
         ErrorKind::UnknownArgument,
         format!("{who} has no option {option}{meant}; see {who} --help"),
+    )
+}
+
+/// An option of the subcommand `words[sub_at]` given before it, at `words[given_at]`
+/// (`dlock -n run x true`): say so, with the command line it belongs in, or `None` when the
+/// subcommand has no such option either.
+fn moved_to_its_command(
+    words: &[&str],
+    given_at: usize,
+    sub_at: usize,
+    command: &clap::Command,
+) -> Option<String> {
+    let sub = command.find_subcommand(words[sub_at])?;
+    let given = words[given_at];
+    let takes_value = if let Some(long) = given.strip_prefix("--") {
+        // `--wait=5s` carries its value.
+        let (long, inline) = long
+            .split_once('=')
+            .map_or((long, false), |(l, _)| (l, true));
+        let arg = sub.get_arguments().find(|a| a.get_long() == Some(long))?;
+        arg.get_action().takes_values() && !inline
+    } else {
+        let mut letters = given.strip_prefix('-')?.chars();
+        let (Some(letter), None) = (letters.next(), letters.next()) else {
+            return None;
+        };
+        let arg = sub
+            .get_arguments()
+            .find(|a| a.get_short() == Some(letter))?;
+        arg.get_action().takes_values()
+    };
+    let moved_end = if takes_value {
+        given_at + 2
+    } else {
+        given_at + 1
+    };
+    if moved_end > sub_at {
+        return None;
+    }
+    let mut line: Vec<&str> = vec!["dlock"];
+    line.extend(&words[..given_at]);
+    line.extend(&words[moved_end..=sub_at]);
+    line.extend(&words[given_at..moved_end]);
+    line.extend(&words[sub_at + 1..]);
+    let name = words[sub_at];
+    let option = given.split_once('=').map_or(given, |(o, _)| o);
+    Some(format!(
+        "dlock has no option {option}; it belongs to {name}: {}; see dlock {name} --help",
+        line.join(" ")
+    ))
+}
+
+/// clap's word for an unknown subcommand suggests none where it stopped at a word it could
+/// not place (`dlock rn x true`), and leaves a suggestion to a line that the one-line report
+/// drops: say the command meant, within two edits, on the line.
+pub(super) fn no_such_command(err: clap::Error, command: &clap::Command) -> clap::Error {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    if err.kind() != ErrorKind::InvalidSubcommand {
+        return err;
+    }
+    let Some(ContextValue::String(given)) = err.get(ContextKind::InvalidSubcommand) else {
+        return err;
+    };
+    let names: Vec<&str> = command
+        .get_subcommands()
+        .filter(|c| !c.is_hide_set())
+        .map(clap::Command::get_name)
+        .collect();
+    let meant = crate::config::closest(given, &names)
+        .map(|name| format!(" (did you mean {name}?)"))
+        .unwrap_or_default();
+    clap::Error::raw(
+        ErrorKind::InvalidSubcommand,
+        format!("dlock has no command {given}{meant}; see dlock --help"),
     )
 }
 
@@ -88,6 +171,11 @@ pub(super) fn bad_value(
             );
         }
     }
+    // BoolishValueParser's words leave out what it takes.
+    message = message.replace(
+        "value was not a boolean",
+        "not a boolean; expected 1, 0, true, false, yes, no, on, off",
+    );
     if let Some(ContextValue::Strings(valid)) = err.get(ContextKind::ValidValue) {
         message.push_str(&format!("; expected {}", valid.join(", ")));
     }

@@ -46,9 +46,21 @@ fn visible_command() -> clap::Command {
         command = command.arg(arg.clone());
     }
     for sub in full.get_subcommands().filter(|s| !s.is_hide_set()) {
-        command = command.subcommand(sub.clone());
+        command = command.subcommand(sub.clone().mut_args(url_completes_schemes));
     }
     command
+}
+
+/// `--url <TAB>` offers the schemes of every backend (`redis://`, `etcd://`, …), not file
+/// names. Only the completions' copy of the option lists them: dlock's parser takes any URL.
+fn url_completes_schemes(arg: clap::Arg) -> clap::Arg {
+    if arg.get_id() != "url" {
+        return arg;
+    }
+    let schemes: Vec<String> = crate::backend::schemes()
+        .map(|scheme| format!("{scheme}://"))
+        .collect();
+    arg.value_parser(clap::builder::PossibleValuesParser::new(schemes))
 }
 
 /// The spellings of `dlock run`'s options (global ones included) that take a value from the

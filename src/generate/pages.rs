@@ -389,7 +389,7 @@ const RUN_EXAMPLES: &[(&str, &str)] = &[
         "Take the lock on a Redis server, wait at most five minutes for it, run a shell command.",
     ),
     (
-        "[ \"$DLOCK_NAME\" = job ] || exec dlock run job -- \"$0\" \"$@\"",
+        "[ \"${DLOCK_NAME-}\" = job ] || exec dlock run job -- \"$0\" \"$@\"",
         "The first line of a script that locks itself: run again under the lock, unless it \
          already runs under it.",
     ),
@@ -472,7 +472,8 @@ pub const CONFIG_KEYS: &[(&str, &str)] = &[
     ),
     (
         "wait = \"DUR\"",
-        "Give up after waiting this long (--wait), e.g. \"30s\", \"5m\"; \"0\" is no_wait.",
+        "Give up after waiting this long (--wait), e.g. \"30s\", \"5m\"; \"0\" is no_wait. \
+         Every duration may also be a number of seconds, quoted or not: wait = 30, ttl = 2.5.",
     ),
     (
         "no_wait = true",

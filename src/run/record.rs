@@ -82,7 +82,8 @@ pub(super) struct Track {
     acquired: Option<(BootInstant, SystemTime, u64)>,
     gave_up: Option<BootInstant>,
     command_status: Option<u8>,
-    lost: bool,
+    /// Why the lock was lost while the command ran.
+    lost: Option<String>,
     signalled: Option<String>,
     busy: bool,
     holder: Option<Holder>,
@@ -96,7 +97,7 @@ impl Track {
             acquired: None,
             gave_up: None,
             command_status: None,
-            lost: false,
+            lost: None,
             signalled: None,
             busy: false,
             holder: None,
@@ -125,11 +126,17 @@ impl Track {
         self.signalled = Some(signal.unwrap_or_default());
     }
 
-    /// The command ended with `status` (as dlock maps it: 128+N for a signal), stopped by
-    /// the terminating signal `stopped_by` that dlock got and forwarded, if any.
-    pub(super) fn command_ended(&mut self, status: u8, lost: bool, stopped_by: Option<i32>) {
+    /// The command ended with `status` (as dlock maps it: 128+N for a signal), after the lock
+    /// was `lost` (why), stopped by the terminating signal `stopped_by` that dlock got and
+    /// forwarded, if any.
+    pub(super) fn command_ended(
+        &mut self,
+        status: u8,
+        lost: Option<&str>,
+        stopped_by: Option<i32>,
+    ) {
         self.command_status = Some(status);
-        self.lost = lost;
+        self.lost = lost.map(str::to_owned);
         if let Some(signal) = stopped_by {
             self.signalled
                 .get_or_insert_with(|| crate::signals::name(signal));
@@ -154,7 +161,7 @@ impl Track {
             "error"
         } else if self.signalled.is_some() {
             "signalled"
-        } else if self.lost {
+        } else if self.lost.is_some() {
             "lost"
         } else if self.busy {
             "busy"
@@ -175,6 +182,9 @@ impl Track {
             backend: settings.common.scheme(),
             url: settings.common.display_url.clone(),
             mode: settings.mode.as_str(),
+            command: settings
+                .record_command
+                .then(|| recorded_command(&settings.command.display)),
             host: host_name(),
             pid: std::process::id(),
             outcome,
@@ -183,6 +193,10 @@ impl Track {
             token,
             token_str: token.map(crate::lock::token_str),
             signal: self.signalled.clone().filter(|s| !s.is_empty()),
+            lost_reason: self
+                .lost
+                .as_deref()
+                .map(|why| crate::logging::printable(why).into_owned()),
             waited_ms: millis(waited_until.saturating_since(self.started)),
             held_ms: self
                 .acquired
@@ -237,6 +251,11 @@ pub(crate) fn refused(args: &cli::RunArgs, file: &FileConfig, err: &anyhow::Erro
         } else {
             "exclusive"
         },
+        command: args
+            .record_command
+            .or(file.values.record_command)
+            .unwrap_or(true)
+            .then(|| recorded_command(&refused_command(args))),
         host: host_name(),
         pid: std::process::id(),
         outcome: "error",
@@ -245,6 +264,7 @@ pub(crate) fn refused(args: &cli::RunArgs, file: &FileConfig, err: &anyhow::Erro
         token: None,
         token_str: None,
         signal: None,
+        lost_reason: None,
         waited_ms: 0,
         held_ms: None,
         started_at: now.clone(),
@@ -253,6 +273,28 @@ pub(crate) fn refused(args: &cli::RunArgs, file: &FileConfig, err: &anyhow::Erro
         holder: None,
         error: Some(crate::logging::printable(&format!("{err:#}")).into_owned()),
     });
+}
+
+/// The command line as the lock's metadata records it (`settings/command.rs`): secrets
+/// masked, cut to [`Holder::MAX_COMMAND`] bytes.
+fn recorded_command(words: &[String]) -> String {
+    let mut line = crate::secrets::redact_command(words).join(" ");
+    crate::process::cut_to(&mut line, Holder::MAX_COMMAND);
+    crate::logging::printable(&line).into_owned()
+}
+
+/// The words of a refused run's command, as `settings/command.rs` would have made them.
+fn refused_command(args: &cli::RunArgs) -> Vec<String> {
+    let lossy = |word: &std::ffi::OsStr| word.to_string_lossy().into_owned();
+    match &args.shell_command {
+        Some(script) => {
+            let shell = std::env::var_os("SHELL")
+                .filter(|s| !s.is_empty())
+                .unwrap_or_else(|| "/bin/sh".into());
+            vec![lossy(&shell), "-c".to_owned(), lossy(script)]
+        }
+        None => args.command.iter().map(|w| lossy(w)).collect(),
+    }
 }
 
 fn host_name() -> String {
@@ -278,6 +320,9 @@ pub(super) struct Record {
     url: String,
     /// `shared` or `exclusive` (`--shared`).
     mode: &'static str,
+    /// The command line, secrets masked; none with `--record-command off`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    command: Option<String>,
     host: String,
     pid: u32,
     outcome: &'static str,
@@ -291,6 +336,9 @@ pub(super) struct Record {
     token_str: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     signal: Option<String>,
+    /// Why the lock was lost while the command ran (outcome `lost`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lost_reason: Option<String>,
     waited_ms: u64,
     #[serde(skip_serializing_if = "Option::is_none")]
     held_ms: Option<u64>,

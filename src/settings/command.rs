@@ -84,6 +84,37 @@ fn options_after_name(error: Error, arg0: &std::ffi::OsStr) -> Error {
     }
 }
 
+/// A "command not found" (or no command at all) where NAME is itself a program on `PATH`
+/// (`dlock run echo hello`): the first word after `run`'s options is always the lock's name.
+pub(super) fn name_was_a_command(
+    error: Error,
+    name: &std::ffi::OsStr,
+    command: &[OsString],
+) -> Error {
+    let looks_like_it = match &error {
+        Error::NotFound(_) => !command.is_empty(),
+        Error::Usage(message) => message.starts_with("no command given"),
+        _ => false,
+    };
+    if !looks_like_it || resolve_program(name).is_err() {
+        return error;
+    }
+    let line: Vec<String> = std::iter::once(name)
+        .chain(command.iter().map(OsString::as_os_str))
+        .map(|w| w.to_string_lossy().into_owned())
+        .collect();
+    let hint = format!(
+        "'{}' was taken as the lock's NAME: dlock run NAME {}",
+        name.to_string_lossy(),
+        line.join(" ")
+    );
+    match error {
+        Error::NotFound(message) => Error::NotFound(format!("{message}; {hint}")),
+        Error::Usage(message) => Error::Usage(format!("{message}; {hint}")),
+        other => other,
+    }
+}
+
 /// A "command not found" for one word that is a whole shell line (`dlock run x 'make &&
 /// ./mail-it'`): the shell runs that, with `-c`.
 fn shell_line_as_one_word(error: Error, arg0: &std::ffi::OsStr, alone: bool) -> Error {

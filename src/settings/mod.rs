@@ -114,29 +114,73 @@ fn origin(flag: &str, from_env: &[String]) -> String {
     }
 }
 
-/// Parse a duration that must carry a unit (`500ms`, `30s`, `5m`). `0` only where allowed.
+/// Parse a duration: a number with a unit (`500ms`, `30s`, `5m`, `1h30m`), or a bare number,
+/// which is seconds (`1`, `0.5`), as `flock -w` and `timeout` read it. `0` only where
+/// allowed. The error is a sentence of dlock's own, with the text as given.
 pub fn parse_duration(text: &str, zero_allowed: bool) -> Result<Duration, String> {
     let text = text.trim();
-    if text == "0" && zero_allowed {
-        return Ok(Duration::ZERO);
-    }
-    if !text.is_empty() && text.bytes().all(|b| b.is_ascii_digit() || b == b'.') {
-        return Err(format!(
-            "'{text}' has no unit; write e.g. {text}s or {text}ms"
-        ));
-    }
-    let duration =
-        humantime::parse_duration(text).map_err(|e| format!("'{text}' is not a duration ({e})"))?;
+    let duration = match bare_seconds(text) {
+        Some(seconds) => seconds?,
+        None => humantime::parse_duration(text).map_err(|e| not_a_duration(text, &e))?,
+    };
     if duration.is_zero() && !zero_allowed {
         return Err(format!("'{text}' must be greater than zero"));
     }
     if duration > MAX_DURATION {
-        return Err(format!(
-            "'{text}' is longer than the limit of {}",
-            humantime::format_duration(MAX_DURATION)
-        ));
+        return Err(too_long(text));
     }
     Ok(duration)
+}
+
+/// Examples of what a duration option takes, for messages.
+const DURATION_FORMS: &str = "write e.g. 500ms, 30s, 5m or 1h30m (a bare number is seconds)";
+
+fn too_long(text: &str) -> String {
+    format!(
+        "'{text}' is longer than the limit of {} years",
+        MAX_DURATION.as_secs() / 31_557_600
+    )
+}
+
+/// A number without a unit (`1`, `0.5`, `.5`), as seconds; `None` for any other text.
+fn bare_seconds(text: &str) -> Option<Result<Duration, String>> {
+    let (whole, fraction) = text.split_once('.').unwrap_or((text, ""));
+    let digits = |s: &str| s.bytes().all(|b| b.is_ascii_digit());
+    if !digits(whole) || !digits(fraction) || whole.len() + fraction.len() == 0 {
+        return None;
+    }
+    let Ok(seconds) = (if whole.is_empty() {
+        Ok(0)
+    } else {
+        whole.parse::<u64>()
+    }) else {
+        return Some(Err(too_long(text)));
+    };
+    // Nanoseconds: the first nine digits of the fraction, padded with zeros.
+    let nanos = fraction
+        .bytes()
+        .chain(std::iter::repeat(b'0'))
+        .take(9)
+        .fold(0u32, |n, digit| n * 10 + u32::from(digit - b'0'));
+    Some(Ok(Duration::new(seconds, nanos)))
+}
+
+/// What is wrong with `text`, which humantime could not read (`error`), in dlock's words.
+fn not_a_duration(text: &str, error: &humantime::DurationError) -> String {
+    use humantime::DurationError as Why;
+    if text.starts_with('-') {
+        return format!("'{text}' is negative; a duration is 0 or more: {DURATION_FORMS}");
+    }
+    match error {
+        Why::Empty => format!("no duration given; {DURATION_FORMS}"),
+        Why::NumberOverflow => too_long(text),
+        Why::UnknownUnit { unit, .. } => format!(
+            "'{text}' has the unknown unit '{unit}'; {DURATION_FORMS} (units: ms, s, m, h, d, w)"
+        ),
+        Why::InvalidCharacter(_) | Why::NumberExpected(_) => {
+            format!("'{text}' is not a duration; {DURATION_FORMS}")
+        }
+    }
 }
 
 fn duration_setting(
@@ -164,7 +208,7 @@ fn integer_setting(
             Err(bad(
                 from_file,
                 what,
-                format!("{n} is out of range {}..={}", range.0, range.1),
+                format!("{n} is not between {} and {}", range.0, range.1),
             ))
         } else {
             Ok(Some(n))
@@ -192,8 +236,10 @@ pub fn common(
     file: &FileConfig,
 ) -> Result<Common, Error> {
     let env = &backend.from_env;
+    dlock_dir_setting()?;
     let (prefix, prefix_from_file) = prefix_setting(backend, file)?;
     let ttl_from_file = ttl.is_none() && file.values.ttl.is_some();
+    let ttl_text = ttl.clone().or_else(|| file.values.ttl.clone());
     let ttl = duration_setting(ttl, file.values.ttl.clone(), &origin("--ttl", env), false)?
         .unwrap_or(DEFAULT_TTL);
     if ttl > MAX_TTL {
@@ -201,9 +247,9 @@ pub fn common(
             ttl_from_file,
             &origin("--ttl", env),
             format!(
-                "{} is longer than the limit of {}",
-                humantime::format_duration(ttl),
-                humantime::format_duration(MAX_TTL)
+                "'{}' is longer than the limit of {} days",
+                ttl_text.as_deref().unwrap_or_default().trim(),
+                MAX_TTL.as_secs() / 86_400
             ),
         ));
     }
@@ -214,8 +260,8 @@ pub fn common(
                 ttl_from_file,
                 &origin("--ttl", env),
                 format!(
-                    "{} is shorter than a lease can be kept; the minimum is {}",
-                    humantime::format_duration(ttl),
+                    "'{}' is shorter than a lease can be kept; the minimum is {}",
+                    ttl_text.as_deref().unwrap_or_default().trim(),
                     humantime::format_duration(minimum)
                 ),
             ));
@@ -231,6 +277,23 @@ pub fn common(
         display_url,
         local_queue: true,
     })
+}
+
+/// `DLOCK_DIR`, dlock's own directory (`kit::lock_dir::default_dir`), must be absolute: a
+/// relative one would name a different directory from every working directory. Empty is
+/// unset.
+fn dlock_dir_setting() -> Result<(), Error> {
+    let Some(dir) = std::env::var_os("DLOCK_DIR").filter(|d| !d.is_empty()) else {
+        return Ok(());
+    };
+    if std::path::Path::new(&dir).is_absolute() {
+        return Ok(());
+    }
+    let shown = dir.to_string_lossy();
+    Err(Error::Usage(format!(
+        "DLOCK_DIR (environment): '{shown}' is not an absolute path; give the lock directory \
+         from / (DLOCK_DIR=$PWD/{shown})"
+    )))
 }
 
 /// `--prefix` (`DLOCK_PREFIX`, the config file), checked as a lock name is; and whether it
@@ -354,7 +417,8 @@ pub fn run(args: cli::RunArgs, file: &FileConfig) -> Result<RunSettings, Error> 
         &origin("--min-hold", env),
         false,
     )?;
-    let command = command_spec(args.shell_command, args.command)?;
+    let command = command_spec(args.shell_command, args.command.clone())
+        .map_err(|e| command::name_was_a_command(e, &args.name, &args.command))?;
     let report = report_to(args.report, &args.backend.from_env, file);
     Ok(RunSettings {
         common,
@@ -524,27 +588,68 @@ mod tests {
     use super::*;
 
     #[test]
-    fn durations_need_units() {
+    fn a_bare_number_is_seconds_and_anything_else_needs_a_unit() {
         assert_eq!(
             parse_duration("500ms", false),
             Ok(Duration::from_millis(500))
         );
         assert_eq!(parse_duration("5m", false), Ok(Duration::from_secs(300)));
-        assert!(parse_duration("5", false).is_err());
+        assert_eq!(parse_duration("5", false), Ok(Duration::from_secs(5)));
+        assert_eq!(parse_duration("0.5", false), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration(".25", false), Ok(Duration::from_millis(250)));
+        assert_eq!(
+            parse_duration("1.0000000019", false),
+            Ok(Duration::new(1, 1))
+        );
         assert!(parse_duration("0", false).is_err());
+        assert!(parse_duration("0.0", false).is_err());
         assert_eq!(parse_duration("0", true), Ok(Duration::ZERO));
+        assert_eq!(parse_duration("0.0", true), Ok(Duration::ZERO));
         assert!(parse_duration("-5s", false).is_err());
         assert!(parse_duration("5x", false).is_err());
         assert!(parse_duration("0s", false).is_err());
         assert!(parse_duration("", false).is_err());
+        assert!(parse_duration(".", false).is_err());
+        assert!(parse_duration("1.2.3", false).is_err());
+    }
+
+    /// What is wrong is said in dlock's words, never humantime's ("expected number at 0").
+    #[test]
+    fn a_bad_duration_is_explained_with_examples() {
+        let error = |text: &str| parse_duration(text, true).expect_err(text);
+        assert_eq!(
+            error("-1s"),
+            "'-1s' is negative; a duration is 0 or more: write e.g. 500ms, 30s, 5m or 1h30m \
+             (a bare number is seconds)"
+        );
+        assert_eq!(
+            error("5x"),
+            "'5x' has the unknown unit 'x'; write e.g. 500ms, 30s, 5m or 1h30m (a bare number \
+             is seconds) (units: ms, s, m, h, d, w)"
+        );
+        for text in ["soon", "1.2.3", "s5"] {
+            assert_eq!(
+                error(text),
+                format!(
+                    "'{text}' is not a duration; write e.g. 500ms, 30s, 5m or 1h30m (a bare \
+                     number is seconds)"
+                )
+            );
+        }
+        assert!(error("").starts_with("no duration given; write e.g."));
     }
 
     #[test]
     fn durations_beyond_the_limit_are_refused() {
         assert_eq!(parse_duration("100y", false), Ok(MAX_DURATION));
-        for text in ["18446744073709551615s", "9000y", "101y"] {
+        for text in [
+            "18446744073709551615s",
+            "9000y",
+            "101y",
+            "18446744073709551616",
+        ] {
             let err = parse_duration(text, true).expect_err(text);
-            assert!(err.contains("longer than the limit of 100years"), "{err}");
+            assert!(err.contains("longer than the limit of 100 years"), "{err}");
         }
     }
 }

@@ -64,6 +64,11 @@ pub fn report_records_a_run_that_ran(server: &dyn LockServer) {
     assert_eq!(record["outcome"], "ran", "{record}");
     assert_eq!(record["mode"], "exclusive", "{record}");
     assert_eq!(record["command_status"], 3, "{record}");
+    assert_eq!(
+        record["command"], "sh -c echo $DLOCK_FENCING_TOKEN; exit 3",
+        "{record}"
+    );
+    assert!(record.get("lost_reason").is_none(), "{record}");
     assert_eq!(record["token"].as_u64(), Some(token), "{record}");
     assert!(record["held_ms"].as_u64().is_some(), "{record}");
     assert_time(&record, "acquired_at");
@@ -224,6 +229,13 @@ pub fn report_records_a_lost_lock(server: &dyn LockServer) {
     let record = report_line(&report);
     assert_common(&record, server, &lock, 124);
     assert_eq!(record["outcome"], "lost", "{record}");
+    // Why, in the words of the line dlock printed for it.
+    let reason = record["lost_reason"].as_str().unwrap_or_default();
+    assert!(!reason.is_empty(), "no lost_reason: {record}");
+    assert!(
+        holding.stderr().contains(reason),
+        "lost_reason is not what dlock said: {record}"
+    );
     assert!(record["command_status"].as_u64().is_some(), "{record}");
     assert!(record["token"].as_u64().is_some(), "{record}");
 }
