@@ -27,6 +27,14 @@ use crate::clock::{sleep_until, BootInstant};
 /// when no server answers at all, and then only when `--wait` is shorter.
 pub const MIN_ANSWER: Duration = Duration::from_secs(2);
 
+/// How long past the end of `--wait` (counted from its start) an acquisition may take by a
+/// backend's own rules: the server's time to answer ([`MIN_ANSWER`], however short `--wait`
+/// is) and what the backend does after it (`finish_after_answer`: the round trip in flight,
+/// checking a grant, giving back one that did not count).
+pub fn overrun(finish_after_answer: Duration) -> Duration {
+    MIN_ANSWER.saturating_add(finish_after_answer)
+}
+
 /// How long `acquire` may wait.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Wait {

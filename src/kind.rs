@@ -315,7 +315,7 @@ pub trait DynBackend {
     fn force_release<'a>(&'a self, name: &'a LockName)
         -> BoxFuture<'a, Result<Vec<Holder>, Error>>;
     fn check(&self) -> BoxFuture<'_, Result<CheckReport, Error>>;
-    fn wait_overrun(&self, request: &AcquireRequest) -> Duration;
+    fn finish_after_answer(&self, request: &AcquireRequest) -> Duration;
 }
 
 impl<B> DynBackend for B
@@ -353,8 +353,8 @@ where
         Box::pin(Backend::check(self))
     }
 
-    fn wait_overrun(&self, request: &AcquireRequest) -> Duration {
-        Backend::wait_overrun(self, request)
+    fn finish_after_answer(&self, request: &AcquireRequest) -> Duration {
+        Backend::finish_after_answer(self, request)
     }
 }
 
@@ -381,8 +381,8 @@ impl Backend for Box<dyn DynBackend> {
         DynBackend::check(&**self).await
     }
 
-    fn wait_overrun(&self, request: &AcquireRequest) -> Duration {
-        DynBackend::wait_overrun(&**self, request)
+    fn finish_after_answer(&self, request: &AcquireRequest) -> Duration {
+        DynBackend::finish_after_answer(&**self, request)
     }
 }
 

@@ -11,10 +11,11 @@ use std::time::Duration;
 
 use anyhow::Context;
 
+use crate::budget::{Wait, WaitBudget};
 use crate::cli::OnLost;
 use crate::error::Error;
 use crate::exit::{self, Outcome};
-use crate::lock::{self, AcquireRequest, Backend, Holder, Lease, LockName, Wait, WaitBudget};
+use crate::lock::{self, AcquireRequest, Backend, Holder, Lease, LockName};
 use crate::secrets::Handoff;
 use crate::settings::RunSettings;
 use crate::signals::{self, Signals};
@@ -30,7 +31,7 @@ pub(crate) use self::record::refused;
 use self::reentrant::{reenter, Reentrant, Reentry};
 mod waiting;
 
-/// How long after a backend's own deadline ([`Backend::wait_overrun`]) the `--wait`
+/// How long after a backend's own deadline ([`crate::budget::overrun`]) the `--wait`
 /// backstop fires. It does not decide whether a run fails: a backend that keeps its deadline
 /// has ended the acquisition by then; this only orders the backstop after that deadline, with
 /// room for a busy machine to deliver the backend's own outcome (a grant, 75, or its message
@@ -55,7 +56,7 @@ const SIGNAL_CLEANUP: Duration = Duration::from_secs(10);
 /// short `--wait`; the round trip in flight; a grant's check), and the slack. So it never
 /// fires before a backend's honest deadline, however short `--wait` is.
 fn wait_backstop<B: Backend>(backend: &B, request: &AcquireRequest, wait: Duration) -> Duration {
-    wait.saturating_add(backend.wait_overrun(request))
+    wait.saturating_add(crate::budget::overrun(backend.finish_after_answer(request)))
         .saturating_add(WAIT_BACKSTOP_SLACK)
 }
 

@@ -17,9 +17,10 @@
 use std::time::Duration;
 
 use super::backoff::Backoff;
+use crate::budget::Wait;
 use crate::clock::{sleep_until, BootInstant};
 use crate::error::Error;
-use crate::lock::{Cancel, Wait};
+use crate::lock::Cancel;
 
 /// The first pause after a refusal (see [`Backoff`]: pauses are not deadlines).
 const FIRST_DELAY: Duration = Duration::from_millis(20);

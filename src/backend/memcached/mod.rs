@@ -51,13 +51,14 @@ mod wait;
 
 use std::time::Duration;
 
+use crate::budget::WaitBudget;
 use crate::clock::BootInstant;
 use crate::error::Error;
 use crate::kit::backoff::Backoff;
 use crate::kit::held::busy_reason;
 use crate::lock::{
     limit_mismatch, AcquireRequest, Backend, Cancel, CheckReport, Holder, LockName, LockStatus,
-    Record, WaitBudget,
+    Record,
 };
 
 use crate::kit::limit;

@@ -20,9 +20,10 @@ use super::sql::{
     turnstile_sql, undo_slot_sql, CREATE_TABLE,
 };
 use super::{MysqlBackend, CANCEL_TIMEOUT};
+use crate::budget::WaitBudget;
 use crate::clock::{sleep_until, BootInstant};
 use crate::error::Error;
-use crate::lock::{limit_mismatch, AcquireRequest, Cancel, WaitBudget};
+use crate::lock::{limit_mismatch, AcquireRequest, Cancel};
 
 /// The longest one lock call waits in the server without `--wait`: a year, in whole seconds
 /// that MySQL and MariaDB both accept (a negative timeout means "for ever" only on MySQL).

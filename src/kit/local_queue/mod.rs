@@ -58,12 +58,13 @@ use std::time::Duration;
 use sha2::Digest;
 
 use self::tickets::{LocalQueue, Ticket};
+use crate::budget::{Wait, WaitBudget};
 use crate::clock::BootInstant;
 use crate::error::Error;
 use crate::kit::{capacity, lock_dir};
 use crate::lock::{
     AcquireRequest, Backend, Cancel, CheckReport, Holder, Lease, LockName, LockStatus, Lost,
-    OnQueued, Wait, WaitBudget, Waiter,
+    OnQueued, Waiter,
 };
 
 /// How many processes of a host wait at the server besides the `--limit` holders. More than
@@ -176,8 +177,8 @@ impl<B: Backend> Backend for LocalQueued<B> {
     /// gives the remote the user's whole `--wait`. A remote started later, with what the local
     /// queue left of the wait, has its time to answer counted from at most the end of the
     /// wait, so its own overrun covers it.
-    fn wait_overrun(&self, request: &AcquireRequest) -> Duration {
-        self.remote.wait_overrun(request) + QUEUE_SLACK
+    fn finish_after_answer(&self, request: &AcquireRequest) -> Duration {
+        self.remote.finish_after_answer(request) + QUEUE_SLACK
     }
 
     /// A slot in the local queue (unless `--no-wait` or turned off), then the remote lock,
