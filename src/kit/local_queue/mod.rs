@@ -203,7 +203,7 @@ impl<B: Backend> Backend for LocalQueued<B> {
         let admitted_at_once = !local.as_ref().is_some_and(|t| t.waited);
         let mut first_try = true;
         let remote_cancel = cancel.clone();
-        let remote = capacity::wait_out(wait, deadline, &mut cancel, async |left| {
+        let remote = capacity::wait_out(&request.budget, &mut cancel, async |left| {
             let mut remote_request = request.clone();
             remote_request.likely_held = local.as_ref().is_some_and(|t| t.peer_ahead);
             if let Some(ticket) = &local {
@@ -211,21 +211,18 @@ impl<B: Backend> Backend for LocalQueued<B> {
             }
             let at_once = std::mem::take(&mut first_try) && admitted_at_once;
             // The remote acquisition starts now, with a budget of its own.
-            remote_request.budget = WaitBudget::start(match left {
+            remote_request.budget = match left {
                 // Admitted at once: the backend's deadline is the user's, to a few
                 // milliseconds (to the queue's bookkeeping on a busy machine), and its
                 // messages name the --wait the user gave.
                 Wait::For(_)
                     if at_once || BootInstant::now().saturating_since(started) < QUEUE_SLACK =>
                 {
-                    wait
+                    WaitBudget::start(wait)
                 }
                 // What the local queue (or a capacity refusal) left of the wait.
-                Wait::For(d) => Wait::For(
-                    Duration::from_millis(d.as_millis() as u64).max(Duration::from_millis(1)),
-                ),
-                other => other,
-            });
+                _ => request.budget.rest_from_now(),
+            };
             self.remote
                 .acquire(&remote_request, remote_cancel.clone())
                 .await
