@@ -388,33 +388,8 @@ async fn supervise_command<L: Lease>(
     let spawned = supervise::spawn(&settings.command, &env.vars, terminal.as_ref(), inherit);
     // The command has its copy; dlock needs none.
     drop(env.handoff);
-    let child = match spawned {
-        Ok(child) => {
-            tracing::debug!(target: logging::HANDOFF, "spawned");
-            child
-        }
-        Err(err) => {
-            let shown = settings.command.arg0.to_string_lossy();
-            let error = match err.raw_os_error() {
-                Some(libc::ENOENT) => {
-                    match crate::settings::command::bad_interpreter(&settings.command.program) {
-                        Some(why) => Error::NotFound(format!("cannot run {shown}: {why}")),
-                        None => Error::NotFound(format!("command not found: {shown}")),
-                    }
-                }
-                Some(
-                    libc::EACCES
-                    | libc::ENOEXEC
-                    | libc::EISDIR
-                    | libc::ENOTDIR
-                    | libc::ETXTBSY
-                    | libc::EPERM,
-                ) => Error::NotExecutable(format!("cannot execute {shown}: {err}")),
-                _ => Error::Internal(format!("cannot start {shown}: {err}")),
-            };
-            return Err(error.into());
-        }
-    };
+    let child = spawned?;
+    tracing::debug!(target: logging::HANDOFF, "spawned");
     let policy = supervise::Policy {
         on_lost: settings.on_lost,
         kill_after: settings.kill_after,
