@@ -19,7 +19,7 @@ use crate::clock::{sleep_until, BootInstant};
 /// free lock (or hears that it is held: 75, not 69); the lock's own wait still ends with
 /// `--wait`. The backends that bound connecting and the server's first answers by
 /// [`WaitBudget::answer_by`] (etcd, ZooKeeper, PostgreSQL) give the server until then, and
-/// `run`'s `--wait` backstop counts it in ([`crate::lock::Backend::wait_overrun`]).
+/// `run`'s `--wait` backstop counts it in ([`overrun`]).
 ///
 /// Two seconds because a busy machine is the normal case: on 2 cores at a load average
 /// around 20, opening a ZooKeeper session and queueing over a link with a 100 ms round trip

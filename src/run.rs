@@ -2,7 +2,7 @@
 //! [`crate::supervise`], release, and exit with the command's status (ARCHITECTURE.md: "The data path of one `dlock run`").
 //!
 //! The path of one run: signal listeners first (a signal while waiting must cancel the wait,
-//! never kill dlock with a waiter left behind); then reentrancy ([`crate::reentry`]: an
+//! never kill dlock with a waiter left behind); then reentrancy ([`reentry`]: an
 //! ancestor that provably holds the lock lets the command run at once); then `acquire`,
 //! raced against signals and the `--wait` backstop; then the command, with the lease's loss
 //! and forwarded signals watched by the supervisor; then release, bounded in time.
@@ -19,12 +19,13 @@ use crate::lock::{self, AcquireRequest, Backend, Holder, Lease, LockName};
 use crate::secrets::Handoff;
 use crate::settings::RunSettings;
 use crate::signals::{self, Signals};
-use crate::{clock, logging, reentry, supervise};
+use crate::{clock, logging, supervise};
 
 mod environment;
 mod min_hold;
 mod record;
 mod reentrant;
+mod reentry;
 
 use self::environment::{child_environment, ChildEnv};
 pub(crate) use self::record::refused;
