@@ -19,13 +19,21 @@ use crate::clock::{sleep_until, BootInstant};
 /// free lock (or hears that it is held: 75, not 69); the lock's own wait still ends with
 /// `--wait`. The backends that bound connecting and the server's first answers by
 /// [`WaitBudget::answer_by`] (etcd, ZooKeeper, PostgreSQL) give the server until then, and
-/// `run`'s `--wait` backstop counts it in ([`crate::lock::Backend::wait_overrun`]).
+/// `run`'s `--wait` backstop counts it in ([`overrun`]).
 ///
 /// Two seconds because a busy machine is the normal case: on 2 cores at a load average
 /// around 20, opening a ZooKeeper session and queueing over a link with a 100 ms round trip
 /// took longer than 1 s in 4 runs of 5, and less than 2 s in 5 of 5. It only costs time
 /// when no server answers at all, and then only when `--wait` is shorter.
 pub const MIN_ANSWER: Duration = Duration::from_secs(2);
+
+/// How long past the end of `--wait` (counted from its start) an acquisition may take by a
+/// backend's own rules: the server's time to answer ([`MIN_ANSWER`], however short `--wait`
+/// is) and what the backend does after it (`finish_after_answer`: the round trip in flight,
+/// checking a grant, giving back one that did not count).
+pub fn overrun(finish_after_answer: Duration) -> Duration {
+    MIN_ANSWER.saturating_add(finish_after_answer)
+}
 
 /// How long `acquire` may wait.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -116,6 +124,52 @@ impl WaitBudget {
     /// What is left of `--wait` (none without one).
     pub fn left(&self) -> Option<Duration> {
         self.deadline.map(BootInstant::remaining)
+    }
+
+    /// What is left of the wait, for a server call that waits in the server itself (a lock
+    /// call with a timeout): nothing with `--no-wait`, `max` without a limit, else what is
+    /// left of `--wait`, at most `max`.
+    pub fn left_within(&self, max: Duration) -> Duration {
+        match self.wait {
+            Wait::No => Duration::ZERO,
+            Wait::For(_) | Wait::Forever => self.left().map_or(max, |left| left.min(max)),
+        }
+    }
+
+    /// Whether a lock found held now stays unacquired for good: `--wait` is over, or
+    /// `--no-wait` has had its one look.
+    pub fn is_final(&self) -> bool {
+        self.is_over() || self.is_no_wait()
+    }
+
+    /// The wait that is left, as a [`Wait`]: what is left of `--wait`, or the same kind of
+    /// wait without one.
+    pub fn rest(&self) -> Wait {
+        match (self.wait, self.deadline) {
+            (Wait::For(_), Some(at)) => Wait::For(at.remaining()),
+            (wait, _) => wait,
+        }
+    }
+
+    /// A budget that starts now with what is left of this one (in whole milliseconds, at
+    /// least one, so that a step started at the very end still gets its look), for a step
+    /// that runs after another has used part of the wait.
+    pub fn rest_from_now(&self) -> WaitBudget {
+        WaitBudget::start(match self.rest() {
+            Wait::For(left) => Wait::For(
+                Duration::from_millis(left.as_millis() as u64).max(Duration::from_millis(1)),
+            ),
+            other => other,
+        })
+    }
+
+    /// The time one exchange with a server may take: `op_timeout`, and with a `--wait`
+    /// at most what is left of it plus `grace` (so an exchange started at any time ends by
+    /// `--wait` + `grace`).
+    pub fn share(&self, op_timeout: Duration, grace: Duration) -> Duration {
+        self.left().map_or(op_timeout, |left| {
+            left.saturating_add(grace).min(op_timeout)
+        })
     }
 
     /// The time one server call may take: `op_timeout`, but not past [`Self::answer_by`].
@@ -212,5 +266,45 @@ mod tests {
             // The server still has until `answer_by` to answer.
             assert_eq!(budget.answer(async { 7 }).await, Some(7));
         });
+    }
+
+    #[test]
+    fn what_is_left_is_shared_out_the_same_way_for_every_backend() {
+        let second = Duration::from_secs(1);
+        let (op, grace) = (Duration::from_secs(5), Duration::from_millis(500));
+        let no_wait = WaitBudget::start(Wait::No);
+        assert_eq!(no_wait.left_within(second), Duration::ZERO);
+        assert!(no_wait.is_final());
+        assert_eq!(no_wait.rest(), Wait::No);
+        assert_eq!(no_wait.share(op, grace), op);
+
+        let forever = WaitBudget::start(Wait::Forever);
+        assert_eq!(forever.left_within(second), second);
+        assert!(!forever.is_final());
+        assert_eq!(forever.rest_from_now().wait(), Wait::Forever);
+        assert_eq!(forever.share(op, grace), op);
+
+        let long = WaitBudget::start(Wait::For(Duration::from_secs(60)));
+        assert_eq!(long.left_within(second), second);
+        assert_eq!(long.share(op, grace), op);
+        assert!(!long.is_final());
+        let short = WaitBudget::start(Wait::For(Duration::from_millis(300)));
+        assert!(short.left_within(second) <= Duration::from_millis(300));
+        assert!(short.share(op, grace) <= Duration::from_millis(800));
+        assert!(short.share(op, grace) > grace);
+        match short.rest_from_now().wait() {
+            Wait::For(left) => assert!(left <= Duration::from_millis(300) && !left.is_zero()),
+            other => panic!("{other:?}"),
+        }
+
+        let over = WaitBudget::start(Wait::For(Duration::ZERO));
+        assert!(over.is_final());
+        assert_eq!(over.left_within(second), Duration::ZERO);
+        assert_eq!(over.share(op, grace), grace);
+        // A step started at the very end still gets a look.
+        assert_eq!(
+            over.rest_from_now().wait(),
+            Wait::For(Duration::from_millis(1))
+        );
     }
 }

@@ -20,6 +20,7 @@ use std::time::Duration;
 
 use crate::config::FileConfig;
 use crate::error::Error;
+use crate::kit::local_queue::LocalQueued;
 use crate::lock::{
     AcquireRequest, Backend, Cancel, CheckReport, Holder, Lease, LockName, LockStatus, Lost,
 };
@@ -77,6 +78,10 @@ pub struct Capabilities {
     pub limit: bool,
     /// Shared (reader) holds beside exclusive ones.
     pub shared: bool,
+    /// Waiters on one host line up in this host's queue first, so that one of them at a time
+    /// waits on the server (`kit::local_queue`; `--local-queue`). A server's waiters come from
+    /// many hosts; the file backend's are all on this one, in the kernel's queue already.
+    pub host_queue: bool,
 }
 
 impl Kind {
@@ -262,8 +267,14 @@ impl Target {
         kind.capabilities.lease.then_some(kind.minimum_ttl)
     }
 
+    /// The backend, behind this host's queue where its kind has one.
     pub fn open(&self, common: &Common) -> Box<dyn DynBackend> {
-        self.0.open(common)
+        let backend = self.0.open(common);
+        if !self.kind().capabilities.host_queue {
+            return backend;
+        }
+        let queue = common.local_queue.then(|| common.identity());
+        Box::new(LocalQueued::new(backend, queue))
     }
 
     /// The backend's own target type, where a caller (a test) needs its fields.
@@ -304,7 +315,7 @@ pub trait DynBackend {
     fn force_release<'a>(&'a self, name: &'a LockName)
         -> BoxFuture<'a, Result<Vec<Holder>, Error>>;
     fn check(&self) -> BoxFuture<'_, Result<CheckReport, Error>>;
-    fn wait_overrun(&self, request: &AcquireRequest) -> Duration;
+    fn finish_after_answer(&self, request: &AcquireRequest) -> Duration;
 }
 
 impl<B> DynBackend for B
@@ -342,8 +353,8 @@ where
         Box::pin(Backend::check(self))
     }
 
-    fn wait_overrun(&self, request: &AcquireRequest) -> Duration {
-        Backend::wait_overrun(self, request)
+    fn finish_after_answer(&self, request: &AcquireRequest) -> Duration {
+        Backend::finish_after_answer(self, request)
     }
 }
 
@@ -370,8 +381,8 @@ impl Backend for Box<dyn DynBackend> {
         DynBackend::check(&**self).await
     }
 
-    fn wait_overrun(&self, request: &AcquireRequest) -> Duration {
-        DynBackend::wait_overrun(&**self, request)
+    fn finish_after_answer(&self, request: &AcquireRequest) -> Duration {
+        DynBackend::finish_after_answer(&**self, request)
     }
 }
 
@@ -453,6 +464,7 @@ mod tests {
             records_finished: false,
             limit: false,
             shared: false,
+            host_queue: true,
         },
         minimum_ttl: MIN_LEASE_TTL,
         parse: |_, _| Err("no".into()),

@@ -23,7 +23,6 @@ pub mod kind;
 pub mod kit;
 pub mod lock;
 mod process;
-mod reentry;
 mod run;
 pub mod secrets;
 pub mod settings;

@@ -18,7 +18,7 @@ use tokio::sync::watch;
 use crate::clock::BootInstant;
 use crate::error::Error;
 
-pub use crate::budget::{Wait, WaitBudget, MIN_ANSWER};
+use crate::budget::WaitBudget;
 pub use status::{token_str, CheckReport, HolderStatus, LockStatus, Waiter};
 
 mod status;
@@ -361,16 +361,16 @@ pub trait Backend {
     /// Connect, measure, create and delete a test entry.
     async fn check(&self) -> Result<CheckReport, Error>;
 
-    /// How long past the end of `request.budget`'s wait (counted from its start) an
-    /// acquisition may take by this backend's own rules before it ends: the server's time to
-    /// answer ([`MIN_ANSWER`], however short `--wait` is), the round trip in flight at that
-    /// deadline, a grant that came by then being checked before the command may start. `run`
-    /// cancels an acquisition only after it (the backstop for a server that accepted the
+    /// How long past the server's time to answer (`--wait`, at least [`crate::budget::MIN_ANSWER`]) an
+    /// acquisition may take by this backend's own rules before it ends: the round trip in
+    /// flight at that deadline, a grant that came by then being checked before the command
+    /// may start, giving back what did not count. `run` cancels an acquisition only after
+    /// [`crate::budget::overrun`] of it (the backstop for a server that accepted the
     /// connection and never answered), so it never cuts short a backend's honest deadline.
     /// This default covers a backend that ends by its time to answer.
-    fn wait_overrun(&self, request: &AcquireRequest) -> Duration {
+    fn finish_after_answer(&self, request: &AcquireRequest) -> Duration {
         let _ = request;
-        MIN_ANSWER
+        Duration::ZERO
     }
 }
 

@@ -2,7 +2,7 @@
 //! [`crate::supervise`], release, and exit with the command's status (ARCHITECTURE.md: "The data path of one `dlock run`").
 //!
 //! The path of one run: signal listeners first (a signal while waiting must cancel the wait,
-//! never kill dlock with a waiter left behind); then reentrancy ([`crate::reentry`]: an
+//! never kill dlock with a waiter left behind); then reentrancy ([`reentry`]: an
 //! ancestor that provably holds the lock lets the command run at once); then `acquire`,
 //! raced against signals and the `--wait` backstop; then the command, with the lease's loss
 //! and forwarded signals watched by the supervisor; then release, bounded in time.
@@ -11,26 +11,28 @@ use std::time::Duration;
 
 use anyhow::Context;
 
+use crate::budget::{Wait, WaitBudget};
 use crate::cli::OnLost;
 use crate::error::Error;
 use crate::exit::{self, Outcome};
-use crate::lock::{self, AcquireRequest, Backend, Holder, Lease, LockName, Wait, WaitBudget};
+use crate::lock::{self, AcquireRequest, Backend, Holder, Lease, LockName};
 use crate::secrets::Handoff;
 use crate::settings::RunSettings;
 use crate::signals::{self, Signals};
-use crate::{clock, logging, reentry, supervise};
+use crate::{clock, logging, supervise};
 
 mod environment;
 mod min_hold;
 mod record;
 mod reentrant;
+mod reentry;
 
 use self::environment::{child_environment, ChildEnv};
 pub(crate) use self::record::refused;
 use self::reentrant::{reenter, Reentrant, Reentry};
 mod waiting;
 
-/// How long after a backend's own deadline ([`Backend::wait_overrun`]) the `--wait`
+/// How long after a backend's own deadline ([`crate::budget::overrun`]) the `--wait`
 /// backstop fires. It does not decide whether a run fails: a backend that keeps its deadline
 /// has ended the acquisition by then; this only orders the backstop after that deadline, with
 /// room for a busy machine to deliver the backend's own outcome (a grant, 75, or its message
@@ -55,7 +57,7 @@ const SIGNAL_CLEANUP: Duration = Duration::from_secs(10);
 /// short `--wait`; the round trip in flight; a grant's check), and the slack. So it never
 /// fires before a backend's honest deadline, however short `--wait` is.
 fn wait_backstop<B: Backend>(backend: &B, request: &AcquireRequest, wait: Duration) -> Duration {
-    wait.saturating_add(backend.wait_overrun(request))
+    wait.saturating_add(crate::budget::overrun(backend.finish_after_answer(request)))
         .saturating_add(WAIT_BACKSTOP_SLACK)
 }
 
@@ -387,33 +389,8 @@ async fn supervise_command<L: Lease>(
     let spawned = supervise::spawn(&settings.command, &env.vars, terminal.as_ref(), inherit);
     // The command has its copy; dlock needs none.
     drop(env.handoff);
-    let child = match spawned {
-        Ok(child) => {
-            tracing::debug!(target: logging::HANDOFF, "spawned");
-            child
-        }
-        Err(err) => {
-            let shown = settings.command.arg0.to_string_lossy();
-            let error = match err.raw_os_error() {
-                Some(libc::ENOENT) => {
-                    match crate::settings::command::bad_interpreter(&settings.command.program) {
-                        Some(why) => Error::NotFound(format!("cannot run {shown}: {why}")),
-                        None => Error::NotFound(format!("command not found: {shown}")),
-                    }
-                }
-                Some(
-                    libc::EACCES
-                    | libc::ENOEXEC
-                    | libc::EISDIR
-                    | libc::ENOTDIR
-                    | libc::ETXTBSY
-                    | libc::EPERM,
-                ) => Error::NotExecutable(format!("cannot execute {shown}: {err}")),
-                _ => Error::Internal(format!("cannot start {shown}: {err}")),
-            };
-            return Err(error.into());
-        }
-    };
+    let child = spawned?;
+    tracing::debug!(target: logging::HANDOFF, "spawned");
     let policy = supervise::Policy {
         on_lost: settings.on_lost,
         kill_after: settings.kill_after,

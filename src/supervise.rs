@@ -45,6 +45,7 @@ use tokio::signal::unix::{signal, SignalKind};
 
 use crate::cli::OnLost;
 use crate::clock::{sleep_until, BootInstant};
+use crate::error::Error;
 use crate::lock::{Lease, Lost};
 use crate::settings::CommandSpec;
 use crate::signals::{self, Signals};
@@ -121,8 +122,38 @@ pub struct Child {
 }
 
 /// Start the command in its own process group with `env` changes applied (`None` removes).
-/// Returns once the command has been exec'd (see `spawn.rs`).
+/// Returns once the command has been exec'd (see `spawn.rs`); a command that cannot be
+/// started is the error the user reads (`command not found: …`, 127; `cannot execute …`, 126).
 pub fn spawn(
+    spec: &CommandSpec,
+    env: &[(OsString, Option<OsString>)],
+    terminal: Option<&Terminal>,
+    inherit: Option<std::os::fd::RawFd>,
+) -> Result<Child, Error> {
+    start(spec, env, terminal, inherit).map_err(|err| not_started(spec, &err))
+}
+
+/// Why `spec` could not be started, as dlock says it.
+fn not_started(spec: &CommandSpec, err: &io::Error) -> Error {
+    let shown = spec.arg0.to_string_lossy();
+    match err.raw_os_error() {
+        Some(libc::ENOENT) => match crate::settings::command::bad_interpreter(&spec.program) {
+            Some(why) => Error::NotFound(format!("cannot run {shown}: {why}")),
+            None => Error::NotFound(format!("command not found: {shown}")),
+        },
+        Some(
+            libc::EACCES
+            | libc::ENOEXEC
+            | libc::EISDIR
+            | libc::ENOTDIR
+            | libc::ETXTBSY
+            | libc::EPERM,
+        ) => Error::NotExecutable(format!("cannot execute {shown}: {err}")),
+        _ => Error::Internal(format!("cannot start {shown}: {err}")),
+    }
+}
+
+fn start(
     spec: &CommandSpec,
     env: &[(OsString, Option<OsString>)],
     terminal: Option<&Terminal>,

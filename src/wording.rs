@@ -9,9 +9,9 @@
 
 use std::time::{Duration, SystemTime};
 
-use crate::budget::{WaitBudget, MIN_ANSWER};
+use crate::budget::{Wait, WaitBudget, MIN_ANSWER};
 use crate::error::Error;
-use crate::lock::{Holder, LockName, LockStatus, Wait};
+use crate::lock::{Holder, LockName, LockStatus};
 use crate::logging::capped;
 
 /// One holder, for a message: `pid 14028 on ci-3 (deploy: ./deploy.sh) for 4m12s`. A holder

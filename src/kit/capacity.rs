@@ -17,9 +17,10 @@
 use std::time::Duration;
 
 use super::backoff::Backoff;
+use crate::budget::{Wait, WaitBudget};
 use crate::clock::{sleep_until, BootInstant};
 use crate::error::Error;
-use crate::lock::{Cancel, Wait};
+use crate::lock::Cancel;
 
 /// The first pause after a refusal (see [`Backoff`]: pauses are not deadlines).
 const FIRST_DELAY: Duration = Duration::from_millis(20);
@@ -36,23 +37,18 @@ pub fn refused(display: &str, limit: &str, detail: &str) -> Error {
 
 /// Run `attempt` (given the `--wait` still left) until it does not fail with a capacity
 /// refusal; pause with a doubling [`Backoff`] (`FIRST_DELAY` to `MAX_DELAY`) between
-/// attempts. One deadline for all attempts: the `--wait` that started at `deadline - wait`.
-/// `cancel` ends the pauses (a signal).
+/// attempts. One deadline for all attempts: `budget`'s. `cancel` ends the pauses (a signal).
 pub async fn wait_out<T>(
-    wait: Wait,
-    deadline: Option<BootInstant>,
+    budget: &WaitBudget,
     cancel: &mut Cancel,
     mut attempt: impl AsyncFnMut(Wait) -> Result<T, Error>,
 ) -> Result<T, Error> {
+    let (wait, deadline) = (budget.wait(), budget.deadline());
     let mut backoff = Backoff::new(FIRST_DELAY, MAX_DELAY);
     let mut refusals = 0u32;
     let mut last: Option<String> = None;
     loop {
-        let left = match (wait, deadline) {
-            (Wait::For(_), Some(at)) => Wait::For(at.remaining()),
-            _ => wait,
-        };
-        let message = match attempt(left).await {
+        let message = match attempt(budget.rest()).await {
             Err(Error::Capacity(message)) => message,
             // An attempt made in the last moments of --wait after refusals may fail only
             // because its time ran out (a connect given a millisecond): the refusal is
@@ -115,8 +111,7 @@ mod tests {
     fn a_refusal_is_retried_until_it_passes() {
         let mut tries = 0;
         let result = block_on(wait_out(
-            Wait::Forever,
-            None,
+            &WaitBudget::start(Wait::Forever),
             &mut Cancel::never(),
             async |_| {
                 tries += 1;
@@ -132,14 +127,10 @@ mod tests {
 
     #[test]
     fn a_connect_timed_out_by_the_end_of_the_wait_still_names_the_limit() {
-        let wait = Wait::For(Duration::from_millis(100));
-        let deadline = wait.deadline();
+        let budget = WaitBudget::start(Wait::For(Duration::from_millis(100)));
         let mut tries = 0;
-        let result: Result<(), Error> = block_on(wait_out(
-            wait,
-            deadline,
-            &mut Cancel::never(),
-            async |left| {
+        let result: Result<(), Error> =
+            block_on(wait_out(&budget, &mut Cancel::never(), async |left| {
                 tries += 1;
                 if tries == 1 {
                     return Err(refused("my", "MySQL max_connections", "1040"));
@@ -149,8 +140,7 @@ mod tests {
                     tokio::time::sleep(left + Duration::from_millis(5)).await;
                 }
                 Err(Error::Unavailable("no answer within 1ms".into()))
-            },
-        ));
+            }));
         assert_eq!(tries, 2);
         match result {
             Err(Error::Capacity(m)) => assert!(m.contains("MySQL max_connections"), "{m}"),
@@ -158,8 +148,7 @@ mod tests {
         }
         // A failure before the deadline is reported as it is.
         let result: Result<(), Error> = block_on(wait_out(
-            Wait::For(Duration::from_secs(30)),
-            Wait::For(Duration::from_secs(30)).deadline(),
+            &WaitBudget::start(Wait::For(Duration::from_secs(30))),
             &mut Cancel::never(),
             async |_| Err(Error::Unavailable("down".into())),
         ));
@@ -169,19 +158,20 @@ mod tests {
     #[test]
     fn no_wait_does_not_retry_and_the_wait_names_the_limit_when_it_runs_out() {
         let mut tries = 0;
-        let result: Result<(), Error> =
-            block_on(wait_out(Wait::No, None, &mut Cancel::never(), async |_| {
+        let result: Result<(), Error> = block_on(wait_out(
+            &WaitBudget::start(Wait::No),
+            &mut Cancel::never(),
+            async |_| {
                 tries += 1;
                 Err(refused("pg", "PostgreSQL max_connections", "53300"))
-            }));
+            },
+        ));
         assert_eq!(tries, 1);
         assert!(matches!(result, Err(Error::Capacity(m)) if m.contains("--no-wait")));
 
-        let wait = Wait::For(Duration::from_millis(200));
         let started = BootInstant::now();
         let result: Result<(), Error> = block_on(wait_out(
-            wait,
-            wait.deadline(),
+            &WaitBudget::start(Wait::For(Duration::from_millis(200))),
             &mut Cancel::never(),
             async |_| Err(refused("pg", "PostgreSQL max_connections", "53300")),
         ));

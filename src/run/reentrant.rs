@@ -1,12 +1,12 @@
-//! A nested run of a lock its ancestor holds ([`crate::reentry`]): re-enter when the backend
+//! A nested run of a lock its ancestor holds ([`super::reentry`]): re-enter when the backend
 //! shows the ancestor holding it in a mode this run may share, never upgrade a shared hold.
 
 use std::time::Duration;
 
 use super::record;
+use super::reentry;
 use crate::error::Error;
 use crate::lock::{Backend, Lease, LockName, Lost, Mode};
-use crate::reentry;
 use crate::settings::RunSettings;
 
 /// Whether an ancestor's hold of the lock is this run's to re-enter.

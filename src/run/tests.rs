@@ -255,7 +255,7 @@ fn the_backstop_waits_for_a_grant_within_the_backends_time_to_answer() {
     let dir = tempfile::tempdir().expect("temp dir");
     let ran = dir.path().join("ran");
     let script = format!("touch {}", ran.display());
-    let late = crate::lock::MIN_ANSWER + Duration::from_millis(300);
+    let late = crate::budget::MIN_ANSWER + Duration::from_millis(300);
     let (backend, record) = fake(Acquire::GrantAfter(late));
     let settings = settings(dir.path(), &script, Wait::For(Duration::from_millis(1)));
     let status = block_on(run(backend, settings, ""));

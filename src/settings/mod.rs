@@ -20,10 +20,11 @@ use crate::config::{FileConfig, OneOrMany};
 use crate::secrets::redact_url;
 
 use crate::backend::Target;
+use crate::budget::Wait;
 use crate::cli::{self, OnLost};
 use crate::error::Error;
 pub use crate::kind::Common;
-use crate::lock::{LockName, Mode, Wait};
+use crate::lock::{LockName, Mode};
 
 pub const DEFAULT_TTL: Duration = Duration::from_secs(15);
 pub const DEFAULT_KILL_AFTER: Duration = Duration::from_secs(10);

@@ -107,6 +107,7 @@ macro_rules! contract_tests {
                 waiting_shows_in_ci_logs_but_not_in_cron_mail,
                 offered_or_refused_as_the_registry_says,
                 a_shared_hold_around_it_never_makes_a_nested_run_shared,
+                a_host_queues_its_waiters_as_the_registry_says,
             );
         }
     };

@@ -6,7 +6,6 @@ use crate::error::Error;
 use crate::kind::{
     after_scheme, Capabilities, Common, DynBackend, Kind, Place, Target, MIN_LEASE_TTL,
 };
-use crate::kit::local_queue::LocalQueued;
 
 pub const KIND: Kind = Kind {
     name: "etcd",
@@ -21,6 +20,7 @@ pub const KIND: Kind = Kind {
         records_finished: true,
         limit: true,
         shared: true,
+        host_queue: true,
     },
     minimum_ttl: MIN_LEASE_TTL,
     parse: |scheme, url| super::target::parse(scheme, after_scheme(url)).map(Target::new),
@@ -46,9 +46,6 @@ impl Place for EtcdTarget {
     }
 
     fn open(&self, common: &Common) -> Box<dyn DynBackend> {
-        Box::new(LocalQueued::new(
-            EtcdBackend::new(self, &common.prefix, &common.display_url),
-            common.local_queue.then(|| common.identity()),
-        ))
+        Box::new(EtcdBackend::new(self, &common.prefix, &common.display_url))
     }
 }

@@ -129,15 +129,13 @@ impl EtcdBackend {
 impl Backend for EtcdBackend {
     type Lease = EtcdLease;
 
-    /// The server's time to answer, then at most the waiter lease's TTL (a grant whose key
+    /// After the server's time to answer: at most the waiter lease's TTL (a grant whose key
     /// must move to the hold lease before the command starts waits for the move no longer
     /// than the waiter lease surely lives, [`attach`]), then revoking our leases
     /// ([`lease::LATE_CLEANUP`]).
-    fn wait_overrun(&self, request: &AcquireRequest) -> Duration {
+    fn finish_after_answer(&self, request: &AcquireRequest) -> Duration {
         let _ = request;
-        crate::lock::MIN_ANSWER
-            + Duration::from_secs(lease::WAITER_TTL_S.unsigned_abs())
-            + lease::LATE_CLEANUP
+        Duration::from_secs(lease::WAITER_TTL_S.unsigned_abs()) + lease::LATE_CLEANUP
     }
 
     async fn acquire(

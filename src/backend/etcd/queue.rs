@@ -20,11 +20,12 @@ use super::own_key::OwnKey;
 use super::readers;
 use super::recheck::{reader_page, recheck, Waits};
 use super::watch::{Seen, Target, Wake};
+use crate::budget::WaitBudget;
 use crate::clock::{sleep_until, BootInstant};
 use crate::error::Error;
 use crate::keeper::Keeper;
 use crate::kit::timeouts::OP_TIMEOUT;
-use crate::lock::{AcquireRequest, Cancel, WaitBudget};
+use crate::lock::{AcquireRequest, Cancel};
 
 /// One acquisition: our key in the lock's queue, and everything it needs while it waits.
 pub(super) struct Acquisition<'a> {

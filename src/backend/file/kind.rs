@@ -21,6 +21,7 @@ pub const KIND: Kind = Kind {
         limit: true,
         // flock(LOCK_SH) on the same file, behind a turnstile for waiting exclusive runs.
         shared: true,
+        host_queue: false,
     },
     minimum_ttl: Duration::ZERO,
     parse: |_, url| super::target::parse(after_scheme(url)).map(Target::new),

@@ -55,6 +55,7 @@ use self::slot::{
     header, header_lock, read_contents, reader_file_name, slot_file_name, write_at, HEADER_LEN,
 };
 use self::turnstile::{queue_at_turnstile, Stall};
+use crate::budget::Wait;
 use crate::clock::{sleep_until, BootInstant};
 use crate::error::Error;
 use crate::kit::flock::{flock, BlockedWait};
@@ -64,7 +65,7 @@ use crate::kit::proc_locks::ProcLocks;
 use crate::kit::stem::stem;
 use crate::lock::{
     limit_mismatch, AcquireRequest, Backend, Cancel, CheckReport, Holder, LockName, LockStatus,
-    Record, Wait,
+    Record,
 };
 
 /// Replacing the file under us repeatedly is an attack, not a race; give up after this many.

@@ -4,7 +4,6 @@ use std::time::Duration;
 
 use super::{MemcachedBackend, MemcachedTarget};
 use crate::kind::{after_scheme, Capabilities, Common, DynBackend, Kind, Place, Target};
-use crate::kit::local_queue::LocalQueued;
 
 /// The shortest `--ttl` on memcached: its whole-second expiry may tick one second early, so
 /// 3 s leaves a 2 s lease.
@@ -27,6 +26,7 @@ pub const KIND: Kind = Kind {
         records_finished: true,
         limit: true,
         shared: false,
+        host_queue: true,
     },
     minimum_ttl: MIN_TTL,
     parse: |scheme, url| super::target::parse(scheme, after_scheme(url)).map(Target::new),
@@ -52,9 +52,6 @@ impl Place for MemcachedTarget {
     }
 
     fn open(&self, common: &Common) -> Box<dyn DynBackend> {
-        Box::new(LocalQueued::new(
-            MemcachedBackend::new(self, &common.prefix),
-            common.local_queue.then(|| common.identity()),
-        ))
+        Box::new(MemcachedBackend::new(self, &common.prefix))
     }
 }

@@ -51,13 +51,14 @@ mod wait;
 
 use std::time::Duration;
 
+use crate::budget::WaitBudget;
 use crate::clock::BootInstant;
 use crate::error::Error;
 use crate::kit::backoff::Backoff;
 use crate::kit::held::busy_reason;
 use crate::lock::{
     limit_mismatch, AcquireRequest, Backend, Cancel, CheckReport, Holder, LockName, LockStatus,
-    Record, WaitBudget,
+    Record,
 };
 
 use crate::kit::limit;
@@ -86,14 +87,10 @@ const RELINK_CAP: Duration = Duration::from_secs(2);
 /// the exit for longer than this.
 const LEAVE_BUDGET: Duration = Duration::from_millis(500);
 
-/// The bound of one exchange of an acquisition: with `--wait`, what is left of it plus
-/// [`WAIT_GRACE`] (at most [`OP_TIMEOUT`]), so an exchange started at any time ends by
-/// `--wait` + the grace; otherwise [`OP_TIMEOUT`].
+/// The bound of one exchange of an acquisition: [`OP_TIMEOUT`], and with `--wait` what is
+/// left of it plus [`WAIT_GRACE`] ([`WaitBudget::share`]).
 fn exchange_limit(budget: &WaitBudget) -> Duration {
-    match budget.left() {
-        Some(left) => (left + WAIT_GRACE).min(OP_TIMEOUT),
-        None => OP_TIMEOUT,
-    }
+    budget.share(OP_TIMEOUT, WAIT_GRACE)
 }
 
 /// Why an attempt failed: the link (a new connection may work) or the server's answer.

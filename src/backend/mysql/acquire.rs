@@ -20,9 +20,10 @@ use super::sql::{
     turnstile_sql, undo_slot_sql, CREATE_TABLE,
 };
 use super::{MysqlBackend, CANCEL_TIMEOUT};
+use crate::budget::WaitBudget;
 use crate::clock::{sleep_until, BootInstant};
 use crate::error::Error;
-use crate::lock::{limit_mismatch, AcquireRequest, Cancel, WaitBudget};
+use crate::lock::{limit_mismatch, AcquireRequest, Cancel};
 
 /// The longest one lock call waits in the server without `--wait`: a year, in whole seconds
 /// that MySQL and MariaDB both accept (a negative timeout means "for ever" only on MySQL).
@@ -200,7 +201,7 @@ impl MysqlBackend {
             if let Some(granted) = self.grant_in(&rows, session, request, &slots, sent).await? {
                 return Ok(Ok(granted));
             }
-            if wait_over(&request.budget) {
+            if request.budget.is_final() {
                 let head = queue.then_some(turnstile.as_str());
                 return Err(self.give_up(session, request, head).await);
             }
@@ -554,15 +555,7 @@ fn handoff_marks(sql: &str) -> Vec<(usize, &'static str)> {
 
 /// How long the next lock call may wait in the server: all that is left of the wait.
 fn whole_wait(budget: &WaitBudget) -> Duration {
-    if budget.is_no_wait() {
-        return Duration::ZERO;
-    }
-    budget.left().map_or(UNBOUNDED, |left| left.min(UNBOUNDED))
-}
-
-/// Whether the lock stays unacquired for good: `--wait` is over, or `--no-wait` looked once.
-fn wait_over(budget: &WaitBudget) -> bool {
-    budget.is_over() || budget.is_no_wait()
+    budget.left_within(UNBOUNDED)
 }
 
 /// Undo whatever a failed or refused acquisition took on this session (best effort: the

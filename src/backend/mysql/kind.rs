@@ -6,7 +6,6 @@ use crate::error::Error;
 use crate::kind::{
     after_scheme, Capabilities, Common, DynBackend, Kind, Place, Target, MIN_LEASE_TTL,
 };
-use crate::kit::local_queue::LocalQueued;
 
 pub const KIND: Kind = Kind {
     name: "mysql",
@@ -23,6 +22,7 @@ pub const KIND: Kind = Kind {
         records_finished: true,
         limit: true,
         shared: false,
+        host_queue: true,
     },
     minimum_ttl: MIN_LEASE_TTL,
     parse: |_, url| super::target::parse(after_scheme(url)).map(Target::new),
@@ -44,9 +44,6 @@ impl Place for MysqlTarget {
     }
 
     fn open(&self, common: &Common) -> Box<dyn DynBackend> {
-        Box::new(LocalQueued::new(
-            MysqlBackend::new(self, &common.prefix, &common.display_url),
-            common.local_queue.then(|| common.identity()),
-        ))
+        Box::new(MysqlBackend::new(self, &common.prefix, &common.display_url))
     }
 }

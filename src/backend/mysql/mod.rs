@@ -77,11 +77,8 @@ impl Backend for MysqlBackend {
     /// timeout is in whole seconds: up to a second more), then a grant that came by then is
     /// checked ([`crate::keeper::confirm_if_old`]) on the server's whole-second TTL, at most ours,
     /// and one that did not count is given back ([`CANCEL_TIMEOUT`]).
-    fn wait_overrun(&self, request: &AcquireRequest) -> Duration {
-        crate::lock::MIN_ANSWER
-            + conn::WAIT_GRACE
-            + crate::keeper::confirm_bound(request.ttl)
-            + CANCEL_TIMEOUT
+    fn finish_after_answer(&self, request: &AcquireRequest) -> Duration {
+        conn::WAIT_GRACE + crate::keeper::confirm_bound(request.ttl) + CANCEL_TIMEOUT
     }
 
     async fn acquire(

@@ -4,7 +4,6 @@ use super::{PgBackend, PgTarget};
 use crate::config::FileConfig;
 use crate::error::Error;
 use crate::kind::{Capabilities, Common, DynBackend, Kind, Place, Target, MIN_LEASE_TTL};
-use crate::kit::local_queue::LocalQueued;
 
 pub const KIND: Kind = Kind {
     name: "postgres",
@@ -24,6 +23,7 @@ pub const KIND: Kind = Kind {
         // `pg_advisory_lock_shared` on the same key; the server queues it behind a waiting
         // exclusive request.
         shared: true,
+        host_queue: true,
     },
     minimum_ttl: MIN_LEASE_TTL,
     parse: |scheme, url| {
@@ -51,9 +51,6 @@ impl Place for PgTarget {
     }
 
     fn open(&self, common: &Common) -> Box<dyn DynBackend> {
-        Box::new(LocalQueued::new(
-            PgBackend::new(self, &common.prefix, &common.display_url),
-            common.local_queue.then(|| common.identity()),
-        ))
+        Box::new(PgBackend::new(self, &common.prefix, &common.display_url))
     }
 }

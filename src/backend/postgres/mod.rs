@@ -64,10 +64,9 @@ pub use keys::key;
 pub use lease::PgLease;
 pub use target::{PgHost, PgTarget, SslMode};
 
+use crate::budget::Wait;
 use crate::error::Error;
-use crate::lock::{
-    AcquireRequest, Backend, Cancel, CheckReport, Holder, LockName, LockStatus, Wait,
-};
+use crate::lock::{AcquireRequest, Backend, Cancel, CheckReport, Holder, LockName, LockStatus};
 use keys::{channel, others_key};
 use limit::limit_key;
 
@@ -95,15 +94,12 @@ impl PgBackend {
 impl Backend for PgBackend {
     type Lease = PgLease;
 
-    /// The server's time to answer, the client's own limit on a lock call
+    /// After the server's time to answer: the client's own limit on a lock call
     /// [`wait::CLIENT_LIMIT`] after it, the check of a grant that came by then
     /// ([`crate::keeper::confirm_if_old`]), and giving back one that did not count
     /// ([`CANCEL_TIMEOUT`]).
-    fn wait_overrun(&self, request: &AcquireRequest) -> Duration {
-        crate::lock::MIN_ANSWER
-            + wait::CLIENT_LIMIT
-            + crate::keeper::confirm_bound(request.ttl)
-            + CANCEL_TIMEOUT
+    fn finish_after_answer(&self, request: &AcquireRequest) -> Duration {
+        wait::CLIENT_LIMIT + crate::keeper::confirm_bound(request.ttl) + CANCEL_TIMEOUT
     }
 
     async fn acquire(

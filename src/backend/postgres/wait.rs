@@ -127,7 +127,7 @@ impl PgBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::lock::Wait;
+    use crate::budget::Wait;
 
     #[test]
     fn what_is_left_of_the_wait_is_the_servers_lock_timeout() {

@@ -7,7 +7,6 @@ use crate::error::Error;
 use crate::kind::{
     after_scheme, Capabilities, Common, DynBackend, Kind, Place, Target, MIN_LEASE_TTL,
 };
-use crate::kit::local_queue::LocalQueued;
 
 /// What both kinds can honour: the same scripts serve both.
 const CAPABILITIES: Capabilities = Capabilities {
@@ -16,6 +15,7 @@ const CAPABILITIES: Capabilities = Capabilities {
     records_finished: true,
     limit: true,
     shared: true,
+    host_queue: true,
 };
 
 pub const KIND: Kind = Kind {
@@ -80,9 +80,6 @@ impl Place for RedisTarget {
     }
 
     fn open(&self, common: &Common) -> Box<dyn DynBackend> {
-        Box::new(LocalQueued::new(
-            RedisBackend::new(self, &common.prefix, &common.display_url),
-            common.local_queue.then(|| common.identity()),
-        ))
+        Box::new(RedisBackend::new(self, &common.prefix, &common.display_url))
     }
 }

@@ -126,11 +126,11 @@ impl RedisBackend {
 impl Backend for RedisBackend {
     type Lease = RedisLease;
 
-    /// Every call ends by `--wait` and [`wait::OVERRUN`] (within [`crate::lock::MIN_ANSWER`]),
+    /// Every call ends by `--wait` and [`wait::OVERRUN`] (within [`crate::budget::MIN_ANSWER`]),
     /// then a grant older than a renewal attempt is checked ([`crate::keeper::confirm_if_old`]), and
     /// one that did not count is given back ([`wait::LEAVE_TIMEOUT`]).
-    fn wait_overrun(&self, request: &AcquireRequest) -> std::time::Duration {
-        crate::lock::MIN_ANSWER + crate::keeper::confirm_bound(request.ttl) + wait::LEAVE_TIMEOUT
+    fn finish_after_answer(&self, request: &AcquireRequest) -> std::time::Duration {
+        crate::keeper::confirm_bound(request.ttl) + wait::LEAVE_TIMEOUT
     }
 
     /// Ask `acquire.lua` until it grants: each "not yet" queues us (or keeps our place) and

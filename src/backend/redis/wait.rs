@@ -6,10 +6,11 @@ use std::time::Duration;
 
 use redis::Value;
 
+use crate::budget::Wait;
 use crate::clock::BootInstant;
 use crate::error::Error;
 use crate::keeper::Keeper;
-use crate::lock::{limit_mismatch, AcquireRequest, Cancel, Wait};
+use crate::lock::{limit_mismatch, AcquireRequest, Cancel};
 use crate::wording::not_acquired;
 
 use super::conn::{Conn, Failure};
@@ -59,7 +60,7 @@ pub(super) struct Waiter<'a> {
     tok: String,
     keys: Keys,
     /// Bounds how long dlock waits for the server itself, connecting included (69): the end
-    /// of `--wait` itself, without the [`crate::lock::MIN_ANSWER`] floor (a run ends by
+    /// of `--wait` itself, without the [`crate::budget::MIN_ANSWER`] floor (a run ends by
     /// `--wait` and [`OVERRUN`]), or [`NO_WAIT_BOUND`] with `--no-wait`. The lock's own wait
     /// (75) ends with the request's budget.
     answer_by: Option<BootInstant>,

@@ -9,11 +9,11 @@ use std::time::Duration;
 use zookeeper_client::{self as zk, Client};
 
 use super::ZkBackend;
+use crate::budget::WaitBudget;
 use crate::error::Error;
 use crate::kit::capacity;
 use crate::kit::timeouts::OP_TIMEOUT;
 use crate::kit::url::join_host_port;
-use crate::lock::WaitBudget;
 use crate::wording::Server;
 
 /// How messages name a ZooKeeper server, and the port a URL without one reaches.

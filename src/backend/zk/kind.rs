@@ -6,7 +6,6 @@ use crate::error::Error;
 use crate::kind::{
     after_scheme, Capabilities, Common, DynBackend, Kind, Place, Target, MIN_LEASE_TTL,
 };
-use crate::kit::local_queue::LocalQueued;
 
 pub const KIND: Kind = Kind {
     name: "zk",
@@ -21,6 +20,7 @@ pub const KIND: Kind = Kind {
         records_finished: true,
         limit: true,
         shared: true,
+        host_queue: true,
     },
     minimum_ttl: MIN_LEASE_TTL,
     parse: |_, url| super::target::parse(after_scheme(url)).map(Target::new),
@@ -42,9 +42,11 @@ impl Place for ZkTarget {
     }
 
     fn open(&self, common: &Common) -> Box<dyn DynBackend> {
-        Box::new(LocalQueued::new(
-            ZkBackend::new(self, &common.prefix, &common.display_url, common.ttl),
-            common.local_queue.then(|| common.identity()),
+        Box::new(ZkBackend::new(
+            self,
+            &common.prefix,
+            &common.display_url,
+            common.ttl,
         ))
     }
 }

@@ -103,11 +103,11 @@ impl ZkBackend {
 impl Backend for ZkBackend {
     type Lease = ZkLease;
 
-    /// The server's time to answer, a waiter finishing after it (a re-check, a grant that
+    /// After the server's time to answer: a waiter finishing after it (a re-check, a grant that
     /// came at the end) for up to a session timeout, the TTL asked for (the backstop in
     /// `acquire`), and then taking our node out ([`queue::LATE_CLEANUP`]).
-    fn wait_overrun(&self, request: &AcquireRequest) -> Duration {
-        crate::lock::MIN_ANSWER + request.ttl + queue::LATE_CLEANUP
+    fn finish_after_answer(&self, request: &AcquireRequest) -> Duration {
+        request.ttl + queue::LATE_CLEANUP
     }
 
     async fn acquire(

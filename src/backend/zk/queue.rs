@@ -8,9 +8,9 @@ use zookeeper_client::{self as zk, Client, CreateMode, Stat};
 
 use super::conn::{close, timed};
 use super::ZkBackend;
+use crate::budget::WaitBudget;
 use crate::clock::BootInstant;
 use crate::error::Error;
-use crate::lock::WaitBudget;
 
 /// How often a create may find its parent missing (removed container) before giving up.
 const MAX_PARENT_RETRIES: usize = 5;

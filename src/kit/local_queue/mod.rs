@@ -58,12 +58,13 @@ use std::time::Duration;
 use sha2::Digest;
 
 use self::tickets::{LocalQueue, Ticket};
+use crate::budget::{Wait, WaitBudget};
 use crate::clock::BootInstant;
 use crate::error::Error;
 use crate::kit::{capacity, lock_dir};
 use crate::lock::{
     AcquireRequest, Backend, Cancel, CheckReport, Holder, Lease, LockName, LockStatus, Lost,
-    OnQueued, Wait, WaitBudget, Waiter,
+    OnQueued, Waiter,
 };
 
 /// How many processes of a host wait at the server besides the `--limit` holders. More than
@@ -176,8 +177,8 @@ impl<B: Backend> Backend for LocalQueued<B> {
     /// gives the remote the user's whole `--wait`. A remote started later, with what the local
     /// queue left of the wait, has its time to answer counted from at most the end of the
     /// wait, so its own overrun covers it.
-    fn wait_overrun(&self, request: &AcquireRequest) -> Duration {
-        self.remote.wait_overrun(request) + QUEUE_SLACK
+    fn finish_after_answer(&self, request: &AcquireRequest) -> Duration {
+        self.remote.finish_after_answer(request) + QUEUE_SLACK
     }
 
     /// A slot in the local queue (unless `--no-wait` or turned off), then the remote lock,
@@ -202,7 +203,7 @@ impl<B: Backend> Backend for LocalQueued<B> {
         let admitted_at_once = !local.as_ref().is_some_and(|t| t.waited);
         let mut first_try = true;
         let remote_cancel = cancel.clone();
-        let remote = capacity::wait_out(wait, deadline, &mut cancel, async |left| {
+        let remote = capacity::wait_out(&request.budget, &mut cancel, async |left| {
             let mut remote_request = request.clone();
             remote_request.likely_held = local.as_ref().is_some_and(|t| t.peer_ahead);
             if let Some(ticket) = &local {
@@ -210,21 +211,18 @@ impl<B: Backend> Backend for LocalQueued<B> {
             }
             let at_once = std::mem::take(&mut first_try) && admitted_at_once;
             // The remote acquisition starts now, with a budget of its own.
-            remote_request.budget = WaitBudget::start(match left {
+            remote_request.budget = match left {
                 // Admitted at once: the backend's deadline is the user's, to a few
                 // milliseconds (to the queue's bookkeeping on a busy machine), and its
                 // messages name the --wait the user gave.
                 Wait::For(_)
                     if at_once || BootInstant::now().saturating_since(started) < QUEUE_SLACK =>
                 {
-                    wait
+                    WaitBudget::start(wait)
                 }
                 // What the local queue (or a capacity refusal) left of the wait.
-                Wait::For(d) => Wait::For(
-                    Duration::from_millis(d.as_millis() as u64).max(Duration::from_millis(1)),
-                ),
-                other => other,
-            });
+                _ => request.budget.rest_from_now(),
+            };
             self.remote
                 .acquire(&remote_request, remote_cancel.clone())
                 .await
@@ -236,7 +234,9 @@ impl<B: Backend> Backend for LocalQueued<B> {
             ticket.queued();
         }
         let remote = match remote {
-            Err(Error::Busy(why)) if queued_for >= QUEUE_SLACK => {
+            // Only a run that waited behind another of this host says so: a slow admission
+            // (a busy machine's bookkeeping) is no wait in the queue.
+            Err(Error::Busy(why)) if !admitted_at_once && queued_for >= QUEUE_SLACK => {
                 return Err(Error::Busy(format!(
                     "{why}, after {} in this host's queue",
                     humantime::format_duration(
