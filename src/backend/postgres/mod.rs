@@ -50,6 +50,7 @@ mod keys;
 pub mod kind;
 mod lease;
 mod limit;
+mod pgpass;
 mod settings;
 mod single;
 mod slots;

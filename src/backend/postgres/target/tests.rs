@@ -106,15 +106,6 @@ fn bad_input_is_named() {
 }
 
 #[test]
-fn pgpass_lines_honour_escapes_and_wildcards() {
-    let fields = split_pgpass_line(r"db\:1:*:app:u:pa\:ss\\").unwrap();
-    assert_eq!(fields[0], "db:1");
-    assert_eq!(fields[1], "*");
-    assert_eq!(fields[4], r"pa:ss\");
-    assert!(split_pgpass_line("too:few:fields").is_none());
-}
-
-#[test]
 fn postgres_urls_in_both_forms() {
     use crate::kind::Target;
     let Ok(t) = Target::parse_as::<PgTarget>("postgresql://u@db:6432/app?sslmode=disable") else {
