@@ -27,6 +27,8 @@ const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(2);
 #[derive(Clone)]
 pub(super) struct Conn {
     urls: Vec<String>,
+    /// The URL's hosts, asked what answers there when etcd's protocol failed.
+    endpoints: Vec<(String, u16)>,
     index: usize,
     options: ConnectOptions,
     client: Option<Client>,
@@ -77,6 +79,7 @@ impl Conn {
         }
         Ok(Conn {
             urls,
+            endpoints: target.endpoints.clone(),
             index: 0,
             options,
             client: None,
@@ -154,9 +157,33 @@ impl Conn {
             }
         }
         Err(match last {
-            Failure::Etcd(e) => self.classify(&e),
+            Failure::Etcd(e) => match self.not_etcd(&e, deadline.remaining()).await {
+                Some(other) => other,
+                None => self.classify(&e),
+            },
             Failure::Timeout => crate::wording::no_answer_in(&self.display, budget),
         })
+    }
+
+    /// Every endpoint failed at the transport, the way a server of another kind makes an
+    /// HTTP/2 client fail (the connection closed or reset at the preface, bytes that are no
+    /// HTTP/2 frame): when another kind of server answers at the first endpoint, that is the
+    /// message. `left`: what is left of the call's budget for asking.
+    async fn not_etcd(&self, e: &etcd_client::Error, left: Duration) -> Option<Error> {
+        let refused = match e {
+            etcd_client::Error::GRpcStatus(status) => crate::wording::refused_in(status),
+            _ => crate::wording::refused_in(e),
+        };
+        if self.tls || refused || left.is_zero() || !is_transport(e) {
+            return None;
+        }
+        let (host, port) = self.endpoints.first()?;
+        let what = crate::sniff::other_than(host, *port, left, "an etcd server").await?;
+        Some(crate::wording::not_a(
+            &join_host_port(host, *port),
+            &SERVER,
+            &format!("it answers like {what}"),
+        ))
     }
 
     /// Map an etcd-client error to dlock's error kinds (exit statuses).

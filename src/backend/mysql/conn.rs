@@ -119,7 +119,13 @@ impl MysqlBackend {
                     _ => return Err(classify(&e, &self.display)),
                 }
             }
-            Err(e) => return Err(classify(&e, &self.display)),
+            Err(e) => {
+                let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                return Err(match self.not_mysql(&e, left).await {
+                    Some(other) => other,
+                    None => classify(&e, &self.display),
+                });
+            }
         };
         Ok(Session {
             id: u64::from(conn.id()),
@@ -155,6 +161,28 @@ impl MysqlBackend {
             return None;
         };
         crate::sniff::other_server(host, *port, deadline, "a MySQL server").await
+    }
+
+    /// Connecting failed without a word from MySQL (the connection closed, an answer that
+    /// is no MySQL packet): when another kind of server answers at our TCP address, that is
+    /// the message. `left`: what is left of the budget for asking.
+    async fn not_mysql(&self, e: &mysql_async::Error, left: Duration) -> Option<Error> {
+        let MysqlHost::Tcp { host, port } = &self.target.host else {
+            return None;
+        };
+        if matches!(e, mysql_async::Error::Server(_))
+            || crate::wording::refused_in(e)
+            || crate::error::caused_by_tls(e)
+            || left.is_zero()
+        {
+            return None;
+        }
+        let what = crate::sniff::other_than(host, *port, left, "a MySQL server").await?;
+        Some(crate::wording::not_a(
+            &crate::kit::url::join_host_port(host, *port),
+            &SERVER,
+            &format!("it answers like {what}"),
+        ))
     }
 
     fn no_answer(&self, limit: Duration) -> Error {

@@ -75,6 +75,29 @@ impl PgBackend {
         crate::sniff::other_server(host, port, deadline, "a PostgreSQL server").await
     }
 
+    /// Connecting failed without a word from PostgreSQL (the connection closed, or an
+    /// answer that is no PostgreSQL message): when another kind of server answers at the
+    /// first TCP host, that is the message. `left`: what is left of the budget for asking.
+    async fn not_postgres(&self, e: &tokio_postgres::Error, left: Duration) -> Option<Error> {
+        if e.as_db_error().is_some()
+            || crate::wording::refused_in(e)
+            || crate::error::caused_by_tls(e)
+            || left.is_zero()
+        {
+            return None;
+        }
+        let (host, port) = self.target.hosts.iter().find_map(|h| match h {
+            PgHost::Tcp { host, port } => Some((host, *port)),
+            PgHost::Unix { .. } => None,
+        })?;
+        let what = crate::sniff::other_than(host, port, left, "a PostgreSQL server").await?;
+        Some(crate::wording::not_a(
+            &crate::kit::url::join_host_port(host, port),
+            &SERVER,
+            &format!("it answers like {what}"),
+        ))
+    }
+
     async fn connect_with(
         &self,
         tls: &MakeRustlsConnect,
@@ -110,7 +133,13 @@ impl PgBackend {
                     None => crate::wording::no_answer_in(&self.display, budget),
                 })
             }
-            Ok(Err(e)) => return Err(classify(&e, &self.display)),
+            Ok(Err(e)) => {
+                let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                return Err(match self.not_postgres(&e, left).await {
+                    Some(other) => other,
+                    None => classify(&e, &self.display),
+                });
+            }
             Ok(Ok(pair)) => pair,
         };
         let version = connection

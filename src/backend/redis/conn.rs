@@ -416,6 +416,31 @@ impl Conn {
     }
 }
 
+impl Conn {
+    /// A call that failed the way a server of another kind makes a Redis client fail (the
+    /// connection closed or reset at the first command, an answer that is not Redis's):
+    /// when another kind of server answers at the node's address, that is the message.
+    /// `left`: what is left of the call's budget for asking.
+    pub(super) async fn not_redis(&self, failure: &Failure, left: Duration) -> Option<Error> {
+        let Failure::Redis(e) = failure else {
+            return None;
+        };
+        let confused = e.kind() == ErrorKind::Parse
+            || e.is_connection_dropped()
+            || (e.is_io_error() && !e.is_timeout() && !e.is_connection_refusal());
+        if !confused || self.sentinel.is_some() || left.is_zero() || crate::wording::refused_in(e) {
+            return None;
+        }
+        let (host, port) = self.nodes.get(self.home)?.addr.as_ref()?;
+        let what = crate::sniff::other_than(host, *port, left, "a Redis server").await?;
+        Some(crate::wording::not_a(
+            &crate::kit::url::join_host_port(host, *port),
+            &super::failure::SERVER,
+            &format!("it answers like {what}"),
+        ))
+    }
+}
+
 /// One command, after `ASKING` when a slot migration sent it here.
 async fn send<T: FromRedisValue>(
     connection: &mut MultiplexedConnection,

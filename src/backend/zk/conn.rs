@@ -91,6 +91,10 @@ impl ZkBackend {
             Ok(Err(zk::Error::NoHosts)) if self.all_refuse().await => {
                 Err(crate::wording::connection_refused(&self.display, &SERVER))
             }
+            Ok(Err(zk::Error::NoHosts)) => match self.not_zookeeper(deadline).await {
+                Some(other) => Err(other),
+                None => Err(self.classify(&zk::Error::NoHosts, "connecting")),
+            },
             Ok(Err(e)) => Err(self.classify(&e, "connecting")),
             Err(_) => match wait.filter(|_| budget < OP_TIMEOUT) {
                 Some(wait) => Err(self.no_answer(wait)),
@@ -147,6 +151,20 @@ impl ZkBackend {
     async fn other_server(&self, deadline: tokio::time::Instant) -> Option<&'static str> {
         let (host, port) = self.target.endpoints.first()?;
         crate::sniff::other_server(host, *port, deadline, "a ZooKeeper server").await
+    }
+
+    /// Every member closed the connection at the session's request, as a server of another
+    /// kind does: when another kind of server answers at the first member's address (within
+    /// what is left before `deadline`), that is the message.
+    async fn not_zookeeper(&self, deadline: tokio::time::Instant) -> Option<Error> {
+        let (host, port) = self.target.endpoints.first()?;
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let what = crate::sniff::other_than(host, *port, left, "a ZooKeeper server").await?;
+        Some(crate::wording::not_a(
+            &join_host_port(host, *port),
+            &SERVER,
+            &format!("it answers like {what}"),
+        ))
     }
 
     /// Whether every member refuses a TCP connection: the client says only "no available

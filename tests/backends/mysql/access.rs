@@ -207,3 +207,20 @@ fn a_server_at_max_connections_is_waited_out_then_69_naming_the_setting() {
     }
     assert_eq!(status.code(), Some(0), "the run after the refusal passed");
 }
+
+/// Not a wait for the connect timeout and "no answer": what answers is named at once.
+#[test]
+fn a_url_at_another_kind_of_server_names_what_answers_there() {
+    let pg = PgServer::shared();
+    let zk = ZkServer::shared();
+    for (port, theirs) in [
+        (pg.port, "a PostgreSQL server"),
+        (zk.members[0].client_port, "a ZooKeeper server"),
+    ] {
+        crate::backends::assert_names_the_server_there(
+            &format!("mysql://app:x@127.0.0.1:{port}/dlock?ssl-mode=DISABLED"),
+            "a MySQL server",
+            theirs,
+        );
+    }
+}

@@ -236,3 +236,19 @@ fn wait_bounds_connecting_to_a_server_that_never_answers() {
     assert!(took < Duration::from_secs(10), "gave up after {took:?}");
     assert!(took >= Duration::from_secs(2), "gave up after {took:?}");
 }
+
+#[test]
+fn a_url_at_another_kind_of_server_names_what_answers_there() {
+    let mysql = MysqlServer::shared();
+    let etcd = EtcdServer::shared();
+    for (port, theirs) in [
+        (mysql.port, "a MySQL server"),
+        (etcd.members[0].client_port, "an etcd server"),
+    ] {
+        crate::backends::assert_names_the_server_there(
+            &format!("postgres://app:x@127.0.0.1:{port}/postgres?sslmode=disable"),
+            "a PostgreSQL server",
+            theirs,
+        );
+    }
+}

@@ -184,3 +184,19 @@ fn a_sentinel_given_as_a_redis_url_is_78_with_the_url_to_use() {
     }
     assert!(!env.path("ran").exists());
 }
+
+#[test]
+fn a_url_at_another_kind_of_server_names_what_answers_there() {
+    let pg = PgServer::shared();
+    let zk = ZkServer::shared();
+    for (port, theirs) in [
+        (pg.port, "a PostgreSQL server"),
+        (zk.members[0].client_port, "a ZooKeeper server"),
+    ] {
+        crate::backends::assert_names_the_server_there(
+            &format!("redis://127.0.0.1:{port}/0"),
+            "a Redis server",
+            theirs,
+        );
+    }
+}
