@@ -1,7 +1,9 @@
 //! What is particular to each backend, beside the contract every backend passes
 //! (`crate::contract`): one module per backend, each invoking `contract_tests!` with its test
-//! server from `crate::support`. A URL pointed at a server of another kind is checked here
-//! once for every backend ([`assert_names_the_server_there`]).
+//! server from `crate::support`. The words every backend shares for what goes wrong in
+//! reaching a server are here once: a server of another kind at the URL
+//! ([`assert_names_the_server_there`]), a password missing or refused, a database the server
+//! does not have, a Unix socket that does not exist.
 
 mod etcd;
 mod file;
@@ -45,4 +47,30 @@ pub fn assert_names_the_server_there(url: &str, ours: &str, theirs: &str) {
         describe(&out)
     );
     assert!(!env.path("ran").exists(), "the command ran");
+}
+
+/// What dlock says when `endpoint` wants a password for `user` and none was given (77).
+pub fn password_missing(endpoint: &str, user: &str) -> String {
+    format!(
+        "{endpoint} wants a password for user '{user}', and none was given: give it in \
+         the URL, DLOCK_PASSWORD"
+    )
+}
+
+/// What dlock says when `endpoint` refused `user` with the password given (77).
+pub fn password_refused(endpoint: &str, user: &str) -> String {
+    format!(
+        "{endpoint} refused user '{user}' with the password given: check the user, and \
+         the password in the URL, DLOCK_PASSWORD"
+    )
+}
+
+/// What dlock says when the URL names a database `endpoint` does not have (78).
+pub fn no_database(endpoint: &str, name: &str) -> String {
+    format!("{endpoint} has no database '{name}'")
+}
+
+/// What dlock says when a Unix socket URL's `path` does not exist (69).
+pub fn no_socket(path: &std::path::Path) -> String {
+    format!("cannot connect to {}: no such socket", path.display())
 }

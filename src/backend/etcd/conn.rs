@@ -165,6 +165,15 @@ impl Conn {
         })
     }
 
+    /// The URL's endpoints, for messages: `HOST:PORT[,HOST:PORT…]`.
+    fn endpoint(&self) -> String {
+        self.endpoints
+            .iter()
+            .map(|(host, port)| join_host_port(host, *port))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
     /// Every endpoint failed at the transport, the way a server of another kind makes an
     /// HTTP/2 client fail (the connection closed or reset at the preface, bytes that are no
     /// HTTP/2 frame): when another kind of server answers at the first endpoint, that is the
@@ -228,9 +237,18 @@ impl Conn {
                 let message = status.message();
                 match status.code() {
                     Code::InvalidArgument | Code::Unauthenticated
-                        if message.contains("authentication failed")
-                            || message.contains("user name is empty")
-                            || message.contains("auth token") =>
+                        if message.contains("user name is empty") =>
+                    {
+                        crate::wording::password_missing(&self.endpoint(), "", &[])
+                    }
+                    Code::InvalidArgument | Code::Unauthenticated
+                        if message.contains("authentication failed") =>
+                    {
+                        let user = crate::wording::user_in(display).unwrap_or_default();
+                        crate::wording::password_refused(&self.endpoint(), user, &[])
+                    }
+                    Code::InvalidArgument | Code::Unauthenticated
+                        if message.contains("auth token") =>
                     {
                         Error::Permission(format!(
                             "{display} refused authentication: {message} (user in the URL, password in the URL, \

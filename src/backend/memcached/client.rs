@@ -74,7 +74,12 @@ impl Failure {
 
     pub(super) fn into_error(self, display: &str) -> Error {
         match self {
-            Failure::Io(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+            Failure::Io(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::ConnectionRefused | std::io::ErrorKind::NotFound
+                ) =>
+            {
                 crate::wording::connection_refused(display, &SERVER)
             }
             Failure::Io(e) => Error::Unavailable(format!("cannot reach {display}: {e}")),

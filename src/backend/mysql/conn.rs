@@ -85,13 +85,13 @@ impl MysqlBackend {
                 let name = certified_name(&e);
                 attempt(true, name)
                     .await?
-                    .map_err(|e| classify(&e, &self.display))?
+                    .map_err(|e| self.connect_error(&e))?
             }
             Err(e) if tls && self.target.ssl_mode == SslMode::Preferred && no_tls(&e) => {
                 // PREFERRED: the server offers no TLS, so plaintext (as the mysql client does).
                 attempt(false, None)
                     .await?
-                    .map_err(|e| classify(&e, &self.display))?
+                    .map_err(|e| self.connect_error(&e))?
             }
             Err(e) if no_tls(&e) => {
                 return Err(Error::Config(crate::wording::no_tls_handshake(
@@ -116,14 +116,14 @@ impl MysqlBackend {
                         let _ = tokio::time::timeout(OP_TIMEOUT, conn.disconnect()).await;
                         return Err(self.plaintext_refused());
                     }
-                    _ => return Err(classify(&e, &self.display)),
+                    _ => return Err(self.connect_error(&e)),
                 }
             }
             Err(e) => {
                 let left = deadline.saturating_duration_since(tokio::time::Instant::now());
                 return Err(match self.not_mysql(&e, left).await {
                     Some(other) => other,
-                    None => classify(&e, &self.display),
+                    None => self.connect_error(&e),
                 });
             }
         };
@@ -161,6 +161,57 @@ impl MysqlBackend {
             return None;
         };
         crate::sniff::other_server(host, *port, deadline, "a MySQL server").await
+    }
+
+    /// A failed connection, in the words every backend uses for passwords, databases and
+    /// sockets; the rest as [`classify`] says.
+    fn connect_error(&self, e: &mysql_async::Error) -> Error {
+        let endpoint = self.target.host.to_string();
+        let user = self
+            .target
+            .user
+            .clone()
+            .unwrap_or_else(crate::lock::user_name);
+        let database = self.target.database.as_deref().unwrap_or_default();
+        match e {
+            mysql_async::Error::Server(s) if s.code == 1045 => {
+                let refused = if s.message.contains("using password: NO") {
+                    crate::wording::password_missing(&endpoint, &user, &[])
+                } else {
+                    crate::wording::password_refused(&endpoint, &user, &[])
+                };
+                if self.wants_tls() && self.target.tls_files.cert_file.is_none() {
+                    // An account that REQUIRE X509 / SUBJECT / ISSUER is refused the same way.
+                    Error::Permission(format!(
+                        "{refused}, or the account wants a client certificate (ssl-cert and \
+                         ssl-key)"
+                    ))
+                } else {
+                    refused
+                }
+            }
+            // MariaDB and MySQL say "access denied" for a database that does not exist as
+            // for one the user may not use, so as not to tell which exist.
+            mysql_async::Error::Server(s) if s.code == 1044 => crate::wording::no_database(
+                &endpoint,
+                database,
+                &format!(
+                    " that user '{user}' may use: check the database in the URL \
+                     (mysql://HOST/DATABASE), or GRANT ALL ON `{database}`.* TO the user"
+                ),
+            ),
+            mysql_async::Error::Server(s) if s.code == 1049 => crate::wording::no_database(
+                &endpoint,
+                database,
+                ": check the database in the URL (mysql://HOST/DATABASE)",
+            ),
+            _ if matches!(self.target.host, MysqlHost::Unix(_))
+                && crate::wording::not_found_in(e) =>
+            {
+                crate::wording::no_socket(&endpoint, &SERVER)
+            }
+            _ => classify(e, &self.display),
+        }
     }
 
     /// Connecting failed without a word from MySQL (the connection closed, an answer that

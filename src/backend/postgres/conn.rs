@@ -75,6 +75,42 @@ impl PgBackend {
         crate::sniff::other_server(host, port, deadline, "a PostgreSQL server").await
     }
 
+    /// Where the first host is, for messages: `HOST:PORT`, or the socket's path.
+    fn endpoint(&self) -> String {
+        match self.target.hosts.first() {
+            Some(PgHost::Tcp { host, port }) => crate::kit::url::join_host_port(host, *port),
+            Some(PgHost::Unix { dir, port }) => {
+                dir.join(format!(".s.PGSQL.{port}")).display().to_string()
+            }
+            None => self.display.clone(),
+        }
+    }
+
+    /// A failed connection, in the words every backend uses for passwords, databases and
+    /// sockets; the rest as [`classify`] says.
+    fn connect_error(&self, e: &tokio_postgres::Error) -> Error {
+        let endpoint = self.endpoint();
+        let user = self.target.user();
+        let code = e.as_db_error().map(|db| db.code().code());
+        if code == Some("28P01") {
+            return crate::wording::password_refused(&endpoint, &user, &["~/.pgpass"]);
+        }
+        if code == Some("3D000") {
+            return crate::wording::no_database(
+                &endpoint,
+                &self.target.dbname(),
+                ": check the database in the URL (the path, or dbname=)",
+            );
+        }
+        if describe(e).contains("password missing") {
+            return crate::wording::password_missing(&endpoint, &user, &["~/.pgpass"]);
+        }
+        if crate::wording::not_found_in(e) && endpoint.starts_with('/') {
+            return crate::wording::no_socket(&endpoint, &SERVER);
+        }
+        classify(e, &self.display)
+    }
+
     /// Connecting failed without a word from PostgreSQL (the connection closed, or an
     /// answer that is no PostgreSQL message): when another kind of server answers at the
     /// first TCP host, that is the message. `left`: what is left of the budget for asking.
@@ -137,7 +173,7 @@ impl PgBackend {
                 let left = deadline.saturating_duration_since(tokio::time::Instant::now());
                 return Err(match self.not_postgres(&e, left).await {
                     Some(other) => other,
-                    None => classify(&e, &self.display),
+                    None => self.connect_error(&e),
                 });
             }
             Ok(Ok(pair)) => pair,

@@ -48,6 +48,16 @@ impl ZkBackend {
         )
     }
 
+    /// The URL's members, for messages: `HOST:PORT[,HOST:PORT…]`.
+    fn endpoint(&self) -> String {
+        self.target
+            .endpoints
+            .iter()
+            .map(|(host, port)| join_host_port(host, *port))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
     /// Open a session, bounded by [`OP_TIMEOUT`].
     pub(super) async fn connect(&self, session_timeout: Duration) -> Result<Client, Error> {
         self.connect_by(session_timeout, None).await
@@ -189,10 +199,19 @@ impl ZkBackend {
     pub(super) fn classify(&self, e: &zk::Error, what: &str) -> Error {
         let display = &self.display;
         match e {
-            zk::Error::NoAuth | zk::Error::AuthFailed => Error::Permission(format!(
-                "{display} refused access ({what}: {e}); check the digest user and password (URL, \
-                 DLOCK_PASSWORD or password_file) and the ACLs of the prefix's nodes"
-            )),
+            zk::Error::NoAuth | zk::Error::AuthFailed => {
+                let endpoint = self.endpoint();
+                // ZooKeeper takes any digest credentials; the nodes' ACLs then let a user in
+                // or not.
+                let refused = match &self.target.user {
+                    None => crate::wording::password_missing(&endpoint, "", &[]),
+                    Some(user) => crate::wording::password_refused(&endpoint, user, &[]),
+                };
+                Error::Permission(format!(
+                    "{refused} (ZooKeeper checks them against the ACLs of the prefix's nodes; \
+                     refused while {what})"
+                ))
+            }
             zk::Error::InvalidAcl => Error::Config(format!("{display}: {what}: {e}")),
             zk::Error::BadArguments(_) => Error::Usage(format!("{what}: {e}")),
             zk::Error::NoChildrenForEphemerals => Error::Config(format!(

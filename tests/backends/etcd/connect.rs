@@ -17,11 +17,27 @@ fn wrong_password_is_77() {
     let env = TestEnv::new(&server);
     let url = format!("etcd://root:hunter-wrong-7@{}", server.endpoints());
     let out = env.run(["run", "--url", &url, "x", "touch", "ran"]);
-    assert_fails(&out, 77, "authentication");
+    assert_fails(
+        &out,
+        77,
+        &crate::backends::password_refused(&server.endpoints(), "root"),
+    );
     assert!(
         !stderr_of(&out).contains("hunter-wrong-7"),
         "password leaked: {}",
         describe(&out)
+    );
+    assert!(!env.path("ran").exists());
+    // No user and password at all: said so, in other words.
+    let bare = format!("etcd://{}", server.endpoints());
+    let out = env.run(["run", "--url", &bare, "x", "touch", "ran"]);
+    assert_fails(
+        &out,
+        77,
+        &format!(
+            "{} wants a user and a password, and none was given: give the user in the URL",
+            server.endpoints()
+        ),
     );
     assert!(!env.path("ran").exists());
     // The right password (from DLOCK_PASSWORD) works.

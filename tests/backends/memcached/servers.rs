@@ -166,3 +166,14 @@ fn a_url_at_another_kind_of_server_names_what_answers_there() {
         );
     }
 }
+
+#[test]
+fn a_unix_socket_that_does_not_exist_is_named() {
+    let server = FileServer::start();
+    let env = TestEnv::new(&server);
+    let socket = env.path("no-memcached.sock");
+    let url = format!("memcached+unix://{}", socket.display());
+    let out = env.run(["run", "--url", &url, &lock_name("c"), "touch", "ran"]);
+    assert_fails(&out, 69, &crate::backends::no_socket(&socket));
+    assert!(!env.path("ran").exists());
+}

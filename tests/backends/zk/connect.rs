@@ -21,11 +21,20 @@ fn wrong_password_is_77() {
     let mut env = TestEnv::new(&server);
     env.url = format!("zk://u:wrong@127.0.0.1:{port}");
     let out = env.run(["run", &lock_name("z"), "true"]);
-    assert_fails(&out, 77, "refused access");
+    let endpoint = format!("127.0.0.1:{port}");
+    assert_fails(&out, 77, &crate::backends::password_refused(&endpoint, "u"));
     assert!(
         !stderr_of(&out).contains("wrong"),
         "password shown: {}",
         describe(&out)
+    );
+    // No user and password at all: said so, in other words.
+    env.url = format!("zk://127.0.0.1:{port}");
+    let out = env.run(["run", &lock_name("z"), "true"]);
+    assert_fails(
+        &out,
+        77,
+        &format!("{endpoint} wants a user and a password, and none was given"),
     );
     env.url = format!("zk://u:right@127.0.0.1:{port}");
     let out = env.run(["run", &lock_name("z"), "env"]);
