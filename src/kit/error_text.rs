@@ -22,6 +22,27 @@ pub fn io_words(err: &io::Error) -> String {
     }
 }
 
+/// `text` without Rust's ` (os error N)` after an operating-system error's words: "broken
+/// pipe (os error 32)" → "broken pipe".
+pub fn without_os_error_numbers(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    // Bounded: each round consumes at least the marker it found.
+    while let Some(at) = rest.find(" (os error ") {
+        let after = &rest[at + " (os error ".len()..];
+        let digits = after.chars().take_while(char::is_ascii_digit).count();
+        if digits > 0 && after[digits..].starts_with(')') {
+            out.push_str(&rest[..at]);
+            rest = &after[digits + 1..];
+        } else {
+            out.push_str(&rest[..at + 1]);
+            rest = &rest[at + 1..];
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
 /// `permission denied: the directory DIR is bob's (mode 755) and dlock runs as alice; …`:
 /// [`whose`] for a lock directory or file, and what to do.
 pub fn permission_denied(path: &Path) -> String {
@@ -124,6 +145,16 @@ mod tests {
         assert_eq!(io_words(&denied), "permission denied");
         let full = io::Error::from_raw_os_error(28);
         assert_eq!(io_words(&full), "no space left on device");
+        assert_eq!(
+            without_os_error_numbers(
+                "error connecting to server: Connection reset by peer (os error 104)"
+            ),
+            "error connecting to server: Connection reset by peer"
+        );
+        assert_eq!(
+            without_os_error_numbers("a (os error x) stays"),
+            "a (os error x) stays"
+        );
         let custom = io::Error::other("the server closed the connection");
         assert_eq!(io_words(&custom), "the server closed the connection");
     }

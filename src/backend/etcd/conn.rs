@@ -285,7 +285,10 @@ impl Conn {
             {
                 Error::Config(format!("cannot set up TLS for {display}: {text}"))
             }
-            _ => Error::Unavailable(format!("cannot reach {display}: {text}")),
+            _ => Error::Unavailable(format!(
+                "cannot reach {display}: {}",
+                crate::kit::error_text::without_os_error_numbers(&text)
+            )),
         }
     }
 }

@@ -82,7 +82,10 @@ impl Failure {
             {
                 crate::wording::connection_refused(display, &SERVER)
             }
-            Failure::Io(e) => Error::Unavailable(format!("cannot reach {display}: {e}")),
+            Failure::Io(e) => Error::Unavailable(format!(
+                "cannot reach {display}: {}",
+                crate::kit::error_text::io_words(&e)
+            )),
             Failure::Timeout(d) => {
                 Error::Unavailable(format!("{display} did not answer within {}", millis(d)))
             }

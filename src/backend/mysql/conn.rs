@@ -197,7 +197,8 @@ impl MysqlBackend {
                 database,
                 &format!(
                     " that user '{user}' may use: check the database in the URL \
-                     (mysql://HOST/DATABASE), or GRANT ALL ON `{database}`.* TO the user"
+                     (mysql://HOST/DATABASE), or give the user its privileges (GRANT ALL ON \
+                     `{database}`.* TO '{user}'@…)"
                 ),
             ),
             mysql_async::Error::Server(s) if s.code == 1049 => crate::wording::no_database(
@@ -601,7 +602,10 @@ pub(super) fn classify(e: &mysql_async::Error, display: &str) -> Error {
         mysql_async::Error::Io(mysql_async::IoError::Tls(_)) => tls_failure(e, display),
         _ if crate::error::caused_by_tls(e) => tls_failure(e, display),
         _ if crate::wording::refused_in(e) => crate::wording::connection_refused(display, &SERVER),
-        _ => Error::Unavailable(format!("cannot reach {display}: {text}")),
+        _ => Error::Unavailable(format!(
+            "cannot reach {display}: {}",
+            crate::kit::error_text::without_os_error_numbers(&text)
+        )),
     }
 }
 

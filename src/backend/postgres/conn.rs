@@ -411,5 +411,8 @@ pub(super) fn classify(e: &tokio_postgres::Error, display: &str) -> Error {
             "{display} wants a password; give it in the URL, DLOCK_PASSWORD, password_file or ~/.pgpass"
         ));
     }
-    Error::Unavailable(format!("cannot reach {display}: {text}"))
+    Error::Unavailable(format!(
+        "cannot reach {display}: {}",
+        crate::kit::error_text::without_os_error_numbers(&text)
+    ))
 }

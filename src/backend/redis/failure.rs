@@ -140,7 +140,10 @@ pub(super) fn classify(e: &RedisError, display: &str) -> Error {
         return Error::Config(format!("cannot set up the connection to {display}: {text}"));
     }
     if e.is_connection_refusal() || e.is_io_error() || e.is_timeout() || e.is_connection_dropped() {
-        return Error::Unavailable(format!("cannot reach {display}: {text}"));
+        return Error::Unavailable(format!(
+            "cannot reach {display}: {}",
+            crate::kit::error_text::without_os_error_numbers(&text)
+        ));
     }
     if e.kind() == ErrorKind::Parse || text.contains("Parse error") {
         return crate::wording::not_a(
