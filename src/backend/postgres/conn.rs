@@ -407,9 +407,12 @@ pub(super) fn classify(e: &tokio_postgres::Error, display: &str) -> Error {
         return Error::Config(format!("TLS with {display} failed: {text}"));
     }
     if text.contains("password missing") {
-        return Error::Permission(format!(
-            "{display} wants a password; give it in the URL, DLOCK_PASSWORD, password_file or ~/.pgpass"
-        ));
+        return crate::wording::password_missing(
+            &crate::wording::endpoint_of(display, SERVER.port),
+            // No user in the URL: libpq's default, the login name.
+            &crate::wording::user_in(display).map_or_else(crate::lock::user_name, str::to_owned),
+            &["~/.pgpass"],
+        );
     }
     Error::Unavailable(format!(
         "cannot reach {display}: {}",
