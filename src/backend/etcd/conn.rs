@@ -29,6 +29,9 @@ pub(super) struct Conn {
     urls: Vec<String>,
     /// The URL's hosts, asked what answers there when etcd's protocol failed.
     endpoints: Vec<(String, u16)>,
+    /// A call has been answered: the servers are etcd, and a later failure is an outage,
+    /// never a URL pointed at another kind of server.
+    answered: bool,
     index: usize,
     options: ConnectOptions,
     client: Option<Client>,
@@ -80,6 +83,7 @@ impl Conn {
         Ok(Conn {
             urls,
             endpoints: target.endpoints.clone(),
+            answered: false,
             index: 0,
             options,
             client: None,
@@ -137,7 +141,10 @@ impl Conn {
                 op(client).await
             };
             match tokio::time::timeout(left.min(ATTEMPT_TIMEOUT), step).await {
-                Ok(Ok(value)) => return Ok(value),
+                Ok(Ok(value)) => {
+                    self.answered = true;
+                    return Ok(value);
+                }
                 Ok(Err(e)) if is_transport(&e) => {
                     tracing::debug!(
                         "etcd endpoint {} failed: {e}",
@@ -183,7 +190,7 @@ impl Conn {
             etcd_client::Error::GRpcStatus(status) => crate::wording::refused_in(status),
             _ => crate::wording::refused_in(e),
         };
-        if self.tls || refused || left.is_zero() || !is_transport(e) {
+        if self.answered || self.tls || refused || left.is_zero() || !is_transport(e) {
             return None;
         }
         let (host, port) = self.endpoints.first()?;
