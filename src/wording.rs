@@ -550,6 +550,29 @@ mod tests {
     }
 
     #[test]
+    fn users_of_urls_and_where_passwords_go() {
+        assert_eq!(user_in("redis://app:***@h:1/0"), Some("app"));
+        assert_eq!(user_in("redis://:***@h:1/0"), None);
+        assert_eq!(user_in("zk://u@h/chroot"), Some("u"));
+        assert_eq!(user_in("etcd://h:2379"), None);
+        let missing = password_missing("h:1", "app", &["~/.pgpass"]).to_string();
+        assert_eq!(
+            missing,
+            "h:1 wants a password for user 'app', and none was given: give it in the URL, \
+             DLOCK_PASSWORD, password_file or ~/.pgpass"
+        );
+        let refused = password_refused("h:1", "app", &[]);
+        assert_eq!(refused.code(), crate::exit::Code::NoPermission);
+        assert!(refused
+            .to_string()
+            .ends_with("the URL, DLOCK_PASSWORD or password_file"));
+        assert_eq!(
+            no_database("h:1", "x", "").code(),
+            crate::exit::Code::Config
+        );
+    }
+
+    #[test]
     fn endpoints_of_urls() {
         assert_eq!(
             endpoint_of("redis://127.0.0.1:6380/0", 6379),
