@@ -61,12 +61,26 @@ impl Error {
     }
 
     /// Classify an I/O error on the lock directory or file: permission problems are 77,
-    /// everything else means the file cannot be created (73).
+    /// everything else means the file cannot be created (73). The error in words, without
+    /// its number.
     pub fn from_lock_io(what: String, err: &std::io::Error) -> Error {
-        let message = format!("{what}: {err}");
+        let message = format!("{what}: {}", crate::kit::error_text::io_words(err));
         match err.kind() {
             std::io::ErrorKind::PermissionDenied => Error::Permission(message),
             _ => Error::CantCreate(message),
+        }
+    }
+
+    /// [`Error::from_lock_io`] for `what` done to `path` ("cannot open lock file"): a refused
+    /// permission says whose the path is and what to do.
+    pub fn from_lock_io_at(what: &str, path: &std::path::Path, err: &std::io::Error) -> Error {
+        match err.kind() {
+            std::io::ErrorKind::PermissionDenied => Error::Permission(format!(
+                "{what} {}: {}",
+                path.display(),
+                crate::kit::error_text::permission_denied(path)
+            )),
+            _ => Error::from_lock_io(format!("{what} {}", path.display()), err),
         }
     }
 }

@@ -24,8 +24,10 @@ pub fn read_small_file(path: &Path, limit: u64) -> Result<String, String> {
         .read(true)
         .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
         .open(path)
-        .map_err(|e| e.to_string())?;
-    let meta = file.metadata().map_err(|e| e.to_string())?;
+        .map_err(|e| crate::kit::error_text::file_error(path, &e))?;
+    let meta = file
+        .metadata()
+        .map_err(|e| crate::kit::error_text::file_error(path, &e))?;
     let kind = meta.file_type();
     if !kind.is_file() {
         let what = if kind.is_dir() {
@@ -52,7 +54,7 @@ fn read_bounded(file: File, limit: u64) -> Result<String, String> {
     // One byte more than allowed tells a file that grew since fstat from one that fits.
     file.take(limit + 1)
         .read_to_end(&mut bytes)
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| crate::kit::error_text::io_words(&e))?;
     if bytes.len() as u64 > limit {
         return Err(too_large(limit));
     }

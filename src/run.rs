@@ -392,6 +392,7 @@ async fn supervise_command<L: Lease>(
     let child = spawned?;
     tracing::debug!(target: logging::HANDOFF, "spawned");
     let policy = supervise::Policy {
+        name: settings.name.to_string(),
         on_lost: settings.on_lost,
         kill_after: settings.kill_after,
         lease: settings
@@ -407,16 +408,14 @@ async fn supervise_command<L: Lease>(
     let command = exit::from_child(ending.status);
     match ending.lost {
         Some(lost) if settings.on_lost != OnLost::Ignore => {
-            say!(
-                "lock '{}' was lost while the command ran ({}){}",
-                settings.name,
-                lost.reason,
-                if ending.lost_after_end {
-                    ""
-                } else {
-                    "; the command was stopped"
-                }
-            );
+            // A loss seen while the command ran was told then (`supervise`), in one line.
+            if ending.lost_after_end {
+                say!(
+                    "lock '{}' was lost while the command ran ({})",
+                    settings.name,
+                    lost.reason
+                );
+            }
             Ok(Ran {
                 status: Outcome::Lost,
                 command,

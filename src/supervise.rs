@@ -53,6 +53,8 @@ use crate::signals::{self, Signals};
 /// How to treat the command.
 #[derive(Clone, Debug)]
 pub struct Policy {
+    /// The lock's name, for the line that tells of its loss.
+    pub name: String,
     pub on_lost: OnLost,
     pub kill_after: Duration,
     /// The lock's name and TTL when its hold is a lease that dlock must keep renewing (not
@@ -301,9 +303,14 @@ pub async fn supervise<L: Lease>(
             }
             gone = lease.lost(), if lost.is_none() => {
                 crate::lock::loss_reported();
+                // The one line that tells of the loss, when it happens.
+                let was_lost = format!(
+                    "lock '{}' was lost while the command ran ({})",
+                    policy.name, gone.reason
+                );
                 match policy.on_lost {
                     OnLost::Term => {
-                        tracing::warn!("{}; stopping the command (SIGTERM)", gone.reason);
+                        say!("{was_lost}; stopping the command (SIGTERM)");
                         child.signal_group(libc::SIGTERM);
                         let mut deadline = BootInstant::now() + policy.kill_after;
                         if let Some(kill_by) = gone.kill_by {
@@ -312,11 +319,11 @@ pub async fn supervise<L: Lease>(
                         kill_at = earliest(kill_at, deadline);
                     }
                     OnLost::Kill => {
-                        tracing::warn!("{}; killing the command (SIGKILL)", gone.reason);
+                        say!("{was_lost}; killing the command (SIGKILL)");
                         child.signal_group(libc::SIGKILL);
                     }
                     OnLost::Ignore => {
-                        tracing::warn!("{}; the command keeps running without the lock (--on-lost ignore)", gone.reason);
+                        say!("{was_lost}; the command keeps running without the lock (--on-lost ignore)");
                     }
                 }
                 lost = Some(gone);
@@ -446,6 +453,7 @@ mod tests {
             ready,
         };
         let policy = Policy {
+            name: "x".into(),
             on_lost: OnLost::Term,
             kill_after: Duration::from_secs(60),
             lease: None,
@@ -482,6 +490,7 @@ mod tests {
             ready,
         };
         let policy = Policy {
+            name: "x".into(),
             on_lost: OnLost::Kill,
             kill_after: Duration::from_secs(60),
             lease: None,

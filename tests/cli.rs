@@ -1420,3 +1420,37 @@ fn the_outcome_record_names_the_command_masked() {
     assert!(!lines[0].to_string().contains("hunter2"), "{}", lines[0]);
     assert!(lines[1].get("command").is_none(), "{}", lines[1]);
 }
+
+/// A config file dlock may not read is said in words (never "os error 13"), naming whose it
+/// is.
+#[test]
+fn a_config_file_dlock_may_not_read_names_whose_it_is() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    const USER: u32 = 424_246;
+    let (_server, env) = file_env();
+    std::fs::set_permissions(env.scratch.path(), std::fs::Permissions::from_mode(0o711))
+        .expect("chmod");
+    let config = env.path("private.toml");
+    std::fs::write(&config, "").expect("write the config file");
+    std::fs::set_permissions(&config, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let mut command = env.dlock([
+        "--config",
+        &config.display().to_string(),
+        "run",
+        "x",
+        "true",
+    ]);
+    command.uid(USER).current_dir("/");
+    let out = output_within(command, PATIENCE);
+    assert_fails(
+        &out,
+        78,
+        &format!(
+            "cannot read config file {0}: permission denied: the file {0} is root's (mode 600) \
+             and dlock runs as uid {USER}",
+            config.display()
+        ),
+    );
+    assert!(!stderr_of(&out).contains("os error"), "{}", describe(&out));
+}

@@ -115,8 +115,9 @@ impl LockDir {
                 .mode(0o700)
                 .create(base)
             {
-                return Err(Error::from_lock_io(
-                    format!("cannot create lock directory {}", base.display()),
+                return Err(Error::from_lock_io_at(
+                    "cannot create lock directory",
+                    base,
                     &err,
                 ));
             }
@@ -138,9 +139,10 @@ impl LockDir {
             match nix::sys::stat::mkdirat(&fd, sub, Mode::from_bits_truncate(0o700)) {
                 Ok(()) | Err(Errno::EEXIST) => {}
                 Err(e) => {
-                    return Err(Error::from_lock_io(
-                        format!("cannot create lock directory {}", path.display()),
-                        &e.into(),
+                    return Err(Error::from_lock_io_at(
+                        "cannot create lock directory",
+                        &path,
+                        &std::io::Error::from(e),
                     ))
                 }
             }
@@ -158,9 +160,10 @@ impl LockDir {
                 )));
             }
             Err(e) => {
-                return Err(Error::from_lock_io(
-                    format!("cannot open lock directory {}", path.display()),
-                    &e.into(),
+                return Err(Error::from_lock_io_at(
+                    "cannot open lock directory",
+                    &path,
+                    &std::io::Error::from(e),
                 ))
             }
         };
@@ -228,9 +231,10 @@ impl LockDir {
                     }
                     self.check_trusted(&stat, &path)?;
                 }
-                return Err(Error::from_lock_io(
-                    format!("cannot open lock file {}", path.display()),
-                    &e.into(),
+                return Err(Error::from_lock_io_at(
+                    "cannot open lock file",
+                    &path,
+                    &std::io::Error::from(e),
                 ));
             }
         };
@@ -245,9 +249,10 @@ impl LockDir {
             nix::fcntl::fcntl(&fd, FcntlArg::F_SETFL(flags))
         });
         if let Err(e) = cleared {
-            return Err(Error::from_lock_io(
-                format!("cannot set up {}", path.display()),
-                &e.into(),
+            return Err(Error::from_lock_io_at(
+                "cannot set up",
+                &path,
+                &std::io::Error::from(e),
             ));
         }
         Ok(Some(File::from(fd)))
@@ -309,7 +314,7 @@ impl LockDir {
         // since; the path is only a fallback (names alone cannot redirect anything).
         let entries = std::fs::read_dir(format!("/proc/self/fd/{}", self.fd.as_raw_fd()))
             .or_else(|_| std::fs::read_dir(&self.path))
-            .map_err(|e| Error::from_lock_io(format!("cannot read {}", self.path.display()), &e))?;
+            .map_err(|e| Error::from_lock_io_at("cannot read", &self.path, &e))?;
         Ok(entries
             .filter_map(|e| e.ok())
             .filter_map(|e| e.file_name().into_string().ok())
@@ -366,9 +371,10 @@ fn open_base(base: &Path, private: bool) -> Result<Option<OwnedFd>, Error> {
             "refusing to use lock directory {}: {e}",
             base.display()
         ))),
-        Err(e) => Err(Error::from_lock_io(
-            format!("cannot open lock directory {}", base.display()),
-            &e.into(),
+        Err(e) => Err(Error::from_lock_io_at(
+            "cannot open lock directory",
+            base,
+            &std::io::Error::from(e),
         )),
     }
 }
@@ -434,8 +440,7 @@ fn writable_by_others(stat: &FileStat) -> bool {
 }
 
 fn fstat(fd: &OwnedFd, path: &Path) -> Result<FileStat, Error> {
-    nix::sys::stat::fstat(fd)
-        .map_err(|e| Error::from_lock_io(format!("cannot inspect {}", path.display()), &e.into()))
+    nix::sys::stat::fstat(fd).map_err(|e| Error::from_lock_io_at("cannot inspect", path, &e.into()))
 }
 
 fn file_type(stat: &FileStat) -> SFlag {

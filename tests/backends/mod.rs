@@ -1,6 +1,9 @@
 //! What is particular to each backend, beside the contract every backend passes
 //! (`crate::contract`): one module per backend, each invoking `contract_tests!` with its test
-//! server from `crate::support`.
+//! server from `crate::support`. The words every backend shares for what goes wrong in
+//! reaching a server are here once: a server of another kind at the URL
+//! ([`assert_names_the_server_there`]), a password missing or refused, a database the server
+//! does not have, a Unix socket that does not exist.
 
 mod etcd;
 mod file;
@@ -11,3 +14,63 @@ mod redis;
 mod redis_cluster;
 mod redis_sentinel;
 mod zk;
+
+use crate::support::*;
+
+/// dlock pointed (`url`) at a server of another kind: 69 at once, in one line that names what
+/// answered there (`ours`: "a Redis server", `theirs`: "a PostgreSQL server"), as it does on
+/// every backend, and the command never runs.
+pub fn assert_names_the_server_there(url: &str, ours: &str, theirs: &str) {
+    let file = FileServer::start();
+    let env = TestEnv::new(&file);
+    let out = env.run([
+        "run",
+        "--wait",
+        "60s",
+        "--url",
+        url,
+        &lock_name("o"),
+        "touch",
+        "ran",
+    ]);
+    assert_fails(
+        &out,
+        69,
+        &format!(
+            "does not look like {ours} (it answers like {theirs}); check the URL's host and port"
+        ),
+    );
+    assert_eq!(
+        stderr_of(&out).lines().count(),
+        1,
+        "more than one line: {}",
+        describe(&out)
+    );
+    assert!(!env.path("ran").exists(), "the command ran");
+}
+
+/// What dlock says when `endpoint` wants a password for `user` and none was given (77).
+pub fn password_missing(endpoint: &str, user: &str) -> String {
+    format!(
+        "{endpoint} wants a password for user '{user}', and none was given: give it in \
+         the URL, DLOCK_PASSWORD"
+    )
+}
+
+/// What dlock says when `endpoint` refused `user` with the password given (77).
+pub fn password_refused(endpoint: &str, user: &str) -> String {
+    format!(
+        "{endpoint} refused user '{user}' with the password given: check the user, and \
+         the password in the URL, DLOCK_PASSWORD"
+    )
+}
+
+/// What dlock says when the URL names a database `endpoint` does not have (78).
+pub fn no_database(endpoint: &str, name: &str) -> String {
+    format!("{endpoint} has no database '{name}'")
+}
+
+/// What dlock says when a Unix socket URL's `path` does not exist (69).
+pub fn no_socket(path: &std::path::Path) -> String {
+    format!("cannot connect to {}: no such socket", path.display())
+}

@@ -224,8 +224,14 @@ pub fn a_lost_lock_is_reported_once(server: &dyn LockServer) {
     assert_eq!(status.code(), Some(124));
     let stderr = holding.stderr();
     assert!(
-        stderr.contains("was lost while the command ran"),
+        stderr.contains(&format!("lock '{lock}' was lost while the command ran")),
         "no loss message: {stderr}"
+    );
+    // One line, as the moment of the loss is: not a warning then and a summary at the end.
+    assert_eq!(
+        stderr.lines().filter(|l| l.contains("the command")).count(),
+        1,
+        "the loss is told in more than one line: {stderr}"
     );
     for repeated in [
         "already expired or been removed",

@@ -27,6 +27,11 @@ const ATTEMPT_TIMEOUT: Duration = Duration::from_secs(2);
 #[derive(Clone)]
 pub(super) struct Conn {
     urls: Vec<String>,
+    /// The URL's hosts, asked what answers there when etcd's protocol failed.
+    endpoints: Vec<(String, u16)>,
+    /// A call has been answered: the servers are etcd, and a later failure is an outage,
+    /// never a URL pointed at another kind of server.
+    answered: bool,
     index: usize,
     options: ConnectOptions,
     client: Option<Client>,
@@ -77,6 +82,8 @@ impl Conn {
         }
         Ok(Conn {
             urls,
+            endpoints: target.endpoints.clone(),
+            answered: false,
             index: 0,
             options,
             client: None,
@@ -134,7 +141,10 @@ impl Conn {
                 op(client).await
             };
             match tokio::time::timeout(left.min(ATTEMPT_TIMEOUT), step).await {
-                Ok(Ok(value)) => return Ok(value),
+                Ok(Ok(value)) => {
+                    self.answered = true;
+                    return Ok(value);
+                }
                 Ok(Err(e)) if is_transport(&e) => {
                     tracing::debug!(
                         "etcd endpoint {} failed: {e}",
@@ -154,9 +164,42 @@ impl Conn {
             }
         }
         Err(match last {
-            Failure::Etcd(e) => self.classify(&e),
+            Failure::Etcd(e) => match self.not_etcd(&e, deadline.remaining()).await {
+                Some(other) => other,
+                None => self.classify(&e),
+            },
             Failure::Timeout => crate::wording::no_answer_in(&self.display, budget),
         })
+    }
+
+    /// The URL's endpoints, for messages: `HOST:PORT[,HOST:PORT…]`.
+    fn endpoint(&self) -> String {
+        self.endpoints
+            .iter()
+            .map(|(host, port)| join_host_port(host, *port))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// Every endpoint failed at the transport, the way a server of another kind makes an
+    /// HTTP/2 client fail (the connection closed or reset at the preface, bytes that are no
+    /// HTTP/2 frame): when another kind of server answers at the first endpoint, that is the
+    /// message. `left`: what is left of the call's budget for asking.
+    async fn not_etcd(&self, e: &etcd_client::Error, left: Duration) -> Option<Error> {
+        let refused = match e {
+            etcd_client::Error::GRpcStatus(status) => crate::wording::refused_in(status),
+            _ => crate::wording::refused_in(e),
+        };
+        if self.answered || self.tls || refused || left.is_zero() || !is_transport(e) {
+            return None;
+        }
+        let (host, port) = self.endpoints.first()?;
+        let what = crate::sniff::other_than(host, *port, left, "an etcd server").await?;
+        Some(crate::wording::not_a(
+            &join_host_port(host, *port),
+            &SERVER,
+            &format!("it answers like {what}"),
+        ))
     }
 
     /// Map an etcd-client error to dlock's error kinds (exit statuses).
@@ -201,9 +244,18 @@ impl Conn {
                 let message = status.message();
                 match status.code() {
                     Code::InvalidArgument | Code::Unauthenticated
-                        if message.contains("authentication failed")
-                            || message.contains("user name is empty")
-                            || message.contains("auth token") =>
+                        if message.contains("user name is empty") =>
+                    {
+                        crate::wording::password_missing(&self.endpoint(), "", &[])
+                    }
+                    Code::InvalidArgument | Code::Unauthenticated
+                        if message.contains("authentication failed") =>
+                    {
+                        let user = crate::wording::user_in(display).unwrap_or_default();
+                        crate::wording::password_refused(&self.endpoint(), user, &[])
+                    }
+                    Code::InvalidArgument | Code::Unauthenticated
+                        if message.contains("auth token") =>
                     {
                         Error::Permission(format!(
                             "{display} refused authentication: {message} (user in the URL, password in the URL, \
@@ -240,7 +292,10 @@ impl Conn {
             {
                 Error::Config(format!("cannot set up TLS for {display}: {text}"))
             }
-            _ => Error::Unavailable(format!("cannot reach {display}: {text}")),
+            _ => Error::Unavailable(format!(
+                "cannot reach {display}: {}",
+                crate::kit::error_text::without_os_error_numbers(&text)
+            )),
         }
     }
 }

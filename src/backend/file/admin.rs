@@ -149,10 +149,8 @@ pub(super) fn check(backend: &FileBackend) -> Result<CheckReport, Error> {
     let locked = flock(&file, libc::LOCK_EX | libc::LOCK_NB);
     let removed = dir.remove(&probe);
     drop(file);
-    locked
-        .map_err(|e| Error::from_lock_io(format!("cannot flock {}", probe_path.display()), &e))?;
-    removed
-        .map_err(|e| Error::from_lock_io(format!("cannot remove {}", probe_path.display()), &e))?;
+    locked.map_err(|e| Error::from_lock_io_at("cannot flock", &probe_path, &e))?;
+    removed.map_err(|e| Error::from_lock_io_at("cannot remove", &probe_path, &e))?;
     let round_trip = BootInstant::now().saturating_since(started);
     let mut warnings = Vec::new();
     let fs_type = dir.statfs().map(|s| s.filesystem_type());

@@ -148,8 +148,7 @@ impl Lease for FileLease {
         let mut body =
             serde_json::to_string(&record).map_err(|e| Error::Internal(e.to_string()))?;
         body.push('\n');
-        let io_err =
-            |e: io::Error| Error::from_lock_io(format!("cannot write {}", self.path.display()), &e);
+        let io_err = |e: io::Error| Error::from_lock_io_at("cannot write", &self.path, &e);
         // A shared holder's record is in its own file, behind the same kind of header, or
         // nowhere.
         let file = match (&self.reader, self.shared) {

@@ -221,8 +221,9 @@ fn try_slots(dir: &LockDir, stem: &str, limit: u32) -> Result<Attempt, Error> {
                 files.push((slot, file, file_name))
             }
             Err(e) => {
-                return Err(Error::from_lock_io(
-                    format!("cannot lock {}", dir.path_of(&file_name).display()),
+                return Err(Error::from_lock_io_at(
+                    "cannot lock",
+                    &dir.path_of(&file_name),
                     &e,
                 ))
             }
@@ -317,10 +318,7 @@ async fn acquire_shared(
 
 /// Whether a locked lock file is still the one in the directory could not be told.
 fn cannot_inspect(dir: &LockDir, file_name: &str, e: &std::io::Error) -> Error {
-    Error::from_lock_io(
-        format!("cannot inspect {}", dir.path_of(file_name).display()),
-        e,
-    )
+    Error::from_lock_io_at("cannot inspect", &dir.path_of(file_name), e)
 }
 
 /// The lock file was replaced under every attempt to lock it.
@@ -371,8 +369,9 @@ async fn wait_on(
         Ok(()) => return Ok(Some(file)),
         Err(e) if e.raw_os_error() == Some(libc::EWOULDBLOCK) => {}
         Err(e) => {
-            return Err(Error::from_lock_io(
-                format!("cannot lock {}", dir.path_of(file_name).display()),
+            return Err(Error::from_lock_io_at(
+                "cannot lock",
+                &dir.path_of(file_name),
                 &e,
             ))
         }
@@ -430,9 +429,7 @@ fn start_shared_hold(
     file_name: &str,
 ) -> Result<FileLease, Error> {
     let path = dir.path_of(file_name);
-    let io_err = |what: &str, path: &Path, e: io::Error| {
-        Error::from_lock_io(format!("{what} {}", path.display()), &e)
-    };
+    let io_err = |what: &str, path: &Path, e: io::Error| Error::from_lock_io_at(what, path, &e);
     header_lock(&file, true).map_err(|e| io_err("cannot lock the header of", &path, e))?;
     let held = check_limits(&dir, request, stem, Some(0))
         .and_then(|()| slot::next_token(&file, &path))
@@ -511,8 +508,7 @@ fn start_hold(
     file_name: &str,
 ) -> Result<FileLease, Error> {
     let path = dir.path_of(file_name);
-    let io_err =
-        |what: &str, e: io::Error| Error::from_lock_io(format!("{what} {}", path.display()), &e);
+    let io_err = |what: &str, e: io::Error| Error::from_lock_io_at(what, &path, &e);
     // The fencing counter lives in slot 0's header, guarded by an OFD lock on it.
     let counter_name = slot_file_name(stem, 0);
     let counter_file = if slot == 0 {

@@ -129,8 +129,9 @@ pub(super) fn next_token(counter: &File, path: &Path) -> Result<u64, Error> {
             Ok(n) => read += n,
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => {
-                return Err(Error::from_lock_io(
-                    format!("cannot read the fencing counter in {}", path.display()),
+                return Err(Error::from_lock_io_at(
+                    "cannot read the fencing counter in",
+                    path,
                     &e,
                 ))
             }

@@ -50,6 +50,8 @@ pub(super) enum Failure {
     BinaryOnly,
     /// The server requires authentication (`-Y` or SASL).
     Unauthenticated,
+    /// Another kind of server answers at the address ("a Redis server").
+    NotMemcached(&'static str),
 }
 
 impl Failure {
@@ -60,6 +62,7 @@ impl Failure {
             Failure::Protocol(text) => text.clone(),
             Failure::BinaryOnly => "the server speaks only the binary protocol".into(),
             Failure::Unauthenticated => "the server requires authentication".into(),
+            Failure::NotMemcached(what) => format!("it answers like {what}"),
         }
     }
 
@@ -71,10 +74,18 @@ impl Failure {
 
     pub(super) fn into_error(self, display: &str) -> Error {
         match self {
-            Failure::Io(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+            Failure::Io(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::ConnectionRefused | std::io::ErrorKind::NotFound
+                ) =>
+            {
                 crate::wording::connection_refused(display, &SERVER)
             }
-            Failure::Io(e) => Error::Unavailable(format!("cannot reach {display}: {e}")),
+            Failure::Io(e) => Error::Unavailable(format!(
+                "cannot reach {display}: {}",
+                crate::kit::error_text::io_words(&e)
+            )),
             Failure::Timeout(d) => {
                 Error::Unavailable(format!("{display} did not answer within {}", millis(d)))
             }
@@ -82,6 +93,9 @@ impl Failure {
                 "{display} speaks only the binary protocol (memcached -B binary); dlock needs \
                  the text/meta protocol (-B ascii or -B auto, the default)"
             )),
+            Failure::NotMemcached(what) => {
+                crate::wording::not_a(display, &SERVER, &format!("it answers like {what}"))
+            }
             Failure::Unauthenticated => Error::Permission(format!(
                 "{display} requires authentication (memcached -Y or -S), and dlock does not \
                  send memcached credentials; use a server without authentication that only \
@@ -401,15 +415,44 @@ impl Conn {
                 if speaks_binary(&self.addr).await {
                     Err(Failure::BinaryOnly)
                 } else {
-                    Err(Failure::Io(e))
+                    Err(self.explained(Failure::Io(e)).await)
                 }
             }
+            Err(failure) if fresh => Err(self.explained(failure).await),
             other => other,
         };
         if result.is_err() {
             self.reset();
         }
         result
+    }
+
+    /// The first exchange on a connection failed the way a server of another kind makes it
+    /// fail (closed or reset at once, an answer memcached never gives): when another kind of
+    /// server answers at the address, that is the failure.
+    async fn explained(&self, failure: Failure) -> Failure {
+        let confused = match &failure {
+            Failure::Io(e) => e.kind() != std::io::ErrorKind::ConnectionRefused,
+            Failure::Protocol(_) => true,
+            _ => false,
+        };
+        let McAddr::Tcp { host, port } = &self.addr else {
+            return failure;
+        };
+        if !confused {
+            return failure;
+        }
+        match crate::sniff::other_than(
+            host,
+            *port,
+            crate::sniff::AFTER_FAILURE,
+            "a memcached server",
+        )
+        .await
+        {
+            Some(what) => Failure::NotMemcached(what),
+            None => failure,
+        }
     }
 
     /// One meta reply (with its value for `VA`); error lines are failures.

@@ -85,13 +85,13 @@ impl MysqlBackend {
                 let name = certified_name(&e);
                 attempt(true, name)
                     .await?
-                    .map_err(|e| classify(&e, &self.display))?
+                    .map_err(|e| self.connect_error(&e))?
             }
             Err(e) if tls && self.target.ssl_mode == SslMode::Preferred && no_tls(&e) => {
                 // PREFERRED: the server offers no TLS, so plaintext (as the mysql client does).
                 attempt(false, None)
                     .await?
-                    .map_err(|e| classify(&e, &self.display))?
+                    .map_err(|e| self.connect_error(&e))?
             }
             Err(e) if no_tls(&e) => {
                 return Err(Error::Config(crate::wording::no_tls_handshake(
@@ -116,10 +116,16 @@ impl MysqlBackend {
                         let _ = tokio::time::timeout(OP_TIMEOUT, conn.disconnect()).await;
                         return Err(self.plaintext_refused());
                     }
-                    _ => return Err(classify(&e, &self.display)),
+                    _ => return Err(self.connect_error(&e)),
                 }
             }
-            Err(e) => return Err(classify(&e, &self.display)),
+            Err(e) => {
+                let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                return Err(match self.not_mysql(&e, left).await {
+                    Some(other) => other,
+                    None => self.connect_error(&e),
+                });
+            }
         };
         Ok(Session {
             id: u64::from(conn.id()),
@@ -155,6 +161,80 @@ impl MysqlBackend {
             return None;
         };
         crate::sniff::other_server(host, *port, deadline, "a MySQL server").await
+    }
+
+    /// A failed connection, in the words every backend uses for passwords, databases and
+    /// sockets; the rest as [`classify`] says.
+    fn connect_error(&self, e: &mysql_async::Error) -> Error {
+        let endpoint = self.target.host.to_string();
+        let user = self
+            .target
+            .user
+            .clone()
+            .unwrap_or_else(crate::lock::user_name);
+        let database = self.target.database.as_deref().unwrap_or_default();
+        match e {
+            mysql_async::Error::Server(s) if s.code == 1045 => {
+                let refused = if s.message.contains("using password: NO") {
+                    crate::wording::password_missing(&endpoint, &user, &[])
+                } else {
+                    crate::wording::password_refused(&endpoint, &user, &[])
+                };
+                if self.wants_tls() && self.target.tls_files.cert_file.is_none() {
+                    // An account that REQUIRE X509 / SUBJECT / ISSUER is refused the same way.
+                    Error::Permission(format!(
+                        "{refused}, or the account wants a client certificate (ssl-cert and \
+                         ssl-key)"
+                    ))
+                } else {
+                    refused
+                }
+            }
+            // MariaDB and MySQL say "access denied" for a database that does not exist as
+            // for one the user may not use, so as not to tell which exist.
+            mysql_async::Error::Server(s) if s.code == 1044 => crate::wording::no_database(
+                &endpoint,
+                database,
+                &format!(
+                    " that user '{user}' may use: check the database in the URL \
+                     (mysql://HOST/DATABASE), or give the user its privileges (GRANT ALL ON \
+                     `{database}`.* TO '{user}'@…)"
+                ),
+            ),
+            mysql_async::Error::Server(s) if s.code == 1049 => crate::wording::no_database(
+                &endpoint,
+                database,
+                ": check the database in the URL (mysql://HOST/DATABASE)",
+            ),
+            _ if matches!(self.target.host, MysqlHost::Unix(_))
+                && crate::wording::not_found_in(e) =>
+            {
+                crate::wording::no_socket(&endpoint, &SERVER)
+            }
+            _ => classify(e, &self.display),
+        }
+    }
+
+    /// Connecting failed without a word from MySQL (the connection closed, an answer that
+    /// is no MySQL packet): when another kind of server answers at our TCP address, that is
+    /// the message. `left`: what is left of the budget for asking.
+    async fn not_mysql(&self, e: &mysql_async::Error, left: Duration) -> Option<Error> {
+        let MysqlHost::Tcp { host, port } = &self.target.host else {
+            return None;
+        };
+        if matches!(e, mysql_async::Error::Server(_))
+            || crate::wording::refused_in(e)
+            || crate::error::caused_by_tls(e)
+            || left.is_zero()
+        {
+            return None;
+        }
+        let what = crate::sniff::other_than(host, *port, left, "a MySQL server").await?;
+        Some(crate::wording::not_a(
+            &crate::kit::url::join_host_port(host, *port),
+            &SERVER,
+            &format!("it answers like {what}"),
+        ))
     }
 
     fn no_answer(&self, limit: Duration) -> Error {
@@ -522,7 +602,10 @@ pub(super) fn classify(e: &mysql_async::Error, display: &str) -> Error {
         mysql_async::Error::Io(mysql_async::IoError::Tls(_)) => tls_failure(e, display),
         _ if crate::error::caused_by_tls(e) => tls_failure(e, display),
         _ if crate::wording::refused_in(e) => crate::wording::connection_refused(display, &SERVER),
-        _ => Error::Unavailable(format!("cannot reach {display}: {text}")),
+        _ => Error::Unavailable(format!(
+            "cannot reach {display}: {}",
+            crate::kit::error_text::without_os_error_numbers(&text)
+        )),
     }
 }
 

@@ -75,6 +75,65 @@ impl PgBackend {
         crate::sniff::other_server(host, port, deadline, "a PostgreSQL server").await
     }
 
+    /// Where the first host is, for messages: `HOST:PORT`, or the socket's path.
+    fn endpoint(&self) -> String {
+        match self.target.hosts.first() {
+            Some(PgHost::Tcp { host, port }) => crate::kit::url::join_host_port(host, *port),
+            Some(PgHost::Unix { dir, port }) => {
+                dir.join(format!(".s.PGSQL.{port}")).display().to_string()
+            }
+            None => self.display.clone(),
+        }
+    }
+
+    /// A failed connection, in the words every backend uses for passwords, databases and
+    /// sockets; the rest as [`classify`] says.
+    fn connect_error(&self, e: &tokio_postgres::Error) -> Error {
+        let endpoint = self.endpoint();
+        let user = self.target.user();
+        let code = e.as_db_error().map(|db| db.code().code());
+        if code == Some("28P01") {
+            return crate::wording::password_refused(&endpoint, &user, &["~/.pgpass"]);
+        }
+        if code == Some("3D000") {
+            return crate::wording::no_database(
+                &endpoint,
+                &self.target.dbname(),
+                ": check the database in the URL (the path, or dbname=)",
+            );
+        }
+        if describe(e).contains("password missing") {
+            return crate::wording::password_missing(&endpoint, &user, &["~/.pgpass"]);
+        }
+        if crate::wording::not_found_in(e) && endpoint.starts_with('/') {
+            return crate::wording::no_socket(&endpoint, &SERVER);
+        }
+        classify(e, &self.display)
+    }
+
+    /// Connecting failed without a word from PostgreSQL (the connection closed, or an
+    /// answer that is no PostgreSQL message): when another kind of server answers at the
+    /// first TCP host, that is the message. `left`: what is left of the budget for asking.
+    async fn not_postgres(&self, e: &tokio_postgres::Error, left: Duration) -> Option<Error> {
+        if e.as_db_error().is_some()
+            || crate::wording::refused_in(e)
+            || crate::error::caused_by_tls(e)
+            || left.is_zero()
+        {
+            return None;
+        }
+        let (host, port) = self.target.hosts.iter().find_map(|h| match h {
+            PgHost::Tcp { host, port } => Some((host, *port)),
+            PgHost::Unix { .. } => None,
+        })?;
+        let what = crate::sniff::other_than(host, port, left, "a PostgreSQL server").await?;
+        Some(crate::wording::not_a(
+            &crate::kit::url::join_host_port(host, port),
+            &SERVER,
+            &format!("it answers like {what}"),
+        ))
+    }
+
     async fn connect_with(
         &self,
         tls: &MakeRustlsConnect,
@@ -110,7 +169,13 @@ impl PgBackend {
                     None => crate::wording::no_answer_in(&self.display, budget),
                 })
             }
-            Ok(Err(e)) => return Err(classify(&e, &self.display)),
+            Ok(Err(e)) => {
+                let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                return Err(match self.not_postgres(&e, left).await {
+                    Some(other) => other,
+                    None => self.connect_error(&e),
+                });
+            }
             Ok(Ok(pair)) => pair,
         };
         let version = connection
@@ -342,9 +407,15 @@ pub(super) fn classify(e: &tokio_postgres::Error, display: &str) -> Error {
         return Error::Config(format!("TLS with {display} failed: {text}"));
     }
     if text.contains("password missing") {
-        return Error::Permission(format!(
-            "{display} wants a password; give it in the URL, DLOCK_PASSWORD, password_file or ~/.pgpass"
-        ));
+        return crate::wording::password_missing(
+            &crate::wording::endpoint_of(display, SERVER.port),
+            // No user in the URL: libpq's default, the login name.
+            &crate::wording::user_in(display).map_or_else(crate::lock::user_name, str::to_owned),
+            &["~/.pgpass"],
+        );
     }
-    Error::Unavailable(format!("cannot reach {display}: {text}"))
+    Error::Unavailable(format!(
+        "cannot reach {display}: {}",
+        crate::kit::error_text::without_os_error_numbers(&text)
+    ))
 }

@@ -90,6 +90,9 @@ pub(super) struct Conn {
     /// Why the current call is waiting for the cluster to settle (reported if time runs out).
     pub(super) settling: Option<RedisError>,
     dirty: bool,
+    /// A call has been answered: the server is Redis, and a later failure is an outage or a
+    /// restart, never a URL pointed at another kind of server.
+    answered: bool,
     /// When the current call last sent its request (a redirected or settling call sends it
     /// more than once): its reply describes the server after this instant.
     pub(super) last_send: Option<BootInstant>,
@@ -131,6 +134,7 @@ impl Conn {
             seeds_checked: false,
             settling: None,
             dirty: false,
+            answered: false,
             last_send: None,
             sentinel: Locator::new(target, display)?,
         })
@@ -330,6 +334,7 @@ impl Conn {
         match outcome {
             Ok(Ok(value)) => {
                 self.dirty = false;
+                self.answered = true;
                 Ok(value)
             }
             Ok(Err(failure)) => {
@@ -413,6 +418,36 @@ impl Conn {
         self.call::<Option<(String, String)>>(request, block + OP_TIMEOUT)
             .await
             .map(|popped| popped.is_some())
+    }
+}
+
+impl Conn {
+    /// A call that failed the way a server of another kind makes a Redis client fail (the
+    /// connection closed or reset at the first command, an answer that is not Redis's):
+    /// when another kind of server answers at the node's address, that is the message.
+    /// `left`: what is left of the call's budget for asking.
+    pub(super) async fn not_redis(&self, failure: &Failure, left: Duration) -> Option<Error> {
+        let Failure::Redis(e) = failure else {
+            return None;
+        };
+        let confused = e.kind() == ErrorKind::Parse
+            || e.is_connection_dropped()
+            || (e.is_io_error() && !e.is_timeout() && !e.is_connection_refusal());
+        if !confused
+            || self.answered
+            || self.sentinel.is_some()
+            || left.is_zero()
+            || crate::wording::refused_in(e)
+        {
+            return None;
+        }
+        let (host, port) = self.nodes.get(self.home)?.addr.as_ref()?;
+        let what = crate::sniff::other_than(host, *port, left, "a Redis server").await?;
+        Some(crate::wording::not_a(
+            &crate::kit::url::join_host_port(host, *port),
+            &super::failure::SERVER,
+            &format!("it answers like {what}"),
+        ))
     }
 }
 

@@ -87,15 +87,19 @@ pub(super) fn classify(e: &RedisError, display: &str) -> Error {
     }
     // A server that wants a password closes unauthenticated connections that send scripts
     // ("Protocol error: unauthenticated multibulk length").
-    if e.kind() == ErrorKind::AuthenticationFailed
-        || code == "NOAUTH"
-        || code == "WRONGPASS"
-        || text.contains("unauthenticated")
-    {
+    let endpoint = crate::wording::endpoint_of(display, server_of(display).port);
+    let user = crate::wording::user_in(display).unwrap_or("default");
+    if text.contains("without any password configured") {
         return Error::Permission(format!(
-            "{display} refused authentication: wrong user or password, a missing password, or a password \
-             where none is set (give it in the URL, DLOCK_PASSWORD or password_file)"
+            "{endpoint} has no password set for user '{user}', and one was given: remove it from \
+             the URL, DLOCK_PASSWORD or password_file"
         ));
+    }
+    if code == "NOAUTH" || text.contains("unauthenticated") {
+        return crate::wording::password_missing(&endpoint, user, &[]);
+    }
+    if e.kind() == ErrorKind::AuthenticationFailed || code == "WRONGPASS" {
+        return crate::wording::password_refused(&endpoint, user, &[]);
     }
     if code == "NOPERM"
         || detail.starts_with("The user executing the script can't")
@@ -136,7 +140,10 @@ pub(super) fn classify(e: &RedisError, display: &str) -> Error {
         return Error::Config(format!("cannot set up the connection to {display}: {text}"));
     }
     if e.is_connection_refusal() || e.is_io_error() || e.is_timeout() || e.is_connection_dropped() {
-        return Error::Unavailable(format!("cannot reach {display}: {text}"));
+        return Error::Unavailable(format!(
+            "cannot reach {display}: {}",
+            crate::kit::error_text::without_os_error_numbers(&text)
+        ));
     }
     if e.kind() == ErrorKind::Parse || text.contains("Parse error") {
         return crate::wording::not_a(
@@ -146,14 +153,33 @@ pub(super) fn classify(e: &RedisError, display: &str) -> Error {
         );
     }
     if text.contains("refused to switch database") {
-        return Error::Usage(format!(
-            "{display}: the server has no such database ({text})"
-        ));
+        return crate::wording::no_database(
+            &endpoint,
+            &database_in(display),
+            " (its `databases` setting, 16 as shipped, numbers them from 0): choose one in the \
+             URL (redis://HOST:PORT/N)",
+        );
     }
     if text.contains("user_script") {
         return Error::Internal(format!("a dlock script failed on {display}: {text}"));
     }
     Error::Unavailable(format!("{display}: {text}"))
+}
+
+/// The database a Redis URL (as shown) selects: its path (`/2`) or `db=` (`?db=2`).
+fn database_in(display: &str) -> String {
+    let rest = display.split_once("://").map_or(display, |(_, rest)| rest);
+    let (before, query) = rest.split_once('?').unwrap_or((rest, ""));
+    let from_query = query
+        .split(['&', '#'])
+        .find_map(|pair| pair.strip_prefix("db="));
+    let socket = display.contains("unix:");
+    let from_path = Some(before)
+        .filter(|_| !socket)
+        .and_then(|before| before.split_once('/'))
+        .map(|(_, path)| path.split('#').next().unwrap_or(path))
+        .filter(|path| !path.is_empty() && !path.contains('/'));
+    from_query.or(from_path).unwrap_or("0").to_owned()
 }
 
 fn is_tls_error(e: &RedisError) -> bool {

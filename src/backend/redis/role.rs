@@ -56,6 +56,9 @@ impl Conn {
     /// Sentinel a master that was just demoted: ask the sentinels again), or a Sentinel
     /// (78). `left`: what is left of the call's budget for asking which.
     pub(super) async fn explain(&mut self, failure: Failure, left: Duration) -> Failure {
+        if let Some(other) = self.not_redis(&failure, left).await {
+            return Failure::Refused(other);
+        }
         let Failure::Redis(e) = &failure else {
             return failure;
         };

@@ -48,6 +48,16 @@ impl ZkBackend {
         )
     }
 
+    /// The URL's members, for messages: `HOST:PORT[,HOST:PORT…]`.
+    fn endpoint(&self) -> String {
+        self.target
+            .endpoints
+            .iter()
+            .map(|(host, port)| join_host_port(host, *port))
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
     /// Open a session, bounded by [`OP_TIMEOUT`].
     pub(super) async fn connect(&self, session_timeout: Duration) -> Result<Client, Error> {
         self.connect_by(session_timeout, None).await
@@ -91,6 +101,10 @@ impl ZkBackend {
             Ok(Err(zk::Error::NoHosts)) if self.all_refuse().await => {
                 Err(crate::wording::connection_refused(&self.display, &SERVER))
             }
+            Ok(Err(zk::Error::NoHosts)) => match self.not_zookeeper(deadline).await {
+                Some(other) => Err(other),
+                None => Err(self.classify(&zk::Error::NoHosts, "connecting")),
+            },
             Ok(Err(e)) => Err(self.classify(&e, "connecting")),
             Err(_) => match wait.filter(|_| budget < OP_TIMEOUT) {
                 Some(wait) => Err(self.no_answer(wait)),
@@ -149,6 +163,20 @@ impl ZkBackend {
         crate::sniff::other_server(host, *port, deadline, "a ZooKeeper server").await
     }
 
+    /// Every member closed the connection at the session's request, as a server of another
+    /// kind does: when another kind of server answers at the first member's address (within
+    /// what is left before `deadline`), that is the message.
+    async fn not_zookeeper(&self, deadline: tokio::time::Instant) -> Option<Error> {
+        let (host, port) = self.target.endpoints.first()?;
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let what = crate::sniff::other_than(host, *port, left, "a ZooKeeper server").await?;
+        Some(crate::wording::not_a(
+            &join_host_port(host, *port),
+            &SERVER,
+            &format!("it answers like {what}"),
+        ))
+    }
+
     /// Whether every member refuses a TCP connection: the client says only "no available
     /// hosts", the same words as for a server that is full or does not speak ZooKeeper.
     async fn all_refuse(&self) -> bool {
@@ -171,10 +199,19 @@ impl ZkBackend {
     pub(super) fn classify(&self, e: &zk::Error, what: &str) -> Error {
         let display = &self.display;
         match e {
-            zk::Error::NoAuth | zk::Error::AuthFailed => Error::Permission(format!(
-                "{display} refused access ({what}: {e}); check the digest user and password (URL, \
-                 DLOCK_PASSWORD or password_file) and the ACLs of the prefix's nodes"
-            )),
+            zk::Error::NoAuth | zk::Error::AuthFailed => {
+                let endpoint = self.endpoint();
+                // ZooKeeper takes any digest credentials; the nodes' ACLs then let a user in
+                // or not.
+                let refused = match &self.target.user {
+                    None => crate::wording::password_missing(&endpoint, "", &[]),
+                    Some(user) => crate::wording::password_refused(&endpoint, user, &[]),
+                };
+                Error::Permission(format!(
+                    "{refused} (ZooKeeper checks them against the ACLs of the prefix's nodes; \
+                     refused while {what})"
+                ))
+            }
             zk::Error::InvalidAcl => Error::Config(format!("{display}: {what}: {e}")),
             zk::Error::BadArguments(_) => Error::Usage(format!("{what}: {e}")),
             zk::Error::NoChildrenForEphemerals => Error::Config(format!(

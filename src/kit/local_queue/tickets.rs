@@ -126,12 +126,8 @@ impl Ticket {
         let Some(counter) = self.dir.open_existing_lock_file(&counter_name)? else {
             return Ok(());
         };
-        let lock_err = |e| {
-            Error::from_lock_io(
-                format!("cannot lock {}", self.dir.path_of(&counter_name).display()),
-                &e,
-            )
-        };
+        let lock_err =
+            |e| Error::from_lock_io_at("cannot lock", &self.dir.path_of(&counter_name), &e);
         counter_lock(&counter, true).map_err(lock_err)?;
         let prefix = format!("{}.", self.stem);
         let removed = (|| {
@@ -152,13 +148,7 @@ impl Ticket {
                 let _ = self.dir.remove(stale);
             }
             self.dir.remove(&counter_name).map_err(|e| {
-                Error::from_lock_io(
-                    format!(
-                        "cannot remove {}",
-                        self.dir.path_of(&counter_name).display()
-                    ),
-                    &e,
-                )
+                Error::from_lock_io_at("cannot remove", &self.dir.path_of(&counter_name), &e)
             })?;
             Ok(true)
         })();
@@ -166,10 +156,7 @@ impl Ticket {
         if removed? {
             if let Some(base) = LockDir::open(&self.base, true, None, false)? {
                 base.remove_empty_dir(&self.sub).map_err(|e| {
-                    Error::from_lock_io(
-                        format!("cannot remove {}", self.dir.path_of("").display()),
-                        &e,
-                    )
+                    Error::from_lock_io_at("cannot remove", &self.dir.path_of(""), &e)
                 })?;
             }
         }
@@ -385,8 +372,9 @@ async fn wait_for(
         }
         Err(e) if e.raw_os_error() == Some(libc::EWOULDBLOCK) => {}
         Err(e) => {
-            return Err(Error::from_lock_io(
-                format!("cannot lock {}", dir.path_of(name).display()),
+            return Err(Error::from_lock_io_at(
+                "cannot lock",
+                &dir.path_of(name),
                 &e,
             ))
         }
@@ -420,8 +408,7 @@ fn take_ticket(
         Err(e) => return Err(e),
     };
     let path = dir.path_of(&counter_name);
-    let io_err =
-        |what: &str, e: io::Error| Error::from_lock_io(format!("{what} {}", path.display()), &e);
+    let io_err = |what: &str, e: io::Error| Error::from_lock_io_at(what, &path, &e);
     counter_lock(&counter, true).map_err(|e| io_err("cannot lock", e))?;
     if !dir
         .is_current(&counter, &counter_name)
@@ -447,9 +434,8 @@ fn take_ticket(
             .map_err(|e| io_err("cannot write", e))?;
         let lock = |name: &str| {
             let file = dir.open_lock_file(name)?;
-            flock(&file, libc::LOCK_EX | libc::LOCK_NB).map_err(|e| {
-                Error::from_lock_io(format!("cannot lock {}", dir.path_of(name).display()), &e)
-            })?;
+            flock(&file, libc::LOCK_EX | libc::LOCK_NB)
+                .map_err(|e| Error::from_lock_io_at("cannot lock", &dir.path_of(name), &e))?;
             Ok::<File, Error>(file)
         };
         let name = ticket_name(stem, number);

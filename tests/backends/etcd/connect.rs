@@ -17,11 +17,27 @@ fn wrong_password_is_77() {
     let env = TestEnv::new(&server);
     let url = format!("etcd://root:hunter-wrong-7@{}", server.endpoints());
     let out = env.run(["run", "--url", &url, "x", "touch", "ran"]);
-    assert_fails(&out, 77, "authentication");
+    assert_fails(
+        &out,
+        77,
+        &crate::backends::password_refused(&server.endpoints(), "root"),
+    );
     assert!(
         !stderr_of(&out).contains("hunter-wrong-7"),
         "password leaked: {}",
         describe(&out)
+    );
+    assert!(!env.path("ran").exists());
+    // No user and password at all: said so, in other words.
+    let bare = format!("etcd://{}", server.endpoints());
+    let out = env.run(["run", "--url", &bare, "x", "touch", "ran"]);
+    assert_fails(
+        &out,
+        77,
+        &format!(
+            "{} wants a user and a password, and none was given: give the user in the URL",
+            server.endpoints()
+        ),
     );
     assert!(!env.path("ran").exists());
     // The right password (from DLOCK_PASSWORD) works.
@@ -61,4 +77,22 @@ fn nothing_listening_is_69() {
 #[test]
 fn a_short_wait_still_takes_a_free_lock_over_a_slow_link() {
     crate::contract::a_short_wait_still_takes_a_free_lock_over_a_slow_link(&EtcdServer::start());
+}
+
+#[test]
+fn a_url_at_another_kind_of_server_names_what_answers_there() {
+    let pg = PgServer::shared();
+    let memcached = MemcachedServer::shared();
+    let mysql = MysqlServer::shared();
+    for (port, theirs) in [
+        (pg.port, "a PostgreSQL server"),
+        (memcached.port, "a memcached server"),
+        (mysql.port, "a MySQL server"),
+    ] {
+        crate::backends::assert_names_the_server_there(
+            &format!("etcd://127.0.0.1:{port}"),
+            "an etcd server",
+            theirs,
+        );
+    }
 }

@@ -272,3 +272,51 @@ fn a_turnstile_another_user_planted_stops_no_run() {
     assert!(status.success(), "{status}: {}", stderr_left(&mut writer));
     assert!(env.path("writer-ran").exists());
 }
+
+/// A lock directory or lock file the user may not write is 77, said in words (never "os
+/// error 13"), naming whose it is and the way out.
+#[test]
+fn a_lock_directory_or_file_the_user_may_not_use_names_whose_it_is() {
+    use std::os::unix::process::CommandExt;
+    const USER: u32 = 424_245;
+    let server = FileServer::start();
+    let env = TestEnv::new(&server);
+    std::fs::set_permissions(env.scratch.path(), std::fs::Permissions::from_mode(0o711))
+        .expect("chmod");
+    let dir = dir_with_mode(&env.path("locks"), 0o755);
+    let as_user = |args: &[&str]| {
+        let mut command = env.dlock(args);
+        command
+            .env("DLOCK_URL", url_of(&dir))
+            .uid(USER)
+            .current_dir("/");
+        command
+    };
+    let out = output_within(as_user(&["run", "data", "true"]), PATIENCE);
+    assert_fails(
+        &out,
+        77,
+        &format!(
+            "permission denied: the directory {} is root's (mode 755) and dlock runs as uid \
+             {USER}; run dlock as a user who may use it, or give a lock directory of your own \
+             (DLOCK_DIR, or --url file:///DIR)",
+            dir.display()
+        ),
+    );
+    assert!(!stderr_of(&out).contains("os error"), "{}", describe(&out));
+    // A lock file root made in a directory anyone may write to.
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o1777)).expect("chmod");
+    let file = dir.join("data.lock");
+    std::fs::write(&file, b"").expect("create the lock file");
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    let out = output_within(as_user(&["run", "data", "true"]), PATIENCE);
+    assert_fails(
+        &out,
+        77,
+        &format!(
+            "permission denied: the file {} is root's (mode 644)",
+            file.display()
+        ),
+    );
+    assert!(!stderr_of(&out).contains("os error"), "{}", describe(&out));
+}

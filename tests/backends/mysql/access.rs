@@ -49,7 +49,12 @@ fn wrong_password_exits_77_and_the_right_one_from_anywhere_works() {
     let lock = lock_name("m");
     let url = server.url_as("app", Some("not-the-password"));
     let out = env.run(["run", "--url", &url, &lock, "true"]);
-    assert_fails(&out, 77, "Access denied");
+    let endpoint = format!("127.0.0.1:{}", server.port);
+    assert_fails(
+        &out,
+        77,
+        &crate::backends::password_refused(&endpoint, "app"),
+    );
     assert!(!stderr_of(&out).contains("not-the-password"));
     // The password from DLOCK_PASSWORD, and from the [mysql] table's password_file.
     let bare = server.url_as("app", None);
@@ -73,7 +78,11 @@ fn wrong_password_exits_77_and_the_right_one_from_anywhere_works() {
     let out = env.run(["--config", &config, "run", "--url", &bare, &lock, "true"]);
     assert!(out.status.success(), "{}", describe(&out));
     let out = env.run(["run", "--url", &bare, &lock, "true"]);
-    assert_fails(&out, 77, "Access denied");
+    assert_fails(
+        &out,
+        77,
+        &crate::backends::password_missing(&endpoint, "app"),
+    );
 }
 
 #[test]
@@ -206,4 +215,53 @@ fn a_server_at_max_connections_is_waited_out_then_69_naming_the_setting() {
         let _ = sleeper.wait();
     }
     assert_eq!(status.code(), Some(0), "the run after the refusal passed");
+}
+
+/// Not a wait for the connect timeout and "no answer": what answers is named at once.
+#[test]
+fn a_url_at_another_kind_of_server_names_what_answers_there() {
+    let pg = PgServer::shared();
+    let zk = ZkServer::shared();
+    for (port, theirs) in [
+        (pg.port, "a PostgreSQL server"),
+        (zk.members[0].client_port, "a ZooKeeper server"),
+    ] {
+        crate::backends::assert_names_the_server_there(
+            &format!("mysql://app:x@127.0.0.1:{port}/dlock?ssl-mode=DISABLED"),
+            "a MySQL server",
+            theirs,
+        );
+    }
+}
+
+/// MariaDB answers "access denied" for a database that does not exist (as for one the user
+/// may not use): a database the URL names wrongly is 78 as on every backend.
+#[test]
+fn a_database_the_server_does_not_have_is_78() {
+    let server = MysqlServer::shared();
+    let env = TestEnv::new(&server);
+    let url = format!(
+        "mysql://app:{MYSQL_PASSWORD}@127.0.0.1:{}/no_such_db?ssl-mode=DISABLED",
+        server.port
+    );
+    let out = env.run(["run", "--url", &url, &lock_name("m"), "touch", "ran"]);
+    assert_fails(
+        &out,
+        78,
+        &crate::backends::no_database(&format!("127.0.0.1:{}", server.port), "no_such_db"),
+    );
+    assert!(!env.path("ran").exists());
+}
+
+#[test]
+fn a_unix_socket_that_does_not_exist_is_named() {
+    let server = FileServer::start();
+    let env = TestEnv::new(&server);
+    let socket = env.path("no-mysql.sock");
+    let url = format!("mysql://app@localhost/dlock?socket={}", socket.display());
+    let mut command = env.dlock(["run", "--url", &url, &lock_name("m"), "touch", "ran"]);
+    command.env("DLOCK_PASSWORD", MYSQL_PASSWORD);
+    let out = output_within(command, PATIENCE);
+    assert_fails(&out, 69, &crate::backends::no_socket(&socket));
+    assert!(!env.path("ran").exists());
 }

@@ -141,7 +141,12 @@ fn verify_ca_checks_the_chain_before_the_command_runs_and_client_certificates_wo
         &format!("ssl-mode=VERIFY_CA&ssl-ca={}", certs.path("ca.crt")),
     );
     let out = env.run(["run", "--url", &without, &lock, "touch", "uncertified"]);
-    assert_fails(&out, 77, "Access denied");
+    assert_fails(
+        &out,
+        77,
+        "wants a password for user 'certified', and none was given: give it in the URL, \
+         DLOCK_PASSWORD or password_file, or the account wants a client certificate",
+    );
     assert!(!env.path("uncertified").exists(), "the command ran");
 }
 
@@ -209,7 +214,11 @@ fn a_server_that_requires_tls_refuses_disabled_with_78_and_preferred_encrypts() 
             server.port
         );
         let out = env.run(["run", "--url", &wrong, &lock, "touch", "ran"]);
-        assert_fails(&out, 77, "Access denied");
+        assert_fails(
+            &out,
+            77,
+            &crate::backends::password_refused(&format!("127.0.0.1:{}", server.port), "app"),
+        );
         assert!(!stderr_of(&out).contains("not-the-password"));
     }
     // PREFERRED on loopback starts without TLS, is refused, and goes on with TLS (the server

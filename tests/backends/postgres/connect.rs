@@ -33,7 +33,12 @@ fn wrong_password_is_77_and_nothing_listening_is_69() {
         &lock_name("p"),
         "true",
     ]);
-    assert_fails(&out, 77, "password");
+    let endpoint = format!("127.0.0.1:{}", server.port);
+    assert_fails(
+        &out,
+        77,
+        &crate::backends::password_refused(&endpoint, "app"),
+    );
     assert!(
         !stderr_of(&out).contains("wrong"),
         "the password leaked: {}",
@@ -47,6 +52,19 @@ fn wrong_password_is_77_and_nothing_listening_is_69() {
         "true",
     ]);
     assert!(out.status.success(), "{}", describe(&out));
+    // No password at all: said so, in other words.
+    let out = env.run([
+        "run",
+        "--url",
+        &server.url_as("app", None),
+        &lock_name("p"),
+        "true",
+    ]);
+    assert_fails(
+        &out,
+        77,
+        &crate::backends::password_missing(&endpoint, "app"),
+    );
     let port = free_port();
     let closed = format!("postgres://postgres@127.0.0.1:{port}/postgres");
     let out = env.run(["run", "--url", &closed, &lock_name("p"), "true"]);
@@ -235,4 +253,52 @@ fn wait_bounds_connecting_to_a_server_that_never_answers() {
     assert!(!env.path("ran").exists(), "the command ran");
     assert!(took < Duration::from_secs(10), "gave up after {took:?}");
     assert!(took >= Duration::from_secs(2), "gave up after {took:?}");
+}
+
+#[test]
+fn a_url_at_another_kind_of_server_names_what_answers_there() {
+    let mysql = MysqlServer::shared();
+    let etcd = EtcdServer::shared();
+    for (port, theirs) in [
+        (mysql.port, "a MySQL server"),
+        (etcd.members[0].client_port, "an etcd server"),
+    ] {
+        crate::backends::assert_names_the_server_there(
+            &format!("postgres://app:x@127.0.0.1:{port}/postgres?sslmode=disable"),
+            "a PostgreSQL server",
+            theirs,
+        );
+    }
+}
+
+#[test]
+fn a_database_the_server_does_not_have_is_78() {
+    let server = PgServer::shared();
+    let env = TestEnv::new(&server);
+    let url = format!(
+        "postgres://app:{APP_PASSWORD}@127.0.0.1:{}/no_such_db?sslmode=disable",
+        server.port
+    );
+    let out = env.run(["run", "--url", &url, &lock_name("p"), "touch", "ran"]);
+    assert_fails(
+        &out,
+        78,
+        &crate::backends::no_database(&format!("127.0.0.1:{}", server.port), "no_such_db"),
+    );
+    assert!(!env.path("ran").exists());
+}
+
+#[test]
+fn a_unix_socket_that_does_not_exist_is_named() {
+    let server = FileServer::start();
+    let env = TestEnv::new(&server);
+    let dir = env.path("no-postgres");
+    let url = format!("postgres:///postgres?host={}", dir.display());
+    let out = env.run(["run", "--url", &url, &lock_name("p"), "touch", "ran"]);
+    assert_fails(
+        &out,
+        69,
+        &crate::backends::no_socket(&dir.join(".s.PGSQL.5432")),
+    );
+    assert!(!env.path("ran").exists());
 }

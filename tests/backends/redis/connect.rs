@@ -9,16 +9,25 @@ fn wrong_password_is_77_without_running_the_command() {
     let env = TestEnv::new(&server);
     let url = format!("redis://:hunter-wrong-42@127.0.0.1:{}/0", server.port);
     let out = env.run(["run", "--url", &url, "x", "touch", "ran"]);
-    assert_fails(&out, 77, "authentication");
+    let endpoint = format!("127.0.0.1:{}", server.port);
+    assert_fails(
+        &out,
+        77,
+        &crate::backends::password_refused(&endpoint, "default"),
+    );
     assert!(
         !stderr_of(&out).contains("hunter-wrong-42"),
         "password leaked: {}",
         describe(&out)
     );
     assert!(!env.path("ran").exists());
-    // No password at all against a server that wants one is refused the same way.
+    // No password at all against a server that wants one: said so, in other words.
     let out = env.run(["run", "x", "true"]);
-    assert_fails(&out, 77, "authentication");
+    assert_fails(
+        &out,
+        77,
+        &crate::backends::password_missing(&endpoint, "default"),
+    );
     // The right one from DLOCK_PASSWORD works and is not passed to the command.
     let out = output_within(
         {
@@ -182,5 +191,51 @@ fn a_sentinel_given_as_a_redis_url_is_78_with_the_url_to_use() {
         let out = env.run(&all);
         assert_fails(&out, 78, &form);
     }
+    assert!(!env.path("ran").exists());
+}
+
+#[test]
+fn a_url_at_another_kind_of_server_names_what_answers_there() {
+    let pg = PgServer::shared();
+    let zk = ZkServer::shared();
+    for (port, theirs) in [
+        (pg.port, "a PostgreSQL server"),
+        (zk.members[0].client_port, "a ZooKeeper server"),
+    ] {
+        crate::backends::assert_names_the_server_there(
+            &format!("redis://127.0.0.1:{port}/0"),
+            "a Redis server",
+            theirs,
+        );
+    }
+}
+
+#[test]
+fn a_database_index_the_server_does_not_have_is_78() {
+    let server = RedisServer::shared();
+    let env = TestEnv::new(&server);
+    let url = format!("redis://127.0.0.1:{}/99", server.port);
+    let out = env.run(["run", "--url", &url, &lock_name("r"), "touch", "ran"]);
+    assert_fails(
+        &out,
+        78,
+        &crate::backends::no_database(&format!("127.0.0.1:{}", server.port), "99"),
+    );
+    assert!(
+        !stderr_of(&out).contains("ResponseError"),
+        "{}",
+        describe(&out)
+    );
+    assert!(!env.path("ran").exists());
+}
+
+#[test]
+fn a_unix_socket_that_does_not_exist_is_named() {
+    let server = FileServer::start();
+    let env = TestEnv::new(&server);
+    let socket = env.path("no-redis.sock");
+    let url = format!("redis+unix://{}", socket.display());
+    let out = env.run(["run", "--url", &url, &lock_name("r"), "touch", "ran"]);
+    assert_fails(&out, 69, &crate::backends::no_socket(&socket));
     assert!(!env.path("ran").exists());
 }

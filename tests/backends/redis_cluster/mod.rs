@@ -161,7 +161,11 @@ fn a_password_protected_cluster_takes_the_password_as_a_standalone_server_does()
     let mut env = TestEnv::new(&cluster);
     let names = one_name_per_master(&cluster);
     let out = env.run(["run", &names[0].0, "true"]);
-    assert_fails(&out, 77, "refused authentication");
+    assert_fails(
+        &out,
+        77,
+        "wants a password for user 'default', and none was given",
+    );
     env.url = env.url.replacen("redis://", "redis://:s3cret@", 1);
     for (name, _) in &names {
         let out = env.run(["run", name, "true"]);

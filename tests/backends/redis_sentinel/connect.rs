@@ -30,15 +30,25 @@ fn a_master_name_the_sentinels_do_not_monitor_is_78() {
 fn sentinels_with_a_password_want_it_given_and_never_show_it() {
     let server = SentinelServer::start_with(Some("sentinel-secret-17"));
     let env = TestEnv::new(&server);
-    // Missing: refused as an authentication problem that names where the password goes.
+    // Missing: said so, naming where the password goes.
     let out = env.run(["run", "x", "touch", "ran"]);
-    assert_fails(&out, 77, "DLOCK_SENTINEL_PASSWORD");
+    assert_fails(
+        &out,
+        77,
+        "wants a password for user 'default', and none was given: give the sentinels' password \
+         in DLOCK_SENTINEL_PASSWORD",
+    );
     assert!(!env.path("ran").exists());
     // Wrong: the same, and the wrong password is not shown.
     let mut command = env.dlock(["run", "x", "true"]);
     command.env("DLOCK_SENTINEL_PASSWORD", "wrong-secret-23");
     let out = output_within(command, PATIENCE);
-    assert_fails(&out, 77, "refused authentication");
+    assert_fails(
+        &out,
+        77,
+        "refused user 'default' with the password given: check the sentinels' password in \
+         DLOCK_SENTINEL_PASSWORD",
+    );
     assert!(!stderr_of(&out).contains("wrong-secret-23"));
     // Given in the environment: it works, and the command does not see it.
     let mut command = env.dlock(["run", "x", "env"]);

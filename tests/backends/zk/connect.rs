@@ -21,11 +21,20 @@ fn wrong_password_is_77() {
     let mut env = TestEnv::new(&server);
     env.url = format!("zk://u:wrong@127.0.0.1:{port}");
     let out = env.run(["run", &lock_name("z"), "true"]);
-    assert_fails(&out, 77, "refused access");
+    let endpoint = format!("127.0.0.1:{port}");
+    assert_fails(&out, 77, &crate::backends::password_refused(&endpoint, "u"));
     assert!(
         !stderr_of(&out).contains("wrong"),
         "password shown: {}",
         describe(&out)
+    );
+    // No user and password at all: said so, in other words.
+    env.url = format!("zk://127.0.0.1:{port}");
+    let out = env.run(["run", &lock_name("z"), "true"]);
+    assert_fails(
+        &out,
+        77,
+        &format!("{endpoint} wants a user and a password, and none was given"),
     );
     env.url = format!("zk://u:right@127.0.0.1:{port}");
     let out = env.run(["run", &lock_name("z"), "env"]);
@@ -69,4 +78,20 @@ fn nothing_listening_is_69() {
 #[test]
 fn a_short_wait_still_takes_a_free_lock_over_a_slow_link() {
     crate::contract::a_short_wait_still_takes_a_free_lock_over_a_slow_link(&ZkServer::shared());
+}
+
+#[test]
+fn a_url_at_another_kind_of_server_names_what_answers_there() {
+    let etcd = EtcdServer::shared();
+    let mysql = MysqlServer::shared();
+    for (port, theirs) in [
+        (etcd.members[0].client_port, "an etcd server"),
+        (mysql.port, "a MySQL server"),
+    ] {
+        crate::backends::assert_names_the_server_there(
+            &format!("zk://127.0.0.1:{port}"),
+            "a ZooKeeper server",
+            theirs,
+        );
+    }
 }

@@ -11,6 +11,10 @@ use crate::error::Error;
 
 use super::*;
 
+/// Where the sentinels' own password is given, for the messages about it.
+const SENTINEL_PASSWORD_PLACES: &str = "DLOCK_SENTINEL_PASSWORD or the [redis-sentinel] table's \
+     password_file (the URL's password is the data nodes')";
+
 /// What one sentinel said about the master.
 pub(in crate::backend::redis) enum Answer {
     /// Its current view: the master's address and the configuration epoch it dates from,
@@ -368,14 +372,17 @@ fn failed(label: &str, e: &RedisError) -> Answer {
             "TLS with sentinel {label} failed: {text} (rediss-sentinel:// uses the [redis] \
              table's ca_file, cert_file and key_file for the sentinels and the data nodes)"
         )))
+    } else if matches!(e.code(), Some("NOAUTH")) || text.contains("unauthenticated") {
+        Some(Error::Permission(format!(
+            "sentinel {label} wants a password for user 'default', and none was given: give \
+             the sentinels' password in {SENTINEL_PASSWORD_PLACES}"
+        )))
     } else if e.kind() == redis::ErrorKind::AuthenticationFailed
-        || matches!(e.code(), Some("NOAUTH" | "WRONGPASS"))
-        || text.contains("unauthenticated")
+        || matches!(e.code(), Some("WRONGPASS"))
     {
         Some(Error::Permission(format!(
-            "sentinel {label} refused authentication: give the sentinels' password in \
-             DLOCK_SENTINEL_PASSWORD or the [redis-sentinel] table's password_file (the \
-             URL's password is the data nodes')"
+            "sentinel {label} refused user 'default' with the password given: check the \
+             sentinels' password in {SENTINEL_PASSWORD_PLACES}"
         )))
     } else if text.contains("unknown command") {
         Some(Error::Config(format!(
