@@ -19,7 +19,8 @@
 //! connecting its next run would add that to the gap.
 //! Size: P = `DLOCK_HANDOFF_PROCESSES` loops (default 4; more keep the server's queue fuller,
 //! so fewer hand-offs are left out), K = `DLOCK_HANDOFF_RUNS` runs each (default 10);
-//! `scripts/handoff-parts` runs every backend with more. `DLOCK_HANDOFF_TIMELINE=FILE` writes the merged time line
+//! `scripts/handoff-parts` runs every backend with more. Each backend's folder expands
+//! [`handoff_test!`] with its server: `backends::NAME::handoff`. `DLOCK_HANDOFF_TIMELINE=FILE` writes the merged time line
 //! (µs from the first event, pid, event) for a closer look.
 
 use std::collections::BTreeMap;
@@ -409,7 +410,7 @@ pub(crate) fn hand_offs_succeed_without_overlap(server: &dyn LockServer) {
 
 /// Contend and check one backend; with `DLOCK_HANDOFF_REPORT` (`scripts/handoff-parts`),
 /// also report its figures. The test suite checks, the script measures.
-fn measure(server: &dyn LockServer, label: &str) {
+pub fn measure(server: &dyn LockServer, label: &str) {
     let handoffs = check(server);
     if std::env::var_os("DLOCK_HANDOFF_REPORT").is_some() {
         let rows = report(label, &handoffs);
@@ -418,39 +419,16 @@ fn measure(server: &dyn LockServer, label: &str) {
     }
 }
 
-#[test]
-fn handoff_file() {
-    measure(&FileServer::start(), "file");
-}
-
-#[test]
-fn handoff_redis() {
-    measure(&RedisServer::start(), "redis");
-}
-
-#[test]
-fn handoff_etcd() {
-    measure(&EtcdServer::start(), "etcd");
-}
-
-#[test]
-fn handoff_zookeeper() {
-    measure(&ZkServer::start(), "zookeeper");
-}
-
-#[test]
-fn handoff_postgres() {
-    measure(&PgServer::start(), "postgres");
-}
-
-#[test]
-fn handoff_mysql() {
-    measure(&MysqlServer::start(), "mysql");
-}
-
-#[test]
-fn handoff_memcached() {
-    measure(&MemcachedServer::start(), "memcached");
+/// The hand-off measurement of one backend, `backends::NAME::handoff`, expanded in its folder
+/// (`tests/backends/NAME/mod.rs`): `crate::handoff_test!("redis", RedisServer::start());`.
+#[macro_export]
+macro_rules! handoff_test {
+    ($label:expr, $start:expr) => {
+        #[test]
+        fn handoff() {
+            $crate::handoff::measure(&$start, $label);
+        }
+    };
 }
 
 /// Under `-vv` (no `DLOCK_LOG`) the hand-off events carry the same stamp, and the other

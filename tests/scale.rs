@@ -8,6 +8,7 @@
 //! checks correctness only (every run succeeds, no two inside at once, no lost increment,
 //! tokens increasing in grant order); the measurement is `scripts/scale`, which runs 1000 and
 //! compares the wall times, which it reads from `DLOCK_SCALE_REPORT` (one line per backend).
+//! Each backend's folder expands [`scale_test!`] with its server: `backends::NAME::scale`.
 
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
@@ -29,7 +30,7 @@ fn clients() -> usize {
 
 /// Start the clients together, wait for all of them, check what the contention case checks, and
 /// report the wall time.
-fn seed_test(server: &dyn LockServer, label: &str) {
+pub fn seed_test(server: &dyn LockServer, label: &str) {
     let env = TestEnv::new(server);
     let n = clients();
     let dir = env.path("scale");
@@ -98,41 +99,15 @@ fn seed_test(server: &dyn LockServer, label: &str) {
     );
 }
 
-#[test]
-fn scale_file() {
-    seed_test(&FileServer::start(), "file");
-}
-
-#[test]
-fn scale_redis() {
-    seed_test(&RedisServer::start(), "redis");
-}
-
-#[test]
-fn scale_etcd() {
-    seed_test(&EtcdServer::start(), "etcd");
-}
-
-#[test]
-fn scale_zookeeper_at_the_shipped_max_client_cnxns() {
-    seed_test(&ZkServer::with_max_client_cnxns(None), "zookeeper");
-}
-
-#[test]
-fn scale_postgres_at_the_shipped_max_connections() {
-    seed_test(
-        &PgServer::start_with(&["-c", "max_connections=100"]),
-        "postgres",
-    );
-}
-
-#[test]
-fn scale_mysql_at_the_shipped_max_connections() {
-    // The test server keeps MariaDB's shipped max_connections (151).
-    seed_test(&MysqlServer::start(), "mysql");
-}
-
-#[test]
-fn scale_memcached() {
-    seed_test(&MemcachedServer::start(), "memcached");
+/// The scale test of one backend, `backends::NAME::scale`, expanded in its folder
+/// (`tests/backends/NAME/mod.rs`) with its server at the shipped connection limits:
+/// `crate::scale_test!("redis", RedisServer::start());`. `$label` names it in the report.
+#[macro_export]
+macro_rules! scale_test {
+    ($label:expr, $start:expr) => {
+        #[test]
+        fn scale() {
+            $crate::scale::seed_test(&$start, $label);
+        }
+    };
 }

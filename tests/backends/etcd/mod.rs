@@ -18,6 +18,8 @@ crate::contract_tests!(etcd_contract, EtcdServer::shared());
 crate::lease_contract_tests!(etcd_lease_contract, EtcdServer::shared());
 crate::shared_contract_tests!(etcd_shared_contract, EtcdServer::shared());
 crate::shared_lease_contract_tests!(etcd_shared_lease_contract, EtcdServer::shared());
+crate::scale_test!("etcd", EtcdServer::start());
+crate::handoff_test!("etcd", EtcdServer::start());
 
 #[test]
 fn waiters_acquire_in_arrival_order() {

@@ -16,6 +16,8 @@ use crate::support::*;
 
 crate::contract_tests!(file_contract, FileServer::start());
 crate::shared_contract_tests!(file_shared_contract, FileServer::start());
+crate::scale_test!("file", FileServer::start());
+crate::handoff_test!("file", FileServer::start());
 
 #[test]
 fn default_directory_is_created_private() {

@@ -17,6 +17,8 @@ use crate::support::*;
 
 crate::contract_tests!(memcached_contract, MemcachedServer::shared());
 crate::lease_contract_tests!(memcached_lease_contract, MemcachedServer::shared());
+crate::scale_test!("memcached", MemcachedServer::start());
+crate::handoff_test!("memcached", MemcachedServer::start());
 
 /// `--min-hold`'s finish writes nothing once the lock was taken over
 /// (a deleted or replaced item is noticed at the next renewal).

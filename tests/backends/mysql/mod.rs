@@ -17,6 +17,8 @@ use crate::support::*;
 
 crate::contract_tests!(mysql_contract, MysqlServer::shared());
 crate::lease_contract_tests!(mysql_lease, MysqlServer::shared());
+crate::scale_test!("mysql", MysqlServer::start());
+crate::handoff_test!("mysql", MysqlServer::start());
 
 /// `--min-hold`'s finish writes nothing once the lock was taken over
 /// (a killed connection is noticed at once, by the lease's watcher).

@@ -21,6 +21,11 @@ use crate::support::*;
 crate::contract_tests!(pg_contract, PgServer::shared());
 crate::shared_contract_tests!(pg_shared_contract, PgServer::shared());
 crate::shared_lease_contract_tests!(pg_shared_lease_contract, PgServer::shared());
+crate::scale_test!(
+    "postgres",
+    PgServer::start_with(&["-c", "max_connections=100"])
+);
+crate::handoff_test!("postgres", PgServer::start());
 
 /// `--min-hold`'s finish writes nothing once the lock was taken over
 /// (the end of the session is noticed at once).
