@@ -309,6 +309,66 @@ pub fn status_shows_since_when_each_waiter_of_this_host_waits(server: &dyn LockS
     assert!(json["waiting_here"].is_null(), "{json}");
 }
 
+/// How long the second run of [`since_counts_from_the_grant_not_from_the_wait`] waits: long
+/// enough that a `since` taken when it started reads seconds older than its grant.
+const WAITED: std::time::Duration = std::time::Duration::from_secs(4);
+
+/// A holder's `since`, and the busy line's "held … for", count from its grant: a run that
+/// waited W and then held H shows an age near H, not W + H.
+pub fn since_counts_from_the_grant_not_from_the_wait(server: &dyn LockServer) {
+    let env = TestEnv::new(server);
+    let lock = lock_name("since");
+    let mut first = env.hold(&lock, &[]);
+    let ready = env.path("second-ready");
+    let script = format!("echo $$ > '{}'; exec sleep 1000", ready.display());
+    let second = Holding {
+        child: env.spawn(&["run", &lock, "sh", "-c", &script]),
+        ready: ready.clone(),
+    };
+    let pid = u64::from(second.child.id());
+    wait_until("the second run waiting", PATIENCE, || {
+        env.status_json(&lock)["waiting_here"]
+            .as_array()
+            .is_some_and(|w| w.iter().any(|w| w["pid"].as_u64() == Some(pid)))
+    });
+    // The wait under test, not a synchronisation: the second run is queued already.
+    std::thread::sleep(WAITED);
+    let released = std::time::SystemTime::now();
+    first.signal(nix::sys::signal::Signal::SIGTERM);
+    first.wait();
+    wait_until("the second run holding", PATIENCE, || ready.exists());
+    let mut json = serde_json::Value::Null;
+    wait_until("status showing the second run holding", PATIENCE, || {
+        json = env.status_json(&lock);
+        json["holders"][0]["pid"].as_u64() == Some(pid)
+    });
+    let holder = &json["holders"][0];
+    let since = humantime::parse_rfc3339(holder["since"].as_str().unwrap_or_default())
+        .unwrap_or_else(|e| panic!("since is not RFC 3339 ({e}): {json}"));
+    // `since` is in whole seconds.
+    let rounded = released - std::time::Duration::from_secs(1);
+    assert!(
+        since >= rounded,
+        "since counts from before the grant ({:?} before the release): {json}",
+        released.duration_since(since).unwrap_or_default()
+    );
+    let busy = env.run(["run", "--no-wait", &lock, "true"]);
+    assert_eq!(busy.status.code(), Some(75), "{}", describe(&busy));
+    let held_for = released.elapsed().unwrap_or_default() + std::time::Duration::from_secs(1);
+    let line = String::from_utf8_lossy(&busy.stderr).into_owned();
+    let said = line
+        .split(" for ")
+        .nth(1)
+        .and_then(|rest| rest.split([' ', ',', ';', ')']).next())
+        .and_then(|d| humantime::parse_duration(d).ok())
+        .unwrap_or_else(|| panic!("no \"for <duration>\" in the busy line: {line}"));
+    assert!(
+        said <= held_for,
+        "the busy line says held for {said:?}, the hold is {held_for:?} old: {line}"
+    );
+    drop(second);
+}
+
 /// Every JSON that shows a fencing token shows it exactly to every JSON tool: `token_str`
 /// (status, list) and `last_token_str` hold the digits the command saw in
 /// `DLOCK_FENCING_TOKEN`, read with `jq -r` (which reads numbers as doubles: PostgreSQL's

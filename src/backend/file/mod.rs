@@ -444,6 +444,7 @@ fn start_shared_hold(
     let token = held?;
     let mut holder = request.holder.clone();
     holder.token = token;
+    holder.granted_now();
     // A kernel lock has no lease.
     holder.ttl_ms = 0;
     let record = Record {
@@ -528,6 +529,7 @@ fn start_hold(
                 .map_err(|e| io_err("cannot write", e))?;
             let mut holder = request.holder.clone();
             holder.token = token;
+            holder.granted_now();
             // A kernel lock has no lease.
             holder.ttl_ms = 0;
             let record = Record {
