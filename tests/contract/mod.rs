@@ -92,6 +92,8 @@ macro_rules! contract_tests {
                 list_shows_held_locks,
                 every_list_shows_every_held_lock,
                 check_reports_ok,
+                check_aligns_its_values_and_types_its_json,
+                list_shows_age_user_and_token_and_says_when_nothing_is_held,
                 conflict_line_reads_the_same_on_every_backend,
                 waiting_at_a_terminal_names_the_holder,
                 waiting_is_silent_when_not_at_a_terminal,

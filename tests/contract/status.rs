@@ -34,6 +34,12 @@ pub fn status_reports_holder_and_exits_0_held_1_free(server: &dyn LockServer) {
     assert!(h["token"].as_u64().is_some_and(|t| t > 0), "{json}");
     assert!(!h["host"].as_str().unwrap_or("").is_empty(), "{json}");
     assert!(!h["since"].as_str().unwrap_or("").is_empty(), "{json}");
+    // The lease reads alike on every backend: one `ttl:` line, whatever the server tells.
+    let ttl = text
+        .lines()
+        .filter(|l| l.starts_with("ttl:        "))
+        .count();
+    assert_eq!(ttl, 1, "{text}");
 }
 
 pub fn list_shows_held_locks(server: &dyn LockServer) {
@@ -93,6 +99,82 @@ pub fn check_reports_ok(server: &dyn LockServer) {
     let json: serde_json::Value =
         serde_json::from_slice(&env.run(["check", "--json"]).stdout).expect("json");
     assert_eq!(json["backend"], server.scheme());
+}
+
+/// `check` reads as one column, with one form for measured times (`5.7 ms`), and its JSON
+/// has them typed: `round_trip_ms` a number, `facts` an object, the effective `settings`.
+pub fn check_aligns_its_values_and_types_its_json(server: &dyn LockServer) {
+    let env = TestEnv::new(server);
+    let out = env.run(["check"]);
+    assert!(out.status.success(), "{}", describe(&out));
+    let text = stdout_of(&out);
+    let columns: HashSet<usize> = text
+        .lines()
+        .filter(|l| *l != "ok")
+        .map(|l| {
+            l.find(": ").map_or(0, |at| {
+                at + 2 + l[at + 2..].len() - l[at + 2..].trim_start().len()
+            })
+        })
+        .collect();
+    assert_eq!(columns.len(), 1, "values not in one column:\n{text}");
+    let round_trip = text
+        .lines()
+        .find_map(|l| l.strip_prefix("round trip:"))
+        .map(str::trim)
+        .unwrap_or_else(|| panic!("no round trip in {text}"));
+    let (number, unit) = round_trip.split_once(' ').unwrap_or((round_trip, ""));
+    assert!(
+        number.parse::<f64>().is_ok() && ["ms", "s"].contains(&unit),
+        "round trip as {round_trip:?}: {text}"
+    );
+    let json: serde_json::Value =
+        serde_json::from_slice(&env.run(["check", "--json"]).stdout).expect("json");
+    assert!(json["round_trip_ms"].is_f64(), "{json}");
+    assert!(json["round_trip_us"].is_u64(), "{json}");
+    assert!(json["facts"].is_object(), "{json}");
+    assert!(json["settings"]["ttl_ms"].is_u64(), "{json}");
+}
+
+/// `list` shows each holder's user, how long it has held and its token, and says so when
+/// no lock is held.
+pub fn list_shows_age_user_and_token_and_says_when_nothing_is_held(server: &dyn LockServer) {
+    let env = TestEnv::new(server);
+    let out = env.run(["list"]);
+    assert!(out.status.success(), "{}", describe(&out));
+    assert_eq!(
+        stdout_of(&out).trim(),
+        "no locks are held",
+        "{}",
+        describe(&out)
+    );
+    let lock = lock_name("listed");
+    let holder = env.hold(&lock, &[]);
+    let json = env.status_json(&lock);
+    let token = json["holders"][0]["token_str"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let user = json["holders"][0]["user"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let text = stdout_of(&env.run(["list"]));
+    let header = text.lines().next().unwrap_or_default();
+    for column in ["USER", "HELD", "TOKEN"] {
+        assert!(header.contains(column), "no {column} column: {text}");
+    }
+    let line = text
+        .lines()
+        .find(|l| l.contains(&format!(" {} ", holder.pid())))
+        .unwrap_or_else(|| panic!("pid {} not listed: {text}", holder.pid()));
+    assert!(line.contains(&format!(" {user} ")), "{text}");
+    assert!(line.contains(&format!(" {token} ")), "{text}");
+    let held = line
+        .split_whitespace()
+        .find_map(|word| humantime::parse_duration(word).ok())
+        .unwrap_or_else(|| panic!("no age in {line}"));
+    assert!(held < std::time::Duration::from_secs(60), "{line}");
 }
 
 /// A user name or command line with terminal escape sequences is shown escaped by `status`,
