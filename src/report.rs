@@ -82,12 +82,18 @@ pub fn print_status(status: &LockStatus, json: bool) -> std::io::Result<()> {
         return Ok(());
     }
     writeln!(out, "lock:       {}", shown(&status.name))?;
+    // Where the lock lives where that depends on who asks (a user's own lock directory).
+    let whose = status
+        .location
+        .as_deref()
+        .map(|l| format!(" ({})", shown(l)))
+        .unwrap_or_default();
     if status.holders.len() > 1 {
-        write_holders(&mut out, &status.holders)?;
+        write_holders(&mut out, &status.holders, &whose)?;
     } else {
         writeln!(
             out,
-            "state:      {}",
+            "state:      {}{whose}",
             if status.held { "held" } else { "free" }
         )?;
         for holder in &status.holders {
@@ -201,8 +207,12 @@ fn write_holder(out: &mut impl Write, status: &HolderStatus) -> std::io::Result<
 }
 
 /// Several holders (shared, or `--limit N`): one line each, the lock's mode and lease once.
-fn write_holders(out: &mut impl Write, holders: &[HolderStatus]) -> std::io::Result<()> {
-    writeln!(out, "state:      held by {} holders", holders.len())?;
+fn write_holders(
+    out: &mut impl Write,
+    holders: &[HolderStatus],
+    whose: &str,
+) -> std::io::Result<()> {
+    writeln!(out, "state:      held by {} holders{whose}", holders.len())?;
     let mut modes: Vec<&str> = holders.iter().map(|h| h.holder.mode.as_str()).collect();
     modes.dedup();
     writeln!(out, "mode:       {}", modes.join(", "))?;
@@ -291,6 +301,7 @@ fn capped_status(status: &LockStatus) -> LockStatus {
         waiters: status.waiters,
         queue: status.queue.iter().map(holder).collect(),
         last_token: status.last_token,
+        location: status.location.as_deref().map(|l| capped(l).into_owned()),
         waiting_here: status
             .waiting_here
             .iter()

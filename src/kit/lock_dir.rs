@@ -62,6 +62,10 @@ fn default_dir_for(uid: nix::unistd::Uid, dlock_dir: Option<std::ffi::OsString>)
     }
 }
 
+/// What a message about a lock file that users tried to share adds: the way that works.
+const SHARING: &str = "; to share a lock between users, root makes the directory and the lock \
+    file for their group (docs/backends/file.md: locks shared between users)";
+
 /// Where root's default directory goes when only root may create directories there.
 const RUN: &str = "/run";
 /// Root's default directory where `/run` is not root's alone.
@@ -228,10 +232,13 @@ impl LockDir {
                     }
                     self.check_trusted(&stat, &path)?;
                 }
-                return Err(Error::from_lock_io(
-                    format!("cannot open lock file {}", path.display()),
-                    &e.into(),
-                ));
+                let what = format!("cannot open lock file {}", path.display());
+                let err = io::Error::from(e);
+                return Err(if e == Errno::EACCES {
+                    Error::Permission(format!("{what}: {err}{SHARING}"))
+                } else {
+                    Error::from_lock_io(what, &err)
+                });
             }
         };
         let stat = fstat(&fd, &path)?;
@@ -262,7 +269,8 @@ impl LockDir {
         let refuse = |why: String| {
             Err(Error::CantCreate(format!(
                 "refusing to use lock file {}: {why}, in {} where others can create files; \
-                 only your own or root's lock files, writable only by their owner, are used there",
+                 only your own or root's lock files, writable only by their owner, are used \
+                 there{SHARING}",
                 path.display(),
                 self.path.display()
             )))

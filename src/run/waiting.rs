@@ -367,6 +367,7 @@ mod tests {
             queue: queue.iter().map(|&p| entry(p)).collect(),
             last_token: None,
             waiting_here: Vec::new(),
+            location: None,
         }
     }
 

@@ -101,6 +101,22 @@ impl FileBackend {
         &self.dir
     }
 
+    /// Where the locks are, for `status` and `list`: the default directory (no `--url`, no
+    /// `DLOCK_DIR`) is each user's own, so another user's locks are not in it.
+    pub(super) fn location(&self) -> String {
+        let own = self.default_dir
+            && !std::env::var_os("DLOCK_DIR").is_some_and(|d| Path::new(&d).is_absolute());
+        if own {
+            format!(
+                "locks of uid {} in {}",
+                nix::unistd::getuid(),
+                self.dir.display()
+            )
+        } else {
+            format!("in {}", self.dir.display())
+        }
+    }
+
     /// Open the lock directory, creating it (mode 0700) if missing, after checking that
     /// nobody else controls it (see [`dir`]).
     fn prepare_dir(&self) -> Result<LockDir, Error> {

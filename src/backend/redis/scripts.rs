@@ -345,6 +345,7 @@ pub(super) fn parse_status(
         queue: Vec::new(),
         last_token: text(1).and_then(|f| f.parse().ok()),
         waiting_here: Vec::new(),
+        location: None,
     }))
 }
 
