@@ -103,8 +103,22 @@ pub fn print_status(status: &LockStatus, json: bool) -> std::io::Result<()> {
     if let Some(waiters) = status.waiters {
         writeln!(out, "waiters:    {waiters}")?;
     }
+    // A waiter of this host that the server lists in its queue is shown there alone, as
+    // this host sees it (user, how long, its command line).
+    let here = nix::unistd::gethostname()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let of_this_host = |h: &crate::lock::Holder| {
+        (h.host == here)
+            .then(|| status.waiting_here.iter().find(|w| w.pid == h.pid))
+            .flatten()
+    };
     for (position, waiter) in status.queue.iter().enumerate() {
         let h = &waiter.holder;
+        if let Some(local) = of_this_host(h) {
+            writeln!(out, "  {}. {}", position + 1, waiter_line(local))?;
+            continue;
+        }
         writeln!(
             out,
             "  {}. pid {} on {} since {}: {}",
@@ -119,28 +133,21 @@ pub fn print_status(status: &LockStatus, json: bool) -> std::io::Result<()> {
             shown(&h.command)
         )?;
     }
-    if !status.waiting_here.is_empty() {
+    let waiting_here: Vec<&Waiter> = status
+        .waiting_here
+        .iter()
+        .filter(|w| {
+            !status
+                .queue
+                .iter()
+                .any(|q| of_this_host(&q.holder) == Some(*w))
+        })
+        .collect();
+    if !waiting_here.is_empty() {
         writeln!(out, "on this host, longest-waiting first:")?;
     }
-    for waiter in &status.waiting_here {
-        let user = if waiter.user.is_empty() {
-            String::new()
-        } else {
-            format!(", user {}", shown(&waiter.user))
-        };
-        writeln!(
-            out,
-            "  pid {}{user}, waiting since {} ({}) {}: {}",
-            waiter.pid,
-            shown(&waiter.since),
-            humantime::format_duration(Duration::from_secs(waiter.waited_ms / 1000)),
-            match waiter.stage {
-                "host queue" => "in this host's queue",
-                "server" => "at the server",
-                _ => "for the lock file",
-            },
-            shown(&waiter.command)
-        )?;
+    for waiter in waiting_here {
+        writeln!(out, "  {}", waiter_line(waiter))?;
     }
     if !status.held {
         if let Some(token) = status.last_token {
@@ -148,6 +155,27 @@ pub fn print_status(status: &LockStatus, json: bool) -> std::io::Result<()> {
         }
     }
     Ok(())
+}
+
+/// A waiter of this host: `pid N, user U, waiting since T (3s) at the server: COMMAND`.
+fn waiter_line(waiter: &Waiter) -> String {
+    let user = if waiter.user.is_empty() {
+        String::new()
+    } else {
+        format!(", user {}", shown(&waiter.user))
+    };
+    format!(
+        "pid {}{user}, waiting since {} ({}) {}: {}",
+        waiter.pid,
+        shown(&waiter.since),
+        humantime::format_duration(Duration::from_secs(waiter.waited_ms / 1000)),
+        match waiter.stage {
+            "host queue" => "in this host's queue",
+            "server" => "at the server",
+            _ => "for the lock file",
+        },
+        shown(&waiter.command)
+    )
 }
 
 fn write_holder(out: &mut impl Write, status: &HolderStatus) -> std::io::Result<()> {

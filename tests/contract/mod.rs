@@ -88,6 +88,7 @@ macro_rules! contract_tests {
                 json_shows_each_token_exactly_for_every_json_tool,
                 status_shows_since_when_each_waiter_of_this_host_waits,
                 since_counts_from_the_grant_not_from_the_wait,
+                status_shows_each_waiter_once,
                 waiters_command_lines_are_masked_or_not_shown,
                 list_shows_held_locks,
                 every_list_shows_every_held_lock,

@@ -391,6 +391,33 @@ pub fn status_shows_since_when_each_waiter_of_this_host_waits(server: &dyn LockS
     assert!(json["waiting_here"].is_null(), "{json}");
 }
 
+/// A waiter of this host that the server also lists in its queue is shown once.
+pub fn status_shows_each_waiter_once(server: &dyn LockServer) {
+    let env = TestEnv::new(server);
+    let lock = lock_name("once");
+    let _holder = env.hold(&lock, &[]);
+    let waiter = Holding {
+        child: env.spawn(&["run", &lock, "true"]),
+        ready: env.path("never"),
+    };
+    let pid = u64::from(waiter.child.id());
+    wait_until("the waiter in status", PATIENCE, || {
+        let json = env.status_json(&lock);
+        let here = json["waiting_here"]
+            .as_array()
+            .is_some_and(|w| w.iter().any(|w| w["pid"].as_u64() == Some(pid)));
+        // Where the server keeps a queue, wait until it lists the waiter too.
+        let queued = json["waiters"].as_u64() != Some(0);
+        here && queued
+    });
+    let text = stdout_of(&env.run(["status", &lock]));
+    let shown = text
+        .lines()
+        .filter(|l| l.contains(&format!("pid {pid} ")) || l.contains(&format!("pid {pid},")))
+        .count();
+    assert_eq!(shown, 1, "{text}");
+}
+
 /// How long the second run of [`since_counts_from_the_grant_not_from_the_wait`] waits: long
 /// enough that a `since` taken when it started reads seconds older than its grant.
 const WAITED: std::time::Duration = std::time::Duration::from_secs(4);
