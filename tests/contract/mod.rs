@@ -89,6 +89,7 @@ macro_rules! contract_tests {
                 status_shows_since_when_each_waiter_of_this_host_waits,
                 since_counts_from_the_grant_not_from_the_wait,
                 status_shows_each_waiter_once,
+                a_holder_released_by_force_is_never_shown_waiting,
                 waiters_command_lines_are_masked_or_not_shown,
                 list_shows_held_locks,
                 every_list_shows_every_held_lock,

@@ -418,6 +418,45 @@ pub fn status_shows_each_waiter_once(server: &dyn LockServer) {
     assert_eq!(shown, 1, "{text}");
 }
 
+/// A holder whose lock was released by force is stopping its command, not waiting: `status`
+/// never lists it among this host's waiters.
+pub fn a_holder_released_by_force_is_never_shown_waiting(server: &dyn LockServer) {
+    if server.scheme() == "file" {
+        // A kernel lock cannot be broken from outside (`release --force` refuses).
+        return;
+    }
+    let env = TestEnv::new(server);
+    let lock = lock_name("forced");
+    let ready = env.path("forced-ready");
+    // A command that takes its time to stop: the ex-holder lives on after the loss.
+    let script = format!(
+        "trap '' TERM; echo $$ > '{}'; while :; do sleep 0.05; done",
+        ready.display()
+    );
+    let holder = Holding {
+        child: env.spawn(&["run", "--kill-after", "3s", &lock, "sh", "-c", &script]),
+        ready: ready.clone(),
+    };
+    wait_until("the holder holds", PATIENCE, || ready.exists());
+    let pid = u64::from(holder.child.id());
+    let out = env.run(["release", "--force", &lock]);
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+    let mut holder = holder;
+    let deadline = std::time::Instant::now() + PATIENCE;
+    // Until the ex-holder has stopped its command and exited (bounded).
+    while holder.child.try_wait().ok().flatten().is_none() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the ex-holder never exited"
+        );
+        let json = env.status_json(&lock);
+        let waiting = json["waiting_here"]
+            .as_array()
+            .is_some_and(|w| w.iter().any(|w| w["pid"].as_u64() == Some(pid)));
+        assert!(!waiting, "the ex-holder {pid} shown waiting: {json}");
+    }
+}
+
 /// How long the second run of [`since_counts_from_the_grant_not_from_the_wait`] waits: long
 /// enough that a `since` taken when it started reads seconds older than its grant.
 const WAITED: std::time::Duration = std::time::Duration::from_secs(4);
