@@ -63,11 +63,17 @@ pub fn conflict_line_reads_the_same_on_every_backend(server: &dyn LockServer) {
         .find(|l| l.starts_with(lock.as_str()))
         .unwrap_or_else(|| panic!("{lock} not listed: {list}"));
     let words: Vec<&str> = row.split_whitespace().collect();
-    assert_eq!(words[1], holder.pid().to_string(), "{row}");
+    let column = |name: &str| {
+        list.lines()
+            .next()
+            .and_then(|header| header.split_whitespace().position(|w| w == name))
+            .unwrap_or_else(|| panic!("no {name} column: {list}"))
+    };
+    assert_eq!(words[column("PID")], holder.pid().to_string(), "{row}");
+    let waiting = words[column("WAITING")];
     assert!(
-        words[4].parse::<u64>().is_ok(),
-        "waiting column {:?}: {row}",
-        words[4]
+        waiting.parse::<u64>().is_ok(),
+        "waiting column {waiting:?}: {row}"
     );
 }
 
