@@ -40,9 +40,15 @@ Examples:
 
 /// What `dlock status --help` adds.
 const STATUS_AFTER_HELP: &str = "\
-Shows the holder (pid, host, user, command, since, token, lease left), the number of waiters
-where the backend can tell, and each process of this host that waits, the longest-waiting
-first: since when, and where (for the lock file, in this host's queue, or at the server).
+Shows the holder (pid, host, user, command, since its grant, token, lease), several holders
+(shared, or --limit N) one line each, the number of waiters where the backend can tell, and
+each process of this host that waits, the longest-waiting first: since when, and where (for
+the lock file, in this host's queue, or at the server).
+
+Without --url or DLOCK_DIR the lock directory is each user's own: `free (locks of uid 1000 in
+/run/lock/dlock-1000)` says nothing of another user's locks. Users who share a lock use one
+directory root prepared for them (--url file:///srv/locks; the file backend's page, \"locks
+shared between users\").
 
 Exit status: 0 when NAME is held, 1 when it is free; an error is one `dlock: …` line and the
 status `dlock run --help` lists for it (64 usage, 69 unavailable, 73, 77, 78).";

@@ -169,6 +169,21 @@ fn is_zero(n: &u64) -> bool {
 impl Holder {
     pub const MAX_COMMAND: usize = 200;
 
+    /// Mark the hold as granted now: `since` is when the lock was granted, not when this run
+    /// started waiting for it (`status` and the busy line count a hold's age from it).
+    pub fn granted_now(&mut self) {
+        self.since = humantime::format_rfc3339_seconds(std::time::SystemTime::now()).to_string();
+    }
+
+    /// Set `since` from a grant `age` old by the server's count, on this host's clock (a
+    /// server's clock and ours may differ; an age does not).
+    pub fn granted_ago(&mut self, age: Duration) {
+        let at = std::time::SystemTime::now()
+            .checked_sub(age)
+            .unwrap_or(std::time::UNIX_EPOCH);
+        self.since = humantime::format_rfc3339_seconds(at).to_string();
+    }
+
     /// Whether this entry was left by a client that is not dlock (`etcdctl lock`, Curator):
     /// it carries no pid and no dlock version.
     pub fn is_foreign(&self) -> bool {

@@ -82,19 +82,43 @@ pub fn print_status(status: &LockStatus, json: bool) -> std::io::Result<()> {
         return Ok(());
     }
     writeln!(out, "lock:       {}", shown(&status.name))?;
-    writeln!(
-        out,
-        "state:      {}",
-        if status.held { "held" } else { "free" }
-    )?;
-    for holder in &status.holders {
-        write_holder(&mut out, holder)?;
+    // Where the lock lives where that depends on who asks (a user's own lock directory).
+    let whose = status
+        .location
+        .as_deref()
+        .map(|l| format!(" ({})", shown(l)))
+        .unwrap_or_default();
+    if status.holders.len() > 1 {
+        write_holders(&mut out, &status.holders, &whose)?;
+    } else {
+        writeln!(
+            out,
+            "state:      {}{whose}",
+            if status.held { "held" } else { "free" }
+        )?;
+        for holder in &status.holders {
+            write_holder(&mut out, holder)?;
+        }
     }
     if let Some(waiters) = status.waiters {
         writeln!(out, "waiters:    {waiters}")?;
     }
+    // A waiter of this host that the server lists in its queue is shown there alone, as
+    // this host sees it (user, how long, its command line).
+    let here = nix::unistd::gethostname()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let of_this_host = |h: &crate::lock::Holder| {
+        (h.host == here)
+            .then(|| status.waiting_here.iter().find(|w| w.pid == h.pid))
+            .flatten()
+    };
     for (position, waiter) in status.queue.iter().enumerate() {
         let h = &waiter.holder;
+        if let Some(local) = of_this_host(h) {
+            writeln!(out, "  {}. {}", position + 1, waiter_line(local))?;
+            continue;
+        }
         writeln!(
             out,
             "  {}. pid {} on {} since {}: {}",
@@ -109,28 +133,21 @@ pub fn print_status(status: &LockStatus, json: bool) -> std::io::Result<()> {
             shown(&h.command)
         )?;
     }
-    if !status.waiting_here.is_empty() {
+    let waiting_here: Vec<&Waiter> = status
+        .waiting_here
+        .iter()
+        .filter(|w| {
+            !status
+                .queue
+                .iter()
+                .any(|q| of_this_host(&q.holder) == Some(*w))
+        })
+        .collect();
+    if !waiting_here.is_empty() {
         writeln!(out, "on this host, longest-waiting first:")?;
     }
-    for waiter in &status.waiting_here {
-        let user = if waiter.user.is_empty() {
-            String::new()
-        } else {
-            format!(", user {}", shown(&waiter.user))
-        };
-        writeln!(
-            out,
-            "  pid {}{user}, waiting since {} ({}) {}: {}",
-            waiter.pid,
-            shown(&waiter.since),
-            humantime::format_duration(Duration::from_secs(waiter.waited_ms / 1000)),
-            match waiter.stage {
-                "host queue" => "in this host's queue",
-                "server" => "at the server",
-                _ => "for the lock file",
-            },
-            shown(&waiter.command)
-        )?;
+    for waiter in waiting_here {
+        writeln!(out, "  {}", waiter_line(waiter))?;
     }
     if !status.held {
         if let Some(token) = status.last_token {
@@ -138,6 +155,27 @@ pub fn print_status(status: &LockStatus, json: bool) -> std::io::Result<()> {
         }
     }
     Ok(())
+}
+
+/// A waiter of this host: `pid N, user U, waiting since T (3s) at the server: COMMAND`.
+fn waiter_line(waiter: &Waiter) -> String {
+    let user = if waiter.user.is_empty() {
+        String::new()
+    } else {
+        format!(", user {}", shown(&waiter.user))
+    };
+    format!(
+        "pid {}{user}, waiting since {} ({}) {}: {}",
+        waiter.pid,
+        shown(&waiter.since),
+        humantime::format_duration(Duration::from_secs(waiter.waited_ms / 1000)),
+        match waiter.stage {
+            "host queue" => "in this host's queue",
+            "server" => "at the server",
+            _ => "for the lock file",
+        },
+        shown(&waiter.command)
+    )
 }
 
 fn write_holder(out: &mut impl Write, status: &HolderStatus) -> std::io::Result<()> {
@@ -186,18 +224,7 @@ fn write_holder(out: &mut impl Write, status: &HolderStatus) -> std::io::Result<
     if h.token > 0 {
         writeln!(out, "token:      {}", h.token)?;
     }
-    match status.ttl_left_ms {
-        Some(ms) => writeln!(
-            out,
-            "ttl left:   {}",
-            humantime::format_duration(Duration::from_millis(ms))
-        )?,
-        None if h.ttl_ms == 0 => writeln!(
-            out,
-            "ttl:        no lease (freed when the holder exits or its connection ends)"
-        )?,
-        None => {}
-    }
+    writeln!(out, "ttl:        {}", lease_text(status, true))?;
     if !h.version.is_empty() {
         writeln!(out, "dlock:      {}", shown(&h.version))?;
     }
@@ -205,6 +232,86 @@ fn write_holder(out: &mut impl Write, status: &HolderStatus) -> std::io::Result<
         writeln!(out, "session:    {}", shown(session))?;
     }
     Ok(())
+}
+
+/// Several holders (shared, or `--limit N`): one line each, the lock's mode and lease once.
+fn write_holders(
+    out: &mut impl Write,
+    holders: &[HolderStatus],
+    whose: &str,
+) -> std::io::Result<()> {
+    writeln!(out, "state:      held by {} holders{whose}", holders.len())?;
+    let mut modes: Vec<&str> = holders.iter().map(|h| h.holder.mode.as_str()).collect();
+    modes.dedup();
+    writeln!(out, "mode:       {}", modes.join(", "))?;
+    for (i, status) in holders.iter().enumerate() {
+        let h = &status.holder;
+        let label = if i == 0 { "holders:   " } else { "           " };
+        let who = if h.is_foreign() {
+            crate::wording::holder_kind(h).unwrap_or_default()
+        } else {
+            let host = if h.host.is_empty() { "?" } else { &h.host };
+            let user = if h.user.is_empty() {
+                String::new()
+            } else {
+                format!(", user {}", h.user)
+            };
+            format!("pid {} on {host}{user}", h.pid)
+        };
+        let mut line = who;
+        if !h.since.is_empty() {
+            line.push_str(&format!(", since {}{}", h.since, ago(&h.since)));
+        }
+        if h.token > 0 {
+            line.push_str(&format!(", token {}", h.token));
+        }
+        if let Some(ms) = status.ttl_left_ms {
+            let left = crate::wording::measured_duration(Duration::from_millis(ms));
+            line.push_str(&format!(", {left} left"));
+        }
+        if !h.kept_until.is_empty() {
+            line.push_str(&format!(", kept until {} (--min-hold)", h.kept_until));
+        }
+        if !h.command.is_empty() && !h.is_foreign() {
+            line.push_str(&format!(": {}", h.command));
+        }
+        writeln!(out, "{label} {}", shown(&line))?;
+        match crate::wording::holder_kind(h) {
+            Some(kind) if !h.is_foreign() => writeln!(out, "              {}", shown(&kind))?,
+            _ => {}
+        }
+        if let Some(session) = &status.session {
+            writeln!(out, "              session {}", shown(session))?;
+        }
+    }
+    if let Some(first) = holders.first() {
+        writeln!(out, "ttl:        {}", lease_text(first, false))?;
+    }
+    Ok(())
+}
+
+/// What `status` says of a holder's lease, the same on every backend: its length and what is
+/// left of it (`left`: where the server tells), or why there is none.
+fn lease_text(status: &HolderStatus, left: bool) -> String {
+    let length = (status.holder.ttl_ms > 0).then(|| {
+        humantime::format_duration(Duration::from_millis(status.holder.ttl_ms)).to_string()
+    });
+    match (length, status.ttl_left_ms.filter(|_| left)) {
+        (Some(length), Some(ms)) => format!(
+            "{length} lease, {} left",
+            crate::wording::measured_duration(Duration::from_millis(ms))
+        ),
+        (None, Some(ms)) => format!(
+            "{} left",
+            crate::wording::measured_duration(Duration::from_millis(ms))
+        ),
+        (Some(length), None) if status.ttl_left_ms.is_some() => format!("{length} lease"),
+        (Some(length), None) => format!(
+            "{length} lease, kept by the holder's session (the server does not say how much \
+             is left)"
+        ),
+        (None, None) => "none: freed when the holder exits or its connection ends".into(),
+    }
 }
 
 /// `status` with each text of what the backend read back cut to
@@ -222,6 +329,7 @@ fn capped_status(status: &LockStatus) -> LockStatus {
         waiters: status.waiters,
         queue: status.queue.iter().map(holder).collect(),
         last_token: status.last_token,
+        location: status.location.as_deref().map(|l| capped(l).into_owned()),
         waiting_here: status
             .waiting_here
             .iter()
@@ -258,95 +366,170 @@ pub fn print_list(locks: &[LockStatus], json: bool) -> std::io::Result<()> {
         return Ok(());
     }
     if locks.is_empty() {
-        tracing::info!("no locks are held");
+        writeln!(out, "no locks are held")?;
         return Ok(());
     }
     // Columns as wide as their widest entry on a terminal (a long or non-ASCII name).
     use crate::wording::pad;
-    let widest = |min: usize, each: &dyn Fn(&LockStatus) -> Vec<String>| {
-        locks
-            .iter()
-            .flat_map(each)
-            .map(|s| crate::wording::display_width(&s))
-            .fold(min, usize::max)
-    };
-    let name_width = widest(24, &|l| vec![shown(&l.name).into_owned()]);
-    let host_width = widest(16, &|l| {
-        l.holders
-            .iter()
-            .map(|h| shown(&h.holder.host).into_owned())
-            .collect()
-    });
-    writeln!(
-        out,
-        "{} {:>8} {} {:<21} {:>7} {:<9} COMMAND",
-        pad("NAME", name_width),
-        "PID",
-        pad("HOST", host_width),
-        "SINCE",
-        "WAITING",
-        "MODE"
-    )?;
-    for lock in locks {
-        for holder in &lock.holders {
-            let h = &holder.holder;
-            let waiting = lock.waiters.map_or("-".to_owned(), |w| w.to_string());
-            let pid = if h.is_foreign() {
-                "-".to_owned()
+    let rows: Vec<[String; 9]> = locks
+        .iter()
+        .flat_map(|lock| lock.holders.iter().map(move |h| list_row(lock, h)))
+        .collect();
+    let header = [
+        "NAME", "PID", "HOST", "USER", "HELD", "WAITING", "MODE", "TOKEN", "COMMAND",
+    ]
+    .map(str::to_owned);
+    // Numbers to the right, texts to the left; the last column as it is.
+    let right = [false, true, false, false, true, true, false, true, false];
+    let widths: Vec<usize> = (0..header.len())
+        .map(|c| {
+            std::iter::once(&header)
+                .chain(&rows)
+                .map(|r| crate::wording::display_width(&r[c]))
+                .max()
+                .unwrap_or(0)
+        })
+        .collect();
+    for row in std::iter::once(&header).chain(&rows) {
+        let mut line = String::new();
+        for (c, cell) in row.iter().enumerate() {
+            if c + 1 == row.len() {
+                line.push_str(cell);
+            } else if right[c] {
+                let fill = widths[c].saturating_sub(crate::wording::display_width(cell));
+                line.push_str(&format!("{}{cell} ", " ".repeat(fill)));
             } else {
-                h.pid.to_string()
-            };
-            let command = match crate::wording::holder_kind(h) {
-                Some(_) if h.is_foreign() => shown(&h.command).into_owned(),
-                Some(kind) if kind.starts_with("gone") => {
-                    format!("(gone) {}", shown(&h.command))
-                }
-                Some(_) => "(not dlock: flock(1) or another program)".to_owned(),
-                None => shown(&h.command).into_owned(),
-            };
-            writeln!(
-                out,
-                "{} {:>8} {} {:<21} {:>7} {:<9} {}",
-                pad(&shown(&lock.name), name_width),
-                pid,
-                pad(&shown(&h.host), host_width),
-                shown(&h.since),
-                waiting,
-                h.mode.as_str(),
-                command
-            )?;
+                line.push_str(&format!("{} ", pad(cell, widths[c])));
+            }
         }
+        writeln!(out, "{}", line.trim_end())?;
     }
     Ok(())
+}
+
+/// One holder of `lock` as `list` shows it, each text escaped.
+fn list_row(lock: &LockStatus, holder: &HolderStatus) -> [String; 9] {
+    let h = &holder.holder;
+    let or_dash = |text: &str| {
+        if text.is_empty() {
+            "-".to_owned()
+        } else {
+            shown(text).into_owned()
+        }
+    };
+    let pid = if h.is_foreign() {
+        "-".to_owned()
+    } else {
+        h.pid.to_string()
+    };
+    let held = humantime::parse_rfc3339(&h.since)
+        .ok()
+        .and_then(|then| SystemTime::now().duration_since(then).ok())
+        .map_or("-".to_owned(), crate::wording::short_duration);
+    let command = match crate::wording::holder_kind(h) {
+        Some(_) if h.is_foreign() => shown(&h.command).into_owned(),
+        Some(kind) if kind.starts_with("gone") => format!("(gone) {}", shown(&h.command)),
+        Some(_) => "(not dlock: flock(1) or another program)".to_owned(),
+        None => shown(&h.command).into_owned(),
+    };
+    [
+        shown(&lock.name).into_owned(),
+        pid,
+        or_dash(&h.host),
+        or_dash(&h.user),
+        held,
+        lock.waiters.map_or("-".to_owned(), |w| w.to_string()),
+        h.mode.as_str().to_owned(),
+        if h.token > 0 {
+            h.token.to_string()
+        } else {
+            "-".to_owned()
+        },
+        command,
+    ]
 }
 
 pub fn print_check(check: &CheckReport, common: &Common, json: bool) -> std::io::Result<()> {
     let mut out = out();
     if json {
-        serde_json::to_writer_pretty(&mut out, check)?;
+        serde_json::to_writer_pretty(&mut out, &check_json(check, common))?;
         writeln!(out)?;
         return Ok(());
     }
-    writeln!(out, "backend:    {} ({})", check.backend, check.location)?;
-    writeln!(out, "version:    {}", shown(&check.version))?;
-    writeln!(
-        out,
-        "round trip: {}",
-        humantime::format_duration(Duration::from_micros(check.round_trip_us))
-    )?;
-    for (key, value) in &check.details {
-        writeln!(out, "{:<11} {}", format!("{key}:"), shown(value))?;
-    }
-    writeln!(
-        out,
-        "settings:   url {}, prefix {}, ttl {}",
-        common.display_url,
-        common.prefix,
-        humantime::format_duration(common.ttl)
-    )?;
-    for warning in &check.warnings {
-        writeln!(out, "warning:    {}", shown(warning))?;
+    let mut lines: Vec<(String, String)> = vec![
+        (
+            "backend".into(),
+            format!("{} ({})", check.backend, check.location),
+        ),
+        ("version".into(), shown(&check.version).into_owned()),
+        (
+            "round trip".into(),
+            crate::wording::measured_duration(Duration::from_micros(check.round_trip_us)),
+        ),
+    ];
+    lines.extend(
+        check
+            .details
+            .iter()
+            .map(|(key, value)| (shown(key).into_owned(), shown(value).into_owned())),
+    );
+    lines.push((
+        "settings".into(),
+        format!(
+            "url {}, prefix {}, ttl {}",
+            common.display_url,
+            common.prefix,
+            humantime::format_duration(common.ttl)
+        ),
+    ));
+    lines.extend(
+        check
+            .warnings
+            .iter()
+            .map(|w| ("warning".to_owned(), shown(w).into_owned())),
+    );
+    // One column for every value, however long the longest key.
+    let width = lines
+        .iter()
+        .map(|(key, _)| crate::wording::display_width(key) + 1)
+        .max()
+        .unwrap_or(0);
+    for (key, value) in &lines {
+        writeln!(
+            out,
+            "{} {value}",
+            crate::wording::pad(&format!("{key}:"), width)
+        )?;
     }
     writeln!(out, "ok")?;
     Ok(())
+}
+
+/// `check --json`: the report's fields as they always were (`details` as `[key, value]`
+/// pairs), and typed beside them: `round_trip_ms` (a number), `facts` (the details as an
+/// object) and the effective `settings`.
+fn check_json(check: &CheckReport, common: &Common) -> serde_json::Value {
+    let mut json = serde_json::to_value(check).unwrap_or_default();
+    if let Some(object) = json.as_object_mut() {
+        object.insert(
+            "round_trip_ms".into(),
+            serde_json::json!(check.round_trip_us as f64 / 1000.0),
+        );
+        let facts: serde_json::Map<String, serde_json::Value> = check
+            .details
+            .iter()
+            .map(|(key, value)| (key.clone(), serde_json::Value::String(value.clone())))
+            .collect();
+        object.insert("facts".into(), serde_json::Value::Object(facts));
+        object.insert(
+            "settings".into(),
+            serde_json::json!({
+                "url": common.display_url,
+                "prefix": common.prefix,
+                "ttl_ms": u64::try_from(common.ttl.as_millis()).unwrap_or(u64::MAX),
+            }),
+        );
+        object.insert("ok".into(), serde_json::Value::Bool(true));
+    }
+    json
 }

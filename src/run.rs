@@ -224,7 +224,7 @@ async fn acquire<B: Backend>(
         }
         Wait::No | Wait::Forever => None,
     };
-    let waiting = waiting::Waiting::new(request.budget.is_no_wait());
+    let waiting = waiting::Waiting::new(&request.budget);
     let acquired = tokio::select! {
         result = &mut acquire => result,
         () = waiting.report(backend, &settings.name) => Err(Error::Internal("the waiting line ended".into())),

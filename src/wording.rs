@@ -224,6 +224,22 @@ pub fn short_duration(d: Duration) -> String {
     }
 }
 
+/// A duration measured, for `status` and `check`: `0.3 ms`, `5.7 ms`, `290 ms`, `2.9 s`,
+/// then as [`short_duration`] (`4m12s`) from a minute on. One form wherever dlock reports a
+/// measured time, with the precision that matters at its size.
+pub fn measured_duration(d: Duration) -> String {
+    let ms = d.as_secs_f64() * 1000.0;
+    if ms < 10.0 {
+        format!("{ms:.1} ms")
+    } else if ms < 1000.0 {
+        format!("{ms:.0} ms")
+    } else if d < Duration::from_secs(60) {
+        format!("{:.1} s", d.as_secs_f64())
+    } else {
+        short_duration(d)
+    }
+}
+
 /// How many columns `text` takes on a terminal: 2 for the wide characters of East Asian
 /// scripts and emoji, 0 for combining marks and zero-width characters, 1 for the rest (the
 /// common cases; a terminal may differ on rare ones).
@@ -609,6 +625,16 @@ mod tests {
             not_a("redis://h:7/0", &SERVER, "it answered HTTP").to_string(),
             "h:7 does not look like a Redis server (it answered HTTP); check the URL's host and port"
         );
+    }
+
+    #[test]
+    fn measured_durations_read_alike_at_every_size() {
+        let us = Duration::from_micros;
+        assert_eq!(measured_duration(us(290)), "0.3 ms");
+        assert_eq!(measured_duration(us(5_676)), "5.7 ms");
+        assert_eq!(measured_duration(us(290_400)), "290 ms");
+        assert_eq!(measured_duration(us(2_940_000)), "2.9 s");
+        assert_eq!(measured_duration(Duration::from_secs(252)), "4m12s");
     }
 
     #[test]

@@ -330,19 +330,26 @@ executed) before it touches a lock.";
 
 const STATUS: &str = "\
 `dlock status NAME` prints the lock's state: its holders (pid, host, user, the command line they
-recorded), since when, the fencing token, the time left on the lease and the number of waiters;
-then each process of this host that waits for it, the longest-waiting first: its pid, user and
-command, since when it waits, and where (for the lock file, in this host's queue, or at the
-server). `--json` prints the same as JSON (the waiters of this host as `waiting_here`). It
-changes nothing: on the file backend a lock directory that does not exist is reported, not
-created.
+recorded), since when they hold it (the grant, not when they started waiting), the fencing
+token, the lease (its length, and what is left of it where the server tells) and the number of
+waiters; several holders (`--shared`, `--limit N`) read one line each. Then each process of
+this host that waits for it, the longest-waiting first: its pid, user and command, since when
+it waits, and where (for the lock file, in this host's queue, or at the server). `--json`
+prints the same as JSON (the waiters of this host as `waiting_here`). It changes nothing: on
+the file backend a lock directory that does not exist is reported, not created.
+
+Without `--url` or `DLOCK_DIR` the file backend's directory is each user's own, and `status`
+says whose (`free (locks of uid 1000 in /run/lock/dlock-1000)`; `location` in JSON): another
+user's locks are not in it. Users who share a lock use a directory root prepared for them (the
+file backend's page: locks shared between users).
 
 With `-q` it prints nothing, and its exit status answers: 0 held, 1 free.";
 
 const LIST: &str = "\
-`dlock list` prints every lock held under the namespace (`--prefix`), one line each: the name,
-its holders, since when and the fencing token; `--json` prints the same as JSON. It changes
-nothing. On memcached it needs the server's LRU crawler (on by default) and fails rather than
+`dlock list` prints every lock held under the namespace (`--prefix`), a line for each holder:
+the name, pid, host, user, how long it has held the lock, the number of waiters, the mode, the
+fencing token and the command; `no locks are held` when there are none. `--json` prints the
+same as JSON. It changes nothing. On memcached it needs the server's LRU crawler (on by default) and fails rather than
 give an incomplete answer.";
 
 const RELEASE: &str = "\
@@ -364,8 +371,10 @@ the settings that matter to a lock (a Redis that may evict keys or lose them on 
 memcached that may evict, a PostgreSQL that cannot drop a silent holder, a MySQL user without
 PROCESS), and creates and deletes a test entry under the prefix. On the file backend it checks
 the lock directory (owner, mode, a network file system) and says whether the first `dlock run`
-can create it. It prints what it found, or JSON with `--json`. Warnings do not change the exit
-status.";
+can create it. It prints what it found, one value to a line in one column (times as `5.7 ms`),
+or JSON with `--json` (`round_trip_ms` a number, `facts` an object of what it found,
+`settings` the effective URL, prefix and `ttl_ms`, beside the older `round_trip_us` and
+`details` pairs). Warnings do not change the exit status.";
 
 const RUN_EXAMPLES: &[(&str, &str)] = &[
     (

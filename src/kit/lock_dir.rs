@@ -62,6 +62,10 @@ fn default_dir_for(uid: nix::unistd::Uid, dlock_dir: Option<std::ffi::OsString>)
     }
 }
 
+/// What a message about a lock file that users tried to share adds: the way that works.
+const SHARING: &str = "; to share a lock between users, root makes the directory and the lock \
+    file for their group (docs/backends/file.md: locks shared between users)";
+
 /// Where root's default directory goes when only root may create directories there.
 const RUN: &str = "/run";
 /// Root's default directory where `/run` is not root's alone.
@@ -231,11 +235,13 @@ impl LockDir {
                     }
                     self.check_trusted(&stat, &path)?;
                 }
-                return Err(Error::from_lock_io_at(
-                    "cannot open lock file",
-                    &path,
-                    &std::io::Error::from(e),
-                ));
+                let err = std::io::Error::from(e);
+                return Err(
+                    match Error::from_lock_io_at("cannot open lock file", &path, &err) {
+                        Error::Permission(said) => Error::Permission(format!("{said}{SHARING}")),
+                        other => other,
+                    },
+                );
             }
         };
         let stat = fstat(&fd, &path)?;
@@ -267,7 +273,8 @@ impl LockDir {
         let refuse = |why: String| {
             Err(Error::CantCreate(format!(
                 "refusing to use lock file {}: {why}, in {} where others can create files; \
-                 only your own or root's lock files, writable only by their owner, are used there",
+                 only your own or root's lock files, writable only by their owner, are used \
+                 there{SHARING}",
                 path.display(),
                 self.path.display()
             )))

@@ -76,6 +76,9 @@ pub struct LockStatus {
     /// The processes of this host that wait for the lock, longest-waiting first, where dlock
     /// can see them: the file backend's waiters and the host-local queue's tickets.
     pub waiting_here: Vec<Waiter>,
+    /// Where the lock lives, where that is not the same for every user: the file backend's
+    /// default directory is each user's own (`locks of uid 1000 in /run/lock/dlock-1000`).
+    pub location: Option<String>,
 }
 
 /// [`LockStatus`] as JSON: its fields, and `last_token` in decimal too ([`token_str`]).
@@ -91,6 +94,8 @@ struct LockStatusView {
     last_token_str: Option<String>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     waiting_here: Vec<Waiter>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    location: Option<String>,
 }
 
 impl From<LockStatus> for LockStatusView {
@@ -104,6 +109,7 @@ impl From<LockStatus> for LockStatusView {
             queue: status.queue,
             last_token: status.last_token,
             waiting_here: status.waiting_here,
+            location: status.location,
         }
     }
 }
@@ -155,6 +161,7 @@ impl LockStatus {
                 queue: Vec::new(),
                 last_token: None,
                 waiting_here: Vec::new(),
+                location: None,
             }),
         }
     }

@@ -62,6 +62,8 @@ pub(super) async fn keep<L: Lease>(
         .unwrap_or_default();
     let finished = Holder {
         token: lease.token(),
+        // The record keeps the grant as its start, not the run's.
+        since: humantime::format_rfc3339_seconds(acquired.wall).to_string(),
         kept_until: until_text.clone(),
         ..holder.clone()
     };

@@ -105,6 +105,7 @@ impl Backend for Fake {
             queue: Vec::new(),
             last_token: None,
             waiting_here: Vec::new(),
+            location: None,
         })
     }
 

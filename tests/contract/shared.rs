@@ -233,7 +233,15 @@ pub fn status_and_list_show_the_mode_and_every_holder(server: &dyn LockServer) {
     let out = env.run(["status", &lock]);
     assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
     let text = stdout_of(&out);
-    assert_eq!(text.matches("mode:       shared").count(), 2, "{text}");
+    // Several holders: the mode once, then a line for each holder.
+    assert!(
+        text.contains("state:      held by 2 holders") && text.contains("mode:       shared"),
+        "{text}"
+    );
+    for holding in [&a, &b] {
+        let line = format!("pid {} on ", holding.pid());
+        assert_eq!(text.matches(&line).count(), 1, "{text}");
+    }
     // Each test lists only its own locks (its own prefix, or its own directory).
     let list = stdout_of(&env.run(["list"]));
     assert_eq!(list.matches(" shared ").count(), 2, "{list}");

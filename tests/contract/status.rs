@@ -34,6 +34,12 @@ pub fn status_reports_holder_and_exits_0_held_1_free(server: &dyn LockServer) {
     assert!(h["token"].as_u64().is_some_and(|t| t > 0), "{json}");
     assert!(!h["host"].as_str().unwrap_or("").is_empty(), "{json}");
     assert!(!h["since"].as_str().unwrap_or("").is_empty(), "{json}");
+    // The lease reads alike on every backend: one `ttl:` line, whatever the server tells.
+    let ttl = text
+        .lines()
+        .filter(|l| l.starts_with("ttl:        "))
+        .count();
+    assert_eq!(ttl, 1, "{text}");
 }
 
 pub fn list_shows_held_locks(server: &dyn LockServer) {
@@ -93,6 +99,82 @@ pub fn check_reports_ok(server: &dyn LockServer) {
     let json: serde_json::Value =
         serde_json::from_slice(&env.run(["check", "--json"]).stdout).expect("json");
     assert_eq!(json["backend"], server.scheme());
+}
+
+/// `check` reads as one column, with one form for measured times (`5.7 ms`), and its JSON
+/// has them typed: `round_trip_ms` a number, `facts` an object, the effective `settings`.
+pub fn check_aligns_its_values_and_types_its_json(server: &dyn LockServer) {
+    let env = TestEnv::new(server);
+    let out = env.run(["check"]);
+    assert!(out.status.success(), "{}", describe(&out));
+    let text = stdout_of(&out);
+    let columns: HashSet<usize> = text
+        .lines()
+        .filter(|l| *l != "ok")
+        .map(|l| {
+            l.find(": ").map_or(0, |at| {
+                at + 2 + l[at + 2..].len() - l[at + 2..].trim_start().len()
+            })
+        })
+        .collect();
+    assert_eq!(columns.len(), 1, "values not in one column:\n{text}");
+    let round_trip = text
+        .lines()
+        .find_map(|l| l.strip_prefix("round trip:"))
+        .map(str::trim)
+        .unwrap_or_else(|| panic!("no round trip in {text}"));
+    let (number, unit) = round_trip.split_once(' ').unwrap_or((round_trip, ""));
+    assert!(
+        number.parse::<f64>().is_ok() && ["ms", "s"].contains(&unit),
+        "round trip as {round_trip:?}: {text}"
+    );
+    let json: serde_json::Value =
+        serde_json::from_slice(&env.run(["check", "--json"]).stdout).expect("json");
+    assert!(json["round_trip_ms"].is_f64(), "{json}");
+    assert!(json["round_trip_us"].is_u64(), "{json}");
+    assert!(json["facts"].is_object(), "{json}");
+    assert!(json["settings"]["ttl_ms"].is_u64(), "{json}");
+}
+
+/// `list` shows each holder's user, how long it has held and its token, and says so when
+/// no lock is held.
+pub fn list_shows_age_user_and_token_and_says_when_nothing_is_held(server: &dyn LockServer) {
+    let env = TestEnv::new(server);
+    let out = env.run(["list"]);
+    assert!(out.status.success(), "{}", describe(&out));
+    assert_eq!(
+        stdout_of(&out).trim(),
+        "no locks are held",
+        "{}",
+        describe(&out)
+    );
+    let lock = lock_name("listed");
+    let holder = env.hold(&lock, &[]);
+    let json = env.status_json(&lock);
+    let token = json["holders"][0]["token_str"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let user = json["holders"][0]["user"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let text = stdout_of(&env.run(["list"]));
+    let header = text.lines().next().unwrap_or_default();
+    for column in ["USER", "HELD", "TOKEN"] {
+        assert!(header.contains(column), "no {column} column: {text}");
+    }
+    let line = text
+        .lines()
+        .find(|l| l.contains(&format!(" {} ", holder.pid())))
+        .unwrap_or_else(|| panic!("pid {} not listed: {text}", holder.pid()));
+    assert!(line.contains(&format!(" {user} ")), "{text}");
+    assert!(line.contains(&format!(" {token} ")), "{text}");
+    let held = line
+        .split_whitespace()
+        .find_map(|word| humantime::parse_duration(word).ok())
+        .unwrap_or_else(|| panic!("no age in {line}"));
+    assert!(held < std::time::Duration::from_secs(60), "{line}");
 }
 
 /// A user name or command line with terminal escape sequences is shown escaped by `status`,
@@ -307,6 +389,132 @@ pub fn status_shows_since_when_each_waiter_of_this_host_waits(server: &dyn LockS
     let json: serde_json::Value =
         serde_json::from_slice(&env.run(["status", "--json", &lock]).stdout).unwrap_or_default();
     assert!(json["waiting_here"].is_null(), "{json}");
+}
+
+/// A waiter of this host that the server also lists in its queue is shown once.
+pub fn status_shows_each_waiter_once(server: &dyn LockServer) {
+    let env = TestEnv::new(server);
+    let lock = lock_name("once");
+    let _holder = env.hold(&lock, &[]);
+    let waiter = Holding {
+        child: env.spawn(&["run", &lock, "true"]),
+        ready: env.path("never"),
+    };
+    let pid = u64::from(waiter.child.id());
+    wait_until("the waiter in status", PATIENCE, || {
+        let json = env.status_json(&lock);
+        let here = json["waiting_here"]
+            .as_array()
+            .is_some_and(|w| w.iter().any(|w| w["pid"].as_u64() == Some(pid)));
+        // Where the server keeps a queue, wait until it lists the waiter too.
+        let queued = json["waiters"].as_u64() != Some(0);
+        here && queued
+    });
+    let text = stdout_of(&env.run(["status", &lock]));
+    let shown = text
+        .lines()
+        .filter(|l| l.contains(&format!("pid {pid} ")) || l.contains(&format!("pid {pid},")))
+        .count();
+    assert_eq!(shown, 1, "{text}");
+}
+
+/// A holder whose lock was released by force is stopping its command, not waiting: `status`
+/// never lists it among this host's waiters.
+pub fn a_holder_released_by_force_is_never_shown_waiting(server: &dyn LockServer) {
+    if server.scheme() == "file" {
+        // A kernel lock cannot be broken from outside (`release --force` refuses).
+        return;
+    }
+    let env = TestEnv::new(server);
+    let lock = lock_name("forced");
+    let ready = env.path("forced-ready");
+    // A command that takes its time to stop: the ex-holder lives on after the loss.
+    let script = format!(
+        "trap '' TERM; echo $$ > '{}'; while :; do sleep 0.05; done",
+        ready.display()
+    );
+    let holder = Holding {
+        child: env.spawn(&["run", "--kill-after", "3s", &lock, "sh", "-c", &script]),
+        ready: ready.clone(),
+    };
+    wait_until("the holder holds", PATIENCE, || ready.exists());
+    let pid = u64::from(holder.child.id());
+    let out = env.run(["release", "--force", &lock]);
+    assert_eq!(out.status.code(), Some(0), "{}", describe(&out));
+    let mut holder = holder;
+    let deadline = std::time::Instant::now() + PATIENCE;
+    // Until the ex-holder has stopped its command and exited (bounded).
+    while holder.child.try_wait().ok().flatten().is_none() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the ex-holder never exited"
+        );
+        let json = env.status_json(&lock);
+        let waiting = json["waiting_here"]
+            .as_array()
+            .is_some_and(|w| w.iter().any(|w| w["pid"].as_u64() == Some(pid)));
+        assert!(!waiting, "the ex-holder {pid} shown waiting: {json}");
+    }
+}
+
+/// How long the second run of [`since_counts_from_the_grant_not_from_the_wait`] waits: long
+/// enough that a `since` taken when it started reads seconds older than its grant.
+const WAITED: std::time::Duration = std::time::Duration::from_secs(4);
+
+/// A holder's `since`, and the busy line's "held … for", count from its grant: a run that
+/// waited W and then held H shows an age near H, not W + H.
+pub fn since_counts_from_the_grant_not_from_the_wait(server: &dyn LockServer) {
+    let env = TestEnv::new(server);
+    let lock = lock_name("since");
+    let mut first = env.hold(&lock, &[]);
+    let ready = env.path("second-ready");
+    let script = format!("echo $$ > '{}'; exec sleep 1000", ready.display());
+    let second = Holding {
+        child: env.spawn(&["run", &lock, "sh", "-c", &script]),
+        ready: ready.clone(),
+    };
+    let pid = u64::from(second.child.id());
+    wait_until("the second run waiting", PATIENCE, || {
+        env.status_json(&lock)["waiting_here"]
+            .as_array()
+            .is_some_and(|w| w.iter().any(|w| w["pid"].as_u64() == Some(pid)))
+    });
+    // The wait under test, not a synchronisation: the second run is queued already.
+    std::thread::sleep(WAITED);
+    let released = std::time::SystemTime::now();
+    first.signal(nix::sys::signal::Signal::SIGTERM);
+    first.wait();
+    wait_until("the second run holding", PATIENCE, || ready.exists());
+    let mut json = serde_json::Value::Null;
+    wait_until("status showing the second run holding", PATIENCE, || {
+        json = env.status_json(&lock);
+        json["holders"][0]["pid"].as_u64() == Some(pid)
+    });
+    let holder = &json["holders"][0];
+    let since = humantime::parse_rfc3339(holder["since"].as_str().unwrap_or_default())
+        .unwrap_or_else(|e| panic!("since is not RFC 3339 ({e}): {json}"));
+    // `since` is in whole seconds.
+    let rounded = released - std::time::Duration::from_secs(1);
+    assert!(
+        since >= rounded,
+        "since counts from before the grant ({:?} before the release): {json}",
+        released.duration_since(since).unwrap_or_default()
+    );
+    let busy = env.run(["run", "--no-wait", &lock, "true"]);
+    assert_eq!(busy.status.code(), Some(75), "{}", describe(&busy));
+    let held_for = released.elapsed().unwrap_or_default() + std::time::Duration::from_secs(1);
+    let line = String::from_utf8_lossy(&busy.stderr).into_owned();
+    let said = line
+        .split(" for ")
+        .nth(1)
+        .and_then(|rest| rest.split([' ', ',', ';', ')']).next())
+        .and_then(|d| humantime::parse_duration(d).ok())
+        .unwrap_or_else(|| panic!("no \"for <duration>\" in the busy line: {line}"));
+    assert!(
+        said <= held_for,
+        "the busy line says held for {said:?}, the hold is {held_for:?} old: {line}"
+    );
+    drop(second);
 }
 
 /// Every JSON that shows a fencing token shows it exactly to every JSON tool: `token_str`

@@ -63,11 +63,17 @@ pub fn conflict_line_reads_the_same_on_every_backend(server: &dyn LockServer) {
         .find(|l| l.starts_with(lock.as_str()))
         .unwrap_or_else(|| panic!("{lock} not listed: {list}"));
     let words: Vec<&str> = row.split_whitespace().collect();
-    assert_eq!(words[1], holder.pid().to_string(), "{row}");
+    let column = |name: &str| {
+        list.lines()
+            .next()
+            .and_then(|header| header.split_whitespace().position(|w| w == name))
+            .unwrap_or_else(|| panic!("no {name} column: {list}"))
+    };
+    assert_eq!(words[column("PID")], holder.pid().to_string(), "{row}");
+    let waiting = words[column("WAITING")];
     assert!(
-        words[4].parse::<u64>().is_ok(),
-        "waiting column {:?}: {row}",
-        words[4]
+        waiting.parse::<u64>().is_ok(),
+        "waiting column {waiting:?}: {row}"
     );
 }
 
@@ -117,6 +123,12 @@ pub fn waiting_at_a_terminal_names_the_holder(server: &dyn LockServer) {
         screen.text().contains(&wanted)
     });
     let shown_after = started.elapsed();
+    // How long it has waited (no --wait: it never gives up).
+    let text = screen.text();
+    assert!(
+        text.contains("; waited ") && !text.contains("gives up in"),
+        "{text:?}"
+    );
     // Within a second of starting to wait, on an idle machine; generous for a loaded one.
     assert!(
         shown_after < Duration::from_secs(5),
@@ -151,6 +163,16 @@ pub fn waiting_is_silent_when_not_at_a_terminal(server: &dyn LockServer) {
     let out = env.run(["run", "-v", "--wait", "1500ms", &lock, "true"]);
     let wanted = format!("waiting for '{lock}': held by pid {}", holder.pid());
     assert!(stderr_of(&out).contains(&wanted), "{}", describe(&out));
+    // How long it has waited, and when it gives up.
+    let line = stderr_of(&out)
+        .lines()
+        .find(|l| l.contains(&wanted))
+        .map(str::to_owned)
+        .unwrap_or_default();
+    assert!(
+        line.contains("; waited ") && line.contains(", gives up in "),
+        "{line}"
+    );
 }
 
 /// Two runs a second apart with `--min-hold 4s`: the second finds the lock held (75); the

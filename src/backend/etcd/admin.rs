@@ -60,6 +60,7 @@ pub(super) async fn status(
         holders,
         last_token: None,
         waiting_here: Vec::new(),
+        location: None,
     })
 }
 

@@ -26,11 +26,16 @@ struct Value {
     waiting: bool,
 }
 
-/// Our key's value: the holder metadata, and whether it is a place in the queue only.
+/// Our key's value: the holder metadata, and whether it is a place in the queue only. A
+/// value that is not a place in the queue is written at the grant, which `since` says.
 pub(super) fn value_json(request: &AcquireRequest, waiting: bool) -> Result<String, Error> {
+    let mut holder = request.holder.clone();
+    if !waiting {
+        holder.granted_now();
+    }
     serde_json::to_string(&Value {
         record: Record {
-            holder: request.holder.clone(),
+            holder,
             limit: request.limit,
         },
         waiting,

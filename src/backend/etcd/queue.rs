@@ -79,7 +79,7 @@ impl Acquisition<'_> {
         let mut place = self.join(&held).await?;
         loop {
             if place.older.len() < self.limit {
-                return self.take(place, &held).await;
+                return self.take(place).await;
             }
             if self.request.budget.is_no_wait() {
                 return Err(self.busy(true, "not waiting (--no-wait)").await);
@@ -270,7 +270,7 @@ impl Acquisition<'_> {
     /// Our key is among the first `limit`: move it to the hold's lease if it is still on the
     /// waiter lease (while the command starts, where the waiter lease leaves room for it:
     /// [`super::attach`]), and hand over the token and the watch on our key.
-    async fn take(self, place: Place, held: &str) -> Result<Taken, Error> {
+    async fn take(self, place: Place) -> Result<Taken, Error> {
         let my_rev = place.my_rev;
         let token = u64::try_from(my_rev)
             .map_err(|_| Error::Internal(format!("negative revision {my_rev}")))?;
@@ -281,7 +281,7 @@ impl Acquisition<'_> {
                 key: self.key.clone(),
                 created: my_rev,
                 hold: self.hold,
-                value: held.to_owned(),
+                value: value_json(self.request, false)?,
             };
             let waiter = self.waiter.take().ok_or_else(|| {
                 Error::Internal("a waiting etcd key without its waiter lease".into())

@@ -21,17 +21,21 @@ use crate::lock::{CheckReport, Holder, HolderStatus, LockName, LockStatus, Mode,
 
 /// The holders and waiters of `name`, and the last token handed out for it.
 pub(super) fn status(backend: &FileBackend, name: &LockName) -> Result<LockStatus, Error> {
-    match backend.existing_dir()? {
+    let status = match backend.existing_dir()? {
         Some(dir) => {
             let locks = ProcLocks::read(&slot_keys(&dir, name)?)?;
-            status_of(&dir, name, &locks, None)
+            status_of(&dir, name, &locks, None)?
         }
         None => {
             ProcLocks::read(&HashSet::new())?;
             missing_dir(backend);
-            Ok(free(name))
+            free(name)
         }
-    }
+    };
+    Ok(LockStatus {
+        location: Some(backend.location()),
+        ..status
+    })
 }
 
 /// The files (device, inode) of `name`'s slots, and of its turnstile (whose waiters wait
@@ -274,6 +278,7 @@ fn status_of(
         queue: Vec::new(),
         last_token,
         waiting_here: waiting_here(&waiters),
+        location: None,
     })
 }
 
@@ -323,6 +328,7 @@ fn free(name: &LockName) -> LockStatus {
         queue: Vec::new(),
         last_token: None,
         waiting_here: Vec::new(),
+        location: None,
     }
 }
 

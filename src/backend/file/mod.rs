@@ -102,6 +102,22 @@ impl FileBackend {
         &self.dir
     }
 
+    /// Where the locks are, for `status` and `list`: the default directory (no `--url`, no
+    /// `DLOCK_DIR`) is each user's own, so another user's locks are not in it.
+    pub(super) fn location(&self) -> String {
+        let own = self.default_dir
+            && !std::env::var_os("DLOCK_DIR").is_some_and(|d| Path::new(&d).is_absolute());
+        if own {
+            format!(
+                "locks of uid {} in {}",
+                nix::unistd::getuid(),
+                self.dir.display()
+            )
+        } else {
+            format!("in {}", self.dir.display())
+        }
+    }
+
     /// Open the lock directory, creating it (mode 0700) if missing, after checking that
     /// nobody else controls it (see [`dir`]).
     fn prepare_dir(&self) -> Result<LockDir, Error> {
@@ -442,6 +458,7 @@ fn start_shared_hold(
     let token = held?;
     let mut holder = request.holder.clone();
     holder.token = token;
+    holder.granted_now();
     // A kernel lock has no lease.
     holder.ttl_ms = 0;
     let record = Record {
@@ -525,6 +542,7 @@ fn start_hold(
                 .map_err(|e| io_err("cannot write", e))?;
             let mut holder = request.holder.clone();
             holder.token = token;
+            holder.granted_now();
             // A kernel lock has no lease.
             holder.ttl_ms = 0;
             let record = Record {

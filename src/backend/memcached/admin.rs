@@ -145,6 +145,7 @@ async fn status_at(
         queue: Vec::new(),
         last_token,
         waiting_here: Vec::new(),
+        location: None,
     })
 }
 

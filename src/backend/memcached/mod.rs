@@ -272,6 +272,7 @@ impl MemcachedBackend {
         };
         let mut record = stored.record;
         record.holder.token = token;
+        record.holder.granted_now();
         held.value = Stored {
             owner: stored.owner,
             record,

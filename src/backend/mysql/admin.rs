@@ -141,6 +141,7 @@ impl MysqlBackend {
             queue: Vec::new(),
             last_token,
             waiting_here: Vec::new(),
+            location: None,
         })
     }
 

@@ -80,6 +80,9 @@ pub fn other_limit_sql(name_key: &str, limit: u32) -> String {
 pub const TOKEN_FLOOR: &str =
     "CAST(TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', UTC_TIMESTAMP(6)) AS UNSIGNED)";
 
+/// The server's time now, as [`Holder::since`] is written (RFC 3339 UTC, whole seconds).
+const GRANTED_AT: &str = "DATE_FORMAT(UTC_TIMESTAMP(), '%Y-%m-%dT%H:%i:%sZ')";
+
 /// The statements after the lock call, which has set `@dlock_granted` (1: ours now) and
 /// `@dlock_slot` (the slot index): in one transaction, the name's counter is bumped with
 /// `LAST_INSERT_ID(GREATEST(token + 1, floor))` (so `LAST_INSERT_ID()` returns it to this
@@ -104,7 +107,8 @@ pub fn grant_sql(
     let sk = quoted(session_key);
     let slot_key = slot_expression(slots);
     let json = serde_json::to_string(holder).unwrap_or_default();
-    let holder = text(&json);
+    // `since` is the grant's time on the server's clock, not when the run started waiting.
+    let holder = format!("JSON_SET({}, '$.since', {GRANTED_AT})", text(&json));
     let when = "WHERE @dlock_granted = 1 AND @@global.read_only = 0";
     format!(
         "START TRANSACTION; \

@@ -84,6 +84,7 @@ impl PgBackend {
             queue,
             last_token: None,
             waiting_here: Vec::new(),
+            location: None,
         })
     }
 

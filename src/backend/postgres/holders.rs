@@ -11,14 +11,11 @@ use crate::lock::{Holder, HolderStatus, LockName, Mode};
 /// 9999-12-31T23:59:59Z + 1 s: RFC 3339 has four digits for the year.
 const LAST_RFC3339_SECOND: u64 = 253_402_300_800;
 
-/// The label's two parts around the token (filled in by the token statement, which alone
-/// knows it): `dlock <pid> <since> t` and ` <host>`.
+/// The label's two parts around the grant's time and the token (filled in by the token
+/// statement, which alone knows them): `dlock <pid> ` and ` <host>`.
 pub(super) fn holder_label(holder: &Holder) -> (String, String) {
-    let since = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
     (
-        format!("dlock {} {since} t", holder.pid),
+        format!("dlock {} ", holder.pid),
         format!(" {}", holder.host),
     )
 }
@@ -152,7 +149,8 @@ impl Seen {
                 let at = (secs < LAST_RFC3339_SECOND)
                     .then(|| std::time::UNIX_EPOCH.checked_add(Duration::from_secs(secs)))
                     .flatten();
-                if let (true, Some(at)) = (holder.since.is_empty(), at) {
+                // The label's time is the grant's; the metadata's is when the run started.
+                if let Some(at) = at {
                     holder.since = humantime::format_rfc3339_seconds(at).to_string();
                 }
                 if let Some(token) = words.next().and_then(|t| t.strip_prefix('t')) {

@@ -39,6 +39,10 @@ pub(super) struct Granted {
 pub(super) const TOKEN: &str =
     "floor(extract(epoch FROM clock_timestamp()) * 1000000)::int8 * 1000 + txid_current()";
 
+/// The label's start of the hold: the grant's time on the server's clock, in whole seconds
+/// since the epoch (the label is written as the lock is granted, whatever the wait before).
+const GRANTED_AT: &str = "floor(extract(epoch FROM clock_timestamp()))::int8::text";
+
 /// The statement run right after a grant: standby?, fencing token ([`TOKEN`]), is it still
 /// our session (the mark set by the lock statement: statements that a pooler spreads over
 /// several server sessions do not all see it), the session's label (`application_name`),
@@ -54,7 +58,7 @@ pub(super) fn token_sql(holder: &Holder, other_limit: &str) -> String {
          coalesce(current_setting('dlock.owner', true), '') = $3, \
          coalesce(current_setting('dlock.session', true), '') = 'on', \
          set_config('application_name', \
-         left($1 || coalesce(t.token::text, '0') || $2, {MAX_APPLICATION_NAME}), false), \
+         left($1 || {GRANTED_AT} || ' t' || coalesce(t.token::text, '0') || $2, {MAX_APPLICATION_NAME}), false), \
          {other_limit} \
          FROM (SELECT CASE WHEN pg_is_in_recovery() THEN NULL ELSE {TOKEN} END AS token OFFSET 0) t",
         metadata_comment(holder)
@@ -85,7 +89,7 @@ pub(super) fn lock_with_token_sql(
         "{} SELECT t.*, \
          CASE WHEN t.granted THEN coalesce(current_setting('dlock.session', true), '') = 'on' END, \
          CASE WHEN t.granted THEN set_config('application_name', \
-         left($3 || coalesce(t.token::text, '0') || $4, {MAX_APPLICATION_NAME}), false) END, \
+         left($3 || {GRANTED_AT} || ' t' || coalesce(t.token::text, '0') || $4, {MAX_APPLICATION_NAME}), false) END, \
          CASE WHEN t.granted THEN {other_limit} END, \
          CASE WHEN t.granted THEN {look} END \
          FROM (SELECT g.*, {granted} AS granted, \

@@ -155,6 +155,7 @@ fn free(name: &LockName) -> LockStatus {
         queue: Vec::new(),
         last_token: None,
         waiting_here: Vec::new(),
+        location: None,
     }
 }
 

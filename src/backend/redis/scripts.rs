@@ -318,6 +318,15 @@ pub(super) fn parse_status(
             if holder.name.is_empty() {
                 holder.name = name.to_string();
             }
+            // The grant's age by the server's clock: the metadata's `since` is when the run
+            // started waiting.
+            if let Some(held) = f
+                .get(4)
+                .and_then(int_of)
+                .and_then(|ms| u64::try_from(ms).ok())
+            {
+                holder.granted_ago(std::time::Duration::from_millis(held));
+            }
             HolderStatus {
                 holder,
                 ttl_left_ms: f
@@ -336,6 +345,7 @@ pub(super) fn parse_status(
         queue: Vec::new(),
         last_token: text(1).and_then(|f| f.parse().ok()),
         waiting_here: Vec::new(),
+        location: None,
     }))
 }
 

@@ -34,6 +34,7 @@ impl ZkBackend {
             holders: holders.into_iter().map(|e| e.status).collect(),
             last_token: None,
             waiting_here: Vec::new(),
+            location: None,
         })
     }
 

@@ -14,7 +14,7 @@ use super::ZkBackend;
 use crate::clock::{sleep_until, BootInstant};
 use crate::error::Error;
 use crate::kit::limit;
-use crate::lock::{AcquireRequest, Cancel, LockName, Mode, Record};
+use crate::lock::{AcquireRequest, Cancel, Holder, LockName, Mode, Record};
 
 /// Bound for reading who holds a lock for a message, once `--wait` is over.
 const REPORT_TIMEOUT: Duration = Duration::from_secs(1);
@@ -31,17 +31,10 @@ impl ZkBackend {
     ) -> Result<(u64, BootInstant), Error> {
         let mut holder = request.holder.clone();
         holder.mode = request.mode;
-        let record = |waiting| {
-            serde_json::to_vec(&Meta {
-                record: Record {
-                    holder: holder.clone(),
-                    limit: request.limit,
-                },
-                waiting,
-            })
-            .map_err(|e| Error::Internal(e.to_string()))
-        };
-        let (holding, waiting) = (record(false)?, record(true)?);
+        let (holding, waiting) = (
+            node_data(&holder, request.limit, false)?,
+            node_data(&holder, request.limit, true)?,
+        );
         let queued_by = async {
             match request.budget.answer_by() {
                 Some(at) => sleep_until(at).await,
@@ -69,7 +62,7 @@ impl ZkBackend {
             own,
             own_path,
             limit: request.limit.max(1) as usize,
-            holding,
+            holder,
             waiting,
             marked: false,
             limit_checked: false,
@@ -164,8 +157,8 @@ struct Waiter<'a> {
     own_path: String,
     /// `--limit`, at least 1: how many hold at once.
     limit: usize,
-    /// Our node's data as a holder's, and as a marked waiter's.
-    holding: Vec<u8>,
+    /// Our metadata, and our node's data as a marked waiter's.
+    holder: Holder,
     waiting: Vec<u8>,
     /// Whether our node's data marks it as a waiter's (`--limit 1`).
     marked: bool,
@@ -196,9 +189,15 @@ impl Waiter<'_> {
 
     /// Our node has its turn: make its data say it holds.
     async fn take(&self) -> Result<(), Error> {
+        // Written at the grant, our data says the hold started now (`since`).
+        let holding = || {
+            let mut holder = self.holder.clone();
+            holder.granted_now();
+            node_data(&holder, self.request.limit, false)
+        };
         if self.limit > 1 {
             // Rewrite our data: the waiter behind us watches it (see the docs of `zk`).
-            timed(self.client.set_data(&self.own_path, &self.holding, None))
+            timed(self.client.set_data(&self.own_path, &holding()?, None))
                 .await
                 .map_err(|e| {
                     self.backend
@@ -208,7 +207,7 @@ impl Waiter<'_> {
         } else if self.marked {
             // Our node is a hold now, for `status`. The request goes out as it is
             // made; nothing waits for its reply (the command starts at once).
-            drop(self.client.set_data(&self.own_path, &self.holding, None));
+            drop(self.client.set_data(&self.own_path, &holding()?, None));
         }
         Ok(())
     }
@@ -369,4 +368,16 @@ fn same_limit(data: &[u8], request: &AcquireRequest) -> Result<(), Error> {
         Ok(meta) => limit::agrees(&request.name, request.limit, meta.record.limit),
         Err(_) => Ok(()),
     }
+}
+
+/// A node's data: the holder's metadata and limit, marked as a waiter's or not.
+fn node_data(holder: &Holder, limit: u32, waiting: bool) -> Result<Vec<u8>, Error> {
+    serde_json::to_vec(&Meta {
+        record: Record {
+            holder: holder.clone(),
+            limit,
+        },
+        waiting,
+    })
+    .map_err(|e| Error::Internal(e.to_string()))
 }

@@ -246,6 +246,9 @@ impl<B: Backend> Backend for LocalQueued<B> {
             }
             other => other?,
         };
+        if let Some(ticket) = &local {
+            ticket.granted();
+        }
         Ok(QueuedLease { remote, local })
     }
 
@@ -279,7 +282,8 @@ impl<B: Backend> Backend for LocalQueued<B> {
         for ticket in tickets {
             if ticket.blocked {
                 blocked += 1;
-            } else if holds(ticket.pid) {
+            } else if ticket.granted || holds(ticket.pid) {
+                // A holder, or one whose hold was lost or broken, stopping its command.
                 continue;
             }
             let stage = if ticket.blocked {

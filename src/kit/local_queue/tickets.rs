@@ -113,6 +113,23 @@ impl Ticket {
         unlock_queuing(&self.queuing);
     }
 
+    /// This ticket's run holds the lock: `status` no longer counts it among this host's
+    /// waiters, nor once the hold is lost or broken (`release --force`) and its process is
+    /// stopping its command. The mark is the ticket file's owner-execute bit, which nothing
+    /// else sets: one `fchmod`, no write, on the way to the command.
+    pub(super) fn granted(&self) {
+        use std::os::unix::fs::PermissionsExt;
+        if let Some(file) = &self.file {
+            let marked = file.metadata().and_then(|meta| {
+                let mode = meta.permissions().mode() | GRANTED;
+                file.set_permissions(std::fs::Permissions::from_mode(mode))
+            });
+            if let Err(e) = marked {
+                tracing::debug!("cannot mark this host's ticket as holding: {e}");
+            }
+        }
+    }
+
     /// A hook that does what [`Ticket::queued`] does, for the remote backend to call.
     pub(super) fn on_queued(&self) -> impl Fn() + Send + Sync + 'static {
         let queuing = self.queuing.clone();
@@ -269,12 +286,15 @@ impl LocalQueue {
                 let pid = locks.holder(key, None)?;
                 // Nothing writes to a ticket file after it is created and locked.
                 let file = dir.read_lock_file(&entry).ok()??;
-                let since = file.metadata().ok()?.modified().ok()?;
+                let meta = file.metadata().ok()?;
+                let since = meta.modified().ok()?;
                 Some(InUse {
                     pid,
                     since,
                     command: recorded_command(file),
                     blocked: blocked.contains(&pid),
+                    granted: std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & GRANTED
+                        != 0,
                 })
             })
             .collect())
@@ -290,7 +310,12 @@ pub(super) struct InUse {
     pub(super) command: String,
     /// Its process waits in this host's queue, not at the server yet.
     pub(super) blocked: bool,
+    /// Its run got the lock ([`Ticket::granted`]): a holder, or one stopping after a loss.
+    pub(super) granted: bool,
 }
+
+/// The mode bit of a ticket file whose run got the lock ([`Ticket::granted`]).
+const GRANTED: u32 = 0o100;
 
 /// The command line a ticket file records, as much of it as a record can be
 /// ([`Holder::MAX_COMMAND`] bytes and the `…` that marks a cut).
@@ -440,8 +465,16 @@ fn take_ticket(
         };
         let name = ticket_name(stem, number);
         let file = lock(&name)?;
-        // For `status` only: a ticket whose record could not be written still queues.
+        // For `status` only: a ticket whose record could not be written still queues, and a
+        // reused stale file loses the mark of a run that got the lock.
         let _ = file.write_all_at(command.as_bytes(), 0);
+        if let Ok(meta) = file.metadata() {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = meta.permissions().mode();
+            if mode & GRANTED != 0 {
+                let _ = file.set_permissions(std::fs::Permissions::from_mode(mode & !GRANTED));
+            }
+        }
         let queuing_name = queuing_name(stem, number);
         let queuing = match lock(&queuing_name) {
             Ok(queuing) => queuing,

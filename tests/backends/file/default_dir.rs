@@ -156,3 +156,53 @@ fn a_default_directory_another_user_made_is_refused_naming_them_and_the_way_out(
     drop(holding);
     assert!(Path::new(&dlock_dir).join("x.lock").exists());
 }
+
+/// The default directory is each user's own: `status` says whose locks the directory it
+/// looked in holds, so a lock another user holds does not read as simply free; with a
+/// directory named, it says which.
+#[test]
+fn status_says_whose_locks_the_default_directory_holds() {
+    assert!(
+        nix::unistd::getuid().is_root(),
+        "this test needs root to act as another user"
+    );
+    // A uid of its own: the other tests here make VICTIM_UID's directory.
+    const ASKER_UID: u32 = 424_245;
+    let as_asker = |mut command: Command| {
+        command
+            .uid(ASKER_UID)
+            .gid(ASKER_UID)
+            .current_dir("/")
+            .env("HOME", "/");
+        command
+    };
+    let server = FileServer::start();
+    let env = TestEnv::new(&server);
+    let lock = lock_name("whose");
+    let out = output_within(
+        as_asker(without_a_directory(&env, &["status", &lock])),
+        PATIENCE,
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", describe(&out));
+    let wanted = format!(
+        "free (locks of uid {ASKER_UID} in {})",
+        default_dir_of(ASKER_UID).display()
+    );
+    assert!(stdout_of(&out).contains(&wanted), "{}", describe(&out));
+    let out = output_within(
+        as_asker(without_a_directory(&env, &["status", "--json", &lock])),
+        PATIENCE,
+    );
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(
+        json["location"].as_str(),
+        Some(&wanted["free (".len()..wanted.len() - 1]),
+        "{json}"
+    );
+    let out = env.run(["status", &lock]);
+    assert!(
+        stdout_of(&out).contains(&format!("free (in {}", server.dir.path().display())),
+        "{}",
+        describe(&out)
+    );
+}

@@ -320,3 +320,35 @@ fn a_lock_directory_or_file_the_user_may_not_use_names_whose_it_is() {
     );
     assert!(!stderr_of(&out).contains("os error"), "{}", describe(&out));
 }
+
+/// A user who shares a lock file with others the way that does not work is pointed to the
+/// way that does: a lock file they may not write (77), and a root's lock file anyone may
+/// write in a directory everyone may write to (73), each name the multi-user recipe.
+#[test]
+fn a_lock_file_others_cannot_share_points_to_the_multi_user_recipe() {
+    use std::os::unix::process::CommandExt;
+    const USER: u32 = 424_244;
+    const RECIPE: &str = "locks shared between users";
+    let server = FileServer::start();
+    let env = TestEnv::new(&server);
+    std::fs::set_permissions(env.scratch.path(), std::fs::Permissions::from_mode(0o711))
+        .expect("chmod");
+    // Root's lock file, for root alone, in a directory root keeps.
+    let dir = dir_with_mode(&env.path("locks"), 0o755);
+    let lock = dir.join("data.lock");
+    std::fs::write(&lock, b"").expect("create the lock file");
+    std::fs::set_permissions(&lock, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let mut as_user = env.dlock(["run", "--url", &url_of(&dir), "data", "true"]);
+    as_user.uid(USER).gid(USER).current_dir("/");
+    let out = output_within(as_user, PATIENCE);
+    assert_fails(&out, 77, &lock.display().to_string());
+    assert!(stderr_of(&out).contains(RECIPE), "{}", describe(&out));
+    // The same file made writable by everyone, in a directory everyone may write to.
+    let shared = dir_with_mode(&env.path("shared"), 0o1777);
+    let open = shared.join("data.lock");
+    std::fs::write(&open, b"").expect("create the lock file");
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o666)).expect("chmod");
+    let out = env.run(["run", "--url", &url_of(&shared), "data", "true"]);
+    assert_fails(&out, 73, &open.display().to_string());
+    assert!(stderr_of(&out).contains(RECIPE), "{}", describe(&out));
+}

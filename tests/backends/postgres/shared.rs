@@ -392,7 +392,15 @@ fn every_reader_and_its_mode_show_without_their_metadata() {
     }
     let out = env.run(["status", "--url", &app, &lock]);
     let text = stdout_of(&out);
-    assert_eq!(text.matches("mode:       shared").count(), 2, "{text}");
+    // Several holders: the mode once, then a line for each holder.
+    assert!(
+        text.contains("state:      held by 2 holders") && text.contains("mode:       shared"),
+        "{text}"
+    );
+    for holding in [&a, &b] {
+        let line = format!("pid {} on ", holding.pid());
+        assert_eq!(text.matches(&line).count(), 1, "{text}");
+    }
     let out = env.run(["list", "--json", "--url", &app]);
     let listed: serde_json::Value =
         serde_json::from_slice(&out.stdout).unwrap_or_else(|_| panic!("{}", describe(&out)));
