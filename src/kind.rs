@@ -56,6 +56,10 @@ pub struct Kind {
     /// Without the `shared` capability: why, for the refusal of `--shared` (what the server
     /// lacks that a safe shared lock needs); empty with it.
     pub no_shared_because: &'static str,
+    /// Schemes the server's own tools write for its endpoints, each with the scheme dlock
+    /// takes instead (etcd's `http://host:port` is dlock's `etcd://host:port`): a URL with one
+    /// of them is refused with that hint rather than as an unknown scheme.
+    pub foreign_schemes: &'static [(&'static str, &'static str)],
 }
 
 /// What a backend can honour. A flag that needs a capability the backend lacks is refused
@@ -324,6 +328,7 @@ mod tests {
         parse: |_, _| Err("no".into()),
         recognises: None,
         no_shared_because: "it cannot",
+        foreign_schemes: &[],
     };
 
     /// A `--limit` the backend cannot honour is a usage error (64) naming the backend and

@@ -71,8 +71,8 @@ impl Target {
         if let Some(kind) = kind_of_scheme(&lower) {
             return (kind.parse)(&lower, url);
         }
-        if matches!(lower.as_str(), "http" | "https") {
-            return Err(http_hint(&lower));
+        if let Some(hint) = foreign_scheme_hint(&lower) {
+            return Err(hint);
         }
         // A scheme is letters, digits, `+`, `-` and `.`; anything else before the first `:`
         // is part of something else (perhaps `user:password@host` without a scheme).
@@ -92,14 +92,31 @@ impl Target {
     }
 }
 
-/// The refusal of an `http://` or `https://` URL, which is how etcd's own tools write an
-/// endpoint: dlock names the backend by its scheme, so say how to write it.
-fn http_hint(scheme: &str) -> String {
-    let etcd = if scheme == "https" { "etcds" } else { "etcd" };
-    format!(
-        "unknown URL scheme '{scheme}'; for an etcd endpoint write {etcd}://host:port (etcd's \
-         {scheme}://host:port), for the other backends see --url in 'dlock run --help'"
-    )
+/// The refusal of a URL in a scheme a server's own tools write (etcd's `http://host:port`):
+/// dlock names the backend by its scheme, so say how to write it, for each kind that has
+/// such a scheme ([`Kind::foreign_schemes`]).
+fn foreign_scheme_hint(scheme: &str) -> Option<String> {
+    let ways: Vec<String> = KINDS
+        .iter()
+        .flat_map(|kind| {
+            kind.foreign_schemes
+                .iter()
+                .filter(|(theirs, _)| *theirs == scheme)
+                .map(move |(_, ours)| {
+                    format!(
+                        "{}'s {scheme}://host:port is {ours}://host:port in dlock",
+                        kind.title
+                    )
+                })
+        })
+        .collect();
+    (!ways.is_empty()).then(|| {
+        format!(
+            "unknown URL scheme '{scheme}'; {}; for the other backends see --url in 'dlock run \
+             --help'",
+            ways.join(", ")
+        )
+    })
 }
 
 /// "file, redis, …, memcached or memcached+unix": every scheme, for messages.
@@ -247,6 +264,29 @@ mod tests {
                 assert!(kind.schemes.contains(shown), "{shown} is not a scheme");
             }
         }
+    }
+
+    /// A scheme another tool writes for a backend's endpoints is none of dlock's, maps to one of
+    /// that backend's own, and is refused with the way to write it.
+    #[test]
+    fn a_foreign_scheme_is_refused_with_the_backends_own() {
+        let all: Vec<&str> = schemes().collect();
+        let mut seen = 0;
+        for kind in KINDS {
+            for (theirs, ours) in kind.foreign_schemes {
+                seen += 1;
+                assert!(!all.contains(theirs), "{theirs} is one of dlock's schemes");
+                assert!(kind.schemes.contains(ours), "{ours} is not {}'s", kind.name);
+                let Err(said) = Target::parse(&format!("{theirs}://127.0.0.1:1")) else {
+                    panic!("{theirs}:// was taken");
+                };
+                assert!(
+                    said.contains(&format!("{theirs}://host:port is {ours}://host:port")),
+                    "{said}"
+                );
+            }
+        }
+        assert!(seen > 0, "no kind names a foreign scheme");
     }
 
     /// Every backend that has a URL query refuses a key it does not take in one shape.

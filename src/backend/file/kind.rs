@@ -27,6 +27,7 @@ pub const KIND: Kind = Kind {
     parse: |_, url| super::target::parse(after_scheme(url)).map(Target::new),
     recognises: None,
     no_shared_because: "",
+    foreign_schemes: &[],
 };
 
 impl Place for FileTarget {

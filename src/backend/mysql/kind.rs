@@ -28,6 +28,7 @@ pub const KIND: Kind = Kind {
     parse: |_, url| super::target::parse(after_scheme(url)).map(Target::new),
     recognises: None,
     no_shared_because: "MySQL's named locks (GET_LOCK) are exclusive only",
+    foreign_schemes: &[],
 };
 
 impl Place for MysqlTarget {

@@ -35,6 +35,7 @@ pub const KIND: Kind = Kind {
     },
     recognises: Some(super::target::is_key_value),
     no_shared_because: "",
+    foreign_schemes: &[],
 };
 
 impl Place for PgTarget {

@@ -35,6 +35,7 @@ pub const KIND: Kind = Kind {
     parse: |scheme, url| super::target::parse(scheme, after_scheme(url)).map(Target::new),
     recognises: None,
     no_shared_because: "",
+    foreign_schemes: &[],
 };
 
 pub const SENTINEL_KIND: Kind = Kind {
@@ -52,6 +53,7 @@ pub const SENTINEL_KIND: Kind = Kind {
     parse: |scheme, url| target::sentinel::parse(scheme, after_scheme(url)).map(Target::new),
     recognises: None,
     no_shared_because: "",
+    foreign_schemes: &[],
 };
 
 impl Place for RedisTarget {
