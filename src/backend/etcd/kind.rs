@@ -27,6 +27,11 @@ pub const KIND: Kind = Kind {
     recognises: None,
     no_shared_because: "",
     foreign_schemes: &[("http", "etcd"), ("https", "etcds")],
+    password: true,
+    holders_are: "leases",
+    check_warns: "",
+    config_note: "",
+    environment: &[],
 };
 
 impl Place for EtcdTarget {

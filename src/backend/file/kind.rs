@@ -28,6 +28,11 @@ pub const KIND: Kind = Kind {
     recognises: None,
     no_shared_because: "",
     foreign_schemes: &[],
+    password: false,
+    holders_are: "",
+    check_warns: "",
+    config_note: "",
+    environment: &[],
 };
 
 impl Place for FileTarget {

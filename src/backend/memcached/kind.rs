@@ -33,6 +33,11 @@ pub const KIND: Kind = Kind {
     recognises: None,
     no_shared_because: "memcached cannot list its keys, so a writer could not find every reader's expiring share, and it has no queue to keep readers from starving a writer",
     foreign_schemes: &[],
+    password: false,
+    holders_are: "entries",
+    check_warns: "a memcached that may evict",
+    config_note: "",
+    environment: &[],
 };
 
 impl Place for MemcachedTarget {

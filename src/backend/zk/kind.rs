@@ -27,6 +27,11 @@ pub const KIND: Kind = Kind {
     recognises: None,
     no_shared_because: "",
     foreign_schemes: &[],
+    password: true,
+    holders_are: "nodes",
+    check_warns: "",
+    config_note: "ZooKeeper speaks no TLS: its table takes only `password_file`.",
+    environment: &[],
 };
 
 impl Place for ZkTarget {
