@@ -56,6 +56,23 @@ pub struct Kind {
     /// Without the `shared` capability: why, for the refusal of `--shared` (what the server
     /// lacks that a safe shared lock needs); empty with it.
     pub no_shared_because: &'static str,
+    /// Schemes the server's own tools write for its endpoints, each with the scheme dlock
+    /// takes instead (etcd's `http://host:port` is dlock's `etcd://host:port`): a URL with one
+    /// of them is refused with that hint rather than as an unknown scheme.
+    pub foreign_schemes: &'static [(&'static str, &'static str)],
+    /// Whether it takes the server's password (from the URL, `DLOCK_PASSWORD` or
+    /// `password_file`), for the man pages' list.
+    pub password: bool,
+    /// What `release --force` removes of a holder on it ("entries", "leases", "sessions"),
+    /// for the man page; empty where a hold cannot be broken from outside.
+    pub holders_are: &'static str,
+    /// The setting `check` warns about on it, as the man page lists it ("a memcached that may
+    /// evict"); empty for none.
+    pub check_warns: &'static str,
+    /// What the config file's page says of its table, beyond the keys every table takes.
+    pub config_note: &'static str,
+    /// Variables of its own, each with its description, for the man pages.
+    pub environment: &'static [(&'static str, &'static str)],
 }
 
 /// What a backend can honour. A flag that needs a capability the backend lacks is refused
@@ -324,6 +341,12 @@ mod tests {
         parse: |_, _| Err("no".into()),
         recognises: None,
         no_shared_because: "it cannot",
+        foreign_schemes: &[],
+        password: false,
+        holders_are: "",
+        check_warns: "",
+        config_note: "",
+        environment: &[],
     };
 
     /// A `--limit` the backend cannot honour is a usage error (64) naming the backend and

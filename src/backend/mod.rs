@@ -71,8 +71,8 @@ impl Target {
         if let Some(kind) = kind_of_scheme(&lower) {
             return (kind.parse)(&lower, url);
         }
-        if matches!(lower.as_str(), "http" | "https") {
-            return Err(http_hint(&lower));
+        if let Some(hint) = foreign_scheme_hint(&lower) {
+            return Err(hint);
         }
         // A scheme is letters, digits, `+`, `-` and `.`; anything else before the first `:`
         // is part of something else (perhaps `user:password@host` without a scheme).
@@ -92,14 +92,31 @@ impl Target {
     }
 }
 
-/// The refusal of an `http://` or `https://` URL, which is how etcd's own tools write an
-/// endpoint: dlock names the backend by its scheme, so say how to write it.
-fn http_hint(scheme: &str) -> String {
-    let etcd = if scheme == "https" { "etcds" } else { "etcd" };
-    format!(
-        "unknown URL scheme '{scheme}'; for an etcd endpoint write {etcd}://host:port (etcd's \
-         {scheme}://host:port), for the other backends see --url in 'dlock run --help'"
-    )
+/// The refusal of a URL in a scheme a server's own tools write (etcd's `http://host:port`):
+/// dlock names the backend by its scheme, so say how to write it, for each kind that has
+/// such a scheme ([`Kind::foreign_schemes`]).
+fn foreign_scheme_hint(scheme: &str) -> Option<String> {
+    let ways: Vec<String> = KINDS
+        .iter()
+        .flat_map(|kind| {
+            kind.foreign_schemes
+                .iter()
+                .filter(|(theirs, _)| *theirs == scheme)
+                .map(move |(_, ours)| {
+                    format!(
+                        "{}'s {scheme}://host:port is {ours}://host:port in dlock",
+                        kind.title
+                    )
+                })
+        })
+        .collect();
+    (!ways.is_empty()).then(|| {
+        format!(
+            "unknown URL scheme '{scheme}'; {}; for the other backends see --url in 'dlock run \
+             --help'",
+            ways.join(", ")
+        )
+    })
 }
 
 /// "file, redis, …, memcached or memcached+unix": every scheme, for messages.
@@ -119,6 +136,156 @@ pub const KINDS_WITH_SCHEMES: &str = const_text!(render_kinds_with_schemes);
 
 /// Every URL form of every kind, for the `--url` help.
 pub const URL_FORMS: &str = const_text!(render_url_forms);
+
+/// "Redis, Redis Sentinel, …": every kind that takes the server's password, for the man pages.
+pub const PASSWORD_TITLES: &str = const_text!(render_password_titles);
+
+/// "their entries on Redis, Redis Sentinel and memcached, their leases on etcd, …": what
+/// `release --force` removes, kind by kind, for its man page.
+pub const RELEASE_REMOVES: &str = const_text!(render_release_removes);
+
+/// "a Redis that may evict keys or lose them on restart, a memcached that may evict, …": the
+/// settings `check` warns about, for its man page.
+pub const CHECK_WARNS: &str = const_text!(render_check_warns);
+
+/// What the config file's page says of the backends' tables: each kind's note, then the
+/// kinds that need no table.
+pub fn config_notes() -> String {
+    let notes = KINDS
+        .iter()
+        .map(|kind| kind.config_note)
+        .filter(|note| !note.is_empty());
+    let without: Vec<String> = KINDS
+        .iter()
+        .filter(|kind| kind.config_table.is_none())
+        .map(|kind| kind.title.to_owned())
+        .collect();
+    let mut text = notes.collect::<Vec<_>>().join(" ");
+    if !without.is_empty() {
+        text.push_str(&format!(
+            " The {} backends need no secrets.",
+            and_list(without)
+        ));
+    }
+    text.trim_start().to_owned()
+}
+
+/// Variables of the backends' own, for the man pages.
+pub fn environment() -> impl Iterator<Item = (&'static str, &'static str)> {
+    KINDS
+        .iter()
+        .flat_map(|kind| kind.environment.iter().copied())
+}
+
+/// Whether two strings are the same, in a `const fn`.
+const fn same(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    if a.len() != b.len() {
+        return false;
+    }
+    let mut i = 0;
+    while i < a.len() {
+        if a[i] != b[i] {
+            return false;
+        }
+        i += 1;
+    }
+    true
+}
+
+const fn render_password_titles(out: &mut [u8]) -> usize {
+    let count = {
+        let (mut n, mut k) = (0, 0);
+        while k < KINDS.len() {
+            if KINDS[k].password {
+                n += 1;
+            }
+            k += 1;
+        }
+        n
+    };
+    let (mut at, mut i, mut k) = (0, 0, 0);
+    while k < KINDS.len() {
+        if KINDS[k].password {
+            at = put(out, at, separator(i, count, " and "));
+            at = put(out, at, KINDS[k].title);
+            i += 1;
+        }
+        k += 1;
+    }
+    at
+}
+
+/// Whether kind `k` is the first with its `holders_are` (each is listed once, with every
+/// kind that shares it).
+const fn first_with_holders(k: usize) -> bool {
+    let mut j = 0;
+    while j < k {
+        if same(KINDS[j].holders_are, KINDS[k].holders_are) {
+            return false;
+        }
+        j += 1;
+    }
+    true
+}
+
+const fn render_release_removes(out: &mut [u8]) -> usize {
+    let groups = {
+        let (mut n, mut k) = (0, 0);
+        while k < KINDS.len() {
+            if !KINDS[k].holders_are.is_empty() && first_with_holders(k) {
+                n += 1;
+            }
+            k += 1;
+        }
+        n
+    };
+    let (mut at, mut g, mut k) = (0, 0, 0);
+    while k < KINDS.len() {
+        let what = KINDS[k].holders_are;
+        if !what.is_empty() && first_with_holders(k) {
+            at = put(out, at, separator(g, groups, ", "));
+            at = put(out, at, "their ");
+            at = put(out, at, what);
+            at = put(out, at, " on ");
+            let members = {
+                let (mut n, mut m) = (0, k);
+                while m < KINDS.len() {
+                    if same(KINDS[m].holders_are, what) {
+                        n += 1;
+                    }
+                    m += 1;
+                }
+                n
+            };
+            let (mut i, mut m) = (0, k);
+            while m < KINDS.len() {
+                if same(KINDS[m].holders_are, what) {
+                    at = put(out, at, separator(i, members, " and "));
+                    at = put(out, at, KINDS[m].title);
+                    i += 1;
+                }
+                m += 1;
+            }
+            g += 1;
+        }
+        k += 1;
+    }
+    at
+}
+
+const fn render_check_warns(out: &mut [u8]) -> usize {
+    let (mut at, mut first, mut k) = (0, true, 0);
+    while k < KINDS.len() {
+        if !KINDS[k].check_warns.is_empty() {
+            at = put(out, at, if first { "" } else { ", " });
+            at = put(out, at, KINDS[k].check_warns);
+            first = false;
+        }
+        k += 1;
+    }
+    at
+}
 
 /// The separator before item `i` of `count` in a list that ends "… `last` z".
 const fn separator(i: usize, count: usize, last: &'static str) -> &'static str {
@@ -209,14 +376,23 @@ const fn render_url_forms(out: &mut [u8]) -> usize {
     at
 }
 
-fn or_list(mut words: Vec<String>) -> String {
+fn or_list(words: Vec<String>) -> String {
+    list(words, "or")
+}
+
+fn and_list(words: Vec<String>) -> String {
+    list(words, "and")
+}
+
+/// "a, b `last` c".
+fn list(mut words: Vec<String>, last_word: &str) -> String {
     let Some(last) = words.pop() else {
         return String::new();
     };
     if words.is_empty() {
         return last;
     }
-    format!("{} or {last}", words.join(", "))
+    format!("{} {last_word} {last}", words.join(", "))
 }
 
 #[cfg(test)]
@@ -246,6 +422,64 @@ mod tests {
             for shown in kind.shown_as {
                 assert!(kind.schemes.contains(shown), "{shown} is not a scheme");
             }
+        }
+    }
+
+    /// A scheme another tool writes for a backend's endpoints is none of dlock's, maps to one of
+    /// that backend's own, and is refused with the way to write it.
+    #[test]
+    fn a_foreign_scheme_is_refused_with_the_backends_own() {
+        let all: Vec<&str> = schemes().collect();
+        let mut seen = 0;
+        for kind in KINDS {
+            for (theirs, ours) in kind.foreign_schemes {
+                seen += 1;
+                assert!(!all.contains(theirs), "{theirs} is one of dlock's schemes");
+                assert!(kind.schemes.contains(ours), "{ours} is not {}'s", kind.name);
+                let Err(said) = Target::parse(&format!("{theirs}://127.0.0.1:1")) else {
+                    panic!("{theirs}:// was taken");
+                };
+                assert!(
+                    said.contains(&format!("{theirs}://host:port is {ours}://host:port")),
+                    "{said}"
+                );
+            }
+        }
+        assert!(seen > 0, "no kind names a foreign scheme");
+    }
+
+    /// What the man pages say of the backends is every kind's own word, each said once.
+    #[test]
+    fn the_pages_lists_say_what_each_kind_says_of_itself() {
+        for kind in KINDS {
+            assert_eq!(
+                PASSWORD_TITLES.matches(kind.title).count() > 0,
+                kind.password,
+                "{}: {PASSWORD_TITLES}",
+                kind.name
+            );
+            if !kind.holders_are.is_empty() {
+                assert!(RELEASE_REMOVES.contains(kind.title), "{RELEASE_REMOVES}");
+            }
+            assert_eq!(
+                CHECK_WARNS.matches(kind.check_warns).count(),
+                if kind.check_warns.is_empty() {
+                    CHECK_WARNS.len() + 1
+                } else {
+                    1
+                },
+                "{CHECK_WARNS}"
+            );
+            assert!(config_notes().contains(kind.config_note));
+        }
+        // Kinds that remove the same thing share one "their … on A, B and C".
+        for kind in KINDS.iter().filter(|k| !k.holders_are.is_empty()) {
+            let group = format!("their {} on ", kind.holders_are);
+            assert_eq!(
+                RELEASE_REMOVES.matches(&group).count(),
+                1,
+                "{RELEASE_REMOVES}"
+            );
         }
     }
 

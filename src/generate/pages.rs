@@ -1,7 +1,10 @@
 //! The prose of the man pages: what clap's definition does not say (descriptions, exit
 //! statuses of the other commands, environment, files, examples) and `dlock.toml(5)`.
 //! Plain text: paragraphs separated by blank lines, `code` in backquotes (see
-//! `prose_to_roff`).
+//! `prose_to_roff`). What a page says of each backend comes from the registry
+//! (`crate::backend`: the kinds' own words), not from lists here.
+
+use crate::text::put;
 
 /// The sections of one command's page that are written here.
 pub struct Command {
@@ -27,15 +30,17 @@ const DLOCK_DIR: (&str, &str) = (
     "The file backend's default lock directory (an absolute path). Set it for every run of a \
      job or for none: runs that use different directories do not exclude each other.",
 );
-const DLOCK_PASSWORD: (&str, &str) = (
-    "DLOCK_PASSWORD",
-    "The server's password when the URL has none (Redis, etcd, ZooKeeper, PostgreSQL, MySQL). \
-     dlock removes it from the command's environment.",
-);
-const DLOCK_SENTINEL_PASSWORD: (&str, &str) = (
-    "DLOCK_SENTINEL_PASSWORD",
-    "The Redis sentinels' own password (redis-sentinel://); never taken from the URL.",
-);
+const DLOCK_PASSWORD: (&str, &str) = ("DLOCK_PASSWORD", const_text!(render_password));
+
+const fn render_password(out: &mut [u8]) -> usize {
+    let at = put(out, 0, "The server's password when the URL has none (");
+    let at = put(out, at, crate::backend::PASSWORD_TITLES);
+    put(
+        out,
+        at,
+        "). dlock removes it from the command's environment.",
+    )
+}
 const DLOCK_LOG: (&str, &str) = (
     "DLOCK_LOG",
     "A tracing filter for dlock's messages on stderr (dlock=debug); it overrides -v and -q. \
@@ -127,13 +132,10 @@ pub fn command(name: &str) -> Command {
 
 /// The variables every page lists.
 fn common_environment() -> Vec<(&'static str, &'static str)> {
-    vec![
-        DLOCK_DIR,
-        DLOCK_PASSWORD,
-        DLOCK_SENTINEL_PASSWORD,
-        DLOCK_LOG,
-        XDG_CONFIG_HOME,
-    ]
+    let mut variables = vec![DLOCK_DIR, DLOCK_PASSWORD];
+    variables.extend(crate::backend::environment());
+    variables.extend([DLOCK_LOG, XDG_CONFIG_HOME]);
+    variables
 }
 
 /// The files every page lists.
@@ -352,10 +354,20 @@ fencing token and the command; `no locks are held` when there are none. `--json`
 same as JSON. It changes nothing. On memcached it needs the server's LRU crawler (on by default) and fails rather than
 give an incomplete answer.";
 
-const RELEASE: &str = "\
-`dlock release --force NAME` removes the holders of NAME from the backend: their entries on
-Redis and memcached, their leases on etcd, their nodes on ZooKeeper, their sessions on
-PostgreSQL, MySQL and MariaDB. A holder that is a dlock notices the loss and stops its command
+const RELEASE: &str = const_text!(render_release);
+
+const fn render_release(out: &mut [u8]) -> usize {
+    let at = put(
+        out,
+        0,
+        "`dlock release --force NAME` removes the holders of NAME from the backend: ",
+    );
+    let at = put(out, at, crate::backend::RELEASE_REMOVES);
+    put(out, at, RELEASE_REST)
+}
+
+const RELEASE_REST: &str = ". \
+A holder that is a dlock notices the loss and stops its command
 (exit 124; see `--on-lost` in dlock-run(1)). Waiters keep their places. Without `--force`
 dlock refuses (64): this breaks a lock that someone else holds.
 
@@ -365,11 +377,21 @@ A kernel flock(2) lock cannot be broken from outside: on the file backend `relea
 A lock that is free leaves nothing to release: dlock says so and exits 1, so that a script can
 tell a broken lock (0) from a free one (1).";
 
-const CHECK: &str = "\
-`dlock check` connects to the backend, measures the round trip, reads the server's version and
-the settings that matter to a lock (a Redis that may evict keys or lose them on restart, a
-memcached that may evict, a PostgreSQL that cannot drop a silent holder, a MySQL user without
-PROCESS), and creates and deletes a test entry under the prefix. On the file backend it checks
+const CHECK: &str = const_text!(render_check);
+
+const fn render_check(out: &mut [u8]) -> usize {
+    let at = put(
+        out,
+        0,
+        "`dlock check` connects to the backend, measures the round trip, reads the server's \
+         version and the settings that matter to a lock (",
+    );
+    let at = put(out, at, crate::backend::CHECK_WARNS);
+    put(out, at, CHECK_REST)
+}
+
+const CHECK_REST: &str = "), \
+and creates and deletes a test entry under the prefix. On the file backend it checks
 the lock directory (owner, mode, a network file system) and says whether the first `dlock run`
 can create it. It prints what it found, one value to a line in one column (times as `5.7 ms`),
 or JSON with `--json` (`round_trip_ms` a number, `facts` an object of what it found,
@@ -447,12 +469,7 @@ pub fn config_file() -> String {
          these keys; a backend uses the table's `password_file` before the top-level one."
     )));
     page.push_str(&super::definitions(TABLE_KEYS));
-    page.push_str(&super::prose_to_roff(
-        "The [redis] table serves Redis, Redis Cluster and the data nodes behind Sentinel; \
-         the [redis-sentinel] table's `password_file` is the sentinels' own password. \
-         ZooKeeper speaks no TLS: its table takes only `password_file`. The file backend and \
-         memcached need no secrets.",
-    ));
+    page.push_str(&super::prose_to_roff(&crate::backend::config_notes()));
     page.push_str(".SH EXAMPLES\n.EX\n");
     page.push_str(&super::roff(CONFIG_EXAMPLE));
     page.push_str("\n.EE\n");

@@ -26,6 +26,12 @@ pub const KIND: Kind = Kind {
     parse: |scheme, url| super::target::parse(scheme, after_scheme(url)).map(Target::new),
     recognises: None,
     no_shared_because: "",
+    foreign_schemes: &[("http", "etcd"), ("https", "etcds")],
+    password: true,
+    holders_are: "leases",
+    check_warns: "",
+    config_note: "",
+    environment: &[],
 };
 
 impl Place for EtcdTarget {

@@ -27,6 +27,12 @@ pub const KIND: Kind = Kind {
     parse: |_, url| super::target::parse(after_scheme(url)).map(Target::new),
     recognises: None,
     no_shared_because: "",
+    foreign_schemes: &[],
+    password: false,
+    holders_are: "",
+    check_warns: "",
+    config_note: "",
+    environment: &[],
 };
 
 impl Place for FileTarget {

@@ -32,6 +32,12 @@ pub const KIND: Kind = Kind {
     parse: |scheme, url| super::target::parse(scheme, after_scheme(url)).map(Target::new),
     recognises: None,
     no_shared_because: "memcached cannot list its keys, so a writer could not find every reader's expiring share, and it has no queue to keep readers from starving a writer",
+    foreign_schemes: &[],
+    password: false,
+    holders_are: "entries",
+    check_warns: "a memcached that may evict",
+    config_note: "",
+    environment: &[],
 };
 
 impl Place for MemcachedTarget {

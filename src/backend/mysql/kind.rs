@@ -28,6 +28,12 @@ pub const KIND: Kind = Kind {
     parse: |_, url| super::target::parse(after_scheme(url)).map(Target::new),
     recognises: None,
     no_shared_because: "MySQL's named locks (GET_LOCK) are exclusive only",
+    foreign_schemes: &[],
+    password: true,
+    holders_are: "sessions",
+    check_warns: "a MySQL user without PROCESS",
+    config_note: "",
+    environment: &[],
 };
 
 impl Place for MysqlTarget {

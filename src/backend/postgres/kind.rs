@@ -35,6 +35,12 @@ pub const KIND: Kind = Kind {
     },
     recognises: Some(super::target::is_key_value),
     no_shared_because: "",
+    foreign_schemes: &[],
+    password: true,
+    holders_are: "sessions",
+    check_warns: "a PostgreSQL that cannot drop a silent holder",
+    config_note: "",
+    environment: &[],
 };
 
 impl Place for PgTarget {

@@ -35,7 +35,20 @@ pub const KIND: Kind = Kind {
     parse: |scheme, url| super::target::parse(scheme, after_scheme(url)).map(Target::new),
     recognises: None,
     no_shared_because: "",
+    foreign_schemes: &[],
+    password: true,
+    holders_are: "entries",
+    check_warns: "a Redis that may evict keys or lose them on restart",
+    config_note:
+        "The [redis] table serves Redis, Redis Cluster and the data nodes behind Sentinel.",
+    environment: &[],
 };
+
+/// The sentinels' own password, a variable of Sentinel's alone.
+const SENTINEL_PASSWORD: (&str, &str) = (
+    "DLOCK_SENTINEL_PASSWORD",
+    "The Redis sentinels' own password (redis-sentinel://); never taken from the URL.",
+);
 
 pub const SENTINEL_KIND: Kind = Kind {
     name: "redis-sentinel",
@@ -52,6 +65,12 @@ pub const SENTINEL_KIND: Kind = Kind {
     parse: |scheme, url| target::sentinel::parse(scheme, after_scheme(url)).map(Target::new),
     recognises: None,
     no_shared_because: "",
+    foreign_schemes: &[],
+    password: true,
+    holders_are: "entries",
+    check_warns: "",
+    config_note: "The [redis-sentinel] table's `password_file` is the sentinels' own password.",
+    environment: &[SENTINEL_PASSWORD],
 };
 
 impl Place for RedisTarget {

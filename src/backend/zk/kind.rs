@@ -26,6 +26,12 @@ pub const KIND: Kind = Kind {
     parse: |_, url| super::target::parse(after_scheme(url)).map(Target::new),
     recognises: None,
     no_shared_because: "",
+    foreign_schemes: &[],
+    password: true,
+    holders_are: "nodes",
+    check_warns: "",
+    config_note: "ZooKeeper speaks no TLS: its table takes only `password_file`.",
+    environment: &[],
 };
 
 impl Place for ZkTarget {
