@@ -132,6 +132,11 @@ pub struct Holder {
     /// `status` and `list` always show it ([`HolderStatus`]).
     #[serde(default, skip_serializing_if = "Mode::is_exclusive")]
     pub mode: Mode,
+    /// The hold's `--limit`, so that `status` can say how many of a semaphore's slots are
+    /// taken (0: not recorded: a record written by hand, by another program or by a dlock
+    /// before it recorded this).
+    #[serde(default, skip_serializing_if = "is_no_limit")]
+    pub limit: u32,
 }
 
 /// How a lock is held: by one exclusive holder, or by any number of shared ones
@@ -211,6 +216,7 @@ impl Holder {
             min_hold_ms: 0,
             kept_until: String::new(),
             mode: Mode::Exclusive,
+            limit: 0,
         }
     }
 }
@@ -228,16 +234,39 @@ pub fn user_name() -> String {
     }
 }
 
+fn is_no_limit(limit: &u32) -> bool {
+    *limit == 0
+}
+
 /// What a holder records with its hold where the backend stores JSON (a lock file, an etcd
-/// value, a ZooKeeper node): its metadata and the `--limit` it holds with.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+/// value, a ZooKeeper node): its metadata and the `--limit` it holds with, as one object
+/// (the holder's fields, `limit` among them, once).
+#[derive(Clone, Debug)]
 pub struct Record {
-    #[serde(flatten)]
     pub holder: Holder,
     /// The `--limit` it holds with (0: not recorded: a record written by hand or by another
     /// program, which agrees with any `--limit`).
-    #[serde(default)]
     pub limit: u32,
+}
+
+impl Serialize for Record {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        Holder {
+            limit: self.limit,
+            ..self.holder.clone()
+        }
+        .serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for Record {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Record, D::Error> {
+        let holder = Holder::deserialize(deserializer)?;
+        Ok(Record {
+            limit: holder.limit,
+            holder,
+        })
+    }
 }
 
 /// The refusal of a run whose `--limit` is not the holders' (all holders must agree).

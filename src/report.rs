@@ -88,12 +88,27 @@ pub fn print_status(status: &LockStatus, json: bool) -> std::io::Result<()> {
         .as_deref()
         .map(|l| format!(" ({})", shown(l)))
         .unwrap_or_default();
+    // A semaphore (`--limit N`) says how many of its slots are taken.
+    let limit = status
+        .holders
+        .iter()
+        .map(|h| h.holder.limit)
+        .max()
+        .unwrap_or(0);
+    let slots = if limit > 1 {
+        format!(
+            " ({} of {limit} slots, --limit {limit})",
+            status.holders.len()
+        )
+    } else {
+        String::new()
+    };
     if status.holders.len() > 1 {
-        write_holders(&mut out, &status.holders, &whose)?;
+        write_holders(&mut out, &status.holders, &format!("{slots}{whose}"))?;
     } else {
         writeln!(
             out,
-            "state:      {}{whose}",
+            "state:      {}{slots}{whose}",
             if status.held { "held" } else { "free" }
         )?;
         for holder in &status.holders {

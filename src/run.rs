@@ -169,6 +169,7 @@ fn request_for(settings: &RunSettings) -> AcquireRequest {
             .min_hold
             .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX)),
         mode: settings.mode,
+        limit: settings.limit,
         ..Holder::for_this_process(
             &settings.name,
             if settings.record_command {

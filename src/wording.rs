@@ -69,6 +69,7 @@ pub fn capped_holder(h: &Holder) -> Holder {
         min_hold_ms: h.min_hold_ms,
         kept_until: cap(&h.kept_until),
         mode: h.mode,
+        limit: h.limit,
     }
 }
 

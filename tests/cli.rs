@@ -520,7 +520,13 @@ fn a_redis_url_at_something_else_says_so_in_one_line() {
     });
     let url = format!("redis://127.0.0.1:{port}");
     let out = env.run(["run", "--wait", "5s", "--url", &url, "x", "true"]);
-    assert_fails(&out, 69, "did not answer in the Redis protocol");
+    assert_fails(
+        &out,
+        69,
+        &format!(
+            "127.0.0.1:{port} does not look like a Redis server (it answers like an SSH server)"
+        ),
+    );
     assert_eq!(stderr_of(&out).lines().count(), 1, "{}", describe(&out));
 }
 

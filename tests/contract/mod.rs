@@ -113,6 +113,7 @@ macro_rules! contract_tests {
                 offered_or_refused_as_the_registry_says,
                 a_shared_hold_around_it_never_makes_a_nested_run_shared,
                 a_host_queues_its_waiters_as_the_registry_says,
+                a_semaphore_says_how_many_of_its_slots_are_taken,
             );
         }
     };

@@ -762,3 +762,37 @@ pub fn oversized_holder_metadata_is_cut_and_escaped(env: &TestEnv, lock: &str) {
         assert!(command.starts_with(INVISIBLE), "{what}: {command}");
     }
 }
+
+/// A semaphore (`--limit N`) says how many of its N slots are taken, in `status` and as each
+/// holder's `limit` in `--json`; a lock of one slot says nothing of slots.
+pub fn a_semaphore_says_how_many_of_its_slots_are_taken(server: &dyn LockServer) {
+    let env = TestEnv::new(server);
+    let lock = lock_name("slots");
+    if !crate::contract::capabilities(server).limit {
+        return;
+    }
+    let _first = env.hold(&lock, &["--limit", "3"]);
+    let out = env.run(["status", &lock]);
+    assert!(
+        stdout_of(&out).contains("(1 of 3 slots, --limit 3)"),
+        "{}",
+        describe(&out)
+    );
+    let _second = env.hold(&lock, &["--limit", "3"]);
+    let out = env.run(["status", &lock]);
+    assert!(
+        stdout_of(&out).contains("held by 2 holders (2 of 3 slots, --limit 3)"),
+        "{}",
+        describe(&out)
+    );
+    let json = env.status_json(&lock);
+    let limits: Vec<u64> = json["holders"]
+        .as_array()
+        .map(|all| all.iter().filter_map(|h| h["limit"].as_u64()).collect())
+        .unwrap_or_default();
+    assert_eq!(limits, [3, 3], "{json}");
+    let single = lock_name("single");
+    let _alone = env.hold(&single, &[]);
+    let out = env.run(["status", &single]);
+    assert!(!stdout_of(&out).contains("slots"), "{}", describe(&out));
+}
