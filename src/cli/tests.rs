@@ -126,8 +126,9 @@ fn parsing_a_run_leaves_the_command_tree_to_the_process_exit() {
     let cli = parse(args.iter().map(OsString::from).collect());
     let calls = HEAP_CALLS.with(|calls| calls.get()) - before;
     assert!(cli.is_ok(), "{cli:?}");
-    // 1,019 calls with clap 4.6 (1,346 if the tree is dropped).
-    const BUDGET: u64 = 1_100;
+    // 977 calls with clap 4.6; 1,019 with a second tree built for the global options, 1,346
+    // if the tree is dropped.
+    const BUDGET: u64 = 1_000;
     assert!(
         calls < BUDGET,
         "parsing a run made {calls} heap calls (budget {BUDGET})"
