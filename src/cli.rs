@@ -626,6 +626,10 @@ pub fn parse(args: Vec<OsString>) -> Result<Cli, clap::Error> {
             Command::Generate(_) => {}
         }
     }
+    // The tree and the matches are freed with the process: dropping them walks every
+    // subcommand, option and value again (70,000 instructions, 5% of a `dlock run`).
+    std::mem::forget(matches);
+    std::mem::forget(command);
     Ok(cli)
 }
 

@@ -4,10 +4,6 @@
 
 use std::ffi::{OsStr, OsString};
 
-use clap::Args;
-
-use super::GlobalArgs;
-
 /// clap's word for an unknown option ("to pass '--shared' as a value, use '-- --shared'")
 /// would make the option the lock's NAME: say which command has no such option instead, with
 /// the one clap thinks was meant.
@@ -189,11 +185,11 @@ pub fn normalize_run_args(args: Vec<OsString>, command: &clap::Command) -> Vec<O
     let Some(run) = command.find_subcommand("run") else {
         return args;
     };
-    let top_level = scan_options(&args, 1, command, |word| word == "run");
+    let top_level = scan_options(&args, 1, command, command, |word| word == "run");
     let Some(run_at) = top_level.filter(|&i| args[i] == "run") else {
         return args;
     };
-    let Some(name_at) = scan_options(&args, run_at + 1, run, |_| true) else {
+    let Some(name_at) = scan_options(&args, run_at + 1, run, command, |_| true) else {
         return args;
     };
     let mut out: Vec<OsString> = args[..name_at].to_vec();
@@ -232,12 +228,13 @@ pub fn normalize_run_args(args: Vec<OsString>, command: &clap::Command) -> Vec<O
     out
 }
 
-/// From `start`, skip options (and their values) of `command`; return the index of the first
-/// word that is not an option and satisfies `stop`, or of `--`.
+/// From `start`, skip options (and their values) of `command` and the global ones of `top`;
+/// return the index of the first word that is not an option and satisfies `stop`, or of `--`.
 fn scan_options(
     args: &[OsString],
     start: usize,
     command: &clap::Command,
+    top: &clap::Command,
     stop: impl Fn(&OsStr) -> bool,
 ) -> Option<usize> {
     let mut i = start;
@@ -247,27 +244,27 @@ fn scan_options(
             return (word == "--" || stop(args[i].as_os_str())).then_some(i);
         }
         let takes_value = if let Some(long) = word.strip_prefix("--") {
-            !long.contains('=') && long_takes_value(command, long)
+            !long.contains('=') && long_takes_value(command, top, long)
         } else {
-            short_cluster_wants_next(command, &word[1..])
+            short_cluster_wants_next(command, top, &word[1..])
         };
         i += if takes_value { 2 } else { 1 };
     }
     None
 }
 
-fn long_takes_value(command: &clap::Command, long: &str) -> bool {
-    arguments(command).any(|a| {
+fn long_takes_value(command: &clap::Command, top: &clap::Command, long: &str) -> bool {
+    arguments(command, top).any(|a| {
         (a.get_long() == Some(long) || a.get_all_aliases().is_some_and(|al| al.contains(&long)))
             && a.get_action().takes_values()
     })
 }
 
 /// In a cluster like `-nE5` or `-w`, does the last option take its value from the next word?
-fn short_cluster_wants_next(command: &clap::Command, cluster: &str) -> bool {
+fn short_cluster_wants_next(command: &clap::Command, top: &clap::Command, cluster: &str) -> bool {
     for (pos, c) in cluster.char_indices() {
-        let takes =
-            arguments(command).any(|a| a.get_short() == Some(c) && a.get_action().takes_values());
+        let takes = arguments(command, top)
+            .any(|a| a.get_short() == Some(c) && a.get_action().takes_values());
         if takes {
             return pos + c.len_utf8() == cluster.len();
         }
@@ -275,16 +272,14 @@ fn short_cluster_wants_next(command: &clap::Command, cluster: &str) -> bool {
     false
 }
 
-/// The options of `command`, plus the global ones (which clap only propagates to subcommands
-/// when it builds the tree, so they are looked up under their names here).
-fn arguments(command: &clap::Command) -> impl Iterator<Item = &clap::Arg> {
-    command.get_arguments().chain(GLOBALS.iter())
-}
-
-/// The global options' definitions (see [`GlobalArgs`]).
-static GLOBALS: std::sync::LazyLock<Vec<clap::Arg>> = std::sync::LazyLock::new(|| {
-    GlobalArgs::augment_args(clap::Command::new("globals"))
+/// The options of `command`, plus the global ones of `top` (clap only propagates them to
+/// subcommands when it builds the tree, so they are looked up where they are defined; a
+/// second tree of them would cost every run its building).
+fn arguments<'a>(
+    command: &'a clap::Command,
+    top: &'a clap::Command,
+) -> impl Iterator<Item = &'a clap::Arg> {
+    command
         .get_arguments()
-        .cloned()
-        .collect()
-});
+        .chain(top.get_arguments().filter(|a| a.is_global_set()))
+}
