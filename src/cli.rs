@@ -349,15 +349,13 @@ pub struct RunArgs {
     pub conflict_exit_code: Option<String>,
 
     /// Lease length [default: 15s].
-    ///
-    /// Renewed at least every TTL/3 while the command runs; 2s to 7 days (3s to 7 days on
-    /// memcached). The file backend has no lease and only records it.
     #[arg(
         short,
         long,
         value_name = "DUR",
         env = "DLOCK_TTL",
-        hide_env_values = true
+        hide_env_values = true,
+        long_help = crate::backend::TTL_HELP
     )]
     pub ttl: Option<String>,
 

@@ -16,7 +16,7 @@ pub mod postgres;
 pub mod redis;
 pub mod zk;
 
-use crate::text::put;
+use crate::text::{put, put_number};
 
 pub use crate::kind::{Capabilities, Kind, Target, MIN_LEASE_TTL};
 
@@ -136,6 +136,52 @@ pub const KINDS_WITH_SCHEMES: &str = const_text!(render_kinds_with_schemes);
 
 /// Every URL form of every kind, for the `--url` help.
 pub const URL_FORMS: &str = const_text!(render_url_forms);
+
+/// `--ttl`'s long help: the range of a lease, the kinds whose shortest lease is longer than
+/// the others', and the kinds that have none.
+pub const TTL_HELP: &str = const_text!(render_ttl_help);
+
+const fn render_ttl_help(out: &mut [u8]) -> usize {
+    let days = (crate::settings::MAX_TTL.as_secs() / 86_400) as u8;
+    let least = crate::kind::MIN_LEASE_TTL.as_secs() as u8;
+    let mut at = put(
+        out,
+        0,
+        "Lease length [default: 15s].\n\nRenewed at least every TTL/3 while the command runs; ",
+    );
+    at = put_number(out, at, least, 0);
+    at = put(out, at, "s to ");
+    at = put_number(out, at, days, 0);
+    at = put(out, at, " days");
+    let (mut k, mut first) = (0, true);
+    while k < KINDS.len() {
+        let kind = &KINDS[k];
+        if kind.capabilities.lease && kind.minimum_ttl.as_secs() > least as u64 {
+            at = put(out, at, if first { " (" } else { "; " });
+            at = put_number(out, at, kind.minimum_ttl.as_secs() as u8, 0);
+            at = put(out, at, "s to ");
+            at = put_number(out, at, days, 0);
+            at = put(out, at, " days on ");
+            at = put(out, at, kind.title);
+            first = false;
+        }
+        k += 1;
+    }
+    if !first {
+        at = put(out, at, ")");
+    }
+    at = put(out, at, ".");
+    k = 0;
+    while k < KINDS.len() {
+        if !KINDS[k].capabilities.lease {
+            at = put(out, at, " The ");
+            at = put(out, at, KINDS[k].title);
+            at = put(out, at, " backend has no lease and only records it.");
+        }
+        k += 1;
+    }
+    at
+}
 
 /// "Redis, Redis Sentinel, …": every kind that takes the server's password, for the man pages.
 pub const PASSWORD_TITLES: &str = const_text!(render_password_titles);
@@ -479,6 +525,27 @@ mod tests {
                 RELEASE_REMOVES.matches(&group).count(),
                 1,
                 "{RELEASE_REMOVES}"
+            );
+        }
+    }
+
+    /// `--ttl`'s help names every kind whose shortest lease is longer than the others', and
+    /// every kind without a lease.
+    #[test]
+    fn the_ttl_help_names_the_kinds_whose_lease_differs() {
+        for kind in KINDS {
+            let longer = kind.capabilities.lease && kind.minimum_ttl > crate::kind::MIN_LEASE_TTL;
+            let named = TTL_HELP.contains(&format!(
+                "{}s to 7 days on {}",
+                kind.minimum_ttl.as_secs(),
+                kind.title
+            ));
+            assert_eq!(named, longer, "{}: {TTL_HELP}", kind.name);
+            let lease_less = format!("The {} backend has no lease", kind.title);
+            assert_eq!(
+                TTL_HELP.contains(&lease_less),
+                !kind.capabilities.lease,
+                "{TTL_HELP}"
             );
         }
     }
