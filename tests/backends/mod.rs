@@ -49,6 +49,24 @@ pub fn assert_names_the_server_there(url: &str, ours: &str, theirs: &str) {
     assert!(!env.path("ran").exists(), "the command ran");
 }
 
+/// A shared server answers every question of the contract as the server it wraps: a case
+/// that asks a wrapper that does not pass a question on would pass without testing anything.
+#[test]
+fn a_shared_server_answers_as_the_server_it_wraps() {
+    let shared = RedisServer::shared();
+    let dir = std::path::Path::new("/nonexistent");
+    assert_eq!(
+        shared.url_at("127.0.0.1:1"),
+        (*shared).url_at("127.0.0.1:1")
+    );
+    assert!(shared.url_at("127.0.0.1:1").is_some());
+    assert_eq!(
+        shared.missing_socket_url(dir),
+        (*shared).missing_socket_url(dir)
+    );
+    assert!(shared.missing_socket_url(dir).is_some());
+}
+
 /// What dlock says when `endpoint` wants a password for `user` and none was given (77).
 pub fn password_missing(endpoint: &str, user: &str) -> String {
     format!(

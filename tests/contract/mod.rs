@@ -114,6 +114,8 @@ macro_rules! contract_tests {
                 a_shared_hold_around_it_never_makes_a_nested_run_shared,
                 a_host_queues_its_waiters_as_the_registry_says,
                 a_semaphore_says_how_many_of_its_slots_are_taken,
+                a_url_at_another_kind_of_server_names_what_answers_there,
+                a_unix_socket_that_does_not_exist_is_named,
             );
         }
     };

@@ -508,3 +508,38 @@ fn a_flock_holder_of_a_lock_file_is_named_as_such() {
     assert!(stderr.contains("a flock(1) holder (not dlock)"), "{stderr}");
     assert!(!stderr.contains(" on ?"), "{stderr}");
 }
+
+/// A URL pointed at another kind of server is 69 at once, in one line that names what
+/// answers there, on every backend that reaches a server over TCP (two servers of other
+/// kinds each).
+pub fn a_url_at_another_kind_of_server_names_what_answers_there(server: &dyn LockServer) {
+    let Some((_, ours)) = server.url_at("127.0.0.1:1") else {
+        return;
+    };
+    let pg = PgServer::shared();
+    let zk = ZkServer::shared();
+    let mysql = MysqlServer::shared();
+    let others = [
+        (pg.port, "a PostgreSQL server"),
+        (zk.members[0].client_port, "a ZooKeeper server"),
+        (mysql.port, "a MySQL server"),
+    ];
+    for (port, theirs) in others.into_iter().filter(|(_, t)| *t != ours).take(2) {
+        let Some((url, _)) = server.url_at(&format!("127.0.0.1:{port}")) else {
+            unreachable!("url_at gave a URL for port 1");
+        };
+        crate::backends::assert_names_the_server_there(&url, ours, theirs);
+    }
+}
+
+/// A Unix socket no server listens on is named (69), on every backend that has them.
+pub fn a_unix_socket_that_does_not_exist_is_named(server: &dyn LockServer) {
+    let file = FileServer::start();
+    let env = TestEnv::new(&file);
+    let Some((url, socket)) = server.missing_socket_url(env.scratch.path()) else {
+        return;
+    };
+    let out = env.run(["run", "--url", &url, &lock_name("s"), "touch", "ran"]);
+    assert_fails(&out, 69, &crate::backends::no_socket(&socket));
+    assert!(!env.path("ran").exists(), "the command ran");
+}

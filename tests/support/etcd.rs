@@ -277,6 +277,10 @@ impl EtcdServer {
 }
 
 impl LockServer for EtcdServer {
+    fn url_at(&self, addr: &str) -> Option<(String, &'static str)> {
+        Some((format!("etcd://{addr}"), "an etcd server"))
+    }
+
     fn url(&self) -> String {
         let scheme = if self.tls { "etcds" } else { "etcd" };
         format!("{scheme}://{}", self.endpoints())

@@ -160,6 +160,15 @@ impl Drop for MemcachedServer {
 }
 
 impl LockServer for MemcachedServer {
+    fn url_at(&self, addr: &str) -> Option<(String, &'static str)> {
+        Some((format!("memcached://{addr}"), "a memcached server"))
+    }
+
+    fn missing_socket_url(&self, dir: &std::path::Path) -> Option<(String, std::path::PathBuf)> {
+        let socket = dir.join("no-memcached.sock");
+        Some((format!("memcached+unix://{}", socket.display()), socket))
+    }
+
     fn url(&self) -> String {
         match self.socket_path() {
             Some(path) => format!("memcached+unix://{}", path.display()),

@@ -303,6 +303,24 @@ impl Drop for MysqlServer {
 }
 
 impl LockServer for MysqlServer {
+    fn url_at(&self, addr: &str) -> Option<(String, &'static str)> {
+        Some((
+            format!("mysql://app:x@{addr}/dlock?ssl-mode=DISABLED"),
+            "a MySQL server",
+        ))
+    }
+
+    fn missing_socket_url(&self, dir: &std::path::Path) -> Option<(String, std::path::PathBuf)> {
+        let socket = dir.join("no-mysql.sock");
+        Some((
+            format!(
+                "mysql://app:{MYSQL_PASSWORD}@localhost/dlock?socket={}",
+                socket.display()
+            ),
+            socket,
+        ))
+    }
+
     fn url(&self) -> String {
         self.url_as("dlock", None)
     }

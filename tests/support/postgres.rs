@@ -346,6 +346,22 @@ impl Drop for PgServer {
 }
 
 impl LockServer for PgServer {
+    fn url_at(&self, addr: &str) -> Option<(String, &'static str)> {
+        Some((
+            format!("postgres://app:x@{addr}/postgres?sslmode=disable"),
+            "a PostgreSQL server",
+        ))
+    }
+
+    /// libpq's form: the socket directory as `host`, the socket in it named by the port.
+    fn missing_socket_url(&self, dir: &std::path::Path) -> Option<(String, std::path::PathBuf)> {
+        let socket_dir = dir.join("no-postgres");
+        Some((
+            format!("postgres:///postgres?host={}", socket_dir.display()),
+            socket_dir.join(".s.PGSQL.5432"),
+        ))
+    }
+
     fn url(&self) -> String {
         self.url_as("postgres", None)
     }

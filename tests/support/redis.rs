@@ -122,6 +122,15 @@ impl Drop for RedisServer {
 }
 
 impl LockServer for RedisServer {
+    fn url_at(&self, addr: &str) -> Option<(String, &'static str)> {
+        Some((format!("redis://{addr}/0"), "a Redis server"))
+    }
+
+    fn missing_socket_url(&self, dir: &std::path::Path) -> Option<(String, std::path::PathBuf)> {
+        let socket = dir.join("no-redis.sock");
+        Some((format!("redis+unix://{}", socket.display()), socket))
+    }
+
     fn url(&self) -> String {
         format!("redis://127.0.0.1:{}/0", self.port)
     }

@@ -25,6 +25,22 @@ pub trait LockServer: Send + Sync {
         None
     }
 
+    /// This backend's URL for a server at `addr` (`host:port`), and what dlock calls its
+    /// server ("a Redis server"): for a URL pointed at another kind of server. `None` where
+    /// the backend's URL names no single server of its own kind (the file backend; Sentinel
+    /// and Cluster, whose URLs name a group).
+    fn url_at(&self, addr: &str) -> Option<(String, &'static str)> {
+        let _ = addr;
+        None
+    }
+
+    /// This backend's URL for a Unix socket in `dir` that no server listens on, and the
+    /// socket's path as dlock names it; `None` where the backend has no Unix sockets.
+    fn missing_socket_url(&self, dir: &std::path::Path) -> Option<(String, std::path::PathBuf)> {
+        let _ = dir;
+        None
+    }
+
     /// The `--ttl` the tests use (short, so that renewals and loss detection are quick).
     fn ttl(&self) -> Option<&'static str> {
         None

@@ -233,6 +233,14 @@ impl<S: LockServer> LockServer for Shared<S> {
     fn prefix(&self) -> Option<String> {
         self.prefix.clone()
     }
+
+    fn url_at(&self, addr: &str) -> Option<(String, &'static str)> {
+        self.server.url_at(addr)
+    }
+
+    fn missing_socket_url(&self, dir: &std::path::Path) -> Option<(String, std::path::PathBuf)> {
+        self.server.missing_socket_url(dir)
+    }
 }
 
 impl<S: LeaseServer> LeaseServer for Shared<S> {

@@ -265,6 +265,10 @@ impl ZkServer {
 }
 
 impl LockServer for ZkServer {
+    fn url_at(&self, addr: &str) -> Option<(String, &'static str)> {
+        Some((format!("zk://{addr}"), "a ZooKeeper server"))
+    }
+
     fn url(&self) -> String {
         format!("zk://{}", self.endpoints())
     }

@@ -78,21 +78,3 @@ fn nothing_listening_is_69() {
 fn a_short_wait_still_takes_a_free_lock_over_a_slow_link() {
     crate::contract::a_short_wait_still_takes_a_free_lock_over_a_slow_link(&EtcdServer::start());
 }
-
-#[test]
-fn a_url_at_another_kind_of_server_names_what_answers_there() {
-    let pg = PgServer::shared();
-    let memcached = MemcachedServer::shared();
-    let mysql = MysqlServer::shared();
-    for (port, theirs) in [
-        (pg.port, "a PostgreSQL server"),
-        (memcached.port, "a memcached server"),
-        (mysql.port, "a MySQL server"),
-    ] {
-        crate::backends::assert_names_the_server_there(
-            &format!("etcd://127.0.0.1:{port}"),
-            "an etcd server",
-            theirs,
-        );
-    }
-}

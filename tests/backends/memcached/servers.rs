@@ -150,30 +150,3 @@ fn a_waiter_without_wait_keeps_waiting_through_a_server_restart() {
     );
     assert!(entered.exists(), "the waiter's command did not run");
 }
-
-#[test]
-fn a_url_at_another_kind_of_server_names_what_answers_there() {
-    let pg = PgServer::shared();
-    let zk = ZkServer::shared();
-    for (port, theirs) in [
-        (pg.port, "a PostgreSQL server"),
-        (zk.members[0].client_port, "a ZooKeeper server"),
-    ] {
-        crate::backends::assert_names_the_server_there(
-            &format!("memcached://127.0.0.1:{port}"),
-            "a memcached server",
-            theirs,
-        );
-    }
-}
-
-#[test]
-fn a_unix_socket_that_does_not_exist_is_named() {
-    let server = FileServer::start();
-    let env = TestEnv::new(&server);
-    let socket = env.path("no-memcached.sock");
-    let url = format!("memcached+unix://{}", socket.display());
-    let out = env.run(["run", "--url", &url, &lock_name("c"), "touch", "ran"]);
-    assert_fails(&out, 69, &crate::backends::no_socket(&socket));
-    assert!(!env.path("ran").exists());
-}

@@ -217,23 +217,6 @@ fn a_server_at_max_connections_is_waited_out_then_69_naming_the_setting() {
     assert_eq!(status.code(), Some(0), "the run after the refusal passed");
 }
 
-/// Not a wait for the connect timeout and "no answer": what answers is named at once.
-#[test]
-fn a_url_at_another_kind_of_server_names_what_answers_there() {
-    let pg = PgServer::shared();
-    let zk = ZkServer::shared();
-    for (port, theirs) in [
-        (pg.port, "a PostgreSQL server"),
-        (zk.members[0].client_port, "a ZooKeeper server"),
-    ] {
-        crate::backends::assert_names_the_server_there(
-            &format!("mysql://app:x@127.0.0.1:{port}/dlock?ssl-mode=DISABLED"),
-            "a MySQL server",
-            theirs,
-        );
-    }
-}
-
 /// MariaDB answers "access denied" for a database that does not exist (as for one the user
 /// may not use): a database the URL names wrongly is 78 as on every backend.
 #[test]
@@ -250,18 +233,5 @@ fn a_database_the_server_does_not_have_is_78() {
         78,
         &crate::backends::no_database(&format!("127.0.0.1:{}", server.port), "no_such_db"),
     );
-    assert!(!env.path("ran").exists());
-}
-
-#[test]
-fn a_unix_socket_that_does_not_exist_is_named() {
-    let server = FileServer::start();
-    let env = TestEnv::new(&server);
-    let socket = env.path("no-mysql.sock");
-    let url = format!("mysql://app@localhost/dlock?socket={}", socket.display());
-    let mut command = env.dlock(["run", "--url", &url, &lock_name("m"), "touch", "ran"]);
-    command.env("DLOCK_PASSWORD", MYSQL_PASSWORD);
-    let out = output_within(command, PATIENCE);
-    assert_fails(&out, 69, &crate::backends::no_socket(&socket));
     assert!(!env.path("ran").exists());
 }

@@ -195,22 +195,6 @@ fn a_sentinel_given_as_a_redis_url_is_78_with_the_url_to_use() {
 }
 
 #[test]
-fn a_url_at_another_kind_of_server_names_what_answers_there() {
-    let pg = PgServer::shared();
-    let zk = ZkServer::shared();
-    for (port, theirs) in [
-        (pg.port, "a PostgreSQL server"),
-        (zk.members[0].client_port, "a ZooKeeper server"),
-    ] {
-        crate::backends::assert_names_the_server_there(
-            &format!("redis://127.0.0.1:{port}/0"),
-            "a Redis server",
-            theirs,
-        );
-    }
-}
-
-#[test]
 fn a_database_index_the_server_does_not_have_is_78() {
     let server = RedisServer::shared();
     let env = TestEnv::new(&server);
@@ -226,16 +210,5 @@ fn a_database_index_the_server_does_not_have_is_78() {
         "{}",
         describe(&out)
     );
-    assert!(!env.path("ran").exists());
-}
-
-#[test]
-fn a_unix_socket_that_does_not_exist_is_named() {
-    let server = FileServer::start();
-    let env = TestEnv::new(&server);
-    let socket = env.path("no-redis.sock");
-    let url = format!("redis+unix://{}", socket.display());
-    let out = env.run(["run", "--url", &url, &lock_name("r"), "touch", "ran"]);
-    assert_fails(&out, 69, &crate::backends::no_socket(&socket));
     assert!(!env.path("ran").exists());
 }

@@ -79,19 +79,3 @@ fn nothing_listening_is_69() {
 fn a_short_wait_still_takes_a_free_lock_over_a_slow_link() {
     crate::contract::a_short_wait_still_takes_a_free_lock_over_a_slow_link(&ZkServer::shared());
 }
-
-#[test]
-fn a_url_at_another_kind_of_server_names_what_answers_there() {
-    let etcd = EtcdServer::shared();
-    let mysql = MysqlServer::shared();
-    for (port, theirs) in [
-        (etcd.members[0].client_port, "an etcd server"),
-        (mysql.port, "a MySQL server"),
-    ] {
-        crate::backends::assert_names_the_server_there(
-            &format!("zk://127.0.0.1:{port}"),
-            "a ZooKeeper server",
-            theirs,
-        );
-    }
-}
