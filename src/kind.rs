@@ -71,6 +71,9 @@ pub struct Kind {
     pub check_warns: &'static str,
     /// What the config file's page says of its table, beyond the keys every table takes.
     pub config_note: &'static str,
+    /// What `list` needs of the server or does differently on it, for its man page; empty
+    /// for nothing particular.
+    pub list_note: &'static str,
     /// Variables of its own, each with its description, for the man pages.
     pub environment: &'static [(&'static str, &'static str)],
 }
@@ -346,6 +349,7 @@ mod tests {
         holders_are: "",
         check_warns: "",
         config_note: "",
+        list_note: "",
         environment: &[],
     };
 

@@ -194,6 +194,21 @@ pub const RELEASE_REMOVES: &str = const_text!(render_release_removes);
 /// settings `check` warns about, for its man page.
 pub const CHECK_WARNS: &str = const_text!(render_check_warns);
 
+/// What `list`'s man page says of particular backends (" On memcached it needs …").
+pub const LIST_NOTES: &str = const_text!(render_list_notes);
+
+const fn render_list_notes(out: &mut [u8]) -> usize {
+    let (mut at, mut k) = (0, 0);
+    while k < KINDS.len() {
+        if !KINDS[k].list_note.is_empty() {
+            at = put(out, at, " ");
+            at = put(out, at, KINDS[k].list_note);
+        }
+        k += 1;
+    }
+    at
+}
+
 /// What the config file's page says of the backends' tables: each kind's note, then the
 /// kinds that need no table.
 pub fn config_notes() -> String {
@@ -517,6 +532,7 @@ mod tests {
                 "{CHECK_WARNS}"
             );
             assert!(config_notes().contains(kind.config_note));
+            assert!(LIST_NOTES.contains(kind.list_note), "{LIST_NOTES}");
         }
         // Kinds that remove the same thing share one "their … on A, B and C".
         for kind in KINDS.iter().filter(|k| !k.holders_are.is_empty()) {

@@ -347,12 +347,18 @@ file backend's page: locks shared between users).
 
 With `-q` it prints nothing, and its exit status answers: 0 held, 1 free.";
 
-const LIST: &str = "\
+const LIST: &str = const_text!(render_list);
+
+const fn render_list(out: &mut [u8]) -> usize {
+    let at = put(out, 0, LIST_FIRST);
+    put(out, at, crate::backend::LIST_NOTES)
+}
+
+const LIST_FIRST: &str = "\
 `dlock list` prints every lock held under the namespace (`--prefix`), a line for each holder:
 the name, pid, host, user, how long it has held the lock, the number of waiters, the mode, the
 fencing token and the command; `no locks are held` when there are none. `--json` prints the
-same as JSON. It changes nothing. On memcached it needs the server's LRU crawler (on by default) and fails rather than
-give an incomplete answer.";
+same as JSON. It changes nothing.";
 
 const RELEASE: &str = const_text!(render_release);
 

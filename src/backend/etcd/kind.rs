@@ -31,6 +31,7 @@ pub const KIND: Kind = Kind {
     holders_are: "leases",
     check_warns: "",
     config_note: "",
+    list_note: "",
     environment: &[],
 };
 

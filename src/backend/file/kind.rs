@@ -32,6 +32,7 @@ pub const KIND: Kind = Kind {
     holders_are: "",
     check_warns: "",
     config_note: "",
+    list_note: "",
     environment: &[],
 };
 

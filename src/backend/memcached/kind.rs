@@ -37,6 +37,7 @@ pub const KIND: Kind = Kind {
     holders_are: "entries",
     check_warns: "a memcached that may evict",
     config_note: "",
+    list_note: "On memcached it needs the server's LRU crawler (on by default) and fails rather than give an incomplete answer.",
     environment: &[],
 };
 

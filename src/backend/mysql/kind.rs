@@ -33,6 +33,7 @@ pub const KIND: Kind = Kind {
     holders_are: "sessions",
     check_warns: "a MySQL user without PROCESS",
     config_note: "",
+    list_note: "",
     environment: &[],
 };
 

@@ -40,6 +40,7 @@ pub const KIND: Kind = Kind {
     holders_are: "sessions",
     check_warns: "a PostgreSQL that cannot drop a silent holder",
     config_note: "",
+    list_note: "",
     environment: &[],
 };
 

@@ -41,6 +41,7 @@ pub const KIND: Kind = Kind {
     check_warns: "a Redis that may evict keys or lose them on restart",
     config_note:
         "The [redis] table serves Redis, Redis Cluster and the data nodes behind Sentinel.",
+    list_note: "",
     environment: &[],
 };
 
@@ -70,6 +71,7 @@ pub const SENTINEL_KIND: Kind = Kind {
     holders_are: "entries",
     check_warns: "",
     config_note: "The [redis-sentinel] table's `password_file` is the sentinels' own password.",
+    list_note: "",
     environment: &[SENTINEL_PASSWORD],
 };
 

@@ -31,6 +31,7 @@ pub const KIND: Kind = Kind {
     holders_are: "nodes",
     check_warns: "",
     config_note: "ZooKeeper speaks no TLS: its table takes only `password_file`.",
+    list_note: "",
     environment: &[],
 };
 
