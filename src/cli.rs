@@ -15,6 +15,7 @@ use crate::text::put;
 use crate::{backend, exit};
 
 mod argv;
+mod fast;
 
 pub use argv::normalize_run_args;
 use argv::{bad_value, no_such_command, no_such_option};
@@ -599,8 +600,19 @@ fn short_url_help(arg: clap::Arg) -> clap::Arg {
     }
 }
 
-/// Parse the process arguments.
+/// Parse the process arguments: the everyday `dlock run` line by [`fast::parse_run`], every
+/// other line (and help, errors) by clap.
 pub fn parse(args: Vec<OsString>) -> Result<Cli, clap::Error> {
+    if let Some(cli) = fast::parse_run(&args, |var| std::env::var_os(var)) {
+        #[cfg(all(debug_assertions, not(test)))]
+        fast::agrees_with_clap(&cli, args);
+        return Ok(cli);
+    }
+    parse_with_clap(args)
+}
+
+/// Parse the process arguments with clap.
+fn parse_with_clap(args: Vec<OsString>) -> Result<Cli, clap::Error> {
     use clap::FromArgMatches;
     // Building the command tree is the costliest part of start-up: do it once.
     let mut command = command();
@@ -613,8 +625,11 @@ pub fn parse(args: Vec<OsString>) -> Result<Cli, clap::Error> {
         .map_err(|e| bad_value(e, &args, &command))
         .map_err(|e| version_of_dlock(e, &args, &mut command))?;
     let mut cli = Cli::from_arg_matches(&matches).map_err(|e| e.format(&mut command))?;
-    if let Some((_, sub)) = matches.subcommand() {
-        let from_env = from_environment(sub);
+    if let Some((name, sub)) = matches.subcommand() {
+        let from_env = command
+            .find_subcommand(name)
+            .map(|c| from_environment(sub, c))
+            .unwrap_or_default();
         match &mut cli.command {
             Command::Run(a) => a.backend.from_env = from_env,
             Command::Status(a) => a.backend.from_env = from_env,
@@ -652,10 +667,12 @@ fn version_of_dlock(
     }
 }
 
-/// The ids of the options in `matches` whose value came from their `DLOCK_*` variable.
-fn from_environment(matches: &clap::ArgMatches) -> Vec<String> {
+/// The ids of the options of `command` in `matches` whose value came from their `DLOCK_*`
+/// variable (not the groups clap makes of flattened structs, which have no variable).
+fn from_environment(matches: &clap::ArgMatches, command: &clap::Command) -> Vec<String> {
     matches
         .ids()
+        .filter(|id| command.get_arguments().any(|a| a.get_id() == *id))
         .filter(|id| {
             matches.value_source(id.as_str()) == Some(clap::parser::ValueSource::EnvVariable)
         })
