@@ -29,11 +29,14 @@ pub mod settings;
 pub mod signals;
 mod sniff;
 mod spawn;
+mod start;
 pub mod supervise;
 pub mod version;
 pub mod wording;
 
 mod generate;
+
+pub use start::start;
 mod report;
 
 use std::ffi::OsString;

@@ -141,9 +141,9 @@ pub fn shown_command_line(words: &[String], max: usize) -> String {
 /// This process's command line as [`shown_command_line`] shows it: what a run waiting in
 /// this host's queue records for `status`.
 pub fn own_command_line(max: usize) -> String {
-    let words: Vec<String> = std::env::args_os()
-        .map(|word| word.to_string_lossy().into_owned())
-        .collect();
+    // From /proc: the binary's own `main` leaves Rust's copy of the arguments empty on
+    // musl (src/start.rs).
+    let words = crate::process::arguments(std::process::id()).unwrap_or_default();
     shown_command_line(&words, max)
 }
 
