@@ -5,11 +5,14 @@
 //! `/proc/self/maps` that dlock does not need; `dlock::start` does the part it does need
 //! (src/start.rs says which).
 
-#![no_main]
+#![cfg_attr(not(test), no_main)]
 
+#[cfg(not(test))]
 use std::ffi::{c_char, c_int, CStr, OsStr};
+#[cfg(not(test))]
 use std::os::unix::ffi::OsStrExt;
 
+#[cfg(not(test))]
 #[no_mangle]
 extern "C" fn main(argc: c_int, argv: *const *const c_char) -> c_int {
     let count = usize::try_from(argc).unwrap_or(0);

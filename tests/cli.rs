@@ -196,6 +196,45 @@ fn command_starts_with_no_blocked_signals_and_default_sigpipe() {
     );
 }
 
+/// What Rust's runtime does before `main`, dlock's own `main` does (src/start.rs): a closed
+/// standard stream is opened on /dev/null, so that no lock file becomes the command's
+/// output, and dlock itself ignores SIGPIPE (a closed pipe is an error it reports).
+#[test]
+fn a_closed_stdout_is_dev_null_and_dlock_ignores_sigpipe() {
+    let bit = |signal: i32| 1u64 << (signal - 1);
+    let (_server, env) = file_env();
+    let out = output_within(
+        {
+            let mut c = std::process::Command::new("sh");
+            c.args(["-c", "exec \"$0\" \"$@\" >&-", DLOCK]).args([
+                "run",
+                "x",
+                "sh",
+                "-c",
+                "echo \"$(readlink /proc/$$/fd/1)\" >&2; cat /proc/$PPID/status >&2",
+            ]);
+            for (key, value) in env.dlock(["x"]).get_envs() {
+                match value {
+                    Some(value) => c.env(key, value),
+                    None => c.env_remove(key),
+                };
+            }
+            c.current_dir(env.path("")).stdin(Stdio::null());
+            c
+        },
+        PATIENCE,
+    );
+    assert!(out.status.success(), "{}", describe(&out));
+    let said = stderr_of(&out);
+    assert_eq!(said.lines().next(), Some("/dev/null"), "{said}");
+    let ignored = signal_set(&said, "SigIgn:");
+    assert_ne!(
+        ignored & bit(libc::SIGPIPE),
+        0,
+        "dlock does not ignore SIGPIPE: {said}"
+    );
+}
+
 #[test]
 fn arguments_are_passed_verbatim_without_a_shell() {
     let (_server, env) = file_env();
