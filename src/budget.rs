@@ -111,9 +111,29 @@ impl WaitBudget {
     }
 
     /// Until when a server may answer at all, connecting included: the end of `--wait`, but
-    /// at least [`MIN_ANSWER`] from the start (none without a `--wait` of some length).
+    /// at least [`MIN_ANSWER`] from the start (none without a `--wait` of some length, unless
+    /// [`Self::answering_within`] gave `--no-wait` one).
     pub fn answer_by(&self) -> Option<BootInstant> {
         self.answer_by
+    }
+
+    /// Whether the server's time to answer ([`Self::answer_by`]) has passed (never without
+    /// one).
+    pub fn answer_is_over(&self) -> bool {
+        self.answer_by.is_some_and(|by| BootInstant::now() >= by)
+    }
+
+    /// This budget, and with `--no-wait` one whose server has `no_wait` from now to answer:
+    /// for a backend that bounds its one look as a whole (connecting, calls asked again after
+    /// a lost reply) rather than each call by itself. The lock's own wait is unchanged.
+    pub fn answering_within(&self, no_wait: Duration) -> WaitBudget {
+        match self.wait {
+            Wait::No => WaitBudget {
+                answer_by: Some(BootInstant::now() + no_wait),
+                ..*self
+            },
+            Wait::For(_) | Wait::Forever => *self,
+        }
     }
 
     /// Whether the end of `--wait` has passed (never without one).
@@ -176,6 +196,23 @@ impl WaitBudget {
     pub fn call_limit(&self, op_timeout: Duration) -> Duration {
         self.answer_by
             .map_or(op_timeout, |by| by.remaining().min(op_timeout))
+    }
+
+    /// The time one server call may take when the acquisition may still finish what it
+    /// started after the server's time to answer: [`Self::call_limit`], but at least `least`
+    /// (the last check at the end of the wait still gets a round trip), and never more than
+    /// `overrun` past [`Self::answer_by`] (everything has ended by then).
+    pub fn call_limit_past(
+        &self,
+        op_timeout: Duration,
+        least: Duration,
+        overrun: Duration,
+    ) -> Duration {
+        self.answer_by.map_or(op_timeout, |by| {
+            self.call_limit(op_timeout)
+                .max(least.min(op_timeout))
+                .min((by + overrun).remaining())
+        })
     }
 
     /// `step`, unless `--wait` runs out first (`None`).
@@ -266,6 +303,47 @@ mod tests {
             // The server still has until `answer_by` to answer.
             assert_eq!(budget.answer(async { 7 }).await, Some(7));
         });
+    }
+
+    #[test]
+    fn a_backend_that_bounds_its_acquisition_as_a_whole_gets_the_same_time_to_answer() {
+        // Redis's bounds (its time to answer, each call's, leaving the queue) are these
+        // operations of the request's budget: a short --wait gets `MIN_ANSWER` there too.
+        let (op, least, overrun) = (
+            Duration::from_secs(5),
+            Duration::from_millis(200),
+            Duration::from_millis(300),
+        );
+        let start = BootInstant::now();
+        let short = WaitBudget::start(Wait::For(Duration::from_millis(1)));
+        let answering = short.answering_within(op);
+        assert_eq!(answering, short);
+        assert!(answering.answer_by().expect("a time to answer") >= start + MIN_ANSWER);
+        assert!(!answering.answer_is_over());
+        let limit = answering.call_limit_past(op, least, overrun);
+        assert!(limit <= MIN_ANSWER && limit > MIN_ANSWER / 2, "{limit:?}");
+        assert_eq!(answering.call_limit_past(least, least, overrun), least);
+        let forever = WaitBudget::start(Wait::Forever);
+        assert_eq!(forever.answering_within(op), forever);
+        assert_eq!(forever.call_limit_past(op, least, overrun), op);
+        assert!(!forever.answer_is_over());
+
+        // --no-wait: the lock's wait is still one look; the server gets the bound given.
+        let no_wait = WaitBudget::start(Wait::No);
+        let answering = no_wait.answering_within(op);
+        assert_eq!((answering.wait(), answering.deadline()), (Wait::No, None));
+        assert!(answering.is_no_wait() && !answering.is_over());
+        let limit = answering.call_limit_past(op, least, overrun);
+        assert!(limit <= op && limit > op / 2, "{limit:?}");
+        // Past the time to answer a call still gets `least`, within `overrun`, then nothing.
+        let passed = no_wait.answering_within(Duration::ZERO);
+        assert!(passed.answer_is_over());
+        let limit = passed.call_limit_past(op, least, overrun);
+        assert!(limit <= least && limit > least / 2, "{limit:?}");
+        assert_eq!(
+            passed.call_limit_past(op, least, Duration::ZERO),
+            Duration::ZERO
+        );
     }
 
     #[test]

@@ -1,19 +1,37 @@
 //! What is particular to each backend, beside the contract every backend passes
-//! (`crate::contract`): one module per backend, each invoking `contract_tests!` with its test
-//! server from `crate::support`. The words every backend shares for what goes wrong in
-//! reaching a server are here once: a server of another kind at the URL
+//! (`crate::contract`): one folder per backend, each invoking `contract_tests!` with its test
+//! server, which lives in the folder too (`NAME/server.rs`; the file backend's `FileServer`
+//! is `crate::support`'s). The words every backend shares for what goes wrong in reaching a
+//! server are here once: a server of another kind at the URL
 //! ([`assert_names_the_server_there`]), a password missing or refused, a database the server
 //! does not have, a Unix socket that does not exist.
 
-mod etcd;
+/// Declares each backend's folder (`mod NAME;`) and re-exports its test server
+/// (`NAME/server.rs`) in [`servers`], which `crate::support` re-exports to every test: a
+/// backend's tests are its folder and its line here, with nothing to add elsewhere.
+macro_rules! backends_with_servers {
+    ($($name:ident),* $(,)?) => {
+        $(mod $name;)*
+
+        /// Every backend's test server, as `crate::support` gives them to the tests.
+        pub mod servers {
+            $(pub use super::$name::server::*;)*
+        }
+    };
+}
+
+backends_with_servers! {
+    etcd,
+    memcached,
+    mysql,
+    postgres,
+    redis,
+    redis_cluster,
+    redis_sentinel,
+    zk,
+}
+// The file backend's server, `FileServer`, is `crate::support`'s: tests of no backend use it too.
 mod file;
-mod memcached;
-mod mysql;
-mod postgres;
-mod redis;
-mod redis_cluster;
-mod redis_sentinel;
-mod zk;
 
 use crate::support::*;
 

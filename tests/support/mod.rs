@@ -13,40 +13,26 @@
 //! - `report`: reading `--report` files, a URL that reaches no server, another user's
 //!   directories, a small disk to fill;
 //! - `certs`: throw-away certificates for the TLS tests;
-//! - one file per test server: `redis`, `redis_cluster`, `sentinel`, `etcd`, `zk`, `postgres`, `mysql`, `memcached`.
+//! - every backend's test server, which lives in its folder (`tests/backends/NAME/server.rs`)
+//!   and is re-exported here from `crate::backends::servers`.
 //!
 //! Tests use all of it through `use crate::support::*;`.
 
 mod busy;
 mod certs;
-mod etcd;
 mod harness;
-mod memcached;
-mod mysql;
 mod net;
-mod postgres;
 mod process;
-mod redis;
-mod redis_cluster;
 mod report;
-mod sentinel;
 mod server;
 mod shared;
-mod zk;
 
 pub use self::busy::*;
 pub use self::certs::*;
-pub use self::etcd::*;
 pub use self::harness::*;
-pub use self::memcached::*;
-pub use self::mysql::*;
 pub use self::net::*;
-pub use self::postgres::*;
 pub use self::process::*;
-pub use self::redis::*;
-pub use self::redis_cluster::*;
 pub use self::report::*;
-pub use self::sentinel::*;
 pub use self::server::*;
 pub use self::shared::*;
-pub use self::zk::*;
+pub use crate::backends::servers::*;

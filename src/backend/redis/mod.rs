@@ -126,9 +126,10 @@ impl RedisBackend {
 impl Backend for RedisBackend {
     type Lease = RedisLease;
 
-    /// Every call ends by `--wait` and [`wait::OVERRUN`] (within [`crate::budget::MIN_ANSWER`]),
-    /// then a grant older than a renewal attempt is checked ([`crate::keeper::confirm_if_old`]), and
-    /// one that did not count is given back ([`wait::LEAVE_TIMEOUT`]).
+    /// Every call ends by the server's time to answer (`--wait`, but at least
+    /// [`crate::budget::MIN_ANSWER`]) and [`wait::OVERRUN`], then a grant older than a renewal
+    /// attempt is checked ([`crate::keeper::confirm_if_old`]), and one that did not count is
+    /// given back ([`wait::LEAVE_TIMEOUT`]).
     fn finish_after_answer(&self, request: &AcquireRequest) -> std::time::Duration {
         crate::keeper::confirm_bound(request.ttl) + wait::LEAVE_TIMEOUT
     }
@@ -169,8 +170,9 @@ async fn take_turns(
     request: &AcquireRequest,
     mut cancel: Cancel,
 ) -> Result<RedisLease, Error> {
-    // Behind Sentinel, the checks of the sentinels end with the `--wait` budget too.
-    sentinel::bound(&mut conn, request.budget.deadline());
+    // Behind Sentinel, the checks of the sentinels end with the server's time to answer too
+    // (`--wait`, but at least `MIN_ANSWER`).
+    sentinel::bound(&mut conn, request.budget.answer_by());
     let mut ticket: i64 = 0;
     loop {
         let (reply, sent) = waiter.call(&mut conn, ticket, &mut cancel).await?;

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use redis::Value;
 
-use crate::budget::Wait;
+use crate::budget::{Wait, WaitBudget};
 use crate::clock::BootInstant;
 use crate::error::Error;
 use crate::keeper::Keeper;
@@ -40,11 +40,12 @@ pub(super) const WAITER_HEARTBEAT: Duration = Duration::from_millis(500);
 const SETTLE_RETRY_PAUSE: Duration = Duration::from_millis(200);
 /// With `--no-wait`, the server must have answered within this (connecting included).
 const NO_WAIT_BOUND: Duration = OP_TIMEOUT;
-/// What an acquisition may take past `--wait` (or the `--no-wait` bound) to finish what it
-/// started: the last check at the deadline, the details of the message, leaving the queue.
-/// The promise is `--wait` + 0.5 s from start to exit; the other 0.2 s are for the process's
-/// start and exit on a busy machine. A step cut short by it costs nothing lasting: a place in
-/// line lapses within [`WAITER_LEASE`], a grant whose reply was lost within `--ttl`.
+/// What an acquisition may take past the server's time to answer (`--wait`, but at least
+/// [`crate::budget::MIN_ANSWER`]; the `--no-wait` bound) to finish what it started: the last
+/// check at the deadline, the details of the message, leaving the queue. The promise is that
+/// time + 0.5 s from start to exit; the other 0.2 s are for the process's start and exit on a
+/// busy machine. A step cut short by it costs nothing lasting: a place in line lapses within
+/// [`WAITER_LEASE`], a grant whose reply was lost within `--ttl`.
 pub(super) const OVERRUN: Duration = Duration::from_millis(300);
 /// The least time the last check at a `--wait` deadline gets (within [`OVERRUN`]): a round
 /// trip to a server that answers, on a busy machine.
@@ -59,13 +60,11 @@ pub(super) struct Waiter<'a> {
     request: &'a AcquireRequest,
     tok: String,
     keys: Keys,
-    /// Bounds how long dlock waits for the server itself, connecting included (69): the end
-    /// of `--wait` itself, without the [`crate::budget::MIN_ANSWER`] floor (a run ends by
-    /// `--wait` and [`OVERRUN`]), or [`NO_WAIT_BOUND`] with `--no-wait`. The lock's own wait
-    /// (75) ends with the request's budget.
-    answer_by: Option<BootInstant>,
-    /// `answer_by` and [`OVERRUN`]: everything ends by then, leaving the queue included.
-    finish_by: Option<BootInstant>,
+    /// The request's budget, with [`NO_WAIT_BOUND`] for the server to answer a `--no-wait`
+    /// look: its [`WaitBudget::answer_by`] bounds how long dlock waits for the server itself,
+    /// connecting included (69), and everything ends [`OVERRUN`] after it, leaving the queue
+    /// included. The lock's own wait (75) ends with the request's budget.
+    answering: WaitBudget,
     mode: &'static str,
     meta: String,
     ttl_ms: String,
@@ -85,10 +84,6 @@ impl<'a> Waiter<'a> {
     ) -> Result<(Waiter<'a>, Conn), Error> {
         let tok = super::keys::owner_token(request.mode);
         let keys = backend.keys(&request.name, &tok);
-        let answer_by = match request.budget.wait() {
-            Wait::No => Some(BootInstant::now() + NO_WAIT_BOUND),
-            Wait::For(_) | Wait::Forever => request.budget.deadline(),
-        };
         let conn = Conn::new(&backend.target, &backend.display)?;
         let mode = if request.budget.is_no_wait() {
             "try"
@@ -108,8 +103,7 @@ impl<'a> Waiter<'a> {
             request,
             tok,
             keys,
-            answer_by,
-            finish_by: answer_by.map(|by| by + OVERRUN),
+            answering: request.budget.answering_within(NO_WAIT_BOUND),
             mode,
             meta,
             ttl_ms: millis(request.ttl),
@@ -120,9 +114,12 @@ impl<'a> Waiter<'a> {
         Ok((waiter, conn))
     }
 
-    /// The budget of the next call (see [`call_budget`]).
+    /// The budget of the next call: up to [`OP_TIMEOUT`], not past the server's time to
+    /// answer, but at least [`LAST_CALL`] (so the last check at a `--wait` deadline can still
+    /// be answered), and never past it and [`OVERRUN`].
     fn budget(&self) -> Duration {
-        call_budget(self.answer_by, self.finish_by)
+        self.answering
+            .call_limit_past(OP_TIMEOUT, LAST_CALL, OVERRUN)
     }
 
     /// One step of `acquire.lua` (`ticket`: our place in line, 0 before we have one): its
@@ -163,7 +160,7 @@ impl<'a> Waiter<'a> {
                 // the move takes: ask again until --wait runs out (for ever without it), as
                 // a waiter whose place in line is kept (a lapsed heartbeat rejoins with the
                 // same ticket).
-                Err(failure) if failure.is_settling() && !passed(self.answer_by) => {
+                Err(failure) if failure.is_settling() && !self.answering.answer_is_over() => {
                     tracing::debug!(
                         "the cluster is settling ({}); asking again",
                         failure.describe()
@@ -229,14 +226,14 @@ impl<'a> Waiter<'a> {
     fn may_retry(&self, failure: &Failure, attempt: u32, conn: &Conn) -> bool {
         failure.is_transient()
             && attempt < ACQUIRE_ATTEMPTS
-            && !passed(self.answer_by)
+            && !self.answering.answer_is_over()
             && (conn.last_send.is_some() || !failure.is_timeout())
     }
 
     /// The error an acquire call that failed for good ends the acquisition with (`sent_any`:
     /// whether any attempt sent the script).
     fn call_error(&self, failure: Failure, conn: &Conn, sent_any: bool, ticket: i64) -> Error {
-        if failure.is_timeout() && passed(self.answer_by) && ticket != 0 {
+        if failure.is_timeout() && self.answering.answer_is_over() && ticket != 0 {
             // The server answered all along the wait: only the last check at the
             // deadline was late. Not acquired, for the reason it last gave.
             let (live, ahead) = self.last.get();
@@ -258,20 +255,18 @@ impl<'a> Waiter<'a> {
                 super::failure::server_of(&self.backend.display),
                 plain,
             ))
-        } else if failure.is_timeout() && passed(self.answer_by) {
-            let wait = self.request.budget.wait();
-            let given = match wait {
-                Wait::No => NO_WAIT_BOUND,
-                Wait::For(length) => length,
-                // Not reached: without a `--wait` nothing passes `answer_by`.
-                Wait::Forever => OP_TIMEOUT,
-            };
-            Error::Unavailable(crate::wording::no_answer_within(
-                &self.backend.display,
-                None,
-                wait,
-                given,
-            ))
+        } else if failure.is_timeout() && self.answering.answer_is_over() {
+            // Only `--no-wait`'s bound and a `--wait` of some length pass.
+            if self.request.budget.is_no_wait() {
+                Error::Unavailable(crate::wording::no_answer_within(
+                    &self.backend.display,
+                    None,
+                    Wait::No,
+                    NO_WAIT_BOUND,
+                ))
+            } else {
+                crate::wording::no_answer(&self.backend.display, None, &self.request.budget)
+            }
         } else {
             failure.into_error(&self.backend.display)
         }
@@ -464,13 +459,14 @@ impl<'a> Waiter<'a> {
     }
 
     /// Leave the queue (and give back a grant whose reply we may have missed). Bounded by
-    /// [`LEAVE_TIMEOUT`], and by `finish_by`: a failure only costs a waiter slot until its heartbeat deadline
-    /// passes (a lost grant: until its lease runs out).
+    /// [`LEAVE_TIMEOUT`], and by [`OVERRUN`] past the server's time to answer: a failure only
+    /// costs a waiter slot until its heartbeat deadline passes (a lost grant: until its lease
+    /// runs out).
     pub(super) async fn leave(&self) {
         let (keys, request, display) = (&self.keys, self.request, &self.backend.display);
         let budget = self
-            .finish_by
-            .map_or(LEAVE_TIMEOUT, |end| end.remaining().min(LEAVE_TIMEOUT));
+            .answering
+            .call_limit_past(LEAVE_TIMEOUT, LEAVE_TIMEOUT, OVERRUN);
         let attempt = async {
             let mut conn = Conn::new(&self.backend.target, display)?;
             match release_call(&mut conn, keys, request.limit, "holder", budget, None).await {
@@ -503,24 +499,6 @@ impl<'a> Waiter<'a> {
             Err(e) => tracing::warn!("could not withdraw from '{}': {e}", request.name),
         }
     }
-}
-
-/// The time a call may take: up to [`OP_TIMEOUT`], not past `answer_by`, but at least
-/// [`LAST_CALL`] (so the last check at a `--wait` deadline can still be answered), and never
-/// past `finish_by`.
-fn call_budget(answer_by: Option<BootInstant>, finish_by: Option<BootInstant>) -> Duration {
-    match (answer_by, finish_by) {
-        (Some(by), Some(end)) => by
-            .remaining()
-            .max(LAST_CALL)
-            .min(end.remaining())
-            .min(OP_TIMEOUT),
-        _ => OP_TIMEOUT,
-    }
-}
-
-fn passed(by: Option<BootInstant>) -> bool {
-    by.is_some_and(|by| by.remaining().is_zero())
 }
 
 /// After a failed acquire call, could the script still have run on the server? Not when

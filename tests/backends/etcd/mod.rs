@@ -3,11 +3,14 @@
 //! protocol (`waiting`), the leases of holders and waiters (`leases`), connecting and
 //! authentication (`connect`), TLS (`tls`), failover (`failover`), `etcdctl` (`interop`),
 //! shared locks (`shared`).
+//!
+//! Its test server is `server`, which every test reaches through `crate::support`.
 
 mod connect;
 mod failover;
 mod interop;
 mod leases;
+pub(super) mod server;
 mod shared;
 mod tls;
 mod waiting;

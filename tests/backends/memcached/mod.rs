@@ -6,10 +6,13 @@
 //! Waiters are not served in arrival order on memcached (they poll), so the FIFO test other
 //! backends run is not run here; `keys::waiters_poll_and_hand_off_quickly` checks what is
 //! promised instead.
+//!
+//! Its test server is `server`, which every test reaches through `crate::support`.
 
 mod evictions;
 mod keys;
 mod listing;
+pub(super) mod server;
 mod servers;
 mod tokens;
 

@@ -6,8 +6,11 @@
 //! (`access`: privileges, read-only, passwords, long/unicode/case-differing names), and TLS
 //! (`tls`: every `ssl-mode` against a MariaDB with a test CA's certificate), and tokens across a
 //! crash after a burst of grants (`tokens`).
+//!
+//! Its test server is `server`, which every test reaches through `crate::support`.
 
 mod access;
+pub(super) mod server;
 mod session;
 mod tls;
 mod tokens;

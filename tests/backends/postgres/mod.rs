@@ -4,9 +4,12 @@
 //! (`session`), waiting and `--limit` (`waiting`), connecting, authentication and poolers
 //! (`connect`), TLS (`tls`), the documented SQL (`sql`), a grant confirmed over a slow link
 //! (`confirm`), fencing tokens across a crash (`tokens`), shared locks (`shared`).
+//!
+//! Its test server is `server`, which every test reaches through `crate::support`.
 
 mod confirm;
 mod connect;
+pub(super) mod server;
 mod session;
 mod shared;
 mod sql;

@@ -1,5 +1,6 @@
 //! Reaching Redis: passwords (from the URL, the environment, a private file), nothing
-//! listening, a replica, an ACL without scripts, eviction, a Unix socket.
+//! listening, a slow link with a short `--wait`, a replica, an ACL without scripts, eviction,
+//! a Unix socket.
 
 use crate::support::*;
 
@@ -76,6 +77,11 @@ fn nothing_listening_is_69() {
         &format!("cannot connect to 127.0.0.1:{port}: connection refused"),
     );
     assert!(!env.path("ran").exists());
+}
+
+#[test]
+fn a_short_wait_still_takes_a_free_lock_over_a_slow_link() {
+    crate::contract::a_short_wait_still_takes_a_free_lock_over_a_slow_link(&RedisServer::shared());
 }
 
 #[test]

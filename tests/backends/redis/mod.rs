@@ -1,10 +1,13 @@
 //! The Redis backend: the whole contract against a real `redis-server`, plus what only Redis
 //! can get wrong: its keys and tokens (`keys`), waiting (`waiting`), shared locks (`shared`),
 //! connecting and authentication (`connect`), TLS (`tls`).
+//!
+//! Its test server is `server`, which every test reaches through `crate::support`.
 
 mod connect;
 mod declared;
 mod keys;
+pub(super) mod server;
 mod shared;
 mod tls;
 mod waiting;

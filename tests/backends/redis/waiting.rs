@@ -227,6 +227,27 @@ fn wait_bounds_a_server_that_accepts_and_never_answers() {
 }
 
 #[test]
+fn a_short_wait_still_gives_a_silent_server_two_seconds_to_answer() {
+    // As on every backend, a --wait shorter than 2 s bounds the lock's wait, not the
+    // server's time to answer: no answer is 69 after 2 s, and the message says both.
+    let silent = SilentServer::start();
+    let env = TestEnv::new(&FileServer::start());
+    let url = format!("redis://127.0.0.1:{}/0", silent.port);
+    let started = Instant::now();
+    let out = env.run(["run", "--wait", "100ms", "--url", &url, "x", "touch", "ran"]);
+    let took = started.elapsed();
+    assert_fails(&out, 69, "no answer from");
+    assert!(
+        stderr_of(&out).contains("within 2s (--wait 100ms)"),
+        "{}",
+        describe(&out)
+    );
+    assert!(took >= Duration::from_secs(2), "took {took:?}");
+    assert!(took < Duration::from_secs(2) + PAST_WAIT, "took {took:?}");
+    assert!(!env.path("ran").exists());
+}
+
+#[test]
 fn a_place_in_line_without_a_heartbeat_does_not_hold_up_the_lock() {
     // Written by hand (or half of it lost): a queue entry with no heartbeat deadline at all
     // would never lapse; it is dropped like a dead waiter.

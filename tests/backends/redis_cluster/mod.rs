@@ -2,8 +2,11 @@
 //! only a cluster can do: locks on every master at once (`list` sees them all), a URL naming
 //! one node, a held lock's slot migrated to another master (`failover`: and its master killed
 //! with its replica promoted), and nodes that are no cluster or a cluster that cannot serve.
+//!
+//! Its test server is `server`, which every test reaches through `crate::support`.
 
 mod failover;
+pub(super) mod server;
 mod tls;
 
 use std::path::PathBuf;

@@ -1,5 +1,6 @@
-//! Reaching Redis through the sentinels: all of them down (69), a master name they do not
-//! monitor (78), sentinels that want a password of their own, and what `check` reports.
+//! Reaching Redis through the sentinels: all of them down (69), a slow link to one with a
+//! short `--wait`, a master name they do not monitor (78), sentinels that want a password of
+//! their own, and what `check` reports.
 
 use crate::support::*;
 
@@ -14,6 +15,13 @@ fn all_sentinels_down_is_69_with_a_clear_message() {
     // The data nodes still run: status through the sentinels cannot find them either.
     let out = env.run(["status", "x"]);
     assert_fails(&out, 69, "no sentinel answered");
+}
+
+#[test]
+fn a_short_wait_still_takes_a_free_lock_over_a_slow_link() {
+    crate::contract::a_short_wait_still_takes_a_free_lock_over_a_slow_link(
+        &SentinelServer::shared(),
+    );
 }
 
 #[test]

@@ -4,12 +4,15 @@
 //! (`connect`), a majority of the sentinels before a grant and every renewal (`majority`), a
 //! stopped replica with `?replicas=N` (`replicas`), and `rediss-sentinel://` to TLS-only
 //! servers (`tls`).
+//!
+//! Its test server is `server`, which every test reaches through `crate::support`.
 
 mod connect;
 mod discovery;
 mod failover;
 mod majority;
 mod replicas;
+pub(super) mod server;
 mod tls;
 
 use crate::support::*;

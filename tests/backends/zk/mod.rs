@@ -2,10 +2,13 @@
 //! interop, cleanup of cancelled waiters, and a three-member ensemble: waiting
 //! (`waiting`), connecting and authentication (`connect`), failover (`failover`), Curator
 //! (`curator`), shared locks and Curator's read-write lock (`shared`).
+//!
+//! Its test server is `server`, which every test reaches through `crate::support`.
 
 mod connect;
 mod curator;
 mod failover;
+pub(super) mod server;
 mod shared;
 mod waiting;
 

@@ -71,7 +71,8 @@ pub(super) async fn confirm(conn: &mut Conn) -> Result<(), String> {
     moved(conn, Duration::ZERO).await.map(drop)
 }
 
-/// A waiter's checks of the sentinels on `conn` end by `deadline` (its `--wait`).
+/// A waiter's checks of the sentinels on `conn` end by `deadline` (its server's time to
+/// answer: `--wait`, but at least [`crate::budget::MIN_ANSWER`]).
 pub(super) fn bound(conn: &mut Conn, deadline: Option<BootInstant>) {
     if let Some(locator) = conn.sentinel.as_mut() {
         locator.deadline = deadline;

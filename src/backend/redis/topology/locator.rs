@@ -88,7 +88,8 @@ pub(in crate::backend::redis) struct Locator {
     next: Option<Addr>,
     /// When a majority of the sentinels last named the master of this connection.
     pub(in crate::backend::redis) asked: Option<BootInstant>,
-    /// A waiter's `--wait` deadline: its checks of the sentinels end by then.
+    /// A waiter's time to answer (`--wait`, but at least `MIN_ANSWER`): its checks of the
+    /// sentinels end by then.
     pub(in crate::backend::redis) deadline: Option<BootInstant>,
     /// `?replicas=N` and how long to wait for them.
     pub(in crate::backend::redis) replicas: u32,
@@ -440,7 +441,7 @@ impl Locator {
     }
 
     /// How long a round of asking may take: [`ASK_TIMEOUT`], and for a waiter no longer than
-    /// its `--wait` (but [`LAST_CHECK`] at least).
+    /// its time to answer (but [`LAST_CHECK`] at least).
     fn budget(&self) -> Duration {
         match self.deadline {
             Some(deadline) => ASK_TIMEOUT.min(deadline.remaining().max(LAST_CHECK)),

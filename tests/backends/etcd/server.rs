@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use super::*;
+use crate::support::*;
 
 /// `GET /health` of an etcd member: healthy when it answers `"health":"true"`.
 pub fn etcd_healthy(port: u16) -> bool {

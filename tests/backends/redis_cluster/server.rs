@@ -6,7 +6,7 @@
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use super::*;
+use crate::support::*;
 
 /// A port whose cluster bus port (port + 10000) is free too.
 fn free_cluster_port() -> u16 {

@@ -13,7 +13,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use super::*;
+use crate::support::*;
 
 pub const MYSQL_PASSWORD: &str = "app-secret";
 pub const READER_PASSWORD: &str = "reader-secret";

@@ -13,7 +13,7 @@
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::*;
+use crate::support::*;
 
 /// The master's name in the sentinels' configuration.
 pub const MASTER_NAME: &str = "mymaster";

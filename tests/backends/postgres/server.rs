@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
 
-use super::*;
+use crate::support::*;
 
 /// The superuser's and the `app` role's passwords.
 pub const SUPERUSER_PASSWORD: &str = "super-secret";

@@ -4,7 +4,7 @@
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::*;
+use crate::support::*;
 
 /// Send one inline command to a Redis server and return the first reply line.
 pub fn redis_command(port: u16, command: &str) -> std::io::Result<String> {

@@ -5,7 +5,7 @@
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use super::*;
+use crate::support::*;
 
 /// Send raw protocol text and read until `until` appears at the end of the answer (bounded).
 pub fn memcached_request(port: u16, request: &str, until: &str) -> std::io::Result<String> {

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use super::*;
+use crate::support::*;
 
 /// The jars a ZooKeeper server needs, from Debian's `zookeeper` package.
 pub fn zookeeper_classpath() -> String {
