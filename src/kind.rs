@@ -56,6 +56,15 @@ pub struct Kind {
     /// Without the `shared` capability: why, for the refusal of `--shared` (what the server
     /// lacks that a safe shared lock needs); empty with it.
     pub no_shared_because: &'static str,
+    /// What the help, the man pages and the messages say of it beyond its name.
+    pub words: Words,
+}
+
+/// What a kind says of itself for the help, the man pages and the messages, where it has
+/// something to say: a kind lists only its own (`..Words::NONE`), and the lists that name
+/// several kinds are rendered from the registry.
+#[derive(Debug)]
+pub struct Words {
     /// Schemes the server's own tools write for its endpoints, each with the scheme dlock
     /// takes instead (etcd's `http://host:port` is dlock's `etcd://host:port`): a URL with one
     /// of them is refused with that hint rather than as an unknown scheme.
@@ -76,6 +85,19 @@ pub struct Kind {
     pub list_note: &'static str,
     /// Variables of its own, each with its description, for the man pages.
     pub environment: &'static [(&'static str, &'static str)],
+}
+
+impl Words {
+    /// Nothing to say: every list leaves the kind out.
+    pub const NONE: Words = Words {
+        foreign_schemes: &[],
+        password: false,
+        holders_are: "",
+        check_warns: "",
+        config_note: "",
+        list_note: "",
+        environment: &[],
+    };
 }
 
 /// What a backend can honour. A flag that needs a capability the backend lacks is refused
@@ -344,13 +366,7 @@ mod tests {
         parse: |_, _| Err("no".into()),
         recognises: None,
         no_shared_because: "it cannot",
-        foreign_schemes: &[],
-        password: false,
-        holders_are: "",
-        check_warns: "",
-        config_note: "",
-        list_note: "",
-        environment: &[],
+        words: Words::NONE,
     };
 
     /// A `--limit` the backend cannot honour is a usage error (64) naming the backend and

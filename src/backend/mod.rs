@@ -94,12 +94,13 @@ impl Target {
 
 /// The refusal of a URL in a scheme a server's own tools write (etcd's `http://host:port`):
 /// dlock names the backend by its scheme, so say how to write it, for each kind that has
-/// such a scheme ([`Kind::foreign_schemes`]).
+/// such a scheme ([`Words::foreign_schemes`](crate::kind::Words::foreign_schemes)).
 fn foreign_scheme_hint(scheme: &str) -> Option<String> {
     let ways: Vec<String> = KINDS
         .iter()
         .flat_map(|kind| {
-            kind.foreign_schemes
+            kind.words
+                .foreign_schemes
                 .iter()
                 .filter(|(theirs, _)| *theirs == scheme)
                 .map(move |(_, ours)| {
@@ -200,9 +201,9 @@ pub const LIST_NOTES: &str = const_text!(render_list_notes);
 const fn render_list_notes(out: &mut [u8]) -> usize {
     let (mut at, mut k) = (0, 0);
     while k < KINDS.len() {
-        if !KINDS[k].list_note.is_empty() {
+        if !KINDS[k].words.list_note.is_empty() {
             at = put(out, at, " ");
-            at = put(out, at, KINDS[k].list_note);
+            at = put(out, at, KINDS[k].words.list_note);
         }
         k += 1;
     }
@@ -214,7 +215,7 @@ const fn render_list_notes(out: &mut [u8]) -> usize {
 pub fn config_notes() -> String {
     let notes = KINDS
         .iter()
-        .map(|kind| kind.config_note)
+        .map(|kind| kind.words.config_note)
         .filter(|note| !note.is_empty());
     let without: Vec<String> = KINDS
         .iter()
@@ -235,7 +236,7 @@ pub fn config_notes() -> String {
 pub fn environment() -> impl Iterator<Item = (&'static str, &'static str)> {
     KINDS
         .iter()
-        .flat_map(|kind| kind.environment.iter().copied())
+        .flat_map(|kind| kind.words.environment.iter().copied())
 }
 
 /// Whether two strings are the same, in a `const fn`.
@@ -258,7 +259,7 @@ const fn render_password_titles(out: &mut [u8]) -> usize {
     let count = {
         let (mut n, mut k) = (0, 0);
         while k < KINDS.len() {
-            if KINDS[k].password {
+            if KINDS[k].words.password {
                 n += 1;
             }
             k += 1;
@@ -267,7 +268,7 @@ const fn render_password_titles(out: &mut [u8]) -> usize {
     };
     let (mut at, mut i, mut k) = (0, 0, 0);
     while k < KINDS.len() {
-        if KINDS[k].password {
+        if KINDS[k].words.password {
             at = put(out, at, separator(i, count, " and "));
             at = put(out, at, KINDS[k].title);
             i += 1;
@@ -282,7 +283,7 @@ const fn render_password_titles(out: &mut [u8]) -> usize {
 const fn first_with_holders(k: usize) -> bool {
     let mut j = 0;
     while j < k {
-        if same(KINDS[j].holders_are, KINDS[k].holders_are) {
+        if same(KINDS[j].words.holders_are, KINDS[k].words.holders_are) {
             return false;
         }
         j += 1;
@@ -294,7 +295,7 @@ const fn render_release_removes(out: &mut [u8]) -> usize {
     let groups = {
         let (mut n, mut k) = (0, 0);
         while k < KINDS.len() {
-            if !KINDS[k].holders_are.is_empty() && first_with_holders(k) {
+            if !KINDS[k].words.holders_are.is_empty() && first_with_holders(k) {
                 n += 1;
             }
             k += 1;
@@ -303,7 +304,7 @@ const fn render_release_removes(out: &mut [u8]) -> usize {
     };
     let (mut at, mut g, mut k) = (0, 0, 0);
     while k < KINDS.len() {
-        let what = KINDS[k].holders_are;
+        let what = KINDS[k].words.holders_are;
         if !what.is_empty() && first_with_holders(k) {
             at = put(out, at, separator(g, groups, ", "));
             at = put(out, at, "their ");
@@ -312,7 +313,7 @@ const fn render_release_removes(out: &mut [u8]) -> usize {
             let members = {
                 let (mut n, mut m) = (0, k);
                 while m < KINDS.len() {
-                    if same(KINDS[m].holders_are, what) {
+                    if same(KINDS[m].words.holders_are, what) {
                         n += 1;
                     }
                     m += 1;
@@ -321,7 +322,7 @@ const fn render_release_removes(out: &mut [u8]) -> usize {
             };
             let (mut i, mut m) = (0, k);
             while m < KINDS.len() {
-                if same(KINDS[m].holders_are, what) {
+                if same(KINDS[m].words.holders_are, what) {
                     at = put(out, at, separator(i, members, " and "));
                     at = put(out, at, KINDS[m].title);
                     i += 1;
@@ -338,9 +339,9 @@ const fn render_release_removes(out: &mut [u8]) -> usize {
 const fn render_check_warns(out: &mut [u8]) -> usize {
     let (mut at, mut first, mut k) = (0, true, 0);
     while k < KINDS.len() {
-        if !KINDS[k].check_warns.is_empty() {
+        if !KINDS[k].words.check_warns.is_empty() {
             at = put(out, at, if first { "" } else { ", " });
-            at = put(out, at, KINDS[k].check_warns);
+            at = put(out, at, KINDS[k].words.check_warns);
             first = false;
         }
         k += 1;
@@ -493,7 +494,7 @@ mod tests {
         let all: Vec<&str> = schemes().collect();
         let mut seen = 0;
         for kind in KINDS {
-            for (theirs, ours) in kind.foreign_schemes {
+            for (theirs, ours) in kind.words.foreign_schemes {
                 seen += 1;
                 assert!(!all.contains(theirs), "{theirs} is one of dlock's schemes");
                 assert!(kind.schemes.contains(ours), "{ours} is not {}'s", kind.name);
@@ -515,28 +516,28 @@ mod tests {
         for kind in KINDS {
             assert_eq!(
                 PASSWORD_TITLES.matches(kind.title).count() > 0,
-                kind.password,
+                kind.words.password,
                 "{}: {PASSWORD_TITLES}",
                 kind.name
             );
-            if !kind.holders_are.is_empty() {
+            if !kind.words.holders_are.is_empty() {
                 assert!(RELEASE_REMOVES.contains(kind.title), "{RELEASE_REMOVES}");
             }
             assert_eq!(
-                CHECK_WARNS.matches(kind.check_warns).count(),
-                if kind.check_warns.is_empty() {
+                CHECK_WARNS.matches(kind.words.check_warns).count(),
+                if kind.words.check_warns.is_empty() {
                     CHECK_WARNS.len() + 1
                 } else {
                     1
                 },
                 "{CHECK_WARNS}"
             );
-            assert!(config_notes().contains(kind.config_note));
-            assert!(LIST_NOTES.contains(kind.list_note), "{LIST_NOTES}");
+            assert!(config_notes().contains(kind.words.config_note));
+            assert!(LIST_NOTES.contains(kind.words.list_note), "{LIST_NOTES}");
         }
         // Kinds that remove the same thing share one "their … on A, B and C".
-        for kind in KINDS.iter().filter(|k| !k.holders_are.is_empty()) {
-            let group = format!("their {} on ", kind.holders_are);
+        for kind in KINDS.iter().filter(|k| !k.words.holders_are.is_empty()) {
+            let group = format!("their {} on ", kind.words.holders_are);
             assert_eq!(
                 RELEASE_REMOVES.matches(&group).count(),
                 1,

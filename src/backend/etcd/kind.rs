@@ -4,7 +4,7 @@ use super::{EtcdBackend, EtcdTarget};
 use crate::config::FileConfig;
 use crate::error::Error;
 use crate::kind::{
-    after_scheme, Capabilities, Common, DynBackend, Kind, Place, Target, MIN_LEASE_TTL,
+    after_scheme, Capabilities, Common, DynBackend, Kind, Place, Target, Words, MIN_LEASE_TTL,
 };
 
 pub const KIND: Kind = Kind {
@@ -26,13 +26,12 @@ pub const KIND: Kind = Kind {
     parse: |scheme, url| super::target::parse(scheme, after_scheme(url)).map(Target::new),
     recognises: None,
     no_shared_because: "",
-    foreign_schemes: &[("http", "etcd"), ("https", "etcds")],
-    password: true,
-    holders_are: "leases",
-    check_warns: "",
-    config_note: "",
-    list_note: "",
-    environment: &[],
+    words: Words {
+        foreign_schemes: &[("http", "etcd"), ("https", "etcds")],
+        password: true,
+        holders_are: "leases",
+        ..Words::NONE
+    },
 };
 
 impl Place for EtcdTarget {

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use super::{FileBackend, FileTarget};
-use crate::kind::{after_scheme, Capabilities, Common, DynBackend, Kind, Place, Target};
+use crate::kind::{after_scheme, Capabilities, Common, DynBackend, Kind, Place, Target, Words};
 
 pub const KIND: Kind = Kind {
     name: "file",
@@ -27,13 +27,7 @@ pub const KIND: Kind = Kind {
     parse: |_, url| super::target::parse(after_scheme(url)).map(Target::new),
     recognises: None,
     no_shared_because: "",
-    foreign_schemes: &[],
-    password: false,
-    holders_are: "",
-    check_warns: "",
-    config_note: "",
-    list_note: "",
-    environment: &[],
+    words: Words::NONE,
 };
 
 impl Place for FileTarget {

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use super::{MemcachedBackend, MemcachedTarget};
-use crate::kind::{after_scheme, Capabilities, Common, DynBackend, Kind, Place, Target};
+use crate::kind::{after_scheme, Capabilities, Common, DynBackend, Kind, Place, Target, Words};
 
 /// The shortest `--ttl` on memcached: its whole-second expiry may tick one second early, so
 /// 3 s leaves a 2 s lease.
@@ -32,13 +32,12 @@ pub const KIND: Kind = Kind {
     parse: |scheme, url| super::target::parse(scheme, after_scheme(url)).map(Target::new),
     recognises: None,
     no_shared_because: "memcached cannot list its keys, so a writer could not find every reader's expiring share, and it has no queue to keep readers from starving a writer",
-    foreign_schemes: &[],
-    password: false,
-    holders_are: "entries",
-    check_warns: "a memcached that may evict",
-    config_note: "",
-    list_note: "On memcached it needs the server's LRU crawler (on by default) and fails rather than give an incomplete answer.",
-    environment: &[],
+    words: Words {
+        holders_are: "entries",
+        check_warns: "a memcached that may evict",
+        list_note: "On memcached it needs the server's LRU crawler (on by default) and fails rather than give an incomplete answer.",
+        ..Words::NONE
+    },
 };
 
 impl Place for MemcachedTarget {

@@ -4,7 +4,7 @@ use super::{MysqlBackend, MysqlTarget};
 use crate::config::FileConfig;
 use crate::error::Error;
 use crate::kind::{
-    after_scheme, Capabilities, Common, DynBackend, Kind, Place, Target, MIN_LEASE_TTL,
+    after_scheme, Capabilities, Common, DynBackend, Kind, Place, Target, Words, MIN_LEASE_TTL,
 };
 
 pub const KIND: Kind = Kind {
@@ -28,13 +28,12 @@ pub const KIND: Kind = Kind {
     parse: |_, url| super::target::parse(after_scheme(url)).map(Target::new),
     recognises: None,
     no_shared_because: "MySQL's named locks (GET_LOCK) are exclusive only",
-    foreign_schemes: &[],
-    password: true,
-    holders_are: "sessions",
-    check_warns: "a MySQL user without PROCESS",
-    config_note: "",
-    list_note: "",
-    environment: &[],
+    words: Words {
+        password: true,
+        holders_are: "sessions",
+        check_warns: "a MySQL user without PROCESS",
+        ..Words::NONE
+    },
 };
 
 impl Place for MysqlTarget {

@@ -3,7 +3,7 @@
 use super::{PgBackend, PgTarget};
 use crate::config::FileConfig;
 use crate::error::Error;
-use crate::kind::{Capabilities, Common, DynBackend, Kind, Place, Target, MIN_LEASE_TTL};
+use crate::kind::{Capabilities, Common, DynBackend, Kind, Place, Target, Words, MIN_LEASE_TTL};
 
 pub const KIND: Kind = Kind {
     name: "postgres",
@@ -35,13 +35,12 @@ pub const KIND: Kind = Kind {
     },
     recognises: Some(super::target::is_key_value),
     no_shared_because: "",
-    foreign_schemes: &[],
-    password: true,
-    holders_are: "sessions",
-    check_warns: "a PostgreSQL that cannot drop a silent holder",
-    config_note: "",
-    list_note: "",
-    environment: &[],
+    words: Words {
+        password: true,
+        holders_are: "sessions",
+        check_warns: "a PostgreSQL that cannot drop a silent holder",
+        ..Words::NONE
+    },
 };
 
 impl Place for PgTarget {

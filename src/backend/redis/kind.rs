@@ -5,7 +5,7 @@ use super::{target, RedisBackend, RedisTarget};
 use crate::config::FileConfig;
 use crate::error::Error;
 use crate::kind::{
-    after_scheme, Capabilities, Common, DynBackend, Kind, Place, Target, MIN_LEASE_TTL,
+    after_scheme, Capabilities, Common, DynBackend, Kind, Place, Target, Words, MIN_LEASE_TTL,
 };
 
 /// What both kinds can honour: the same scripts serve both.
@@ -35,14 +35,14 @@ pub const KIND: Kind = Kind {
     parse: |scheme, url| super::target::parse(scheme, after_scheme(url)).map(Target::new),
     recognises: None,
     no_shared_because: "",
-    foreign_schemes: &[],
-    password: true,
-    holders_are: "entries",
-    check_warns: "a Redis that may evict keys or lose them on restart",
-    config_note:
-        "The [redis] table serves Redis, Redis Cluster and the data nodes behind Sentinel.",
-    list_note: "",
-    environment: &[],
+    words: Words {
+        password: true,
+        holders_are: "entries",
+        check_warns: "a Redis that may evict keys or lose them on restart",
+        config_note:
+            "The [redis] table serves Redis, Redis Cluster and the data nodes behind Sentinel.",
+        ..Words::NONE
+    },
 };
 
 /// The sentinels' own password, a variable of Sentinel's alone.
@@ -66,13 +66,13 @@ pub const SENTINEL_KIND: Kind = Kind {
     parse: |scheme, url| target::sentinel::parse(scheme, after_scheme(url)).map(Target::new),
     recognises: None,
     no_shared_because: "",
-    foreign_schemes: &[],
-    password: true,
-    holders_are: "entries",
-    check_warns: "",
-    config_note: "The [redis-sentinel] table's `password_file` is the sentinels' own password.",
-    list_note: "",
-    environment: &[SENTINEL_PASSWORD],
+    words: Words {
+        password: true,
+        holders_are: "entries",
+        config_note: "The [redis-sentinel] table's `password_file` is the sentinels' own password.",
+        environment: &[SENTINEL_PASSWORD],
+        ..Words::NONE
+    },
 };
 
 impl Place for RedisTarget {

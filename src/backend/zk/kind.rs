@@ -4,7 +4,7 @@ use super::{ZkBackend, ZkTarget};
 use crate::config::FileConfig;
 use crate::error::Error;
 use crate::kind::{
-    after_scheme, Capabilities, Common, DynBackend, Kind, Place, Target, MIN_LEASE_TTL,
+    after_scheme, Capabilities, Common, DynBackend, Kind, Place, Target, Words, MIN_LEASE_TTL,
 };
 
 pub const KIND: Kind = Kind {
@@ -26,13 +26,12 @@ pub const KIND: Kind = Kind {
     parse: |_, url| super::target::parse(after_scheme(url)).map(Target::new),
     recognises: None,
     no_shared_because: "",
-    foreign_schemes: &[],
-    password: true,
-    holders_are: "nodes",
-    check_warns: "",
-    config_note: "ZooKeeper speaks no TLS: its table takes only `password_file`.",
-    list_note: "",
-    environment: &[],
+    words: Words {
+        password: true,
+        holders_are: "nodes",
+        config_note: "ZooKeeper speaks no TLS: its table takes only `password_file`.",
+        ..Words::NONE
+    },
 };
 
 impl Place for ZkTarget {
