@@ -58,6 +58,37 @@ pub struct Kind {
     pub no_shared_because: &'static str,
     /// What the help, the man pages and the messages say of it beyond its name.
     pub words: Words,
+    /// How its server is told at a TCP port (`sniff`), for the message of a client of another
+    /// kind that reached it; `None` for a kind without a server.
+    pub server: Option<Recognition>,
+}
+
+/// How a kind's server is told from other servers at a TCP port: the sniffer (`sniff`) sends
+/// every kind's probes, each on a connection of its own, and reads each answer with the
+/// readers of the kinds that asked for it.
+#[derive(Clone, Copy, Debug)]
+pub struct Recognition {
+    /// What the messages call the server: "a Redis server" (… it answers like a Redis server).
+    pub called: &'static str,
+    /// What it answers in a way of its own, each probe told by one of them.
+    pub probes: &'static [Probe],
+}
+
+/// One answer that tells a kind's server: what is sent to get it, and how it is read.
+#[derive(Clone, Copy, Debug)]
+pub struct Probe {
+    /// The first bytes sent; `None` for an answer to anything (a greeting the server sends
+    /// unasked, an error to any first bytes it cannot read), read after the answers to a
+    /// particular probe. The server must take them for no request to change anything.
+    pub send: Option<&'static [u8]>,
+    /// Sent only where the other probes named no server but an HTTP one: an HTTP request is
+    /// what a server of another protocol may take for an attack (Redis logs one).
+    pub after_others: bool,
+    /// Whether an answer (its first bytes; an HTTP answer whole, up to 1 KiB) is its server's.
+    pub read: fn(&[u8]) -> bool,
+    /// An answer of its server, which `read` takes and no other kind's probe does (the
+    /// registry's tests hold them to it).
+    pub example: &'static [u8],
 }
 
 /// What a kind says of itself for the help, the man pages and the messages, where it has
@@ -367,6 +398,7 @@ mod tests {
         recognises: None,
         no_shared_because: "it cannot",
         words: Words::NONE,
+        server: None,
     };
 
     /// A `--limit` the backend cannot honour is a usage error (64) naming the backend and

@@ -591,6 +591,43 @@ mod tests {
         }
     }
 
+    /// Every kind with a server (every kind that queues on this host first) says how its
+    /// server is told at its port (`sniff`), and its example answers are read as its server's,
+    /// not another kind's, whatever probe they answer.
+    #[test]
+    fn every_remote_kind_has_a_recognisable_answer() {
+        let sent: Vec<&[u8]> = KINDS
+            .iter()
+            .filter_map(|kind| kind.server)
+            .flat_map(|server| server.probes.iter().filter_map(|probe| probe.send))
+            .collect();
+        for kind in KINDS {
+            let Some(server) = kind.server else {
+                assert!(!kind.capabilities.host_queue, "{} has no server", kind.name);
+                continue;
+            };
+            assert!(!server.probes.is_empty(), "{}", kind.name);
+            let (article, rest) = server.called.split_once(' ').unwrap_or_default();
+            assert!(
+                matches!(article, "a" | "an") && rest.ends_with(" server"),
+                "{}",
+                server.called
+            );
+            for probe in server.probes {
+                assert!((probe.read)(probe.example), "{}", kind.name);
+                let asked = probe.send.map_or(sent.clone(), |send| vec![send]);
+                for bytes in asked {
+                    assert_eq!(
+                        crate::sniff::what_it_tells(bytes, probe.example),
+                        Some(server.called),
+                        "{}",
+                        kind.name
+                    );
+                }
+            }
+        }
+    }
+
     /// A kind has a minimum TTL exactly when it has a lease.
     #[test]
     fn a_lease_comes_with_a_minimum_ttl() {

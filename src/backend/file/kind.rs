@@ -28,6 +28,7 @@ pub const KIND: Kind = Kind {
     recognises: None,
     no_shared_because: "",
     words: Words::NONE,
+    server: None,
 };
 
 impl Place for FileTarget {

@@ -3,11 +3,24 @@
 use std::time::Duration;
 
 use super::{MemcachedBackend, MemcachedTarget};
-use crate::kind::{after_scheme, Capabilities, Common, DynBackend, Kind, Place, Target, Words};
+use crate::kind::{
+    after_scheme, Capabilities, Common, DynBackend, Kind, Place, Probe, Recognition, Target, Words,
+};
 
 /// The shortest `--ttl` on memcached: its whole-second expiry may tick one second early, so
 /// 3 s leaves a 2 s lease.
 pub const MIN_TTL: Duration = Duration::from_secs(3);
+
+/// memcached answers `PING`, no command of its protocol, with an error line of its own.
+const RECOGNISED: Recognition = Recognition {
+    called: "a memcached server",
+    probes: &[Probe {
+        send: Some(b"PING\r\n"),
+        after_others: false,
+        read: |answer| answer.starts_with(b"ERROR") || answer.starts_with(b"CLIENT_ERROR"),
+        example: b"ERROR\r\n",
+    }],
+};
 
 pub const KIND: Kind = Kind {
     name: "memcached",
@@ -38,6 +51,7 @@ pub const KIND: Kind = Kind {
         list_note: "On memcached it needs the server's LRU crawler (on by default) and fails rather than give an incomplete answer.",
         ..Words::NONE
     },
+    server: Some(RECOGNISED),
 };
 
 impl Place for MemcachedTarget {

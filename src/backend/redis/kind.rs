@@ -5,7 +5,8 @@ use super::{target, RedisBackend, RedisTarget};
 use crate::config::FileConfig;
 use crate::error::Error;
 use crate::kind::{
-    after_scheme, Capabilities, Common, DynBackend, Kind, Place, Target, Words, MIN_LEASE_TTL,
+    after_scheme, Capabilities, Common, DynBackend, Kind, Place, Probe, Recognition, Target, Words,
+    MIN_LEASE_TTL,
 };
 
 /// What both kinds can honour: the same scripts serve both.
@@ -17,6 +18,23 @@ const CAPABILITIES: Capabilities = Capabilities {
     shared: true,
     host_queue: true,
 };
+
+/// A Redis server answers `PING` with `+PONG`, or refuses it in its own words (no password
+/// yet, a user without the command, protected mode); a sentinel does too.
+const RECOGNISED: Recognition = Recognition {
+    called: "a Redis server",
+    probes: &[Probe {
+        send: Some(b"PING\r\n"),
+        after_others: false,
+        read: answers_ping,
+        example: b"+PONG\r\n",
+    }],
+};
+
+fn answers_ping(answer: &[u8]) -> bool {
+    let redis: [&[u8]; 4] = [b"+PONG", b"-NOAUTH", b"-ERR", b"-DENIED"];
+    redis.iter().any(|start| answer.starts_with(start))
+}
 
 pub const KIND: Kind = Kind {
     name: "redis",
@@ -43,6 +61,7 @@ pub const KIND: Kind = Kind {
             "The [redis] table serves Redis, Redis Cluster and the data nodes behind Sentinel.",
         ..Words::NONE
     },
+    server: Some(RECOGNISED),
 };
 
 /// The sentinels' own password, a variable of Sentinel's alone.
@@ -73,6 +92,7 @@ pub const SENTINEL_KIND: Kind = Kind {
         environment: &[SENTINEL_PASSWORD],
         ..Words::NONE
     },
+    server: Some(RECOGNISED),
 };
 
 impl Place for RedisTarget {
@@ -102,5 +122,18 @@ impl Place for RedisTarget {
 
     fn open(&self, common: &Common) -> Box<dyn DynBackend> {
         Box::new(RedisBackend::new(self, &common.prefix, &common.display_url))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_redis_server_is_told_by_its_answer_to_ping() {
+        assert!(answers_ping(b"+PONG\r\n"));
+        assert!(answers_ping(b"-NOAUTH Authentication required.\r\n"));
+        assert!(!answers_ping(b"ERROR\r\n"));
+        assert!(!answers_ping(b"HTTP/1.1 400 Bad Request\r\n"));
     }
 }

@@ -4,8 +4,26 @@ use super::{ZkBackend, ZkTarget};
 use crate::config::FileConfig;
 use crate::error::Error;
 use crate::kind::{
-    after_scheme, Capabilities, Common, DynBackend, Kind, Place, Target, Words, MIN_LEASE_TTL,
+    after_scheme, Capabilities, Common, DynBackend, Kind, Place, Probe, Recognition, Target, Words,
+    MIN_LEASE_TTL,
 };
+
+/// ZooKeeper answers its `srvr` command with its version, or, where the command is not
+/// allowed (`4lw.commands.whitelist`), says so.
+const RECOGNISED: Recognition = Recognition {
+    called: "a ZooKeeper server",
+    probes: &[Probe {
+        send: Some(b"srvr"),
+        after_others: false,
+        read: answers_srvr,
+        example: b"Zookeeper version: 3.8.4-9316c2a7a97e1666d8f4593f34dd6fc36ecc436c",
+    }],
+};
+
+fn answers_srvr(answer: &[u8]) -> bool {
+    let text = String::from_utf8_lossy(answer);
+    text.starts_with("Zookeeper version") || text.contains("is not in the whitelist")
+}
 
 pub const KIND: Kind = Kind {
     name: "zk",
@@ -32,6 +50,7 @@ pub const KIND: Kind = Kind {
         config_note: "ZooKeeper speaks no TLS: its table takes only `password_file`.",
         ..Words::NONE
     },
+    server: Some(RECOGNISED),
 };
 
 impl Place for ZkTarget {
@@ -54,5 +73,21 @@ impl Place for ZkTarget {
             &common.display_url,
             common.ttl,
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn zookeeper_is_told_by_its_answer_to_srvr() {
+        assert!(answers_srvr(
+            b"Zookeeper version: 3.8.4-9316c2a7a97e1666d8f4593f34dd6fc36ecc436c"
+        ));
+        assert!(answers_srvr(
+            b"srvr is not executed because it is not in the whitelist.\n"
+        ));
+        assert!(!answers_srvr(b"+PONG\r\n"));
     }
 }
