@@ -116,6 +116,9 @@ pub struct Words {
     pub list_note: &'static str,
     /// Variables of its own, each with its description, for the man pages.
     pub environment: &'static [(&'static str, &'static str)],
+    /// Where its servers are not [`Servers::One`]: how one URL names several of them, for the
+    /// refusal of several URLs ("etcd://e1,e2,e3").
+    pub one_url: &'static str,
 }
 
 impl Words {
@@ -128,6 +131,7 @@ impl Words {
         config_note: "",
         list_note: "",
         environment: &[],
+        one_url: "",
     };
 }
 
@@ -152,6 +156,22 @@ pub struct Capabilities {
     /// waits on the server (`kit::local_queue`; `--local-queue`). A server's waiters come from
     /// many hosts; the file backend's are all on this one, in the kernel's queue already.
     pub host_queue: bool,
+    /// What a lock on it outlives of its servers (the refusal of several URLs names the
+    /// kinds whose one URL reaches servers that go on without one).
+    pub servers: Servers,
+}
+
+/// What a lock outlives of the servers it is kept on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Servers {
+    /// Each lock is on one server (or in one file), and gone with it.
+    One,
+    /// A replica takes over from a failed server; replication is asynchronous, so a failover
+    /// may lose a hold.
+    Failover,
+    /// A majority of the servers agrees on every change: the lock outlives a minority's loss
+    /// and its safety needs no timing assumptions.
+    Quorum,
 }
 
 impl Kind {
@@ -392,6 +412,7 @@ mod tests {
             limit: false,
             shared: false,
             host_queue: true,
+            servers: Servers::One,
         },
         minimum_ttl: MIN_LEASE_TTL,
         parse: |_, _| Err("no".into()),

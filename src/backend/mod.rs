@@ -18,7 +18,7 @@ pub mod zk;
 
 use crate::text::{put, put_number};
 
-pub use crate::kind::{Capabilities, Kind, Target, MIN_LEASE_TTL};
+pub use crate::kind::{Capabilities, Kind, Servers, Target, MIN_LEASE_TTL};
 
 /// Every backend of this build, the default (file) first: the one list.
 pub const KINDS: &[&Kind] = &[
@@ -118,6 +118,29 @@ fn foreign_scheme_hint(scheme: &str) -> Option<String> {
             ways.join(", ")
         )
     })
+}
+
+/// "a Redis Cluster URL (…) or Redis behind Sentinel (…) for a lock that survives a failed
+/// server, or etcd://e1,e2,e3 or zk://z1,z2,z3 for a lock that needs no timing assumptions":
+/// the kinds whose one URL reaches several servers, by what a lock on them outlives
+/// ([`Servers`]), each in its own words, for the refusal of several URLs.
+pub fn one_url_of_several() -> String {
+    let group = |servers: Servers, outlives: &str| {
+        let urls: Vec<String> = KINDS
+            .iter()
+            .filter(|kind| kind.capabilities.servers == servers)
+            .map(|kind| kind.words.one_url.to_owned())
+            .collect();
+        (!urls.is_empty()).then(|| format!("{} for a lock that {outlives}", or_list(urls)))
+    };
+    let groups: Vec<String> = [
+        group(Servers::Failover, "survives a failed server"),
+        group(Servers::Quorum, "needs no timing assumptions"),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    groups.join(", or ")
 }
 
 /// "file, redis, …, memcached or memcached+unix": every scheme, for messages.

@@ -4,8 +4,8 @@ use super::{EtcdBackend, EtcdTarget};
 use crate::config::FileConfig;
 use crate::error::Error;
 use crate::kind::{
-    after_scheme, Capabilities, Common, DynBackend, Kind, Place, Probe, Recognition, Target, Words,
-    MIN_LEASE_TTL,
+    after_scheme, Capabilities, Common, DynBackend, Kind, Place, Probe, Recognition, Servers,
+    Target, Words, MIN_LEASE_TTL,
 };
 
 /// etcd answers an HTTP request for `/version` (on the port that serves gRPC too) with its
@@ -38,6 +38,7 @@ pub const KIND: Kind = Kind {
         limit: true,
         shared: true,
         host_queue: true,
+        servers: Servers::Quorum,
     },
     minimum_ttl: MIN_LEASE_TTL,
     parse: |scheme, url| super::target::parse(scheme, after_scheme(url)).map(Target::new),
@@ -47,6 +48,7 @@ pub const KIND: Kind = Kind {
         foreign_schemes: &[("http", "etcd"), ("https", "etcds")],
         password: true,
         holders_are: "leases",
+        one_url: "etcd://e1,e2,e3",
         ..Words::NONE
     },
     server: Some(RECOGNISED),

@@ -3,7 +3,9 @@
 use std::time::Duration;
 
 use super::{FileBackend, FileTarget};
-use crate::kind::{after_scheme, Capabilities, Common, DynBackend, Kind, Place, Target, Words};
+use crate::kind::{
+    after_scheme, Capabilities, Common, DynBackend, Kind, Place, Servers, Target, Words,
+};
 
 pub const KIND: Kind = Kind {
     name: "file",
@@ -22,6 +24,7 @@ pub const KIND: Kind = Kind {
         // flock(LOCK_SH) on the same file, behind a turnstile for waiting exclusive runs.
         shared: true,
         host_queue: false,
+        servers: Servers::One,
     },
     minimum_ttl: Duration::ZERO,
     parse: |_, url| super::target::parse(after_scheme(url)).map(Target::new),

@@ -4,7 +4,8 @@ use std::time::Duration;
 
 use super::{MemcachedBackend, MemcachedTarget};
 use crate::kind::{
-    after_scheme, Capabilities, Common, DynBackend, Kind, Place, Probe, Recognition, Target, Words,
+    after_scheme, Capabilities, Common, DynBackend, Kind, Place, Probe, Recognition, Servers,
+    Target, Words,
 };
 
 /// The shortest `--ttl` on memcached: its whole-second expiry may tick one second early, so
@@ -40,6 +41,7 @@ pub const KIND: Kind = Kind {
         limit: true,
         shared: false,
         host_queue: true,
+        servers: Servers::One,
     },
     minimum_ttl: MIN_TTL,
     parse: |scheme, url| super::target::parse(scheme, after_scheme(url)).map(Target::new),

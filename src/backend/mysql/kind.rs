@@ -4,8 +4,8 @@ use super::{MysqlBackend, MysqlTarget};
 use crate::config::FileConfig;
 use crate::error::Error;
 use crate::kind::{
-    after_scheme, Capabilities, Common, DynBackend, Kind, Place, Probe, Recognition, Target, Words,
-    MIN_LEASE_TTL,
+    after_scheme, Capabilities, Common, DynBackend, Kind, Place, Probe, Recognition, Servers,
+    Target, Words, MIN_LEASE_TTL,
 };
 
 /// A MySQL/MariaDB server speaks first: its handshake packet comes back on any connection.
@@ -40,6 +40,7 @@ pub const KIND: Kind = Kind {
         limit: true,
         shared: false,
         host_queue: true,
+        servers: Servers::One,
     },
     minimum_ttl: MIN_LEASE_TTL,
     parse: |_, url| super::target::parse(after_scheme(url)).map(Target::new),

@@ -4,7 +4,8 @@ use super::{PgBackend, PgTarget};
 use crate::config::FileConfig;
 use crate::error::Error;
 use crate::kind::{
-    Capabilities, Common, DynBackend, Kind, Place, Probe, Recognition, Target, Words, MIN_LEASE_TTL,
+    Capabilities, Common, DynBackend, Kind, Place, Probe, Recognition, Servers, Target, Words,
+    MIN_LEASE_TTL,
 };
 
 /// PostgreSQL answers its TLS request (SSLRequest: length 8, code 80877103) with one byte,
@@ -52,6 +53,7 @@ pub const KIND: Kind = Kind {
         // exclusive request.
         shared: true,
         host_queue: true,
+        servers: Servers::One,
     },
     minimum_ttl: MIN_LEASE_TTL,
     parse: |scheme, url| {

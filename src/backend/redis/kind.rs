@@ -5,8 +5,8 @@ use super::{target, RedisBackend, RedisTarget};
 use crate::config::FileConfig;
 use crate::error::Error;
 use crate::kind::{
-    after_scheme, Capabilities, Common, DynBackend, Kind, Place, Probe, Recognition, Target, Words,
-    MIN_LEASE_TTL,
+    after_scheme, Capabilities, Common, DynBackend, Kind, Place, Probe, Recognition, Servers,
+    Target, Words, MIN_LEASE_TTL,
 };
 
 /// What both kinds can honour: the same scripts serve both.
@@ -17,6 +17,8 @@ const CAPABILITIES: Capabilities = Capabilities {
     limit: true,
     shared: true,
     host_queue: true,
+    // A Redis Cluster's replicas, Sentinel's failover; a one-server URL has neither.
+    servers: Servers::Failover,
 };
 
 /// A Redis server answers `PING` with `+PONG`, or refuses it in its own words (no password
@@ -59,6 +61,7 @@ pub const KIND: Kind = Kind {
         check_warns: "a Redis that may evict keys or lose them on restart",
         config_note:
             "The [redis] table serves Redis, Redis Cluster and the data nodes behind Sentinel.",
+        one_url: "a Redis Cluster URL (redis://n1,n2,n3)",
         ..Words::NONE
     },
     server: Some(RECOGNISED),
@@ -90,6 +93,7 @@ pub const SENTINEL_KIND: Kind = Kind {
         holders_are: "entries",
         config_note: "The [redis-sentinel] table's `password_file` is the sentinels' own password.",
         environment: &[SENTINEL_PASSWORD],
+        one_url: "Redis behind Sentinel (redis-sentinel://s1,s2,s3#master)",
         ..Words::NONE
     },
     server: Some(RECOGNISED),

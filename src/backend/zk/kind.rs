@@ -4,8 +4,8 @@ use super::{ZkBackend, ZkTarget};
 use crate::config::FileConfig;
 use crate::error::Error;
 use crate::kind::{
-    after_scheme, Capabilities, Common, DynBackend, Kind, Place, Probe, Recognition, Target, Words,
-    MIN_LEASE_TTL,
+    after_scheme, Capabilities, Common, DynBackend, Kind, Place, Probe, Recognition, Servers,
+    Target, Words, MIN_LEASE_TTL,
 };
 
 /// ZooKeeper answers its `srvr` command with its version, or, where the command is not
@@ -39,6 +39,7 @@ pub const KIND: Kind = Kind {
         limit: true,
         shared: true,
         host_queue: true,
+        servers: Servers::Quorum,
     },
     minimum_ttl: MIN_LEASE_TTL,
     parse: |_, url| super::target::parse(after_scheme(url)).map(Target::new),
@@ -48,6 +49,7 @@ pub const KIND: Kind = Kind {
         password: true,
         holders_are: "nodes",
         config_note: "ZooKeeper speaks no TLS: its table takes only `password_file`.",
+        one_url: "zk://z1,z2,z3",
         ..Words::NONE
     },
     server: Some(RECOGNISED),
