@@ -1,11 +1,12 @@
 //! What a backend says about itself: its [`Kind`] (schemes, config table, capabilities, how
-//! to parse its URL) and its validated [`Target`] (how to open it, with the [`Common`]
-//! settings). It sits below the registry and the settings layer: it names no backend and
-//! reads no flag.
+//! to parse its URL, its [`Words`], how its server is told at a port) and its validated
+//! [`Target`] (how to open it, with the [`Common`] settings). It sits below the registry and
+//! the settings layer: it names no backend and reads no flag.
 //!
 //! Each backend folder exports one `KIND`; the registry (`backend::KINDS`) lists them, and
 //! everything that names the backends (the scheme table, the unknown-scheme message,
-//! `--version`, the `--url` help, `DLOCK_BACKEND`, the man pages) is derived from that list.
+//! `--version`, the `--url` help, `DLOCK_BACKEND`, the man pages, the refusal of several
+//! URLs, what answers at a port in `sniff`) is derived from that list.
 //! The callers never branch on a backend: they read a [`Capabilities`] or call the target.
 //!
 //! Opening a target gives a [`DynBackend`] behind a pointer (`kind/pointer.rs`).
