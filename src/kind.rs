@@ -71,7 +71,7 @@ pub struct Kind {
 pub struct Recognition {
     /// What the messages call the server: "a Redis server" (… it answers like a Redis server).
     pub called: &'static str,
-    /// What it answers in a way of its own, each probe told by one of them.
+    /// The answers that tell it, each with what is sent to get it.
     pub probes: &'static [Probe],
 }
 
@@ -82,8 +82,8 @@ pub struct Probe {
     /// unasked, an error to any first bytes it cannot read), read after the answers to a
     /// particular probe. The server must take them for no request to change anything.
     pub send: Option<&'static [u8]>,
-    /// Sent only where the other probes named no server but an HTTP one: an HTTP request is
-    /// what a server of another protocol may take for an attack (Redis logs one).
+    /// Sent only where the other probes named no server (or only an HTTP one): an HTTP
+    /// request is what a server of another protocol may take for an attack (Redis logs one).
     pub after_others: bool,
     /// Whether an answer (its first bytes; an HTTP answer whole, up to 1 KiB) is its server's.
     pub read: fn(&[u8]) -> bool,

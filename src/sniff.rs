@@ -9,8 +9,8 @@
 //! it answers in a way of its own and how the answer reads, or what it says to anything (a
 //! greeting it sends unasked). The sniffer sends each kind's probe once, each on a
 //! connection of its own, all at once, and reads every answer with the readers of the kinds
-//! that asked for it; the probes that should reach only an HTTP server go last, where nothing
-//! else answered. It knows only the servers that are no dlock backend (SSH, a plain HTTP
+//! that asked for it; the probes that should reach only an HTTP server go last, where no other
+//! server was named. It knows only the servers that are no dlock backend (SSH, a plain HTTP
 //! server) itself. Bounded by the caller's budget; `None` when nothing tells. The servers read
 //! nothing of these as a request to change anything.
 
