@@ -1,11 +1,12 @@
 //! What a backend says about itself: its [`Kind`] (schemes, config table, capabilities, how
-//! to parse its URL) and its validated [`Target`] (how to open it, with the [`Common`]
-//! settings). It sits below the registry and the settings layer: it names no backend and
-//! reads no flag.
+//! to parse its URL, its [`Words`], how its server is told at a port) and its validated
+//! [`Target`] (how to open it, with the [`Common`] settings). It sits below the registry and
+//! the settings layer: it names no backend and reads no flag.
 //!
 //! Each backend folder exports one `KIND`; the registry (`backend::KINDS`) lists them, and
 //! everything that names the backends (the scheme table, the unknown-scheme message,
-//! `--version`, the `--url` help, `DLOCK_BACKEND`, the man pages) is derived from that list.
+//! `--version`, the `--url` help, `DLOCK_BACKEND`, the man pages, the refusal of several
+//! URLs, what answers at a port in `sniff`) is derived from that list.
 //! The callers never branch on a backend: they read a [`Capabilities`] or call the target.
 //!
 //! Opening a target gives a [`DynBackend`] behind a pointer (`kind/pointer.rs`).
@@ -56,6 +57,46 @@ pub struct Kind {
     /// Without the `shared` capability: why, for the refusal of `--shared` (what the server
     /// lacks that a safe shared lock needs); empty with it.
     pub no_shared_because: &'static str,
+    /// What the help, the man pages and the messages say of it beyond its name.
+    pub words: Words,
+    /// How its server is told at a TCP port (`sniff`), for the message of a client of another
+    /// kind that reached it; `None` for a kind without a server.
+    pub server: Option<Recognition>,
+}
+
+/// How a kind's server is told from other servers at a TCP port: the sniffer (`sniff`) sends
+/// every kind's probes, each on a connection of its own, and reads each answer with the
+/// readers of the kinds that asked for it.
+#[derive(Clone, Copy, Debug)]
+pub struct Recognition {
+    /// What the messages call the server: "a Redis server" (… it answers like a Redis server).
+    pub called: &'static str,
+    /// The answers that tell it, each with what is sent to get it.
+    pub probes: &'static [Probe],
+}
+
+/// One answer that tells a kind's server: what is sent to get it, and how it is read.
+#[derive(Clone, Copy, Debug)]
+pub struct Probe {
+    /// The first bytes sent; `None` for an answer to anything (a greeting the server sends
+    /// unasked, an error to any first bytes it cannot read), read after the answers to a
+    /// particular probe. The server must take them for no request to change anything.
+    pub send: Option<&'static [u8]>,
+    /// Sent only where the other probes named no server (or only an HTTP one): an HTTP
+    /// request is what a server of another protocol may take for an attack (Redis logs one).
+    pub after_others: bool,
+    /// Whether an answer (its first bytes; an HTTP answer whole, up to 1 KiB) is its server's.
+    pub read: fn(&[u8]) -> bool,
+    /// An answer of its server, which `read` takes and no other kind's probe does (the
+    /// registry's tests hold them to it).
+    pub example: &'static [u8],
+}
+
+/// What a kind says of itself for the help, the man pages and the messages, where it has
+/// something to say: a kind lists only its own (`..Words::NONE`), and the lists that name
+/// several kinds are rendered from the registry.
+#[derive(Debug)]
+pub struct Words {
     /// Schemes the server's own tools write for its endpoints, each with the scheme dlock
     /// takes instead (etcd's `http://host:port` is dlock's `etcd://host:port`): a URL with one
     /// of them is refused with that hint rather than as an unknown scheme.
@@ -76,6 +117,23 @@ pub struct Kind {
     pub list_note: &'static str,
     /// Variables of its own, each with its description, for the man pages.
     pub environment: &'static [(&'static str, &'static str)],
+    /// Where its servers are not [`Servers::One`]: how one URL names several of them, for the
+    /// refusal of several URLs ("etcd://e1,e2,e3").
+    pub one_url: &'static str,
+}
+
+impl Words {
+    /// Nothing to say: every list leaves the kind out.
+    pub const NONE: Words = Words {
+        foreign_schemes: &[],
+        password: false,
+        holders_are: "",
+        check_warns: "",
+        config_note: "",
+        list_note: "",
+        environment: &[],
+        one_url: "",
+    };
 }
 
 /// What a backend can honour. A flag that needs a capability the backend lacks is refused
@@ -99,6 +157,22 @@ pub struct Capabilities {
     /// waits on the server (`kit::local_queue`; `--local-queue`). A server's waiters come from
     /// many hosts; the file backend's are all on this one, in the kernel's queue already.
     pub host_queue: bool,
+    /// What a lock on it outlives of its servers (the refusal of several URLs names the
+    /// kinds whose one URL reaches servers that go on without one).
+    pub servers: Servers,
+}
+
+/// What a lock outlives of the servers it is kept on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Servers {
+    /// Each lock is on one server (or in one file), and gone with it.
+    One,
+    /// A replica takes over from a failed server; replication is asynchronous, so a failover
+    /// may lose a hold.
+    Failover,
+    /// A majority of the servers agrees on every change: the lock outlives a minority's loss
+    /// and its safety needs no timing assumptions.
+    Quorum,
 }
 
 impl Kind {
@@ -339,18 +413,14 @@ mod tests {
             limit: false,
             shared: false,
             host_queue: true,
+            servers: Servers::One,
         },
         minimum_ttl: MIN_LEASE_TTL,
         parse: |_, _| Err("no".into()),
         recognises: None,
         no_shared_because: "it cannot",
-        foreign_schemes: &[],
-        password: false,
-        holders_are: "",
-        check_warns: "",
-        config_note: "",
-        list_note: "",
-        environment: &[],
+        words: Words::NONE,
+        server: None,
     };
 
     /// A `--limit` the backend cannot honour is a usage error (64) naming the backend and

@@ -6,7 +6,9 @@ use std::process::Command;
 
 use dlock::backend::KINDS;
 
-use crate::support::DLOCK;
+use crate::support::{
+    assert_fails, output_within, stderr_of, FileServer, TestEnv, DLOCK, PATIENCE,
+};
 
 fn stdout_of(args: &[&str]) -> String {
     let out = Command::new(DLOCK)
@@ -137,5 +139,52 @@ fn the_architecture_table_agrees_with_every_kind() {
                 kind.name
             );
         }
+    }
+}
+
+/// Several URLs are refused before anything is contacted (64 from flags, 78 from the config
+/// file), naming in its own words every kind whose one URL reaches several servers.
+#[test]
+fn several_urls_are_refused_naming_every_kind_whose_one_url_reaches_several_servers() {
+    let file = FileServer::start();
+    let env = TestEnv::new(&file);
+    let config = env.path("several.toml");
+    std::fs::write(
+        &config,
+        "url = ['redis://127.0.0.1:1', 'redis://127.0.0.1:2']\n",
+    )
+    .expect("write config");
+    let config = config.display().to_string();
+    let flags = [
+        "run",
+        "--url",
+        "redis://127.0.0.1:1",
+        "--url",
+        "redis://127.0.0.1:2",
+        "several",
+        "touch",
+        "ran",
+    ];
+    let in_file = ["--config", &config, "run", "several", "touch", "ran"];
+    for (args, code) in [(&flags[..], 64), (&in_file[..], 78)] {
+        let mut dlock = env.dlock(args);
+        dlock.env_remove("DLOCK_URL");
+        let out = output_within(dlock, PATIENCE);
+        assert_fails(
+            &out,
+            code,
+            "several URLs would mean a lock across independent servers",
+        );
+        let said = stderr_of(&out);
+        let ways: Vec<&str> = KINDS
+            .iter()
+            .map(|kind| kind.words.one_url)
+            .filter(|way| !way.is_empty())
+            .collect();
+        assert!(!ways.is_empty(), "no kind reaches several servers");
+        for way in ways {
+            assert!(said.contains(way), "{way}: {said}");
+        }
+        assert!(!env.path("ran").exists(), "the command ran");
     }
 }

@@ -5,8 +5,8 @@
 //! how to parse its URL and how to open it. Nothing outside this folder names a backend:
 //! settings hand a URL to [`Target::parse`], which finds the kind by scheme, and a subcommand
 //! runs over the `dyn` backend the target opens. Everything that lists the backends (the
-//! unknown-scheme message, `--version`, the `--url` help, the man pages) is derived from
-//! [`KINDS`]. Adding a backend is ARCHITECTURE.md's checklist ("Adding a backend").
+//! unknown-scheme message, `--version`, the `--url` help, the man pages, the refusal of
+//! several URLs, the servers `sniff` can tell) is derived from [`KINDS`]. Adding a backend is ARCHITECTURE.md's checklist ("Adding a backend").
 
 pub mod etcd;
 pub mod file;
@@ -18,7 +18,7 @@ pub mod zk;
 
 use crate::text::{put, put_number};
 
-pub use crate::kind::{Capabilities, Kind, Target, MIN_LEASE_TTL};
+pub use crate::kind::{Capabilities, Kind, Servers, Target, MIN_LEASE_TTL};
 
 /// Every backend of this build, the default (file) first: the one list.
 pub const KINDS: &[&Kind] = &[
@@ -94,12 +94,13 @@ impl Target {
 
 /// The refusal of a URL in a scheme a server's own tools write (etcd's `http://host:port`):
 /// dlock names the backend by its scheme, so say how to write it, for each kind that has
-/// such a scheme ([`Kind::foreign_schemes`]).
+/// such a scheme ([`Words::foreign_schemes`](crate::kind::Words::foreign_schemes)).
 fn foreign_scheme_hint(scheme: &str) -> Option<String> {
     let ways: Vec<String> = KINDS
         .iter()
         .flat_map(|kind| {
-            kind.foreign_schemes
+            kind.words
+                .foreign_schemes
                 .iter()
                 .filter(|(theirs, _)| *theirs == scheme)
                 .map(move |(_, ours)| {
@@ -117,6 +118,29 @@ fn foreign_scheme_hint(scheme: &str) -> Option<String> {
             ways.join(", ")
         )
     })
+}
+
+/// "a Redis Cluster URL (…) or Redis behind Sentinel (…) for a lock that survives a failed
+/// server, or etcd://e1,e2,e3 or zk://z1,z2,z3 for a lock that needs no timing assumptions":
+/// the kinds whose one URL reaches several servers, by what a lock on them outlives
+/// ([`Servers`]), each in its own words, for the refusal of several URLs.
+pub fn one_url_of_several() -> String {
+    let group = |servers: Servers, outlives: &str| {
+        let urls: Vec<String> = KINDS
+            .iter()
+            .filter(|kind| kind.capabilities.servers == servers)
+            .map(|kind| kind.words.one_url.to_owned())
+            .collect();
+        (!urls.is_empty()).then(|| format!("{} for a lock that {outlives}", or_list(urls)))
+    };
+    let groups: Vec<String> = [
+        group(Servers::Failover, "survives a failed server"),
+        group(Servers::Quorum, "needs no timing assumptions"),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    groups.join(", or ")
 }
 
 /// "file, redis, …, memcached or memcached+unix": every scheme, for messages.
@@ -200,9 +224,9 @@ pub const LIST_NOTES: &str = const_text!(render_list_notes);
 const fn render_list_notes(out: &mut [u8]) -> usize {
     let (mut at, mut k) = (0, 0);
     while k < KINDS.len() {
-        if !KINDS[k].list_note.is_empty() {
+        if !KINDS[k].words.list_note.is_empty() {
             at = put(out, at, " ");
-            at = put(out, at, KINDS[k].list_note);
+            at = put(out, at, KINDS[k].words.list_note);
         }
         k += 1;
     }
@@ -214,7 +238,7 @@ const fn render_list_notes(out: &mut [u8]) -> usize {
 pub fn config_notes() -> String {
     let notes = KINDS
         .iter()
-        .map(|kind| kind.config_note)
+        .map(|kind| kind.words.config_note)
         .filter(|note| !note.is_empty());
     let without: Vec<String> = KINDS
         .iter()
@@ -235,7 +259,7 @@ pub fn config_notes() -> String {
 pub fn environment() -> impl Iterator<Item = (&'static str, &'static str)> {
     KINDS
         .iter()
-        .flat_map(|kind| kind.environment.iter().copied())
+        .flat_map(|kind| kind.words.environment.iter().copied())
 }
 
 /// Whether two strings are the same, in a `const fn`.
@@ -258,7 +282,7 @@ const fn render_password_titles(out: &mut [u8]) -> usize {
     let count = {
         let (mut n, mut k) = (0, 0);
         while k < KINDS.len() {
-            if KINDS[k].password {
+            if KINDS[k].words.password {
                 n += 1;
             }
             k += 1;
@@ -267,7 +291,7 @@ const fn render_password_titles(out: &mut [u8]) -> usize {
     };
     let (mut at, mut i, mut k) = (0, 0, 0);
     while k < KINDS.len() {
-        if KINDS[k].password {
+        if KINDS[k].words.password {
             at = put(out, at, separator(i, count, " and "));
             at = put(out, at, KINDS[k].title);
             i += 1;
@@ -282,7 +306,7 @@ const fn render_password_titles(out: &mut [u8]) -> usize {
 const fn first_with_holders(k: usize) -> bool {
     let mut j = 0;
     while j < k {
-        if same(KINDS[j].holders_are, KINDS[k].holders_are) {
+        if same(KINDS[j].words.holders_are, KINDS[k].words.holders_are) {
             return false;
         }
         j += 1;
@@ -294,7 +318,7 @@ const fn render_release_removes(out: &mut [u8]) -> usize {
     let groups = {
         let (mut n, mut k) = (0, 0);
         while k < KINDS.len() {
-            if !KINDS[k].holders_are.is_empty() && first_with_holders(k) {
+            if !KINDS[k].words.holders_are.is_empty() && first_with_holders(k) {
                 n += 1;
             }
             k += 1;
@@ -303,7 +327,7 @@ const fn render_release_removes(out: &mut [u8]) -> usize {
     };
     let (mut at, mut g, mut k) = (0, 0, 0);
     while k < KINDS.len() {
-        let what = KINDS[k].holders_are;
+        let what = KINDS[k].words.holders_are;
         if !what.is_empty() && first_with_holders(k) {
             at = put(out, at, separator(g, groups, ", "));
             at = put(out, at, "their ");
@@ -312,7 +336,7 @@ const fn render_release_removes(out: &mut [u8]) -> usize {
             let members = {
                 let (mut n, mut m) = (0, k);
                 while m < KINDS.len() {
-                    if same(KINDS[m].holders_are, what) {
+                    if same(KINDS[m].words.holders_are, what) {
                         n += 1;
                     }
                     m += 1;
@@ -321,7 +345,7 @@ const fn render_release_removes(out: &mut [u8]) -> usize {
             };
             let (mut i, mut m) = (0, k);
             while m < KINDS.len() {
-                if same(KINDS[m].holders_are, what) {
+                if same(KINDS[m].words.holders_are, what) {
                     at = put(out, at, separator(i, members, " and "));
                     at = put(out, at, KINDS[m].title);
                     i += 1;
@@ -338,9 +362,9 @@ const fn render_release_removes(out: &mut [u8]) -> usize {
 const fn render_check_warns(out: &mut [u8]) -> usize {
     let (mut at, mut first, mut k) = (0, true, 0);
     while k < KINDS.len() {
-        if !KINDS[k].check_warns.is_empty() {
+        if !KINDS[k].words.check_warns.is_empty() {
             at = put(out, at, if first { "" } else { ", " });
-            at = put(out, at, KINDS[k].check_warns);
+            at = put(out, at, KINDS[k].words.check_warns);
             first = false;
         }
         k += 1;
@@ -493,7 +517,7 @@ mod tests {
         let all: Vec<&str> = schemes().collect();
         let mut seen = 0;
         for kind in KINDS {
-            for (theirs, ours) in kind.foreign_schemes {
+            for (theirs, ours) in kind.words.foreign_schemes {
                 seen += 1;
                 assert!(!all.contains(theirs), "{theirs} is one of dlock's schemes");
                 assert!(kind.schemes.contains(ours), "{ours} is not {}'s", kind.name);
@@ -515,28 +539,28 @@ mod tests {
         for kind in KINDS {
             assert_eq!(
                 PASSWORD_TITLES.matches(kind.title).count() > 0,
-                kind.password,
+                kind.words.password,
                 "{}: {PASSWORD_TITLES}",
                 kind.name
             );
-            if !kind.holders_are.is_empty() {
+            if !kind.words.holders_are.is_empty() {
                 assert!(RELEASE_REMOVES.contains(kind.title), "{RELEASE_REMOVES}");
             }
             assert_eq!(
-                CHECK_WARNS.matches(kind.check_warns).count(),
-                if kind.check_warns.is_empty() {
+                CHECK_WARNS.matches(kind.words.check_warns).count(),
+                if kind.words.check_warns.is_empty() {
                     CHECK_WARNS.len() + 1
                 } else {
                     1
                 },
                 "{CHECK_WARNS}"
             );
-            assert!(config_notes().contains(kind.config_note));
-            assert!(LIST_NOTES.contains(kind.list_note), "{LIST_NOTES}");
+            assert!(config_notes().contains(kind.words.config_note));
+            assert!(LIST_NOTES.contains(kind.words.list_note), "{LIST_NOTES}");
         }
         // Kinds that remove the same thing share one "their … on A, B and C".
-        for kind in KINDS.iter().filter(|k| !k.holders_are.is_empty()) {
-            let group = format!("their {} on ", kind.holders_are);
+        for kind in KINDS.iter().filter(|k| !k.words.holders_are.is_empty()) {
+            let group = format!("their {} on ", kind.words.holders_are);
             assert_eq!(
                 RELEASE_REMOVES.matches(&group).count(),
                 1,
@@ -590,6 +614,43 @@ mod tests {
         }
     }
 
+    /// Every kind with a server (every kind that queues on this host first) says how its
+    /// server is told at its port (`sniff`), and its example answers are read as its server's,
+    /// not another kind's, whatever probe they answer.
+    #[test]
+    fn every_remote_kind_has_a_recognisable_answer() {
+        let sent: Vec<&[u8]> = KINDS
+            .iter()
+            .filter_map(|kind| kind.server)
+            .flat_map(|server| server.probes.iter().filter_map(|probe| probe.send))
+            .collect();
+        for kind in KINDS {
+            let Some(server) = kind.server else {
+                assert!(!kind.capabilities.host_queue, "{} has no server", kind.name);
+                continue;
+            };
+            assert!(!server.probes.is_empty(), "{}", kind.name);
+            let (article, rest) = server.called.split_once(' ').unwrap_or_default();
+            assert!(
+                matches!(article, "a" | "an") && rest.ends_with(" server"),
+                "{}",
+                server.called
+            );
+            for probe in server.probes {
+                assert!((probe.read)(probe.example), "{}", kind.name);
+                let asked = probe.send.map_or(sent.clone(), |send| vec![send]);
+                for bytes in asked {
+                    assert_eq!(
+                        crate::sniff::what_it_tells(bytes, probe.example),
+                        Some(server.called),
+                        "{}",
+                        kind.name
+                    );
+                }
+            }
+        }
+    }
+
     /// A kind has a minimum TTL exactly when it has a lease.
     #[test]
     fn a_lease_comes_with_a_minimum_ttl() {
@@ -610,7 +671,7 @@ mod tests {
             for scheme in kind.schemes {
                 let url = match *scheme {
                     "file" => "file:///tmp/x".to_owned(),
-                    "redis+unix" | "memcached+unix" => format!("{scheme}:///run/x.sock"),
+                    s if s.ends_with("+unix") => format!("{s}:///run/x.sock"),
                     s if s.ends_with("sentinel") => format!("{s}://127.0.0.1#master"),
                     s => format!("{s}://127.0.0.1"),
                 };

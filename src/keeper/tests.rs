@@ -39,10 +39,15 @@ fn deadline_leaves_margin_before_server_expiry() {
 /// Every TTL a backend accepts (the shortest of each, the default, long ones) with
 /// `--kill-after` from none to more than the TTL allows.
 fn accepted_schedules() -> Vec<Schedule> {
-    let ttls = [
+    // Each kind's shortest lease, and lengths around and far above them.
+    let shortest = crate::backend::KINDS
+        .iter()
+        .filter(|kind| kind.capabilities.lease)
+        .map(|kind| kind.minimum_ttl);
+    let ttls = shortest.chain([
         crate::backend::MIN_LEASE_TTL,
         Duration::from_millis(2500),
-        crate::backend::memcached::kind::MIN_TTL,
+        Duration::from_secs(3),
         Duration::from_secs(4),
         Duration::from_secs(5),
         Duration::from_secs(10),
@@ -51,7 +56,7 @@ fn accepted_schedules() -> Vec<Schedule> {
         Duration::from_secs(60),
         Duration::from_secs(3600),
         Duration::from_secs(7 * 24 * 3600),
-    ];
+    ]);
     let kill_afters = [
         Duration::ZERO,
         Duration::from_millis(100),
@@ -59,8 +64,7 @@ fn accepted_schedules() -> Vec<Schedule> {
         crate::settings::DEFAULT_KILL_AFTER,
         Duration::from_secs(7 * 24 * 3600),
     ];
-    ttls.iter()
-        .flat_map(|&ttl| kill_afters.iter().map(move |&k| Schedule::new(ttl, k)))
+    ttls.flat_map(|ttl| kill_afters.iter().map(move |&k| Schedule::new(ttl, k)))
         .collect()
 }
 

@@ -339,15 +339,7 @@ fn target_setting(
         None => (Target::default_file(), "file://".to_owned()),
         Some(s) => {
             if s.value.len() > 1 {
-                return Err(bad(
-                    s.from_file,
-                    &origin("--url", env),
-                    "several URLs would mean Redlock across independent Redis masters, which dlock does not \
-                     offer (docs/faq.md: Why no Redlock?); give one URL: redis-sentinel://s1,s2,s3#master for Redis \
-                     behind Sentinel, a Redis Cluster URL, or etcd:// or zk:// for a lock that \
-                     needs no timing assumptions"
-                        .into(),
-                ));
+                return Err(bad(s.from_file, &origin("--url", env), several_urls()));
             }
             let url = &s.value[0];
             let display = redact_url(url);
@@ -370,6 +362,16 @@ fn target_setting(
             (target, display)
         }
     })
+}
+
+/// The refusal of several URLs, which would mean one lock across independent servers: the
+/// registry's kinds whose one URL reaches several servers are the way.
+fn several_urls() -> String {
+    format!(
+        "several URLs would mean a lock across independent servers (Redlock), which dlock does \
+         not offer (docs/faq.md: Why no Redlock?); give one URL: {}",
+        crate::backend::one_url_of_several()
+    )
 }
 
 /// Resolve everything `dlock run` needs, validating it all before the backend is contacted.
@@ -638,6 +640,47 @@ mod tests {
             );
         }
         assert!(error("").starts_with("no duration given; write e.g."));
+    }
+
+    /// The refusal of several URLs names, in each kind's own words, every kind whose one URL
+    /// reaches several servers, by what a lock on it outlives, and no other kind.
+    #[test]
+    fn several_urls_are_refused_naming_the_kinds_that_outlive_a_server() {
+        use crate::kind::Servers;
+        let said = several_urls();
+        let (failover, quorum) = said
+            .split_once(" for a lock that survives a failed server, or ")
+            .unwrap_or_else(|| panic!("{said}"));
+        assert!(
+            quorum.ends_with(" for a lock that needs no timing assumptions"),
+            "{said}"
+        );
+        for kind in crate::backend::KINDS {
+            let one_url = kind.words.one_url;
+            match kind.capabilities.servers {
+                Servers::One => assert!(one_url.is_empty(), "{}", kind.name),
+                Servers::Failover => assert!(
+                    !one_url.is_empty() && failover.contains(one_url),
+                    "{}: {said}",
+                    kind.name
+                ),
+                Servers::Quorum => assert!(
+                    !one_url.is_empty() && quorum.contains(one_url),
+                    "{}: {said}",
+                    kind.name
+                ),
+            }
+        }
+        for scheme in crate::backend::schemes() {
+            let named =
+                said.contains(&format!(" {scheme}://")) || said.contains(&format!("({scheme}://"));
+            let kind = crate::backend::kind_of_scheme(scheme);
+            assert_eq!(
+                named,
+                kind.is_some_and(|k| k.words.one_url.contains(&format!("{scheme}://"))),
+                "{scheme}: {said}"
+            );
+        }
     }
 
     #[test]

@@ -194,7 +194,7 @@ impl Conn {
             return None;
         }
         let (host, port) = self.endpoints.first()?;
-        let what = crate::sniff::other_than(host, *port, left, "an etcd server").await?;
+        let what = crate::sniff::other_than(host, *port, left, &super::kind::KIND).await?;
         Some(crate::wording::not_a(
             &join_host_port(host, *port),
             &SERVER,

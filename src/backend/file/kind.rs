@@ -3,7 +3,9 @@
 use std::time::Duration;
 
 use super::{FileBackend, FileTarget};
-use crate::kind::{after_scheme, Capabilities, Common, DynBackend, Kind, Place, Target};
+use crate::kind::{
+    after_scheme, Capabilities, Common, DynBackend, Kind, Place, Servers, Target, Words,
+};
 
 pub const KIND: Kind = Kind {
     name: "file",
@@ -22,18 +24,14 @@ pub const KIND: Kind = Kind {
         // flock(LOCK_SH) on the same file, behind a turnstile for waiting exclusive runs.
         shared: true,
         host_queue: false,
+        servers: Servers::One,
     },
     minimum_ttl: Duration::ZERO,
     parse: |_, url| super::target::parse(after_scheme(url)).map(Target::new),
     recognises: None,
     no_shared_because: "",
-    foreign_schemes: &[],
-    password: false,
-    holders_are: "",
-    check_warns: "",
-    config_note: "",
-    list_note: "",
-    environment: &[],
+    words: Words::NONE,
+    server: None,
 };
 
 impl Place for FileTarget {

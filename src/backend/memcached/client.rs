@@ -442,13 +442,8 @@ impl Conn {
         if !confused {
             return failure;
         }
-        match crate::sniff::other_than(
-            host,
-            *port,
-            crate::sniff::AFTER_FAILURE,
-            "a memcached server",
-        )
-        .await
+        match crate::sniff::other_than(host, *port, crate::sniff::AFTER_FAILURE, &super::kind::KIND)
+            .await
         {
             Some(what) => Failure::NotMemcached(what),
             None => failure,

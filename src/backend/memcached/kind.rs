@@ -3,11 +3,25 @@
 use std::time::Duration;
 
 use super::{MemcachedBackend, MemcachedTarget};
-use crate::kind::{after_scheme, Capabilities, Common, DynBackend, Kind, Place, Target};
+use crate::kind::{
+    after_scheme, Capabilities, Common, DynBackend, Kind, Place, Probe, Recognition, Servers,
+    Target, Words,
+};
 
 /// The shortest `--ttl` on memcached: its whole-second expiry may tick one second early, so
 /// 3 s leaves a 2 s lease.
 pub const MIN_TTL: Duration = Duration::from_secs(3);
+
+/// memcached answers `PING`, no command of its protocol, with an error line of its own.
+const RECOGNISED: Recognition = Recognition {
+    called: "a memcached server",
+    probes: &[Probe {
+        send: Some(b"PING\r\n"),
+        after_others: false,
+        read: |answer| answer.starts_with(b"ERROR") || answer.starts_with(b"CLIENT_ERROR"),
+        example: b"ERROR\r\n",
+    }],
+};
 
 pub const KIND: Kind = Kind {
     name: "memcached",
@@ -27,18 +41,19 @@ pub const KIND: Kind = Kind {
         limit: true,
         shared: false,
         host_queue: true,
+        servers: Servers::One,
     },
     minimum_ttl: MIN_TTL,
     parse: |scheme, url| super::target::parse(scheme, after_scheme(url)).map(Target::new),
     recognises: None,
     no_shared_because: "memcached cannot list its keys, so a writer could not find every reader's expiring share, and it has no queue to keep readers from starving a writer",
-    foreign_schemes: &[],
-    password: false,
-    holders_are: "entries",
-    check_warns: "a memcached that may evict",
-    config_note: "",
-    list_note: "On memcached it needs the server's LRU crawler (on by default) and fails rather than give an incomplete answer.",
-    environment: &[],
+    words: Words {
+        holders_are: "entries",
+        check_warns: "a memcached that may evict",
+        list_note: "On memcached it needs the server's LRU crawler (on by default) and fails rather than give an incomplete answer.",
+        ..Words::NONE
+    },
+    server: Some(RECOGNISED),
 };
 
 impl Place for MemcachedTarget {

@@ -160,7 +160,7 @@ impl MysqlBackend {
         let MysqlHost::Tcp { host, port } = &self.target.host else {
             return None;
         };
-        crate::sniff::other_server(host, *port, deadline, "a MySQL server").await
+        crate::sniff::other_server(host, *port, deadline, &super::kind::KIND).await
     }
 
     /// A failed connection, in the words every backend uses for passwords, databases and
@@ -229,7 +229,7 @@ impl MysqlBackend {
         {
             return None;
         }
-        let what = crate::sniff::other_than(host, *port, left, "a MySQL server").await?;
+        let what = crate::sniff::other_than(host, *port, left, &super::kind::KIND).await?;
         Some(crate::wording::not_a(
             &crate::kit::url::join_host_port(host, *port),
             &SERVER,

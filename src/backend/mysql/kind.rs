@@ -4,8 +4,25 @@ use super::{MysqlBackend, MysqlTarget};
 use crate::config::FileConfig;
 use crate::error::Error;
 use crate::kind::{
-    after_scheme, Capabilities, Common, DynBackend, Kind, Place, Target, MIN_LEASE_TTL,
+    after_scheme, Capabilities, Common, DynBackend, Kind, Place, Probe, Recognition, Servers,
+    Target, Words, MIN_LEASE_TTL,
 };
+
+/// A MySQL/MariaDB server speaks first: its handshake packet comes back on any connection.
+const RECOGNISED: Recognition = Recognition {
+    called: "a MySQL server",
+    probes: &[Probe {
+        send: None,
+        after_others: false,
+        read: is_handshake,
+        example: &[0x4a, 0, 0, 0, 10, b'8', b'.'],
+    }],
+};
+
+/// A handshake packet: 3-byte length, sequence 0, protocol version 10.
+fn is_handshake(answer: &[u8]) -> bool {
+    answer.len() > 4 && answer[3] == 0 && answer[4] == 10
+}
 
 pub const KIND: Kind = Kind {
     name: "mysql",
@@ -23,18 +40,19 @@ pub const KIND: Kind = Kind {
         limit: true,
         shared: false,
         host_queue: true,
+        servers: Servers::One,
     },
     minimum_ttl: MIN_LEASE_TTL,
     parse: |_, url| super::target::parse(after_scheme(url)).map(Target::new),
     recognises: None,
     no_shared_because: "MySQL's named locks (GET_LOCK) are exclusive only",
-    foreign_schemes: &[],
-    password: true,
-    holders_are: "sessions",
-    check_warns: "a MySQL user without PROCESS",
-    config_note: "",
-    list_note: "",
-    environment: &[],
+    words: Words {
+        password: true,
+        holders_are: "sessions",
+        check_warns: "a MySQL user without PROCESS",
+        ..Words::NONE
+    },
+    server: Some(RECOGNISED),
 };
 
 impl Place for MysqlTarget {
@@ -52,5 +70,17 @@ impl Place for MysqlTarget {
 
     fn open(&self, common: &Common) -> Box<dyn DynBackend> {
         Box::new(MysqlBackend::new(self, &common.prefix, &common.display_url))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mysql_is_told_by_its_greeting() {
+        assert!(is_handshake(&[0x4a, 0, 0, 0, 10, b'8', b'.']));
+        assert!(!is_handshake(b""));
+        assert!(!is_handshake(b"SSH-2.0-OpenSSH_9.2"));
     }
 }

@@ -72,7 +72,7 @@ impl PgBackend {
             PgHost::Tcp { host, port } => Some((host, *port)),
             PgHost::Unix { .. } => None,
         })?;
-        crate::sniff::other_server(host, port, deadline, "a PostgreSQL server").await
+        crate::sniff::other_server(host, port, deadline, &super::kind::KIND).await
     }
 
     /// Where the first host is, for messages: `HOST:PORT`, or the socket's path.
@@ -126,7 +126,7 @@ impl PgBackend {
             PgHost::Tcp { host, port } => Some((host, *port)),
             PgHost::Unix { .. } => None,
         })?;
-        let what = crate::sniff::other_than(host, port, left, "a PostgreSQL server").await?;
+        let what = crate::sniff::other_than(host, port, left, &super::kind::KIND).await?;
         Some(crate::wording::not_a(
             &crate::kit::url::join_host_port(host, port),
             &SERVER,

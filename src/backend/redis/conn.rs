@@ -442,7 +442,7 @@ impl Conn {
             return None;
         }
         let (host, port) = self.nodes.get(self.home)?.addr.as_ref()?;
-        let what = crate::sniff::other_than(host, *port, left, "a Redis server").await?;
+        let what = crate::sniff::other_than(host, *port, left, &super::kind::KIND).await?;
         Some(crate::wording::not_a(
             &crate::kit::url::join_host_port(host, *port),
             &super::failure::SERVER,

@@ -160,7 +160,7 @@ impl ZkBackend {
     /// while the session is slow to start ([`crate::sniff::other_server`]).
     async fn other_server(&self, deadline: tokio::time::Instant) -> Option<&'static str> {
         let (host, port) = self.target.endpoints.first()?;
-        crate::sniff::other_server(host, *port, deadline, "a ZooKeeper server").await
+        crate::sniff::other_server(host, *port, deadline, &super::kind::KIND).await
     }
 
     /// Every member closed the connection at the session's request, as a server of another
@@ -169,7 +169,7 @@ impl ZkBackend {
     async fn not_zookeeper(&self, deadline: tokio::time::Instant) -> Option<Error> {
         let (host, port) = self.target.endpoints.first()?;
         let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-        let what = crate::sniff::other_than(host, *port, left, "a ZooKeeper server").await?;
+        let what = crate::sniff::other_than(host, *port, left, &super::kind::KIND).await?;
         Some(crate::wording::not_a(
             &join_host_port(host, *port),
             &SERVER,

@@ -4,8 +4,26 @@ use super::{ZkBackend, ZkTarget};
 use crate::config::FileConfig;
 use crate::error::Error;
 use crate::kind::{
-    after_scheme, Capabilities, Common, DynBackend, Kind, Place, Target, MIN_LEASE_TTL,
+    after_scheme, Capabilities, Common, DynBackend, Kind, Place, Probe, Recognition, Servers,
+    Target, Words, MIN_LEASE_TTL,
 };
+
+/// ZooKeeper answers its `srvr` command with its version, or, where the command is not
+/// allowed (`4lw.commands.whitelist`), says so.
+const RECOGNISED: Recognition = Recognition {
+    called: "a ZooKeeper server",
+    probes: &[Probe {
+        send: Some(b"srvr"),
+        after_others: false,
+        read: answers_srvr,
+        example: b"Zookeeper version: 3.8.4-9316c2a7a97e1666d8f4593f34dd6fc36ecc436c",
+    }],
+};
+
+fn answers_srvr(answer: &[u8]) -> bool {
+    let text = String::from_utf8_lossy(answer);
+    text.starts_with("Zookeeper version") || text.contains("is not in the whitelist")
+}
 
 pub const KIND: Kind = Kind {
     name: "zk",
@@ -21,18 +39,20 @@ pub const KIND: Kind = Kind {
         limit: true,
         shared: true,
         host_queue: true,
+        servers: Servers::Quorum,
     },
     minimum_ttl: MIN_LEASE_TTL,
     parse: |_, url| super::target::parse(after_scheme(url)).map(Target::new),
     recognises: None,
     no_shared_because: "",
-    foreign_schemes: &[],
-    password: true,
-    holders_are: "nodes",
-    check_warns: "",
-    config_note: "ZooKeeper speaks no TLS: its table takes only `password_file`.",
-    list_note: "",
-    environment: &[],
+    words: Words {
+        password: true,
+        holders_are: "nodes",
+        config_note: "ZooKeeper speaks no TLS: its table takes only `password_file`.",
+        one_url: "zk://z1,z2,z3",
+        ..Words::NONE
+    },
+    server: Some(RECOGNISED),
 };
 
 impl Place for ZkTarget {
@@ -55,5 +75,21 @@ impl Place for ZkTarget {
             &common.display_url,
             common.ttl,
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn zookeeper_is_told_by_its_answer_to_srvr() {
+        assert!(answers_srvr(
+            b"Zookeeper version: 3.8.4-9316c2a7a97e1666d8f4593f34dd6fc36ecc436c"
+        ));
+        assert!(answers_srvr(
+            b"srvr is not executed because it is not in the whitelist.\n"
+        ));
+        assert!(!answers_srvr(b"+PONG\r\n"));
     }
 }
