@@ -4,7 +4,40 @@
 //! wait instead of killing dlock with a waiter left behind. tokio never restores the default
 //! action once a listener exists, so every state of dlock must select on [`Signals::recv`].
 
-use tokio::signal::unix::{signal, Signal, SignalKind};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use tokio::signal::unix::{Signal, SignalKind};
+
+/// The signals dlock has installed a handler for, one bit each (`1 << (n - 1)`): what the
+/// command's process must set back to the default before it unblocks signals
+/// (`spawn::child_main`). Every handler dlock installs goes through [`listen`] or is
+/// recorded with [`catching`]; debug builds check the kernel's list against this one at
+/// every spawn.
+static CAUGHT: AtomicU64 = AtomicU64::new(0);
+
+/// Record that a handler for `signal` is (about to be) installed.
+pub fn catching(signal: i32) {
+    if let Some(bit) = signal_bit(signal) {
+        CAUGHT.fetch_or(bit, Ordering::SeqCst);
+    }
+}
+
+/// The signals recorded by [`catching`], one bit each.
+pub fn caught() -> u64 {
+    CAUGHT.load(Ordering::SeqCst)
+}
+
+/// The bit of `signal` in a set of signals 1 to 64 (as /proc's `SigCgt:` shows them).
+pub fn signal_bit(signal: i32) -> Option<u64> {
+    let shift = u32::try_from(signal).ok()?.checked_sub(1)?;
+    1u64.checked_shl(shift)
+}
+
+/// A tokio listener for `signal`, recorded in [`caught`].
+pub fn listen(signal: i32) -> std::io::Result<Signal> {
+    catching(signal);
+    tokio::signal::unix::signal(SignalKind::from_raw(signal))
+}
 
 /// Signals forwarded to the command (docs/guide.md: "Signals").
 pub const FORWARDED: [i32; 6] = [
@@ -39,7 +72,7 @@ impl Signals {
     pub fn install() -> std::io::Result<Signals> {
         let streams = FORWARDED
             .iter()
-            .map(|&n| signal(SignalKind::from_raw(n)).map(|s| (n, s)))
+            .map(|&n| listen(n).map(|s| (n, s)))
             .collect::<std::io::Result<_>>()?;
         Ok(Signals { streams })
     }

@@ -12,7 +12,9 @@
 //! makes system calls; it reports a failure by storing `errno` where the parent reads it.
 //! Signals are blocked in dlock around the `clone`, and the child sets every handled signal
 //! back to its default before unblocking, so a signal that arrives before `exec` cannot run one
-//! of dlock's handlers in the child.
+//! of dlock's handlers in the child. Which signals dlock handles is known
+//! ([`crate::signals::caught`]): the child changes those alone instead of asking about all 64
+//! (64 system calls while dlock waits for the `exec`).
 
 use std::ffi::{CString, OsStr, OsString};
 use std::io;
@@ -33,8 +35,8 @@ struct Plan {
     inherit: Option<RawFd>,
     /// dlock's pid: the child checks that it is still dlock's child once its death signal is set.
     parent: libc::pid_t,
-    /// The highest signal number, for resetting handlers.
-    last_signal: libc::c_int,
+    /// The signals to set back to their default, one bit each (`1 << (n - 1)`).
+    reset: u64,
     /// `errno` of the step that failed in the child; 0 when `exec` succeeded.
     error: AtomicI32,
 }
@@ -77,7 +79,7 @@ pub fn spawn(
         tty,
         inherit,
         parent: std::process::id() as libc::pid_t,
-        last_signal: libc::SIGRTMAX(),
+        reset: signals_to_reset(),
         error: AtomicI32::new(0),
     };
     let mut stack: Vec<u8> = Vec::with_capacity(CHILD_STACK);
@@ -119,6 +121,38 @@ pub fn spawn(
     }
 }
 
+/// The signals the command's process sets back to their default: those dlock handles, the
+/// C library's own (from 32 to below `SIGRTMIN`: glibc handles them once a thread was
+/// started), and SIGPIPE, which dlock ignores (src/start.rs).
+fn signals_to_reset() -> u64 {
+    let libc_own = (32..libc::SIGRTMIN())
+        .filter_map(crate::signals::signal_bit)
+        .fold(0, |set, bit| set | bit);
+    let handled = crate::signals::caught() | libc_own;
+    #[cfg(all(debug_assertions, not(test)))]
+    handled_signals_are_known(handled);
+    handled | crate::signals::signal_bit(libc::SIGPIPE).unwrap_or(0)
+}
+
+/// Debug builds: the kernel's list of this process's handled signals (`SigCgt:`) has none
+/// that dlock did not record; one missing would run a handler of dlock's in the command's
+/// process before its `exec`.
+#[cfg(all(debug_assertions, not(test)))]
+fn handled_signals_are_known(known: u64) {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let Some(caught) = status
+        .lines()
+        .find_map(|line| line.strip_prefix("SigCgt:"))
+        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+    else {
+        return;
+    };
+    assert!(
+        caught & !known == 0,
+        "handled signals {caught:#x}, of which dlock recorded {known:#x}"
+    );
+}
+
 /// The child, between `clone` and `exec`. Only system calls on what `Plan` holds: no
 /// allocation, no locks, nothing that writes memory dlock uses except `plan.error`.
 extern "C" fn child_main(plan: *mut libc::c_void) -> libc::c_int {
@@ -136,15 +170,9 @@ extern "C" fn child_main(plan: *mut libc::c_void) -> libc::c_int {
     // SAFETY: plain system calls on integers and on the NUL-terminated arrays in `plan`.
     unsafe {
         // dlock's handlers must not run here: back to the default for every handled signal,
-        // and SIGPIPE (which Rust's runtime ignores) too, before anything is unblocked.
-        for signal in 1..=plan.last_signal {
-            let mut action: libc::sigaction = std::mem::zeroed();
-            if libc::sigaction(signal, std::ptr::null(), &mut action) != 0 {
-                continue;
-            }
-            let handled =
-                action.sa_sigaction != libc::SIG_DFL && action.sa_sigaction != libc::SIG_IGN;
-            if handled || signal == libc::SIGPIPE {
+        // and SIGPIPE (which dlock ignores) too, before anything is unblocked.
+        for signal in 1..=64 {
+            if plan.reset & (1u64 << (signal - 1)) != 0 {
                 let mut default: libc::sigaction = std::mem::zeroed();
                 default.sa_sigaction = libc::SIG_DFL;
                 libc::sigaction(signal, &default, std::ptr::null_mut());

@@ -41,7 +41,6 @@ use std::time::Duration;
 use nix::sys::signal::{killpg, pthread_sigmask, SigSet, SigmaskHow, Signal};
 use nix::sys::wait::{waitid, Id, WaitPidFlag, WaitStatus};
 use nix::unistd::{getpgrp, Pid};
-use tokio::signal::unix::{signal, SignalKind};
 
 use crate::cli::OnLost;
 use crate::clock::{sleep_until, BootInstant};
@@ -386,7 +385,7 @@ fn has_job_control() -> bool {
 
 /// The SIGCHLD listener; install it before spawning so no exit can be missed.
 pub fn child_listener() -> io::Result<tokio::signal::unix::Signal> {
-    signal(SignalKind::child())
+    crate::signals::listen(libc::SIGCHLD)
 }
 
 #[cfg(test)]

@@ -70,6 +70,7 @@ fn install_interrupt_handler() {
     INSTALL.call_once(|| {
         // SAFETY: installing a handler that does nothing; SA_RESTART is deliberately not set so
         // that a blocked flock returns EINTR.
+        crate::signals::catching(interrupt_signal());
         unsafe {
             let mut action: libc::sigaction = std::mem::zeroed();
             action.sa_sigaction = ignore_interrupt as extern "C" fn(libc::c_int) as usize;
