@@ -377,6 +377,11 @@ impl LockServer for PgServer {
     fn password_url(&self) -> Option<String> {
         Some(self.url_as("app", Some(APP_PASSWORD)))
     }
+
+    /// The advisory lock is the session's: it ends as the killed holder's connection closes.
+    fn killed_holder_outlives_it(&self) -> bool {
+        false
+    }
 }
 
 impl LeaseServer for PgServer {
