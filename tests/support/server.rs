@@ -49,6 +49,13 @@ pub trait LockServer: Send + Sync {
         dlock::backend::kind_of_scheme(self.scheme()).is_some_and(|kind| kind.capabilities.lease)
     }
 
+    /// Kill the server as a crash does (SIGKILL: nothing more reaches its disk) and start it
+    /// again on the same port and data; `false` where this server cannot (a shared one,
+    /// which other tests use meanwhile). The `crash_contract_tests!` cases need it.
+    fn crash_and_restart(&mut self) -> bool {
+        false
+    }
+
     /// The `--ttl` the tests use (short, so that renewals and loss detection are quick).
     fn ttl(&self) -> Option<&'static str> {
         None
