@@ -521,6 +521,34 @@ pub fn min_hold_keeps_a_shared_hold_and_status_says_so(server: &dyn LockServer) 
     let _ = reader.wait();
 }
 
+/// A writer that gives up (`--wait`) or dies (SIGKILL) while a reader queues behind it does
+/// not keep that reader out: it joins the reader that still holds.
+pub fn readers_behind_a_writer_that_gives_up_or_dies_get_in(server: &dyn LockServer) {
+    let env = TestEnv::new(server);
+    let lock = lock_name("data");
+    let _first = env.hold(&lock, &["--shared"]);
+    let mut writer = env.spawn(&["run", "--wait", "5s", &lock, "touch", "wrote"]);
+    wait_until("the writer waits", PATIENCE, || env.waiters(&lock) >= 1);
+    let mut late = env.spawn(&["run", "--shared", &lock, "touch", "late-ran"]);
+    wait_until("the late reader waits", PATIENCE, || {
+        env.waiters(&lock) >= 2
+    });
+    assert_eq!(finish(&mut writer), 75, "{}", stderr_left(&mut writer));
+    assert_eq!(finish(&mut late), 0, "{}", stderr_left(&mut late));
+    assert!(env.path("late-ran").exists() && !env.path("wrote").exists());
+
+    let mut writer = env.spawn(&["run", &lock, "touch", "wrote"]);
+    wait_until("the writer waits", PATIENCE, || env.waiters(&lock) >= 1);
+    let mut late = env.spawn(&["run", "--shared", &lock, "touch", "late-ran-2"]);
+    wait_until("the late reader waits", PATIENCE, || {
+        env.waiters(&lock) >= 2
+    });
+    let _ = writer.kill();
+    let _ = writer.wait();
+    assert_eq!(finish(&mut late), 0, "{}", stderr_left(&mut late));
+    assert!(env.path("late-ran-2").exists() && !env.path("wrote").exists());
+}
+
 /// A reader whose dlock is SIGKILLed (its command goes down with it) frees its share, and
 /// the other reader's share is untouched until it leaves too: where the server ends the hold
 /// with the connection (a kernel lock, a database session) at once, so the writer waiting
@@ -676,6 +704,7 @@ macro_rules! shared_contract_tests {
                 shared_holders_and_a_semaphore_refuse_each_other,
                 a_waiting_shared_run_keeps_to_wait_and_signals,
                 min_hold_keeps_a_shared_hold_and_status_says_so,
+                readers_behind_a_writer_that_gives_up_or_dies_get_in,
                 a_killed_reader_frees_its_share,
                 release_force_frees_every_shared_holder,
             );

@@ -112,37 +112,6 @@ fn the_server_queues_a_shared_request_behind_a_waiting_exclusive_one() {
     end_psql(late);
 }
 
-/// A writer that gives up (`--wait`) or dies while readers queue behind it must not keep
-/// them out: the server lets them join the reader that still holds.
-#[test]
-fn readers_queued_behind_a_writer_that_gives_up_or_dies_get_in() {
-    let server = PgServer::shared();
-    let env = TestEnv::new(&server);
-    let lock = lock_name("pg-shared");
-    let _first = env.hold(&lock, &["--shared"]);
-    let mut writer = env.spawn(&["run", "--wait", "5s", &lock, "touch", "wrote"]);
-    wait_until("the writer waits", PATIENCE, || env.waiters(&lock) == 1);
-    let mut late = env.spawn(&["run", "--shared", &lock, "touch", "late-ran"]);
-    wait_until("the late reader waits", PATIENCE, || {
-        env.waiters(&lock) == 2
-    });
-    assert_eq!(finish(&mut writer), 75, "{}", stderr_left(&mut writer));
-    assert_eq!(finish(&mut late), 0, "{}", stderr_left(&mut late));
-    assert!(env.path("late-ran").exists() && !env.path("wrote").exists());
-
-    let mut writer = env.spawn(&["run", &lock, "touch", "wrote"]);
-    wait_until("the writer waits", PATIENCE, || env.waiters(&lock) == 1);
-    let mut late = env.spawn(&["run", "--shared", &lock, "touch", "late-ran-2"]);
-    wait_until("the late reader waits", PATIENCE, || {
-        env.waiters(&lock) == 2
-    });
-    signal(&writer, Signal::SIGKILL);
-    let _ = writer.wait();
-    // The server notices the dead client within a second (client_connection_check_interval).
-    assert_eq!(finish(&mut late), 0, "{}", stderr_left(&mut late));
-    assert!(env.path("late-ran-2").exists() && !env.path("wrote").exists());
-}
-
 /// A role that may not read the holders' statements (their metadata) still sees from
 /// `pg_locks` every reader with its mode, in `status` and `list`, and no recorded `--limit`
 /// listed as a lock.
