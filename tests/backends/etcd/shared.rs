@@ -65,7 +65,7 @@ fn lease_of(key: &str) -> &str {
 fn a_reader_whose_lease_is_revoked_stops_and_the_others_share_stays() {
     // Two readers hold, a writer waits. One reader's lease is revoked (by an admin, or by
     // etcd after a partition): it stops (124), and the writer still waits for the other.
-    let server = EtcdServer::start();
+    let server = EtcdServer::shared().unprefixed();
     let env = TestEnv::new(&server);
     let lock = lock_name("e");
     let prefix = format!("dlock/{lock}/");
@@ -118,7 +118,7 @@ fn etcdctl_lock(server: &EtcdServer, name: &str, script: &str) -> Child {
 
 #[test]
 fn etcdctl_lock_is_a_writer_to_readers_and_waits_for_them() {
-    let server = EtcdServer::start();
+    let server = EtcdServer::shared().unprefixed();
     let env = TestEnv::new(&server);
     let lock = lock_name("e");
     let prefix = format!("dlock/{lock}/");
@@ -180,7 +180,7 @@ fn a_reader_behind_many_readers_still_finds_the_writer_before_them() {
     // More readers' keys than one read returns (64) lie between a writer's key (empty, as
     // etcdctl's) and a new reader: it must look past them all, and hold once the writer's
     // key goes.
-    let server = EtcdServer::start();
+    let server = EtcdServer::shared().unprefixed();
     let env = TestEnv::new(&server);
     let lock = lock_name("e");
     let prefix = format!("dlock/{lock}/");

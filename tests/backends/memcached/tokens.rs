@@ -17,7 +17,7 @@ fn now_micros() -> u64 {
 
 #[test]
 fn tokens_follow_the_counter_when_it_is_ahead_of_the_clock_and_the_clock_when_it_is_gone() {
-    let server = MemcachedServer::start();
+    let server = MemcachedServer::shared().unprefixed();
     let env = TestEnv::new(&server);
     let lock = lock_name("mc");
     let first = env.token(&lock);
@@ -43,7 +43,7 @@ fn tokens_follow_the_counter_when_it_is_ahead_of_the_clock_and_the_clock_when_it
 
 #[test]
 fn a_counter_holding_foreign_data_is_reported_not_overwritten() {
-    let server = MemcachedServer::start();
+    let server = MemcachedServer::shared().unprefixed();
     let env = TestEnv::new(&server);
     let lock = lock_name("mc");
     let stored = server.request(
@@ -61,7 +61,7 @@ fn a_counter_holding_foreign_data_is_reported_not_overwritten() {
 
 #[test]
 fn a_slot_holding_foreign_data_is_reported_not_waited_for() {
-    let server = MemcachedServer::start();
+    let server = MemcachedServer::shared().unprefixed();
     let env = TestEnv::new(&server);
     let lock = lock_name("mc");
     let stored = server.request(&format!("ms dlock:{lock}:0 5 T0\r\nhello\r\n"), "\r\n");

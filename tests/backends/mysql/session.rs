@@ -12,7 +12,7 @@ use crate::support::*;
 #[test]
 fn killed_holder_frees_the_lock_within_one_second() {
     crate::contract::killed_holder_frees_the_lock_within(
-        &MysqlServer::start(),
+        &MysqlServer::shared(),
         Duration::from_secs(1),
     );
 }
@@ -32,7 +32,7 @@ fn holder_connection(env: &TestEnv, lock: &str) -> u64 {
 
 #[test]
 fn kill_of_the_holders_connection_exits_124() {
-    let server = MysqlServer::start();
+    let server = MysqlServer::shared();
     let env = TestEnv::new(&server);
     let lock = lock_name("m");
     let (mut holder, log) = env.stoppable_holder(&server.url(), &lock);
@@ -180,7 +180,7 @@ fn assert_one_line(stderr: &str) {
 
 #[test]
 fn kill_of_the_holders_connection_stops_its_command_before_the_next_holder_starts() {
-    let server = MysqlServer::start();
+    let server = MysqlServer::shared();
     let env = TestEnv::new(&server);
     let lock = lock_name("m");
     let run = handover(&env, &lock);
@@ -262,7 +262,7 @@ fn a_holder_whose_watcher_cannot_connect_stops_its_command_within_a_second_of_it
 
 #[test]
 fn release_by_force_stops_the_holders_command_before_the_next_holder_starts() {
-    let server = MysqlServer::start();
+    let server = MysqlServer::shared();
     let env = TestEnv::new(&server);
     let lock = lock_name("m");
     let run = handover(&env, &lock);
