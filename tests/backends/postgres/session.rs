@@ -38,7 +38,7 @@ fn terminated_session_stops_the_command_within_a_heartbeat() {
 
 #[test]
 fn blackholed_holder_stops_its_command_within_the_heartbeat_bound() {
-    let server = PgServer::start();
+    let server = PgServer::shared();
     let env = TestEnv::new(&server);
     let lock = lock_name("p");
     let proxy = Proxy::start(server.port);
@@ -82,7 +82,7 @@ fn blackholed_holder_stops_its_command_within_the_heartbeat_bound() {
 fn a_stopped_holder_loses_the_lock_within_the_ttl() {
     // A holder that sends nothing behind a live connection (here: dlock itself stopped; the
     // kernel still acknowledges keepalives) must not keep the lock for ever.
-    let server = PgServer::start();
+    let server = PgServer::shared();
     let env = TestEnv::new(&server);
     let lock = lock_name("p");
     let mut holder = env.hold(&lock, &["--ttl", "3s"]);
