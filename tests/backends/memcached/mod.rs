@@ -28,7 +28,7 @@ crate::handoff_test!("memcached", MemcachedServer::start());
 #[test]
 fn a_finish_after_the_lock_was_taken_over_writes_nothing() {
     crate::contract::a_finish_after_the_lock_was_taken_over_writes_nothing(
-        &MemcachedServer::start(),
+        &MemcachedServer::shared(),
         false,
     );
 }

@@ -25,7 +25,7 @@ crate::handoff_test!("redis", RedisServer::start());
 /// Start `dlock run` in the background; its command appends `label` to `log` and exits.
 #[test]
 fn waiters_acquire_in_arrival_order() {
-    let server = RedisServer::start();
+    let server = RedisServer::shared();
     let env = TestEnv::new(&server);
     let lock = lock_name("r");
     let log = env.path("order");
