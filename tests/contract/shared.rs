@@ -461,32 +461,43 @@ pub fn a_shared_hold_around_it_never_makes_a_nested_run_shared(server: &dyn Lock
 }
 
 /// Shared holders hold with `--limit 1`: a `--limit 3` run beside them is refused (64), as
-/// beside any holder with another limit, and so is a shared run beside `--limit 3` holders.
+/// beside any holder with another limit, waiting or not, although slots 1 and 2 are free; and
+/// so is a shared run beside `--limit 3` holders. A refused run leaves no waiter behind.
 pub fn shared_holders_and_a_semaphore_refuse_each_other(server: &dyn LockServer) {
     let env = TestEnv::new(server);
     let lock = lock_name("data");
+    let refused = |mode: &[&str], limit: &str| {
+        for wait in [&["--no-wait"][..], &[]] {
+            let mut args = vec!["run"];
+            args.extend(mode);
+            args.extend(wait);
+            args.extend([lock.as_str(), "touch", "ran"]);
+            let out = env.run(&args);
+            assert_fails(&out, 64, limit);
+            assert_eq!(env.waiters(&lock), 0, "a refused run stayed queued");
+        }
+    };
     let reader = env.hold(&lock, &["--shared"]);
-    let out = env.run(["run", "--limit", "3", "--no-wait", &lock, "touch", "ran"]);
-    assert_fails(&out, 64, "--limit 1");
+    refused(&["--limit", "3"], "--limit 1");
     drop(reader);
     wait_until("the reader is gone", PATIENCE, || env.is_free(&lock));
     let _semaphore = env.hold(&lock, &["--limit", "3"]);
     let _other = env.hold(&lock, &["--limit", "3"]);
-    let out = env.run(["run", "--shared", "--no-wait", &lock, "touch", "ran"]);
-    assert_fails(&out, 64, "--limit 3");
-    assert!(!env.path("ran").exists());
+    refused(&["--shared"], "--limit 3");
+    assert!(!env.path("ran").exists(), "a refused run's command ran");
 }
 
 /// A shared run keeps to `--wait` behind an exclusive holder (75, in time), and a signal
-/// while it waits cancels it (128+N) and leaves no waiter behind.
+/// while it waits cancels it (128+N); neither leaves a waiter or a share behind.
 pub fn a_waiting_shared_run_keeps_to_wait_and_signals(server: &dyn LockServer) {
     let env = TestEnv::new(server);
     let lock = lock_name("data");
-    let _writer = env.hold(&lock, &[]);
+    let mut writer = env.hold(&lock, &[]);
     let started = Instant::now();
     let out = env.run(["run", "--shared", "--wait", "1s", &lock, "touch", "ran"]);
     assert_fails(&out, 75, "is held");
     assert!(started.elapsed() < Duration::from_secs(1) + PAST_WAIT);
+    assert_eq!(env.waiters(&lock), 0, "--wait's end left a waiter");
     let mut reader = env.spawn(&["run", "--shared", &lock, "touch", "ran"]);
     wait_until("the reader waits", PATIENCE, || env.waiters(&lock) >= 1);
     nix::sys::signal::kill(
@@ -502,6 +513,10 @@ pub fn a_waiting_shared_run_keeps_to_wait_and_signals(server: &dyn LockServer) {
     );
     wait_until("no waiter left", PATIENCE, || env.waiters(&lock) == 0);
     assert!(!env.path("ran").exists());
+    // Neither left a share held: the lock is free once the writer leaves.
+    writer.signal(Signal::SIGTERM);
+    writer.wait();
+    assert!(env.is_free(&lock), "a share was left held");
 }
 
 /// `--min-hold` keeps a shared hold after its command, and `status` says so from the

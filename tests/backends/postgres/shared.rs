@@ -1,25 +1,13 @@
 //! Shared locks on PostgreSQL (`--shared`: `pg_advisory_lock_shared` on the lock's key)
 //! beyond the contract (`tests/contract/shared.rs`): the server's lock queue puts a shared
-//! request behind a waiting exclusive one (SQL alone); readers queued behind a writer that
-//! gives up or dies get in; what a role that cannot read the holders' metadata sees; SQL's
-//! shared locks on the same key; cancelled and refused readers leave nothing on the server.
+//! request behind a waiting exclusive one (SQL alone); what a role that cannot read the
+//! holders' metadata sees; SQL's shared locks on the same key.
 
 use std::process::Child;
-
-use nix::sys::signal::Signal;
 
 use crate::support::*;
 
 use super::sql::KEY_SQL;
-
-fn finish(child: &mut Child) -> i32 {
-    wait_within(child, PATIENCE).code().unwrap_or(-1)
-}
-
-fn signal(child: &Child, signal: Signal) {
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), signal)
-        .expect("signal dlock");
-}
 
 /// `status --json` of `name`, with `extra` options (e.g. another `--url`).
 fn status_json(env: &TestEnv, name: &str, extra: &[&str]) -> serde_json::Value {
@@ -213,62 +201,4 @@ fn sql_shared_locks_on_the_key_share_with_readers_and_exclude_writers() {
         server.psql(&format!("SELECT pg_try_advisory_lock({key})")),
         "f"
     );
-}
-
-/// A reader that gives up (`--wait`) or is signalled while it waits leaves nothing on the
-/// server: no request queued, no share held.
-#[test]
-fn a_cancelled_reader_leaves_nothing_behind() {
-    let server = PgServer::start();
-    let env = TestEnv::new(&server);
-    let lock = lock_name("pg-shared");
-    let _writer = env.hold(&lock, &[]);
-    // The writer's key and its recorded --limit.
-    let held = server.granted_advisory_locks();
-    let out = env.run(["run", "--shared", "--wait", "300ms", &lock, "touch", "ran"]);
-    assert_fails(&out, 75, "is held");
-    assert_eq!(server.pending_requests(), 0, "--wait expiry left a request");
-    assert_eq!(server.granted_advisory_locks(), held, "a share stayed held");
-    let mut reader = env.spawn(&["run", "--shared", &lock, "touch", "ran"]);
-    wait_until("the reader waits", PATIENCE, || {
-        server.pending_requests() == 1
-    });
-    signal(&reader, Signal::SIGTERM);
-    assert_eq!(
-        finish(&mut reader),
-        128 + 15,
-        "{}",
-        stderr_left(&mut reader)
-    );
-    assert_eq!(server.pending_requests(), 0, "SIGTERM left a request");
-    assert_eq!(server.granted_advisory_locks(), held, "a share stayed held");
-    assert!(!env.path("ran").exists());
-}
-
-/// Readers hold with `--limit 1`: a `--limit 3` run beside them is refused (64), waiting or
-/// not, although slots 1 and 2 are free; a reader beside `--limit 3` holders too.
-#[test]
-fn readers_and_a_semaphore_refuse_each_other() {
-    let server = PgServer::start();
-    let env = TestEnv::new(&server);
-    let lock = lock_name("pg-shared");
-    let reader = env.hold(&lock, &["--shared"]);
-    for extra in [&["--no-wait"][..], &[]] {
-        let mut args = vec!["run", "--limit", "3"];
-        args.extend(extra);
-        args.extend([lock.as_str(), "touch", "ran"]);
-        let out = env.run(&args);
-        assert_fails(&out, 64, "--limit 1");
-    }
-    drop(reader);
-    let _semaphore = env.hold(&lock, &["--limit", "3"]);
-    for extra in [&["--no-wait"][..], &[]] {
-        let mut args = vec!["run", "--shared"];
-        args.extend(extra);
-        args.extend([lock.as_str(), "touch", "ran"]);
-        let out = env.run(&args);
-        assert_fails(&out, 64, "--limit 3");
-    }
-    assert!(!env.path("ran").exists(), "a refused run's command ran");
-    assert_eq!(server.pending_requests(), 0, "a refused run stayed queued");
 }
