@@ -11,15 +11,6 @@ use nix::sys::signal::Signal;
 
 use crate::support::*;
 
-/// The token a command wrote (whole, by a rename) to `file` in the scratch directory.
-fn recorded_token(env: &TestEnv, file: &str) -> u64 {
-    std::fs::read_to_string(env.path(file))
-        .unwrap_or_default()
-        .trim()
-        .parse()
-        .unwrap_or_else(|_| panic!("no token recorded in {file}"))
-}
-
 fn crash(server: &mut dyn LockServer) {
     assert!(
         server.crash_and_restart(),
@@ -47,7 +38,7 @@ pub fn a_crash_during_a_hold_stops_the_holder_and_tokens_keep_increasing(
     let mut holder = env.spawn(&["run", "--kill-after", "5s", &lock, "sh", "-c", &script]);
     wait_until("the holder has its token", PATIENCE, || token.exists());
     crash(server);
-    let granted = recorded_token(&env, "token");
+    let granted = env.recorded_token("token");
     assert!(granted > before, "{granted} after {before}");
     let status = wait_within(&mut holder, PATIENCE);
     assert_eq!(

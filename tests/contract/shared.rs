@@ -34,27 +34,6 @@ fn holder_token(env: &TestEnv, name: &str, pid: i32) -> u64 {
         .unwrap_or_else(|| panic!("holder {pid} not shown with a token: {status}"))
 }
 
-/// The modes of a `status --json` list (`holders`, `queue`).
-fn modes(status: &serde_json::Value, field: &str) -> Vec<String> {
-    status[field]
-        .as_array()
-        .map(|list| {
-            list.iter()
-                .map(|h| h["mode"].as_str().unwrap_or("?").to_owned())
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-/// The token a command wrote (whole, by a rename) to `file` in the scratch directory.
-fn recorded_token(env: &TestEnv, file: &str) -> u64 {
-    std::fs::read_to_string(env.path(file))
-        .unwrap_or_default()
-        .trim()
-        .parse()
-        .unwrap_or_else(|_| panic!("no token recorded in {file}"))
-}
-
 /// A shell loop that waits (bounded) until `count` files match `pattern`, else exits 9.
 fn until_files(pattern: &str, count: usize) -> String {
     format!(
@@ -173,7 +152,7 @@ pub fn a_writer_behind_readers_is_granted_once_they_all_leave(server: &dyn LockS
     readers[0].signal(Signal::SIGTERM);
     readers[0].wait();
     assert_eq!(finish(&mut writer), 0, "{}", stderr_left(&mut writer));
-    let written = recorded_token(&env, "writer");
+    let written = env.recorded_token("writer");
     assert!(
         tokens.iter().all(|&t| t < written),
         "the writer's token {written} after the readers' {tokens:?}"
@@ -232,7 +211,11 @@ fn late_reader_waits_for_the_writer(server: &dyn LockServer, vars: &[(&str, &str
     });
     let status = env.status_json(&lock);
     if status.get("queue").is_some() {
-        assert_eq!(modes(&status, "queue"), ["exclusive", "shared"], "{status}");
+        assert_eq!(
+            modes_in(&status, "queue"),
+            ["exclusive", "shared"],
+            "{status}"
+        );
     }
     assert!(!env.path("late").exists(), "the late reader went ahead");
     drop(first);
@@ -245,8 +228,8 @@ fn late_reader_waits_for_the_writer(server: &dyn LockServer, vars: &[(&str, &str
         "the late reader ran before the writer"
     );
     let (writer, late) = (
-        recorded_token(&env, "writer"),
-        recorded_token(&env, "late-token"),
+        env.recorded_token("writer"),
+        env.recorded_token("late-token"),
     );
     assert!(
         first_token < writer && writer < late,

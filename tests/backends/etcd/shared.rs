@@ -33,20 +33,6 @@ fn token_in(env: &TestEnv, file: &str) -> Option<u64> {
         .and_then(|s| s.trim().parse().ok())
 }
 
-/// The modes of `name`'s holders, as `status --json` lists them.
-fn holder_modes(env: &TestEnv, name: &str) -> Vec<String> {
-    let status = env.status_json(name);
-    status["holders"]
-        .as_array()
-        .map(|holders| {
-            holders
-                .iter()
-                .map(|h| h["mode"].as_str().unwrap_or("?").to_owned())
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
 fn stop(child: &mut Child) -> Option<i32> {
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(child.id() as i32),
@@ -90,7 +76,11 @@ fn a_reader_whose_lease_is_revoked_stops_and_the_others_share_stays() {
         "{}",
         stderr_left(&mut revoked)
     );
-    assert_eq!(holder_modes(&env, &lock), ["shared"], "one reader is left");
+    assert_eq!(
+        env.modes(&lock, "holders"),
+        ["shared"],
+        "one reader is left"
+    );
     assert_eq!(env.waiters(&lock), 1, "the writer still waits");
     assert!(
         token_in(&env, "writer").is_none(),

@@ -18,18 +18,6 @@ fn status_json(env: &TestEnv, name: &str, extra: &[&str]) -> serde_json::Value {
     serde_json::from_slice(&out.stdout).unwrap_or_else(|_| panic!("{}", describe(&out)))
 }
 
-/// The modes of the holders and of the queue that `status --json` shows.
-fn modes(status: &serde_json::Value, field: &str) -> Vec<String> {
-    status[field]
-        .as_array()
-        .map(|list| {
-            list.iter()
-                .map(|h| h["mode"].as_str().unwrap_or("?").to_owned())
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
 /// The documented key of `name` in `env`'s namespace, as SQL without psql variables.
 fn key_sql(env: &TestEnv, name: &str) -> String {
     let prefix = env.prefix.as_deref().unwrap_or("dlock");
@@ -120,8 +108,12 @@ fn every_reader_and_its_mode_show_without_their_metadata() {
     wait_until("the writer waits", PATIENCE, || env.waiters(&lock) == 1);
     let app = server.url_as("app", Some(APP_PASSWORD));
     let status = status_json(&env, &lock, &["--url", &app]);
-    assert_eq!(modes(&status, "holders"), ["shared", "shared"], "{status}");
-    assert_eq!(modes(&status, "queue"), ["exclusive"], "{status}");
+    assert_eq!(
+        modes_in(&status, "holders"),
+        ["shared", "shared"],
+        "{status}"
+    );
+    assert_eq!(modes_in(&status, "queue"), ["exclusive"], "{status}");
     for reader in [&a, &b] {
         assert!(
             status["holders"]
@@ -152,7 +144,7 @@ fn every_reader_and_its_mode_show_without_their_metadata() {
             .all(|l| l["name"].as_str().is_some_and(|n| n.starts_with("key:"))),
         "the metadata was readable after all: {listed}"
     );
-    let mut seen: Vec<Vec<String>> = locks.iter().map(|l| modes(l, "holders")).collect();
+    let mut seen: Vec<Vec<String>> = locks.iter().map(|l| modes_in(l, "holders")).collect();
     seen.sort();
     assert_eq!(
         seen,
@@ -167,7 +159,7 @@ fn every_reader_and_its_mode_show_without_their_metadata() {
         .as_array()
         .and_then(|ls| ls.iter().find(|l| l["name"] == lock.as_str()))
         .unwrap_or_else(|| panic!("{lock} not listed: {listed}"));
-    assert_eq!(modes(ours, "holders"), ["shared", "shared"], "{listed}");
+    assert_eq!(modes_in(ours, "holders"), ["shared", "shared"], "{listed}");
     let _ = writer.kill();
     let _ = writer.wait();
 }
@@ -185,7 +177,7 @@ fn sql_shared_locks_on_the_key_share_with_readers_and_exclude_writers() {
         status_json(&env, &lock, &[])["held"] == true
     });
     let status = status_json(&env, &lock, &[]);
-    assert_eq!(modes(&status, "holders"), ["shared"], "{status}");
+    assert_eq!(modes_in(&status, "holders"), ["shared"], "{status}");
     let out = env.run(["run", "--shared", "--no-wait", &lock, "true"]);
     assert!(out.status.success(), "{}", describe(&out));
     let out = env.run(["run", "--no-wait", &lock, "true"]);
