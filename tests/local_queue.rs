@@ -74,7 +74,7 @@ fn queue_three_on_this_host(
 
 #[test]
 fn waiters_beyond_the_server_queue_wait_on_this_host_in_arrival_order_and_status_names_them() {
-    let server = RedisServer::start();
+    let server = RedisServer::shared();
     let env = TestEnv::new(&server);
     let lock = lock_name("lq");
     let log = env.path("order");
@@ -154,7 +154,7 @@ fn held(env: &TestEnv, lock: &str) -> bool {
 /// and the next two local waiters were admitted meanwhile. Returns the order of the commands'
 /// runs and the waiters.
 fn slow_first_local_waiter(then: Signal) -> (String, Reaped) {
-    let server = RedisServer::start();
+    let server = RedisServer::shared();
     let env = TestEnv::new(&server);
     let lock = lock_name("lq");
     let log = env.path("order");
@@ -215,7 +215,7 @@ fn a_run_that_dies_before_reaching_the_server_holds_up_nobody() {
 /// its `--wait` (75, naming this host's queue) and a signal cancels that wait.
 #[test]
 fn the_wait_behind_a_slow_admitted_run_keeps_to_wait_and_signals() {
-    let server = RedisServer::start();
+    let server = RedisServer::shared();
     let env = TestEnv::new(&server);
     let lock = lock_name("lq");
     let log = env.path("order");
@@ -271,7 +271,7 @@ fn the_wait_behind_a_slow_admitted_run_keeps_to_wait_and_signals() {
 
 #[test]
 fn wait_runs_out_in_the_local_queue_with_75_and_leaves_nothing_behind() {
-    let server = RedisServer::start();
+    let server = RedisServer::shared();
     let env = TestEnv::new(&server);
     let lock = lock_name("lq");
     let (_holder, _waiters) = fill_the_server_queue(&env, &lock, &env.path("log"));
@@ -287,7 +287,7 @@ fn wait_runs_out_in_the_local_queue_with_75_and_leaves_nothing_behind() {
 
 #[test]
 fn a_signal_in_the_local_queue_cancels_the_wait() {
-    let server = RedisServer::start();
+    let server = RedisServer::shared();
     let env = TestEnv::new(&server);
     let lock = lock_name("lq");
     let marker = env.path("ran");
@@ -312,7 +312,7 @@ fn a_signal_in_the_local_queue_cancels_the_wait() {
 
 #[test]
 fn local_queue_off_and_no_wait_go_to_the_server_at_once() {
-    let server = RedisServer::start();
+    let server = RedisServer::shared();
     let env = TestEnv::new(&server);
     let lock = lock_name("lq");
     let (_holder, _waiters) = fill_the_server_queue(&env, &lock, &env.path("log"));

@@ -82,7 +82,7 @@ fn ctrl_c_at_a_terminal_reaches_the_command_once_and_it_can_read() {
 /// the lease is not renewed while it is stopped, then stops with the command (as flock does).
 #[test]
 fn ctrl_z_on_a_lease_backend_warns_that_the_lease_will_lapse() {
-    let server = RedisServer::start();
+    let server = RedisServer::shared();
     let env = TestEnv::new(&server);
     let pty = nix::pty::openpty(None, None).expect("openpty");
     let ready = env.path("ready");

@@ -83,6 +83,13 @@ fn a_shared_server_answers_as_the_server_it_wraps() {
         (*shared).missing_socket_url(dir)
     );
     assert!(shared.missing_socket_url(dir).is_some());
+    // PostgreSQL's answer is not the default one.
+    let shared = PgServer::shared();
+    assert!(!shared.killed_holder_outlives_it());
+    assert_eq!(
+        shared.killed_holder_outlives_it(),
+        (*shared).killed_holder_outlives_it()
+    );
 }
 
 /// What dlock says when `endpoint` wants a password for `user` and none was given (77).

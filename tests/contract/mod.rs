@@ -12,10 +12,13 @@
 //! `lease` (lease backends), `queue` (arrival order, for backends with a queue), `wording`
 //! (what a user reads, the same everywhere; `--min-hold`), `busy` (contention and hand-offs
 //! on a machine whose cores are kept busy), `report` (the outcome record, waits in CI logs),
-//! `shared` (`--shared`, expanded by `shared_contract_tests!` for backends that offer it).
+//! `shared` (`--shared`, expanded by `shared_contract_tests!` for backends that offer it),
+//! `crash` (a server that crashes and comes back, `crash_contract_tests!`, for test servers
+//! that can; a slow link, `slow_link_contract_tests!`).
 
 mod busy;
 mod command;
+mod crash;
 mod exclusion;
 mod exit;
 mod lease;
@@ -29,6 +32,7 @@ mod wording;
 
 pub use self::busy::*;
 pub use self::command::*;
+pub use self::crash::*;
 pub use self::exclusion::*;
 pub use self::exit::*;
 pub use self::lease::*;
@@ -118,6 +122,15 @@ macro_rules! contract_tests {
                 a_unix_socket_that_does_not_exist_is_named,
             );
         }
+    };
+    (@mut_tests $start:expr; $($test:ident),* $(,)?) => {
+        $(
+            #[test]
+            fn $test() {
+                let mut server = $start;
+                $crate::contract::$test(&mut server);
+            }
+        )*
     };
     (@tests $start:expr; $($test:ident),* $(,)?) => {
         $(

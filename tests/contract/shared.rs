@@ -6,7 +6,7 @@
 //! [`shared_contract_tests!`](crate::shared_contract_tests) expands them for one backend;
 //! `offered_or_refused_as_the_registry_says` is in every backend's `contract_tests!`.
 
-use std::process::Child;
+use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
 use nix::sys::signal::Signal;
@@ -15,6 +15,23 @@ use crate::support::*;
 
 fn finish(child: &mut Child) -> i32 {
     wait_within(child, PATIENCE).code().unwrap_or(-1)
+}
+
+/// How many holders `status` shows for `name`.
+fn holders(env: &TestEnv, name: &str) -> usize {
+    env.status_json(name)["holders"]
+        .as_array()
+        .map_or(0, Vec::len)
+}
+
+/// The token `status` shows for the holder of `name` whose dlock is `pid`.
+fn holder_token(env: &TestEnv, name: &str, pid: i32) -> u64 {
+    let status = env.status_json(name);
+    status["holders"]
+        .as_array()
+        .and_then(|holders| holders.iter().find(|h| h["pid"] == pid))
+        .and_then(|h| h["token"].as_u64())
+        .unwrap_or_else(|| panic!("holder {pid} not shown with a token: {status}"))
 }
 
 /// A shell loop that waits (bounded) until `count` files match `pattern`, else exits 9.
@@ -96,53 +113,110 @@ pub fn an_exclusive_run_waits_for_readers_and_excludes_them(server: &dyn LockSer
     let _ = writer.wait();
 }
 
-/// A writer waiting behind two readers stays waiting while one of them still holds, and is
-/// granted once both have left.
+/// A writer waiting behind three readers stays waiting while any of them still holds,
+/// whichever leaves first (the middle one, then the newest, then the oldest), and is granted
+/// once all have left. Each reader has a token of its own, larger than the one before it, and
+/// the writer's is larger than every reader's.
 pub fn a_writer_behind_readers_is_granted_once_they_all_leave(server: &dyn LockServer) {
     let env = TestEnv::new(server);
     let lock = lock_name("data");
-    let first = env.hold(&lock, &["--shared"]);
-    let second = env.hold(&lock, &["--shared"]);
-    let mut writer = env.spawn(&["run", &lock, "touch", "written"]);
-    wait_until("the writer waits", PATIENCE, || env.waiters(&lock) >= 1);
-    drop(first);
-    // The remaining reader is still listed, and the writer still waits behind it.
-    wait_until("one reader left", PATIENCE, || {
-        env.status_json(&lock)["holders"]
-            .as_array()
-            .is_some_and(|h| h.len() == 1)
-    });
+    let mut readers: Vec<Holding> = (0..3).map(|_| env.hold(&lock, &["--shared"])).collect();
+    let tokens: Vec<u64> = readers
+        .iter()
+        .map(|reader| holder_token(&env, &lock, reader.pid()))
+        .collect();
     assert!(
-        !env.path("written").exists(),
-        "the writer ran beside a reader"
+        tokens.windows(2).all(|w| w[0] < w[1]),
+        "the readers' tokens: {tokens:?}"
     );
-    assert!(env.waiters(&lock) >= 1, "the writer stopped waiting");
-    drop(second);
+    let mut writer = env.spawn(&[
+        "run",
+        &lock,
+        "sh",
+        "-c",
+        "echo $DLOCK_FENCING_TOKEN > writer.tmp && mv writer.tmp writer",
+    ]);
+    wait_until("the writer waits", PATIENCE, || env.waiters(&lock) >= 1);
+    for (left, i) in [(2, 1), (1, 2)] {
+        readers[i].signal(Signal::SIGTERM);
+        assert_eq!(readers[i].wait().code(), Some(128 + 15));
+        wait_until("the reader is gone", PATIENCE, || {
+            holders(&env, &lock) == left
+        });
+        assert!(
+            !env.path("writer").exists(),
+            "the writer ran beside {left} reader(s)"
+        );
+        assert!(env.waiters(&lock) >= 1, "the writer stopped waiting");
+    }
+    readers[0].signal(Signal::SIGTERM);
+    readers[0].wait();
     assert_eq!(finish(&mut writer), 0, "{}", stderr_left(&mut writer));
-    assert!(env.path("written").exists());
+    let written = env.recorded_token("writer");
+    assert!(
+        tokens.iter().all(|&t| t < written),
+        "the writer's token {written} after the readers' {tokens:?}"
+    );
 }
 
 /// A reader that arrives while a writer waits queues behind that writer (no writer
-/// starvation): `--no-wait` gives up, and a waiting reader runs after the writer.
+/// starvation): `--no-wait` gives up, `status` shows the queue (where the server lists one)
+/// in arrival order with its modes, and a waiting reader runs after the writer, with a
+/// larger token.
 pub fn a_reader_behind_a_waiting_writer_waits_for_it(server: &dyn LockServer) {
+    late_reader_waits_for_the_writer(server, &[]);
+}
+
+/// The same with the writer and the late reader waiting at the server itself, as runs on
+/// other hosts do (`DLOCK_LOCAL_QUEUE=off`), for backends that line up a host's waiters
+/// first: the server's own queue keeps the reader behind the writer. Without a host queue
+/// the case above is this one.
+pub fn a_reader_behind_a_writer_waiting_at_the_server_waits_for_it(server: &dyn LockServer) {
+    if super::capabilities(server).host_queue {
+        late_reader_waits_for_the_writer(server, &[("DLOCK_LOCAL_QUEUE", "off")]);
+    }
+}
+
+fn late_reader_waits_for_the_writer(server: &dyn LockServer, vars: &[(&str, &str)]) {
     let env = TestEnv::new(server);
     let lock = lock_name("data");
+    let spawn = |args: &[&str]| {
+        let mut command = env.dlock(args);
+        command.envs(vars.iter().copied()).stderr(Stdio::piped());
+        command.spawn().expect("spawn dlock")
+    };
     let first = env.hold(&lock, &["--shared"]);
-    let mut writer = env.spawn(&["run", &lock, "touch", "writer-done"]);
+    let first_token = holder_token(&env, &lock, first.pid());
+    let mut writer = spawn(&[
+        "run",
+        &lock,
+        "sh",
+        "-c",
+        "echo $DLOCK_FENCING_TOKEN > writer.tmp && mv writer.tmp writer",
+    ]);
     wait_until("the writer waits", PATIENCE, || env.waiters(&lock) >= 1);
     let out = env.run(["run", "--shared", "--no-wait", &lock, "true"]);
     assert_fails(&out, 75, "is held");
-    let mut late = env.spawn(&[
+    let mut late = spawn(&[
         "run",
         "--shared",
         &lock,
         "sh",
         "-c",
-        "if [ -e writer-done ]; then echo after > late; else echo before > late; fi",
+        "if [ -e writer ]; then echo after > late; else echo before > late; fi; \
+         echo $DLOCK_FENCING_TOKEN > late-token.tmp && mv late-token.tmp late-token",
     ]);
     wait_until("the late reader waits", PATIENCE, || {
         env.waiters(&lock) >= 2
     });
+    let status = env.status_json(&lock);
+    if status.get("queue").is_some() {
+        assert_eq!(
+            modes_in(&status, "queue"),
+            ["exclusive", "shared"],
+            "{status}"
+        );
+    }
     assert!(!env.path("late").exists(), "the late reader went ahead");
     drop(first);
     assert_eq!(finish(&mut writer), 0, "{}", stderr_left(&mut writer));
@@ -152,6 +226,14 @@ pub fn a_reader_behind_a_waiting_writer_waits_for_it(server: &dyn LockServer) {
         late.trim(),
         "after",
         "the late reader ran before the writer"
+    );
+    let (writer, late) = (
+        env.recorded_token("writer"),
+        env.recorded_token("late-token"),
+    );
+    assert!(
+        first_token < writer && writer < late,
+        "tokens: first reader {first_token}, writer {writer}, late reader {late}"
     );
 }
 
@@ -362,32 +444,43 @@ pub fn a_shared_hold_around_it_never_makes_a_nested_run_shared(server: &dyn Lock
 }
 
 /// Shared holders hold with `--limit 1`: a `--limit 3` run beside them is refused (64), as
-/// beside any holder with another limit, and so is a shared run beside `--limit 3` holders.
+/// beside any holder with another limit, waiting or not, although slots 1 and 2 are free; and
+/// so is a shared run beside `--limit 3` holders. A refused run leaves no waiter behind.
 pub fn shared_holders_and_a_semaphore_refuse_each_other(server: &dyn LockServer) {
     let env = TestEnv::new(server);
     let lock = lock_name("data");
+    let refused = |mode: &[&str], limit: &str| {
+        for wait in [&["--no-wait"][..], &[]] {
+            let mut args = vec!["run"];
+            args.extend(mode);
+            args.extend(wait);
+            args.extend([lock.as_str(), "touch", "ran"]);
+            let out = env.run(&args);
+            assert_fails(&out, 64, limit);
+            assert_eq!(env.waiters(&lock), 0, "a refused run stayed queued");
+        }
+    };
     let reader = env.hold(&lock, &["--shared"]);
-    let out = env.run(["run", "--limit", "3", "--no-wait", &lock, "touch", "ran"]);
-    assert_fails(&out, 64, "--limit 1");
+    refused(&["--limit", "3"], "--limit 1");
     drop(reader);
     wait_until("the reader is gone", PATIENCE, || env.is_free(&lock));
     let _semaphore = env.hold(&lock, &["--limit", "3"]);
     let _other = env.hold(&lock, &["--limit", "3"]);
-    let out = env.run(["run", "--shared", "--no-wait", &lock, "touch", "ran"]);
-    assert_fails(&out, 64, "--limit 3");
-    assert!(!env.path("ran").exists());
+    refused(&["--shared"], "--limit 3");
+    assert!(!env.path("ran").exists(), "a refused run's command ran");
 }
 
 /// A shared run keeps to `--wait` behind an exclusive holder (75, in time), and a signal
-/// while it waits cancels it (128+N) and leaves no waiter behind.
+/// while it waits cancels it (128+N); neither leaves a waiter or a share behind.
 pub fn a_waiting_shared_run_keeps_to_wait_and_signals(server: &dyn LockServer) {
     let env = TestEnv::new(server);
     let lock = lock_name("data");
-    let _writer = env.hold(&lock, &[]);
+    let mut writer = env.hold(&lock, &[]);
     let started = Instant::now();
     let out = env.run(["run", "--shared", "--wait", "1s", &lock, "touch", "ran"]);
     assert_fails(&out, 75, "is held");
     assert!(started.elapsed() < Duration::from_secs(1) + PAST_WAIT);
+    assert_eq!(env.waiters(&lock), 0, "--wait's end left a waiter");
     let mut reader = env.spawn(&["run", "--shared", &lock, "touch", "ran"]);
     wait_until("the reader waits", PATIENCE, || env.waiters(&lock) >= 1);
     nix::sys::signal::kill(
@@ -403,6 +496,10 @@ pub fn a_waiting_shared_run_keeps_to_wait_and_signals(server: &dyn LockServer) {
     );
     wait_until("no waiter left", PATIENCE, || env.waiters(&lock) == 0);
     assert!(!env.path("ran").exists());
+    // Neither left a share held: the lock is free once the writer leaves.
+    writer.signal(Signal::SIGTERM);
+    writer.wait();
+    assert!(env.is_free(&lock), "a share was left held");
 }
 
 /// `--min-hold` keeps a shared hold after its command, and `status` says so from the
@@ -422,34 +519,109 @@ pub fn min_hold_keeps_a_shared_hold_and_status_says_so(server: &dyn LockServer) 
     let _ = reader.wait();
 }
 
-/// A reader whose dlock is SIGKILLed (its command goes down with it) frees its share: the
-/// writer waiting behind it is granted, while the other reader's share is untouched until
-/// it leaves too.
+/// A writer that gives up (`--wait`) or dies (SIGKILL) while a reader queues behind it does
+/// not keep that reader out: it joins the reader that still holds.
+pub fn readers_behind_a_writer_that_gives_up_or_dies_get_in(server: &dyn LockServer) {
+    let env = TestEnv::new(server);
+    let lock = lock_name("data");
+    let _first = env.hold(&lock, &["--shared"]);
+    let mut writer = env.spawn(&["run", "--wait", "5s", &lock, "touch", "wrote"]);
+    wait_until("the writer waits", PATIENCE, || env.waiters(&lock) >= 1);
+    let mut late = env.spawn(&["run", "--shared", &lock, "touch", "late-ran"]);
+    wait_until("the late reader waits", PATIENCE, || {
+        env.waiters(&lock) >= 2
+    });
+    assert_eq!(finish(&mut writer), 75, "{}", stderr_left(&mut writer));
+    assert_eq!(finish(&mut late), 0, "{}", stderr_left(&mut late));
+    assert!(env.path("late-ran").exists() && !env.path("wrote").exists());
+
+    let mut writer = env.spawn(&["run", &lock, "touch", "wrote"]);
+    wait_until("the writer waits", PATIENCE, || env.waiters(&lock) >= 1);
+    let mut late = env.spawn(&["run", "--shared", &lock, "touch", "late-ran-2"]);
+    wait_until("the late reader waits", PATIENCE, || {
+        env.waiters(&lock) >= 2
+    });
+    let _ = writer.kill();
+    let _ = writer.wait();
+    assert_eq!(finish(&mut late), 0, "{}", stderr_left(&mut late));
+    assert!(env.path("late-ran-2").exists() && !env.path("wrote").exists());
+}
+
+/// A reader whose dlock is SIGKILLed (its command goes down with it) frees its share, and
+/// the other reader's share is untouched until it leaves too: where the server ends the hold
+/// with the connection (a kernel lock, a database session) at once, so the writer waiting
+/// behind both is granted within moments of the other's leaving; where the hold is a lease
+/// (`LockServer::killed_holder_outlives_it`) only when that lease runs out, never before and
+/// within a second after it.
 pub fn a_killed_reader_frees_its_share(server: &dyn LockServer) {
     let env = TestEnv::new(server);
     let lock = lock_name("data");
-    let mut killed = env.hold(&lock, &["--shared"]);
+    let outlives = server.killed_holder_outlives_it();
+    // The killed reader's lease; the longest a ZooKeeper test server grants a session.
+    let lease = Duration::from_secs(4);
+    let mut killed = if outlives {
+        env.hold(&lock, &["--shared", "--ttl", "4s"])
+    } else {
+        env.hold(&lock, &["--shared"])
+    };
+    let mut other = env.hold(&lock, &["--shared"]);
     let mut writer = env.spawn(&["run", &lock, "touch", "written"]);
     wait_until("the writer waits", PATIENCE, || env.waiters(&lock) >= 1);
     killed.signal(Signal::SIGKILL);
     killed.wait();
-    assert_eq!(finish(&mut writer), 0, "{}", stderr_left(&mut writer));
+    let killed_at = Instant::now();
+    if outlives {
+        other.signal(Signal::SIGTERM);
+        other.wait();
+        assert_eq!(holders(&env, &lock), 1, "the killed reader's share");
+        assert!(
+            !env.path("written").exists(),
+            "the writer ran beside a killed reader's live lease"
+        );
+        assert_eq!(finish(&mut writer), 0, "{}", stderr_left(&mut writer));
+        let took = killed_at.elapsed();
+        assert!(
+            took <= lease + Duration::from_secs(1),
+            "the writer got the lock {took:?} after the reader was killed (--ttl 4s)"
+        );
+    } else {
+        wait_until("the killed reader's share is gone", PATIENCE, || {
+            holders(&env, &lock) == 1
+        });
+        assert!(
+            !env.path("written").exists(),
+            "the writer ran beside a reader"
+        );
+        assert!(env.waiters(&lock) >= 1, "the writer stopped waiting");
+        other.signal(Signal::SIGKILL);
+        other.wait();
+        let killed_at = Instant::now();
+        assert_eq!(finish(&mut writer), 0, "{}", stderr_left(&mut writer));
+        let took = killed_at.elapsed();
+        assert!(
+            took < Duration::from_secs(2),
+            "the writer got the lock {took:?} after the last reader was killed"
+        );
+    }
     assert!(env.path("written").exists());
     assert!(env.is_free(&lock), "the killed reader's share outlived it");
 }
 
-/// `release --force` on a server frees every holder of a shared lock: each holder's dlock
-/// stops its command and exits 124, and the lock is free at once. Where the hold is a
-/// kernel lock (no lease: the file backend) it cannot be broken: `release --force` refuses
-/// (77) and names every shared holder to stop.
+/// `release --force` on a server frees every holder of a shared lock and names each: each
+/// holder's dlock stops its command and exits 124, and the writer waiting behind them gets
+/// the lock. Where the hold is a kernel lock (no lease: the file backend) it cannot be
+/// broken: `release --force` refuses (77) and names every shared holder to stop.
 pub fn release_force_frees_every_shared_holder(server: &dyn LockServer) {
     let env = TestEnv::new(server);
     let lock = lock_name("data");
-    let mut a = env.hold(&lock, &["--shared"]);
-    let mut b = env.hold(&lock, &["--shared"]);
+    let mut readers: Vec<Holding> = (0..3)
+        .map(|_| env.hold(&lock, &["--shared", "--kill-after", "5s"]))
+        .collect();
+    let mut writer = env.spawn(&["run", &lock, "touch", "written"]);
+    wait_until("the writer waits", PATIENCE, || env.waiters(&lock) >= 1);
     let out = env.run(["release", "--force", &lock]);
     let said = format!("{}{}", stdout_of(&out), stderr_of(&out));
-    for pid in [a.pid(), b.pid()] {
+    for pid in readers.iter().map(Holding::pid) {
         assert!(
             said.contains(&format!("pid {pid}")),
             "release --force does not name holder {pid}: {}",
@@ -458,13 +630,17 @@ pub fn release_force_frees_every_shared_holder(server: &dyn LockServer) {
     }
     if !super::capabilities(server).lease {
         assert_fails(&out, 77, "cannot break a kernel lock");
+        let _ = writer.kill();
+        let _ = writer.wait();
         return;
     }
     assert!(out.status.success(), "{}", describe(&out));
-    for holding in [&mut a, &mut b] {
-        let code = finish(&mut holding.child);
-        assert_eq!(code, 124, "{}", stderr_left(&mut holding.child));
+    for reader in &mut readers {
+        let code = finish(&mut reader.child);
+        assert_eq!(code, 124, "{}", stderr_left(&mut reader.child));
     }
+    assert_eq!(finish(&mut writer), 0, "{}", stderr_left(&mut writer));
+    assert!(env.path("written").exists());
     assert!(env.is_free(&lock), "a holder is left after release --force");
 }
 
@@ -516,6 +692,7 @@ macro_rules! shared_contract_tests {
                 an_exclusive_run_waits_for_readers_and_excludes_them,
                 a_writer_behind_readers_is_granted_once_they_all_leave,
                 a_reader_behind_a_waiting_writer_waits_for_it,
+                a_reader_behind_a_writer_waiting_at_the_server_waits_for_it,
                 tokens_increase_across_shared_and_exclusive_holds,
                 report_records_a_shared_run,
                 shared_with_a_limit_is_refused,
@@ -525,6 +702,7 @@ macro_rules! shared_contract_tests {
                 shared_holders_and_a_semaphore_refuse_each_other,
                 a_waiting_shared_run_keeps_to_wait_and_signals,
                 min_hold_keeps_a_shared_hold_and_status_says_so,
+                readers_behind_a_writer_that_gives_up_or_dies_get_in,
                 a_killed_reader_frees_its_share,
                 release_force_frees_every_shared_holder,
             );

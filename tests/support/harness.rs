@@ -166,6 +166,22 @@ impl TestEnv {
         (holder, log)
     }
 
+    /// The fencing token a command wrote to `file` in the scratch directory (whole: by a
+    /// rename, `echo $DLOCK_FENCING_TOKEN > F.tmp && mv F.tmp F`).
+    pub fn recorded_token(&self, file: &str) -> u64 {
+        std::fs::read_to_string(self.path(file))
+            .unwrap_or_default()
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("no token recorded in {file}"))
+    }
+
+    /// The modes (`shared`, `exclusive`) of a list in `status --json` of `name`: `holders`
+    /// or `queue`.
+    pub fn modes(&self, name: &str, list: &str) -> Vec<String> {
+        modes_in(&self.status_json(name), list)
+    }
+
     /// Whether `name` can be taken right now (a `--no-wait` run succeeds).
     pub fn is_free(&self, name: &str) -> bool {
         let out = self.run(["run", "--no-wait", name, "true"]);
@@ -175,6 +191,19 @@ impl TestEnv {
             _ => panic!("unexpected result of a --no-wait probe: {}", describe(&out)),
         }
     }
+}
+
+/// The modes of a list (`holders`, `queue`) of a `status --json` or `list --json` entry.
+pub fn modes_in(status: &serde_json::Value, list: &str) -> Vec<String> {
+    status[list]
+        .as_array()
+        .map(|entries| {
+            entries
+                .iter()
+                .map(|e| e["mode"].as_str().unwrap_or("?").to_owned())
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// A `TestEnv` on the file backend in a private directory, for tests that need no server;

@@ -41,6 +41,21 @@ pub trait LockServer: Send + Sync {
         None
     }
 
+    /// Whether a holder killed with SIGKILL keeps its hold until its lease (`--ttl`) runs
+    /// out, rather than losing it with its connection: so on a lease backend (a key or a
+    /// session that expires), by default; a server whose hold is a session that ends as the
+    /// connection closes (PostgreSQL) says no.
+    fn killed_holder_outlives_it(&self) -> bool {
+        dlock::backend::kind_of_scheme(self.scheme()).is_some_and(|kind| kind.capabilities.lease)
+    }
+
+    /// Kill the server as a crash does (SIGKILL: nothing more reaches its disk) and start it
+    /// again on the same port and data; `false` where this server cannot (a shared one,
+    /// which other tests use meanwhile). The `crash_contract_tests!` cases need it.
+    fn crash_and_restart(&mut self) -> bool {
+        false
+    }
+
     /// The `--ttl` the tests use (short, so that renewals and loss detection are quick).
     fn ttl(&self) -> Option<&'static str> {
         None

@@ -230,6 +230,10 @@ impl<S: LockServer> LockServer for Shared<S> {
         self.server.stored_text()
     }
 
+    fn killed_holder_outlives_it(&self) -> bool {
+        self.server.killed_holder_outlives_it()
+    }
+
     fn prefix(&self) -> Option<String> {
         self.prefix.clone()
     }

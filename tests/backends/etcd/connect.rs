@@ -76,5 +76,5 @@ fn nothing_listening_is_69() {
 
 #[test]
 fn a_short_wait_still_takes_a_free_lock_over_a_slow_link() {
-    crate::contract::a_short_wait_still_takes_a_free_lock_over_a_slow_link(&EtcdServer::start());
+    crate::contract::a_short_wait_still_takes_a_free_lock_over_a_slow_link(&EtcdServer::shared());
 }

@@ -15,7 +15,7 @@ fn a_holder_whose_key_is_deleted_stops_its_command_at_once() {
     // The lease lives on, so keep-alives succeed: only the holder's watch on its own key can
     // tell. A 60 s TTL keeps renewals out of the test. Checked for a holder that got the
     // lock at once and for one that waited (whose waiting watch carries on).
-    let server = EtcdServer::start();
+    let server = EtcdServer::shared().unprefixed();
     let env = TestEnv::new(&server);
     let lock = lock_name("e");
     let prefix = format!("dlock/{lock}/");
@@ -63,7 +63,7 @@ fn a_waiter_whose_lease_died_never_starts_its_command() {
     // have started by then (the move runs beside its start, the key still on the waiter
     // lease, so nobody else can hold the lock); it is stopped as a lost lock (124), and the
     // lock is free afterwards.
-    let server = EtcdServer::start();
+    let server = EtcdServer::shared().unprefixed();
     let env = TestEnv::new(&server);
     for revoked in ["waiter", "hold"] {
         let lock = lock_name("e");
@@ -147,7 +147,7 @@ fn a_waiters_key_is_on_a_short_lease_until_the_grant_moves_it_to_the_hold_lease(
     // While it waits, a waiter's key is on its 2 s waiter lease, not on its --ttl lease; at
     // the grant the same key moves to the --ttl lease. A Put keeps the key's create revision:
     // the fencing token and the place in the queue stay what they were.
-    let server = EtcdServer::start();
+    let server = EtcdServer::shared().unprefixed();
     let env = TestEnv::new(&server);
     let lock = lock_name("e");
     let prefix = format!("dlock/{lock}/");
@@ -214,7 +214,7 @@ fn a_waiter_killed_while_waiting_does_not_hold_up_the_lock_for_its_ttl() {
     // CI runners cancel jobs with SIGKILL: a killed waiter cannot clean up. Its key is on its
     // short waiter lease, so once the holder is done the lock is free within seconds, not
     // after the killed waiter's --ttl (60 s here).
-    let server = EtcdServer::start();
+    let server = EtcdServer::shared().unprefixed();
     let env = TestEnv::new(&server);
     let lock = lock_name("e");
     let mut holder = env.hold(&lock, &[]);

@@ -1,9 +1,8 @@
 //! Shared locks on etcd (`--shared`): readers' keys in the one queue, a reader waiting for the
-//! nearest older writer's key. What the shared contract cannot see from outside: a reader
-//! whose lease dies frees its share, a writer behind readers holds once the last one left, a
-//! late reader queues behind a waiting writer, `etcdctl lock` counts as a writer both ways,
-//! `release --force` revokes every reader's lease, and a reader behind more readers than one
-//! read returns still finds the writer before them.
+//! nearest older writer's key. Beyond the contract (`tests/contract/shared.rs`): a reader
+//! whose lease is revoked stops while the other reader's share stays, `etcdctl lock` counts as
+//! a writer both ways, and a reader behind more readers than one read returns still finds the
+//! writer before them.
 
 use std::process::{Child, Stdio};
 
@@ -34,20 +33,6 @@ fn token_in(env: &TestEnv, file: &str) -> Option<u64> {
         .and_then(|s| s.trim().parse().ok())
 }
 
-/// The modes of `name`'s holders, as `status --json` lists them.
-fn holder_modes(env: &TestEnv, name: &str) -> Vec<String> {
-    let status = env.status_json(name);
-    status["holders"]
-        .as_array()
-        .map(|holders| {
-            holders
-                .iter()
-                .map(|h| h["mode"].as_str().unwrap_or("?").to_owned())
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
 fn stop(child: &mut Child) -> Option<i32> {
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(child.id() as i32),
@@ -63,11 +48,10 @@ fn lease_of(key: &str) -> &str {
 }
 
 #[test]
-fn a_reader_whose_lease_dies_frees_its_share() {
-    // Two readers hold, a writer waits. One reader's lease is revoked: it stops (124) and
-    // the writer still waits for the other. The other is killed with SIGKILL (no clean-up):
-    // its share goes when its lease expires, and the writer holds.
-    let server = EtcdServer::start();
+fn a_reader_whose_lease_is_revoked_stops_and_the_others_share_stays() {
+    // Two readers hold, a writer waits. One reader's lease is revoked (by an admin, or by
+    // etcd after a partition): it stops (124), and the writer still waits for the other.
+    let server = EtcdServer::shared().unprefixed();
     let env = TestEnv::new(&server);
     let lock = lock_name("e");
     let prefix = format!("dlock/{lock}/");
@@ -78,7 +62,10 @@ fn a_reader_whose_lease_dies_frees_its_share() {
     let revoked_key = keys(&server, &prefix)
         .pop()
         .expect("the first reader's key");
-    let killed = env.hold(&lock, &["--shared"]);
+    let mut other = spawn_holder(&env, &lock, &["--shared"], "other");
+    wait_until("the other reader holds", PATIENCE, || {
+        token_in(&env, "other").is_some()
+    });
     let mut writer = spawn_holder(&env, &lock, &[], "writer");
     wait_until("the writer waits", PATIENCE, || env.waiters(&lock) == 1);
     let out = server.etcdctl(&["lease", "revoke", lease_of(&revoked_key)]);
@@ -89,124 +76,22 @@ fn a_reader_whose_lease_dies_frees_its_share() {
         "{}",
         stderr_left(&mut revoked)
     );
-    assert_eq!(holder_modes(&env, &lock), ["shared"], "one reader is left");
+    assert_eq!(
+        env.modes(&lock, "holders"),
+        ["shared"],
+        "one reader is left"
+    );
     assert_eq!(env.waiters(&lock), 1, "the writer still waits");
     assert!(
         token_in(&env, "writer").is_none(),
         "the writer ran beside a reader"
     );
-    let command = killed.command_pid();
-    drop(killed);
-    // The killed dlock's command is orphaned; its lease (the test's 3 s --ttl) runs out.
-    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(command), Signal::SIGKILL);
+    assert_eq!(stop(&mut other), Some(143));
     wait_until("the writer holds", PATIENCE, || {
         token_in(&env, "writer").is_some()
     });
-    assert_eq!(holder_modes(&env, &lock), ["exclusive"]);
     assert_eq!(stop(&mut writer), Some(143));
     assert!(keys(&server, &prefix).is_empty(), "keys left behind");
-}
-
-#[test]
-fn a_writer_waiting_behind_readers_holds_once_the_last_one_left() {
-    // Three readers hold; the writer behind them holds only when all three have left, in
-    // any order, and its token is larger than theirs.
-    let server = EtcdServer::start();
-    let env = TestEnv::new(&server);
-    let lock = lock_name("e");
-    let mut readers: Vec<Child> = (0..3)
-        .map(|i| {
-            let file = format!("reader-{i}");
-            let reader = spawn_holder(&env, &lock, &["--shared"], &file);
-            wait_until("the reader holds", PATIENCE, || {
-                token_in(&env, &file).is_some()
-            });
-            reader
-        })
-        .collect();
-    let tokens: Vec<u64> = (0..3)
-        .filter_map(|i| token_in(&env, &format!("reader-{i}")))
-        .collect();
-    let mut writer = spawn_holder(&env, &lock, &[], "writer");
-    wait_until("the writer waits", PATIENCE, || env.waiters(&lock) == 1);
-    // The middle one first, then the newest: the writer's predecessor leaves while an older
-    // reader still holds.
-    for (left, i) in [1, 2].into_iter().enumerate() {
-        assert_eq!(stop(&mut readers[i]), Some(143));
-        assert_eq!(holder_modes(&env, &lock).len(), 2 - left);
-        assert_eq!(
-            env.waiters(&lock),
-            1,
-            "the writer waits for the last reader"
-        );
-        assert!(
-            token_in(&env, "writer").is_none(),
-            "the writer ran beside a reader"
-        );
-    }
-    assert_eq!(stop(&mut readers[0]), Some(143));
-    wait_until("the writer holds", PATIENCE, || {
-        token_in(&env, "writer").is_some()
-    });
-    let writer_token = token_in(&env, "writer").expect("the writer's token");
-    assert!(
-        tokens.iter().all(|t| *t < writer_token),
-        "readers {tokens:?}, writer {writer_token}"
-    );
-    assert_eq!(stop(&mut writer), Some(143));
-}
-
-#[test]
-fn a_late_reader_queues_behind_a_waiting_writer() {
-    // A reader holds and a writer waits: a reader that comes later does not join the first
-    // (no writer starvation). It waits behind the writer, and holds after it.
-    let server = EtcdServer::start();
-    let env = TestEnv::new(&server);
-    let lock = lock_name("e");
-    let mut first = spawn_holder(&env, &lock, &["--shared"], "first");
-    wait_until("the first reader holds", PATIENCE, || {
-        token_in(&env, "first").is_some()
-    });
-    let mut writer = spawn_holder(&env, &lock, &[], "writer");
-    wait_until("the writer waits", PATIENCE, || env.waiters(&lock) == 1);
-    let out = env.run(["run", "--shared", "--no-wait", &lock, "true"]);
-    assert_fails(&out, 75, "is held");
-    let mut late = spawn_holder(&env, &lock, &["--shared"], "late");
-    wait_until("the late reader waits", PATIENCE, || {
-        env.waiters(&lock) == 2
-    });
-    let status = env.status_json(&lock);
-    let queue: Vec<&str> = status["queue"]
-        .as_array()
-        .expect("the queue")
-        .iter()
-        .map(|w| w["mode"].as_str().unwrap_or("?"))
-        .collect();
-    assert_eq!(queue, ["exclusive", "shared"], "{status}");
-    assert_eq!(stop(&mut first), Some(143));
-    wait_until("the writer holds", PATIENCE, || {
-        token_in(&env, "writer").is_some()
-    });
-    assert_eq!(holder_modes(&env, &lock), ["exclusive"]);
-    assert_eq!(
-        env.waiters(&lock),
-        1,
-        "the late reader waits for the writer"
-    );
-    assert!(
-        token_in(&env, "late").is_none(),
-        "the late reader ran beside the writer"
-    );
-    assert_eq!(stop(&mut writer), Some(143));
-    wait_until("the late reader holds", PATIENCE, || {
-        token_in(&env, "late").is_some()
-    });
-    let (writer_token, late_token) = (token_in(&env, "writer"), token_in(&env, "late"));
-    assert!(
-        writer_token < late_token,
-        "writer {writer_token:?}, late reader {late_token:?}"
-    );
-    assert_eq!(stop(&mut late), Some(143));
 }
 
 /// `etcdctl lock NAME -- sh -c SCRIPT` against `server`.
@@ -223,7 +108,7 @@ fn etcdctl_lock(server: &EtcdServer, name: &str, script: &str) -> Child {
 
 #[test]
 fn etcdctl_lock_is_a_writer_to_readers_and_waits_for_them() {
-    let server = EtcdServer::start();
+    let server = EtcdServer::shared().unprefixed();
     let env = TestEnv::new(&server);
     let lock = lock_name("e");
     let prefix = format!("dlock/{lock}/");
@@ -277,31 +162,6 @@ fn etcdctl_lock_is_a_writer_to_readers_and_waits_for_them() {
     assert!(wait_within(&mut etcdctl, PATIENCE).success());
 }
 
-#[test]
-fn release_force_revokes_every_readers_lease() {
-    let server = EtcdServer::start();
-    let env = TestEnv::new(&server);
-    let lock = lock_name("e");
-    let mut readers: Vec<Child> = (0..2)
-        .map(|i| {
-            let file = format!("reader-{i}");
-            let reader = spawn_holder(&env, &lock, &["--shared"], &file);
-            wait_until("the reader holds", PATIENCE, || {
-                token_in(&env, &file).is_some()
-            });
-            reader
-        })
-        .collect();
-    let out = env.run(["release", "--force", &lock]);
-    assert!(out.status.success(), "{}", describe(&out));
-    for reader in &mut readers {
-        let code = wait_within(reader, PATIENCE).code();
-        assert_eq!(code, Some(124), "{}", stderr_left(reader));
-    }
-    assert!(keys(&server, &format!("dlock/{lock}/")).is_empty());
-    assert!(env.is_free(&lock));
-}
-
 /// A reader's value as dlock writes it, for keys put by hand.
 const READER_VALUE: &str = r#"{"name":"x","host":"h","pid":1,"user":"u","command":"c","since":"2026-01-01T00:00:00Z","ttl_ms":60000,"token":0,"version":"0","mode":"shared","limit":1}"#;
 
@@ -310,7 +170,7 @@ fn a_reader_behind_many_readers_still_finds_the_writer_before_them() {
     // More readers' keys than one read returns (64) lie between a writer's key (empty, as
     // etcdctl's) and a new reader: it must look past them all, and hold once the writer's
     // key goes.
-    let server = EtcdServer::start();
+    let server = EtcdServer::shared().unprefixed();
     let env = TestEnv::new(&server);
     let lock = lock_name("e");
     let prefix = format!("dlock/{lock}/");

@@ -228,7 +228,7 @@ fn a_waiter_whose_predecessor_leaves_the_queue_waits_for_the_holder() {
     // The third in line watches the second and the holder. The second leaving (a signal
     // while waiting) is not the holder's release: the third must read again and go on
     // waiting.
-    let server = EtcdServer::start();
+    let server = EtcdServer::shared();
     let env = TestEnv::new(&server);
     let lock = lock_name("e");
     let mut holder = env.hold(&lock, &[]);
@@ -261,7 +261,7 @@ fn a_waiter_whose_key_goes_in_the_same_deletion_as_the_holders_does_not_start() 
     // One DeleteRange over the lock's prefix removes the holder's key and the waiter's in
     // one revision; etcd lists the holder's (older lease id) first. The waiter must not take
     // that as the holder's release.
-    let server = EtcdServer::start();
+    let server = EtcdServer::shared().unprefixed();
     let env = TestEnv::new(&server);
     let lock = lock_name("e");
     let mut holder = env.hold(&lock, &[]);
@@ -283,7 +283,7 @@ fn a_waiter_whose_key_goes_in_the_same_deletion_as_the_holders_does_not_start() 
 fn busy_messages_tell_a_free_lock_with_waiters_ahead_from_a_held_one() {
     // A waiter's key at the head of the queue (here a stand-in on a long lease, as a killed
     // waiter's key is for up to 2 s) is not a holder: the lock is free, with one waiting.
-    let server = EtcdServer::start();
+    let server = EtcdServer::shared().unprefixed();
     let env = TestEnv::new(&server);
     let lock = lock_name("e");
     let out = server.etcdctl(&["lease", "grant", "60"]);

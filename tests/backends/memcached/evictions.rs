@@ -29,7 +29,7 @@ fn an_evicting_server_is_refused_unless_the_url_allows_it() {
 
 #[test]
 fn a_server_with_m_is_accepted_and_check_reports_its_clock() {
-    let server = MemcachedServer::start();
+    let server = MemcachedServer::shared();
     let env = TestEnv::new(&server);
     let out = env.run(["check"]);
     assert!(out.status.success(), "{}", describe(&out));

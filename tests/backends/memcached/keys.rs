@@ -38,7 +38,7 @@ fn each_lock_lives_on_exactly_one_of_several_servers() {
 
 #[test]
 fn a_name_too_long_for_a_key_still_locks_and_shows_its_name() {
-    let server = MemcachedServer::start();
+    let server = MemcachedServer::shared();
     let env = TestEnv::new(&server);
     let lock = format!("{}{}", lock_name("mc"), "锁".repeat(70));
     let _holder = env.hold(&lock, &[]);
@@ -52,7 +52,7 @@ fn a_name_too_long_for_a_key_still_locks_and_shows_its_name() {
 
 #[test]
 fn the_ttl_is_whole_seconds_of_at_least_three() {
-    let server = MemcachedServer::start();
+    let server = MemcachedServer::shared();
     let env = TestEnv::new(&server);
     let lock = lock_name("mc");
     let out = env.run(["run", "--ttl", "2s", &lock, "true"]);
@@ -69,7 +69,7 @@ fn the_ttl_is_whole_seconds_of_at_least_three() {
 
 #[test]
 fn waiters_poll_and_hand_off_quickly() {
-    let server = MemcachedServer::start();
+    let server = MemcachedServer::shared();
     let env = TestEnv::new(&server);
     let lock = lock_name("mc");
     let (ready, go) = (env.path("ready"), env.path("go"));
@@ -120,7 +120,7 @@ fn a_unix_socket_url_locks_and_reports_its_scheme() {
 #[test]
 fn a_short_wait_still_takes_a_free_lock_over_a_slow_link() {
     crate::contract::a_short_wait_still_takes_a_free_lock_over_a_slow_link(
-        &MemcachedServer::start(),
+        &MemcachedServer::shared(),
     );
 }
 

@@ -160,6 +160,11 @@ impl Drop for MemcachedServer {
 }
 
 impl LockServer for MemcachedServer {
+    fn crash_and_restart(&mut self) -> bool {
+        self.restart();
+        true
+    }
+
     fn url_at(&self, addr: &str) -> Option<(String, &'static str)> {
         Some((format!("memcached://{addr}"), "a memcached server"))
     }

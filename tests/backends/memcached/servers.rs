@@ -55,7 +55,7 @@ fn a_server_without_cas_is_refused_before_anything_is_taken() {
 
 #[test]
 fn check_warns_of_slab_reassignment_unless_the_server_disables_it() {
-    let default = MemcachedServer::start();
+    let default = MemcachedServer::shared();
     let env = TestEnv::new(&default);
     let out = env.run(["check"]);
     assert!(out.status.success(), "{}", describe(&out));

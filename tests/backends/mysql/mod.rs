@@ -4,8 +4,8 @@
 //! databases and a reset table), waiting (`waiting`: arrival order, a restart while
 //! waiting, a wait of 1 ns), access and names
 //! (`access`: privileges, read-only, passwords, long/unicode/case-differing names), and TLS
-//! (`tls`: every `ssl-mode` against a MariaDB with a test CA's certificate), and tokens across a
-//! crash after a burst of grants (`tokens`).
+//! (`tls`: every `ssl-mode` against a MariaDB with a test CA's certificate); a crash and a slow
+//! link are the contract's (`crash_contract_tests!`, `slow_link_contract_tests!`).
 //!
 //! Its test server is `server`, which every test reaches through `crate::support`.
 
@@ -13,13 +13,19 @@ mod access;
 pub(super) mod server;
 mod session;
 mod tls;
-mod tokens;
 mod waiting;
 
 use crate::support::*;
 
 crate::contract_tests!(mysql_contract, MysqlServer::shared());
 crate::lease_contract_tests!(mysql_lease, MysqlServer::shared());
+// InnoDB writes its log once a second: a SIGKILL loses every commit of the last second, the
+// token counter's latest bumps among them.
+crate::crash_contract_tests!(
+    mysql_crash_contract,
+    MysqlServer::start_with(&["--innodb-flush-log-at-trx-commit=0"])
+);
+crate::slow_link_contract_tests!(mysql_slow_link_contract, MysqlServer::shared());
 crate::scale_test!("mysql", MysqlServer::start());
 crate::handoff_test!("mysql", MysqlServer::start());
 

@@ -303,6 +303,11 @@ impl Drop for MysqlServer {
 }
 
 impl LockServer for MysqlServer {
+    fn crash_and_restart(&mut self) -> bool {
+        self.restart_after_crash();
+        true
+    }
+
     fn url_at(&self, addr: &str) -> Option<(String, &'static str)> {
         Some((
             format!("mysql://app:x@{addr}/dlock?ssl-mode=DISABLED"),

@@ -236,7 +236,7 @@ fn a_server_that_requires_tls_refuses_disabled_with_78_and_preferred_encrypts() 
 
 #[test]
 fn a_server_without_tls_is_78_for_required_and_plaintext_for_preferred() {
-    let server = MysqlServer::start();
+    let server = MysqlServer::shared();
     let env = TestEnv::new(&server);
     let lock = lock_name("t");
     let required = url(&server, "dlock", "127.0.0.1", "ssl-mode=REQUIRED");

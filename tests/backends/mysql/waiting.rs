@@ -22,7 +22,7 @@ fn waiting_for_at_least(server: &MysqlServer, seconds: u32) -> u64 {
 
 #[test]
 fn waiters_are_granted_in_arrival_order() {
-    let server = MysqlServer::start();
+    let server = MysqlServer::shared();
     let env = TestEnv::new(&server);
     let lock = lock_name("m");
     let order = env.path("order");

@@ -2,19 +2,17 @@
 //! the session (terminated, black-holed, server restart), clean cancellation, the key's SQL
 //! formula, TLS and authentication (issue: PostgreSQL backend): losing the session
 //! (`session`), waiting and `--limit` (`waiting`), connecting, authentication and poolers
-//! (`connect`), TLS (`tls`), the documented SQL (`sql`), a grant confirmed over a slow link
-//! (`confirm`), fencing tokens across a crash (`tokens`), shared locks (`shared`).
+//! (`connect`), TLS (`tls`), the documented SQL (`sql`), shared locks (`shared`); a crash and a
+//! slow link are the contract's (`crash_contract_tests!`, `slow_link_contract_tests!`).
 //!
 //! Its test server is `server`, which every test reaches through `crate::support`.
 
-mod confirm;
 mod connect;
 pub(super) mod server;
 mod session;
 mod shared;
 mod sql;
 mod tls;
-mod tokens;
 mod waiting;
 
 use std::time::Duration;
@@ -24,6 +22,14 @@ use crate::support::*;
 crate::contract_tests!(pg_contract, PgServer::shared());
 crate::shared_contract_tests!(pg_shared_contract, PgServer::shared());
 crate::shared_lease_contract_tests!(pg_shared_lease_contract, PgServer::shared());
+// The WAL writer writes an unfinished WAL page only every wal_writer_delay: commits that do
+// not wait for the disk stay in the server's memory until then, and a crash loses them, with
+// the transaction ids they used.
+crate::crash_contract_tests!(
+    pg_crash_contract,
+    PgServer::start_with(&["-c", "wal_writer_delay=10s"])
+);
+crate::slow_link_contract_tests!(pg_slow_link_contract, PgServer::shared());
 crate::scale_test!(
     "postgres",
     PgServer::start_with(&["-c", "max_connections=100"])

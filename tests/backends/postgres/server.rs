@@ -346,6 +346,20 @@ impl Drop for PgServer {
 }
 
 impl LockServer for PgServer {
+    /// SIGKILL every server process (`pg_ctl` starts the postmaster in a process group of
+    /// its own, with every child in it), so that nothing more reaches the WAL, then start.
+    fn crash_and_restart(&mut self) -> bool {
+        if let Some(postmaster) = self.postmaster() {
+            let group = nix::unistd::Pid::from_raw(postmaster);
+            let _ = nix::sys::signal::killpg(group, nix::sys::signal::Signal::SIGKILL);
+            wait_until("every server process is gone", PATIENCE, || {
+                nix::sys::signal::killpg(group, None).is_err()
+            });
+        }
+        self.restart_immediate();
+        true
+    }
+
     fn url_at(&self, addr: &str) -> Option<(String, &'static str)> {
         Some((
             format!("postgres://app:x@{addr}/postgres?sslmode=disable"),
@@ -376,6 +390,11 @@ impl LockServer for PgServer {
 
     fn password_url(&self) -> Option<String> {
         Some(self.url_as("app", Some(APP_PASSWORD)))
+    }
+
+    /// The advisory lock is the session's: it ends as the killed holder's connection closes.
+    fn killed_holder_outlives_it(&self) -> bool {
+        false
     }
 }
 

@@ -1,26 +1,13 @@
-//! Shared locks on PostgreSQL (`--shared`: `pg_advisory_lock_shared` on the lock's key): the
-//! server's lock queue puts a shared request behind a waiting exclusive one, with SQL and
-//! with dlock; readers queued behind a writer that gives up or dies get in; dead and
-//! force-released readers; what a role that cannot read the holders' metadata sees;
-//! SQL's shared locks on the same key; cancelled readers; `--limit` beside readers.
+//! Shared locks on PostgreSQL (`--shared`: `pg_advisory_lock_shared` on the lock's key)
+//! beyond the contract (`tests/contract/shared.rs`): the server's lock queue puts a shared
+//! request behind a waiting exclusive one (SQL alone); what a role that cannot read the
+//! holders' metadata sees; SQL's shared locks on the same key.
 
-use std::process::{Child, Stdio};
-use std::time::{Duration, Instant};
-
-use nix::sys::signal::Signal;
+use std::process::Child;
 
 use crate::support::*;
 
 use super::sql::KEY_SQL;
-
-fn finish(child: &mut Child) -> i32 {
-    wait_within(child, PATIENCE).code().unwrap_or(-1)
-}
-
-fn signal(child: &Child, signal: Signal) {
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), signal)
-        .expect("signal dlock");
-}
 
 /// `status --json` of `name`, with `extra` options (e.g. another `--url`).
 fn status_json(env: &TestEnv, name: &str, extra: &[&str]) -> serde_json::Value {
@@ -29,18 +16,6 @@ fn status_json(env: &TestEnv, name: &str, extra: &[&str]) -> serde_json::Value {
     args.push(name);
     let out = env.run(&args);
     serde_json::from_slice(&out.stdout).unwrap_or_else(|_| panic!("{}", describe(&out)))
-}
-
-/// The modes of the holders and of the queue that `status --json` shows.
-fn modes(status: &serde_json::Value, field: &str) -> Vec<String> {
-    status[field]
-        .as_array()
-        .map(|list| {
-            list.iter()
-                .map(|h| h["mode"].as_str().unwrap_or("?").to_owned())
-                .collect()
-        })
-        .unwrap_or_default()
 }
 
 /// The documented key of `name` in `env`'s namespace, as SQL without psql variables.
@@ -60,44 +35,6 @@ fn psql_holding(server: &PgServer, sql: &str) -> Child {
 fn end_psql(mut psql: Child) {
     drop(psql.stdin.take());
     let _ = wait_within(&mut psql, PATIENCE);
-}
-
-/// A shared run of `name` over `url` whose command appends `<tag>-stopped` to the log `log`
-/// on SIGTERM and otherwise loops; returns once the command runs.
-fn stoppable_reader(env: &TestEnv, url: &str, name: &str, tag: &str) -> Child {
-    let log = env.path("log");
-    let ready = env.path(&format!("ready-{tag}"));
-    let script = format!(
-        "trap 'echo {tag}-stopped >> {log}; exit 0' TERM; touch {ready}; \
-         while :; do sleep 0.05; done",
-        log = log.display(),
-        ready = ready.display()
-    );
-    let reader = env.spawn(&[
-        "run",
-        "--shared",
-        "--url",
-        url,
-        "--kill-after",
-        "5s",
-        name,
-        "sh",
-        "-c",
-        &script,
-    ]);
-    wait_until("reader ready", PATIENCE, || ready.exists());
-    reader
-}
-
-/// A run of `name` whose command appends `writer-started` to the log.
-fn logging_writer(env: &TestEnv, name: &str) -> Child {
-    let log = env.path("log");
-    let script = format!("echo writer-started >> {}", log.display());
-    env.spawn(&["run", name, "sh", "-c", &script])
-}
-
-fn log_of(env: &TestEnv) -> String {
-    std::fs::read_to_string(env.path("log")).unwrap_or_default()
 }
 
 /// What the issue asks to verify on the real server, with SQL alone: a shared request that
@@ -151,214 +88,6 @@ fn the_server_queues_a_shared_request_behind_a_waiting_exclusive_one() {
     end_psql(late);
 }
 
-/// The same through dlock, at the server (the host queue off): a reader that arrives while a
-/// writer waits behind a reader is queued behind the writer, `status` shows the queue in
-/// that order with its modes, a `--no-wait` reader gives up, and the late reader runs after
-/// the writer.
-#[test]
-fn a_reader_arriving_while_a_writer_waits_does_not_go_ahead_of_it() {
-    let server = PgServer::shared();
-    let env = TestEnv::new(&server);
-    let lock = lock_name("pg-shared");
-    let first = env.hold(&lock, &["--shared"]);
-    let mut writer = env
-        .dlock(["run", &lock, "touch", "writer-done"])
-        .env("DLOCK_LOCAL_QUEUE", "off")
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn writer");
-    wait_until("the writer waits", PATIENCE, || env.waiters(&lock) == 1);
-    let out = env.run(["run", "--shared", "--no-wait", &lock, "true"]);
-    assert_fails(&out, 75, "is held");
-    let mut late = env
-        .dlock([
-            "run",
-            "--shared",
-            &lock,
-            "sh",
-            "-c",
-            "if [ -e writer-done ]; then echo after > late; else echo before > late; fi",
-        ])
-        .env("DLOCK_LOCAL_QUEUE", "off")
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn late reader");
-    wait_until("the late reader waits", PATIENCE, || {
-        env.waiters(&lock) == 2
-    });
-    let status = status_json(&env, &lock, &[]);
-    assert_eq!(modes(&status, "holders"), ["shared"], "{status}");
-    assert_eq!(modes(&status, "queue"), ["exclusive", "shared"], "{status}");
-    assert!(!env.path("late").exists(), "the late reader went ahead");
-    drop(first);
-    assert_eq!(finish(&mut writer), 0, "{}", stderr_left(&mut writer));
-    assert_eq!(finish(&mut late), 0, "{}", stderr_left(&mut late));
-    let late = std::fs::read_to_string(env.path("late")).expect("the late reader ran");
-    assert_eq!(
-        late.trim(),
-        "after",
-        "the late reader ran before the writer"
-    );
-}
-
-/// A writer that gives up (`--wait`) or dies while readers queue behind it must not keep
-/// them out: the server lets them join the reader that still holds.
-#[test]
-fn readers_queued_behind_a_writer_that_gives_up_or_dies_get_in() {
-    let server = PgServer::shared();
-    let env = TestEnv::new(&server);
-    let lock = lock_name("pg-shared");
-    let _first = env.hold(&lock, &["--shared"]);
-    let mut writer = env.spawn(&["run", "--wait", "5s", &lock, "touch", "wrote"]);
-    wait_until("the writer waits", PATIENCE, || env.waiters(&lock) == 1);
-    let mut late = env.spawn(&["run", "--shared", &lock, "touch", "late-ran"]);
-    wait_until("the late reader waits", PATIENCE, || {
-        env.waiters(&lock) == 2
-    });
-    assert_eq!(finish(&mut writer), 75, "{}", stderr_left(&mut writer));
-    assert_eq!(finish(&mut late), 0, "{}", stderr_left(&mut late));
-    assert!(env.path("late-ran").exists() && !env.path("wrote").exists());
-
-    let mut writer = env.spawn(&["run", &lock, "touch", "wrote"]);
-    wait_until("the writer waits", PATIENCE, || env.waiters(&lock) == 1);
-    let mut late = env.spawn(&["run", "--shared", &lock, "touch", "late-ran-2"]);
-    wait_until("the late reader waits", PATIENCE, || {
-        env.waiters(&lock) == 2
-    });
-    signal(&writer, Signal::SIGKILL);
-    let _ = writer.wait();
-    // The server notices the dead client within a second (client_connection_check_interval).
-    assert_eq!(finish(&mut late), 0, "{}", stderr_left(&mut late));
-    assert!(env.path("late-ran-2").exists() && !env.path("wrote").exists());
-}
-
-/// A reader killed with SIGKILL frees its share at once; the writer waiting behind two
-/// readers gets the lock only when the second is gone too, about as fast as after a killed
-/// exclusive holder.
-#[test]
-fn a_killed_reader_frees_its_share_at_once() {
-    let server = PgServer::shared();
-    let env = TestEnv::new(&server);
-    let lock = lock_name("pg-shared");
-    let first = env.hold(&lock, &["--shared"]);
-    let second = env.hold(&lock, &["--shared"]);
-    let mut writer = env.spawn(&["run", &lock, "touch", "writer-ran"]);
-    wait_until("the writer waits", PATIENCE, || env.waiters(&lock) == 1);
-    drop(first);
-    wait_until("one reader left", PATIENCE, || {
-        status_json(&env, &lock, &[])["holders"]
-            .as_array()
-            .map(Vec::len)
-            == Some(1)
-    });
-    assert!(
-        !env.path("writer-ran").exists(),
-        "the writer ran beside a reader"
-    );
-    let killed = Instant::now();
-    drop(second);
-    assert_eq!(finish(&mut writer), 0, "{}", stderr_left(&mut writer));
-    let took = killed.elapsed();
-    assert!(env.path("writer-ran").exists());
-    assert!(
-        took < Duration::from_secs(2),
-        "the writer got the lock {took:?} after the last reader was killed"
-    );
-}
-
-/// A writer behind three readers is granted once the last one leaves, and its token is
-/// larger than every reader's; the readers' tokens differ and grow in the order they came.
-#[test]
-fn a_writer_waiting_behind_readers_is_granted_once_they_all_leave() {
-    let server = PgServer::shared();
-    let env = TestEnv::new(&server);
-    let lock = lock_name("pg-shared");
-    let mut readers: Vec<Holding> = (0..3).map(|_| env.hold(&lock, &["--shared"])).collect();
-    let status = status_json(&env, &lock, &[]);
-    let tokens: Vec<u64> = readers
-        .iter()
-        .map(|r| {
-            status["holders"]
-                .as_array()
-                .and_then(|hs| hs.iter().find(|h| h["pid"] == r.pid()))
-                .and_then(|h| h["token"].as_u64())
-                .unwrap_or_else(|| panic!("reader {} not shown: {status}", r.pid()))
-        })
-        .collect();
-    assert!(
-        tokens.windows(2).all(|w| w[0] < w[1]),
-        "readers' tokens: {tokens:?}"
-    );
-    let mut writer = env.spawn(&[
-        "run",
-        &lock,
-        "sh",
-        "-c",
-        "echo $DLOCK_FENCING_TOKEN > writer-token",
-    ]);
-    wait_until("the writer waits", PATIENCE, || env.waiters(&lock) == 1);
-    for reader in readers.iter_mut().take(2) {
-        reader.signal(Signal::SIGTERM);
-        assert_eq!(reader.wait().code(), Some(128 + 15));
-        assert!(
-            !env.path("writer-token").exists(),
-            "the writer ran beside a reader"
-        );
-        assert_eq!(env.waiters(&lock), 1, "the writer still waits");
-    }
-    readers[2].signal(Signal::SIGTERM);
-    readers[2].wait();
-    assert_eq!(finish(&mut writer), 0, "{}", stderr_left(&mut writer));
-    let written: u64 = std::fs::read_to_string(env.path("writer-token"))
-        .expect("writer token")
-        .trim()
-        .parse()
-        .expect("a number");
-    assert!(
-        tokens.iter().all(|&t| t < written),
-        "writer {written} after readers {tokens:?}"
-    );
-}
-
-/// `release --force` ends every reader's session: each stops its command (124), the output
-/// names all of them, and the writer waiting behind them gets in after they stopped.
-#[test]
-fn release_force_frees_every_reader() {
-    let server = PgServer::shared();
-    let env = TestEnv::new(&server);
-    let lock = lock_name("pg-shared");
-    let url = server.url();
-    let mut readers: Vec<Child> = ["r1", "r2", "r3"]
-        .iter()
-        .map(|tag| stoppable_reader(&env, &url, &lock, tag))
-        .collect();
-    let mut writer = logging_writer(&env, &lock);
-    wait_until("the writer waits", PATIENCE, || env.waiters(&lock) == 1);
-    let out = env.run(["release", "--force", &lock]);
-    assert!(out.status.success(), "{}", describe(&out));
-    let said = format!("{}{}", stdout_of(&out), stderr_of(&out));
-    for reader in &mut readers {
-        assert!(
-            said.contains(&format!("pid {}", reader.id())),
-            "reader {} not named: {}",
-            reader.id(),
-            describe(&out)
-        );
-    }
-    for reader in &mut readers {
-        assert_eq!(finish(reader), 124, "{}", stderr_left(reader));
-    }
-    assert_eq!(finish(&mut writer), 0, "{}", stderr_left(&mut writer));
-    // The server frees the lock as it ends the sessions; the readers stop their commands
-    // as soon as they notice, so the writer's line may come before theirs.
-    let mut lines: Vec<String> = log_of(&env).lines().map(str::to_owned).collect();
-    lines.sort();
-    assert_eq!(
-        lines,
-        ["r1-stopped", "r2-stopped", "r3-stopped", "writer-started"]
-    );
-}
-
 /// A role that may not read the holders' statements (their metadata) still sees from
 /// `pg_locks` every reader with its mode, in `status` and `list`, and no recorded `--limit`
 /// listed as a lock.
@@ -379,8 +108,12 @@ fn every_reader_and_its_mode_show_without_their_metadata() {
     wait_until("the writer waits", PATIENCE, || env.waiters(&lock) == 1);
     let app = server.url_as("app", Some(APP_PASSWORD));
     let status = status_json(&env, &lock, &["--url", &app]);
-    assert_eq!(modes(&status, "holders"), ["shared", "shared"], "{status}");
-    assert_eq!(modes(&status, "queue"), ["exclusive"], "{status}");
+    assert_eq!(
+        modes_in(&status, "holders"),
+        ["shared", "shared"],
+        "{status}"
+    );
+    assert_eq!(modes_in(&status, "queue"), ["exclusive"], "{status}");
     for reader in [&a, &b] {
         assert!(
             status["holders"]
@@ -411,7 +144,7 @@ fn every_reader_and_its_mode_show_without_their_metadata() {
             .all(|l| l["name"].as_str().is_some_and(|n| n.starts_with("key:"))),
         "the metadata was readable after all: {listed}"
     );
-    let mut seen: Vec<Vec<String>> = locks.iter().map(|l| modes(l, "holders")).collect();
+    let mut seen: Vec<Vec<String>> = locks.iter().map(|l| modes_in(l, "holders")).collect();
     seen.sort();
     assert_eq!(
         seen,
@@ -426,7 +159,7 @@ fn every_reader_and_its_mode_show_without_their_metadata() {
         .as_array()
         .and_then(|ls| ls.iter().find(|l| l["name"] == lock.as_str()))
         .unwrap_or_else(|| panic!("{lock} not listed: {listed}"));
-    assert_eq!(modes(ours, "holders"), ["shared", "shared"], "{listed}");
+    assert_eq!(modes_in(ours, "holders"), ["shared", "shared"], "{listed}");
     let _ = writer.kill();
     let _ = writer.wait();
 }
@@ -444,7 +177,7 @@ fn sql_shared_locks_on_the_key_share_with_readers_and_exclude_writers() {
         status_json(&env, &lock, &[])["held"] == true
     });
     let status = status_json(&env, &lock, &[]);
-    assert_eq!(modes(&status, "holders"), ["shared"], "{status}");
+    assert_eq!(modes_in(&status, "holders"), ["shared"], "{status}");
     let out = env.run(["run", "--shared", "--no-wait", &lock, "true"]);
     assert!(out.status.success(), "{}", describe(&out));
     let out = env.run(["run", "--no-wait", &lock, "true"]);
@@ -460,62 +193,4 @@ fn sql_shared_locks_on_the_key_share_with_readers_and_exclude_writers() {
         server.psql(&format!("SELECT pg_try_advisory_lock({key})")),
         "f"
     );
-}
-
-/// A reader that gives up (`--wait`) or is signalled while it waits leaves nothing on the
-/// server: no request queued, no share held.
-#[test]
-fn a_cancelled_reader_leaves_nothing_behind() {
-    let server = PgServer::start();
-    let env = TestEnv::new(&server);
-    let lock = lock_name("pg-shared");
-    let _writer = env.hold(&lock, &[]);
-    // The writer's key and its recorded --limit.
-    let held = server.granted_advisory_locks();
-    let out = env.run(["run", "--shared", "--wait", "300ms", &lock, "touch", "ran"]);
-    assert_fails(&out, 75, "is held");
-    assert_eq!(server.pending_requests(), 0, "--wait expiry left a request");
-    assert_eq!(server.granted_advisory_locks(), held, "a share stayed held");
-    let mut reader = env.spawn(&["run", "--shared", &lock, "touch", "ran"]);
-    wait_until("the reader waits", PATIENCE, || {
-        server.pending_requests() == 1
-    });
-    signal(&reader, Signal::SIGTERM);
-    assert_eq!(
-        finish(&mut reader),
-        128 + 15,
-        "{}",
-        stderr_left(&mut reader)
-    );
-    assert_eq!(server.pending_requests(), 0, "SIGTERM left a request");
-    assert_eq!(server.granted_advisory_locks(), held, "a share stayed held");
-    assert!(!env.path("ran").exists());
-}
-
-/// Readers hold with `--limit 1`: a `--limit 3` run beside them is refused (64), waiting or
-/// not, although slots 1 and 2 are free; a reader beside `--limit 3` holders too.
-#[test]
-fn readers_and_a_semaphore_refuse_each_other() {
-    let server = PgServer::start();
-    let env = TestEnv::new(&server);
-    let lock = lock_name("pg-shared");
-    let reader = env.hold(&lock, &["--shared"]);
-    for extra in [&["--no-wait"][..], &[]] {
-        let mut args = vec!["run", "--limit", "3"];
-        args.extend(extra);
-        args.extend([lock.as_str(), "touch", "ran"]);
-        let out = env.run(&args);
-        assert_fails(&out, 64, "--limit 1");
-    }
-    drop(reader);
-    let _semaphore = env.hold(&lock, &["--limit", "3"]);
-    for extra in [&["--no-wait"][..], &[]] {
-        let mut args = vec!["run", "--shared"];
-        args.extend(extra);
-        args.extend([lock.as_str(), "touch", "ran"]);
-        let out = env.run(&args);
-        assert_fails(&out, 64, "--limit 3");
-    }
-    assert!(!env.path("ran").exists(), "a refused run's command ran");
-    assert_eq!(server.pending_requests(), 0, "a refused run stayed queued");
 }

@@ -55,7 +55,7 @@ fn sql_takes_the_same_lock(server: &PgServer, env: &TestEnv, lock: &str) -> Resu
 #[test]
 fn documented_sql_formula_names_the_same_key() {
     use proptest::test_runner::{Config, TestRunner};
-    let server = PgServer::start();
+    let server = PgServer::shared().unprefixed();
     let env = TestEnv::new(&server);
     let mut runner = TestRunner::new(Config {
         cases: 12,

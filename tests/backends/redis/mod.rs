@@ -20,13 +20,15 @@ crate::contract_tests!(redis_contract, RedisServer::shared());
 crate::shared_contract_tests!(redis_shared_contract, RedisServer::shared());
 crate::lease_contract_tests!(redis_lease_contract, RedisServer::shared());
 crate::shared_lease_contract_tests!(redis_shared_lease_contract, RedisServer::shared());
+crate::crash_contract_tests!(redis_crash_contract, RedisServer::start());
+crate::slow_link_contract_tests!(redis_slow_link_contract, RedisServer::shared());
 crate::scale_test!("redis", RedisServer::start());
 crate::handoff_test!("redis", RedisServer::start());
 
 /// Start `dlock run` in the background; its command appends `label` to `log` and exits.
 #[test]
 fn waiters_acquire_in_arrival_order() {
-    let server = RedisServer::start();
+    let server = RedisServer::shared();
     let env = TestEnv::new(&server);
     let lock = lock_name("r");
     let log = env.path("order");

@@ -122,6 +122,11 @@ impl Drop for RedisServer {
 }
 
 impl LockServer for RedisServer {
+    fn crash_and_restart(&mut self) -> bool {
+        self.restart();
+        true
+    }
+
     fn url_at(&self, addr: &str) -> Option<(String, &'static str)> {
         Some((format!("redis://{addr}/0"), "a Redis server"))
     }

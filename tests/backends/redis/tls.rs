@@ -7,7 +7,7 @@ use crate::support::*;
 
 #[test]
 fn tls_against_a_plaintext_port_fails_and_never_falls_back() {
-    let server = RedisServer::start();
+    let server = RedisServer::shared();
     let env = TestEnv::new(&server);
     let url = format!("rediss://127.0.0.1:{}/0", server.port);
     let started = Instant::now();

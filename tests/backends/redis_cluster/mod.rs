@@ -184,7 +184,7 @@ fn a_url_mixing_a_cluster_node_with_another_server_is_refused_naming_it() {
     // Only the first host that answers used to be looked at: a standalone server or a
     // sentinel after a cluster node went unnoticed until it answered first.
     let cluster = RedisCluster::shared();
-    let standalone = RedisServer::start();
+    let standalone = RedisServer::shared();
     let sentinel = LoneSentinel::start("m", free_port());
     let mut env = TestEnv::new(&cluster);
     let node = cluster.ports()[0];

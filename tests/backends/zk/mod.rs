@@ -20,6 +20,7 @@ crate::contract_tests!(zk_contract, ZkServer::shared());
 crate::lease_contract_tests!(zk_lease_contract, ZkServer::shared());
 crate::shared_contract_tests!(zk_shared_contract, ZkServer::shared());
 crate::shared_lease_contract_tests!(zk_shared_lease_contract, ZkServer::shared());
+crate::slow_link_contract_tests!(zk_slow_link_contract, ZkServer::shared());
 crate::scale_test!("zookeeper", ZkServer::with_max_client_cnxns(None));
 crate::handoff_test!("zookeeper", ZkServer::start());
 
