@@ -1,6 +1,7 @@
 //! Messages on stderr, each line starting with `dlock: `. stdout belongs to the command.
 //!
-//! Default level: warnings. `-v` info, `-vv` debug, `-vvv` trace; `-q` errors only, `-qq`
+//! Default level: warnings. `-v` info, `-vv` debug, `-vvv` trace (the libraries' trace-level
+//! messages are left out of release builds: Cargo.toml says why); `-q` errors only, `-qq`
 //! nothing. `DLOCK_LOG` takes a tracing filter (e.g. `dlock=debug`) and overrides both.
 //!
 //! Hand-off events (target [`HANDOFF`], debug level: `DLOCK_LOG=dlock::handoff=debug`) mark
