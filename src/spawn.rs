@@ -19,7 +19,7 @@
 use std::ffi::{CString, OsStr, OsString};
 use std::io;
 use std::os::fd::RawFd;
-use std::os::unix::ffi::OsStrExt;
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
 use std::path::Path;
 use std::sync::atomic::{AtomicI32, Ordering};
 
@@ -53,7 +53,7 @@ const CHILD_STACK: usize = 32 * 1024;
 pub fn spawn(
     program: &Path,
     argv: &[&OsStr],
-    env: &[(OsString, OsString)],
+    env: impl IntoIterator<Item = (OsString, OsString)>,
     tty: Option<RawFd>,
     inherit: Option<RawFd>,
 ) -> io::Result<libc::pid_t> {
@@ -63,10 +63,11 @@ pub fn spawn(
         .map(|arg| c_string(arg))
         .collect::<io::Result<Vec<_>>>()?;
     let env_strings = env
-        .iter()
+        .into_iter()
         .map(|(key, value)| {
-            let mut entry = Vec::with_capacity(key.len() + 1 + value.len());
-            entry.extend_from_slice(key.as_bytes());
+            // `KEY=VALUE` in the key's own buffer.
+            let mut entry = key.into_vec();
+            entry.reserve_exact(1 + value.len() + 1);
             entry.push(b'=');
             entry.extend_from_slice(value.as_bytes());
             CString::new(entry).map_err(|_| nul_error())

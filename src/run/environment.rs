@@ -2,6 +2,7 @@
 //! and the credentials taken out of the environment and handed on to nested dlocks.
 
 use std::ffi::OsString;
+use std::os::unix::ffi::OsStrExt;
 
 use crate::secrets::{Handoff, CREDENTIALS_FD};
 use crate::settings::RunSettings;
@@ -43,8 +44,7 @@ pub(super) fn child_environment(settings: &RunSettings) -> ChildEnv {
     ];
     let mut hidden = Vec::new();
     for (key, value) in std::env::vars_os() {
-        let upper = key.to_string_lossy().to_ascii_uppercase();
-        if upper.starts_with("DLOCK_") && upper.contains("PASSWORD") {
+        if is_password_variable(key.as_bytes()) {
             env.push((key.clone(), None));
             hidden.push((key, value));
         }
@@ -67,4 +67,34 @@ pub(super) fn child_environment(settings: &RunSettings) -> ChildEnv {
         ));
     }
     ChildEnv { vars: env, handoff }
+}
+
+/// `DLOCK_…PASSWORD…` in any case (`DLOCK_PASSWORD`, `DLOCK_SENTINEL_PASSWORD`,
+/// `dlock_password`): a credential dlock takes out of the command's environment.
+fn is_password_variable(key: &[u8]) -> bool {
+    key.len() >= 6
+        && key[..6].eq_ignore_ascii_case(b"DLOCK_")
+        && key
+            .windows(8)
+            .any(|part| part.eq_ignore_ascii_case(b"PASSWORD"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_password_variable;
+
+    #[test]
+    fn a_dlock_password_variable_is_told_in_any_case() {
+        for key in [
+            "DLOCK_PASSWORD",
+            "DLOCK_SENTINEL_PASSWORD",
+            "dlock_password",
+            "Dlock_Redis_Password_File",
+        ] {
+            assert!(is_password_variable(key.as_bytes()), "{key}");
+        }
+        for key in ["PASSWORD", "MY_DLOCK_PASSWORD", "DLOCK_PASS", "DLOCK_", ""] {
+            assert!(!is_password_variable(key.as_bytes()), "{key}");
+        }
+    }
 }
