@@ -30,7 +30,9 @@
 //!   table shows nobody holding that file: the `lock:` lines of `/proc/<pid>/fdinfo/*` list
 //!   that process's own locks, one small file per descriptor, each read in one piece. This
 //!   answer is exact where it can be read (our own processes, or as root); elsewhere the
-//!   agreed table stands.
+//!   agreed table stands. [`ProcLocks::shared_holders`] does the same for shared holders
+//!   whose own records name them (two reads can skip the same line of a table that churns
+//!   fast enough).
 //!
 //! Reading the table twice costs tens of microseconds; `dlock run` reads it only beside other
 //! slot files (the `--limit` check), never on the path of an uncontended plain lock.
@@ -161,6 +163,20 @@ impl ProcLocks {
         recorded.filter(|&pid| pid != 0 && holds(pid, key))
     }
 
+    /// The pids holding file `key` shared: the table's, and any of `recorded` (pids whose
+    /// own records say they do) that the table left out while their own descriptors show the
+    /// shared lock (a line skipped by both reads of a churning table), in increasing order.
+    pub(crate) fn shared_holders(&self, key: (u64, u64), recorded: &[u32]) -> Vec<u32> {
+        let mut pids = self.shared.get(&key).cloned().unwrap_or_default();
+        for &pid in recorded {
+            if pid != 0 && !pids.contains(&pid) && holds_shared(pid, key) {
+                pids.push(pid);
+            }
+        }
+        pids.sort_unstable();
+        pids
+    }
+
     /// Lines look like `1: FLOCK  ADVISORY  WRITE 1234 fd:01:5678 0 EOF`, blocked waiters
     /// like `1: -> FLOCK  ADVISORY  WRITE 1235 fd:01:5678 0 EOF`; the device is `major:minor`
     /// in hex.
@@ -206,20 +222,29 @@ impl ProcLocks {
 /// Whether process `pid` holds a flock(2) lock on file `key`, from the `lock:` lines of
 /// `/proc/<pid>/fdinfo/*` (false when they cannot be read).
 fn holds(pid: u32, key: (u64, u64)) -> bool {
-    let Ok(entries) = std::fs::read_dir(format!("/proc/{pid}/fdinfo")) else {
-        return false;
-    };
-    entries.flatten().any(|entry| {
+    own_locks(pid).is_some_and(|locks| locks.holders.contains_key(&key))
+}
+
+/// Whether process `pid`'s own descriptors show it holding file `key` shared.
+fn holds_shared(pid: u32, key: (u64, u64)) -> bool {
+    own_locks(pid).is_some_and(|locks| locks.shared.get(&key).is_some_and(|p| p.contains(&pid)))
+}
+
+/// The locks process `pid` holds, from the `lock:` lines of its `/proc/<pid>/fdinfo/*`
+/// (each file read in one piece); `None` where they cannot be read.
+fn own_locks(pid: u32) -> Option<ProcLocks> {
+    let entries = std::fs::read_dir(format!("/proc/{pid}/fdinfo")).ok()?;
+    let mut lines = String::new();
+    for entry in entries.flatten() {
         let Ok(text) = std::fs::read_to_string(entry.path()) else {
-            return false;
+            continue;
         };
-        let lines: String = text
-            .lines()
-            .filter_map(|line| line.strip_prefix("lock:"))
-            .flat_map(|line| [line, "\n"])
-            .collect();
-        ProcLocks::parse(&lines).holders.contains_key(&key)
-    })
+        for line in text.lines().filter_map(|line| line.strip_prefix("lock:")) {
+            lines.push_str(line);
+            lines.push('\n');
+        }
+    }
+    Some(ProcLocks::parse(&lines))
 }
 
 #[cfg(test)]
@@ -314,6 +339,29 @@ mod tests {
 
     /// A lock held while hundreds of unrelated flock(2) locks are taken and released ahead
     /// of it in the kernel's table is seen by every read.
+    /// A shared holder the table left out (as a read of a churning table can) is found by
+    /// its own descriptors when its record names it; a recorded pid that does not hold the
+    /// file is not.
+    #[test]
+    fn a_recorded_shared_holder_left_out_of_the_table_is_found() {
+        use std::os::fd::AsRawFd;
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().expect("temp dir");
+        let held = std::fs::File::create(dir.path().join("held")).expect("create");
+        let other = std::fs::File::create(dir.path().join("other")).expect("create");
+        // SAFETY: flock on a descriptor this test owns.
+        assert_eq!(unsafe { libc::flock(held.as_raw_fd(), libc::LOCK_SH) }, 0);
+        let key = |file: &std::fs::File| {
+            let meta = file.metadata().expect("stat");
+            (meta.dev(), meta.ino())
+        };
+        let pid = std::process::id();
+        let missed = ProcLocks::empty();
+        assert_eq!(missed.shared_holders(key(&held), &[pid]), [pid]);
+        assert!(missed.shared_holders(key(&held), &[]).is_empty());
+        assert!(missed.shared_holders(key(&other), &[pid]).is_empty());
+    }
+
     #[test]
     fn held_lock_is_seen_while_other_locks_churn() {
         use std::os::fd::AsRawFd;

@@ -7,7 +7,8 @@ use std::collections::HashSet;
 use std::os::unix::fs::MetadataExt;
 
 use super::slot::{
-    existing_slots, read_contents, reader_file_name, split_file_name, turnstile_file_name,
+    existing_slots, read_contents, reader_file_name, reader_pids, split_file_name,
+    turnstile_file_name,
 };
 use super::FileBackend;
 use crate::clock::BootInstant;
@@ -225,6 +226,7 @@ fn status_of(
     // A process waiting for any of N slots blocks on each of them: count it once.
     let mut waiters = std::collections::BTreeSet::<u32>::new();
     let mut last_token = None;
+    let recorded_readers = reader_pids(dir, name)?;
     for (slot, file_name) in existing_slots(dir, name)? {
         let Some(file) = dir.read_lock_file(&file_name)? else {
             continue;
@@ -239,7 +241,12 @@ fn status_of(
             last_token = header.filter(|t| *t > 0);
         }
         waiters.extend(locks.waiters.get(&key).into_iter().flatten());
-        if let Some(readers) = locks.shared.get(&key) {
+        // Shared holds are on slot 0 alone.
+        let readers = match slot {
+            0 => locks.shared_holders(key, &recorded_readers),
+            _ => locks.shared.get(&key).cloned().unwrap_or_default(),
+        };
+        if !readers.is_empty() {
             holders.extend(readers.iter().map(|&pid| shared_holder(dir, name, pid)));
         } else if let Some(pid) = locks.holder(key, holder.as_ref().map(|h| h.pid)) {
             let holder = holder.filter(|h| h.pid == pid).unwrap_or_else(|| Holder {

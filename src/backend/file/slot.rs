@@ -48,6 +48,20 @@ pub(super) fn reader_file_name(stem: &str, pid: u32) -> String {
     format!("{stem}.{pid}.reader")
 }
 
+/// The pids whose reader files (`reader_file_name`) for `name` are in `dir`: shared holders
+/// by their own account, which [`crate::kit::proc_locks::ProcLocks::shared_holders`] checks.
+pub(super) fn reader_pids(dir: &LockDir, name: &LockName) -> Result<Vec<u32>, Error> {
+    let stem = stem(name);
+    Ok(dir
+        .entries()?
+        .iter()
+        .filter_map(|entry| {
+            let (entry_stem, pid) = entry.strip_suffix(".reader")?.rsplit_once('.')?;
+            (entry_stem == stem).then(|| pid.parse().ok()).flatten()
+        })
+        .collect())
+}
+
 /// `<stem>.lock` → (stem, 0); `<stem>#N.lock` → (stem, N).
 pub(super) fn split_file_name(file_name: &str) -> Option<(&str, u32)> {
     let base = file_name.strip_suffix(".lock")?;
