@@ -6,6 +6,9 @@
 //! ancestor that provably holds the lock lets the command run at once); then `acquire`,
 //! raced against signals and the `--wait` backstop; then the command, with the lease's loss
 //! and forwarded signals watched by the supervisor; then release, bounded in time.
+//!
+//! Each step tells what happened to an [`events::Observer`] as it happens; the outcome record
+//! (`--report`, [`record`]) is the observer here, and no step knows of it.
 
 use std::time::Duration;
 
