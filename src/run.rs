@@ -102,13 +102,15 @@ pub async fn run<B: Backend>(
     };
     let mut track = record::Track::new();
     let result = acquire_and_run(&backend, &settings, inherited_held, &mut track).await;
-    if let Some(sink) = sink {
-        // Who holds the lock this run did not get, asked only for the record.
-        if let Ok(Outcome::NotAcquired(_)) = result {
-            if let Some(holder) = holder_now(&backend, &settings.name).await {
-                track.saw(Event::HeldBy(holder));
-            }
+    // Who holds the lock this run did not get: asked only for the record.
+    if let (Some(_), Ok(Outcome::NotAcquired(_))) = (&sink, &result) {
+        if let Some(holder) = holder_now(&backend, &settings.name).await {
+            track.saw(Event::HeldBy(holder));
         }
+    }
+    // Done with the backend (its connections closed) before the record is written.
+    drop(backend);
+    if let Some(sink) = sink {
         let (exit_status, error) = match &result {
             Ok(outcome) => (outcome.status(), None),
             Err(err) => (
