@@ -1,5 +1,5 @@
-//! What `status`, `list` and `check` print, for humans and as JSON, and how clap's usage
-//! errors are reported (one `dlock:` line, exit 64).
+//! What `status`, `list` and `check` (`check`) print, for humans and as JSON, and how
+//! clap's usage errors are reported (`usage`: one `dlock:` line, exit 64).
 //!
 //! What a server or a lock file says of a lock (a holder's host, user, command line, …) may
 //! have been written by anyone: each text is cut to [`crate::logging::MAX_SHOWN`] characters,
@@ -8,55 +8,14 @@
 use std::io::Write;
 use std::time::{Duration, SystemTime};
 
-use crate::exit::Code;
-use crate::lock::{CheckReport, HolderStatus, LockStatus, Waiter};
+use crate::lock::{HolderStatus, LockStatus, Waiter};
 use crate::logging::{capped, shown};
-use crate::settings::Common;
 
-/// Report a command-line error as one `dlock:` line (help and version go to stdout, exit 0).
-pub fn clap_error(err: clap::Error) -> u8 {
-    use clap::error::ErrorKind;
-    match err.kind() {
-        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => {
-            let _ = err.print();
-            0
-        }
-        ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
-            let _ = err.print();
-            Code::Usage.value()
-        }
-        _ => {
-            let text = err.to_string();
-            let first = text.lines().next().unwrap_or("bad usage");
-            let message = first.strip_prefix("error: ").unwrap_or(first);
-            // "the following required arguments were not provided:" lists them on the
-            // indented lines below: name them on the one line (`<NAME>`).
-            let listed: Vec<&str> = text
-                .lines()
-                .skip(1)
-                .take_while(|l| l.starts_with("  "))
-                .map(str::trim)
-                .collect();
-            let message = if message.ends_with(':') && !listed.is_empty() {
-                format!("{message} {}", listed.join(", "))
-            } else {
-                message.to_owned()
-            };
-            let tip = text
-                .lines()
-                .map(str::trim)
-                .find_map(|l| l.strip_prefix("tip: "))
-                .map(|t| format!("; {t}"))
-                .unwrap_or_default();
-            if message.ends_with("--help") {
-                say!("{message}");
-            } else {
-                say!("{message}{tip} (see 'dlock --help')");
-            }
-            Code::Usage.value()
-        }
-    }
-}
+mod check;
+mod usage;
+
+pub use self::check::print_check;
+pub use self::usage::clap_error;
 
 /// What to make of a failed write of a report: a reader that went away (`dlock status x |
 /// head -1`) is not an error, and dlock ends with the status it would have had.
@@ -462,89 +421,4 @@ fn list_row(lock: &LockStatus, holder: &HolderStatus) -> [String; 9] {
         },
         command,
     ]
-}
-
-pub fn print_check(check: &CheckReport, common: &Common, json: bool) -> std::io::Result<()> {
-    let mut out = out();
-    if json {
-        serde_json::to_writer_pretty(&mut out, &check_json(check, common))?;
-        writeln!(out)?;
-        return Ok(());
-    }
-    let mut lines: Vec<(String, String)> = vec![
-        (
-            "backend".into(),
-            format!("{} ({})", check.backend, check.location),
-        ),
-        ("version".into(), shown(&check.version).into_owned()),
-        (
-            "round trip".into(),
-            crate::wording::measured_duration(Duration::from_micros(check.round_trip_us)),
-        ),
-    ];
-    lines.extend(
-        check
-            .details
-            .iter()
-            .map(|(key, value)| (shown(key).into_owned(), shown(value).into_owned())),
-    );
-    lines.push((
-        "settings".into(),
-        format!(
-            "url {}, prefix {}, ttl {}",
-            common.display_url,
-            common.prefix,
-            humantime::format_duration(common.ttl)
-        ),
-    ));
-    lines.extend(
-        check
-            .warnings
-            .iter()
-            .map(|w| ("warning".to_owned(), shown(w).into_owned())),
-    );
-    // One column for every value, however long the longest key.
-    let width = lines
-        .iter()
-        .map(|(key, _)| crate::wording::display_width(key) + 1)
-        .max()
-        .unwrap_or(0);
-    for (key, value) in &lines {
-        writeln!(
-            out,
-            "{} {value}",
-            crate::wording::pad(&format!("{key}:"), width)
-        )?;
-    }
-    writeln!(out, "ok")?;
-    Ok(())
-}
-
-/// `check --json`: the report's fields as they always were (`details` as `[key, value]`
-/// pairs), and typed beside them: `round_trip_ms` (a number), `facts` (the details as an
-/// object) and the effective `settings`.
-fn check_json(check: &CheckReport, common: &Common) -> serde_json::Value {
-    let mut json = serde_json::to_value(check).unwrap_or_default();
-    if let Some(object) = json.as_object_mut() {
-        object.insert(
-            "round_trip_ms".into(),
-            serde_json::json!(check.round_trip_us as f64 / 1000.0),
-        );
-        let facts: serde_json::Map<String, serde_json::Value> = check
-            .details
-            .iter()
-            .map(|(key, value)| (key.clone(), serde_json::Value::String(value.clone())))
-            .collect();
-        object.insert("facts".into(), serde_json::Value::Object(facts));
-        object.insert(
-            "settings".into(),
-            serde_json::json!({
-                "url": common.display_url,
-                "prefix": common.prefix,
-                "ttl_ms": u64::try_from(common.ttl.as_millis()).unwrap_or(u64::MAX),
-            }),
-        );
-        object.insert("ok".into(), serde_json::Value::Bool(true));
-    }
-    json
 }

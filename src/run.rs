@@ -6,6 +6,9 @@
 //! ancestor that provably holds the lock lets the command run at once); then `acquire`,
 //! raced against signals and the `--wait` backstop; then the command, with the lease's loss
 //! and forwarded signals watched by the supervisor; then release, bounded in time.
+//!
+//! Each step tells what happened to an [`events::Observer`] as it happens; the outcome record
+//! (`--report`, [`record`]) is the observer here, and no step knows of it.
 
 use std::time::Duration;
 
@@ -22,12 +25,14 @@ use crate::signals::{self, Signals};
 use crate::{clock, logging, supervise};
 
 mod environment;
+mod events;
 mod min_hold;
 mod record;
 mod reentrant;
 mod reentry;
 
 use self::environment::{child_environment, ChildEnv};
+use self::events::{Event, Observer};
 pub(crate) use self::record::refused;
 use self::reentrant::{reenter, Reentrant, Reentry};
 mod waiting;
@@ -96,7 +101,15 @@ pub async fn run<B: Backend>(
         None => None,
     };
     let mut track = record::Track::new();
-    let result = acquire_and_run(backend, &settings, inherited_held, &mut track).await;
+    let result = acquire_and_run(&backend, &settings, inherited_held, &mut track).await;
+    // Who holds the lock this run did not get: asked only for the record.
+    if let (Some(_), Ok(Outcome::NotAcquired(_))) = (&sink, &result) {
+        if let Some(holder) = holder_now(&backend, &settings.name).await {
+            track.saw(Event::HeldBy(holder));
+        }
+    }
+    // Done with the backend (its connections closed) before the record is written.
+    drop(backend);
     if let Some(sink) = sink {
         let (exit_status, error) = match &result {
             Ok(outcome) => (outcome.status(), None),
@@ -110,26 +123,26 @@ pub async fn run<B: Backend>(
     result
 }
 
-/// The steps of one run after the record is set up: re-enter an ancestor's hold, or
-/// acquire; then run the command holding the lock, keep it for `--min-hold`, release.
+/// The steps of one run: re-enter an ancestor's hold, or acquire; then run the command
+/// holding the lock, keep it for `--min-hold`, release. What happens is told to `observer`.
 async fn acquire_and_run<B: Backend>(
-    backend: B,
+    backend: &B,
     settings: &RunSettings,
     inherited_held: &str,
-    track: &mut record::Track,
+    observer: &mut dyn Observer,
 ) -> anyhow::Result<Outcome> {
     let mut signals = Signals::install().context("cannot install signal handlers")?;
     // Installed before acquiring, so that the hand-off does not wait for it.
     let sigchld = supervise::child_listener().context("cannot watch for the command's exit")?;
     let identity = settings.common.identity();
-    let sigchld = match reenter(&backend, settings, inherited_held, &identity, track).await? {
+    let sigchld = match reenter(backend, settings, inherited_held, &identity, observer).await? {
         Reentry::Held => {
             let env = child_environment(settings);
-            track.acquired(None);
+            observer.saw(Event::Acquired(None));
             return supervise_command(settings, &mut signals, sigchld, &mut Reentrant, env)
                 .await
                 .map(|ran| {
-                    track.command_ended(ran.command, ran.lost.as_deref(), ran.stopped_by);
+                    ran.tell(observer);
                     ran.status
                 });
         }
@@ -141,7 +154,7 @@ async fn acquire_and_run<B: Backend>(
     // Last before acquiring: `--wait` counts from here.
     let request = request_for(settings);
     let (lease, acquired_at) =
-        match acquire(&backend, settings, &request, &mut signals, track).await? {
+        match acquire(backend, settings, &request, &mut signals, observer).await? {
             Acquisition::Held(lease, at) => (lease, at),
             Acquisition::Ended(outcome) => return Ok(outcome),
         };
@@ -156,7 +169,7 @@ async fn acquire_and_run<B: Backend>(
         &mut signals,
         sigchld,
         (inherited_held, &identity),
-        track,
+        observer,
     )
     .await
 }
@@ -208,7 +221,7 @@ async fn acquire<B: Backend>(
     settings: &RunSettings,
     request: &AcquireRequest,
     signals: &mut Signals,
-    track: &mut record::Track,
+    observer: &mut dyn Observer,
 ) -> anyhow::Result<Acquisition<B::Lease>> {
     let started = clock::BootInstant::now();
     let (canceller, cancel) = lock::cancellation();
@@ -244,7 +257,7 @@ async fn acquire<B: Backend>(
             waiting.finish(&settings.name, false);
             canceller.cancel();
             // Let the backend remove its waiter; if it won the race, give the lock back.
-            track.signalled(Some(signals::name(signal)));
+            observer.saw(Event::SignalledWhileWaiting(signal));
             if let Ok(Ok(lease)) = tokio::time::timeout(SIGNAL_CLEANUP, &mut acquire).await {
                 release(lease, settings).await;
             }
@@ -263,26 +276,23 @@ async fn acquire<B: Backend>(
             lease
         }
         Err(Error::Busy(message)) => {
-            track.busy(None);
+            observer.saw(Event::Busy);
             // `-q` silences this one: `dlock run -q -n job -- …` in cron mails nothing when an
             // earlier run still holds the lock.
             if !logging::quiet() {
                 say!("{message}");
-            }
-            if settings.report.is_some() {
-                track.busy(holder_now(backend, &settings.name).await);
             }
             return Ok(Acquisition::Ended(Outcome::NotAcquired(
                 settings.conflict_exit_code,
             )));
         }
         Err(err) => {
-            track.gave_up();
+            observer.saw(Event::GaveUp);
             return Err(anyhow::Error::new(err))
                 .with_context(|| format!("cannot acquire '{}'", settings.name));
         }
     };
-    track.acquired(Some(lease.token()));
+    observer.saw(Event::Acquired(Some(lease.token())));
     let acquired_at = min_hold::Acquired::now();
     // One "acquired" line per acquisition: the waiting line's, or this one.
     if !said_acquired {
@@ -295,7 +305,7 @@ async fn acquire<B: Backend>(
     }
     // A signal that arrived while acquiring counts as "while waiting": nothing runs.
     if let Some(signal) = signals.try_recv() {
-        track.signalled(Some(signals::name(signal)));
+        observer.saw(Event::SignalledWhileWaiting(signal));
         release(lease, settings).await;
         say!(
             "got {} while acquiring lock '{}'; the command did not run",
@@ -324,7 +334,7 @@ async fn run_holding<L: Lease>(
     signals: &mut Signals,
     sigchld: tokio::signal::unix::Signal,
     (inherited_held, identity): (&str, &str),
-    track: &mut record::Track,
+    observer: &mut dyn Observer,
 ) -> anyhow::Result<Outcome> {
     let Held {
         mut lease,
@@ -342,7 +352,7 @@ async fn run_holding<L: Lease>(
     }
     let supervised = supervise_command(settings, signals, sigchld, &mut lease, env).await;
     if let Ok(ran) = &supervised {
-        track.command_ended(ran.command, ran.lost.as_deref(), ran.stopped_by);
+        ran.tell(observer);
     }
     let outcome = match supervised {
         Ok(ran) if ran.lost.is_none() && ran.stopped_by.is_none() => {
@@ -356,7 +366,7 @@ async fn run_holding<L: Lease>(
             )
             .await;
             if let Outcome::Signalled(signal) = kept {
-                track.signalled_while_kept(signal);
+                observer.saw(Event::SignalledWhileKept(signal));
             }
             Ok(kept)
         }
@@ -375,6 +385,19 @@ struct Ran {
     lost: Option<String>,
     /// dlock was asked to stop by this signal (a terminating one, forwarded): release at once.
     stopped_by: Option<i32>,
+}
+
+impl Ran {
+    /// Tell `observer` how the command's run ended: the loss, the stop, the status.
+    fn tell(&self, observer: &mut dyn Observer) {
+        if let Some(why) = &self.lost {
+            observer.saw(Event::Lost(why.clone()));
+        }
+        if let Some(signal) = self.stopped_by {
+            observer.saw(Event::StoppedBy(signal));
+        }
+        observer.saw(Event::CommandEnded(self.command));
+    }
 }
 
 /// Start the command and wait for it; map how it ended to dlock's exit status.

@@ -17,6 +17,7 @@ use std::time::SystemTime;
 
 use serde::Serialize;
 
+use super::events::{Event, Observer};
 use crate::cli;
 use crate::clock::BootInstant;
 use crate::config::FileConfig;
@@ -75,7 +76,7 @@ impl Sink {
     }
 }
 
-/// What a run saw, filled in as it goes (by `run`), turned into a [`Record`] at the end.
+/// What a run's steps told of it ([`Event`]s), turned into a [`Record`] at the end.
 pub(super) struct Track {
     started: BootInstant,
     started_at: SystemTime,
@@ -104,48 +105,9 @@ impl Track {
         }
     }
 
-    /// The lock was acquired with `token` (`None`: held by an ancestor, no token of ours).
-    pub(super) fn acquired(&mut self, token: Option<u64>) {
-        self.acquired = Some((BootInstant::now(), SystemTime::now(), token.unwrap_or(0)));
-    }
-
-    /// The wait ended without the lock (busy, a signal, an error).
-    pub(super) fn gave_up(&mut self) {
+    /// The wait ended without the lock (busy, a signal, an error): the first end counts.
+    fn gave_up(&mut self) {
         self.gave_up.get_or_insert_with(BootInstant::now);
-    }
-
-    /// The lock was not acquired; `holder` is who held it, when known.
-    pub(super) fn busy(&mut self, holder: Option<Holder>) {
-        self.gave_up();
-        self.busy = true;
-        self.holder = holder;
-    }
-
-    pub(super) fn signalled(&mut self, signal: Option<String>) {
-        self.gave_up();
-        self.signalled = Some(signal.unwrap_or_default());
-    }
-
-    /// The command ended with `status` (as dlock maps it: 128+N for a signal), after the lock
-    /// was `lost` (why), stopped by the terminating signal `stopped_by` that dlock got and
-    /// forwarded, if any.
-    pub(super) fn command_ended(
-        &mut self,
-        status: u8,
-        lost: Option<&str>,
-        stopped_by: Option<i32>,
-    ) {
-        self.command_status = Some(status);
-        self.lost = lost.map(str::to_owned);
-        if let Some(signal) = stopped_by {
-            self.signalled
-                .get_or_insert_with(|| crate::signals::name(signal));
-        }
-    }
-
-    /// `signal` ended `--min-hold`'s keeping of the lock after the command finished.
-    pub(super) fn signalled_while_kept(&mut self, signal: i32) {
-        self.signalled = Some(crate::signals::name(signal));
     }
 
     /// The record of the run that ends now with `exit_status` (and `error`, the message dlock
@@ -216,6 +178,36 @@ impl Track {
                 }
             }),
             error,
+        }
+    }
+}
+
+impl Observer for Track {
+    fn saw(&mut self, event: Event) {
+        match event {
+            Event::Acquired(token) => {
+                self.acquired = Some((BootInstant::now(), SystemTime::now(), token.unwrap_or(0)));
+            }
+            Event::GaveUp => self.gave_up(),
+            Event::Busy => {
+                self.gave_up();
+                self.busy = true;
+            }
+            Event::HeldBy(holder) => self.holder = Some(holder),
+            Event::SignalledWhileWaiting(signal) => {
+                self.gave_up();
+                self.signalled = Some(crate::signals::name(signal));
+            }
+            Event::Lost(why) => self.lost = Some(why),
+            // A signal already told stays the one the record names.
+            Event::StoppedBy(signal) => {
+                self.signalled
+                    .get_or_insert_with(|| crate::signals::name(signal));
+            }
+            Event::CommandEnded(status) => self.command_status = Some(status),
+            Event::SignalledWhileKept(signal) => {
+                self.signalled = Some(crate::signals::name(signal));
+            }
         }
     }
 }

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use super::record;
+use super::events::{Event, Observer};
 use super::reentry;
 use crate::error::Error;
 use crate::lock::{Backend, Lease, LockName, Lost, Mode};
@@ -25,7 +25,7 @@ pub(super) async fn reenter<B: Backend>(
     settings: &RunSettings,
     inherited_held: &str,
     identity: &str,
-    track: &mut record::Track,
+    observer: &mut dyn Observer,
 ) -> Result<Reentry, Error> {
     let lock_key = reentry::lock_key(identity, &settings.name);
     let Some(entry) = reentry::ancestor_entry(inherited_held, &lock_key) else {
@@ -34,7 +34,7 @@ pub(super) async fn reenter<B: Backend>(
     match ancestor_holds(backend, &settings.name, &entry).await {
         Some(Mode::Shared) if settings.mode == Mode::Exclusive => {
             // Re-entering would run an exclusive command beside the other shared holders.
-            track.gave_up();
+            observer.saw(Event::GaveUp);
             Err(Error::Usage(format!(
                 "'{}' is held shared by dlock pid {}, an ancestor; a nested exclusive run \
                  would have to upgrade that hold, which dlock does not do: run the outer dlock \

@@ -1,31 +1,31 @@
 //! Taking a place in a lock's queue and waiting there until it is among the first
 //! `--limit`, like etcd's `mutex.go`: creating our key, the linearizable re-check (in
 //! `recheck`), the re-attach at the grant that moves our key from the waiter lease to the
-//! hold lease, and the wait itself on the watch that `watch` chooses.
+//! hold lease, and the wait itself (in `waiting`) on the watch that `watch` chooses.
 
 use std::future::Future;
-use std::ops::ControlFlow;
 use std::time::Duration;
 
 use etcd_client::{
-    Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse, TxnResponse,
-    WatchResponse, WatchStream,
+    Compare, CompareOp, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse, TxnResponse, WatchStream,
 };
 
 use super::attach::{Attach, Move};
 use super::conn::Conn;
 use super::key::{is_reader, older_keys, oldest_key, same_limit, value_json, why_busy};
-use super::lease::{place_lost, waiter_gone, Renewer, WaiterLease, WAITER_TTL_S};
+use super::lease::{place_lost, Renewer, WaiterLease, WAITER_TTL_S};
 use super::own_key::OwnKey;
 use super::readers;
 use super::recheck::{reader_page, recheck, Waits};
-use super::watch::{Seen, Target, Wake};
+use super::watch::{Target, Wake};
 use crate::budget::WaitBudget;
-use crate::clock::{sleep_until, BootInstant};
+use crate::clock::BootInstant;
 use crate::error::Error;
 use crate::keeper::Keeper;
 use crate::kit::timeouts::OP_TIMEOUT;
 use crate::lock::{AcquireRequest, Cancel};
+
+mod waiting;
 
 /// One acquisition: our key in the lock's queue, and everything it needs while it waits.
 pub(super) struct Acquisition<'a> {
@@ -354,141 +354,6 @@ pub(super) async fn answer<T>(
         _ = cancel.cancelled() => Err(Error::Cancelled),
         result = budget.answer(step) => {
             result.unwrap_or_else(|| Err(crate::wording::no_answer(display, None, budget)))
-        }
-    }
-}
-
-/// Waiting: on the watch that [`Target`] describes, until something before us changes.
-impl Acquisition<'_> {
-    /// Wait for the target to change.
-    ///
-    /// The watch starts at the current revision, not at `read_at + 1`: etcd serves a watch
-    /// that starts in the past from a catch-up loop that runs every 100 ms, which under
-    /// contention (other waiters writing meanwhile) delayed hand-offs by up to 100 ms. If the
-    /// store moved past `read_at` before the watch was set up (on a busy cluster it usually
-    /// has: revisions are cluster-wide), a deletion may have fallen in between, so the waiter
-    /// re-checks once, after the watch exists. If the watch still covers what the waiter
-    /// waits for, it goes on waiting on it; events up to the re-check's revision are already
-    /// counted in, and are skipped.
-    async fn wait_for(
-        &mut self,
-        my_rev: i64,
-        mut read_at: i64,
-        mut target: Target,
-    ) -> Result<Wake, Error> {
-        let own = self.key.clone().into_bytes();
-        // A semaphore waiter also re-checks every TTL, in case a wake-up was lost.
-        let recheck_at = (self.limit > 1).then(|| BootInstant::now() + self.request.ttl);
-        let Some(mut stream) = self.open_watch(&target).await? else {
-            return Ok(Wake::TimedOut);
-        };
-        let mut created = false;
-        loop {
-            let response = match self.next_response(&mut stream, recheck_at).await? {
-                ControlFlow::Continue(response) => response,
-                ControlFlow::Break(wake) => return Ok(wake),
-            };
-            if response.canceled() {
-                let reason = response.cancel_reason();
-                if reason.contains("permission denied") || reason.contains("PermissionDenied") {
-                    return Err(Error::Permission(format!(
-                        "etcd refused to watch {}: {reason}",
-                        self.pfx
-                    )));
-                }
-                return Ok(Wake::Changed);
-            }
-            let reread = if response.created() {
-                created = true;
-                crate::lock::queued(self.request);
-                // The watch started after `read_at`: read again, now that it exists.
-                response.header().map_or(0, |h| h.revision()) != read_at
-            } else if !created {
-                // etcd announces a watch before its events; anything else: start over.
-                return Ok(Wake::Changed);
-            } else {
-                match target.first_event(&response, &own, read_at) {
-                    (Seen::Own, _) => return Err(place_lost()),
-                    // Our key existed at the holder's deletion (not necessarily at the
-                    // response's header revision, which can be later).
-                    (Seen::Holder, at) => {
-                        tracing::debug!(target: crate::logging::HANDOFF, "woken");
-                        return Ok(Wake::Head(Box::new(stream), at));
-                    }
-                    (Seen::Watched, _) if self.limit > 1 => return Ok(Wake::Changed),
-                    (Seen::Watched, _) => true,
-                    (Seen::Other, _) => false,
-                }
-            };
-            if !reread {
-                continue;
-            }
-            let reread = recheck(self.conn, &self.key, &self.pfx, my_rev, self.waits());
-            let Some((older, at)) = bounded(&self.request.budget, self.cancel, reread).await?
-            else {
-                return Ok(Wake::TimedOut);
-            };
-            let next = Target::for_waiter(&older, self.limit);
-            if older.len() < self.limit || !target.covers(&next) {
-                return Ok(Wake::Rechecked(older, at));
-            }
-            target = next;
-            read_at = at;
-        }
-    }
-
-    /// Open the watch for `target` (`None`: `--wait` ran out first).
-    async fn open_watch(&mut self, target: &Target) -> Result<Option<WatchStream>, Error> {
-        let (watch_key, options) = target.watch(self.key.as_bytes(), &self.pfx);
-        let open = self.conn.call(OP_TIMEOUT, |mut c| {
-            let key = watch_key.clone();
-            let options = options.clone();
-            async move { c.watch(key, Some(options)).await }
-        });
-        bounded(&self.request.budget, self.cancel, open).await
-    }
-
-    /// The next response on the watch (`Break`: a reason to stop waiting came first).
-    async fn next_response(
-        &mut self,
-        stream: &mut WatchStream,
-        recheck_at: Option<BootInstant>,
-    ) -> Result<ControlFlow<Wake, WatchResponse>, Error> {
-        let deadline = self.request.budget.deadline();
-        loop {
-            let wake = sleep_until(match (deadline, recheck_at) {
-                (Some(d), Some(r)) => d.min(r),
-                (Some(d), None) => d,
-                (None, Some(r)) => r,
-                (None, None) => BootInstant::now() + Duration::from_secs(3600),
-            });
-            tokio::select! {
-                // A lease the keeper has given up on wins over an event that came with it.
-                biased;
-                lost = self.keeper.lost() => {
-                    return Err(Error::Unavailable(format!(
-                        "the etcd lease to hold the lock on was lost while waiting ({}); \
-                         the command was not started",
-                        lost.reason
-                    )));
-                }
-                // Our key went with it.
-                () = waiter_gone(self.waiter) => return Err(place_lost()),
-                message = stream.message() => return Ok(match message {
-                    Ok(Some(response)) => ControlFlow::Continue(response),
-                    // The stream broke: re-check and watch again.
-                    Ok(None) | Err(_) => ControlFlow::Break(Wake::Changed),
-                }),
-                _ = self.cancel.cancelled() => return Err(Error::Cancelled),
-                _ = wake => {
-                    if deadline.is_some_and(|d| BootInstant::now() >= d) {
-                        return Ok(ControlFlow::Break(Wake::TimedOut));
-                    }
-                    if recheck_at.is_some_and(|r| BootInstant::now() >= r) {
-                        return Ok(ControlFlow::Break(Wake::Changed));
-                    }
-                }
-            }
         }
     }
 }

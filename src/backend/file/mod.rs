@@ -34,6 +34,8 @@
 //!   opened (a directory the user may not create it in, a file planted there) is passed by,
 //!   and so is one whose holders have stalled over a free lock file (stopped while they wait:
 //!   [`Stall`]); a shared hold whose record file cannot be created holds without one.
+//! - Shared holds are taken in `shared.rs`; every hold first checks that the holders agree
+//!   on `--limit` (`limits.rs`).
 //! - `status`, `list`, `release --force` and `check` are in `admin.rs`.
 
 use std::fs::File;
@@ -43,29 +45,28 @@ use std::path::{Path, PathBuf};
 mod admin;
 pub mod kind;
 mod lease;
+mod limits;
+mod shared;
 mod slot;
 pub mod target;
 mod turnstile;
 
+use self::limits::check_limits;
+use self::shared::acquire_shared;
+
 pub use lease::FileLease;
 pub use target::FileTarget;
 
-use self::lease::ReaderRecord;
-use self::slot::{
-    header, header_lock, read_contents, reader_file_name, slot_file_name, write_at, HEADER_LEN,
-};
+use self::slot::{header, header_lock, slot_file_name, write_at, HEADER_LEN};
 use self::turnstile::{queue_at_turnstile, Stall};
 use crate::budget::Wait;
 use crate::clock::{sleep_until, BootInstant};
 use crate::error::Error;
 use crate::kit::flock::{flock, BlockedWait};
-use crate::kit::limit;
 use crate::kit::lock_dir::LockDir;
-use crate::kit::proc_locks::ProcLocks;
 use crate::kit::stem::stem;
 use crate::lock::{
-    limit_mismatch, AcquireRequest, Backend, Cancel, CheckReport, Holder, LockName, LockStatus,
-    Record,
+    AcquireRequest, Backend, Cancel, CheckReport, Holder, LockName, LockStatus, Record,
 };
 
 /// Replacing the file under us repeatedly is an attack, not a race; give up after this many.
@@ -288,50 +289,6 @@ async fn wait_for_slot(
     }
 }
 
-/// A shared hold: through the turnstile (so that an exclusive run already waiting goes
-/// first), then `LOCK_SH` on slot 0's file, the same lock `flock -s FILE` takes; then the
-/// next token and a record of our own.
-async fn acquire_shared(
-    dir: LockDir,
-    request: &AcquireRequest,
-    stem: &str,
-    deadline: Option<BootInstant>,
-    cancel: &mut Cancel,
-) -> Result<FileLease, Error> {
-    let file_name = slot_file_name(stem, 0);
-    for _ in 0..MAX_INODE_RETRIES {
-        // Held until the lock is ours: an exclusive run arriving meanwhile queues behind us.
-        let turnstile =
-            queue_at_turnstile(&dir, request, stem, libc::LOCK_SH, deadline, cancel).await?;
-        crate::lock::queued(request);
-        let file = pass(
-            &dir,
-            request,
-            &file_name,
-            libc::LOCK_SH,
-            deadline,
-            cancel,
-            &|| check_limits(&dir, request, stem, None),
-        )
-        .await?;
-        drop(turnstile);
-        tracing::debug!(target: crate::logging::HANDOFF, "woken");
-        match dir.is_current(&file, &file_name) {
-            Ok(true) => {
-                let hold = start_shared_hold(dir, request, stem, file, &file_name);
-                tracing::debug!(target: crate::logging::HANDOFF, "token-written");
-                return hold;
-            }
-            Ok(false) => continue,
-            Err(e) => return Err(cannot_inspect(&dir, &file_name, &e)),
-        }
-    }
-    Err(keeps_being_replaced(
-        &request.name,
-        dir.path_of("").display(),
-    ))
-}
-
 /// Whether a locked lock file is still the one in the directory could not be told.
 fn cannot_inspect(dir: &LockDir, file_name: &str, e: &std::io::Error) -> Error {
     Error::from_lock_io_at("cannot inspect", &dir.path_of(file_name), e)
@@ -434,80 +391,6 @@ async fn wait_on(
     }
 }
 
-/// Make a shared lock on slot 0's file a hold: under the lock on its header, check the other
-/// slots' `--limit` and take the next token, as an exclusive hold does; the record goes to a
-/// file of our own, since other shared holders share the lock file.
-fn start_shared_hold(
-    dir: LockDir,
-    request: &AcquireRequest,
-    stem: &str,
-    file: File,
-    file_name: &str,
-) -> Result<FileLease, Error> {
-    let path = dir.path_of(file_name);
-    let io_err = |what: &str, path: &Path, e: io::Error| Error::from_lock_io_at(what, path, &e);
-    header_lock(&file, true).map_err(|e| io_err("cannot lock the header of", &path, e))?;
-    let held = check_limits(&dir, request, stem, Some(0))
-        .and_then(|()| slot::next_token(&file, &path))
-        .and_then(|token| {
-            write_at(&file, 0, header(token).as_bytes())
-                .map_err(|e| io_err("cannot write", &path, e))?;
-            Ok(token)
-        });
-    let _ = header_lock(&file, false);
-    let token = held?;
-    let mut holder = request.holder.clone();
-    holder.token = token;
-    holder.granted_now();
-    // A kernel lock has no lease.
-    holder.ttl_ms = 0;
-    let record = Record {
-        holder,
-        limit: request.limit,
-    };
-    let name = reader_file_name(stem, request.holder.pid);
-    let record_path = dir.path_of(&name);
-    let record_file = match dir.open_lock_file(&name) {
-        Ok(record_file) => record_file,
-        Err(e) => {
-            without_record(&record_path, &e);
-            return Ok(FileLease::shared(file, path, token, None));
-        }
-    };
-    let mut body = header(0);
-    body.push_str(&serde_json::to_string(&record).map_err(|e| Error::Internal(e.to_string()))?);
-    body.push('\n');
-    write_at(&record_file, 0, body.as_bytes())
-        .and_then(|()| record_file.set_len(body.len() as u64))
-        .map_err(|e| io_err("cannot write", &record_path, e))?;
-    Ok(FileLease::shared(
-        file,
-        path,
-        token,
-        Some(ReaderRecord {
-            dir,
-            name,
-            file: record_file,
-        }),
-    ))
-}
-
-/// Say why a shared hold keeps no record at `path`: the hold stands without one (`status`
-/// then shows its pid alone, as for `flock -s`). Quietly where the directory does not let us
-/// create it (the multi-user recipe of docs/backends/file.md, a directory of root's), aloud
-/// where something else is in the way (a file another user planted in a shared directory).
-fn without_record(path: &Path, e: &Error) {
-    if matches!(e, Error::Permission(_)) {
-        tracing::debug!("holding without a record at {} ({e})", path.display());
-    } else {
-        tracing::warn!(
-            "holding without a record: {} cannot be used ({e}); status shows this holder by \
-             its pid alone",
-            path.display()
-        );
-    }
-}
-
 fn busy(request: &AcquireRequest, state: &str, wait: Wait) -> Error {
     crate::wording::not_acquired(&request.name, state, wait)
 }
@@ -563,61 +446,4 @@ fn start_hold(
     let _ = header_lock(counter, false);
     let token = held?;
     Ok(FileLease::new(file, path, token, request.limit))
-}
-
-/// Refuse to hold a lock beside holders that use another `--limit` (all holders must agree
-/// on N), as the other backends do. Each holder records its limit in its record, believed
-/// while the kernel shows its pid holding the file (`proc_locks.rs`). Slot files are created in order and
-/// never removed, so the probe stops at the first missing one: for a plain lock it costs one
-/// `stat`. `own`: the slot we hold, if any.
-fn check_limits(
-    dir: &LockDir,
-    request: &AcquireRequest,
-    stem: &str,
-    own: Option<u32>,
-) -> Result<(), Error> {
-    let mut others = Vec::new();
-    for slot in (0..crate::lock::MAX_LIMIT).filter(|s| Some(*s) != own) {
-        let file_name = slot_file_name(stem, slot);
-        match dir.identity(&file_name) {
-            Ok(Some(key)) => others.push((file_name, key)),
-            _ => break,
-        }
-    }
-    if others.is_empty() {
-        return Ok(());
-    }
-    let keys = others.iter().map(|(_, key)| *key).collect();
-    // Without /proc the limits cannot be compared. A table that keeps changing (a busy
-    // queue) is read as well as it can be: a holder it misses is one mismatch not reported
-    // this time, while an error here would fail a run the lock itself lets through.
-    let locks = match ProcLocks::read_best(&keys) {
-        Ok(locks) => locks,
-        Err(e) => {
-            tracing::debug!("cannot compare --limit with the other holders: {e}");
-            return Ok(());
-        }
-    };
-    for (file_name, key) in others {
-        // Shared holders (of slot 0) hold with --limit 1, whatever the file's last record says.
-        if locks.shared.contains_key(&key) {
-            if request.limit != 1 {
-                return Err(limit_mismatch(&request.name, 1));
-            }
-            continue;
-        }
-        // A file that cannot be read or trusted says nothing about a limit.
-        let record = dir
-            .read_lock_file(&file_name)
-            .ok()
-            .flatten()
-            .and_then(|file| read_contents(file).1);
-        let Some(pid) = locks.holder(key, record.as_ref().map(|r| r.holder.pid)) else {
-            continue;
-        };
-        if let Some(record) = record.filter(|r| r.holder.pid == pid) {
-            limit::agrees(&request.name, request.limit, record.limit)?;
-        }
-    }
-    Ok(())
 }

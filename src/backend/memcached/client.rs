@@ -12,11 +12,17 @@ use std::time::Duration;
 
 use tokio::net::{TcpStream, UnixStream};
 
-use crate::error::Error;
 use crate::kit::timeouts::CONNECT_TIMEOUT;
 use crate::wording::Server;
 
 use super::target::McAddr;
+
+mod failure;
+mod stream;
+
+pub(super) use self::failure::Failure;
+use self::failure::{unexpected, UNAUTHENTICATED};
+use self::stream::{speaks_binary, Stream};
 
 /// How messages name a memcached server, and the port a URL without one reaches.
 pub(super) const SERVER: Server = Server {
@@ -38,87 +44,6 @@ const BINARY_HEADER: usize = 24;
 const MAX_REPLY: usize = 1 << 20;
 /// The longest key listing accepted (`lru_crawler metadump`, about 100 bytes per item).
 const MAX_LISTING: usize = 256 << 20;
-
-/// Why an exchange failed.
-#[derive(Debug)]
-pub(super) enum Failure {
-    Io(std::io::Error),
-    Timeout(Duration),
-    /// The server answered something this client does not expect.
-    Protocol(String),
-    /// The server speaks only the binary protocol (`-B binary`).
-    BinaryOnly,
-    /// The server requires authentication (`-Y` or SASL).
-    Unauthenticated,
-    /// Another kind of server answers at the address ("a Redis server").
-    NotMemcached(&'static str),
-}
-
-impl Failure {
-    pub(super) fn describe(&self) -> String {
-        match self {
-            Failure::Io(e) => e.to_string(),
-            Failure::Timeout(d) => format!("no answer within {}", millis(*d)),
-            Failure::Protocol(text) => text.clone(),
-            Failure::BinaryOnly => "the server speaks only the binary protocol".into(),
-            Failure::Unauthenticated => "the server requires authentication".into(),
-            Failure::NotMemcached(what) => format!("it answers like {what}"),
-        }
-    }
-
-    /// A failure of the link (the server may come back on a new connection), as opposed to
-    /// an answer that says what the server is.
-    pub(super) fn is_link(&self) -> bool {
-        matches!(self, Failure::Io(_) | Failure::Timeout(_))
-    }
-
-    pub(super) fn into_error(self, display: &str) -> Error {
-        match self {
-            Failure::Io(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::ConnectionRefused | std::io::ErrorKind::NotFound
-                ) =>
-            {
-                crate::wording::connection_refused(display, &SERVER)
-            }
-            Failure::Io(e) => Error::Unavailable(format!(
-                "cannot reach {display}: {}",
-                crate::kit::error_text::io_words(&e)
-            )),
-            Failure::Timeout(d) => {
-                Error::Unavailable(format!("{display} did not answer within {}", millis(d)))
-            }
-            Failure::BinaryOnly => Error::Config(format!(
-                "{display} speaks only the binary protocol (memcached -B binary); dlock needs \
-                 the text/meta protocol (-B ascii or -B auto, the default)"
-            )),
-            Failure::NotMemcached(what) => {
-                crate::wording::not_a(display, &SERVER, &format!("it answers like {what}"))
-            }
-            Failure::Unauthenticated => Error::Permission(format!(
-                "{display} requires authentication (memcached -Y or -S), and dlock does not \
-                 send memcached credentials; use a server without authentication that only \
-                 trusted clients can reach (a private network or a Unix socket)"
-            )),
-            // "SERVER_ERROR out of memory storing object": full, and not evicting (-M).
-            Failure::Protocol(text) if text.contains("SERVER_ERROR") => {
-                Error::Unavailable(format!("{display} could not do what dlock asked: {text}"))
-            }
-            // A Redis (`-ERR unknown command`) or an HTTP server: not a memcached at all.
-            Failure::Protocol(text)
-                if text.trim_start_matches(['\'', '"']).starts_with("-ERR")
-                    || text.contains("HTTP/") =>
-            {
-                crate::wording::not_a(display, &SERVER, &format!("it answered {text}"))
-            }
-            Failure::Protocol(text) => Error::Unavailable(format!(
-                "{display} answered unexpectedly ({text}); dlock needs memcached 1.6 or later \
-                 with the meta protocol"
-            )),
-        }
-    }
-}
 
 /// One meta reply: the return code and its flags, and the value for `VA`.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -161,57 +86,6 @@ pub(super) fn mg(key: &str, flags: &str) -> Vec<u8> {
 /// `md <key> <flags>`.
 pub(super) fn md(key: &str, flags: &str) -> Vec<u8> {
     format!("md {key} {flags}\r\n").into_bytes()
-}
-
-enum Stream {
-    Tcp(TcpStream),
-    Unix(UnixStream),
-}
-
-macro_rules! on_stream {
-    ($stream:expr, $s:ident => $body:expr) => {
-        match $stream {
-            Stream::Tcp($s) => $body,
-            Stream::Unix($s) => $body,
-        }
-    };
-}
-
-impl Stream {
-    async fn write_all(&self, mut data: &[u8]) -> std::io::Result<()> {
-        while !data.is_empty() {
-            on_stream!(self, s => s.writable().await)?;
-            match on_stream!(self, s => s.try_write(data)) {
-                Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
-                Ok(n) => data = &data[n..],
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(())
-    }
-
-    /// Append what arrives next to `into`.
-    async fn read_more(&self, into: &mut Vec<u8>) -> std::io::Result<()> {
-        let mut chunk = [0u8; 16 * 1024];
-        loop {
-            on_stream!(self, s => s.readable().await)?;
-            match on_stream!(self, s => s.try_read(&mut chunk)) {
-                Ok(0) => {
-                    return Err(std::io::Error::new(
-                        std::io::ErrorKind::UnexpectedEof,
-                        "the server closed the connection",
-                    ))
-                }
-                Ok(n) => {
-                    into.extend_from_slice(&chunk[..n]);
-                    return Ok(());
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                Err(e) => return Err(e),
-            }
-        }
-    }
 }
 
 /// One connection to one memcached server, reconnected after a failure.
@@ -516,48 +390,6 @@ impl Conn {
             None => Err(Failure::Protocol("not connected".into())),
         }
     }
-}
-
-/// `d` to the millisecond, for messages.
-fn millis(d: Duration) -> humantime::FormattedDuration {
-    humantime::format_duration(Duration::from_millis(
-        u64::try_from(d.as_millis()).unwrap_or(u64::MAX),
-    ))
-}
-
-/// What a server started with `-Y` answers every command before a login.
-const UNAUTHENTICATED: &str = "CLIENT_ERROR unauthenticated";
-
-/// An answer line this client does not expect (an authentication demand named as such).
-fn unexpected(line: &str) -> Failure {
-    if line.starts_with(UNAUTHENTICATED) {
-        return Failure::Unauthenticated;
-    }
-    Failure::Protocol(format!("'{}'", crate::logging::printable(line)))
-}
-
-/// Whether the server answers a binary-protocol `version` request (magic 0x80, opcode
-/// 0x0b, no body) with a binary response (magic 0x81), on a fresh connection.
-async fn speaks_binary(addr: &McAddr) -> bool {
-    let probe = async {
-        let stream = match addr {
-            McAddr::Tcp { host, port } => {
-                Stream::Tcp(TcpStream::connect((host.as_str(), *port)).await?)
-            }
-            McAddr::Unix { path } => Stream::Unix(UnixStream::connect(path).await?),
-        };
-        let mut header = [0u8; BINARY_HEADER];
-        header[0] = 0x80;
-        header[1] = 0x0b;
-        stream.write_all(&header).await?;
-        let mut answer = Vec::new();
-        stream.read_more(&mut answer).await?;
-        Ok::<bool, std::io::Error>(answer.first() == Some(&0x81))
-    };
-    matches!(
-        tokio::time::timeout(PROBE_TIMEOUT, probe).await,
-        Ok(Ok(true))
-    )
 }
 
 #[cfg(test)]

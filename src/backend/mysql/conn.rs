@@ -1,6 +1,6 @@
 //! Connecting: one connection of dlock's own (never a pooled one), TLS as `ssl-mode` says,
-//! bounded by `--wait`; statements bounded in time; and what a driver error means as an exit
-//! status.
+//! bounded by `--wait`. The statements on the session are in `statements` (bounded in time),
+//! and what a driver error means as an exit status in `failure`.
 //!
 //! Two second attempts, each within the same bound: VERIFY_CA against a certificate that
 //! names another host (the driver checks names even when told not to), and TLS after an
@@ -13,14 +13,20 @@
 
 use std::time::Duration;
 
-use mysql_async::prelude::{FromValue, Queryable};
-use mysql_async::{Conn, OptsBuilder, Row, SslOpts};
+use mysql_async::{Conn, OptsBuilder, SslOpts};
 
 use super::target::{MysqlHost, SslMode};
 use super::MysqlBackend;
 use crate::error::Error;
 use crate::kit::timeouts::{CONNECT_TIMEOUT, OP_TIMEOUT};
 use crate::wording::Server;
+
+mod failure;
+mod statements;
+
+pub(super) use self::failure::Failure;
+use self::failure::{classify, describe};
+pub(super) use self::statements::cell;
 
 /// How messages name a MySQL or MariaDB server, and the port a URL without one reaches.
 pub(super) const SERVER: Server = Server {
@@ -400,226 +406,9 @@ fn no_tls(e: &mysql_async::Error) -> bool {
     )
 }
 
-impl Session {
-    /// Run `sql` (one or more statements) and return the rows of the last result set that
-    /// had any, bounded by `limit`.
-    pub(super) async fn rows(&mut self, sql: &str, limit: Duration) -> Result<Vec<Row>, Failure> {
-        self.rows_marked(sql, limit, &[]).await
-    }
-
-    /// [`Session::rows`], with a hand-off event (`logging::HANDOFF`) as the result of each
-    /// statement that `marks` names arrives: `(i, event)` for the `i`-th statement of `sql`
-    /// (from 0). The server may send several results in one packet; the events then show it.
-    pub(super) async fn rows_marked(
-        &mut self,
-        sql: &str,
-        limit: Duration,
-        marks: &[(usize, &'static str)],
-    ) -> Result<Vec<Row>, Failure> {
-        if self.in_flight {
-            return Err(Failure::OutOfStep);
-        }
-        let (sql, marks) = match self.tail.take() {
-            Some(tail) => {
-                // The tail's statements come first: the marks move past them.
-                let before = tail.matches(';').count();
-                let marks: Vec<(usize, &'static str)> = marks
-                    .iter()
-                    .map(|&(at, event)| (at + before, event))
-                    .collect();
-                (format!("{tail}{sql}"), marks)
-            }
-            None => (sql.to_owned(), marks.to_vec()),
-        };
-        tracing::trace!("statement: {sql}");
-        self.in_flight = true;
-        match tokio::time::timeout(limit, last_rows(&mut self.conn, &sql, &marks)).await {
-            Ok(result) => {
-                self.in_flight = false;
-                result.map_err(Failure::Driver)
-            }
-            Err(_) => Err(Failure::Timeout(limit)),
-        }
-    }
-
-    /// Run the [`tail`](Session::tail), if any, bounded by `limit`.
-    pub(super) async fn finish(&mut self, limit: Duration) -> Result<(), Failure> {
-        match self.tail.take() {
-            Some(tail) => self.rows(&tail, limit).await.map(drop),
-            None => Ok(()),
-        }
-    }
-
-    /// One statement outside the keeper, bounded by [`OP_TIMEOUT`], as an [`Error`].
-    pub(super) async fn query(&mut self, sql: &str, display: &str) -> Result<Vec<Row>, Error> {
-        self.rows(sql, OP_TIMEOUT)
-            .await
-            .map_err(|f| f.into_error(display))
-    }
-}
-
-/// The rows of the last result set of `sql` that returned any.
-async fn last_rows(
-    conn: &mut Conn,
-    sql: &str,
-    marks: &[(usize, &'static str)],
-) -> Result<Vec<Row>, mysql_async::Error> {
-    let mut result = conn.query_iter(sql).await?;
-    let mut last = Vec::new();
-    // Bounded: one round per statement of `sql`.
-    for statement in 0..64 {
-        let rows: Vec<Row> = result.collect().await?;
-        if let Some((_, event)) = marks.iter().find(|(at, _)| *at == statement) {
-            tracing::debug!(target: crate::logging::HANDOFF, "{event}");
-        }
-        if !rows.is_empty() {
-            last = rows;
-        }
-        if result.is_empty() {
-            break;
-        }
-    }
-    // A statement after the first that failed leaves its error pending, where `is_empty`
-    // does not see it: one more read raises it.
-    let tail: Vec<Row> = result.collect().await?;
-    if !tail.is_empty() {
-        last = tail;
-    }
-    Ok(last)
-}
-
-/// A statement that failed or did not answer.
-#[derive(Debug)]
-pub(super) enum Failure {
-    Driver(mysql_async::Error),
-    Timeout(Duration),
-    /// An earlier statement on the connection was abandoned before its answer was read.
-    OutOfStep,
-}
-
-impl Failure {
-    pub(super) fn server_code(&self) -> Option<u16> {
-        match self {
-            Failure::Driver(mysql_async::Error::Server(e)) => Some(e.code),
-            _ => None,
-        }
-    }
-
-    /// The connection itself is gone: the server closed it (`KILL`, `release --force`, a
-    /// shutdown), it broke, or the driver already knows it is closed. A `GET_LOCK` lock
-    /// does not outlive its session, so on the lock's connection this means the lock is
-    /// gone (or going: the server frees it when it sees the end). A timeout is not this:
-    /// a silent connection may still be the server's live session.
-    pub(super) fn closed(&self) -> bool {
-        match self {
-            Failure::Driver(e) => connection_gone(e),
-            Failure::Timeout(_) | Failure::OutOfStep => false,
-        }
-    }
-
-    pub(super) fn describe(&self) -> String {
-        match self {
-            Failure::Driver(e) => describe(e),
-            Failure::Timeout(limit) => {
-                format!("no answer within {}", humantime::format_duration(*limit))
-            }
-            Failure::OutOfStep => {
-                "the connection is out of step: an earlier statement on it got no answer in time"
-                    .into()
-            }
-        }
-    }
-
-    pub(super) fn into_error(self, display: &str) -> Error {
-        match self {
-            Failure::Driver(e) => classify(&e, display),
-            Failure::Timeout(limit) => Error::Unavailable(format!(
-                "{display} did not answer within {}",
-                humantime::format_duration(limit)
-            )),
-            Failure::OutOfStep => Error::Unavailable(format!("{display}: {}", self.describe())),
-        }
-    }
-}
-
-/// See [`Failure::closed`]. Server errors that end the session: 1927 (connection killed),
-/// 1053 (server shutdown in progress), and the client-side 2006 / 2013 (server gone, lost
-/// during a query) should a server send them.
-pub(super) fn connection_gone(e: &mysql_async::Error) -> bool {
-    match e {
-        mysql_async::Error::Io(mysql_async::IoError::Io(_)) => true,
-        mysql_async::Error::Driver(mysql_async::DriverError::ConnectionClosed) => true,
-        mysql_async::Error::Server(s) => matches!(s.code, 1927 | 1053 | 2006 | 2013),
-        _ => false,
-    }
-}
-
-/// Column `i` of `row`, `None` for NULL or a value of another type.
-pub(super) fn cell<T: FromValue>(row: &Row, i: usize) -> Option<T> {
-    row.get_opt::<Option<T>, usize>(i)
-        .and_then(Result::ok)
-        .flatten()
-}
-
-/// A driver error in words: the server's message and error code where there is one.
-pub(super) fn describe(e: &mysql_async::Error) -> String {
-    match e {
-        mysql_async::Error::Server(s) => format!("{} (error {})", s.message, s.code),
-        other => crate::kit::error_text::chain_text(other),
-    }
-}
-
-/// MySQL error 1040: the server is at `max_connections`. A capacity refusal, waited out
-/// within `--wait` by [`crate::kit::capacity`] like the other servers' (69 when final).
-pub(super) fn too_many_connections(display: &str, text: &str) -> Error {
-    crate::kit::capacity::refused(display, "MySQL max_connections", text)
-}
-
-/// The exit status a driver error stands for (README: "Exit status").
-pub(super) fn classify(e: &mysql_async::Error, display: &str) -> Error {
-    let text = describe(e);
-    match e {
-        mysql_async::Error::Server(s) => match s.code {
-            1040 => too_many_connections(display, &text),
-            // Access denied (password, database, host, table, privilege, thread owner).
-            1044 | 1045 | 1130 | 1142 | 1143 | 1227 | 1095 | 1698 => {
-                Error::Permission(format!("{display}: {text}"))
-            }
-            // Unknown database, no database selected.
-            1049 | 1046 => Error::Config(format!(
-                "{display}: {text}; name an existing database in the URL (mysql://host/DATABASE)"
-            )),
-            // A read-only server (--read-only, super_read_only, a replica).
-            1290 | 1836 | 1792 => Error::Config(format!(
-                "{display} is read-only ({text}); locks must be taken on the primary"
-            )),
-            ER_SECURE_TRANSPORT_REQUIRED => Error::Config(format!(
-                "{display}: {text}; use ssl-mode=REQUIRED, or VERIFY_CA / VERIFY_IDENTITY with ssl-ca=FILE"
-            )),
-            1064 => Error::Internal(format!("{display}: {text}")),
-            _ => Error::Unavailable(format!("{display}: {text}")),
-        },
-        mysql_async::Error::Io(mysql_async::IoError::Tls(_)) => tls_failure(e, display),
-        _ if crate::error::caused_by_tls(e) => tls_failure(e, display),
-        _ if crate::wording::refused_in(e) => crate::wording::connection_refused(display, &SERVER),
-        _ => Error::Unavailable(format!(
-            "cannot reach {display}: {}",
-            crate::kit::error_text::without_os_error_numbers(&text)
-        )),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn server(code: u16) -> mysql_async::Error {
-        mysql_async::Error::Server(mysql_async::ServerError {
-            code,
-            message: "m".into(),
-            state: "HY000".into(),
-        })
-    }
 
     #[test]
     fn certificate_names_as_rustls_lists_them() {
@@ -638,24 +427,5 @@ mod tests {
         assert_eq!(usable_name("IpAddress(::1)").as_deref(), Some("::1"));
         assert_eq!(usable_name("UniformResourceIdentifier(\"x\")"), None);
         assert_eq!(usable_name("DirectoryName"), None);
-    }
-
-    #[test]
-    fn server_errors_map_to_exit_statuses() {
-        use crate::exit::Code;
-        assert_eq!(classify(&server(1045), "d").code(), Code::NoPermission);
-        assert_eq!(classify(&server(1142), "d").code(), Code::NoPermission);
-        assert_eq!(classify(&server(1290), "d").code(), Code::Config);
-        assert_eq!(classify(&server(1049), "d").code(), Code::Config);
-        let full = classify(&server(1040), "d");
-        assert_eq!(full.code(), Code::Unavailable);
-        assert!(full.to_string().contains("max_connections"), "{full}");
-        assert_eq!(classify(&server(2013), "d").code(), Code::Unavailable);
-        let insecure = classify(&server(ER_SECURE_TRANSPORT_REQUIRED), "d");
-        assert_eq!(insecure.code(), Code::Config);
-        assert!(
-            insecure.to_string().contains("ssl-mode=REQUIRED"),
-            "{insecure}"
-        );
     }
 }
