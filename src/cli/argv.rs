@@ -1,6 +1,7 @@
 //! How the argument words reach clap: `dlock run`'s rule that option parsing stops at the
 //! first word after NAME (the words are rewritten into a form clap parses that way), and
-//! clap's errors about unknown options and bad values reworded to name the command.
+//! clap's errors about unknown options and bad values reworded to name the command, and a
+//! subcommand's version made dlock's.
 
 use std::ffi::{OsStr, OsString};
 
@@ -176,6 +177,27 @@ pub(super) fn bad_value(
         message.push_str(&format!("; expected {}", valid.join(", ")));
     }
     clap::Error::raw(err.kind(), message)
+}
+
+/// A subcommand's `-V` / `--version` is dlock's (clap would name the subcommand:
+/// `dlock-run 0.1.0`).
+pub(super) fn version_of_dlock(
+    err: clap::Error,
+    args: &[OsString],
+    command: &mut clap::Command,
+) -> clap::Error {
+    if err.kind() != clap::error::ErrorKind::DisplayVersion {
+        return err;
+    }
+    let flag = if args.iter().any(|a| a == "--version") {
+        "--version"
+    } else {
+        "-V"
+    };
+    match command.try_get_matches_from_mut(["dlock", flag]) {
+        Err(top) if top.kind() == clap::error::ErrorKind::DisplayVersion => top,
+        _ => err,
+    }
 }
 
 /// Rewrite `dlock … run [OPTS] NAME [-c CMD] [--] COMMAND…` into
