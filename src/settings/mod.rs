@@ -7,19 +7,23 @@
 //! [`crate::backend::Target`] in the backend registry.
 //!
 //! The config file itself is [`crate::config`], credentials and redaction
-//! [`crate::secrets`], and the command to run and its lookup on `PATH` `command`.
+//! [`crate::secrets`], and the command to run and its lookup on `PATH` `command`. Reading a
+//! duration text is `duration`, and the backend `--url` names (one URL, completed from the
+//! config file) `target`.
 
 pub(crate) mod command;
+mod duration;
+mod target;
 
 use std::time::Duration;
 
 use command::command_spec;
 pub use command::{resolve_program, CommandSpec};
+pub use duration::parse_duration;
+use target::target_setting;
 
-use crate::config::{FileConfig, OneOrMany};
-use crate::secrets::redact_url;
+use crate::config::FileConfig;
 
-use crate::backend::Target;
 use crate::budget::Wait;
 use crate::cli::{self, OnLost};
 use crate::error::Error;
@@ -115,75 +119,6 @@ fn origin(flag: &str, from_env: &[String]) -> String {
     }
 }
 
-/// Parse a duration: a number with a unit (`500ms`, `30s`, `5m`, `1h30m`), or a bare number,
-/// which is seconds (`1`, `0.5`), as `flock -w` and `timeout` read it. `0` only where
-/// allowed. The error is a sentence of dlock's own, with the text as given.
-pub fn parse_duration(text: &str, zero_allowed: bool) -> Result<Duration, String> {
-    let text = text.trim();
-    let duration = match bare_seconds(text) {
-        Some(seconds) => seconds?,
-        None => humantime::parse_duration(text).map_err(|e| not_a_duration(text, &e))?,
-    };
-    if duration.is_zero() && !zero_allowed {
-        return Err(format!("'{text}' must be greater than zero"));
-    }
-    if duration > MAX_DURATION {
-        return Err(too_long(text));
-    }
-    Ok(duration)
-}
-
-/// Examples of what a duration option takes, for messages.
-const DURATION_FORMS: &str = "write e.g. 500ms, 30s, 5m or 1h30m (a bare number is seconds)";
-
-fn too_long(text: &str) -> String {
-    format!(
-        "'{text}' is longer than the limit of {} years",
-        MAX_DURATION.as_secs() / 31_557_600
-    )
-}
-
-/// A number without a unit (`1`, `0.5`, `.5`), as seconds; `None` for any other text.
-fn bare_seconds(text: &str) -> Option<Result<Duration, String>> {
-    let (whole, fraction) = text.split_once('.').unwrap_or((text, ""));
-    let digits = |s: &str| s.bytes().all(|b| b.is_ascii_digit());
-    if !digits(whole) || !digits(fraction) || whole.len() + fraction.len() == 0 {
-        return None;
-    }
-    let Ok(seconds) = (if whole.is_empty() {
-        Ok(0)
-    } else {
-        whole.parse::<u64>()
-    }) else {
-        return Some(Err(too_long(text)));
-    };
-    // Nanoseconds: the first nine digits of the fraction, padded with zeros.
-    let nanos = fraction
-        .bytes()
-        .chain(std::iter::repeat(b'0'))
-        .take(9)
-        .fold(0u32, |n, digit| n * 10 + u32::from(digit - b'0'));
-    Some(Ok(Duration::new(seconds, nanos)))
-}
-
-/// What is wrong with `text`, which humantime could not read (`error`), in dlock's words.
-fn not_a_duration(text: &str, error: &humantime::DurationError) -> String {
-    use humantime::DurationError as Why;
-    if text.starts_with('-') {
-        return format!("'{text}' is negative; a duration is 0 or more: {DURATION_FORMS}");
-    }
-    match error {
-        Why::Empty => format!("no duration given; {DURATION_FORMS}"),
-        Why::NumberOverflow => too_long(text),
-        Why::UnknownUnit { unit, .. } => format!(
-            "'{text}' has the unknown unit '{unit}'; {DURATION_FORMS} (units: ms, s, m, h, d, w)"
-        ),
-        Why::InvalidCharacter(_) | Why::NumberExpected(_) => {
-            format!("'{text}' is not a duration; {DURATION_FORMS}")
-        }
-    }
-}
-
 fn duration_setting(
     flag: Option<String>,
     file: Option<String>,
@@ -223,11 +158,6 @@ fn integer_setting(
         (None, Some(n)) => check(n, true),
         (None, None) => Ok(None),
     }
-}
-
-/// Whether `url` carries the `***` that a holder's command sees in place of a password.
-fn url_password_is_masked(url: &str) -> bool {
-    url.contains(":***@") || url.contains("password=***")
 }
 
 /// Resolve the backend options shared by every subcommand.
@@ -317,61 +247,6 @@ fn prefix_setting(backend: &cli::BackendArgs, file: &FileConfig) -> Result<(Stri
         }
     };
     Ok((prefix, prefix_from_file))
-}
-
-/// The backend `--url` names (`DLOCK_URL`, the config file; the file backend in its default
-/// directory when none does), completed from the config file, and the URL as shown.
-fn target_setting(
-    backend: &cli::BackendArgs,
-    file: &FileConfig,
-) -> Result<(Target, String), Error> {
-    let env = &backend.from_env;
-    let file_urls = match &file.values.url {
-        None => None,
-        Some(OneOrMany::One(u)) => Some(vec![u.clone()]),
-        Some(OneOrMany::Many(us)) => Some(us.clone()),
-    };
-    let urls = pick(
-        (!backend.url.is_empty()).then(|| backend.url.clone()),
-        file_urls,
-    );
-    Ok(match urls {
-        None => (Target::default_file(), "file://".to_owned()),
-        Some(s) => {
-            if s.value.len() > 1 {
-                return Err(bad(s.from_file, &origin("--url", env), several_urls()));
-            }
-            let url = &s.value[0];
-            let display = redact_url(url);
-            if !s.from_file
-                && env.iter().any(|id| id == "url")
-                && display == *url
-                && url_password_is_masked(url)
-            {
-                return Err(Error::Config(format!(
-                    "DLOCK_URL (environment): its password is *** as the dlock running this command \
-                     hid it; that dlock hands it to nested dlocks through {} (an inherited \
-                     descriptor), which did not reach this one; give the password with \
-                     password_file in the config file (docs/guide.md: \"What the command sees\")",
-                    crate::secrets::CREDENTIALS_FD
-                )));
-            }
-            let mut target =
-                Target::parse(url).map_err(|m| bad(s.from_file, &origin("--url", env), m))?;
-            target.complete(file)?;
-            (target, display)
-        }
-    })
-}
-
-/// The refusal of several URLs, which would mean one lock across independent servers: the
-/// registry's kinds whose one URL reaches several servers are the way.
-fn several_urls() -> String {
-    format!(
-        "several URLs would mean a lock across independent servers (Redlock), which dlock does \
-         not offer (docs/faq.md: Why no Redlock?); give one URL: {}",
-        crate::backend::one_url_of_several()
-    )
 }
 
 /// Resolve everything `dlock run` needs, validating it all before the backend is contacted.
@@ -584,116 +459,4 @@ pub fn lock_name(raw: &std::ffi::OsStr) -> Result<LockName, Error> {
         .to_str()
         .ok_or_else(|| Error::Usage("lock name must be valid UTF-8".into()))?;
     LockName::new(text)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_bare_number_is_seconds_and_anything_else_needs_a_unit() {
-        assert_eq!(
-            parse_duration("500ms", false),
-            Ok(Duration::from_millis(500))
-        );
-        assert_eq!(parse_duration("5m", false), Ok(Duration::from_secs(300)));
-        assert_eq!(parse_duration("5", false), Ok(Duration::from_secs(5)));
-        assert_eq!(parse_duration("0.5", false), Ok(Duration::from_millis(500)));
-        assert_eq!(parse_duration(".25", false), Ok(Duration::from_millis(250)));
-        assert_eq!(
-            parse_duration("1.0000000019", false),
-            Ok(Duration::new(1, 1))
-        );
-        assert!(parse_duration("0", false).is_err());
-        assert!(parse_duration("0.0", false).is_err());
-        assert_eq!(parse_duration("0", true), Ok(Duration::ZERO));
-        assert_eq!(parse_duration("0.0", true), Ok(Duration::ZERO));
-        assert!(parse_duration("-5s", false).is_err());
-        assert!(parse_duration("5x", false).is_err());
-        assert!(parse_duration("0s", false).is_err());
-        assert!(parse_duration("", false).is_err());
-        assert!(parse_duration(".", false).is_err());
-        assert!(parse_duration("1.2.3", false).is_err());
-    }
-
-    /// What is wrong is said in dlock's words, never humantime's ("expected number at 0").
-    #[test]
-    fn a_bad_duration_is_explained_with_examples() {
-        let error = |text: &str| parse_duration(text, true).expect_err(text);
-        assert_eq!(
-            error("-1s"),
-            "'-1s' is negative; a duration is 0 or more: write e.g. 500ms, 30s, 5m or 1h30m \
-             (a bare number is seconds)"
-        );
-        assert_eq!(
-            error("5x"),
-            "'5x' has the unknown unit 'x'; write e.g. 500ms, 30s, 5m or 1h30m (a bare number \
-             is seconds) (units: ms, s, m, h, d, w)"
-        );
-        for text in ["soon", "1.2.3", "s5"] {
-            assert_eq!(
-                error(text),
-                format!(
-                    "'{text}' is not a duration; write e.g. 500ms, 30s, 5m or 1h30m (a bare \
-                     number is seconds)"
-                )
-            );
-        }
-        assert!(error("").starts_with("no duration given; write e.g."));
-    }
-
-    /// The refusal of several URLs names, in each kind's own words, every kind whose one URL
-    /// reaches several servers, by what a lock on it outlives, and no other kind.
-    #[test]
-    fn several_urls_are_refused_naming_the_kinds_that_outlive_a_server() {
-        use crate::kind::Servers;
-        let said = several_urls();
-        let (failover, quorum) = said
-            .split_once(" for a lock that survives a failed server, or ")
-            .unwrap_or_else(|| panic!("{said}"));
-        assert!(
-            quorum.ends_with(" for a lock that needs no timing assumptions"),
-            "{said}"
-        );
-        for kind in crate::backend::KINDS {
-            let one_url = kind.words.one_url;
-            match kind.capabilities.servers {
-                Servers::One => assert!(one_url.is_empty(), "{}", kind.name),
-                Servers::Failover => assert!(
-                    !one_url.is_empty() && failover.contains(one_url),
-                    "{}: {said}",
-                    kind.name
-                ),
-                Servers::Quorum => assert!(
-                    !one_url.is_empty() && quorum.contains(one_url),
-                    "{}: {said}",
-                    kind.name
-                ),
-            }
-        }
-        for scheme in crate::backend::schemes() {
-            let named =
-                said.contains(&format!(" {scheme}://")) || said.contains(&format!("({scheme}://"));
-            let kind = crate::backend::kind_of_scheme(scheme);
-            assert_eq!(
-                named,
-                kind.is_some_and(|k| k.words.one_url.contains(&format!("{scheme}://"))),
-                "{scheme}: {said}"
-            );
-        }
-    }
-
-    #[test]
-    fn durations_beyond_the_limit_are_refused() {
-        assert_eq!(parse_duration("100y", false), Ok(MAX_DURATION));
-        for text in [
-            "18446744073709551615s",
-            "9000y",
-            "101y",
-            "18446744073709551616",
-        ] {
-            let err = parse_duration(text, true).expect_err(text);
-            assert!(err.contains("longer than the limit of 100 years"), "{err}");
-        }
-    }
 }
