@@ -18,7 +18,7 @@ More: dlock run -h, man dlock, man dlock-run; the guide is docs/guide.md in the 
 (/usr/share/doc/dlock/docs/guide.md where the Debian package is installed).";
 
 /// The examples of `dlock run -h` and `dlock run --help`.
-pub(super) const RUN_EXAMPLES: &str = "\
+const RUN_EXAMPLES: &str = "\
 Examples:
   dlock run nightly -- ./nightly.sh              wait for the lock, run, release
   dlock run -n -E 0 -q nightly -- ./nightly.sh   skip quietly (exit 0) while it is held
@@ -51,8 +51,7 @@ Exit status:
        backend, where a kernel lock cannot be broken from outside (the holder's pid is named)";
 
 /// Where the locks are when no URL is given.
-pub(super) const DEFAULT_FILE: &str =
-    "Default: the file backend in $DLOCK_DIR, else /run/dlock for root, \
+const DEFAULT_FILE: &str = "Default: the file backend in $DLOCK_DIR, else /run/dlock for root, \
     else /run/lock/dlock-<uid> where /run/lock is sticky, else /tmp/dlock-<uid>: the same from \
     cron and a login shell.";
 
@@ -162,7 +161,7 @@ const fn render_top_after_long_help(out: &mut [u8]) -> usize {
 }
 
 /// What `-h` says of `--url`; `--help` gives every backend's form.
-pub(super) const URL_SHORT_HELP: &str =
+const URL_SHORT_HELP: &str =
     "Backend URL, e.g. redis://host or etcd://host:2379 (every form: --help) [default: a lock \
      file on this host]";
 
