@@ -6,7 +6,8 @@
 //! settings hand a URL to [`Target::parse`], which finds the kind by scheme, and a subcommand
 //! runs over the `dyn` backend the target opens. Everything that lists the backends (the
 //! unknown-scheme message, `--version`, the `--url` help, the man pages, the refusal of
-//! several URLs, the servers `sniff` can tell) is derived from [`KINDS`], the texts in `texts.rs`. Adding a backend is ARCHITECTURE.md's checklist ("Adding a backend").
+//! several URLs, the servers `sniff` can tell) is derived from [`KINDS`], the texts in
+//! `texts.rs`. Adding a backend is ARCHITECTURE.md's checklist ("Adding a backend").
 
 pub mod etcd;
 pub mod file;
