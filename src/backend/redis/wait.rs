@@ -1,6 +1,8 @@
 //! The waiting protocol of one acquisition: the `acquire.lua` calls (retried after a lost
 //! reply, each bounded by `--wait` or `--no-wait`), the waiter's heartbeat and its `BLPOP` on
-//! its own mailbox, why a lock was not ours, and leaving the queue.
+//! its own mailbox, why a lock was not ours (the message: [`reason`]), and leaving the queue.
+
+mod reason;
 
 use std::time::Duration;
 
@@ -406,56 +408,9 @@ impl<'a> Waiter<'a> {
         Ok(())
     }
 
-    /// Why the lock was not ours, from the last acquire reply: held, or free (or not full)
-    /// with waiters ahead of us in line.
-    pub(super) async fn busy_reason(&self, conn: &mut Conn, live: i64, ahead: i64) -> String {
-        let holders = if live > 0 {
-            self.describe_holders(conn).await
-        } else {
-            String::new()
-        };
-        self.reason(live, ahead, &holders)
-    }
-
     /// What the last acquire reply said: `live` holders, `ahead` waiters before us.
     pub(super) fn saw(&self, live: i64, ahead: i64) {
         self.last.set((live, ahead));
-    }
-
-    /// The reason of [`Waiter::busy_reason`], with `holders` already described.
-    fn reason(&self, live: i64, ahead: i64, holders: &str) -> String {
-        let limit = i64::from(self.request.limit);
-        if live >= limit {
-            let queue = crate::wording::waiting_ahead_text(ahead.max(0) as usize);
-            return format!("is held{holders}{queue}");
-        }
-        let state = if live == 0 {
-            "free".to_owned()
-        } else {
-            format!("not full ({live} of --limit {limit} held{holders})")
-        };
-        let ahead = match ahead {
-            n if n <= 1 => "1 waiter is".to_owned(),
-            n => format!("{n} waiters are"),
-        };
-        format!(
-            "is {state}, but {ahead} ahead in the queue (a waiter that was killed \
-             drops out within {})",
-            humantime::format_duration(WAITER_LEASE)
-        )
-    }
-
-    /// " by pid N on host since T" for messages about a held lock (bounded: this only
-    /// decorates a message).
-    async fn describe_holders(&self, conn: &mut Conn) -> String {
-        match self
-            .backend
-            .status_with(conn, &self.request.name, self.budget())
-            .await
-        {
-            Ok(Ok(status)) => status.held_by(),
-            _ => String::new(),
-        }
     }
 
     /// Leave the queue (and give back a grant whose reply we may have missed). Bounded by

@@ -4,6 +4,7 @@
 //! Why a majority, and when the sentinels are asked (every connect, every renewal, a waiter's
 //! re-checks), is the theory of `sentinel/`, which drives this from a `Conn`.
 
+mod no_majority;
 mod round;
 #[cfg(test)]
 mod tests;
@@ -22,6 +23,7 @@ use crate::backend::redis::failure::classify;
 use crate::backend::redis::setup::Setup;
 use crate::backend::redis::{RedisAddr, RedisTarget};
 
+use self::no_majority::{recent_failure, remember_failure, CutOff};
 use self::round::{ask, distinct, Listed, Peer};
 pub(in crate::backend::redis) use self::round::{Answer, Found, Round};
 
@@ -489,43 +491,4 @@ fn listed_count(distinct: usize, first_found: usize, answers: &[(usize, Answer)]
         }
     }
     distinct.saturating_sub(twice)
-}
-
-/// The last time no majority of a set of sentinels named a master while connecting: the key
-/// ([`Locator::key`]), when, and what was said.
-static NO_MAJORITY: std::sync::Mutex<Option<(String, BootInstant, String)>> =
-    std::sync::Mutex::new(None);
-
-/// A connect within [`ASK_TIMEOUT`] of a round that found no majority (the acquire call's
-/// retries, the withdrawal after it) fails the same way at once instead of asking again:
-/// the round itself waited up to [`ASK_TIMEOUT`] for the silent sentinels, and asking them
-/// again at once would only make the run take that long again, past `--wait`.
-fn recent_failure(key: &str) -> Option<Error> {
-    let last = NO_MAJORITY.lock().ok()?;
-    match last.as_ref() {
-        Some((k, at, message))
-            if k == key && BootInstant::now().saturating_since(*at) < ASK_TIMEOUT =>
-        {
-            Some(Error::Unavailable(message.clone()))
-        }
-        _ => None,
-    }
-}
-
-/// Remembers a round that did not finish (dropped by its caller's timeout) as one that found
-/// no majority: the key and what to say.
-struct CutOff(Option<(String, String)>);
-
-impl Drop for CutOff {
-    fn drop(&mut self) {
-        if let Some((key, message)) = self.0.take() {
-            remember_failure(key, &Error::Unavailable(message));
-        }
-    }
-}
-
-fn remember_failure(key: String, error: &Error) {
-    if let (Error::Unavailable(message), Ok(mut last)) = (error, NO_MAJORITY.lock()) {
-        *last = Some((key, BootInstant::now(), message.clone()));
-    }
 }
