@@ -19,7 +19,7 @@
 use std::ffi::{CString, OsStr, OsString};
 use std::io;
 use std::os::fd::RawFd;
-use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicI32, Ordering};
 
@@ -53,7 +53,7 @@ const CHILD_STACK: usize = 32 * 1024;
 pub fn spawn(
     program: &Path,
     argv: &[&OsStr],
-    env: impl IntoIterator<Item = (OsString, OsString)>,
+    changes: &[(OsString, Option<OsString>)],
     tty: Option<RawFd>,
     inherit: Option<RawFd>,
 ) -> io::Result<libc::pid_t> {
@@ -62,21 +62,31 @@ pub fn spawn(
         .iter()
         .map(|arg| c_string(arg))
         .collect::<io::Result<Vec<_>>>()?;
-    let env_strings = env
-        .into_iter()
+    let set_strings = changes
+        .iter()
+        .filter_map(|(key, value)| Some((key, value.as_ref()?)))
         .map(|(key, value)| {
-            // `KEY=VALUE` in the key's own buffer.
-            let mut entry = key.into_vec();
-            entry.reserve_exact(1 + value.len() + 1);
+            let mut entry = Vec::with_capacity(key.len() + 1 + value.len() + 1);
+            entry.extend_from_slice(key.as_bytes());
             entry.push(b'=');
             entry.extend_from_slice(value.as_bytes());
             CString::new(entry).map_err(|_| nul_error())
         })
         .collect::<io::Result<Vec<_>>>()?;
+    // dlock's own entries as they are (pointers into its environment, nothing copied), but
+    // those `changes` names; then the changed values.
+    let mut envp = Vec::new();
+    for_each_variable(|key, _, entry| {
+        if !changes.iter().any(|(changed, _)| changed.as_bytes() == key) {
+            envp.push(entry);
+        }
+    });
+    envp.extend(set_strings.iter().map(|s| s.as_ptr()));
+    envp.push(std::ptr::null());
     let plan = Plan {
         program,
         argv: null_terminated(&argv_strings),
-        envp: null_terminated(&env_strings),
+        envp,
         tty,
         inherit,
         parent: std::process::id() as libc::pid_t,
@@ -217,6 +227,38 @@ extern "C" fn child_main(plan: *mut libc::c_void) -> libc::c_int {
         );
     }
     fail(plan)
+}
+
+unsafe extern "C" {
+    /// The process's environment, as the C library keeps it.
+    static environ: *const *const c_char;
+}
+
+/// Each entry of this process's environment, to `each` as its key, its value and the whole
+/// `KEY=VALUE` C string; an entry without `=` after its first byte is passed over, as
+/// `std::env::vars_os` does. Nothing is copied: for the command's environment and the
+/// credentials to take out of it, on the way to the command's start.
+pub(crate) fn for_each_variable(mut each: impl FnMut(&[u8], &[u8], *const c_char)) {
+    // SAFETY: `environ` is a null-terminated array of NUL-terminated strings that the C
+    // library keeps for the whole process. dlock changes its environment only as it starts
+    // (`secrets::restore_inherited`, before any other thread exists), and no thread of it
+    // does afterwards, so neither the array nor its strings change while this reads them.
+    unsafe {
+        let mut at = environ;
+        if at.is_null() {
+            return;
+        }
+        // Bounded: the array ends with a null pointer.
+        while !(*at).is_null() {
+            let entry = *at;
+            let bytes = std::ffi::CStr::from_ptr(entry).to_bytes();
+            if let Some(equals) = bytes.iter().skip(1).position(|&b| b == b'=') {
+                let (key, value) = bytes.split_at(equals + 1);
+                each(key, &value[1..], entry);
+            }
+            at = at.add(1);
+        }
+    }
 }
 
 fn c_string(text: &OsStr) -> io::Result<CString> {

@@ -122,16 +122,11 @@ fn start(
     terminal: Option<&Terminal>,
     inherit: Option<std::os::fd::RawFd>,
 ) -> io::Result<Child> {
-    let inherited =
-        std::env::vars_os().filter(|(key, _)| !env.iter().any(|(changed, _)| changed == key));
-    let set = env
-        .iter()
-        .filter_map(|(key, value)| Some((key.clone(), value.clone()?)));
     let argv: Vec<&OsStr> = std::iter::once(spec.arg0.as_os_str())
         .chain(spec.args.iter().map(OsString::as_os_str))
         .collect();
     let tty = terminal.map(|t| t.tty.as_raw_fd());
-    let pid = crate::spawn::spawn(&spec.program, &argv, inherited.chain(set), tty, inherit)?;
+    let pid = crate::spawn::spawn(&spec.program, &argv, env, tty, inherit)?;
     // The child made its own group (and took the terminal) before exec, and the parent
     // resumes only after that exec: the group exists before dlock could signal it.
     Ok(Child {

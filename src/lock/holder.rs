@@ -126,10 +126,13 @@ impl Holder {
 }
 
 pub fn user_name() -> String {
-    // $USER is what the login set up; looking the uid up in the user database costs a parse of
-    // nsswitch.conf and /etc/passwd on every run, so it is only the fallback.
-    if let Some(user) = std::env::var("USER").ok().filter(|u| !u.is_empty()) {
-        return user;
+    // $USER is what the login set up ($LOGNAME where cron runs the job: it sets that one);
+    // looking the uid up in the user database costs a parse of nsswitch.conf and /etc/passwd
+    // on every run, so it is only the fallback.
+    for variable in ["USER", "LOGNAME"] {
+        if let Some(user) = std::env::var(variable).ok().filter(|u| !u.is_empty()) {
+            return user;
+        }
     }
     let uid = nix::unistd::getuid();
     match nix::unistd::User::from_uid(uid) {

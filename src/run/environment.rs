@@ -2,7 +2,7 @@
 //! and the credentials taken out of the environment and handed on to nested dlocks.
 
 use std::ffi::OsString;
-use std::os::unix::ffi::OsStrExt;
+use std::os::unix::ffi::OsStringExt;
 
 use crate::secrets::{Handoff, CREDENTIALS_FD};
 use crate::settings::RunSettings;
@@ -43,12 +43,13 @@ pub(super) fn child_environment(settings: &RunSettings) -> ChildEnv {
         ),
     ];
     let mut hidden = Vec::new();
-    for (key, value) in std::env::vars_os() {
-        if is_password_variable(key.as_bytes()) {
+    crate::spawn::for_each_variable(|key, value, _| {
+        if is_password_variable(key) {
+            let key = OsString::from_vec(key.to_vec());
             env.push((key.clone(), None));
-            hidden.push((key, value));
+            hidden.push((key, OsString::from_vec(value.to_vec())));
         }
-    }
+    });
     if let Some(url) = std::env::var_os("DLOCK_URL") {
         let redacted = crate::secrets::redact_url(&url.to_string_lossy());
         if redacted != url.to_string_lossy() {
