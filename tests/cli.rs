@@ -161,6 +161,21 @@ fn signal_set(status: &str, field: &str) -> u64 {
     u64::from_str_radix(line.trim(), 16).expect("a hex signal set")
 }
 
+/// dlock with `args`, started by `sh -c SCRIPT` (which runs it as `"$0" "$@"`), with the
+/// environment `env` gives its runs: for what a shell does to dlock's process before it runs.
+fn dlock_from_sh(env: &TestEnv, script: &str, args: &[&str]) -> std::process::Command {
+    let mut c = std::process::Command::new("sh");
+    c.args(["-c", script, DLOCK]).args(args);
+    for (key, value) in env.dlock(["x"]).get_envs() {
+        match value {
+            Some(value) => c.env(key, value),
+            None => c.env_remove(key),
+        };
+    }
+    c.current_dir(env.path("")).stdin(Stdio::null());
+    c
+}
+
 #[test]
 fn command_starts_with_no_blocked_signals_and_default_sigpipe() {
     let bit = |signal: i32| 1u64 << (signal - 1);
@@ -169,19 +184,11 @@ fn command_starts_with_no_blocked_signals_and_default_sigpipe() {
     // may reach the command. A signal that dlock's own parent ignored, and dlock does not
     // handle, stays ignored.
     let out = output_within(
-        {
-            let mut c = std::process::Command::new("sh");
-            c.args(["-c", "trap '' ALRM; exec \"$0\" \"$@\"", DLOCK])
-                .args(["run", "x", "cat", "/proc/self/status"]);
-            for (key, value) in env.dlock(["x"]).get_envs() {
-                match value {
-                    Some(value) => c.env(key, value),
-                    None => c.env_remove(key),
-                };
-            }
-            c.current_dir(env.path("")).stdin(Stdio::null());
-            c
-        },
+        dlock_from_sh(
+            &env,
+            "trap '' ALRM; exec \"$0\" \"$@\"",
+            &["run", "x", "cat", "/proc/self/status"],
+        ),
         PATIENCE,
     );
     assert!(out.status.success(), "{}", describe(&out));
@@ -204,24 +211,17 @@ fn a_closed_stdout_is_dev_null_and_dlock_ignores_sigpipe() {
     let bit = |signal: i32| 1u64 << (signal - 1);
     let (_server, env) = file_env();
     let out = output_within(
-        {
-            let mut c = std::process::Command::new("sh");
-            c.args(["-c", "exec \"$0\" \"$@\" >&-", DLOCK]).args([
+        dlock_from_sh(
+            &env,
+            "exec \"$0\" \"$@\" >&-",
+            &[
                 "run",
                 "x",
                 "sh",
                 "-c",
                 "echo \"$(readlink /proc/$$/fd/1)\" >&2; cat /proc/$PPID/status >&2",
-            ]);
-            for (key, value) in env.dlock(["x"]).get_envs() {
-                match value {
-                    Some(value) => c.env(key, value),
-                    None => c.env_remove(key),
-                };
-            }
-            c.current_dir(env.path("")).stdin(Stdio::null());
-            c
-        },
+            ],
+        ),
         PATIENCE,
     );
     assert!(out.status.success(), "{}", describe(&out));

@@ -9,6 +9,19 @@ fn words(line: &[&str]) -> Vec<OsString> {
     line.iter().map(OsString::from).collect()
 }
 
+/// The fast reader answers `line`, with this process's environment, as clap does.
+fn read_as_clap_reads(line: &[&str]) {
+    let args = words(line);
+    let fast = parse_run(&args, |var| std::env::var_os(var));
+    let fast = fast.unwrap_or_else(|| panic!("{line:?} was left to clap"));
+    let clap = crate::cli::parse_with_clap(args).map_err(|e| e.to_string());
+    assert_eq!(
+        Ok(format!("{fast:?}")),
+        clap.map(|c| format!("{c:?}")),
+        "{line:?}"
+    );
+}
+
 /// The lines the fast reader must answer (and answer as clap does), read with this process's
 /// environment.
 const EVERYDAY: &[&[&str]] = &[
@@ -100,15 +113,7 @@ const EVERYDAY: &[&[&str]] = &[
 #[test]
 fn the_everyday_lines_are_read_as_clap_reads_them() {
     for line in EVERYDAY {
-        let args = words(line);
-        let fast = parse_run(&args, |var| std::env::var_os(var));
-        let fast = fast.unwrap_or_else(|| panic!("{line:?} was left to clap"));
-        let clap = crate::cli::parse_with_clap(args).map_err(|e| e.to_string());
-        assert_eq!(
-            Ok(format!("{fast:?}")),
-            clap.map(|c| format!("{c:?}")),
-            "{line:?}"
-        );
+        read_as_clap_reads(line);
     }
 }
 
@@ -286,14 +291,6 @@ fn agree_in_this_process() {
             "a",
         ],
     ] {
-        let args = words(line);
-        let fast = parse_run(&args, |var| std::env::var_os(var));
-        let fast = fast.unwrap_or_else(|| panic!("{line:?} was left to clap"));
-        let clap = crate::cli::parse_with_clap(args).map_err(|e| e.to_string());
-        assert_eq!(
-            Ok(format!("{fast:?}")),
-            clap.map(|c| format!("{c:?}")),
-            "{line:?}"
-        );
+        read_as_clap_reads(line);
     }
 }
