@@ -423,15 +423,7 @@ fn start_hold(
         .and_then(|token| {
             write_at(counter, 0, header(token).as_bytes())
                 .map_err(|e| io_err("cannot write", e))?;
-            let mut holder = request.holder.clone();
-            holder.token = token;
-            holder.granted_now();
-            // A kernel lock has no lease.
-            holder.ttl_ms = 0;
-            let record = Record {
-                holder,
-                limit: request.limit,
-            };
+            let record = granted_record(request, token);
             let mut body = if slot == 0 { String::new() } else { header(0) };
             let body_offset = if slot == 0 { HEADER_LEN as u64 } else { 0 };
             body.push_str(
@@ -446,4 +438,17 @@ fn start_hold(
     let _ = header_lock(counter, false);
     let token = held?;
     Ok(FileLease::new(file, path, token, request.limit))
+}
+
+/// The record of a hold granted now with `token`, exclusive or shared: a kernel lock has no
+/// lease.
+pub(super) fn granted_record(request: &AcquireRequest, token: u64) -> Record {
+    let mut holder = request.holder.clone();
+    holder.token = token;
+    holder.granted_now();
+    holder.ttl_ms = 0;
+    Record {
+        holder,
+        limit: request.limit,
+    }
 }

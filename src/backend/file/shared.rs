@@ -14,7 +14,7 @@ use super::{cannot_inspect, check_limits, keeps_being_replaced, pass, MAX_INODE_
 use crate::clock::BootInstant;
 use crate::error::Error;
 use crate::kit::lock_dir::LockDir;
-use crate::lock::{AcquireRequest, Cancel, Record};
+use crate::lock::{AcquireRequest, Cancel};
 
 /// A shared hold: through the turnstile (so that an exclusive run already waiting goes
 /// first), then `LOCK_SH` on slot 0's file, the same lock `flock -s FILE` takes; then the
@@ -82,15 +82,7 @@ fn start_shared_hold(
         });
     let _ = header_lock(&file, false);
     let token = held?;
-    let mut holder = request.holder.clone();
-    holder.token = token;
-    holder.granted_now();
-    // A kernel lock has no lease.
-    holder.ttl_ms = 0;
-    let record = Record {
-        holder,
-        limit: request.limit,
-    };
+    let record = super::granted_record(request, token);
     let name = reader_file_name(stem, request.holder.pid);
     let record_path = dir.path_of(&name);
     let record_file = match dir.open_lock_file(&name) {
