@@ -1,7 +1,7 @@
 //! What is particular to each backend, beside the contract every backend passes
 //! (`crate::contract`): one folder per backend, each invoking `contract_tests!` with its test
-//! server, which lives in the folder too (`NAME/server.rs`; the file backend's `FileServer`
-//! is `crate::support`'s). The words every backend shares for what goes wrong in reaching a
+//! server, which lives in the folder too (`NAME/server.rs`, the file backend's included). The
+//! words every backend shares for what goes wrong in reaching a
 //! server are here once: a server of another kind at the URL
 //! ([`assert_names_the_server_there`]), a password missing or refused, a database the server
 //! does not have, a Unix socket that does not exist.
@@ -22,6 +22,7 @@ macro_rules! backends_with_servers {
 
 backends_with_servers! {
     etcd,
+    file,
     memcached,
     mysql,
     postgres,
@@ -30,8 +31,6 @@ backends_with_servers! {
     redis_sentinel,
     zk,
 }
-// The file backend's server, `FileServer`, is `crate::support`'s: tests of no backend use it too.
-mod file;
 
 use crate::support::*;
 

@@ -5,7 +5,7 @@
 //! exit), never on a fixed sleep.
 //!
 //! - `harness`: `TestEnv` (one test's world) and `Holding` (a running holder);
-//! - `server`: the `LockServer` and `LeaseServer` traits, and `FileServer`;
+//! - `server`: the `LockServer` and `LeaseServer` traits;
 //! - `shared`: one server of each kind for the whole run (`Shared`), torn down by a watchdog;
 //! - `process`: bounded waits, output helpers, `assert_fails`, unique names, server binaries;
 //! - `net`: free ports, a `Proxy` that black-holes or slows a link, a `SilentServer`;

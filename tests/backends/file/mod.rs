@@ -1,10 +1,11 @@
 //! Promises specific to the file backend (docs/backends/file.md): the lock
 //! directory, names, `--limit`; the fencing counter (`tokens`), what else may stand where a
 //! lock file should be (`special_files`), shared directories (`shared_dirs`), and `flock -s`
-//! interop of shared locks (`shared`).
+//! interop of shared locks (`shared`). Its test server is `server` (a private directory).
 
 mod busy_lock_table;
 mod default_dir;
+pub(super) mod server;
 mod shared;
 mod shared_dirs;
 mod special_files;

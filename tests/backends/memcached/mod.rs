@@ -1,7 +1,8 @@
 //! The memcached backend: the whole contract against a real `memcached` (started with `-M`),
 //! plus what only memcached can get wrong: servers that evict
 //! (`evictions`), the fencing counter and restarts (`tokens`), its keys, several servers and
-//! polling (`keys`).
+//! polling (`keys`), `list` (`listing`), and servers it cannot use or that stop answering
+//! (`odd_servers`).
 //!
 //! Waiters are not served in arrival order on memcached (they poll), so the FIFO test other
 //! backends run is not run here; `keys::waiters_poll_and_hand_off_quickly` checks what is
@@ -13,7 +14,7 @@ mod evictions;
 mod keys;
 mod listing;
 pub(super) mod server;
-mod servers;
+mod odd_servers;
 mod tokens;
 
 use crate::support::*;
