@@ -12,6 +12,21 @@ fn url_of(dir: &Path) -> String {
 }
 
 /// A directory with exactly `mode` (set after creation, so the umask does not interfere).
+/// A lock directory of root's (0755) that other users can reach (the test's scratch, 0711).
+fn roots_lock_dir(env: &TestEnv) -> PathBuf {
+    std::fs::set_permissions(env.scratch.path(), std::fs::Permissions::from_mode(0o711))
+        .expect("chmod");
+    dir_with_mode(&env.path("locks"), 0o755)
+}
+
+/// Root's lock file `data.lock` in `dir`, with `mode`.
+fn roots_lock_file(dir: &Path, mode: u32) -> PathBuf {
+    let lock = dir.join("data.lock");
+    std::fs::write(&lock, b"").expect("create the lock file");
+    std::fs::set_permissions(&lock, std::fs::Permissions::from_mode(mode)).expect("chmod");
+    lock
+}
+
 fn dir_with_mode(path: &Path, mode: u32) -> PathBuf {
     std::fs::create_dir_all(path).expect("mkdir");
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).expect("chmod");
@@ -184,12 +199,8 @@ fn the_multi_user_recipe_takes_shared_locks_and_leaves_nothing_behind() {
     const TEAM: u32 = 424_242;
     let server = FileServer::start();
     let env = TestEnv::new(&server);
-    std::fs::set_permissions(env.scratch.path(), std::fs::Permissions::from_mode(0o711))
-        .expect("chmod");
-    let dir = dir_with_mode(&env.path("locks"), 0o755);
-    let lock = dir.join("data.lock");
-    std::fs::write(&lock, b"").expect("create the lock file");
-    std::fs::set_permissions(&lock, std::fs::Permissions::from_mode(0o660)).expect("chmod");
+    let dir = roots_lock_dir(&env);
+    let lock = roots_lock_file(&dir, 0o660);
     nix::unistd::chown(&lock, None, Some(nix::unistd::Gid::from_raw(TEAM))).expect("chgrp");
     let url = url_of(&dir);
     let as_user = |args: &[&str]| {
@@ -281,9 +292,7 @@ fn a_lock_directory_or_file_the_user_may_not_use_names_whose_it_is() {
     const USER: u32 = 424_245;
     let server = FileServer::start();
     let env = TestEnv::new(&server);
-    std::fs::set_permissions(env.scratch.path(), std::fs::Permissions::from_mode(0o711))
-        .expect("chmod");
-    let dir = dir_with_mode(&env.path("locks"), 0o755);
+    let dir = roots_lock_dir(&env);
     let as_user = |args: &[&str]| {
         let mut command = env.dlock(args);
         command
@@ -331,13 +340,9 @@ fn a_lock_file_others_cannot_share_points_to_the_multi_user_recipe() {
     const RECIPE: &str = "locks shared between users";
     let server = FileServer::start();
     let env = TestEnv::new(&server);
-    std::fs::set_permissions(env.scratch.path(), std::fs::Permissions::from_mode(0o711))
-        .expect("chmod");
     // Root's lock file, for root alone, in a directory root keeps.
-    let dir = dir_with_mode(&env.path("locks"), 0o755);
-    let lock = dir.join("data.lock");
-    std::fs::write(&lock, b"").expect("create the lock file");
-    std::fs::set_permissions(&lock, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let dir = roots_lock_dir(&env);
+    let lock = roots_lock_file(&dir, 0o600);
     let mut as_user = env.dlock(["run", "--url", &url_of(&dir), "data", "true"]);
     as_user.uid(USER).gid(USER).current_dir("/");
     let out = output_within(as_user, PATIENCE);
