@@ -15,6 +15,7 @@ pub mod memcached;
 pub mod mysql;
 pub mod postgres;
 pub mod redis;
+pub mod s3;
 mod texts;
 pub mod zk;
 
@@ -34,6 +35,7 @@ pub const KINDS: &[&Kind] = &[
     &postgres::kind::KIND,
     &mysql::kind::KIND,
     &memcached::kind::KIND,
+    &s3::kind::KIND,
 ];
 
 /// The kind that answers to `scheme` (lower case).
