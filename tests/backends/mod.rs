@@ -29,6 +29,7 @@ backends_with_servers! {
     redis,
     redis_cluster,
     redis_sentinel,
+    s3,
     zk,
 }
 

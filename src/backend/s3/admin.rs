@@ -3,7 +3,7 @@
 //! `status` reads the lock object (holders live by the server's clock, the last token) and
 //! lists the waiters' registrations (those written within `wait::STALE_AFTER` server seconds
 //! count). `list` lists the lock objects under the prefix (ListObjectsV2, page by page) and
-//! reads each. `release --force` rewrites the object without holders, on the ETag read, so
+//! reads each, with its waiters. `release --force` rewrites the object without holders, on the ETag read, so
 //! the token counter stays. `check` checks the credentials and the bucket, that the server
 //! honours conditional writes (a probe object created, created again, written on an ETag
 //! nobody has, deleted), and how far this host's clock is from the server's.
@@ -125,7 +125,8 @@ pub(super) async fn list(backend: &S3Backend) -> Result<Vec<LockStatus>, Error> 
                 continue;
             };
             let name = first.record.holder.name.clone();
-            held.push(status_of(Some((&body, lm, date)), name, None));
+            let waiting = waiters(s3, &format!("{key}/w/")).await?;
+            held.push(status_of(Some((&body, lm, date)), name, Some(waiting)));
         }
         next = page.next;
         if next.is_none() {

@@ -1,0 +1,207 @@
+//! A private S3 server per test: moto in server mode (`moto_server`'s application, from
+//! `.servers/venv`), on a free loopback port, its bucket created with an unsigned
+//! `PUT /BUCKET` (moto checks no signatures); ready when `/moto-api/` answers; killed by pid
+//! on drop.
+//!
+//! moto checks a write's condition and then writes, with nothing between two requests
+//! handled at once: `moto_server` serves requests on threads, and two conditional writes on
+//! one ETag can then both succeed (seen here: two holders with one token). The server is run
+//! as `moto_server` runs it but on one thread, so that each request is whole before the next
+//! starts, which is what S3 promises of a conditional write.
+//!
+//! dlock finds the endpoint and region in the URL's query, and the credentials (moto takes
+//! any) in `AWS_ACCESS_KEY_ID`/`AWS_SECRET_ACCESS_KEY`, which the first start sets in this
+//! test process for every dlock it runs.
+
+use std::io::{Read, Write};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use crate::support::*;
+
+/// The bucket every test server has.
+pub const BUCKET: &str = "dlock-tests";
+
+/// The credentials the tests give dlock (moto takes any).
+pub const ACCESS_KEY_ID: &str = "AKIDTESTINGDLOCK";
+pub const SECRET_ACCESS_KEY: &str = "s3cr3t-never-shown-Qx7";
+
+/// One plain HTTP/1.0 exchange with the server on `port` (no signature): status and body.
+pub fn s3_request(port: u16, method: &str, path: &str, body: &[u8]) -> std::io::Result<(u16, Vec<u8>)> {
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port))?;
+    stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    let head = format!(
+        "{method} {path} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    stream.write_all(head.as_bytes())?;
+    stream.write_all(body)?;
+    let mut answer = Vec::new();
+    stream.take(64 << 20).read_to_end(&mut answer)?;
+    let text = String::from_utf8_lossy(&answer);
+    let status = text
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let body = match answer.windows(4).position(|w| w == b"\r\n\r\n") {
+        Some(at) => answer[at + 4..].to_vec(),
+        None => Vec::new(),
+    };
+    Ok((status, body))
+}
+
+/// Set the credentials dlock reads, once for the whole test process (before any dlock runs
+/// against an S3 server).
+fn set_credentials() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        std::env::set_var("AWS_ACCESS_KEY_ID", ACCESS_KEY_ID);
+        std::env::set_var("AWS_SECRET_ACCESS_KEY", SECRET_ACCESS_KEY);
+        // Nothing of the machine's own AWS set-up reaches the tests.
+        std::env::set_var("AWS_CONFIG_FILE", "/nonexistent/aws-config");
+        std::env::set_var("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent/aws-credentials");
+        for variable in ["AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"] {
+            std::env::remove_var(variable);
+        }
+    });
+}
+
+/// `moto_server` on one thread (see the module doc); the port is its argument.
+const ONE_THREAD: &str = "import sys
+from werkzeug.serving import run_simple
+from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
+run_simple('127.0.0.1', int(sys.argv[1]), DomainDispatcherApplication(create_backend_app), threaded=False, request_handler=MotoRequestHandler)
+";
+
+/// A private moto server on a free loopback port; killed on drop.
+pub struct S3Server {
+    pub port: u16,
+    _dir: tempfile::TempDir,
+    child: Option<Child>,
+}
+
+impl S3Server {
+    /// A moto shared by every test of the run that calls this (see `shared`).
+    pub fn shared() -> Shared<S3Server> {
+        static SERVER: std::sync::OnceLock<S3Server> = std::sync::OnceLock::new();
+        shared(&SERVER, S3Server::start)
+    }
+
+    pub fn start() -> S3Server {
+        set_credentials();
+        let moto = project_server_binary("moto_server");
+        // The venv's interpreter, beside moto_server.
+        let python = moto.with_file_name("python3");
+        let dir = server_dir();
+        let port = free_port();
+        let mut command = Command::new(python);
+        command
+            .args(["-c", ONE_THREAD, &port.to_string()])
+            .env("MOTO_PORT", port.to_string())
+            .current_dir(dir.path())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        let child = spawn_server(&mut command, "moto_server");
+        let server = S3Server {
+            port,
+            _dir: dir,
+            child: Some(child),
+        };
+        wait_until("moto answers", PATIENCE, || {
+            s3_request(port, "GET", "/moto-api/", b"").is_ok_and(|(status, _)| status == 200)
+        });
+        let (status, body) =
+            s3_request(port, "PUT", &format!("/{BUCKET}"), b"").expect("create the bucket");
+        assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
+        server
+    }
+
+    /// The endpoint as dlock's URL names it.
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// The body of the object `key` of the bucket, if there is one.
+    pub fn object(&self, key: &str) -> Option<Vec<u8>> {
+        let (status, body) =
+            s3_request(self.port, "GET", &format!("/{BUCKET}/{}", encode_key(key)), b"").ok()?;
+        (status == 200).then_some(body)
+    }
+
+    /// Every key of the bucket (one page: the tests store far fewer than 1000).
+    pub fn keys(&self) -> Vec<String> {
+        let (_, body) = s3_request(self.port, "GET", &format!("/{BUCKET}?list-type=2"), b"")
+            .expect("list the bucket");
+        let text = String::from_utf8_lossy(&body).into_owned();
+        text.split("<Key>")
+            .skip(1)
+            .filter_map(|rest| rest.split_once("</Key>").map(|(k, _)| k.replace("&amp;", "&")))
+            .collect()
+    }
+
+    fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// A key as a path segment of a request.
+pub fn encode_key(key: &str) -> String {
+    key.bytes()
+        .map(|b| {
+            if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~' | b'/') {
+                char::from(b).to_string()
+            } else {
+                format!("%{b:02X}")
+            }
+        })
+        .collect()
+}
+
+impl Drop for S3Server {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+impl LockServer for S3Server {
+    fn url(&self) -> String {
+        format!("s3://{BUCKET}?endpoint={}&region=us-east-1", self.endpoint())
+    }
+
+    fn scheme(&self) -> &'static str {
+        "s3"
+    }
+
+    fn ttl(&self) -> Option<&'static str> {
+        Some("5s")
+    }
+
+    /// Every object's key and body.
+    fn stored_text(&self) -> Option<String> {
+        let mut text = String::new();
+        for key in self.keys() {
+            text.push_str(&key);
+            text.push_str(&String::from_utf8_lossy(&self.object(&key).unwrap_or_default()));
+        }
+        Some(text)
+    }
+}
+
+impl LeaseServer for S3Server {
+    fn port(&self) -> u16 {
+        self.port
+    }
+
+    fn url_via(&self, port: u16) -> String {
+        format!("s3://{BUCKET}?endpoint=http://127.0.0.1:{port}&region=us-east-1")
+    }
+
+    fn as_lock_server(&self) -> &dyn LockServer {
+        self
+    }
+}
