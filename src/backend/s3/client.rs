@@ -188,7 +188,10 @@ impl S3 {
         } else {
             format!("{path}?{canonical_query}")
         };
-        let shown = format!("{method} {key}");
+        let shown = match query.iter().find(|(k, _)| *k == "prefix") {
+            Some((_, prefix)) => format!("LIST {prefix}"),
+            None => format!("{method} {key}"),
+        };
         let answer = self
             .http
             .send(

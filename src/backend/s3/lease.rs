@@ -28,6 +28,9 @@ use super::record::{nonce, Body};
 
 /// The bound the keeper puts on a renewal is the only one: no budget of our own.
 const NO_BUDGET: Duration = Duration::from_secs(3600);
+/// How long a release may take once the keeper has given the hold up: the entry expires on
+/// the server by itself, so an unanswering server does not keep the run from ending.
+const GIVEN_UP: Duration = Duration::from_secs(1);
 /// Writes lost to other writers in a row before a rewrite gives up (each one a write that
 /// succeeded for somebody else).
 const ROUNDS: usize = 20;
@@ -217,8 +220,10 @@ impl Lease for S3Lease {
     }
 
     /// Rewrite the object without our entry: the lock is free for the next poll, and the
-    /// token counter stays.
+    /// token counter stays. Bounded as a whole by [`OP_TIMEOUT`], by [`GIVEN_UP`] when the
+    /// keeper has given the hold up already (the entry expires by itself then).
     async fn release(self) -> Result<(), Error> {
+        let given_up = BootInstant::now() >= self.keeper.proven_until();
         if self.keeper.stop().await.is_none() {
             return Err(Error::Internal(
                 "the lease keeper ended unexpectedly".into(),
@@ -226,25 +231,38 @@ impl Lease for S3Lease {
         }
         let mut held = self.held.lock().await;
         let remove = |body: &mut Body, id: &str| body.holders.retain(|e| e.id != id);
-        let mut last = None;
-        // One retry: a release that never arrives costs the next holder up to a TTL.
-        for _ in 0..2 {
-            let removed = held.write(&remove, OP_TIMEOUT).await;
-            tracing::debug!(target: crate::logging::HANDOFF, "rewritten");
-            match removed {
-                Ok(Ours::Yes) => return Ok(()),
-                Ok(Ours::No(why)) => {
-                    crate::lock::warn_gone_at_release(format_args!(
-                        "the lock was no longer ours when it was released: {why}"
-                    ));
-                    return Ok(());
+        let bound = if given_up { GIVEN_UP } else { OP_TIMEOUT };
+        let attempts = async {
+            let mut last = None;
+            // One retry: a release that never arrives costs the next holder up to a TTL.
+            for _ in 0..2 {
+                let removed = held.write(&remove, bound).await;
+                tracing::debug!(target: crate::logging::HANDOFF, "rewritten");
+                match removed {
+                    Ok(ours) => return Ok(ours),
+                    Err(failure) => last = Some(failure),
                 }
-                Err(failure) => last = Some(failure),
             }
+            Err(last)
+        };
+        match tokio::time::timeout(bound, attempts).await {
+            Ok(Ok(Ours::Yes)) => Ok(()),
+            Ok(Ok(Ours::No(why))) => {
+                crate::lock::warn_gone_at_release(format_args!(
+                    "the lock was no longer ours when it was released: {why}"
+                ));
+                Ok(())
+            }
+            Ok(Err(Some(failure))) => Err(failure.into_error(&self.display)),
+            Ok(Err(None)) => Err(Error::Internal("release failed".into())),
+            Err(_) if given_up => {
+                crate::lock::warn_gone_at_release(format_args!(
+                    "{}: the release was not answered; the lease had run out already",
+                    self.display
+                ));
+                Ok(())
+            }
+            Err(_) => Err(crate::wording::no_answer_in(&self.display, bound)),
         }
-        Err(last.map_or_else(
-            || Error::Internal("release failed".into()),
-            |f| f.into_error(&self.display),
-        ))
     }
 }

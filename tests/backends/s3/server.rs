@@ -6,8 +6,8 @@
 //! moto checks a write's condition and then writes, with nothing between two requests
 //! handled at once: `moto_server` serves requests on threads, and two conditional writes on
 //! one ETag can then both succeed (seen here: two holders with one token). The server is run
-//! as `moto_server` runs it but on one thread, so that each request is whole before the next
-//! starts, which is what S3 promises of a conditional write.
+//! as `moto_server` runs it but with one request in moto at a time, so that each is whole
+//! before the next starts, which is what S3 promises of a conditional write.
 //!
 //! dlock finds the endpoint and region in the URL's query, and the credentials (moto takes
 //! any) in `AWS_ACCESS_KEY_ID`/`AWS_SECRET_ACCESS_KEY`, which the first start sets in this
@@ -26,12 +26,16 @@ pub const BUCKET: &str = "dlock-tests";
 pub const ACCESS_KEY_ID: &str = "AKIDTESTINGDLOCK";
 pub const SECRET_ACCESS_KEY: &str = "s3cr3t-never-shown-Qx7";
 
-/// One plain HTTP/1.0 exchange with the server on `port` (no signature): status and body.
+/// One plain HTTP/1.0 exchange with the server on `port`: status and body. moto reads the
+/// account from an `Authorization` header (without one it refuses to read objects) and
+/// checks no signature, so the header signs nothing.
 pub fn s3_request(port: u16, method: &str, path: &str, body: &[u8]) -> std::io::Result<(u16, Vec<u8>)> {
     let mut stream = std::net::TcpStream::connect(("127.0.0.1", port))?;
     stream.set_read_timeout(Some(Duration::from_secs(10)))?;
     let head = format!(
-        "{method} {path} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\nContent-Length: {}\r\n\r\n",
+        "{method} {path} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\nContent-Length: {}\r\n\
+         Authorization: AWS4-HMAC-SHA256 Credential={ACCESS_KEY_ID}/20240101/us-east-1/s3/\
+         aws4_request, SignedHeaders=host, Signature=0\r\n\r\n",
         body.len()
     );
     stream.write_all(head.as_bytes())?;
@@ -53,7 +57,7 @@ pub fn s3_request(port: u16, method: &str, path: &str, body: &[u8]) -> std::io::
 
 /// Set the credentials dlock reads, once for the whole test process (before any dlock runs
 /// against an S3 server).
-fn set_credentials() {
+pub fn set_credentials() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| {
         std::env::set_var("AWS_ACCESS_KEY_ID", ACCESS_KEY_ID);
@@ -67,11 +71,18 @@ fn set_credentials() {
     });
 }
 
-/// `moto_server` on one thread (see the module doc); the port is its argument.
-const ONE_THREAD: &str = "import sys
+/// `moto_server` with one request handled at a time (see the module doc): connections are
+/// read on threads, so a client that sends nothing (a black-holed link) holds up no other,
+/// and a lock lets one request into moto at a time. The port is its argument.
+const ONE_AT_A_TIME: &str = "import sys, threading
 from werkzeug.serving import run_simple
 from moto.moto_server.werkzeug_app import DomainDispatcherApplication, MotoRequestHandler, create_backend_app
-run_simple('127.0.0.1', int(sys.argv[1]), DomainDispatcherApplication(create_backend_app), threaded=False, request_handler=MotoRequestHandler)
+app = DomainDispatcherApplication(create_backend_app)
+turn = threading.Lock()
+def one_at_a_time(environ, start_response):
+    with turn:
+        return list(app(environ, start_response))
+run_simple('127.0.0.1', int(sys.argv[1]), one_at_a_time, threaded=True, request_handler=MotoRequestHandler)
 ";
 
 /// A private moto server on a free loopback port; killed on drop.
@@ -97,7 +108,7 @@ impl S3Server {
         let port = free_port();
         let mut command = Command::new(python);
         command
-            .args(["-c", ONE_THREAD, &port.to_string()])
+            .args(["-c", ONE_AT_A_TIME, &port.to_string()])
             .env("MOTO_PORT", port.to_string())
             .current_dir(dir.path())
             .stdin(Stdio::null())
