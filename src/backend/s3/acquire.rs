@@ -39,7 +39,7 @@ fn request_limit(budget: &WaitBudget) -> Duration {
 
 /// What one attempt found.
 enum Attempt {
-    Won(Held, u64, BootInstant),
+    Won(Box<Held>, u64, BootInstant),
     Held(Vec<Holder>),
     /// Somebody wrote between our read and our write: decide again.
     Raced,
@@ -79,7 +79,13 @@ pub(super) async fn acquire(
                 if waited {
                     tracing::debug!(target: crate::logging::HANDOFF, "woken");
                 }
-                break Ok(S3Lease::start(held, token, sent, request.ttl, request.kill_after));
+                break Ok(S3Lease::start(
+                    *held,
+                    token,
+                    sent,
+                    request.ttl,
+                    request.kill_after,
+                ));
             }
             Ok(Attempt::Raced) => {
                 answered = true;
@@ -194,14 +200,16 @@ async fn attempt(ctx: &Ctx<'_>, limit: Duration) -> Result<Attempt, Failure> {
     let sent = BootInstant::now();
     let put = ctx.s3.put(&ctx.key, bytes.clone(), &cond, limit).await;
     tracing::debug!(target: crate::logging::HANDOFF, "written");
-    let held = |etag: String, body: Body| Held {
-        s3: ctx.s3.clone(),
-        key: ctx.key.clone(),
-        id: ctx.id.clone(),
-        sent_nonce: body.nonce.clone(),
-        body,
-        etag,
-        uncertain: false,
+    let held = |etag: String, body: Body| {
+        Box::new(Held {
+            s3: ctx.s3.clone(),
+            key: ctx.key.clone(),
+            id: ctx.id.clone(),
+            sent_nonce: body.nonce.clone(),
+            body,
+            etag,
+            uncertain: false,
+        })
     };
     match put {
         Ok(Put::Done(etag)) => {
@@ -238,13 +246,20 @@ async fn attempt(ctx: &Ctx<'_>, limit: Duration) -> Result<Attempt, Failure> {
 /// After creating a lock object: a second create and a write on an ETag nobody has must
 /// both fail (412), else the server ignores the conditions dlock's safety rests on (78).
 /// Both repeat the body just written, so a server that ignores them changes nothing.
-async fn refuse_unconditional(ctx: &Ctx<'_>, bytes: Vec<u8>, limit: Duration) -> Result<(), Failure> {
+async fn refuse_unconditional(
+    ctx: &Ctx<'_>,
+    bytes: Vec<u8>,
+    limit: Duration,
+) -> Result<(), Failure> {
     for (cond, header) in [
         (Cond::Absent, "If-None-Match: *"),
         (Cond::Matches(NO_SUCH_ETAG.to_owned()), "If-Match"),
     ] {
         if let Put::Done(_) = ctx.s3.put(&ctx.key, bytes.clone(), &cond, limit).await? {
-            return Err(Failure::Refused(ignores_conditions(&ctx.s3.display, header)));
+            return Err(Failure::Refused(ignores_conditions(
+                &ctx.s3.display,
+                header,
+            )));
         }
     }
     Ok(())
@@ -276,7 +291,11 @@ fn pause_before_next_poll(
     polls: &mut Backoff,
 ) -> Result<Duration, Error> {
     if request.budget.is_no_wait() {
-        return Err(busy(&request.name, holders, "not waiting (--no-wait)".into()));
+        return Err(busy(
+            &request.name,
+            holders,
+            "not waiting (--no-wait)".into(),
+        ));
     }
     let mut pause = polls.next_delay();
     if let Some(left) = request.budget.left() {

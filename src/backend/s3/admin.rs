@@ -149,14 +149,22 @@ pub(super) async fn force_release(
         };
         let mut body = Body::parse(&object.body).ok_or_else(|| foreign(s3, &key))?;
         let (lm, date) = (object.last_modified, object.date);
-        let removed: Vec<Holder> = body.live(lm, date).map(|e| e.record.holder.clone()).collect();
+        let removed: Vec<Holder> = body
+            .live(lm, date)
+            .map(|e| e.record.holder.clone())
+            .collect();
         if body.holders.is_empty() {
             return Ok(removed);
         }
         body.prepare(lm, date);
         body.holders.clear();
         let put = s3
-            .put(&key, body.to_bytes(), &Cond::Matches(object.etag), OP_TIMEOUT)
+            .put(
+                &key,
+                body.to_bytes(),
+                &Cond::Matches(object.etag),
+                OP_TIMEOUT,
+            )
             .await
             .map_err(fail(s3))?;
         if let Put::Done(_) = put {

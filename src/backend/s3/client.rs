@@ -13,6 +13,10 @@ use super::settings::Settings;
 use super::sign::{self, Credentials, ToSign};
 use super::target::{addressing, S3Target};
 
+pub use listing::Listing;
+
+mod listing;
+
 /// The most bytes a lock object may hold (a `--limit 1024` lock's holders fit many times).
 pub const MAX_BODY: usize = 4 << 20;
 
@@ -32,7 +36,9 @@ pub struct Object {
 pub enum Got {
     Found(Object),
     /// No such object; the answer's `Date`.
-    Missing { date: u64 },
+    Missing {
+        date: u64,
+    },
 }
 
 /// The condition a PUT is made on.
@@ -280,7 +286,14 @@ impl S3 {
     /// DeleteObject (unconditional: only for objects no lock depends on).
     pub async fn delete(&self, key: &str, limit: Duration) -> Result<(), Failure> {
         let response = self
-            .send(http::Method::DELETE, key, &[], Vec::new(), Vec::new(), limit)
+            .send(
+                http::Method::DELETE,
+                key,
+                &[],
+                Vec::new(),
+                Vec::new(),
+                limit,
+            )
             .await?;
         match response.status {
             200 | 204 | 404 => Ok(()),
@@ -346,9 +359,18 @@ impl S3 {
             (503, _) | (500, _) | (429, _) => {
                 Failure::Retry(format!("the server asks to retry later: {said}"))
             }
-            (_, "RequestTimeTooSkewed") => Failure::Refused(Error::Config(skewed(response, display))),
-            (_, "InvalidAccessKeyId" | "SignatureDoesNotMatch" | "AccessDenied" | "InvalidToken"
-            | "ExpiredToken" | "TokenRefreshRequired")
+            (_, "RequestTimeTooSkewed") => {
+                Failure::Refused(Error::Config(skewed(response, display)))
+            }
+            (
+                _,
+                "InvalidAccessKeyId"
+                | "SignatureDoesNotMatch"
+                | "AccessDenied"
+                | "InvalidToken"
+                | "ExpiredToken"
+                | "TokenRefreshRequired",
+            )
             | (403, _) => Failure::Refused(Error::Permission(format!(
                 "{display}: the server refused the credentials ({said}): check the AWS \
                  credentials and the bucket's permissions (dlock needs s3:GetObject, \
@@ -357,7 +379,12 @@ impl S3 {
             (_, "NoSuchBucket") => Failure::Refused(Error::Config(format!(
                 "{display}: the bucket does not exist ({said}); dlock never creates one"
             ))),
-            (_, "PermanentRedirect" | "AuthorizationHeaderMalformed" | "IllegalLocationConstraintException")
+            (
+                _,
+                "PermanentRedirect"
+                | "AuthorizationHeaderMalformed"
+                | "IllegalLocationConstraintException",
+            )
             | (301, _) => Failure::Refused(Error::Config(format!(
                 "{display}: the bucket is in another region than the one dlock signs for \
                  ({said}); set AWS_REGION or ?region= in the URL"
@@ -416,91 +443,4 @@ fn etag_of(response: &Response, display: &str) -> Result<String, Failure> {
 pub fn unix_seconds(at: SystemTime) -> u64 {
     at.duration_since(SystemTime::UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
-}
-
-/// One page of a listing.
-#[derive(Clone, Debug, Default)]
-pub struct Listing {
-    /// Each object's key and `LastModified` (Unix seconds).
-    pub objects: Vec<(String, u64)>,
-    /// The common prefixes (with a delimiter).
-    pub prefixes: Vec<String>,
-    pub next: Option<String>,
-    /// The answer's `Date`.
-    pub date: u64,
-    /// The answer's `Server` header.
-    pub server: Option<String>,
-}
-
-impl Listing {
-    fn parse(xml: &str, date: u64) -> Listing {
-        let mut listing = Listing {
-            date,
-            ..Listing::default()
-        };
-        for contents in elements(xml, "Contents") {
-            let key = elements(contents, "Key").next().map(unescape);
-            let modified = elements(contents, "LastModified")
-                .next()
-                .and_then(|t| humantime::parse_rfc3339_weak(t.trim()).ok())
-                .map_or(0, unix_seconds);
-            if let Some(key) = key {
-                listing.objects.push((key, modified));
-            }
-        }
-        for common in elements(xml, "CommonPrefixes") {
-            if let Some(prefix) = elements(common, "Prefix").next() {
-                listing.prefixes.push(unescape(prefix));
-            }
-        }
-        let truncated = elements(xml, "IsTruncated").next() == Some("true");
-        listing.next = elements(xml, "NextContinuationToken")
-            .next()
-            .filter(|_| truncated)
-            .map(unescape);
-        listing
-    }
-}
-
-/// The texts inside each `<tag>…</tag>` of `xml`, in order (no nesting of the same tag).
-fn elements<'a>(xml: &'a str, tag: &'a str) -> impl Iterator<Item = &'a str> + 'a {
-    let open = format!("<{tag}>");
-    let close = format!("</{tag}>");
-    let mut rest = xml;
-    std::iter::from_fn(move || {
-        let start = rest.find(&open)? + open.len();
-        let end = rest[start..].find(&close)? + start;
-        let inner = &rest[start..end];
-        rest = &rest[end + close.len()..];
-        Some(inner)
-    })
-}
-
-/// XML's five entities undone.
-fn unescape(text: &str) -> String {
-    text.replace("&lt;", "<")
-        .replace("&gt;", ">")
-        .replace("&quot;", "\"")
-        .replace("&apos;", "'")
-        .replace("&amp;", "&")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn listings_are_read() {
-        let xml = "<ListBucketResult><IsTruncated>true</IsTruncated>\
-            <Contents><Key>p/a%2Fb</Key><LastModified>2024-05-01T10:00:05.000Z</LastModified></Contents>\
-            <Contents><Key>p/x&amp;y</Key><LastModified>2024-05-01T10:00:06Z</LastModified></Contents>\
-            <CommonPrefixes><Prefix>p/a/</Prefix></CommonPrefixes>\
-            <NextContinuationToken>t0k</NextContinuationToken></ListBucketResult>";
-        let l = Listing::parse(xml, 7);
-        assert_eq!(l.objects.len(), 2);
-        assert_eq!(l.objects[0].0, "p/a%2Fb");
-        assert_eq!(l.objects[1], ("p/x&y".to_owned(), 1_714_557_606));
-        assert_eq!(l.prefixes, vec!["p/a/".to_owned()]);
-        assert_eq!(l.next.as_deref(), Some("t0k"));
-    }
 }

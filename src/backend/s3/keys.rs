@@ -59,7 +59,10 @@ mod tests {
         let keys = Keys::new("ci", "dlock");
         let a = keys.lock(&LockName::new("a/b").unwrap());
         assert_eq!(a, "ci/dlock/a%2Fb");
-        assert_eq!(keys.waiters(&LockName::new("a/b").unwrap()), "ci/dlock/a%2Fb/w/");
+        assert_eq!(
+            keys.waiters(&LockName::new("a/b").unwrap()),
+            "ci/dlock/a%2Fb/w/"
+        );
         let deep = Keys::new(&"p".repeat(200), "dlock");
         let long = deep.lock(&LockName::new(&"锁".repeat(85)).unwrap());
         assert!(long.len() < 300 && long.contains("/dlock/#"), "{long}");

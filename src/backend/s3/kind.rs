@@ -58,10 +58,22 @@ pub const KIND: Kind = Kind {
     words: Words {
         holders_are: "entries",
         environment: &[
-            ("AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN", "S3 credentials (s3://)"),
-            ("AWS_PROFILE, AWS_SHARED_CREDENTIALS_FILE, AWS_CONFIG_FILE", "the AWS profile and shared files S3 credentials and region are read from (s3://)"),
-            ("AWS_REGION, AWS_DEFAULT_REGION", "the S3 region (s3://; ?region= in the URL overrides it)"),
-            ("AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL", "an S3-compatible server's URL (s3://; ?endpoint= in the URL overrides it)"),
+            (
+                "AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN",
+                "S3 credentials (s3://)",
+            ),
+            (
+                "AWS_PROFILE, AWS_SHARED_CREDENTIALS_FILE, AWS_CONFIG_FILE",
+                "the AWS profile and shared files S3 credentials and region are read from (s3://)",
+            ),
+            (
+                "AWS_REGION, AWS_DEFAULT_REGION",
+                "the S3 region (s3://; ?region= in the URL overrides it)",
+            ),
+            (
+                "AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL",
+                "an S3-compatible server's URL (s3://; ?endpoint= in the URL overrides it)",
+            ),
         ],
         ..Words::NONE
     },

@@ -85,7 +85,12 @@ impl Held {
             self.uncertain = true;
             let put = self
                 .s3
-                .put(&self.key, body.to_bytes(), &Cond::Matches(self.etag.clone()), limit)
+                .put(
+                    &self.key,
+                    body.to_bytes(),
+                    &Cond::Matches(self.etag.clone()),
+                    limit,
+                )
                 .await;
             match put {
                 Ok(Put::Done(etag)) => {

@@ -60,7 +60,8 @@ impl Entry {
     /// TTL of that send; an answer dated `date` (floored too, and later than the write) with
     /// `date ≥ stamp + ttl + 1` was made more than a TTL after that send.
     pub fn expired(&self, lm: u64, date: u64) -> bool {
-        date >= self.stamp(lm) + ttl_seconds(self.record.holder.ttl_ms) + 1
+        // `date ≥ stamp + ttl + 1` in whole seconds.
+        date > self.stamp(lm) + ttl_seconds(self.record.holder.ttl_ms)
     }
 
     /// The lease left by the server's clock, in milliseconds, for `status`.

@@ -57,52 +57,48 @@ pub fn resolve(
             .and_then(|p| p.get(k))
             .or_else(|| from_config.as_ref().and_then(|p| p.get(k)))
     };
-    let (credentials, credentials_from) = match (
-        env("AWS_ACCESS_KEY_ID"),
-        env("AWS_SECRET_ACCESS_KEY"),
-    ) {
-        (Some(id), Some(secret)) => (
-            Credentials {
-                access_key_id: id,
-                secret_access_key: Secret::new(secret),
-                session_token: env("AWS_SESSION_TOKEN").map(Secret::new),
-            },
-            "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY".to_owned(),
-        ),
-        (Some(_), None) | (None, Some(_)) => {
-            return Err(Error::Config(
+    let (credentials, credentials_from) =
+        match (env("AWS_ACCESS_KEY_ID"), env("AWS_SECRET_ACCESS_KEY")) {
+            (Some(id), Some(secret)) => (
+                Credentials {
+                    access_key_id: id,
+                    secret_access_key: Secret::new(secret),
+                    session_token: env("AWS_SESSION_TOKEN").map(Secret::new),
+                },
+                "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY".to_owned(),
+            ),
+            (Some(_), None) | (None, Some(_)) => return Err(Error::Config(
                 "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY must be set together; one of them \
                  is empty or unset"
                     .into(),
-            ))
-        }
-        (None, None) => match (key("aws_access_key_id"), key("aws_secret_access_key")) {
-            (Some(id), Some(secret)) => (
-                Credentials {
-                    access_key_id: id.clone(),
-                    secret_access_key: Secret::new(secret.clone()),
-                    session_token: key("aws_session_token").cloned().map(Secret::new),
-                },
-                format!("profile {profile_name}"),
-            ),
-            _ => {
-                let profile_said = if named && from_credentials.is_none() && from_config.is_none()
-                {
-                    format!(
+            )),
+            (None, None) => match (key("aws_access_key_id"), key("aws_secret_access_key")) {
+                (Some(id), Some(secret)) => (
+                    Credentials {
+                        access_key_id: id.clone(),
+                        secret_access_key: Secret::new(secret.clone()),
+                        session_token: key("aws_session_token").cloned().map(Secret::new),
+                    },
+                    format!("profile {profile_name}"),
+                ),
+                _ => {
+                    let profile_said =
+                        if named && from_credentials.is_none() && from_config.is_none() {
+                            format!(
                         "; AWS_PROFILE names '{profile_name}', which neither shared file has"
                     )
-                } else {
-                    String::new()
-                };
-                return Err(Error::Config(format!(
+                        } else {
+                            String::new()
+                        };
+                    return Err(Error::Config(format!(
                     "no AWS credentials for s3://: set AWS_ACCESS_KEY_ID and \
                      AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN for temporary ones), or \
                      AWS_PROFILE with a profile in ~/.aws/credentials \
                      (AWS_SHARED_CREDENTIALS_FILE) or ~/.aws/config (AWS_CONFIG_FILE){profile_said}"
                 )));
-            }
-        },
-    };
+                }
+            },
+        };
     let region = region
         .map(str::to_owned)
         .or_else(|| env("AWS_REGION"))
@@ -172,7 +168,9 @@ fn section(text: &str, wanted: &str) -> Option<std::collections::HashMap<String,
             }
             continue;
         }
-        if let (true, Some(map), Some((key, value))) = (inside, found.as_mut(), line.split_once('=')) {
+        if let (true, Some(map), Some((key, value))) =
+            (inside, found.as_mut(), line.split_once('='))
+        {
             map.insert(key.trim().to_ascii_lowercase(), value.trim().to_owned());
         }
     }
@@ -209,7 +207,10 @@ mod tests {
         assert_eq!(s.region, "eu-west-1");
         assert_eq!(s.endpoint, "https://s3.eu-west-1.amazonaws.com");
         let s = resolve(&env, Some("us-west-2"), Some("http://127.0.0.1:9"), None).unwrap();
-        assert_eq!((s.region.as_str(), s.endpoint.as_str()), ("us-west-2", "http://127.0.0.1:9"));
+        assert_eq!(
+            (s.region.as_str(), s.endpoint.as_str()),
+            ("us-west-2", "http://127.0.0.1:9")
+        );
     }
 
     #[test]

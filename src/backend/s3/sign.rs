@@ -140,7 +140,10 @@ mod tests {
             "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"
         );
         let headers = vec![
-            ("Host".to_owned(), "examplebucket.s3.amazonaws.com".to_owned()),
+            (
+                "Host".to_owned(),
+                "examplebucket.s3.amazonaws.com".to_owned(),
+            ),
             ("Range".to_owned(), "bytes=0-9".to_owned()),
             ("x-amz-content-sha256".to_owned(), empty.clone()),
             ("x-amz-date".to_owned(), "20130524T000000Z".to_owned()),

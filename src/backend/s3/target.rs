@@ -173,7 +173,12 @@ impl S3Target {
 }
 
 /// How `bucket` is reached at `endpoint`.
-pub fn addressing(endpoint: &Origin, scheme_https: bool, bucket: &str, path_style: bool) -> Addressing {
+pub fn addressing(
+    endpoint: &Origin,
+    scheme_https: bool,
+    bucket: &str,
+    path_style: bool,
+) -> Addressing {
     let scheme = if scheme_https { "https" } else { "http" };
     let path_style = path_style || wants_path_style(&endpoint.host) || bucket.contains('.');
     if path_style {
@@ -201,11 +206,14 @@ mod tests {
     #[test]
     fn urls_name_a_bucket_a_prefix_and_options() {
         let t = parse("//ci-locks/dlock/x").unwrap();
-        assert_eq!((t.bucket.as_str(), t.prefix.as_str()), ("ci-locks", "dlock/x"));
+        assert_eq!(
+            (t.bucket.as_str(), t.prefix.as_str()),
+            ("ci-locks", "dlock/x")
+        );
         let t = parse("//ci-locks").unwrap();
         assert_eq!(t.prefix, "");
-        let t = parse("//b-1?region=eu-west-1&endpoint=http://127.0.0.1:9000&path-style=1")
-            .unwrap();
+        let t =
+            parse("//b-1?region=eu-west-1&endpoint=http://127.0.0.1:9000&path-style=1").unwrap();
         assert_eq!(t.region.as_deref(), Some("eu-west-1"));
         assert_eq!(t.endpoint.as_deref(), Some("http://127.0.0.1:9000"));
         assert_eq!(t.path_style, Some(true));
@@ -213,7 +221,15 @@ mod tests {
 
     #[test]
     fn bad_buckets_and_options_are_refused() {
-        for bad in ["//", "//ab", "//Caps", "//a..b", "//-ab", "//ab-", "//under_score"] {
+        for bad in [
+            "//",
+            "//ab",
+            "//Caps",
+            "//a..b",
+            "//-ab",
+            "//ab-",
+            "//under_score",
+        ] {
             assert!(parse(bad).is_err(), "{bad}");
         }
         assert!(parse(&format!("//{}", "a".repeat(64))).is_err());
@@ -221,14 +237,20 @@ mod tests {
         assert!(parse("//bucket?endpoint=ftp://x").is_err());
         assert!(parse("//key:secret@bucket").is_err());
         let e = parse("//bucket?bogus=1").unwrap_err();
-        assert!(e.starts_with("unknown URL parameter 'bogus'; an s3 URL takes"), "{e}");
+        assert!(
+            e.starts_with("unknown URL parameter 'bogus'; an s3 URL takes"),
+            "{e}"
+        );
     }
 
     #[test]
     fn ip_and_localhost_endpoints_use_path_style() {
         let local = Origin::parse("http://127.0.0.1:9000").unwrap();
         let a = addressing(&local, false, "b", false);
-        assert_eq!((a.origin.as_str(), a.path_base.as_str()), ("http://127.0.0.1:9000", "/b/"));
+        assert_eq!(
+            (a.origin.as_str(), a.path_base.as_str()),
+            ("http://127.0.0.1:9000", "/b/")
+        );
         let aws = Origin::parse("https://s3.us-east-1.amazonaws.com").unwrap();
         let a = addressing(&aws, true, "b", false);
         assert_eq!(a.origin, "https://b.s3.us-east-1.amazonaws.com");

@@ -4,9 +4,9 @@
 //! off (`servers`, `clocks`), what a run costs in requests and the settings (`settings`).
 //!
 //! Waiters are not served in arrival order on S3 (they poll), so the FIFO cases are not run.
-//! Expiry is judged in the server's whole seconds: a dead holder's lock is free between TTL
-//! + 1 and TTL + 2 s after its last write, and a waiter notices it at its next poll, so the
-//! lease contract's "TTL + 1 s" is run with that bound instead ([`FREED_WITHIN`]).
+//! Expiry is judged in the server's whole seconds: a dead holder's lock is free between
+//! TTL + 1 s and TTL + 2 s after its last write, and a waiter notices it at its next poll,
+//! so the lease contract's "TTL + 1 s" is run with that bound instead ([`FREED_WITHIN`]).
 //! Its test server is `server`, which every test reaches through `crate::support`.
 
 mod clocks;
