@@ -47,6 +47,21 @@ fn a_command_that_ended_while_its_dlock_was_stopped_past_the_lease_counts_as_los
     );
 }
 
+/// The cases an emulator's own race could hide a race of dlock's in, on SeaweedFS, whose
+/// conditional writes are atomic.
+mod seaweedfs {
+    use crate::support::*;
+
+    #[test]
+    fn mutual_exclusion_under_contention_with_increasing_tokens() {
+        crate::contract::mutual_exclusion_under_contention_with_increasing_tokens(
+            &S3Server::start_seaweedfs(),
+        );
+    }
+
+    crate::scale_test!("s3-seaweedfs", S3Server::start_seaweedfs());
+}
+
 /// `--min-hold`'s finish writes nothing once the lock was taken over (noticed at the next
 /// renewal, whose `If-Match` fails).
 #[test]

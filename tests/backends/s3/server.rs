@@ -9,6 +9,10 @@
 //! as `moto_server` runs it but with one request in moto at a time, so that each is whole
 //! before the next starts, which is what S3 promises of a conditional write.
 //!
+//! SeaweedFS (`weed server -s3`, also from `.servers/venv`) is the second server: it applies
+//! a conditional write atomically, so the contention case and the scale test run on it too
+//! ([`S3Server::start_seaweedfs`]), where an emulator's own race could not hide one of dlock's.
+//!
 //! dlock finds the endpoint and region in the URL's query, and the credentials (moto takes
 //! any) in `AWS_ACCESS_KEY_ID`/`AWS_SECRET_ACCESS_KEY`, which the first start sets in this
 //! test process for every dlock it runs.
@@ -30,12 +34,31 @@ pub const SECRET_ACCESS_KEY: &str = "s3cr3t-never-shown-Qx7";
 /// account from an `Authorization` header (without one it refuses to read objects) and
 /// checks no signature, so the header signs nothing.
 pub fn s3_request(port: u16, method: &str, path: &str, body: &[u8]) -> std::io::Result<(u16, Vec<u8>)> {
+    request(port, method, path, body, true)
+}
+
+/// [`s3_request`], with the `Authorization` header moto wants or without it (SeaweedFS
+/// without identities takes anonymous requests, and refuses a header it cannot check).
+fn request(
+    port: u16,
+    method: &str,
+    path: &str,
+    body: &[u8],
+    authorization: bool,
+) -> std::io::Result<(u16, Vec<u8>)> {
     let mut stream = std::net::TcpStream::connect(("127.0.0.1", port))?;
     stream.set_read_timeout(Some(Duration::from_secs(10)))?;
+    let signed = if authorization {
+        format!(
+            "Authorization: AWS4-HMAC-SHA256 Credential={ACCESS_KEY_ID}/20240101/us-east-1/s3/\
+             aws4_request, SignedHeaders=host, Signature=0\r\n"
+        )
+    } else {
+        String::new()
+    };
     let head = format!(
         "{method} {path} HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\nContent-Length: {}\r\n\
-         Authorization: AWS4-HMAC-SHA256 Credential={ACCESS_KEY_ID}/20240101/us-east-1/s3/\
-         aws4_request, SignedHeaders=host, Signature=0\r\n\r\n",
+         {signed}\r\n",
         body.len()
     );
     stream.write_all(head.as_bytes())?;
@@ -88,6 +111,8 @@ run_simple('127.0.0.1', int(sys.argv[1]), one_at_a_time, threaded=True, request_
 /// A private moto server on a free loopback port; killed on drop.
 pub struct S3Server {
     pub port: u16,
+    /// moto (else SeaweedFS): whether requests of the tests carry an `Authorization`.
+    moto: bool,
     _dir: tempfile::TempDir,
     child: Option<Child>,
 }
@@ -117,6 +142,7 @@ impl S3Server {
         let child = spawn_server(&mut command, "moto_server");
         let server = S3Server {
             port,
+            moto: true,
             _dir: dir,
             child: Some(child),
         };
@@ -136,20 +162,76 @@ impl S3Server {
 
     /// The body of the object `key` of the bucket, if there is one.
     pub fn object(&self, key: &str) -> Option<Vec<u8>> {
-        let (status, body) =
-            s3_request(self.port, "GET", &format!("/{BUCKET}/{}", encode_key(key)), b"").ok()?;
+        let path = format!("/{BUCKET}/{}", encode_key(key));
+        let (status, body) = request(self.port, "GET", &path, b"", self.moto).ok()?;
         (status == 200).then_some(body)
     }
 
     /// Every key of the bucket (one page: the tests store far fewer than 1000).
     pub fn keys(&self) -> Vec<String> {
-        let (_, body) = s3_request(self.port, "GET", &format!("/{BUCKET}?list-type=2"), b"")
-            .expect("list the bucket");
+        let path = format!("/{BUCKET}?list-type=2");
+        let (_, body) = request(self.port, "GET", &path, b"", self.moto).expect("list the bucket");
         let text = String::from_utf8_lossy(&body).into_owned();
         text.split("<Key>")
             .skip(1)
             .filter_map(|rest| rest.split_once("</Key>").map(|(k, _)| k.replace("&amp;", "&")))
             .collect()
+    }
+
+    /// A private SeaweedFS (master, volume, filer and S3 gateway in one `weed server`), every
+    /// port of it a free loopback one, its data in a temp dir; ready when the S3 port answers.
+    pub fn start_seaweedfs() -> S3Server {
+        set_credentials();
+        let binary = project_server_binary("weed");
+        let dir = server_dir();
+        let ports: Vec<u16> = (0..8).map(|_| free_port()).collect();
+        let path = dir.path().display().to_string();
+        let mut command = Command::new(binary);
+        command
+            .arg("server")
+            .arg(format!("-dir={path}"))
+            .args(["-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-filer", "-s3"])
+            .arg(format!("-master.port={}", ports[0]))
+            .arg(format!("-master.port.grpc={}", ports[1]))
+            .arg(format!("-volume.port={}", ports[2]))
+            .arg(format!("-volume.port.grpc={}", ports[3]))
+            .arg(format!("-filer.port={}", ports[4]))
+            .arg(format!("-filer.port.grpc={}", ports[5]))
+            .arg(format!("-filer.localSocket={path}/filer.sock"))
+            .arg(format!("-s3.port={}", ports[6]))
+            .arg(format!("-s3.port.grpc={}", ports[7]))
+            .args([
+                "-s3.port.iceberg=0",
+                "-s3.port.lance=0",
+                "-metricsPort=0",
+                "-volume.max=8",
+                "-master.volumeSizeLimitMB=64",
+            ])
+            .current_dir(dir.path())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        // SeaweedFS takes AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY for an identity of its
+        // own and then wants an IAM set-up; without them it takes every request.
+        for variable in ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"] {
+            command.env_remove(variable);
+        }
+        let child = spawn_server(&mut command, "weed server");
+        let port = ports[6];
+        let server = S3Server {
+            port,
+            moto: false,
+            _dir: dir,
+            child: Some(child),
+        };
+        wait_until("SeaweedFS's S3 gateway answers", PATIENCE * 3, || {
+            request(port, "GET", "/", b"", false).is_ok_and(|(status, _)| status == 200)
+        });
+        wait_until("SeaweedFS makes the bucket", PATIENCE * 3, || {
+            request(port, "PUT", &format!("/{BUCKET}"), b"", false)
+                .is_ok_and(|(status, _)| status == 200 || status == 409)
+        });
+        server
     }
 
     fn stop(&mut self) {
