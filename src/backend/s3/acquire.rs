@@ -70,8 +70,9 @@ pub(super) async fn acquire(
     let mut retries = Backoff::new(RETRY_FIRST, RETRY_CAP);
     let mut registration: Option<Registration> = None;
     let mut waited = false;
-    // The server has answered: from then on an unreachable server is waited out (within
-    // `--wait`), not a wrong URL to report.
+    // The server has answered as S3: from then on an unreachable or silent server is waited
+    // out (within `--wait`), not a wrong URL to report. A server's "try later" (503
+    // SlowDown, 500) is waited out from the first answer.
     let mut answered = false;
     let outcome = loop {
         let holders = match attempt(&ctx, request_limit(budget)).await {
@@ -100,7 +101,7 @@ pub(super) async fn acquire(
             Err(failure)
                 if failure.is_transient()
                     && !budget.is_final()
-                    && (answered || !matches!(failure, Failure::NotSent(_))) =>
+                    && (answered || matches!(failure, Failure::Retry(_))) =>
             {
                 tracing::debug!("{}: {}; trying again", s3.display, failure.describe());
                 let mut pause = retries.next_delay();

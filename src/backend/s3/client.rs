@@ -80,7 +80,7 @@ impl Failure {
     pub fn into_error(self, display: &str) -> Error {
         match self {
             Failure::NotSent(why) => Error::Unavailable(format!("cannot reach {display}: {why}")),
-            Failure::Unknown(why) => Error::Unavailable(format!("{display}: no answer: {why}")),
+            Failure::Unknown(why) => Error::Unavailable(format!("{display}: {why}")),
             Failure::Retry(why) => Error::Unavailable(format!("{display}: {why}")),
             Failure::Refused(e) => e,
         }
