@@ -90,3 +90,19 @@ fn a_ttl_below_five_seconds_is_64() {
     assert_fails(&out, 64, "5s");
     assert!(!env.path("ran").exists());
 }
+
+/// dlock never creates a bucket: one that does not exist is 78, with the server's code.
+#[test]
+fn a_bucket_that_does_not_exist_is_78_and_not_created() {
+    let server = S3Server::shared();
+    let env = TestEnv::new(&server);
+    let url = format!(
+        "s3://no-such-bucket-dlock?endpoint={}&region=us-east-1",
+        server.endpoint()
+    );
+    let out = env.run(["run", "--url", &url, &lock_name("n"), "touch", "ran"]);
+    assert_fails(&out, 78, "the bucket does not exist (NoSuchBucket (HTTP 404)); dlock never creates one");
+    assert!(!env.path("ran").exists());
+    let out = env.run(["check", "--url", &url]);
+    assert_fails(&out, 78, "NoSuchBucket");
+}
