@@ -9,7 +9,7 @@
 
 use std::time::Duration;
 
-use crate::budget::WaitBudget;
+use crate::budget::{WaitBudget, MIN_ANSWER};
 use crate::clock::BootInstant;
 use crate::error::Error;
 use crate::kit::backoff::Backoff;
@@ -66,13 +66,15 @@ pub(super) async fn acquire(
         id: nonce(),
     };
     let budget = &request.budget;
+    // A server that asks to be tried later is given the server's time to answer, also with
+    // `--no-wait` (one look that a throttled first answer must not end).
+    let answering = budget.answering_within(MIN_ANSWER);
     let mut polls = wait::polling();
     let mut retries = Backoff::new(RETRY_FIRST, RETRY_CAP);
     let mut registration: Option<Registration> = None;
     let mut waited = false;
     // The server has answered as S3: from then on an unreachable or silent server is waited
-    // out (within `--wait`), not a wrong URL to report. A server's "try later" (503
-    // SlowDown, 500) is waited out from the first answer.
+    // out (within `--wait`), not a wrong URL to report ([`may_retry`]).
     let mut answered = false;
     let outcome = loop {
         let holders = match attempt(&ctx, request_limit(budget)).await {
@@ -98,14 +100,14 @@ pub(super) async fn acquire(
                 retries.reset();
                 holders
             }
-            Err(failure)
-                if failure.is_transient()
-                    && !budget.is_final()
-                    && (answered || matches!(failure, Failure::Retry(_))) =>
-            {
+            Err(failure) if may_retry(&failure, answered, budget, &answering) => {
                 tracing::debug!("{}: {}; trying again", s3.display, failure.describe());
                 let mut pause = retries.next_delay();
-                if let Some(left) = budget.left() {
+                let left = match failure {
+                    Failure::Retry(_) => answering.answer_by().map(BootInstant::remaining),
+                    _ => budget.left(),
+                };
+                if let Some(left) = left {
                     pause = pause.min(left);
                 }
                 if let Err(e) = sleep_unless_cancelled(&mut cancel, pause).await {
@@ -143,6 +145,22 @@ pub(super) async fn acquire(
         tracing::debug!(target: crate::logging::HANDOFF, "unregistered");
     }
     outcome
+}
+
+/// Whether an attempt that failed with `failure` is tried again: a server's "try later" (503
+/// SlowDown, 500) until the server's time to answer ends (`answering`); an unreachable or
+/// silent server only once it has answered as S3 before, until `--wait` ends.
+fn may_retry(
+    failure: &Failure,
+    answered: bool,
+    budget: &WaitBudget,
+    answering: &WaitBudget,
+) -> bool {
+    match failure {
+        Failure::Retry(_) => !answering.answer_is_over(),
+        Failure::NotSent(_) | Failure::Unknown(_) => answered && !budget.is_final(),
+        Failure::Refused(_) => false,
+    }
 }
 
 /// Read the object and write our entry if there is room.

@@ -86,11 +86,6 @@ impl Failure {
         }
     }
 
-    /// Whether trying again (within `--wait`) may succeed.
-    pub fn is_transient(&self) -> bool {
-        !matches!(self, Failure::Refused(_))
-    }
-
     pub fn describe(&self) -> String {
         match self {
             Failure::NotSent(why) | Failure::Unknown(why) | Failure::Retry(why) => why.clone(),

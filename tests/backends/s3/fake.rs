@@ -1,6 +1,7 @@
 //! A hostile S3 server on loopback for the cases moto cannot play: one that ignores
 //! conditional writes (answers 200 to every PUT), one that refuses a skewed clock. Not a
 //! mock of S3: a server dlock must refuse. Each connection gets one answer, then is closed.
+//! And a proxy to a real server that throttles the first requests (503 SlowDown).
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
@@ -103,4 +104,69 @@ pub fn httpdate_now(offset: i64) -> String {
         now - Duration::from_secs(offset.unsigned_abs())
     };
     httpdate::fmt_http_date(at)
+}
+
+/// A proxy to the server at `target` that answers its first `refused` connections itself,
+/// each with 503 SlowDown, and passes every later one through.
+pub struct SlowDown {
+    pub port: u16,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl SlowDown {
+    pub fn start(target: u16, refused: usize) -> SlowDown {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind the proxy");
+        let port = listener.local_addr().expect("its address").port();
+        listener.set_nonblocking(true).expect("nonblocking");
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stopped = stop.clone();
+        std::thread::spawn(move || {
+            let mut seen = 0;
+            for _ in 0..1_000_000 {
+                if stopped.load(Ordering::Relaxed) {
+                    return;
+                }
+                let Ok((client, _)) = listener.accept() else {
+                    std::thread::sleep(Duration::from_millis(5));
+                    continue;
+                };
+                seen += 1;
+                if seen <= refused {
+                    let _ = serve(client, |_, _| {
+                        (
+                            503,
+                            Vec::new(),
+                            "<Error><Code>SlowDown</Code><Message>Please reduce your request \
+                             rate.</Message></Error>"
+                                .into(),
+                        )
+                    });
+                    continue;
+                }
+                let Ok(server) = std::net::TcpStream::connect(("127.0.0.1", target)) else {
+                    continue;
+                };
+                let _ = client.set_nonblocking(false);
+                for (mut from, mut to) in [
+                    (
+                        client.try_clone().expect("clone"),
+                        server.try_clone().expect("clone"),
+                    ),
+                    (server, client),
+                ] {
+                    std::thread::spawn(move || {
+                        let _ = std::io::copy(&mut from, &mut to);
+                        let _ = to.shutdown(std::net::Shutdown::Write);
+                    });
+                }
+            }
+        });
+        SlowDown { port, stop }
+    }
+}
+
+impl Drop for SlowDown {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
 }

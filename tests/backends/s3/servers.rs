@@ -115,3 +115,18 @@ fn secrets_never_appear_in_output() {
     }
     server.assert_nothing_stored_contains(SECRET_ACCESS_KEY);
 }
+
+/// A throttled request (503 SlowDown) is tried again with backoff, within the server's time
+/// to answer, also under `--no-wait`: the run goes through.
+#[test]
+fn throttling_is_retried_within_the_wait() {
+    let server = S3Server::shared();
+    let env = TestEnv::new(&server);
+    let proxy = super::fake::SlowDown::start(server.port, 3);
+    let url = server.url_via(proxy.port);
+    let out = env.run(["-vv", "run", "--no-wait", "--url", &url, &lock_name("slow"), "touch", "ran"]);
+    assert!(out.status.success(), "{}", describe(&out));
+    assert!(env.path("ran").exists());
+    let throttled = requests(&out).iter().filter(|r| r.ends_with("-> 503")).count();
+    assert_eq!(throttled, 3, "{}", describe(&out));
+}
