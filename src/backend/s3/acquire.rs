@@ -29,6 +29,10 @@ const NO_SUCH_ETAG: &str = "\"00000000000000000000000000000000\"";
 /// The first pause before retrying a server that asked for it or could not be reached.
 const RETRY_FIRST: Duration = Duration::from_millis(100);
 const RETRY_CAP: Duration = Duration::from_secs(2);
+/// Writes lost to other writers in a row that are tried again at once; after them, with
+/// backoff (a race is lost only to a write that succeeded, so a long run of them is a busy
+/// object or a server that answers every write with a conflict).
+const RACES_AT_ONCE: u32 = 5;
 /// Bound for deleting a waiter's registration on the way out (it goes stale by itself).
 const LEAVE_BUDGET: Duration = Duration::from_millis(500);
 
@@ -76,6 +80,8 @@ pub(super) async fn acquire(
     // The server has answered as S3: from then on an unreachable or silent server is waited
     // out (within `--wait`), not a wrong URL to report ([`may_retry`]).
     let mut answered = false;
+    // Writes lost in a row (412, 409).
+    let mut races = 0u32;
     let outcome = loop {
         let holders = match attempt(&ctx, request_limit(budget)).await {
             Ok(Attempt::Won(held, token, sent)) => {
@@ -92,11 +98,30 @@ pub(super) async fn acquire(
             }
             Ok(Attempt::Raced) => {
                 answered = true;
-                retries.reset();
+                races += 1;
+                if races <= RACES_AT_ONCE {
+                    continue;
+                }
+                // Lost again and again: somebody writes the object all the time (or the server
+                // answers every write with a conflict). Back off, within the wait.
+                if budget.is_final() && answering.answer_is_over() {
+                    break Err(Error::Unavailable(format!(
+                        "{}: the lock object changed under {races} writes in a row",
+                        s3.display
+                    )));
+                }
+                let mut pause = retries.next_delay();
+                if let Some(left) = answering.answer_by().map(BootInstant::remaining) {
+                    pause = pause.min(left);
+                }
+                if let Err(e) = sleep_unless_cancelled(&mut cancel, pause).await {
+                    break Err(e);
+                }
                 continue;
             }
             Ok(Attempt::Held(holders)) => {
                 answered = true;
+                races = 0;
                 retries.reset();
                 holders
             }

@@ -130,3 +130,25 @@ fn throttling_is_retried_within_the_wait() {
     let throttled = requests(&out).iter().filter(|r| r.ends_with("-> 503")).count();
     assert_eq!(throttled, 3, "{}", describe(&out));
 }
+
+/// A server that answers every write with 409 ConditionalRequestConflict (a lost race, read
+/// again and retried) is given up when the wait is over, never tried in a tight loop for ever.
+#[test]
+fn conflicts_are_retried_with_backoff_within_the_wait() {
+    let fake = FakeS3::start(|method, _| match method {
+        "PUT" => (
+            409,
+            Vec::new(),
+            "<Error><Code>ConditionalRequestConflict</Code></Error>".into(),
+        ),
+        _ => (404, Vec::new(), "<Error><Code>NoSuchKey</Code></Error>".into()),
+    });
+    let env = TestEnv::new(&FileServer::start());
+    let started = std::time::Instant::now();
+    let out = env.run(["-vv", "run", "--wait", "3s", "--url", &fake.url(), &lock_name("c"), "touch", "ran"]);
+    assert_fails(&out, 69, "the lock object changed under");
+    assert!(started.elapsed() < std::time::Duration::from_secs(3) + PAST_WAIT);
+    let writes = requests(&out).iter().filter(|r| r.ends_with("-> 409")).count();
+    assert!((6..200).contains(&writes), "{writes} writes: {}", describe(&out));
+    assert!(!env.path("ran").exists());
+}
