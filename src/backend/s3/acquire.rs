@@ -36,9 +36,14 @@ const RACES_AT_ONCE: u32 = 5;
 /// Bound for deleting a waiter's registration on the way out (it goes stale by itself).
 const LEAVE_BUDGET: Duration = Duration::from_millis(500);
 
-/// The bound of one request of an acquisition.
+/// The bound of one request of an acquisition: [`OP_TIMEOUT`], within the server's time to
+/// answer (at least [`MIN_ANSWER`] from the start, however short `--wait` is: a first request
+/// over TLS to a remote endpoint connects too), and never ending later than `--wait` +
+/// [`WAIT_GRACE`] once the server's time to answer is over.
 fn request_limit(budget: &WaitBudget) -> Duration {
-    budget.share(OP_TIMEOUT, WAIT_GRACE)
+    budget
+        .share(OP_TIMEOUT, WAIT_GRACE)
+        .max(budget.call_limit(OP_TIMEOUT))
 }
 
 /// What one attempt found.
