@@ -12,24 +12,27 @@ use super::fake::FakeS3;
 use super::FREED_WITHIN;
 use crate::support::*;
 
-/// The wall-clock skew shim, built once per test run.
+/// The wall-clock skew shim, built once per test run into cargo's directory for tests'
+/// files (under a name of this process's, then renamed: test runs at once never see half a
+/// file).
 fn skew_library() -> PathBuf {
     static BUILT: OnceLock<PathBuf> = OnceLock::new();
     BUILT
         .get_or_init(|| {
-            let dir = std::env::temp_dir().join(format!("dlock-skew-{}", std::process::id()));
-            std::fs::create_dir_all(&dir).expect("a directory for skew.so");
+            let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
             let library = dir.join("skew.so");
+            let building = dir.join(format!("skew-{}.so", std::process::id()));
             let source =
                 PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("scripts/faultlib/skew.c");
             let out = std::process::Command::new("cc")
                 .args(["-shared", "-fPIC", "-O2", "-o"])
-                .arg(&library)
+                .arg(&building)
                 .arg(&source)
                 .args(["-ldl", "-lpthread"])
                 .output()
                 .expect("run cc (the C compiler builds the clock-skew shim)");
             assert!(out.status.success(), "{}", describe(&out));
+            std::fs::rename(&building, &library).expect("put skew.so in place");
             library
         })
         .clone()
@@ -101,8 +104,9 @@ fn a_holder_ten_minutes_slow_and_a_waiter_ten_minutes_fast_keep_to_the_servers_c
     assert!(token > held, "{token} after {held}");
 }
 
-/// moto checks no signatures, so the message is checked against a server that refuses the
-/// request as S3 does for a date more than 15 minutes from its own.
+/// moto checks no signatures (a dlock twenty minutes ahead is served there), so the message
+/// is checked against a server that refuses the request as S3 does for a date more than 15
+/// minutes from its own.
 #[test]
 fn a_clock_too_far_off_for_signatures_is_named_with_the_skew() {
     let fake = FakeS3::start(|_, _| {
