@@ -93,13 +93,15 @@ pub(super) async fn acquire(
                 if waited {
                     tracing::debug!(target: crate::logging::HANDOFF, "woken");
                 }
-                break Ok(S3Lease::start(
+                break S3Lease::grant(
                     *held,
+                    &request.name,
                     token,
                     sent,
                     request.ttl,
                     request.kill_after,
-                ));
+                )
+                .await;
             }
             Ok(Attempt::Raced) => {
                 answered = true;

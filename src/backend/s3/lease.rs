@@ -19,9 +19,9 @@ use tokio::sync::Mutex;
 
 use crate::clock::BootInstant;
 use crate::error::Error;
-use crate::keeper::{Keeper, Renew, RenewError};
+use crate::keeper::{confirm_if_old, Keeper, Renew, RenewError, Schedule};
 use crate::kit::timeouts::OP_TIMEOUT;
-use crate::lock::{Holder, Lease, Lost};
+use crate::lock::{Holder, Lease, LockName, Lost};
 
 use super::client::{Cond, Failure, Got, Put, S3};
 use super::record::{nonce, Body};
@@ -173,26 +173,42 @@ pub struct S3Lease {
 }
 
 impl S3Lease {
-    /// Keep `held` (taken by a write sent at `sent`, lasting `ttl`) from now on.
-    pub(super) fn start(
+    /// Keep `held` (taken by a write sent at `sent`, lasting `ttl`) from now on. A grant older
+    /// than a renewal attempt when it gets here (a slow answer, the checks of a new object,
+    /// a stopped process) is first confirmed by a renewal, within the keeper's rule
+    /// ([`confirm_if_old`]), and the lease dates from that; one that cannot be is given back
+    /// (best effort: it expires by itself) and the command is not started.
+    pub(super) async fn grant(
         held: Held,
+        name: &LockName,
         token: u64,
         sent: BootInstant,
         ttl: Duration,
         kill_after: Duration,
-    ) -> S3Lease {
+    ) -> Result<S3Lease, Error> {
         let display = held.s3.display.clone();
         let held = Arc::new(Mutex::new(held));
-        let renewer = Renewer {
+        let mut renewer = Renewer {
             held: held.clone(),
             ttl,
         };
-        S3Lease {
-            keeper: Keeper::start(renewer, sent, ttl, kill_after),
+        let since = match confirm_if_old(&mut renewer, Schedule::new(ttl, kill_after), sent).await {
+            Ok(since) => since,
+            Err(why) => {
+                let remove = |body: &mut Body, id: &str| body.holders.retain(|e| e.id != id);
+                let _ = held.lock().await.write(&remove, GIVEN_UP).await;
+                return Err(Error::Unavailable(format!(
+                    "'{name}' was granted but could not be confirmed: {why}; the command was \
+                     not started"
+                )));
+            }
+        };
+        Ok(S3Lease {
+            keeper: Keeper::start(renewer, since, ttl, kill_after),
             held,
             token,
             display,
-        }
+        })
     }
 }
 

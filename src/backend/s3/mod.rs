@@ -80,6 +80,12 @@ impl S3Backend {
 impl Backend for S3Backend {
     type Lease = S3Lease;
 
+    /// The request in flight at the end of the wait ([`WAIT_GRACE`]), and a grant's
+    /// confirmation before the command starts ([`crate::keeper::confirm_bound`]).
+    fn finish_after_answer(&self, request: &AcquireRequest) -> Duration {
+        WAIT_GRACE + crate::keeper::confirm_bound(request.ttl)
+    }
+
     async fn acquire(&self, request: &AcquireRequest, cancel: Cancel) -> Result<S3Lease, Error> {
         acquire::acquire(self, request, cancel).await
     }

@@ -113,6 +113,8 @@ pub struct S3Server {
     pub port: u16,
     /// moto (else SeaweedFS): whether requests of the tests carry an `Authorization`.
     moto: bool,
+    /// SeaweedFS's gRPC ports, whose Unix sockets it makes in /tmp whatever it is told.
+    grpc_ports: Vec<u16>,
     _dir: tempfile::TempDir,
     child: Option<Child>,
 }
@@ -143,6 +145,7 @@ impl S3Server {
         let server = S3Server {
             port,
             moto: true,
+            grpc_ports: Vec::new(),
             _dir: dir,
             child: Some(child),
         };
@@ -200,6 +203,7 @@ impl S3Server {
             .arg(format!("-filer.localSocket={path}/filer.sock"))
             .arg(format!("-s3.port={}", ports[6]))
             .arg(format!("-s3.port.grpc={}", ports[7]))
+            .arg(format!("-s3.localSocket={path}/s3.sock"))
             .args([
                 "-s3.port.iceberg=0",
                 "-s3.port.lance=0",
@@ -221,6 +225,7 @@ impl S3Server {
         let server = S3Server {
             port,
             moto: false,
+            grpc_ports: vec![ports[1], ports[3], ports[5], ports[7]],
             _dir: dir,
             child: Some(child),
         };
@@ -238,6 +243,11 @@ impl S3Server {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
+        }
+        for port in &self.grpc_ports {
+            for kind in ["master", "volume", "filer", "s3"] {
+                let _ = std::fs::remove_file(format!("/tmp/seaweedfs-{kind}-grpc-{port}.sock"));
+            }
         }
     }
 }
