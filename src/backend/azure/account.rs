@@ -364,7 +364,10 @@ mod tests {
                 ("AZURE_STORAGE_ACCOUNT", "Bad_Name"),
                 ("AZURE_STORAGE_KEY", "AAAA"),
             ],
-            vec![("AZURE_STORAGE_CONNECTION_STRING", "AccountName=cistore;s3cret!!")],
+            vec![(
+                "AZURE_STORAGE_CONNECTION_STRING",
+                "AccountName=cistore;s3cret!!",
+            )],
             vec![(
                 "AZURE_STORAGE_CONNECTION_STRING",
                 "AccountName=cistore;AccountKey=s3cret!!",

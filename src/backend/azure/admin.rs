@@ -16,113 +16,133 @@ use crate::kit::timeouts::OP_TIMEOUT;
 use crate::lock::{CheckReport, Holder, HolderStatus, LockName, LockStatus, Record};
 
 use super::account::Credential;
-use super::blob::{Blobs, Failure, VERSION};
+use super::blob::{number, Blobs, Failure, VERSION};
+use super::listing::{listed, lock_of, slot_of};
+use super::wait::waiters_prefix;
 use super::AzureBackend;
+use crate::kit::http::Response;
 
-/// The most listing pages `list` reads (5000 blobs each).
-const MAX_PAGES: usize = 2000;
-
-/// A blob's lock as its properties and body say.
-fn lock_of(name: String, answer: Option<&crate::kit::http::Response>) -> LockStatus {
-    let mut status = LockStatus {
-        name,
-        held: false,
-        holders: Vec::new(),
-        waiters: None,
-        queue: Vec::new(),
-        last_token: None,
-        waiting_here: Vec::new(),
-        location: None,
-    };
-    let Some(answer) = answer else {
-        return status;
-    };
-    status.last_token = super::blob::number(answer, "x-ms-meta-dlocktoken");
-    if answer.header("x-ms-lease-state") == Some("leased") {
-        status.held = true;
-        let holder = serde_json::from_slice::<Record>(&answer.body)
-            .map(|record| record.holder)
-            .unwrap_or_else(|_| Holder {
-                name: status.name.clone(),
-                ..Holder::default()
-            });
-        status.holders.push(HolderStatus {
-            holder,
-            ttl_left_ms: None,
-            session: None,
+/// The holder a leased blob's answer names (its record; a lease dlock did not take shows
+/// only the name).
+fn holder_in(name: &str, answer: &Response) -> HolderStatus {
+    let holder = serde_json::from_slice::<Record>(&answer.body)
+        .map(|record| record.holder)
+        .unwrap_or_else(|_| Holder {
+            name: name.to_owned(),
+            ..Holder::default()
         });
+    HolderStatus {
+        holder,
+        ttl_left_ms: None,
+        session: None,
     }
-    status
+}
+
+fn is_leased(answer: &Response) -> bool {
+    answer.header("x-ms-lease-state") == Some("leased")
+}
+
+/// A blob, or `None` when it does not exist.
+async fn get_blob(blobs: &Blobs, blob: &str) -> Result<Option<Response>, Error> {
+    match blobs.get(blob, OP_TIMEOUT).await {
+        Ok(answer) => Ok(Some(answer)),
+        Err(failure) if failure.code() == Some("BlobNotFound") => Ok(None),
+        Err(failure) => Err(failure.into_error(blobs)),
+    }
+}
+
+/// The leased blobs of the lock whose blob is `base`: its own, and its slots'.
+async fn leased_blobs(blobs: &Blobs, base: &str) -> Result<Vec<String>, Error> {
+    let all = listed(blobs, base, OP_TIMEOUT)
+        .await
+        .map_err(|f| f.into_error(blobs))?;
+    Ok(all
+        .into_iter()
+        .filter(|b| b.leased && (b.name == base || slot_of(base, &b.name).is_some()))
+        .map(|b| b.name)
+        .collect())
+}
+
+/// The lock's holders (with the blob each one leases) and its last token: one read of its
+/// blob, and with `--limit` above 1 a listing of its slots and a read of each held one.
+async fn holders_of(
+    blobs: &Blobs,
+    base: &str,
+    name: &str,
+) -> Result<(Vec<(String, HolderStatus)>, Option<u64>), Error> {
+    let own = get_blob(blobs, base).await?;
+    let last_token = own.as_ref().and_then(|a| number(a, "x-ms-meta-dlocktoken"));
+    if let Some(answer) = own.as_ref().filter(|a| is_leased(a)) {
+        return Ok((vec![(base.to_owned(), holder_in(name, answer))], last_token));
+    }
+    let limit = own
+        .as_ref()
+        .and_then(|a| number(a, "x-ms-meta-dlocklimit"))
+        .unwrap_or(1);
+    let mut holders = Vec::new();
+    if limit > 1 {
+        for blob in leased_blobs(blobs, base).await? {
+            if let Some(answer) = get_blob(blobs, &blob).await?.filter(is_leased) {
+                holders.push((blob, holder_in(name, &answer)));
+            }
+        }
+    }
+    Ok((holders, last_token))
 }
 
 pub(super) async fn status(backend: &AzureBackend, name: &LockName) -> Result<LockStatus, Error> {
     let blobs = Blobs::new(&backend.target)?;
-    let answer = match blobs.get(&backend.blob(name), OP_TIMEOUT).await {
-        Ok(answer) => Some(answer),
-        Err(failure) if failure.code() == Some("BlobNotFound") => None,
-        Err(failure) => return Err(failure.into_error(&blobs)),
-    };
-    Ok(lock_of(name.to_string(), answer.as_ref()))
+    let base = backend.blob(name);
+    let (holders, last_token) = holders_of(&blobs, &base, name.as_str()).await?;
+    let registered = listed(&blobs, &waiters_prefix(&base), OP_TIMEOUT)
+        .await
+        .map_err(|f| f.into_error(&blobs))?;
+    Ok(LockStatus {
+        name: name.to_string(),
+        held: !holders.is_empty(),
+        holders: holders.into_iter().map(|(_, h)| h).collect(),
+        waiters: Some(registered.iter().filter(|b| b.leased).count() as u64),
+        queue: Vec::new(),
+        last_token,
+        waiting_here: Vec::new(),
+        location: None,
+    })
 }
 
 pub(super) async fn list(backend: &AzureBackend) -> Result<Vec<LockStatus>, Error> {
     let blobs = Blobs::new(&backend.target)?;
     let prefix = backend.target.blob_prefix(&backend.prefix);
-    let mut names = Vec::new();
-    let mut marker = String::new();
-    for _ in 0..MAX_PAGES {
-        let page = blobs
-            .list_page(&prefix, &marker, OP_TIMEOUT)
-            .await
-            .map_err(|f| f.into_error(&blobs))?;
-        let text = String::from_utf8_lossy(&page.body);
-        for entry in elements(&text, "Blob") {
-            let leased = element(entry, "LeaseState") == Some("leased");
-            let name = element(entry, "Name").map(unescape).unwrap_or_default();
-            // Names of locks never contain `/` or `~` (`check`'s probe blob has one).
-            let lock = name
-                .strip_prefix(&prefix)
-                .filter(|rest| !rest.contains(['/', '~']))
-                .and_then(crate::lock::decode_component)
-                .and_then(|decoded| LockName::new(&decoded).ok());
-            if let (true, Some(lock)) = (leased, lock) {
-                names.push(lock);
-            }
-        }
-        marker = element(&text, "NextMarker")
-            .map(unescape)
-            .unwrap_or_default();
-        if marker.is_empty() {
-            return crate::kit::held::list_held(names, async |name| status(backend, name).await)
-                .await;
-        }
-    }
-    Err(Error::Unavailable(format!(
-        "{}: more than {MAX_PAGES} pages of blobs under the prefix; list the locks of a \
-         narrower --prefix",
-        blobs.display
-    )))
+    let all = listed(&blobs, &prefix, OP_TIMEOUT)
+        .await
+        .map_err(|f| f.into_error(&blobs))?;
+    let names: Vec<LockName> = all
+        .iter()
+        .filter(|b| b.leased)
+        .filter_map(|b| lock_of(&prefix, &b.name))
+        .filter_map(|encoded| crate::lock::decode_component(&encoded))
+        .filter_map(|decoded| LockName::new(&decoded).ok())
+        .collect();
+    crate::kit::held::list_held(names, async |name| status(backend, name).await).await
 }
 
+/// Break every lease of the lock at once (`x-ms-lease-break-period: 0`).
 pub(super) async fn force_release(
     backend: &AzureBackend,
     name: &LockName,
 ) -> Result<Vec<Holder>, Error> {
     let blobs = Blobs::new(&backend.target)?;
-    let blob = backend.blob(name);
-    let lock = status(backend, name).await?;
-    if !lock.held {
-        return Ok(Vec::new());
-    }
-    let headers = vec![("x-ms-lease-break-period".to_owned(), "0".to_owned())];
-    match blobs.lease(&blob, "break", headers, OP_TIMEOUT).await {
-        Ok(_) => Ok(lock.holders.into_iter().map(|h| h.holder).collect()),
-        // Released or lapsed since it was read: nothing to break.
-        Err(failure) if failure.code() == Some("LeaseNotPresentWithLeaseOperation") => {
-            Ok(Vec::new())
+    let (holders, _) = holders_of(&blobs, &backend.blob(name), name.as_str()).await?;
+    let mut removed = Vec::new();
+    for (blob, holder) in holders {
+        let headers = vec![("x-ms-lease-break-period".to_owned(), "0".to_owned())];
+        match blobs.lease(&blob, "break", headers, OP_TIMEOUT).await {
+            Ok(_) => removed.push(holder.holder),
+            // Released or lapsed since it was read: nothing to break.
+            Err(failure) if failure.code() == Some("LeaseNotPresentWithLeaseOperation") => {}
+            Err(failure) => return Err(failure.into_error(&blobs)),
         }
-        Err(failure) => Err(failure.into_error(&blobs)),
     }
+    Ok(removed)
 }
 
 pub(super) async fn check(backend: &AzureBackend) -> Result<CheckReport, Error> {
@@ -247,59 +267,4 @@ async fn probe_lease(backend: &AzureBackend, blobs: &Blobs) -> Result<(), Error>
     let deleted = blobs.delete(&probe, Vec::new(), OP_TIMEOUT).await;
     released.map_err(fail)?;
     deleted.map(drop).map_err(fail)
-}
-
-/// The contents of each `<tag>…</tag>` in `text`, in order.
-fn elements<'a>(text: &'a str, tag: &str) -> Vec<&'a str> {
-    let (open, close) = (format!("<{tag}>"), format!("</{tag}>"));
-    let mut found = Vec::new();
-    let mut rest = text;
-    while let Some(start) = rest.find(&open) {
-        let after = &rest[start + open.len()..];
-        let Some(end) = after.find(&close) else {
-            break;
-        };
-        found.push(&after[..end]);
-        rest = &after[end + close.len()..];
-    }
-    found
-}
-
-/// The contents of the first `<tag>…</tag>` in `text`.
-fn element<'a>(text: &'a str, tag: &str) -> Option<&'a str> {
-    elements(text, tag).into_iter().next()
-}
-
-/// XML's five escapes undone.
-fn unescape(text: &str) -> String {
-    text.replace("&lt;", "<")
-        .replace("&gt;", ">")
-        .replace("&quot;", "\"")
-        .replace("&apos;", "'")
-        .replace("&amp;", "&")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_listing_is_read_blob_by_blob() {
-        let page = "<EnumerationResults><Blobs><Blob><Name>d/a</Name><Properties>\
-                    <LeaseState>leased</LeaseState></Properties></Blob><Blob><Name>d/b&amp;c\
-                    </Name><Properties><LeaseState>available</LeaseState></Properties></Blob>\
-                    </Blobs><NextMarker>m&amp;1</NextMarker></EnumerationResults>";
-        let blobs = elements(page, "Blob");
-        assert_eq!(blobs.len(), 2);
-        assert_eq!(element(blobs[0], "LeaseState"), Some("leased"));
-        assert_eq!(
-            element(blobs[1], "Name").map(unescape).as_deref(),
-            Some("d/b&c")
-        );
-        assert_eq!(
-            element(page, "NextMarker").map(unescape).as_deref(),
-            Some("m&1")
-        );
-        assert_eq!(element("<NextMarker />", "NextMarker"), None);
-    }
 }

@@ -20,6 +20,13 @@ use super::target::AzureTarget;
 /// headers on every operation, and `x-ms-error-code` on every error.
 pub const VERSION: &str = "2021-08-06";
 
+/// The Blob service in messages.
+pub const SERVER: crate::wording::Server = crate::wording::Server {
+    listening: "Azure Blob service",
+    name: "Azure Blob",
+    port: 443,
+};
+
 /// What went wrong with one request.
 #[derive(Debug)]
 pub enum Failure {
@@ -125,6 +132,24 @@ impl Blobs {
             container: target.container.clone(),
             display: target.display(),
         })
+    }
+
+    /// The error for `failure`; a request that got no HTTP answer at all may have reached
+    /// another kind of server, and then that is the message (asked within `left`).
+    pub async fn explain(&self, failure: Failure, left: Duration) -> Error {
+        if matches!(failure, Failure::NotSent(_) | Failure::Unknown(_)) && !left.is_zero() {
+            let endpoint = &self.account.endpoint;
+            let (host, port) = (&endpoint.host, endpoint.port);
+            if let Some(what) = crate::sniff::other_than(host, port, left, &super::kind::KIND).await
+            {
+                return crate::wording::not_a(
+                    &crate::kit::url::join_host_port(host, port),
+                    &SERVER,
+                    &format!("it answers like {what}"),
+                );
+            }
+        }
+        failure.into_error(self)
     }
 
     /// Send `call` within `limit`.

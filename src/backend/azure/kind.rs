@@ -40,7 +40,7 @@ pub const KIND: Kind = Kind {
         // Waiters poll; whoever asks first after a release gets the lock.
         fifo: false,
         records_finished: true,
-        limit: false,
+        limit: true,
         shared: false,
         host_queue: true,
         servers: Servers::Quorum,

@@ -47,10 +47,12 @@ impl Held {
         vec![("x-ms-lease-id".into(), self.lease_id.clone())]
     }
 
-    /// Write `record` as the blob's body under the lease, keeping the token in its metadata.
+    /// Write `record` as the blob's body under the lease, with the token and the `--limit` in
+    /// its metadata.
     pub(super) async fn write(&self, record: &Record, limit: Duration) -> Result<(), Failure> {
         let body = serde_json::to_vec(record).unwrap_or_default();
         let mut headers = self.lease_header();
+        headers.push(("x-ms-meta-dlocklimit".into(), record.limit.to_string()));
         headers.push(("x-ms-meta-dlocktoken".into(), self.token.to_string()));
         self.blobs
             .put(&self.blob, headers, body, limit)
@@ -150,7 +152,7 @@ impl Lease for AzureLease {
                 .blobs
                 .lease(&held.blob, "release", held.lease_header(), OP_TIMEOUT)
                 .await;
-            tracing::debug!(target: crate::logging::HANDOFF, "released");
+            tracing::debug!(target: crate::logging::HANDOFF, "lease-released");
             match released {
                 Ok(_) => return Ok(()),
                 Err(failure) if is_gone(&failure) => {

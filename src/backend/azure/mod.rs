@@ -36,7 +36,9 @@ mod admin;
 mod blob;
 pub mod kind;
 mod lease;
+mod listing;
 mod sign;
+mod slots;
 pub mod target;
 mod wait;
 
@@ -51,7 +53,7 @@ use crate::lock::{
     AcquireRequest, Backend, Cancel, CheckReport, Holder, LockName, LockStatus, Record,
 };
 
-use blob::{Blobs, Failure};
+use blob::{number, Blobs, Failure};
 use lease::{Held, Renewer};
 
 pub use lease::AzureLease;
@@ -86,13 +88,25 @@ pub struct AzureBackend {
     prefix: String,
 }
 
-/// One acquisition: the blob, our proposed lease id, and what the service may hold for us.
+/// One acquisition: the lock's blob, our proposed lease id, and the lease the service may
+/// hold for us (on the lock's blob, or on a slot's with `--limit`).
 struct Ctx<'a> {
     request: &'a AcquireRequest,
     blobs: Blobs,
+    /// The lock's own blob (with `--limit` above 1, its counter).
     blob: String,
     lease_id: String,
     owed: Owed,
+    /// The blob our lease is on, when [`Ctx::owed`] says there may be one.
+    leased: std::cell::RefCell<String>,
+}
+
+impl Ctx<'_> {
+    /// The service may now hold a lease of ours on `blob`.
+    fn owe(&self, blob: &str) {
+        self.owed.set(true);
+        blob.clone_into(&mut self.leased.borrow_mut());
+    }
 }
 
 impl AzureBackend {
@@ -107,16 +121,16 @@ impl AzureBackend {
         self.target.blob(&self.prefix, name)
     }
 
-    /// Create the lock's blob if it does not exist: token 0, no holder. Another client's
-    /// creation in between is fine.
-    async fn create(&self, ctx: &Ctx<'_>) -> Result<(), Failure> {
+    /// Create `blob` (the lock's or a slot's) if it does not exist: token 0, no holder.
+    /// Another client's creation in between is fine.
+    async fn create(&self, ctx: &Ctx<'_>, blob: &str) -> Result<(), Failure> {
         let headers = vec![
             ("If-None-Match".to_owned(), "*".to_owned()),
             ("x-ms-meta-dlocktoken".to_owned(), "0".to_owned()),
         ];
         match ctx
             .blobs
-            .put(&ctx.blob, headers, Vec::new(), request_limit(ctx.request))
+            .put(blob, headers, Vec::new(), request_limit(ctx.request))
             .await
         {
             Ok(_)
@@ -127,9 +141,9 @@ impl AzureBackend {
         }
     }
 
-    /// One lease request: `Ok(sent)` when the lease is ours (sent at `sent`), `Ok(None)` when
-    /// another client holds it.
-    async fn try_lease(&self, ctx: &Ctx<'_>) -> Result<Option<BootInstant>, Failure> {
+    /// One lease request on `blob`: `Ok(sent)` when the lease is ours (sent at `sent`),
+    /// `Ok(None)` when another client holds it.
+    async fn try_lease(&self, ctx: &Ctx<'_>, blob: &str) -> Result<Option<BootInstant>, Failure> {
         let seconds = lease_seconds(ctx.request.ttl).to_string();
         for _ in 0..MAX_CREATIONS {
             let headers = vec![
@@ -139,21 +153,21 @@ impl AzureBackend {
             let sent = BootInstant::now();
             let leased = ctx
                 .blobs
-                .lease(&ctx.blob, "acquire", headers, request_limit(ctx.request))
+                .lease(blob, "acquire", headers, request_limit(ctx.request))
                 .await;
             match leased {
                 Ok(_) => {
-                    ctx.owed.set(true);
+                    ctx.owe(blob);
                     return Ok(Some(sent));
                 }
                 Err(failure) => {
                     // A lease whose answer was lost may be ours: given back if it stays so.
                     if matches!(failure, Failure::Unknown(_)) {
-                        ctx.owed.set(true);
+                        ctx.owe(blob);
                     }
                     match failure.code() {
                         Some("LeaseAlreadyPresent") => return Ok(None),
-                        Some("BlobNotFound") => self.create(ctx).await?,
+                        Some("BlobNotFound") => self.create(ctx, blob).await?,
                         _ => return Err(failure),
                     }
                 }
@@ -186,6 +200,11 @@ impl AzureBackend {
                 ))
             })?,
         };
+        if let Some(theirs) = number(&properties, "x-ms-meta-dlocklimit").filter(|&l| l != 1) {
+            // Taken last with another --limit: its holders, if any are left, decide.
+            let theirs = u32::try_from(theirs).unwrap_or(u32::MAX);
+            slots::agree_with_slots(ctx, None, theirs).await?;
+        }
         tracing::debug!(target: crate::logging::HANDOFF, "token-read");
         let token = last.checked_add(1).ok_or_else(|| {
             Error::Unavailable(format!(
@@ -277,17 +296,26 @@ impl Backend for AzureBackend {
             blob: self.blob(&request.name),
             lease_id: uuid::Uuid::new_v4().hyphenated().to_string(),
             owed: Owed::new(),
+            leased: std::cell::RefCell::new(String::new()),
         };
-        let outcome = match self.poll(&ctx, cancel).await {
-            Ok(sent) => self.finish(&ctx, sent).await,
-            Err(err) => Err(err),
+        let outcome = if request.limit > 1 {
+            match self.poll_slots(&ctx, cancel).await {
+                Ok((slot, sent)) => self.finish_slot(&ctx, slot, sent).await,
+                Err(err) => Err(err),
+            }
+        } else {
+            match self.poll(&ctx, cancel).await {
+                Ok(sent) => self.finish(&ctx, sent).await,
+                Err(err) => Err(err),
+            }
         };
         ctx.owed
             .settle(outcome, || async {
                 let headers = vec![("x-ms-lease-id".to_owned(), ctx.lease_id.clone())];
+                let blob = ctx.leased.borrow().clone();
                 let _ = ctx
                     .blobs
-                    .lease(&ctx.blob, "release", headers, LEAVE_BUDGET)
+                    .lease(&blob, "release", headers, LEAVE_BUDGET)
                     .await;
             })
             .await
