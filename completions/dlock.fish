@@ -48,7 +48,8 @@ postgresql://\t''
 mysql://\t''
 mariadb://\t''
 memcached://\t''
-memcached+unix://\t''"
+memcached+unix://\t''
+az://\t''"
 complete -c dlock -n "__fish_dlock_using_subcommand run; and __fish_dlock_run_options" -l prefix -d 'Namespace for keys and paths [default: dlock]' -r
 complete -c dlock -n "__fish_dlock_using_subcommand run; and __fish_dlock_run_options" -s w -l wait -d 'Give up after waiting this long (500ms, 30s, 5m; a bare number is seconds)' -r
 complete -c dlock -n "__fish_dlock_using_subcommand run; and __fish_dlock_run_options" -s E -l conflict-exit-code -d 'Exit status when the lock was not acquired [default: 75]' -r
@@ -87,7 +88,8 @@ postgresql://\t''
 mysql://\t''
 mariadb://\t''
 memcached://\t''
-memcached+unix://\t''"
+memcached+unix://\t''
+az://\t''"
 complete -c dlock -n "__fish_dlock_using_subcommand status" -l prefix -d 'Namespace for keys and paths [default: dlock]' -r
 complete -c dlock -n "__fish_dlock_using_subcommand status" -l config -d 'Config file (TOML; see man dlock.toml)' -r -F
 complete -c dlock -n "__fish_dlock_using_subcommand status" -l json -d 'Print JSON instead of text'
@@ -109,7 +111,8 @@ postgresql://\t''
 mysql://\t''
 mariadb://\t''
 memcached://\t''
-memcached+unix://\t''"
+memcached+unix://\t''
+az://\t''"
 complete -c dlock -n "__fish_dlock_using_subcommand list" -l prefix -d 'Namespace for keys and paths [default: dlock]' -r
 complete -c dlock -n "__fish_dlock_using_subcommand list" -l config -d 'Config file (TOML; see man dlock.toml)' -r -F
 complete -c dlock -n "__fish_dlock_using_subcommand list" -l json -d 'Print JSON instead of text'
@@ -131,7 +134,8 @@ postgresql://\t''
 mysql://\t''
 mariadb://\t''
 memcached://\t''
-memcached+unix://\t''"
+memcached+unix://\t''
+az://\t''"
 complete -c dlock -n "__fish_dlock_using_subcommand release" -l prefix -d 'Namespace for keys and paths [default: dlock]' -r
 complete -c dlock -n "__fish_dlock_using_subcommand release" -l config -d 'Config file (TOML; see man dlock.toml)' -r -F
 complete -c dlock -n "__fish_dlock_using_subcommand release" -l force -d 'Required: this breaks a lock that someone else holds; the holder then detects the loss and stops its command. The file backend refuses and names the holder\'s pid'
@@ -153,7 +157,8 @@ postgresql://\t''
 mysql://\t''
 mariadb://\t''
 memcached://\t''
-memcached+unix://\t''"
+memcached+unix://\t''
+az://\t''"
 complete -c dlock -n "__fish_dlock_using_subcommand check" -l prefix -d 'Namespace for keys and paths [default: dlock]' -r
 complete -c dlock -n "__fish_dlock_using_subcommand check" -s t -l ttl -d 'Lease length to check against the backend\'s bounds [default: 15s]' -r
 complete -c dlock -n "__fish_dlock_using_subcommand check" -l config -d 'Config file (TOML; see man dlock.toml)' -r -F

@@ -48,7 +48,7 @@ fn readme() -> String {
 }
 
 /// The backends, each with its page `docs/backends/<name>.md`.
-const BACKEND_PAGES: [&str; 9] = [
+const BACKEND_PAGES: [&str; 10] = [
     "file",
     "redis",
     "redis-sentinel",
@@ -58,6 +58,7 @@ const BACKEND_PAGES: [&str; 9] = [
     "postgres",
     "mysql",
     "memcached",
+    "azure",
 ];
 
 /// The Markdown files of docs/ and docs/backends/, relative to the repository, sorted.

@@ -27,9 +27,13 @@
 //! Leases last 15 to 60 s (the service's bounds), so `--ttl` outside them is refused before
 //! anything is contacted (`kind.rs`); the keeper renews at its usual times.
 //!
+//! `--limit N` above 1 leases one of N slot blobs instead, the counter staying in the lock's
+//! blob (`slots.rs`).
+//!
 //! The parts: `account.rs` (settings), `sign.rs` (Shared Key), `blob.rs` (the requests and
-//! their failures), `wait.rs` (polling), `lease.rs`, `admin.rs` (status, list,
-//! release --force, check), `target.rs` (the URL), `kind.rs`.
+//! their failures), `listing.rs` (blob listings), `wait.rs` (polling, and the waiters'
+//! registrations `status` counts), `slots.rs` (`--limit`), `lease.rs`, `admin.rs` (status,
+//! list, release --force, check), `target.rs` (the URL), `kind.rs`.
 
 mod account;
 mod admin;
