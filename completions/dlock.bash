@@ -63,11 +63,11 @@ _dlock() {
             fi
             case "${prev}" in
                 --url)
-                    COMPREPLY=($(compgen -W "file:// redis:// rediss:// redis+unix:// redis-sentinel:// rediss-sentinel:// etcd:// etcds:// zk:// postgres:// postgresql:// mysql:// mariadb:// memcached:// memcached+unix:// s3://" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "file:// redis:// rediss:// redis+unix:// redis-sentinel:// rediss-sentinel:// etcd:// etcds:// zk:// postgres:// postgresql:// mysql:// mariadb:// memcached:// memcached+unix:// az:// s3://" -- "${cur}"))
                     return 0
                     ;;
                 -u)
-                    COMPREPLY=($(compgen -W "file:// redis:// rediss:// redis+unix:// redis-sentinel:// rediss-sentinel:// etcd:// etcds:// zk:// postgres:// postgresql:// mysql:// mariadb:// memcached:// memcached+unix:// s3://" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "file:// redis:// rediss:// redis+unix:// redis-sentinel:// rediss-sentinel:// etcd:// etcds:// zk:// postgres:// postgresql:// mysql:// mariadb:// memcached:// memcached+unix:// az:// s3://" -- "${cur}"))
                     return 0
                     ;;
                 --prefix)
@@ -101,11 +101,11 @@ _dlock() {
             fi
             case "${prev}" in
                 --url)
-                    COMPREPLY=($(compgen -W "file:// redis:// rediss:// redis+unix:// redis-sentinel:// rediss-sentinel:// etcd:// etcds:// zk:// postgres:// postgresql:// mysql:// mariadb:// memcached:// memcached+unix:// s3://" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "file:// redis:// rediss:// redis+unix:// redis-sentinel:// rediss-sentinel:// etcd:// etcds:// zk:// postgres:// postgresql:// mysql:// mariadb:// memcached:// memcached+unix:// az:// s3://" -- "${cur}"))
                     return 0
                     ;;
                 -u)
-                    COMPREPLY=($(compgen -W "file:// redis:// rediss:// redis+unix:// redis-sentinel:// rediss-sentinel:// etcd:// etcds:// zk:// postgres:// postgresql:// mysql:// mariadb:// memcached:// memcached+unix:// s3://" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "file:// redis:// rediss:// redis+unix:// redis-sentinel:// rediss-sentinel:// etcd:// etcds:// zk:// postgres:// postgresql:// mysql:// mariadb:// memcached:// memcached+unix:// az:// s3://" -- "${cur}"))
                     return 0
                     ;;
                 --prefix)
@@ -131,11 +131,11 @@ _dlock() {
             fi
             case "${prev}" in
                 --url)
-                    COMPREPLY=($(compgen -W "file:// redis:// rediss:// redis+unix:// redis-sentinel:// rediss-sentinel:// etcd:// etcds:// zk:// postgres:// postgresql:// mysql:// mariadb:// memcached:// memcached+unix:// s3://" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "file:// redis:// rediss:// redis+unix:// redis-sentinel:// rediss-sentinel:// etcd:// etcds:// zk:// postgres:// postgresql:// mysql:// mariadb:// memcached:// memcached+unix:// az:// s3://" -- "${cur}"))
                     return 0
                     ;;
                 -u)
-                    COMPREPLY=($(compgen -W "file:// redis:// rediss:// redis+unix:// redis-sentinel:// rediss-sentinel:// etcd:// etcds:// zk:// postgres:// postgresql:// mysql:// mariadb:// memcached:// memcached+unix:// s3://" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "file:// redis:// rediss:// redis+unix:// redis-sentinel:// rediss-sentinel:// etcd:// etcds:// zk:// postgres:// postgresql:// mysql:// mariadb:// memcached:// memcached+unix:// az:// s3://" -- "${cur}"))
                     return 0
                     ;;
                 --prefix)
@@ -162,11 +162,11 @@ _dlock() {
             fi
             case "${prev}" in
                 --url)
-                    COMPREPLY=($(compgen -W "file:// redis:// rediss:// redis+unix:// redis-sentinel:// rediss-sentinel:// etcd:// etcds:// zk:// postgres:// postgresql:// mysql:// mariadb:// memcached:// memcached+unix:// s3://" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "file:// redis:// rediss:// redis+unix:// redis-sentinel:// rediss-sentinel:// etcd:// etcds:// zk:// postgres:// postgresql:// mysql:// mariadb:// memcached:// memcached+unix:// az:// s3://" -- "${cur}"))
                     return 0
                     ;;
                 -u)
-                    COMPREPLY=($(compgen -W "file:// redis:// rediss:// redis+unix:// redis-sentinel:// rediss-sentinel:// etcd:// etcds:// zk:// postgres:// postgresql:// mysql:// mariadb:// memcached:// memcached+unix:// s3://" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "file:// redis:// rediss:// redis+unix:// redis-sentinel:// rediss-sentinel:// etcd:// etcds:// zk:// postgres:// postgresql:// mysql:// mariadb:// memcached:// memcached+unix:// az:// s3://" -- "${cur}"))
                     return 0
                     ;;
                 --prefix)
@@ -256,11 +256,11 @@ _dlock() {
             fi
             case "${prev}" in
                 --url)
-                    COMPREPLY=($(compgen -W "file:// redis:// rediss:// redis+unix:// redis-sentinel:// rediss-sentinel:// etcd:// etcds:// zk:// postgres:// postgresql:// mysql:// mariadb:// memcached:// memcached+unix:// s3://" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "file:// redis:// rediss:// redis+unix:// redis-sentinel:// rediss-sentinel:// etcd:// etcds:// zk:// postgres:// postgresql:// mysql:// mariadb:// memcached:// memcached+unix:// az:// s3://" -- "${cur}"))
                     return 0
                     ;;
                 -u)
-                    COMPREPLY=($(compgen -W "file:// redis:// rediss:// redis+unix:// redis-sentinel:// rediss-sentinel:// etcd:// etcds:// zk:// postgres:// postgresql:// mysql:// mariadb:// memcached:// memcached+unix:// s3://" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "file:// redis:// rediss:// redis+unix:// redis-sentinel:// rediss-sentinel:// etcd:// etcds:// zk:// postgres:// postgresql:// mysql:// mariadb:// memcached:// memcached+unix:// az:// s3://" -- "${cur}"))
                     return 0
                     ;;
                 --prefix)

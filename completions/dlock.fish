@@ -49,6 +49,7 @@ mysql://\t''
 mariadb://\t''
 memcached://\t''
 memcached+unix://\t''
+az://\t''
 s3://\t''"
 complete -c dlock -n "__fish_dlock_using_subcommand run; and __fish_dlock_run_options" -l prefix -d 'Namespace for keys and paths [default: dlock]' -r
 complete -c dlock -n "__fish_dlock_using_subcommand run; and __fish_dlock_run_options" -s w -l wait -d 'Give up after waiting this long (500ms, 30s, 5m; a bare number is seconds)' -r
@@ -89,6 +90,7 @@ mysql://\t''
 mariadb://\t''
 memcached://\t''
 memcached+unix://\t''
+az://\t''
 s3://\t''"
 complete -c dlock -n "__fish_dlock_using_subcommand status" -l prefix -d 'Namespace for keys and paths [default: dlock]' -r
 complete -c dlock -n "__fish_dlock_using_subcommand status" -l config -d 'Config file (TOML; see man dlock.toml)' -r -F
@@ -112,6 +114,7 @@ mysql://\t''
 mariadb://\t''
 memcached://\t''
 memcached+unix://\t''
+az://\t''
 s3://\t''"
 complete -c dlock -n "__fish_dlock_using_subcommand list" -l prefix -d 'Namespace for keys and paths [default: dlock]' -r
 complete -c dlock -n "__fish_dlock_using_subcommand list" -l config -d 'Config file (TOML; see man dlock.toml)' -r -F
@@ -135,6 +138,7 @@ mysql://\t''
 mariadb://\t''
 memcached://\t''
 memcached+unix://\t''
+az://\t''
 s3://\t''"
 complete -c dlock -n "__fish_dlock_using_subcommand release" -l prefix -d 'Namespace for keys and paths [default: dlock]' -r
 complete -c dlock -n "__fish_dlock_using_subcommand release" -l config -d 'Config file (TOML; see man dlock.toml)' -r -F
@@ -158,6 +162,7 @@ mysql://\t''
 mariadb://\t''
 memcached://\t''
 memcached+unix://\t''
+az://\t''
 s3://\t''"
 complete -c dlock -n "__fish_dlock_using_subcommand check" -l prefix -d 'Namespace for keys and paths [default: dlock]' -r
 complete -c dlock -n "__fish_dlock_using_subcommand check" -s t -l ttl -d 'Lease length to check against the backend\'s bounds [default: 15s]' -r

@@ -48,6 +48,8 @@ pub struct Kind {
     pub capabilities: Capabilities,
     /// The shortest `--ttl` it can keep (zero where it has no lease).
     pub minimum_ttl: Duration,
+    /// The longest `--ttl` its server grants, where the server bounds its leases.
+    pub maximum_ttl: Option<Duration>,
     /// Parse a URL of one of `schemes` (`scheme` lower-cased; `url` whole, as given).
     /// Messages never quote text that may be part of a password.
     pub parse: fn(scheme: &str, url: &str) -> Result<Target, String>,
@@ -358,6 +360,12 @@ impl Target {
         kind.capabilities.lease.then_some(kind.minimum_ttl)
     }
 
+    /// The longest `--ttl` the backend's server grants, where it bounds its leases.
+    pub fn maximum_ttl(&self) -> Option<Duration> {
+        let kind = self.kind();
+        kind.maximum_ttl.filter(|_| kind.capabilities.lease)
+    }
+
     /// The backend, behind this host's queue where its kind has one.
     pub fn open(&self, common: &Common) -> Box<dyn DynBackend> {
         let backend = self.0.open(common);
@@ -416,6 +424,7 @@ mod tests {
             servers: Servers::One,
         },
         minimum_ttl: MIN_LEASE_TTL,
+        maximum_ttl: None,
         parse: |_, _| Err("no".into()),
         recognises: None,
         no_shared_because: "it cannot",

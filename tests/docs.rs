@@ -48,7 +48,7 @@ fn readme() -> String {
 }
 
 /// The backends, each with its page `docs/backends/<name>.md`.
-const BACKEND_PAGES: [&str; 10] = [
+const BACKEND_PAGES: [&str; 11] = [
     "file",
     "redis",
     "redis-sentinel",
@@ -58,6 +58,7 @@ const BACKEND_PAGES: [&str; 10] = [
     "postgres",
     "mysql",
     "memcached",
+    "azure",
     "s3",
 ];
 

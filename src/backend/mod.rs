@@ -9,6 +9,7 @@
 //! several URLs, the servers `sniff` can tell) is derived from [`KINDS`], the texts in
 //! `texts.rs`. Adding a backend is ARCHITECTURE.md's checklist ("Adding a backend").
 
+pub mod azure;
 pub mod etcd;
 pub mod file;
 pub mod memcached;
@@ -35,6 +36,7 @@ pub const KINDS: &[&Kind] = &[
     &postgres::kind::KIND,
     &mysql::kind::KIND,
     &memcached::kind::KIND,
+    &azure::kind::KIND,
     &s3::kind::KIND,
 ];
 
@@ -264,7 +266,10 @@ mod tests {
                     s if s.ends_with("sentinel") => format!("{s}://127.0.0.1#master"),
                     s => format!("{s}://127.0.0.1"),
                 };
-                let target = Target::parse(&url).unwrap_or_else(|e| panic!("{url}: {e}"));
+                // Object stores name a bucket or container where the others name a host.
+                let target = Target::parse(&url)
+                    .or_else(|_| Target::parse(&format!("{scheme}://dlock-locks")))
+                    .unwrap_or_else(|e| panic!("{url}: {e}"));
                 assert_eq!(target.kind().name, kind.name, "{url}");
                 assert!(kind.shown_as.contains(&target.scheme()), "{url}");
             }

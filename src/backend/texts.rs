@@ -71,8 +71,16 @@ const fn render_ttl_help(out: &mut [u8]) -> usize {
             at = put(out, at, if first { " (" } else { "; " });
             at = put_number(out, at, kind.minimum_ttl.as_secs() as u8, 0);
             at = put(out, at, "s to ");
-            at = put_number(out, at, days, 0);
-            at = put(out, at, " days on ");
+            match kind.maximum_ttl {
+                Some(maximum) => {
+                    at = put_number(out, at, maximum.as_secs() as u8, 0);
+                    at = put(out, at, "s on ");
+                }
+                None => {
+                    at = put_number(out, at, days, 0);
+                    at = put(out, at, " days on ");
+                }
+            }
             at = put(out, at, kind.title);
             first = false;
         }
@@ -413,8 +421,11 @@ mod tests {
     fn the_ttl_help_names_the_kinds_whose_lease_differs() {
         for kind in KINDS {
             let longer = kind.capabilities.lease && kind.minimum_ttl > crate::kind::MIN_LEASE_TTL;
+            let up_to = kind
+                .maximum_ttl
+                .map_or("7 days".to_owned(), |max| format!("{}s", max.as_secs()));
             let named = TTL_HELP.contains(&format!(
-                "{}s to 7 days on {}",
+                "{}s to {up_to} on {}",
                 kind.minimum_ttl.as_secs(),
                 kind.title
             ));

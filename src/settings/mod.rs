@@ -185,6 +185,20 @@ pub fn common(
         ));
     }
     let (target, display_url) = target_setting(backend, file)?;
+    let range = target.maximum_ttl().zip(target.minimum_ttl());
+    if let Some((maximum, minimum)) = range.filter(|(max, min)| ttl > *max || ttl < *min) {
+        return Err(bad(
+            ttl_from_file,
+            &origin("--ttl", env),
+            format!(
+                "'{}' is not a lease {} can keep: its leases last {} to {}",
+                ttl_text.as_deref().unwrap_or_default().trim(),
+                target.kind().title,
+                humantime::format_duration(minimum),
+                humantime::format_duration(maximum)
+            ),
+        ));
+    }
     if let Some(minimum) = target.minimum_ttl() {
         if ttl < minimum {
             return Err(bad(

@@ -21,6 +21,7 @@ macro_rules! backends_with_servers {
 }
 
 backends_with_servers! {
+    azure,
     etcd,
     file,
     memcached,

@@ -26,6 +26,8 @@ pub struct TestEnv {
     pub url: String,
     pub ttl: Option<&'static str>,
     pub prefix: Option<String>,
+    /// The server's environment for dlock ([`LockServer::env`]).
+    pub env: Vec<(&'static str, String)>,
 }
 
 impl TestEnv {
@@ -35,6 +37,7 @@ impl TestEnv {
             url: server.url(),
             ttl: server.ttl(),
             prefix: server.prefix(),
+            env: server.env(),
         }
     }
 
@@ -59,7 +62,9 @@ impl TestEnv {
         let mut command = Command::new(DLOCK);
         command.args(args).current_dir(self.scratch.path());
         for (key, _) in std::env::vars_os() {
-            if key.to_string_lossy().starts_with("DLOCK_") {
+            // Nor an object store's account from the machine: a test's is its server's.
+            let key_text = key.to_string_lossy();
+            if key_text.starts_with("DLOCK_") || key_text.starts_with("AZURE_STORAGE_") {
                 command.env_remove(key);
             }
         }
@@ -79,6 +84,7 @@ impl TestEnv {
         if let Some(prefix) = &self.prefix {
             command.env("DLOCK_PREFIX", prefix);
         }
+        command.envs(self.env.iter().map(|(key, value)| (key, value)));
         command
     }
 

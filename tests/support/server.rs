@@ -20,6 +20,11 @@ pub trait LockServer: Send + Sync {
             describe(&out)
         );
     }
+    /// Environment variables dlock needs to reach this server beside its URL (an object
+    /// store's account and key), set on every dlock a test runs.
+    fn env(&self) -> Vec<(&'static str, String)> {
+        Vec::new()
+    }
     /// A URL of this server that carries a password the server checks, where it has one.
     fn password_url(&self) -> Option<String> {
         None

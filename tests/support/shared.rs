@@ -218,6 +218,10 @@ impl<S: LockServer> LockServer for Shared<S> {
         self.server.break_hold(env, name)
     }
 
+    fn env(&self) -> Vec<(&'static str, String)> {
+        self.server.env()
+    }
+
     fn password_url(&self) -> Option<String> {
         self.server.password_url()
     }

@@ -41,6 +41,7 @@ pub const KIND: Kind = Kind {
         servers: Servers::Quorum,
     },
     minimum_ttl: MIN_LEASE_TTL,
+    maximum_ttl: None,
     parse: |scheme, url| super::target::parse(scheme, after_scheme(url)).map(Target::new),
     recognises: None,
     no_shared_because: "",

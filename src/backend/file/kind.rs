@@ -27,6 +27,7 @@ pub const KIND: Kind = Kind {
         servers: Servers::One,
     },
     minimum_ttl: Duration::ZERO,
+    maximum_ttl: None,
     parse: |_, url| super::target::parse(after_scheme(url)).map(Target::new),
     recognises: None,
     no_shared_because: "",

@@ -44,6 +44,7 @@ pub const KIND: Kind = Kind {
         servers: Servers::One,
     },
     minimum_ttl: MIN_TTL,
+    maximum_ttl: None,
     parse: |scheme, url| super::target::parse(scheme, after_scheme(url)).map(Target::new),
     recognises: None,
     no_shared_because: "memcached cannot list its keys, so a writer could not find every reader's expiring share, and it has no queue to keep readers from starving a writer",

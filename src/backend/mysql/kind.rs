@@ -43,6 +43,7 @@ pub const KIND: Kind = Kind {
         servers: Servers::One,
     },
     minimum_ttl: MIN_LEASE_TTL,
+    maximum_ttl: None,
     parse: |_, url| super::target::parse(after_scheme(url)).map(Target::new),
     recognises: None,
     no_shared_because: "MySQL's named locks (GET_LOCK) are exclusive only",

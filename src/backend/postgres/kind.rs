@@ -56,6 +56,7 @@ pub const KIND: Kind = Kind {
         servers: Servers::One,
     },
     minimum_ttl: MIN_LEASE_TTL,
+    maximum_ttl: None,
     parse: |scheme, url| {
         if scheme.is_empty() {
             super::target::parse_key_value(url).map(Target::new)

@@ -52,6 +52,7 @@ pub const KIND: Kind = Kind {
         servers: Servers::One,
     },
     minimum_ttl: MIN_TTL,
+    maximum_ttl: None,
     parse: |_, url| super::target::parse(after_scheme(url)).map(Target::new),
     recognises: None,
     no_shared_because: "S3 keeps no queue, so polling readers could keep a writer waiting for ever",

@@ -42,6 +42,7 @@ pub const KIND: Kind = Kind {
         servers: Servers::Quorum,
     },
     minimum_ttl: MIN_LEASE_TTL,
+    maximum_ttl: None,
     parse: |_, url| super::target::parse(after_scheme(url)).map(Target::new),
     recognises: None,
     no_shared_because: "",

@@ -118,7 +118,7 @@ fn a_clock_too_far_off_for_signatures_is_named_with_the_skew() {
                 .into(),
         )
     });
-    let env = TestEnv::new(&FileServer::start());
+    let env = TestEnv::new(&fake);
     let out = output_within(
         skewed(&env, &["run", "--url", &fake.url(), &lock_name("s"), "touch", "ran"], 1200),
         PATIENCE,

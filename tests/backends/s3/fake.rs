@@ -20,7 +20,6 @@ pub struct FakeS3 {
 
 impl FakeS3 {
     pub fn start(answer: Answer) -> FakeS3 {
-        super::server::set_credentials();
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind the fake S3");
         let port = listener.local_addr().expect("its address").port();
         listener.set_nonblocking(true).expect("nonblocking");
@@ -45,6 +44,21 @@ impl FakeS3 {
 
     pub fn url(&self) -> String {
         format!("s3://fake-bucket?endpoint=http://127.0.0.1:{}", self.port)
+    }
+}
+
+/// dlock pointed at the fake, with the test servers' credentials.
+impl crate::support::LockServer for FakeS3 {
+    fn url(&self) -> String {
+        FakeS3::url(self)
+    }
+
+    fn scheme(&self) -> &'static str {
+        "s3"
+    }
+
+    fn env(&self) -> Vec<(&'static str, String)> {
+        super::server::credentials()
     }
 }
 

@@ -14,8 +14,8 @@
 //! ([`S3Server::start_seaweedfs`]), where an emulator's own race could not hide one of dlock's.
 //!
 //! dlock finds the endpoint and region in the URL's query, and the credentials (moto takes
-//! any) in `AWS_ACCESS_KEY_ID`/`AWS_SECRET_ACCESS_KEY`, which the first start sets in this
-//! test process for every dlock it runs.
+//! any) in `AWS_ACCESS_KEY_ID`/`AWS_SECRET_ACCESS_KEY`, which the server gives every dlock a
+//! test runs ([`credentials`], `LockServer::env`).
 
 use std::io::{Read, Write};
 use std::process::{Child, Command, Stdio};
@@ -78,20 +78,20 @@ fn request(
     Ok((status, body))
 }
 
-/// Set the credentials dlock reads, once for the whole test process (before any dlock runs
-/// against an S3 server).
-pub fn set_credentials() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        std::env::set_var("AWS_ACCESS_KEY_ID", ACCESS_KEY_ID);
-        std::env::set_var("AWS_SECRET_ACCESS_KEY", SECRET_ACCESS_KEY);
-        // Nothing of the machine's own AWS set-up reaches the tests.
-        std::env::set_var("AWS_CONFIG_FILE", "/nonexistent/aws-config");
-        std::env::set_var("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent/aws-credentials");
-        for variable in ["AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"] {
-            std::env::remove_var(variable);
-        }
-    });
+/// What dlock is given to reach a test server, on every dlock a test runs
+/// (`LockServer::env`): the credentials (moto and SeaweedFS take any), and none of the
+/// machine's own AWS set-up (an empty variable counts as unset).
+pub fn credentials() -> Vec<(&'static str, String)> {
+    let mut env = vec![
+        ("AWS_ACCESS_KEY_ID", ACCESS_KEY_ID.to_owned()),
+        ("AWS_SECRET_ACCESS_KEY", SECRET_ACCESS_KEY.to_owned()),
+        ("AWS_CONFIG_FILE", "/nonexistent/aws-config".to_owned()),
+        ("AWS_SHARED_CREDENTIALS_FILE", "/nonexistent/aws-credentials".to_owned()),
+    ];
+    for unset in ["AWS_SESSION_TOKEN", "AWS_PROFILE", "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3"] {
+        env.push((unset, String::new()));
+    }
+    env
 }
 
 /// `moto_server` with one request handled at a time (see the module doc): connections are
@@ -127,7 +127,6 @@ impl S3Server {
     }
 
     pub fn start() -> S3Server {
-        set_credentials();
         let moto = project_server_binary("moto_server");
         // The venv's interpreter, beside moto_server.
         let python = moto.with_file_name("python3");
@@ -184,7 +183,6 @@ impl S3Server {
     /// A private SeaweedFS (master, volume, filer and S3 gateway in one `weed server`), every
     /// port of it a free loopback one, its data in a temp dir; ready when the S3 port answers.
     pub fn start_seaweedfs() -> S3Server {
-        set_credentials();
         let binary = project_server_binary("weed");
         let dir = server_dir();
         let ports: Vec<u16> = (0..8).map(|_| free_port()).collect();
@@ -278,6 +276,10 @@ impl LockServer for S3Server {
 
     fn scheme(&self) -> &'static str {
         "s3"
+    }
+
+    fn env(&self) -> Vec<(&'static str, String)> {
+        credentials()
     }
 
     fn ttl(&self) -> Option<&'static str> {

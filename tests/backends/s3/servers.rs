@@ -27,7 +27,7 @@ fn ignores_conditions(method: &str, path: &str) -> (u16, Vec<(String, String)>, 
 #[test]
 fn a_server_that_ignores_conditional_writes_is_refused_with_78() {
     let fake = FakeS3::start(ignores_conditions);
-    let env = TestEnv::new(&FileServer::start());
+    let env = TestEnv::new(&fake);
     let out = env.run(["run", "--url", &fake.url(), &lock_name("c"), "touch", "ran"]);
     assert_fails(&out, 78, "the server ignores conditional writes");
     assert!(!env.path("ran").exists(), "the command ran");
@@ -46,7 +46,7 @@ fn a_server_without_conditional_writes_is_refused_with_78() {
         ),
         _ => (404, Vec::new(), "<Error><Code>NoSuchKey</Code></Error>".into()),
     });
-    let env = TestEnv::new(&FileServer::start());
+    let env = TestEnv::new(&fake);
     let out = env.run(["run", "--url", &fake.url(), &lock_name("c"), "touch", "ran"]);
     assert_fails(&out, 78, "NotImplemented (HTTP 501)");
     assert!(!env.path("ran").exists(), "the command ran");
@@ -143,7 +143,7 @@ fn conflicts_are_retried_with_backoff_within_the_wait() {
         ),
         _ => (404, Vec::new(), "<Error><Code>NoSuchKey</Code></Error>".into()),
     });
-    let env = TestEnv::new(&FileServer::start());
+    let env = TestEnv::new(&fake);
     let started = std::time::Instant::now();
     let out = env.run(["-vv", "run", "--wait", "3s", "--url", &fake.url(), &lock_name("c"), "touch", "ran"]);
     assert_fails(&out, 69, "the lock object changed under");

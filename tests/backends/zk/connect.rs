@@ -67,6 +67,7 @@ fn nothing_listening_is_69() {
         url: format!("zk://127.0.0.1:{port}"),
         ttl: Some("3s"),
         prefix: None,
+        env: Vec::new(),
     };
     let started = Instant::now();
     let out = env.run(["run", &lock_name("z"), "touch", "ran"]);
