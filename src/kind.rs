@@ -373,7 +373,11 @@ impl Target {
             return backend;
         }
         let queue = common.local_queue.then(|| common.identity());
-        Box::new(LocalQueued::new(backend, queue))
+        Box::new(LocalQueued::new(
+            backend,
+            queue,
+            self.kind().capabilities.fifo,
+        ))
     }
 
     /// The backend's own target type, where a caller (a test) needs its fields.
