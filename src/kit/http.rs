@@ -158,9 +158,7 @@ impl Response {
     /// The `<Code>` of an XML error body (S3's and Azure's error format).
     pub fn error_code(&self) -> Option<&str> {
         let text = std::str::from_utf8(&self.body).ok()?;
-        let start = text.find("<Code>")? + "<Code>".len();
-        let len = text[start..].find("</Code>")?;
-        Some(text[start..start + len].trim())
+        super::xml::element(text, "Code").map(str::trim)
     }
 }
 

@@ -12,7 +12,8 @@
 //! - [`error_text`]: a client library's error and its causes in words.
 //! - [`limit`]: the `--limit` agreement between holders.
 //! - [`held`]: `list`'s held locks and the words of a not-acquired message.
-//! - [`http`]: the HTTP/1.1 client of the backends that speak HTTP (the object stores).
+//! - [`http`]: the HTTP/1.1 client of the backends that speak HTTP (the object stores), and
+//!   [`xml`], what they read of their servers' XML.
 //! - [`round_trip`]: `check`'s round-trip measurement.
 //! - `flock`, `lock_dir`, `proc_locks`, `stem`: the kernel locks, the checked lock directory,
 //!   the kernel's table of holders and the lock files' names, which the file backend and the
@@ -36,3 +37,4 @@ pub(crate) mod stem;
 pub mod timeouts;
 pub mod tls;
 pub mod url;
+pub mod xml;

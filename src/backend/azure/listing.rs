@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use super::blob::{Blobs, Failure};
+use crate::kit::xml::{element, elements, unescape};
 
 /// The most listing pages read for one answer (5000 blobs each).
 pub const MAX_PAGES: usize = 2000;
@@ -69,36 +70,6 @@ pub fn lock_of(prefix: &str, name: &str) -> Option<String> {
     (!encoded.is_empty() && !encoded.contains('/')).then(|| encoded.to_owned())
 }
 
-/// The contents of each `<tag>…</tag>` in `text`, in order.
-fn elements<'a>(text: &'a str, tag: &str) -> Vec<&'a str> {
-    let (open, close) = (format!("<{tag}>"), format!("</{tag}>"));
-    let mut found = Vec::new();
-    let mut rest = text;
-    while let Some(start) = rest.find(&open) {
-        let after = &rest[start + open.len()..];
-        let Some(end) = after.find(&close) else {
-            break;
-        };
-        found.push(&after[..end]);
-        rest = &after[end + close.len()..];
-    }
-    found
-}
-
-/// The contents of the first `<tag>…</tag>` in `text`.
-fn element<'a>(text: &'a str, tag: &str) -> Option<&'a str> {
-    elements(text, tag).into_iter().next()
-}
-
-/// XML's five escapes undone.
-fn unescape(text: &str) -> String {
-    text.replace("&lt;", "<")
-        .replace("&gt;", ">")
-        .replace("&quot;", "\"")
-        .replace("&apos;", "'")
-        .replace("&amp;", "&")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -110,7 +81,7 @@ mod tests {
                     </dlocklimit></Metadata></Blob><Blob><Name>d/b&amp;c</Name><Properties>\
                     <LeaseState>available</LeaseState></Properties></Blob></Blobs>\
                     <NextMarker>m&amp;1</NextMarker></EnumerationResults>";
-        let blobs = elements(page, "Blob");
+        let blobs: Vec<&str> = elements(page, "Blob").collect();
         assert_eq!(blobs.len(), 2);
         assert_eq!(element(blobs[0], "LeaseState"), Some("leased"));
         assert_eq!(element(blobs[0], "dlocklimit"), Some("2"));

@@ -2,6 +2,7 @@
 //! common prefixes, the continuation token, and the answer's `Date`.
 
 use super::unix_seconds;
+use crate::kit::xml::{elements, unescape};
 
 /// One page of a listing.
 #[derive(Clone, Debug, Default)]
@@ -45,29 +46,6 @@ impl Listing {
             .map(unescape);
         listing
     }
-}
-
-/// The texts inside each `<tag>…</tag>` of `xml`, in order (no nesting of the same tag).
-fn elements<'a>(xml: &'a str, tag: &'a str) -> impl Iterator<Item = &'a str> + 'a {
-    let open = format!("<{tag}>");
-    let close = format!("</{tag}>");
-    let mut rest = xml;
-    std::iter::from_fn(move || {
-        let start = rest.find(&open)? + open.len();
-        let end = rest[start..].find(&close)? + start;
-        let inner = &rest[start..end];
-        rest = &rest[end + close.len()..];
-        Some(inner)
-    })
-}
-
-/// XML's five entities undone.
-fn unescape(text: &str) -> String {
-    text.replace("&lt;", "<")
-        .replace("&gt;", ">")
-        .replace("&quot;", "\"")
-        .replace("&apos;", "'")
-        .replace("&amp;", "&")
 }
 
 #[cfg(test)]
