@@ -34,6 +34,13 @@ impl Backoff {
         }
     }
 
+    /// A waiter's polls where the server notifies nobody (memcached, S3, Azure Blob): from
+    /// about `first`, the step growing by half each time up to `cap`, so that a release is
+    /// seen soon after a short hold and a long wait costs few requests.
+    pub fn polling(first: Duration, cap: Duration) -> Backoff {
+        Backoff::new(first, cap).growing_by(3, 2)
+    }
+
     /// The same, the step growing by `numerator / denominator` each time instead of doubling.
     pub fn growing_by(self, numerator: u32, denominator: u32) -> Backoff {
         Backoff {
@@ -88,7 +95,7 @@ mod tests {
     #[test]
     fn slower_growth_reaches_the_cap_later_and_reset_starts_again() {
         let (first, cap) = (Duration::from_millis(2), Duration::from_millis(25));
-        let mut backoff = Backoff::new(first, cap).growing_by(3, 2);
+        let mut backoff = Backoff::polling(first, cap);
         let delays: Vec<Duration> = (0..40).map(|_| backoff.next_delay()).collect();
         assert!(delays[0] >= first / 2 && delays[0] <= first, "{delays:?}");
         // 2 ms, then 3 ms: half again, not double.

@@ -33,7 +33,7 @@ const RETRY_CAP: Duration = Duration::from_secs(5);
 
 /// Polling intervals: growing by half from [`FIRST`] to [`CAP`], jittered.
 fn polling() -> Backoff {
-    Backoff::new(FIRST, CAP).growing_by(3, 2)
+    Backoff::polling(FIRST, CAP)
 }
 
 /// What one attempt at the lock found.
@@ -290,20 +290,5 @@ async fn poll_error(failure: Failure, ctx: &Ctx<'_>) -> Error {
                 .explain(failure, super::request_limit(ctx.request))
                 .await
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// A waiter that has waited a while asks at most twice a second and at least once.
-    #[test]
-    fn intervals_grow_to_the_cap_with_jitter() {
-        let mut backoff = polling();
-        let delays: Vec<Duration> = (0..40).map(|_| backoff.next_delay()).collect();
-        assert!(delays[0] >= FIRST / 2 && delays[0] <= FIRST, "{delays:?}");
-        assert!(delays.iter().all(|d| *d <= CAP), "{delays:?}");
-        assert!(delays[30..].iter().all(|d| *d >= CAP / 2), "{delays:?}");
     }
 }

@@ -35,7 +35,7 @@ const REFRESH_EVERY: Duration = Duration::from_secs(1);
 
 /// Polling intervals: growing by half from [`FIRST`] to [`CAP`], jittered.
 pub(super) fn polling() -> Backoff {
-    Backoff::new(FIRST, CAP).growing_by(3, 2)
+    Backoff::polling(FIRST, CAP)
 }
 
 /// A waiter's registration (for the count `status` shows).
@@ -126,21 +126,5 @@ pub(super) async fn leave(
 ) {
     if let Some(registration) = registration.take() {
         registration.leave(conn, owner, budget).await;
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn intervals_grow_to_the_cap_with_jitter() {
-        let mut backoff = polling();
-        let delays: Vec<Duration> = (0..40).map(|_| backoff.next_delay()).collect();
-        assert!(delays[0] >= FIRST / 2 && delays[0] <= FIRST, "{delays:?}");
-        assert!(delays.iter().all(|d| *d <= CAP), "{delays:?}");
-        assert!(delays[30..].iter().all(|d| *d >= CAP / 2), "{delays:?}");
-        let distinct: std::collections::HashSet<_> = delays[30..].iter().collect();
-        assert!(distinct.len() > 1, "no jitter: {delays:?}");
     }
 }
