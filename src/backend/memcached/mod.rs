@@ -57,7 +57,6 @@ use crate::budget::WaitBudget;
 use crate::clock::BootInstant;
 use crate::error::Error;
 use crate::kit::backoff::Backoff;
-use crate::kit::held::busy_reason;
 use crate::lock::{
     limit_mismatch, AcquireRequest, Backend, Cancel, CheckReport, Holder, LockName, LockStatus,
     Record,
@@ -375,15 +374,6 @@ fn cas_of(reply: &client::Reply, display: &str) -> Result<u64, Error> {
         .cas()
         .filter(|&cas| cas != 0)
         .ok_or_else(|| admin::cas_disabled(display))
-}
-
-/// The not-acquired message: who holds it.
-fn busy(name: &LockName, holders: &[Stored], why_not: String) -> Error {
-    let holders: Vec<Holder> = holders.iter().map(|s| s.record.holder.clone()).collect();
-    Error::Busy(format!(
-        "lock '{name}' {}; {why_not}",
-        busy_reason(holders, 0)
-    ))
 }
 
 impl Backend for MemcachedBackend {

@@ -9,13 +9,12 @@ use super::client::{Conn, Failure};
 use super::keys::Stored;
 use super::wait::{self, Registration};
 use super::{
-    busy, exchange_limit, keys, Attempt, Ctx, Failed, MemcachedBackend, Won, RELINK_CAP,
-    RELINK_FIRST,
+    exchange_limit, keys, Attempt, Ctx, Failed, MemcachedBackend, Won, RELINK_CAP, RELINK_FIRST,
 };
 use crate::error::Error;
 use crate::kit::backoff::Backoff;
-use crate::kit::limit;
-use crate::lock::{AcquireRequest, Cancel};
+use crate::kit::{held, limit};
+use crate::lock::{AcquireRequest, Cancel, Holder};
 
 impl MemcachedBackend {
     /// Try for a free slot until one is won (with whether this run waited), `--wait` is over,
@@ -125,22 +124,8 @@ fn pause_before_next_poll(
     for holder in holders {
         limit::agrees(&request.name, request.limit, holder.record.limit)?;
     }
-    if request.budget.is_no_wait() {
-        return Err(busy(
-            &request.name,
-            holders,
-            "not waiting (--no-wait)".into(),
-        ));
-    }
-    let mut pause = backoff.next_delay();
-    if let Some(left) = request.budget.left() {
-        if left.is_zero() {
-            let why = crate::wording::gave_up(request.budget.wait());
-            return Err(busy(&request.name, holders, why));
-        }
-        pause = pause.min(left);
-    }
-    Ok(pause)
+    let holders: Vec<Holder> = holders.iter().map(|s| s.record.holder.clone()).collect();
+    held::pause_before_next_poll(request, &holders, backoff)
 }
 
 /// Registers the waiter, or keeps its registration alive. Registering is for the waiter

@@ -13,10 +13,10 @@ use crate::budget::{WaitBudget, MIN_ANSWER};
 use crate::clock::BootInstant;
 use crate::error::Error;
 use crate::kit::backoff::Backoff;
-use crate::kit::held::busy_reason;
+use crate::kit::held::pause_before_next_poll;
 use crate::kit::limit;
 use crate::kit::timeouts::OP_TIMEOUT;
-use crate::lock::{AcquireRequest, Cancel, Holder, LockName, Record};
+use crate::lock::{AcquireRequest, Cancel, Holder, Record};
 
 use super::client::{Cond, Failure, Got, Put, S3};
 use super::lease::{Held, S3Lease};
@@ -332,37 +332,4 @@ async fn sleep_unless_cancelled(cancel: &mut Cancel, pause: Duration) -> Result<
         () = cancel.cancelled() => Err(Error::Cancelled),
         () = tokio::time::sleep(pause) => Ok(()),
     }
-}
-
-/// Refuses a held lock this run cannot wait for (`--no-wait`, `--wait` over); else the
-/// pause before the next poll, no later than `--wait`'s end.
-fn pause_before_next_poll(
-    request: &AcquireRequest,
-    holders: &[Holder],
-    polls: &mut Backoff,
-) -> Result<Duration, Error> {
-    if request.budget.is_no_wait() {
-        return Err(busy(
-            &request.name,
-            holders,
-            "not waiting (--no-wait)".into(),
-        ));
-    }
-    let mut pause = polls.next_delay();
-    if let Some(left) = request.budget.left() {
-        if left.is_zero() {
-            let why = crate::wording::gave_up(request.budget.wait());
-            return Err(busy(&request.name, holders, why));
-        }
-        pause = pause.min(left);
-    }
-    Ok(pause)
-}
-
-/// The not-acquired message: who holds it.
-fn busy(name: &LockName, holders: &[Holder], why_not: String) -> Error {
-    Error::Busy(format!(
-        "lock '{name}' {}; {why_not}",
-        busy_reason(holders.to_vec(), 0)
-    ))
 }
