@@ -20,6 +20,7 @@
 
 mod busy;
 mod certs;
+mod clock;
 mod harness;
 mod net;
 mod process;

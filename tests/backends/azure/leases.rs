@@ -94,31 +94,24 @@ fn release_force_breaks_the_lease_and_the_holder_stops() {
 fn a_host_whose_wall_clock_is_ten_minutes_off_holds_and_loses_as_usual() {
     let server = AzuriteServer::shared();
     let env = TestEnv::new(&server);
-    let shim = skew_shim(&env);
     let lock = lock_name("skew");
-    let skewed = |seconds: &str, args: &[&str]| {
-        let mut command = env.dlock(args);
-        command
-            .env("LD_PRELOAD", &shim)
-            .env("SKEW_SECONDS", seconds);
-        command
-    };
     let ready = env.path("ready");
-    let mut holder = skewed(
-        "600",
-        &[
-            "run",
-            &lock,
-            "sh",
-            "-c",
-            &format!("touch '{}'; exec sleep 1000", ready.display()),
-        ],
-    )
+    let mut holder = env
+        .skewed(
+            &[
+                "run",
+                &lock,
+                "sh",
+                "-c",
+                &format!("touch '{}'; exec sleep 1000", ready.display()),
+            ],
+            600,
+        )
     .spawn()
     .expect("spawn the holder");
     wait_until("the skewed holder holds", PATIENCE, || ready.exists());
     // Longer than the lease: the holder renews on the service's clock, whatever its own says.
-    let out = output_within(skewed("-600", &["run", "--wait", "18s", &lock, "true"]), PATIENCE);
+    let out = output_within(env.skewed(&["run", "--wait", "18s", &lock, "true"], -600), PATIENCE);
     assert_eq!(out.status.code(), Some(75), "{}", describe(&out));
     assert_eq!(holder.try_wait().expect("try_wait"), None, "the holder is still running");
     nix::sys::signal::kill(
@@ -127,23 +120,8 @@ fn a_host_whose_wall_clock_is_ten_minutes_off_holds_and_loses_as_usual() {
     )
     .expect("kill the holder");
     wait_within(&mut holder, PATIENCE);
-    let out = output_within(skewed("-600", &["run", "--wait", "30s", &lock, "true"]), PATIENCE * 2);
+    let out = output_within(env.skewed(&["run", "--wait", "30s", &lock, "true"], -600), PATIENCE * 2);
     assert!(out.status.success(), "{}", describe(&out));
-}
-
-/// The wall-clock shim of the fault harness (`scripts/faultlib/skew.c`), built for this test.
-fn skew_shim(env: &TestEnv) -> String {
-    let source = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/faultlib/skew.c");
-    let shim = env.path("skew.so");
-    let built = std::process::Command::new("cc")
-        .args(["-shared", "-fPIC", "-O2", "-o"])
-        .arg(&shim)
-        .arg(&source)
-        .args(["-ldl", "-lpthread"])
-        .status()
-        .expect("run cc");
-    assert!(built.success(), "building skew.so failed");
-    shim.display().to_string()
 }
 
 /// The requests of one run, from its `-vv` log (`azure: OPERATION -> STATUS`).

@@ -3,49 +3,12 @@
 //! `LD_PRELOAD`, timers untouched) neither take a live lock nor keep a dead one; and a host
 //! further off than S3 takes signatures from is told so in one line.
 
-use std::path::PathBuf;
 use std::process::Stdio;
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use super::fake::FakeS3;
 use super::FREED_WITHIN;
 use crate::support::*;
-
-/// The wall-clock skew shim, built once per test run into cargo's directory for tests'
-/// files (under a name of this process's, then renamed: test runs at once never see half a
-/// file).
-fn skew_library() -> PathBuf {
-    static BUILT: OnceLock<PathBuf> = OnceLock::new();
-    BUILT
-        .get_or_init(|| {
-            let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR"));
-            let library = dir.join("skew.so");
-            let building = dir.join(format!("skew-{}.so", std::process::id()));
-            let source =
-                PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("scripts/faultlib/skew.c");
-            let out = std::process::Command::new("cc")
-                .args(["-shared", "-fPIC", "-O2", "-o"])
-                .arg(&building)
-                .arg(&source)
-                .args(["-ldl", "-lpthread"])
-                .output()
-                .expect("run cc (the C compiler builds the clock-skew shim)");
-            assert!(out.status.success(), "{}", describe(&out));
-            std::fs::rename(&building, &library).expect("put skew.so in place");
-            library
-        })
-        .clone()
-}
-
-/// `dlock ARGS` whose wall clock reads `seconds` off.
-fn skewed(env: &TestEnv, args: &[&str], seconds: i64) -> std::process::Command {
-    let mut command = env.dlock(args);
-    command
-        .env("LD_PRELOAD", skew_library())
-        .env("SKEW_SECONDS", seconds.to_string());
-    command
-}
 
 #[test]
 fn a_holder_ten_minutes_slow_and_a_waiter_ten_minutes_fast_keep_to_the_servers_clock() {
@@ -55,7 +18,7 @@ fn a_holder_ten_minutes_slow_and_a_waiter_ten_minutes_fast_keep_to_the_servers_c
     let ready = env.path("ready");
     let script = format!("echo $DLOCK_FENCING_TOKEN > '{}'; exec sleep 1000", ready.display());
     let mut holder = Holding {
-        child: skewed(&env, &["run", &lock, "sh", "-c", &script], -600)
+        child: env.skewed(&["run", &lock, "sh", "-c", &script], -600)
             .stderr(Stdio::piped())
             .spawn()
             .expect("spawn the holder"),
@@ -71,9 +34,7 @@ fn a_holder_ten_minutes_slow_and_a_waiter_ten_minutes_fast_keep_to_the_servers_c
         .expect("a token");
     let entered = env.path("entered");
     let waiter_script = format!("echo $DLOCK_FENCING_TOKEN > '{}'", entered.display());
-    let mut waiter = skewed(
-        &env,
-        &["run", "--wait", "60s", &lock, "sh", "-c", &waiter_script],
+    let mut waiter = env.skewed(&["run", "--wait", "60s", &lock, "sh", "-c", &waiter_script],
         600,
     )
     .stderr(Stdio::piped())
@@ -120,7 +81,7 @@ fn a_clock_too_far_off_for_signatures_is_named_with_the_skew() {
     });
     let env = TestEnv::new(&fake);
     let out = output_within(
-        skewed(&env, &["run", "--url", &fake.url(), &lock_name("s"), "touch", "ran"], 1200),
+        env.skewed(&["run", "--url", &fake.url(), &lock_name("s"), "touch", "ran"], 1200),
         PATIENCE,
     );
     assert_fails(&out, 78, "this host's clock is 20m ahead of the server's (RequestTimeTooSkewed");
