@@ -373,11 +373,7 @@ impl Target {
             return backend;
         }
         let queue = common.local_queue.then(|| common.identity());
-        Box::new(LocalQueued::new(
-            backend,
-            queue,
-            self.kind().capabilities.fifo,
-        ))
+        Box::new(LocalQueued::new(backend, queue))
     }
 
     /// The backend's own target type, where a caller (a test) needs its fields.

@@ -128,52 +128,6 @@ fn waiters_beyond_the_server_queue_wait_on_this_host_in_arrival_order_and_status
     assert_eq!(env.waiters(&lock), 0);
 }
 
-/// The stage `status` shows of each of this host's waiters, longest-waiting first.
-fn stages(env: &TestEnv, lock: &str) -> Vec<String> {
-    let json: serde_json::Value =
-        serde_json::from_slice(&env.run(["status", "--json", lock]).stdout).unwrap_or_default();
-    json["waiting_here"]
-        .as_array()
-        .map(|waiting| {
-            waiting
-                .iter()
-                .map(|w| w["stage"].as_str().unwrap_or_default().to_owned())
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-#[test]
-fn where_waiters_poll_one_run_of_a_host_polls_and_the_rest_wait_on_the_host() {
-    // memcached keeps no queue: waiters poll it (as on S3 and Azure Blob), so more than one
-    // poller per place a host could take would only multiply its requests.
-    let server = MemcachedServer::shared();
-    let env = TestEnv::new(&server);
-    let lock = lock_name("lq-poll");
-    // Held from outside this host's queue, as a run of another host holds it.
-    let mut holder = env.hold(&lock, &["--local-queue", "off"]);
-    let mut waiters = Reaped(Vec::new());
-    for i in 0..3 {
-        waiters.0.push(env.spawn(&["run", &lock, "true"]));
-        wait_until("waiter counted", PATIENCE, || {
-            stages(&env, &lock).len() == i + 1
-        });
-    }
-    wait_until("the first waiter polls", PATIENCE, || {
-        stages(&env, &lock).first().map(String::as_str) == Some("server")
-    });
-    assert_eq!(
-        stages(&env, &lock),
-        ["server", "host queue", "host queue"],
-        "one poller for --limit 1, the rest on this host"
-    );
-    holder.signal(Signal::SIGTERM);
-    holder.wait();
-    for waiter in &mut waiters.0 {
-        assert!(wait_within(waiter, PATIENCE).success());
-    }
-}
-
 /// Whether every thread of process `pid` is stopped (SIGSTOP took effect).
 fn stopped(pid: u32) -> bool {
     let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {

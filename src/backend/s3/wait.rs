@@ -1,8 +1,8 @@
 //! Waiting for an S3 lock: S3 notifies nobody, so a waiter polls the lock object, with
 //! jittered intervals growing from [`FIRST`] to [`CAP`]: a release is noticed within
 //! [`CAP`], and a waiting process sends about 40 GETs a minute once its interval has grown
-//! (each pause is drawn from 1 to 2 s with the 2 s cap: at most 60). The host-local queue lets
-//! `--limit` processes of a host poll at once, the rest waiting on this host. Waiters are not served in arrival order:
+//! (each pause is drawn from 1 to 2 s with the 2 s cap: at most 60). The host-local queue lets `--limit` + 8 processes of a
+//! host poll at once, the rest waiting on this host. Waiters are not served in arrival order:
 //! the first poll after a release wins.
 //!
 //! So that `status` can count them, a waiter registers an object of its own

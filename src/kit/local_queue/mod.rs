@@ -9,9 +9,7 @@
 //! this host's queue (`tickets.rs`: numbered ticket files, first come first served, each waiter
 //! blocked in the kernel on one file, freed the moment its dlock dies) and waits until at most
 //! `--limit` + [`DEPTH`] processes of this host are at the server and those with earlier
-//! tickets have queued there; then it takes the remote lock. Where the server keeps no queue
-//! (memcached, S3, Azure Blob: waiters poll) only `--limit` are admitted: one poller per
-//! place a host could take, the others blocked in the kernel without a request. Its lease gives back the remote
+//! tickets have queued there; then it takes the remote lock. Its lease gives back the remote
 //! lock first, then the ticket. More than `--limit` are admitted so that a release hands over
 //! at the server's speed: the next waiters have already connected and queued when a holder is
 //! done.
@@ -94,9 +92,6 @@ const DESCRIBE_TIMEOUT: Duration = Duration::from_millis(500);
 /// A remote backend whose waiters on one host queue locally first (see the module doc).
 pub struct LocalQueued<B> {
     remote: B,
-    /// How many processes of this host wait at the server besides the holders: [`DEPTH`]
-    /// where the server queues its waiters, none where they poll.
-    depth: u64,
     /// This user's queue for the remote backend's namespace; `None` when turned off.
     queue: Option<LocalQueue>,
 }
@@ -104,12 +99,10 @@ pub struct LocalQueued<B> {
 impl<B: Backend> LocalQueued<B> {
     /// `remote`, queueing on this host first in the queue of the remote namespace `identity`
     /// (`Common::identity`: the server and the prefix); `None` when `--local-queue` turned the
-    /// queue off. `server_queues`: the server keeps its waiters in order (the kind's `fifo`);
-    /// where it does not, waiters poll, and one poller per free place is all a host needs.
-    pub fn new(remote: B, identity: Option<String>, server_queues: bool) -> LocalQueued<B> {
+    /// queue off.
+    pub fn new(remote: B, identity: Option<String>) -> LocalQueued<B> {
         LocalQueued {
             remote,
-            depth: if server_queues { DEPTH } else { 0 },
             queue: identity.as_deref().map(queue_for),
         }
     }
@@ -128,7 +121,7 @@ impl<B: Backend> LocalQueued<B> {
         } else {
             u64::from(request.limit)
         };
-        let admitted = holders + self.depth;
+        let admitted = holders + DEPTH;
         // What `status` shows of this waiter: its command line masked as a holder's is, or
         // nothing when the run records no command line (`--record-command off`).
         let command = if request.holder.command.is_empty() {
