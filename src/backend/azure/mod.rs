@@ -12,7 +12,7 @@
 //!    common case, an existing blob, costs no read before the lease.
 //! 2. Held by another (`LeaseAlreadyPresent`): poll with jittered backoff
 //!    (`wait.rs`); the service has no notification and no queue, so waiters are not FIFO,
-//!    and the host-local queue keeps one poller per host.
+//!    and the host-local queue lets `--limit` + 8 processes of a host poll at once.
 //! 3. Ours: read the token from the blob's properties and write the record with the token + 1
 //!    under the lease. Only the lease's holder can write the blob, and the service renews a
 //!    lapsed lease only if nobody leased or wrote it since, so the counter increases by one

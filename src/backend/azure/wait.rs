@@ -4,7 +4,7 @@
 //! The pauses are jittered and grow by half from [`FIRST`] to [`CAP`]: a release is noticed
 //! within at most [`CAP`], and a waiter that has waited a while asks about twice a second
 //! (between 60 and 120 lease requests a minute, billed as write operations;
-//! docs/backends/azure.md). The host-local queue lets one waiter per host poll. Waiters are
+//! docs/backends/azure.md). The host-local queue lets `--limit` + 8 processes of a host poll. Waiters are
 //! not served in arrival order: the first poll after a release wins.
 //!
 //! A request that fails for a reason that may pass (no answer, the service busy: 408, 429,
