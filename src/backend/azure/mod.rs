@@ -229,8 +229,23 @@ impl AzureBackend {
                 limit: request.limit,
             },
         };
-        // Rewriting the same record under our lease is harmless: retried when unanswered.
-        self.retried(&budget, || held.write(&held.record, budget.left()))
+        self.hold(ctx, held, ttl, schedule, &budget, sent).await
+    }
+
+    /// Write `held`'s record under the lease (the same record again is harmless, so it is
+    /// retried when unanswered) and keep the lease: a grant already old is confirmed by a
+    /// renewal first.
+    async fn hold(
+        &self,
+        ctx: &Ctx<'_>,
+        held: Held,
+        ttl: Duration,
+        schedule: Schedule,
+        budget: &GrantBudget,
+        sent: BootInstant,
+    ) -> Result<AzureLease, Error> {
+        let fail = |failure: Failure| grant_error(failure, &ctx.blobs, budget);
+        self.retried(budget, || held.write(&held.record, budget.left()))
             .await
             .map_err(fail)?;
         tracing::debug!(target: crate::logging::HANDOFF, "record-written");
@@ -243,7 +258,7 @@ impl AzureBackend {
                     ctx.blobs.display
                 ))
             })?;
-        Ok(AzureLease::start(renewer, since, request.kill_after))
+        Ok(AzureLease::start(renewer, since, ctx.request.kill_after))
     }
 
     /// `attempt` until it succeeds, fails for good, or `budget` is spent (bounded: a few

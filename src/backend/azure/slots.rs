@@ -20,12 +20,12 @@ use std::time::Duration;
 
 use crate::clock::BootInstant;
 use crate::error::Error;
-use crate::keeper::{confirm_if_old, GrantBudget, Schedule};
+use crate::keeper::{GrantBudget, Schedule};
 use crate::kit::limit;
 use crate::lock::{limit_mismatch, Cancel, Record};
 
 use super::blob::{number, Failure};
-use super::lease::{Held, Renewer};
+use super::lease::Held;
 use super::listing::{listed, slot, slot_of, Listed};
 use super::wait::{poll_until, Tried};
 use super::{grant_error, lease_seconds, request_limit, AzureBackend, AzureLease, Ctx};
@@ -164,20 +164,7 @@ impl AzureBackend {
         tracing::debug!(target: crate::logging::HANDOFF, "token-taken");
         held.token = token;
         held.record.holder.token = token;
-        self.retried(&budget, || held.write(&held.record, budget.left()))
-            .await
-            .map_err(fail)?;
-        tracing::debug!(target: crate::logging::HANDOFF, "record-written");
-        let mut renewer = Renewer { held, ttl };
-        let since = confirm_if_old(&mut renewer, schedule, sent)
-            .await
-            .map_err(|why| {
-                Error::Unavailable(format!(
-                    "{}: the lock was granted but could not be confirmed: {why}",
-                    ctx.blobs.display
-                ))
-            })?;
-        Ok(AzureLease::start(renewer, since, request.kill_after))
+        self.hold(ctx, held, ttl, schedule, &budget, sent).await
     }
 
     /// Write the counter in the lock's blob one up, conditionally on the version read, after
