@@ -21,8 +21,9 @@ mod help;
 pub use argv::normalize_run_args;
 use argv::{bad_value, no_such_command, no_such_option, version_of_dlock};
 use help::{
-    long_help_of_hidden, short_url_help, ABOUT, LONG_ABOUT, RELEASE_AFTER_HELP, RUN_AFTER_HELP,
-    RUN_AFTER_SHORT_HELP, STATUS_AFTER_HELP, TOP_AFTER_LONG_HELP, TOP_EXAMPLES, URL_HELP,
+    long_help_of_hidden, short_url_help, ABOUT, HOLD_AFTER_HELP, HOLD_AFTER_SHORT_HELP, LONG_ABOUT,
+    RELEASE_AFTER_HELP, RUN_AFTER_HELP, RUN_AFTER_SHORT_HELP, STATUS_AFTER_HELP,
+    TOP_AFTER_LONG_HELP, TOP_EXAMPLES, URL_HELP,
 };
 
 /// Run a command while holding a named lock.
@@ -83,12 +84,16 @@ pub enum Command {
         after_long_help = RUN_AFTER_HELP
     )]
     Run(Box<RunArgs>),
+    /// Take NAME for the calling shell: print variables for `eval`, keep the lock in the
+    /// background until that shell ends or `dlock release NAME`.
+    #[command(after_help = HOLD_AFTER_SHORT_HELP, after_long_help = HOLD_AFTER_HELP)]
+    Hold(Box<HoldArgs>),
     /// Show who holds NAME and who waits for it (exit 0 when held, 1 when free).
     #[command(after_long_help = STATUS_AFTER_HELP)]
     Status(StatusArgs),
     /// List held locks under the namespace.
     List(ListArgs),
-    /// Break a lock held by someone else (admin; needs --force).
+    /// End your hold of NAME (`dlock hold`); with --force, break anyone's (admin).
     #[command(after_long_help = RELEASE_AFTER_HELP)]
     Release(ReleaseArgs),
     /// Check that the backend can be reached and used: latency, version, permissions.
@@ -351,15 +356,46 @@ pub struct ListArgs {
     pub json: bool,
 }
 
+/// `dlock hold`: the options of `run` (no command), and how long the hold may last without
+/// the shell that took it.
+#[derive(Clone, Debug, Args)]
+pub struct HoldArgs {
+    #[command(flatten)]
+    pub run: RunArgs,
+
+    /// Keep the lock after the calling shell ends, until `dlock release` or --max-hold (CI
+    /// steps in separate shells, systemd's ExecStartPre/ExecStopPost).
+    ///
+    /// Needs --max-hold, so that a forgotten hold ends by itself.
+    #[arg(long, requires = "max_hold")]
+    pub until_released: bool,
+
+    /// Give the lock back this long after taking it, whatever else happens [default: none;
+    /// required with --until-released].
+    #[arg(
+        long,
+        value_name = "DUR",
+        env = "DLOCK_MAX_HOLD",
+        hide_env_values = true
+    )]
+    pub max_hold: Option<String>,
+}
+
 #[derive(Debug, Args)]
 pub struct ReleaseArgs {
     #[command(flatten)]
     pub backend: BackendArgs,
 
-    /// Required: this breaks a lock that someone else holds; the holder then detects the loss
-    /// and stops its command. The file backend refuses and names the holder's pid.
+    /// Break the lock whoever holds it (admin): the holder then detects the loss and stops its
+    /// command. The file backend refuses and names the holder's pid. Without it, release
+    /// ends only your own hold (dlock hold).
     #[arg(long)]
     pub force: bool,
+
+    /// The hold to end: the value of DLOCK_HOLD that `dlock hold` printed [default: the hold
+    /// of NAME named in DLOCK_HELD].
+    #[arg(long, value_name = "HANDLE", conflicts_with = "force")]
+    pub handle: Option<String>,
 
     /// The lock name.
     #[arg(value_name = "NAME")]
@@ -409,9 +445,25 @@ pub enum Generate {
 /// The command tree: [`Cli`]'s, with the short help that `-h` shows where it differs from the
 /// full text of `--help`. Everything that parses or documents the command line starts here.
 pub fn command() -> clap::Command {
-    Cli::command().mut_subcommands(|sub| {
-        sub.mut_args(|arg| values_may_start_with_a_hyphen(long_help_of_hidden(short_url_help(arg))))
+    Cli::command()
+        .mut_subcommands(|sub| {
+            sub.mut_args(|arg| {
+                values_may_start_with_a_hyphen(long_help_of_hidden(short_url_help(arg)))
+            })
+        })
+        .mut_subcommand("hold", without_a_command)
+}
+
+/// `hold` shares `run`'s options but runs nothing: its command and `-c` are neither shown nor
+/// accepted (a word after NAME is an error, `settings::hold` says which), and options may
+/// follow NAME as in `status`.
+fn without_a_command(hold: clap::Command) -> clap::Command {
+    hold.mut_arg("command", |arg| {
+        arg.hide(true)
+            .trailing_var_arg(false)
+            .allow_hyphen_values(false)
     })
+    .mut_arg("shell_command", |arg| arg.hide(true))
 }
 
 /// `--wait -1s` and `-E -1` are a bad value of that option (which its parser says), not an
@@ -455,6 +507,7 @@ fn parse_with_clap(args: Vec<OsString>) -> Result<Cli, clap::Error> {
             .unwrap_or_default();
         match &mut cli.command {
             Command::Run(a) => a.backend.from_env = from_env,
+            Command::Hold(a) => a.run.backend.from_env = from_env,
             Command::Status(a) => a.backend.from_env = from_env,
             Command::List(a) => a.backend.from_env = from_env,
             Command::Release(a) => a.backend.from_env = from_env,

@@ -71,6 +71,17 @@ fn main_inner(args: Vec<OsString>) -> u8 {
     if let Some(why) = ignored {
         tracing::info!("{why}");
     }
+    let cli = match cli {
+        // Before any runtime: the hold's keeper is a fork of this process.
+        Cli {
+            command: Command::Hold(args),
+            global,
+        } => {
+            let tables: Vec<&str> = backend::config_tables().collect();
+            return run::hold::start(*args, config::load(global.config.as_deref(), &tables));
+        }
+        cli => cli,
+    };
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -106,6 +117,9 @@ async fn run(cli: Cli) -> anyhow::Result<Outcome> {
             Ok(Outcome::Done)
         }
         Command::Run(args) => Box::pin(run_command(&args, config())).await,
+        Command::Hold(_) => {
+            Err(Error::Internal("a hold is started before the runtime".into()).into())
+        }
         Command::Status(args) => status(&args, &config()?, quiet).await,
         Command::List(args) => list(&args, &config()?, quiet).await,
         Command::Release(args) => release(&args, &config()?).await,
@@ -184,13 +198,10 @@ async fn list(
 
 /// `dlock release --force NAME`: break the lock, naming every holder it had.
 async fn release(args: &cli::ReleaseArgs, config: &config::FileConfig) -> anyhow::Result<Outcome> {
-    let name = settings::lock_name(&args.name)?;
     if !args.force {
-        return Err(Error::Usage(format!(
-            "'dlock release' breaks a lock someone else holds; add --force to confirm (dlock release --force {name})"
-        ))
-        .into());
+        return run::hold::releasing::release(args, config).await;
     }
+    let name = settings::lock_name(&args.name)?;
     let common = settings::common(&args.backend, None, config)?;
     let released = common.target.open(&common).force_release(&name).await?;
     if released.is_empty() {

@@ -26,10 +26,11 @@ use crate::{clock, logging, supervise};
 
 mod environment;
 mod events;
+pub(crate) mod hold;
 mod min_hold;
 mod record;
 mod reentrant;
-mod reentry;
+pub(crate) mod reentry;
 
 use self::environment::{child_environment, ChildEnv};
 use self::events::{Event, Observer};

@@ -42,13 +42,62 @@ status `dlock run --help` lists for it (64 usage, 69 unavailable, 73, 77, 78).";
 
 /// What `dlock release --help` adds.
 pub(super) const RELEASE_AFTER_HELP: &str = "\
+Without --force, release ends a hold of yours (dlock hold): the one DLOCK_HELD names for NAME
+in this environment, or --handle's. It never ends another's hold or run: that is --force,
+which breaks the lock whoever holds it.
+
 Exit status:
-  0    NAME was held; its holders' entries are gone (each is named on stderr)
-  1    NAME was not held: there was nothing to release
-  64   --force is missing, or a bad name or URL
+  0    the lock was released (with --force: its holders' entries are gone, each named on
+       stderr)
+  1    nothing to release: your hold of NAME had ended already (--max-hold, the end of the
+       shell it belonged to, or its keeper was killed), or NAME was not held (--force)
+  124  your hold had been lost before this release (the reason is on stderr)
+  64   a bad name, URL or handle
   69   the backend cannot be reached
-  77   refused: the server's permission (killing another user's session), or the file
-       backend, where a kernel lock cannot be broken from outside (the holder's pid is named)";
+  77   refused: NAME is held, but not by a hold of yours (without --force); the server's
+       permission (killing another user's session); or the file backend, where a kernel lock
+       cannot be broken from outside (the holder's pid is named)";
+
+/// `dlock hold -h`'s text after the options.
+pub(super) const HOLD_AFTER_SHORT_HELP: &str = "\
+Examples:
+  eval \"$(dlock hold deploy)\" || exit     hold 'deploy' until this shell ends
+  dlock release deploy                     give it back sooner
+  eval \"$(dlock hold --until-released --max-hold 1h deploy)\"   for later CI steps";
+
+/// `dlock hold --help`'s text after the options.
+pub(super) const HOLD_AFTER_HELP: &str = "\
+dlock hold acquires NAME as dlock run would (waiting, --wait, -E, --ttl, --shared, --limit,
+--min-hold, --report), then leaves a keeper process in the background that keeps the lease
+alive, and exits 0 printing shell assignments: eval them to set and export DLOCK_NAME,
+DLOCK_BACKEND, DLOCK_MODE, DLOCK_FENCING_TOKEN, DLOCK_HELD (nested dlock runs of NAME re-enter
+the hold, and dlock release finds it) and DLOCK_HOLD (the hold's handle, for --handle).
+
+How a hold ends:
+  - the shell it belongs to ends, however it ends (kill -9 included): the keeper releases at
+    once. That shell is the one that reads dlock hold's output (eval \"$(dlock hold x)\"), or
+    dlock hold's parent when its output is not a pipe;
+  - dlock release NAME, from that shell or a process it started;
+  - --max-hold runs out;
+  - with --until-released the hold belongs to no process: only dlock release (with DLOCK_HELD
+    or --handle) or --max-hold, which it requires, end it;
+  - the lease is lost (the keeper could not renew it, or someone ran release --force): the
+    keeper writes one line to the shell's stderr and, as --on-lost says, sends the shell
+    SIGTERM (SIGKILL after --kill-after) or SIGKILL, or nothing (ignore). Only the shell is
+    signalled, not the commands it started: check DLOCK_FENCING_TOKEN where it matters, or use
+    dlock run for a command that must be stopped with the lock.
+  - If the keeper itself is killed, the lock is left to its lease (the file backend frees it
+    at once).
+
+Exit status: 0 with the lock held; otherwise as dlock run's before its command would start
+(75 or -E when the lock is held elsewhere, 128+N for a signal while waiting, 64, 69, 77,
+78, ...).
+
+Examples:
+  eval \"$(dlock hold deploy)\" || exit 1
+  dlock hold -w 30s --url redis://locks:6379 deploy > /run/deploy.hold   (. it later)
+  eval \"$(dlock hold --until-released --max-hold 1h deploy)\"
+  echo \"DLOCK_HELD=$DLOCK_HELD\" >> \"$GITHUB_ENV\"      later steps: dlock release deploy";
 
 /// Where the locks are when no URL is given.
 const DEFAULT_FILE: &str = "Default: the file backend in $DLOCK_DIR, else /run/dlock for root, \

@@ -146,9 +146,10 @@ fn clap_leaves_the_command_tree_to_the_process_exit() {
     let (cli, calls) =
         heap_calls_of(|| parse_with_clap(A_RUN.iter().map(OsString::from).collect()));
     assert!(cli.is_ok(), "{cli:?}");
-    // 977 calls with clap 4.6; 1,019 with a second tree built for the global options, 1,346
-    // if the tree is dropped.
-    const BUDGET: u64 = 1_000;
+    // 1,119 calls with clap 4.6 and `hold` (977 before it: it repeats run's options); a
+    // dropped tree costs a third more (1,346 of the 977), a second tree for the global
+    // options 4%.
+    const BUDGET: u64 = 1_200;
     assert!(
         calls < BUDGET,
         "parsing a run made {calls} heap calls (budget {BUDGET})"

@@ -19,29 +19,10 @@ pub(super) struct ChildEnv {
 /// variables in, consumed credentials out, and handed on to nested dlocks through an
 /// inherited descriptor instead.
 pub(super) fn child_environment(settings: &RunSettings) -> ChildEnv {
-    let mut env: Vec<(OsString, Option<OsString>)> = vec![
-        ("DLOCK_NAME".into(), Some(settings.name.as_str().into())),
-        (
-            "DLOCK_BACKEND".into(),
-            Some(settings.common.scheme().into()),
-        ),
-        // A description of this hold under a name no run reads as a setting: a nested run
-        // of another lock must not become shared because this one is. Every variable dlock
-        // sets is such a description (run::tests: no_variable_that_describes_a_hold_is_a_setting);
-        // a nested run reads DLOCK_HELD only to re-enter the hold it names (proven alive) and
-        // DLOCK_CREDENTIALS_FD only for the credentials taken out of the environment.
-        (
-            "DLOCK_MODE".into(),
-            Some(
-                if settings.mode.is_shared() {
-                    "shared"
-                } else {
-                    "exclusive"
-                }
-                .into(),
-            ),
-        ),
-    ];
+    let mut env: Vec<(OsString, Option<OsString>)> = lock_variables(settings)
+        .into_iter()
+        .map(|(name, value)| (name.into(), Some(value.into())))
+        .collect();
     let mut hidden = Vec::new();
     crate::spawn::for_each_variable(|key, value, _| {
         if is_password_variable(key) {
@@ -68,6 +49,29 @@ pub(super) fn child_environment(settings: &RunSettings) -> ChildEnv {
         ));
     }
     ChildEnv { vars: env, handoff }
+}
+
+/// The variables that say which lock is held and how: `DLOCK_NAME`, `DLOCK_BACKEND`,
+/// `DLOCK_MODE`.
+pub(super) fn lock_variables(settings: &RunSettings) -> Vec<(String, String)> {
+    vec![
+        ("DLOCK_NAME".into(), settings.name.as_str().into()),
+        ("DLOCK_BACKEND".into(), settings.common.scheme().into()),
+        // A description of this hold under a name no run reads as a setting: a nested run
+        // of another lock must not become shared because this one is. Every variable dlock
+        // sets is such a description (run::tests: no_variable_that_describes_a_hold_is_a_setting);
+        // a nested run reads DLOCK_HELD only to re-enter the hold it names (proven alive) and
+        // DLOCK_CREDENTIALS_FD only for the credentials taken out of the environment.
+        (
+            "DLOCK_MODE".into(),
+            if settings.mode.is_shared() {
+                "shared"
+            } else {
+                "exclusive"
+            }
+            .into(),
+        ),
+    ]
 }
 
 /// `DLOCK_…PASSWORD…` in any case (`DLOCK_PASSWORD`, `DLOCK_SENTINEL_PASSWORD`,

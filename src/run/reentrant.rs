@@ -78,7 +78,9 @@ async fn ancestor_holds<B: Backend>(
             .holders
             .iter()
             .find(|h| {
-                h.holder.pid == entry.pid && h.holder.token == entry.token && h.holder.host == host
+                h.holder.pid == entry.holder_pid()
+                    && h.holder.token == entry.token
+                    && h.holder.host == host
             })
             .map(|h| h.holder.mode),
         Ok(Err(err)) => {

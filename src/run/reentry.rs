@@ -3,7 +3,10 @@
 //! A holder adds an entry to `DLOCK_HELD` in its command's environment:
 //! `BACKEND|NAME|PID|START|TOKEN` — the backend identity and the encoded lock name, the
 //! holding dlock's pid and start time (field 22 of `/proc/PID/stat`, in clock ticks since
-//! boot), and the fencing token of the hold. An environment can be copied and a background
+//! boot), and the fencing token of the hold. A hold (`dlock hold`) adds
+//! `BACKEND|NAME|PID|START|TOKEN|KEEPER-PID|KEEPER-START`: PID and START are then the process
+//! the hold belongs to (0 for none: `--until-released`), and the keeper, the process the backend
+//! shows holding, is named apart (`dlock release` reaches it by them). An environment can be copied and a background
 //! process can outlive the hold, so an entry alone proves nothing. A nested run trusts an
 //! entry only when
 //!
@@ -17,6 +20,7 @@
 //!
 //! Anything else acquires normally.
 
+use super::hold::Handle;
 use crate::lock::LockName;
 use crate::process::{parent_of, start_ticks};
 
@@ -31,6 +35,8 @@ pub struct Entry {
     pub pid: u32,
     pub start: u64,
     pub token: u64,
+    /// The keeper of a hold (`dlock hold`); `pid` is then the process the hold belongs to.
+    pub keeper: Option<Handle>,
 }
 
 impl Entry {
@@ -42,20 +48,35 @@ impl Entry {
             pid,
             start: start_ticks(pid)?,
             token,
+            keeper: None,
         })
     }
 
+    /// The pid the backend shows holding the lock: the keeper's for a hold.
+    pub fn holder_pid(&self) -> u32 {
+        self.keeper.map_or(self.pid, |keeper| keeper.pid)
+    }
+
     fn parse(text: &str) -> Option<Entry> {
-        let mut fields = text.rsplitn(4, '|');
-        let token = fields.next()?.parse().ok()?;
-        let start = fields.next()?.parse().ok()?;
-        let pid = fields.next()?.parse().ok()?;
-        let lock = fields.next()?;
-        lock.contains('|').then(|| Entry {
-            lock: lock.to_owned(),
-            pid,
-            start,
-            token,
+        // The backend identity is escaped and the name encoded: neither has a `|`.
+        let fields: Vec<&str> = text.split('|').collect();
+        let (lock, rest) = match fields.len() {
+            5 | 7 => fields.split_at(2),
+            _ => return None,
+        };
+        let keeper = match rest {
+            [_, _, _, pid, start] => Some(Handle {
+                pid: pid.parse().ok()?,
+                start: start.parse().ok()?,
+            }),
+            _ => None,
+        };
+        Some(Entry {
+            lock: lock.join("|"),
+            pid: rest[0].parse().ok()?,
+            start: rest[1].parse().ok()?,
+            token: rest[2].parse().ok()?,
+            keeper,
         })
     }
 }
@@ -66,7 +87,11 @@ impl std::fmt::Display for Entry {
             f,
             "{}|{}|{}|{}",
             self.lock, self.pid, self.start, self.token
-        )
+        )?;
+        match self.keeper {
+            Some(keeper) => write!(f, "|{}|{}", keeper.pid, keeper.start),
+            None => Ok(()),
+        }
     }
 }
 
@@ -114,6 +139,14 @@ pub fn ancestor_entry(held: &str, lock: &str) -> Option<Entry> {
     None
 }
 
+/// The last hold (`dlock hold`) `held` names for `lock`, whoever it belongs to: `dlock
+/// release` asks its keeper, which answers only its own user.
+pub fn hold_entry(held: &str, lock: &str) -> Option<Entry> {
+    held.rsplit(' ')
+        .filter_map(Entry::parse)
+        .find(|entry| entry.lock == lock && entry.keeper.is_some())
+}
+
 /// `held` without entries for `lock`, with `entry` added: the value for the command.
 pub fn with_entry(held: &str, entry: &Entry) -> String {
     let mut kept: Vec<&str> = held
@@ -143,7 +176,15 @@ mod tests {
             pid: 42,
             start: 7,
             token: 9,
+            keeper: None,
         };
+        assert_eq!(Entry::parse(&entry.to_string()), Some(entry.clone()));
+        let hold = Entry {
+            keeper: Some(Handle { pid: 43, start: 8 }),
+            ..entry.clone()
+        };
+        assert_eq!(Entry::parse(&hold.to_string()), Some(hold.clone()));
+        assert_eq!(hold.holder_pid(), 43);
         assert_eq!(Entry::parse(&entry.to_string()), Some(entry.clone()));
         assert!(!entry.to_string().contains(' '));
     }
@@ -165,6 +206,7 @@ mod tests {
             pid: parent,
             start,
             token: 3,
+            keeper: None,
         };
         let held = format!("junk {good}");
         assert_eq!(ancestor_entry(&held, &lock), Some(good.clone()));
@@ -185,12 +227,14 @@ mod tests {
             pid: 5,
             start: 6,
             token: 7,
+            keeper: None,
         };
         let other = Entry {
             lock: lock_key("file:///x|dlock", &name("other")),
             pid: 5,
             start: 6,
             token: 1,
+            keeper: None,
         };
         let new = Entry {
             pid: 8,

@@ -22,6 +22,23 @@ pub struct CommandSpec {
     pub display: Vec<String>,
 }
 
+impl CommandSpec {
+    /// What a hold (`dlock hold`) records in place of a command: `hold`, and
+    /// `--until-released` for a hold that belongs to no process.
+    pub fn hold(until_released: bool) -> CommandSpec {
+        let mut display = vec!["hold".to_owned()];
+        if until_released {
+            display.push("--until-released".to_owned());
+        }
+        CommandSpec {
+            program: PathBuf::new(),
+            arg0: "hold".into(),
+            args: Vec::new(),
+            display,
+        }
+    }
+}
+
 pub(super) fn command_spec(
     shell_command: Option<OsString>,
     command: Vec<OsString>,

@@ -265,6 +265,63 @@ fn prefix_setting(backend: &cli::BackendArgs, file: &FileConfig) -> Result<(Stri
 
 /// Resolve everything `dlock run` needs, validating it all before the backend is contacted.
 pub fn run(args: cli::RunArgs, file: &FileConfig) -> Result<RunSettings, Error> {
+    lock_settings(args, file, |shell_command, command, name| {
+        command_spec(shell_command.clone(), command.to_vec())
+            .map_err(|e| command::name_was_a_command(e, name, command))
+    })
+}
+
+/// `dlock hold`'s settings: `run`'s, without a command.
+#[derive(Clone, Debug)]
+pub struct HoldSettings {
+    /// As for `run`; the command is the hold's description in the lock's metadata.
+    pub run: RunSettings,
+    /// `--until-released`: the hold belongs to no process.
+    pub until_released: bool,
+    /// `--max-hold`: the hold ends this long after the grant.
+    pub max_hold: Option<Duration>,
+}
+
+pub fn hold(args: cli::HoldArgs, file: &FileConfig) -> Result<HoldSettings, Error> {
+    let words = args.run.shell_command.iter().chain(&args.run.command);
+    if let Some(word) = words.into_iter().next() {
+        return Err(Error::Usage(format!(
+            "dlock hold takes no command (got '{}' after the name); to run one while holding \
+             the lock: dlock run NAME -- COMMAND",
+            crate::logging::printable(&word.to_string_lossy())
+        )));
+    }
+    let env = &args.run.backend.from_env;
+    let max_hold = duration_setting(args.max_hold, None, &origin("--max-hold", env), false)?;
+    if args.until_released && max_hold.is_none() {
+        return Err(Error::Usage(
+            "--until-released needs --max-hold DUR, so that a forgotten hold ends by itself".into(),
+        ));
+    }
+    let until_released = args.until_released;
+    let mut run = lock_settings(args.run, file, |_, _, _| {
+        Ok(CommandSpec::hold(until_released))
+    })?;
+    // A hold's description is no secret, and `status` shows it in place of a command.
+    run.record_command = true;
+    Ok(HoldSettings {
+        run,
+        until_released,
+        max_hold,
+    })
+}
+
+/// The settings of a run or a hold; `command` reads the command from the arguments, after
+/// every other setting was checked.
+fn lock_settings(
+    args: cli::RunArgs,
+    file: &FileConfig,
+    command: impl FnOnce(
+        &Option<std::ffi::OsString>,
+        &[std::ffi::OsString],
+        &std::ffi::OsStr,
+    ) -> Result<CommandSpec, Error>,
+) -> Result<RunSettings, Error> {
     let name = lock_name(&args.name)?;
     let mut common = common(&args.backend, args.ttl, file)?;
     common.local_queue = args.local_queue.or(file.values.local_queue).unwrap_or(true);
@@ -309,8 +366,7 @@ pub fn run(args: cli::RunArgs, file: &FileConfig) -> Result<RunSettings, Error> 
         &origin("--min-hold", env),
         false,
     )?;
-    let command = command_spec(args.shell_command, args.command.clone())
-        .map_err(|e| command::name_was_a_command(e, &args.name, &args.command))?;
+    let command = command(&args.shell_command, &args.command, &args.name)?;
     let report = report_to(args.report, &args.backend.from_env, file);
     Ok(RunSettings {
         common,
