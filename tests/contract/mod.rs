@@ -13,6 +13,7 @@
 //! (what a user reads, the same everywhere; `--min-hold`), `busy` (contention and hand-offs
 //! on a machine whose cores are kept busy), `report` (the outcome record, waits in CI logs),
 //! `shared` (`--shared`, expanded by `shared_contract_tests!` for backends that offer it),
+//! `hold` (`dlock hold` and `dlock release`),
 //! `crash` (a server that crashes and comes back, `crash_contract_tests!`, for test servers
 //! that can; a slow link, `slow_link_contract_tests!`).
 
@@ -21,6 +22,7 @@ mod command;
 mod crash;
 mod exclusion;
 mod exit;
+mod hold;
 mod lease;
 mod min_hold;
 mod queue;
@@ -35,6 +37,7 @@ pub use self::command::*;
 pub use self::crash::*;
 pub use self::exclusion::*;
 pub use self::exit::*;
+pub use self::hold::*;
 pub use self::lease::*;
 pub use self::min_hold::*;
 pub use self::queue::*;
@@ -120,6 +123,11 @@ macro_rules! contract_tests {
                 a_semaphore_says_how_many_of_its_slots_are_taken,
                 a_url_at_another_kind_of_server_names_what_answers_there,
                 a_unix_socket_that_does_not_exist_is_named,
+                a_hold_belongs_to_its_shell_and_ends_when_the_shell_is_killed,
+                a_killed_keeper_leaves_the_lock_to_its_lease,
+                a_lost_hold_signals_its_shell_and_is_recorded,
+                release_ends_your_own_hold_and_refuses_anothers,
+                max_hold_ends_a_forgotten_hold,
             );
         }
     };

@@ -130,6 +130,26 @@ impl TestEnv {
             .expect("spawn dlock")
     }
 
+    /// `sh -c SCRIPT` in the environment [`TestEnv::dlock`] gives dlock, in the background,
+    /// its stderr kept; `$DLOCK` in the script is the dlock under test. Killed when dropped.
+    pub fn shell(&self, script: &str) -> Shell {
+        let template = self.dlock(std::iter::empty::<&str>());
+        let mut command = Command::new("sh");
+        command
+            .arg("-c")
+            .arg(format!("DLOCK='{DLOCK}'; {script}"))
+            .current_dir(self.scratch.path())
+            .stdin(Stdio::null())
+            .stderr(Stdio::piped());
+        for (key, value) in template.get_envs() {
+            match value {
+                Some(value) => command.env(key, value),
+                None => command.env_remove(key),
+            };
+        }
+        Shell(command.spawn().expect("spawn sh"))
+    }
+
     /// `status --json NAME`, parsed.
     pub fn status_json(&self, name: &str) -> serde_json::Value {
         let out = self.run(["status", "--json", name]);
@@ -275,6 +295,38 @@ impl Holding {
             let _ = err.read_to_string(&mut text);
         }
         text
+    }
+}
+
+/// A shell started by [`TestEnv::shell`].
+pub struct Shell(pub Child);
+
+impl Shell {
+    pub fn pid(&self) -> i32 {
+        self.0.id() as i32
+    }
+
+    /// Wait (bounded) for the shell to exit.
+    pub fn wait(&mut self) -> ExitStatus {
+        wait_within(&mut self.0, PATIENCE)
+    }
+
+    pub fn stderr(&mut self) -> String {
+        let mut text = String::new();
+        if let Some(mut err) = self.0.stderr.take() {
+            use std::io::Read;
+            let _ = err.read_to_string(&mut text);
+        }
+        text
+    }
+}
+
+impl Drop for Shell {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
     }
 }
 

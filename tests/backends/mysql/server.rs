@@ -341,6 +341,11 @@ impl LockServer for MysqlServer {
     fn password_url(&self) -> Option<String> {
         Some(self.url_as("app", Some(MYSQL_PASSWORD)))
     }
+
+    /// `GET_LOCK` is the session's: it ends as the killed holder's connection closes.
+    fn killed_holder_outlives_it(&self) -> bool {
+        false
+    }
 }
 
 impl LeaseServer for MysqlServer {
