@@ -218,7 +218,13 @@ async fn acquire_and_keep(
         // The shell is inside a hold of NAME already (an enclosing run or hold): its
         // variables say so; nothing to keep.
         observer.saw(Event::Acquired(None));
-        tell_the_shell(&[], ready, false)?;
+        // Marked, so that this hold's `dlock release` leaves the enclosing one alone.
+        let lock = reentry::lock_key(&identity, &run.name);
+        let vars: Vec<(String, String)> = reentry::reentered_by_a_hold(&inherited, &lock)
+            .map(|held| ("DLOCK_HELD".to_owned(), held))
+            .into_iter()
+            .collect();
+        tell_the_shell(&vars, ready, false)?;
         return Ok(Outcome::Done);
     }
     let request = request_for(run);
@@ -247,6 +253,7 @@ async fn acquire_and_keep(
         start: owner.as_ref().map_or(0, |o| o.start),
         token: lease.token(),
         keeper: Some(handle),
+        reentered: false,
     };
     let mut vars = super::environment::lock_variables(run);
     vars.push(("DLOCK_FENCING_TOKEN".into(), lease.token().to_string()));
@@ -287,6 +294,9 @@ fn tell_the_shell(
         .write(true)
         .open("/dev/null")
         .context("cannot open /dev/null")?;
+    // A stderr that is the output the shell reads (`$(dlock hold x 2>&1)`) would keep the
+    // shell waiting for the end of it as long as the hold lasts.
+    let stderr_too = stderr_too || same_file(1, 2);
     let fds: &[i32] = if stderr_too { &[0, 1, 2] } else { &[0, 1] };
     for &fd in fds {
         // SAFETY: dup2 onto the standard descriptors; `null` stays open until after.
@@ -296,6 +306,18 @@ fn tell_the_shell(
     }
     nix::unistd::write(&ready, &[0]).context("the shell's dlock hold is gone")?;
     Ok(())
+}
+
+/// Whether the descriptors `a` and `b` are the same open file or pipe.
+fn same_file(a: i32, b: i32) -> bool {
+    let stat = |fd| {
+        // SAFETY: the descriptor is only looked at, for the duration of the call.
+        nix::sys::stat::fstat(unsafe { std::os::fd::BorrowedFd::borrow_raw(fd) })
+    };
+    match (stat(a), stat(b)) {
+        (Ok(a), Ok(b)) => (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino),
+        _ => false,
+    }
 }
 
 /// `value` in single quotes, for any POSIX shell.

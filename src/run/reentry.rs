@@ -37,6 +37,8 @@ pub struct Entry {
     pub token: u64,
     /// The keeper of a hold (`dlock hold`); `pid` is then the process the hold belongs to.
     pub keeper: Option<Handle>,
+    /// A `dlock hold` re-entered this (enclosing) hold: its `dlock release` leaves it alone.
+    pub reentered: bool,
 }
 
 impl Entry {
@@ -49,6 +51,7 @@ impl Entry {
             start: start_ticks(pid)?,
             token,
             keeper: None,
+            reentered: false,
         })
     }
 
@@ -59,7 +62,11 @@ impl Entry {
 
     fn parse(text: &str) -> Option<Entry> {
         // The backend identity is escaped and the name encoded: neither has a `|`.
-        let fields: Vec<&str> = text.split('|').collect();
+        let mut fields: Vec<&str> = text.split('|').collect();
+        let reentered = fields.last() == Some(&"r");
+        if reentered {
+            fields.pop();
+        }
         let (lock, rest) = match fields.len() {
             5 | 7 => fields.split_at(2),
             _ => return None,
@@ -77,6 +84,7 @@ impl Entry {
             start: rest[1].parse().ok()?,
             token: rest[2].parse().ok()?,
             keeper,
+            reentered,
         })
     }
 }
@@ -88,10 +96,13 @@ impl std::fmt::Display for Entry {
             "{}|{}|{}|{}",
             self.lock, self.pid, self.start, self.token
         )?;
-        match self.keeper {
-            Some(keeper) => write!(f, "|{}|{}", keeper.pid, keeper.start),
-            None => Ok(()),
+        if let Some(keeper) = self.keeper {
+            write!(f, "|{}|{}", keeper.pid, keeper.start)?;
         }
+        if self.reentered {
+            write!(f, "|r")?;
+        }
+        Ok(())
     }
 }
 
@@ -139,12 +150,23 @@ pub fn ancestor_entry(held: &str, lock: &str) -> Option<Entry> {
     None
 }
 
-/// The last hold (`dlock hold`) `held` names for `lock`, whoever it belongs to: `dlock
-/// release` asks its keeper, which answers only its own user.
+/// The last hold (`dlock hold`) `held` names for `lock`, or the mark of a hold that re-entered
+/// an enclosing one: `dlock release` asks the keeper (which answers only its own user), or
+/// leaves the enclosing hold alone.
 pub fn hold_entry(held: &str, lock: &str) -> Option<Entry> {
     held.rsplit(' ')
         .filter_map(Entry::parse)
-        .find(|entry| entry.lock == lock && entry.keeper.is_some())
+        .find(|entry| entry.lock == lock && (entry.keeper.is_some() || entry.reentered))
+}
+
+/// The entry of `held` (a `DLOCK_HELD` value) for `lock` whose holder is a live ancestor,
+/// marked as re-entered by a `dlock hold`: the value for the shell of that hold.
+pub fn reentered_by_a_hold(held: &str, lock: &str) -> Option<String> {
+    let entry = Entry {
+        reentered: true,
+        ..ancestor_entry(held, lock)?
+    };
+    Some(with_entry(held, &entry))
 }
 
 /// `held` without entries for `lock`, with `entry` added: the value for the command.
@@ -177,10 +199,17 @@ mod tests {
             start: 7,
             token: 9,
             keeper: None,
+            reentered: false,
         };
         assert_eq!(Entry::parse(&entry.to_string()), Some(entry.clone()));
+        let mark = Entry {
+            reentered: true,
+            ..entry.clone()
+        };
+        assert_eq!(Entry::parse(&mark.to_string()), Some(mark));
         let hold = Entry {
             keeper: Some(Handle { pid: 43, start: 8 }),
+            reentered: true,
             ..entry.clone()
         };
         assert_eq!(Entry::parse(&hold.to_string()), Some(hold.clone()));
@@ -207,6 +236,7 @@ mod tests {
             start,
             token: 3,
             keeper: None,
+            reentered: false,
         };
         let held = format!("junk {good}");
         assert_eq!(ancestor_entry(&held, &lock), Some(good.clone()));
@@ -228,6 +258,7 @@ mod tests {
             start: 6,
             token: 7,
             keeper: None,
+            reentered: false,
         };
         let other = Entry {
             lock: lock_key("file:///x|dlock", &name("other")),
@@ -235,6 +266,7 @@ mod tests {
             start: 6,
             token: 1,
             keeper: None,
+            reentered: false,
         };
         let new = Entry {
             pid: 8,

@@ -150,13 +150,16 @@ pub fn a_lost_hold_signals_its_shell_and_is_recorded(server: &dyn LockServer) {
 }
 
 /// `dlock release NAME` ends your own hold (0, the lock free at once) and refuses one that is
-/// not yours (77, the lock still held); a second release finds nothing (1).
+/// not yours (77, the lock still held); a second release finds nothing (1). A hold nested in a
+/// subshell re-enters the enclosing one, and its release leaves that one held.
 pub fn release_ends_your_own_hold_and_refuses_anothers(server: &dyn LockServer) {
     let env = TestEnv::new(server);
     let lock = lock_name("rel");
     let script = format!(
-        "eval \"$(\"$DLOCK\" hold {lock})\" || exit 9; touch ready; \
-         while [ ! -e go ]; do sleep 0.05; done; \
+        "eval \"$(\"$DLOCK\" hold {lock})\" || exit 9; \
+         ( eval \"$(\"$DLOCK\" hold -n {lock})\" || exit 9; \"$DLOCK\" release {lock}; \
+           echo $? > inner ); \"$DLOCK\" status {lock} > /dev/null; echo $? > kept; \
+         touch ready; while [ ! -e go ]; do sleep 0.05; done; \
          \"$DLOCK\" release {lock}; echo $? > released; \
          \"$DLOCK\" status {lock} > /dev/null; echo $? > free; \
          \"$DLOCK\" release {lock}; echo $? > again"
@@ -164,6 +167,12 @@ pub fn release_ends_your_own_hold_and_refuses_anothers(server: &dyn LockServer) 
     let mut shell = env.shell(&script);
     let ready = env.path("ready");
     wait_until("the shell holds the lock", PATIENCE, || ready.exists());
+    assert_eq!(read_trimmed(&env.path("inner")), "0", "a nested hold's release");
+    assert_eq!(
+        read_trimmed(&env.path("kept")),
+        "0",
+        "a nested hold's release ended the enclosing hold"
+    );
     let out = env.run(["release", &lock]);
     assert_eq!(out.status.code(), Some(77), "{}", describe(&out));
     assert!(

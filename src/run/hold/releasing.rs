@@ -24,7 +24,17 @@ pub(crate) async fn release(args: &ReleaseArgs, config: &FileConfig) -> anyhow::
         })?),
         None => {
             let held = std::env::var("DLOCK_HELD").unwrap_or_default();
-            reentry::hold_entry(&held, &lock).and_then(|entry| entry.keeper)
+            match reentry::hold_entry(&held, &lock) {
+                Some(entry) if entry.reentered => {
+                    tracing::info!(
+                        "this hold of '{name}' re-entered an enclosing one (pid {}'s), which \
+                         keeps the lock; nothing to release",
+                        entry.pid
+                    );
+                    return Ok(Outcome::Done);
+                }
+                entry => entry.and_then(|entry| entry.keeper),
+            }
         }
     };
     let Some(handle) = handle else {
