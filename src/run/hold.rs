@@ -17,7 +17,7 @@
 //! owner's stderr and, as `--on-lost` says, by a signal to the owner; the keeper then stays
 //! until the hold would have ended, to tell `dlock release` it was lost.
 
-use std::io::Write;
+use std::io::{IsTerminal, Write};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicI32, Ordering};
 
@@ -106,8 +106,19 @@ extern "C" fn forward(signal: libc::c_int) {
 }
 
 /// The parent: the keeper's status byte once it holds the lock, or its exit status when it
-/// ended without (busy, an error, a signal while waiting).
+/// ended without (busy, an error, a signal while waiting). A failure is also said on stdout
+/// for `eval`, whose own status would otherwise be 0 for an empty text: `(exit 75)` makes
+/// `eval "$(dlock hold x)" || exit` and `set -e` work.
 fn wait_for_keeper(keeper: nix::unistd::Pid, from: OwnedFd) -> u8 {
+    let status = keeper_status(keeper, from);
+    if status != 0 && !std::io::stdout().is_terminal() {
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "(exit {status})").and_then(|()| out.flush());
+    }
+    status
+}
+
+fn keeper_status(keeper: nix::unistd::Pid, from: OwnedFd) -> u8 {
     use nix::sys::signal::{sigaction, SaFlags, SigAction, SigHandler, SigSet, Signal};
     KEEPER.store(keeper.as_raw(), Ordering::Relaxed);
     let action = SigAction::new(
@@ -397,12 +408,12 @@ impl<L: Lease> Kept<L> {
                 Outcome::Done
             }
             End::MaxHold => {
+                release(self.lease, run).await;
                 say!(
                     "the hold of '{}' ended: --max-hold {} ran out; released",
                     run.name,
                     humantime::format_duration(settings.max_hold.unwrap_or_default())
                 );
-                release(self.lease, run).await;
                 return Ok(Outcome::Done);
             }
             End::Signal(signal) => {

@@ -167,7 +167,11 @@ pub fn release_ends_your_own_hold_and_refuses_anothers(server: &dyn LockServer) 
     let mut shell = env.shell(&script);
     let ready = env.path("ready");
     wait_until("the shell holds the lock", PATIENCE, || ready.exists());
-    assert_eq!(read_trimmed(&env.path("inner")), "0", "a nested hold's release");
+    assert_eq!(
+        read_trimmed(&env.path("inner")),
+        "0",
+        "a nested hold's release"
+    );
     assert_eq!(
         read_trimmed(&env.path("kept")),
         "0",
@@ -193,7 +197,8 @@ pub fn release_ends_your_own_hold_and_refuses_anothers(server: &dyn LockServer) 
 }
 
 /// A hold that belongs to no process (`--until-released`) ends at `--max-hold`, not before,
-/// and a later release says it had ended (1).
+/// and a later release says it had ended (1). Meanwhile `eval "$(dlock hold -n NAME)"` fails
+/// with 75.
 pub fn max_hold_ends_a_forgotten_hold(server: &dyn LockServer) {
     let env = TestEnv::new(server);
     let lock = lock_name("forgot");
@@ -206,6 +211,12 @@ pub fn max_hold_ends_a_forgotten_hold(server: &dyn LockServer) {
         assignments.contains("DLOCK_HELD="),
         "no DLOCK_HELD: {assignments}"
     );
+    // A busy hold fails `eval` with its status, for `|| exit` and `set -e`.
+    let mut busy = env.shell(&format!(
+        "eval \"$(\"$DLOCK\" hold -n {lock})\" || echo $? > busy"
+    ));
+    assert!(busy.wait().success());
+    assert_eq!(read_trimmed(&env.path("busy")), "75");
     wait_until("the lock is free", PATIENCE, || env.is_free(&lock));
     assert!(
         started.elapsed() >= max_hold,

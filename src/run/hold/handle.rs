@@ -174,10 +174,20 @@ pub(crate) async fn ask_release(handle: Handle, lock: &str) -> Result<Option<Ans
             ))
         }
     };
-    stream
+    match stream
         .write_all(format!("release {lock}\n").as_bytes())
         .await
-        .map_err(|err| Error::from_lock_io_at("cannot reach the hold's keeper", &path, &err))?;
+    {
+        Ok(()) => {}
+        Err(err) if went_away(&err) => return Ok(None),
+        Err(err) => {
+            return Err(Error::from_lock_io_at(
+                "cannot reach the hold's keeper",
+                &path,
+                &err,
+            ))
+        }
+    }
     let mut line = String::new();
     // The keeper answers after the release: bounded by the release's own bound (at most 10 s)
     // and then some.
@@ -189,7 +199,9 @@ pub(crate) async fn ask_release(handle: Handle, lock: &str) -> Result<Option<Ans
     )
     .await;
     match read {
+        // The keeper ended meanwhile (its hold ended by itself as the request came).
         Ok(Ok(0)) => Ok(None),
+        Ok(Err(err)) if went_away(&err) => Ok(None),
         Ok(Ok(_)) => Answer::parse(&line).map(Some).ok_or_else(|| {
             Error::Internal(format!(
                 "the hold's keeper answered something else: {}",
@@ -206,6 +218,14 @@ pub(crate) async fn ask_release(handle: Handle, lock: &str) -> Result<Option<Ans
             handle.pid
         ))),
     }
+}
+
+/// The keeper closed the connection without an answer: it was ending.
+fn went_away(err: &std::io::Error) -> bool {
+    matches!(
+        err.kind(),
+        std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe
+    )
 }
 
 #[cfg(test)]
