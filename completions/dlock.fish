@@ -32,8 +32,9 @@ complete -c dlock -n "__fish_dlock_needs_command" -s V -l version -d 'Print vers
 complete -c dlock -n "__fish_dlock_needs_command" -f -a "run" -d 'Acquire NAME, run COMMAND with the lock held, release, exit with its status'
 complete -c dlock -n "__fish_dlock_needs_command" -f -a "status" -d 'Show who holds NAME and who waits for it (exit 0 when held, 1 when free)'
 complete -c dlock -n "__fish_dlock_needs_command" -f -a "list" -d 'List held locks under the namespace'
-complete -c dlock -n "__fish_dlock_needs_command" -f -a "release" -d 'Break a lock held by someone else (admin; needs --force)'
+complete -c dlock -n "__fish_dlock_needs_command" -f -a "release" -d 'End your hold of NAME (`dlock hold`); with --force, break anyone\'s (admin)'
 complete -c dlock -n "__fish_dlock_needs_command" -f -a "check" -d 'Check that the backend can be reached and used: latency, version, permissions'
+complete -c dlock -n "__fish_dlock_needs_command" -f -a "hold" -d 'Take NAME for the calling shell: print variables for `eval`, keep the lock in the background until that shell ends or `dlock release NAME`'
 complete -c dlock -n "__fish_dlock_using_subcommand run; and __fish_dlock_run_options" -s u -l url -d 'Backend URL, e.g. redis://host or etcd://host:2379 (every form: --help) [default: a lock file on this host]' -r -f -a "file://\t''
 redis://\t''
 rediss://\t''
@@ -141,8 +142,9 @@ memcached+unix://\t''
 az://\t''
 s3://\t''"
 complete -c dlock -n "__fish_dlock_using_subcommand release" -l prefix -d 'Namespace for keys and paths [default: dlock]' -r
+complete -c dlock -n "__fish_dlock_using_subcommand release" -l handle -d 'The hold to end: the value of DLOCK_HOLD that `dlock hold` printed [default: the hold of NAME named in DLOCK_HELD]' -r
 complete -c dlock -n "__fish_dlock_using_subcommand release" -l config -d 'Config file (TOML; see man dlock.toml)' -r -F
-complete -c dlock -n "__fish_dlock_using_subcommand release" -l force -d 'Required: this breaks a lock that someone else holds; the holder then detects the loss and stops its command. The file backend refuses and names the holder\'s pid'
+complete -c dlock -n "__fish_dlock_using_subcommand release" -l force -d 'Break the lock whoever holds it (admin): the holder then detects the loss and stops its command. The file backend refuses and names the holder\'s pid. Without it, release ends only your own hold (dlock hold)'
 complete -c dlock -n "__fish_dlock_using_subcommand release" -s v -l verbose -d 'More messages on stderr (repeat for more)'
 complete -c dlock -n "__fish_dlock_using_subcommand release" -s q -l quiet -d 'Fewer messages on stderr (repeat for none)'
 complete -c dlock -n "__fish_dlock_using_subcommand release" -s h -l help -d 'Print help (see more with \'--help\')'
@@ -172,6 +174,49 @@ complete -c dlock -n "__fish_dlock_using_subcommand check" -s v -l verbose -d 'M
 complete -c dlock -n "__fish_dlock_using_subcommand check" -s q -l quiet -d 'Fewer messages on stderr (repeat for none)'
 complete -c dlock -n "__fish_dlock_using_subcommand check" -s h -l help -d 'Print help (see more with \'--help\')'
 complete -c dlock -n "__fish_dlock_using_subcommand check" -s V -l version -d 'Print version'
+complete -c dlock -n "__fish_dlock_using_subcommand hold" -s u -l url -d 'Backend URL, e.g. redis://host or etcd://host:2379 (every form: --help) [default: a lock file on this host]' -r -f -a "file://\t''
+redis://\t''
+rediss://\t''
+redis+unix://\t''
+redis-sentinel://\t''
+rediss-sentinel://\t''
+etcd://\t''
+etcds://\t''
+zk://\t''
+postgres://\t''
+postgresql://\t''
+mysql://\t''
+mariadb://\t''
+memcached://\t''
+memcached+unix://\t''
+az://\t''
+s3://\t''"
+complete -c dlock -n "__fish_dlock_using_subcommand hold" -l prefix -d 'Namespace for keys and paths [default: dlock]' -r
+complete -c dlock -n "__fish_dlock_using_subcommand hold" -s w -l wait -d 'Give up after waiting this long (500ms, 30s, 5m; a bare number is seconds)' -r
+complete -c dlock -n "__fish_dlock_using_subcommand hold" -s E -l conflict-exit-code -d 'Exit status when the lock was not acquired [default: 75]' -r
+complete -c dlock -n "__fish_dlock_using_subcommand hold" -s t -l ttl -d 'Lease length [default: 15s]' -r
+complete -c dlock -n "__fish_dlock_using_subcommand hold" -s l -l limit -d 'Semaphore: up to N holders at once [default: 1]' -r
+complete -c dlock -n "__fish_dlock_using_subcommand hold" -l on-lost -d 'What to do when the lock is lost while the command runs [default: term]' -r -f -a "term\t'SIGTERM the command\'s process group, SIGKILL after --kill-after'
+kill\t'SIGKILL the command\'s process group at once'
+ignore\t'Let the command run on without the lock (a warning is printed)'"
+complete -c dlock -n "__fish_dlock_using_subcommand hold" -l kill-after -d 'Grace between SIGTERM and SIGKILL, on lock loss and after a forwarded signal [default: 10s]' -r
+complete -c dlock -n "__fish_dlock_using_subcommand hold" -l local-queue -d 'Wait in a queue on this host first, so that only the head of the queue holds a server connection (remote backends, when waiting) [default: on]' -r -f -a "on\t''
+off\t''"
+complete -c dlock -n "__fish_dlock_using_subcommand hold" -l record-command -d 'Record the command line in the lock\'s metadata, where `status` and `list` show it (secret-looking values masked); off records none [default: on]' -r -f -a "on\t''
+off\t''"
+complete -c dlock -n "__fish_dlock_using_subcommand hold" -l min-hold -d 'Keep the lock at least this long' -r
+complete -c dlock -n "__fish_dlock_using_subcommand hold" -l report -d 'Append one JSON line per run to PATH' -r -F
+complete -c dlock -n "__fish_dlock_using_subcommand hold" -l max-hold -d 'Give the lock back this long after taking it, whatever else happens [default: none; required with --until-released]' -r
+complete -c dlock -n "__fish_dlock_using_subcommand hold" -s c -l command -d 'Run SHELL-COMMAND with "$SHELL -c" (or /bin/sh -c) instead of COMMAND' -r
+complete -c dlock -n "__fish_dlock_using_subcommand hold" -l config -d 'Config file (TOML; see man dlock.toml)' -r -F
+complete -c dlock -n "__fish_dlock_using_subcommand hold" -s n -l no-wait -d 'Give up at once if the lock is held'
+complete -c dlock -n "__fish_dlock_using_subcommand hold" -s s -l shared -d 'Hold the lock shared: any number of shared holders at once, or one exclusive holder (a run without --shared)'
+complete -c dlock -n "__fish_dlock_using_subcommand hold" -s x -l exclusive -d 'Hold the lock exclusively (the default), whatever DLOCK_SHARED or the config file say'
+complete -c dlock -n "__fish_dlock_using_subcommand hold" -l until-released -d 'Keep the lock after the calling shell ends, until `dlock release` or --max-hold (CI steps in separate shells, systemd\'s ExecStartPre/ExecStopPost)'
+complete -c dlock -n "__fish_dlock_using_subcommand hold" -s v -l verbose -d 'More messages on stderr (repeat for more)'
+complete -c dlock -n "__fish_dlock_using_subcommand hold" -s q -l quiet -d 'Fewer messages on stderr (repeat for none)'
+complete -c dlock -n "__fish_dlock_using_subcommand hold" -s h -l help -d 'Print help (see more with \'--help\')'
+complete -c dlock -n "__fish_dlock_using_subcommand hold" -s V -l version -d 'Print version'
 
 # dlock run: dlock's options stop at NAME (the first word that is not an option).
 function __fish_dlock_run_options

@@ -49,8 +49,8 @@ which breaks the lock whoever holds it.
 Exit status:
   0    the lock was released (with --force: its holders' entries are gone, each named on
        stderr)
-  1    nothing to release: your hold of NAME had ended already (--max-hold, the end of the
-       shell it belonged to, or its keeper was killed), or NAME was not held (--force)
+  1    NAME was not held, or your hold of it had ended already (--max-hold, the end of the
+       shell it belonged to, its keeper killed): there was nothing to release
   124  your hold had been lost before this release (the reason is on stderr)
   64   a bad name, URL or handle
   69   the backend cannot be reached
