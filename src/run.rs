@@ -78,14 +78,24 @@ async fn sleep_until_some(deadline: Option<tokio::time::Instant>) {
 /// not run` (the backstop only runs with a `--wait` of some length).
 fn no_answer_within(settings: &RunSettings, request: &AcquireRequest) -> Error {
     Error::Unavailable(format!(
-        "{}; the command did not run",
+        "{}; {}",
         crate::wording::no_answer_within(
             &settings.common.display_url,
             None,
             request.budget.wait(),
             Duration::ZERO
-        )
+        ),
+        nothing_ran(settings)
     ))
+}
+
+/// What did not happen when a run ended before its command: for a hold, nothing is held.
+fn nothing_ran(settings: &RunSettings) -> &'static str {
+    if settings.command.is_hold() {
+        "nothing is held"
+    } else {
+        "the command did not run"
+    }
 }
 
 /// `dlock run`: acquire, supervise, release; then append the outcome record (`--report`).
@@ -263,9 +273,10 @@ async fn acquire<B: Backend>(
                 release(lease, settings).await;
             }
             say!(
-                "got {} while waiting for lock '{}'; the command did not run",
+                "got {} while waiting for lock '{}'; {}",
                 signals::name(signal),
-                settings.name
+                settings.name,
+                nothing_ran(settings)
             );
             return Ok(Acquisition::Ended(Outcome::Signalled(signal)));
         }
@@ -309,9 +320,10 @@ async fn acquire<B: Backend>(
         observer.saw(Event::SignalledWhileWaiting(signal));
         release(lease, settings).await;
         say!(
-            "got {} while acquiring lock '{}'; the command did not run",
+            "got {} while acquiring lock '{}'; {}",
             signals::name(signal),
-            settings.name
+            settings.name,
+            nothing_ran(settings)
         );
         return Ok(Acquisition::Ended(Outcome::Signalled(signal)));
     }

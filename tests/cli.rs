@@ -80,7 +80,11 @@ fn bad_input_gives_its_status_and_one_clear_line() {
         ),
         (vec!["run", "x", "/"], 126, "is a directory"),
         (vec!["release", "x"], 1, "nothing to release"),
-        (vec!["release", "--handle", "nonsense", "x"], 64, "not the handle"),
+        (
+            vec!["release", "--handle", "nonsense", "x"],
+            64,
+            "not the handle",
+        ),
         (vec!["hold", "x", "make"], 64, "takes no command"),
         (vec!["hold", "-c", "make", "x"], 64, "takes no command"),
         (vec!["hold", "--until-released", "x"], 64, "--max-hold"),

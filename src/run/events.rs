@@ -28,6 +28,9 @@ pub(super) enum Event {
     CommandEnded(u8),
     /// This signal ended `--min-hold`'s keeping of the lock after the command finished.
     SignalledWhileKept(i32),
+    /// A hold (`dlock hold`) ended this way: `release`, `owner` (the process it belonged to
+    /// ended), `max-hold`, `signal`.
+    HoldEnded(&'static str),
 }
 
 /// Whoever wants to know what happens to a run.

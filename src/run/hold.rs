@@ -391,6 +391,12 @@ impl<L: Lease> Kept<L> {
                 signal = signals.recv() => break End::Signal(signal),
             }
         };
+        observer.saw(Event::HoldEnded(match &end {
+            End::OwnerEnded => "owner",
+            End::Release(_) => "release",
+            End::MaxHold => "max-hold",
+            End::Signal(_) => "signal",
+        }));
         let outcome = match end {
             End::OwnerEnded => {
                 tracing::info!("the hold's owner has ended; releasing '{}'", run.name);

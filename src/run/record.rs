@@ -88,6 +88,8 @@ pub(super) struct Track {
     signalled: Option<String>,
     busy: bool,
     holder: Option<Holder>,
+    /// How a hold ended ([`Event::HoldEnded`]).
+    hold_ended: Option<&'static str>,
 }
 
 impl Track {
@@ -102,6 +104,7 @@ impl Track {
             signalled: None,
             busy: false,
             holder: None,
+            hold_ended: None,
         }
     }
 
@@ -127,6 +130,8 @@ impl Track {
             "lost"
         } else if self.busy {
             "busy"
+        } else if settings.command.is_hold() {
+            "held"
         } else {
             "ran"
         };
@@ -167,6 +172,7 @@ impl Track {
             acquired_at: self.acquired.map(|(_, at, _)| rfc3339(at)),
             ended_at: rfc3339(SystemTime::now()),
             // Anyone may have written the holder's metadata: each field is cut to the cap.
+            ended_by: self.hold_ended,
             holder: self.holder.as_ref().map(|h| {
                 let h = crate::wording::capped_holder(h);
                 RecordHolder {
@@ -208,6 +214,7 @@ impl Observer for Track {
             Event::SignalledWhileKept(signal) => {
                 self.signalled = Some(crate::signals::name(signal));
             }
+            Event::HoldEnded(how) => self.hold_ended = Some(how),
         }
     }
 }
@@ -262,6 +269,7 @@ pub(crate) fn refused(args: &cli::RunArgs, file: &FileConfig, err: &anyhow::Erro
         started_at: now.clone(),
         acquired_at: None,
         ended_at: now,
+        ended_by: None,
         holder: None,
         error: Some(crate::logging::printable(&format!("{err:#}")).into_owned()),
     });
@@ -338,6 +346,10 @@ pub(super) struct Record {
     #[serde(skip_serializing_if = "Option::is_none")]
     acquired_at: Option<String>,
     ended_at: String,
+    /// How a hold (`dlock hold`, outcome `held`) ended: `release`, `owner`, `max-hold`,
+    /// `signal`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    ended_by: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     holder: Option<RecordHolder>,
     #[serde(skip_serializing_if = "Option::is_none")]

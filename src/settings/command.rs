@@ -37,6 +37,11 @@ impl CommandSpec {
             display,
         }
     }
+
+    /// Whether this is a hold's description rather than a command to run.
+    pub fn is_hold(&self) -> bool {
+        self.program.as_os_str().is_empty()
+    }
 }
 
 pub(super) fn command_spec(

@@ -204,7 +204,16 @@ pub fn max_hold_ends_a_forgotten_hold(server: &dyn LockServer) {
     let lock = lock_name("forgot");
     let max_hold = Duration::from_secs(3);
     let started = Instant::now();
-    let out = env.run(["hold", "--until-released", "--max-hold", "3s", &lock]);
+    let report = env.path("report.jsonl");
+    let out = env.run([
+        "hold",
+        "--until-released",
+        "--max-hold",
+        "3s",
+        "--report",
+        report.to_str().expect("utf-8"),
+        &lock,
+    ]);
     assert!(out.status.success(), "{}", describe(&out));
     let assignments = stdout_of(&out);
     assert!(
@@ -222,6 +231,16 @@ pub fn max_hold_ends_a_forgotten_hold(server: &dyn LockServer) {
         started.elapsed() >= max_hold,
         "freed after {:?}, before --max-hold",
         started.elapsed()
+    );
+    wait_until("the keeper's record", PATIENCE, || {
+        read_trimmed(&report).contains("\"outcome\"")
+    });
+    let record: serde_json::Value =
+        serde_json::from_str(&read_trimmed(&report)).expect("one JSON line");
+    assert_eq!(
+        (&record["outcome"], &record["ended_by"]),
+        (&"held".into(), &"max-hold".into()),
+        "{record}"
     );
     let held = assignments
         .lines()
