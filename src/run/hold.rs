@@ -388,7 +388,12 @@ impl<L: Lease> Kept<L> {
                     reply.send(&Answer::Other).await;
                 }
                 () = until_boot(max_hold) => break End::MaxHold,
-                signal = signals.recv() => break End::Signal(signal),
+                signal = signals.recv() => {
+                    if signals::is_terminating(signal) {
+                        break End::Signal(signal);
+                    }
+                    tracing::info!("got {}; the hold goes on", signals::name(signal));
+                }
             }
         };
         observer.saw(Event::HoldEnded(match &end {

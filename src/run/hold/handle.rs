@@ -105,8 +105,14 @@ impl Listener {
     /// The next request from this user (or root): the lock it names, and where to answer.
     pub(super) async fn next(&self) -> (String, Reply) {
         loop {
-            let Ok((stream, _)) = self.listener.accept().await else {
-                continue;
+            let stream = match self.listener.accept().await {
+                Ok((stream, _)) => stream,
+                Err(err) => {
+                    // Out of descriptors, say: try again in a while rather than at once.
+                    tracing::debug!("cannot accept a release request: {err}");
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    continue;
+                }
             };
             let mine = nix::unistd::getuid().as_raw();
             match stream.peer_cred() {
