@@ -1507,3 +1507,26 @@ fn a_config_file_dlock_may_not_read_names_whose_it_is() {
     );
     assert!(!stderr_of(&out).contains("os error"), "{}", describe(&out));
 }
+
+/// A hold belongs to the shell that reads `dlock hold`'s output, also when a subshell of the
+/// command substitution started dlock (its output is then the subshell's too): not to that
+/// subshell, which ends at once.
+#[test]
+fn a_hold_belongs_to_the_shell_that_reads_its_output_through_subshells() {
+    let (_server, env) = file_env();
+    let mut shell = env.shell(
+        "eval \"$( : ; \"$DLOCK\" hold subshells; : )\" || exit 9; \
+         echo $$ > ready; exec sleep 1000",
+    );
+    let ready = env.path("ready");
+    wait_until("the shell holds the lock", PATIENCE, || ready.exists());
+    let status = env.status_json("subshells");
+    assert_eq!(
+        status["holders"][0]["command"].as_str(),
+        Some(format!("hold for pid {}", shell.pid()).as_str()),
+        "{status}"
+    );
+    let _ = shell.0.kill();
+    shell.wait();
+    wait_until("the lock is free", PATIENCE, || env.is_free("subshells"));
+}
