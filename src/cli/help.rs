@@ -11,6 +11,7 @@ pub(super) const TOP_EXAMPLES: &str = "\
 Examples:
   dlock run nightly -- ./nightly.sh      run it while holding the lock 'nightly'
   dlock run -n -E 0 nightly -- ./job     skip (exit 0) while someone else holds it
+  eval \"$(dlock hold deploy)\"            hold it until this shell ends (dlock release)
   dlock status nightly                   who holds it, since when
   dlock check --url redis://locks:6379   can this backend be used?
 
