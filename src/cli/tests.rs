@@ -146,9 +146,9 @@ fn clap_leaves_the_command_tree_to_the_process_exit() {
     let (cli, calls) =
         heap_calls_of(|| parse_with_clap(A_RUN.iter().map(OsString::from).collect()));
     assert!(cli.is_ok(), "{cli:?}");
-    // 977 calls with clap 4.6; 1,019 with a second tree built for the global options, 1,346
-    // if the tree is dropped.
-    const BUDGET: u64 = 1_000;
+    // 1,001 calls with clap 4.6 (each option of `run` adds about 23); about 40 more with a
+    // second tree built for the global options, a third more if the tree is dropped.
+    const BUDGET: u64 = 1_025;
     assert!(
         calls < BUDGET,
         "parsing a run made {calls} heap calls (budget {BUDGET})"

@@ -148,6 +148,7 @@ fn settings(dir: &std::path::Path, script: &str, wait: Wait) -> RunSettings {
             local_queue: true,
         },
         name: LockName::new("job").expect("a valid name"),
+        also: Vec::new(),
         command: CommandSpec {
             program: PathBuf::from("/bin/sh"),
             arg0: "sh".into(),
