@@ -18,6 +18,7 @@ use crate::budget::{Wait, WaitBudget};
 use crate::cli::OnLost;
 use crate::error::Error;
 use crate::exit::{self, Outcome};
+use crate::kind::DynBackend;
 use crate::lock::{self, AcquireRequest, Backend, Holder, Lease, LockName};
 use crate::secrets::Handoff;
 use crate::settings::RunSettings;
@@ -31,7 +32,7 @@ mod record;
 mod reentrant;
 mod reentry;
 
-use self::environment::{child_environment, ChildEnv};
+use self::environment::{child_environment, hold_variables, token_variables, ChildEnv};
 use self::events::{Event, Observer};
 pub(crate) use self::record::refused;
 use self::reentrant::{reenter, Reentrant, Reentry};
@@ -87,6 +88,16 @@ fn no_answer_within(settings: &RunSettings, request: &AcquireRequest) -> Error {
     ))
 }
 
+/// The backend of a run: the target's, holding every name of the run as one lock when there
+/// are several (`--also`, [`lock::Several`]); a run of one name meets no wrapper.
+pub(crate) fn open(settings: &RunSettings) -> Box<dyn DynBackend> {
+    let backend = settings.common.target.open(&settings.common);
+    if settings.also.is_empty() {
+        return backend;
+    }
+    Box::new(lock::Several::new(backend, settings.also.clone()))
+}
+
 /// `dlock run`: acquire, supervise, release; then append the outcome record (`--report`).
 ///
 /// `inherited_held` is the `DLOCK_HELD` this process was started with.
@@ -136,8 +147,13 @@ async fn acquire_and_run<B: Backend>(
     let sigchld = supervise::child_listener().context("cannot watch for the command's exit")?;
     let identity = settings.common.identity();
     let sigchld = match reenter(backend, settings, inherited_held, &identity, observer).await? {
-        Reentry::Held => {
-            let env = child_environment(settings);
+        Reentry::Held(tokens) => {
+            let mut env = child_environment(settings);
+            env.vars.extend(
+                token_variables(&tokens)
+                    .into_iter()
+                    .map(|(key, value)| (key, Some(value))),
+            );
             observer.saw(Event::Acquired(None));
             return supervise_command(settings, &mut signals, sigchld, &mut Reentrant, env)
                 .await
@@ -341,15 +357,13 @@ async fn run_holding<L: Lease>(
         acquired_at,
         mut env,
     } = held;
-    env.vars.push((
-        "DLOCK_FENCING_TOKEN".into(),
-        Some(lease.token().to_string().into()),
-    ));
-    // Without our own /proc entry no nested run could prove it is ours: it acquires normally.
-    if let Some(entry) = reentry::Entry::for_this_process(identity, &settings.name, lease.token()) {
-        let held = reentry::with_entry(inherited_held, &entry);
-        env.vars.push(("DLOCK_HELD".into(), Some(held.into())));
-    }
+    let mut tokens = vec![(settings.name.clone(), lease.token())];
+    tokens.extend(lease.also_held());
+    env.vars.extend(
+        hold_variables(&tokens, inherited_held, identity)
+            .into_iter()
+            .map(|(key, value)| (key, Some(value))),
+    );
     let supervised = supervise_command(settings, signals, sigchld, &mut lease, env).await;
     if let Ok(ran) = &supervised {
         ran.tell(observer);

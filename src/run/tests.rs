@@ -191,6 +191,33 @@ fn the_command_runs_with_the_token_and_the_lock_is_released_when_it_exits() {
     assert_eq!((record.acquired, record.released), (1, 1));
 }
 
+/// With `--also`, the command sees NAME's token, a line `TOKEN NAME` per name (NAME first,
+/// then the `--also` names as given) and a `DLOCK_HELD` entry per name; every name is
+/// released when it exits.
+#[test]
+fn the_command_sees_a_token_and_a_held_entry_for_every_name() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (backend, record) = fake(Acquire::Grant(7));
+    let script = r#"test "$DLOCK_FENCING_TOKEN" = 7 &&
+        test "$DLOCK_FENCING_TOKENS" = "7 job
+7 zzz
+7 aaa" &&
+        test "$(printf %s "$DLOCK_HELD" | wc -w)" = 3 && exit 5"#;
+    let settings = RunSettings {
+        also: vec![
+            LockName::new("zzz").expect("a valid name"),
+            LockName::new("aaa").expect("a valid name"),
+        ],
+        ..settings(dir.path(), script, Wait::Forever)
+    };
+    let backend = lock::Several::new(backend, settings.also.clone());
+    let status = block_on(run(backend, settings, ""));
+    assert_eq!(status.ok().map(Outcome::status), Some(5));
+    let record = record.borrow();
+    assert_eq!((record.acquired, record.released), (3, 3));
+}
+
 #[test]
 fn a_held_lock_exits_with_the_conflict_status_without_running() {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
@@ -422,11 +449,12 @@ fn a_busy_run_records_who_holds_the_lock() {
 
 /// The variables dlock sets to describe the hold to its command (docs/guide.md: "What the
 /// command sees").
-const DESCRIPTIONS: [&str; 6] = [
+const DESCRIPTIONS: [&str; 7] = [
     "DLOCK_NAME",
     "DLOCK_BACKEND",
     "DLOCK_MODE",
     "DLOCK_FENCING_TOKEN",
+    "DLOCK_FENCING_TOKENS",
     "DLOCK_HELD",
     crate::secrets::CREDENTIALS_FD,
 ];
@@ -477,6 +505,14 @@ fn no_variable_that_describes_a_hold_is_a_setting() {
             assert!(
                 value.is_none() || key == "DLOCK_URL" || DESCRIPTIONS.contains(&&*key),
                 "dlock sets {key}, which is not listed as a description"
+            );
+        }
+        let tokens = [(run.name.clone(), 1)];
+        for (key, _) in hold_variables(&tokens, "", &run.common.identity()) {
+            let key = key.to_string_lossy();
+            assert!(
+                DESCRIPTIONS.contains(&&*key),
+                "dlock sets {key} for a hold, which is not listed as a description"
             );
         }
         let mode = set
