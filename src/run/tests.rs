@@ -347,6 +347,40 @@ fn an_ancestor_the_backend_shows_holding_makes_the_run_reentrant() {
     );
 }
 
+/// A nested run of several names re-enters when ancestors provably hold all of them, with
+/// their tokens; when they hold some but not all, it is refused (64) without acquiring.
+#[test]
+fn a_nested_run_of_several_names_reenters_all_or_is_refused() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().expect("temp dir");
+    let entry = parent_entry(dir.path(), 9);
+    let other = LockName::new("other").expect("a valid name");
+    let identity = settings(dir.path(), "true", Wait::No).common.identity();
+    let other_entry = reentry::Entry {
+        lock: reentry::lock_key(&identity, &other),
+        ..entry.clone()
+    };
+    let script = r#"test "$DLOCK_FENCING_TOKENS" = "9 job
+9 other""#;
+    for (held, expected) in [
+        (format!("{entry} {other_entry}"), Ok(0)),
+        (entry.to_string(), Err(Code::Usage)),
+    ] {
+        let (backend, record) = fake(Acquire::Grant(10));
+        record.borrow_mut().holders = vec![holder_status(entry.pid, 9)];
+        let settings = RunSettings {
+            also: vec![other.clone()],
+            ..settings(dir.path(), script, Wait::No)
+        };
+        let status = block_on(run(backend, settings, &held));
+        let status = status
+            .map(Outcome::status)
+            .map_err(|e| crate::error::code_of(&e));
+        assert_eq!(status, expected, "{held}");
+        assert_eq!(record.borrow().acquired, 0, "{held}: acquired");
+    }
+}
+
 #[test]
 fn an_entry_the_backend_does_not_confirm_acquires_normally() {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());

@@ -12,7 +12,8 @@
 //! `lease` (lease backends), `queue` (arrival order, for backends with a queue), `wording`
 //! (what a user reads, the same everywhere; `--min-hold`), `busy` (contention and hand-offs
 //! on a machine whose cores are kept busy), `report` (the outcome record, waits in CI logs),
-//! `shared` (`--shared`, expanded by `shared_contract_tests!` for backends that offer it),
+//! `several` (`--also`: several names in one run), `shared` (`--shared`, expanded by
+//! `shared_contract_tests!` for backends that offer it),
 //! `crash` (a server that crashes and comes back, `crash_contract_tests!`, for test servers
 //! that can; a slow link, `slow_link_contract_tests!`).
 
@@ -25,6 +26,7 @@ mod lease;
 mod min_hold;
 mod queue;
 mod report;
+mod several;
 mod shared;
 mod signals;
 mod status;
@@ -39,6 +41,7 @@ pub use self::lease::*;
 pub use self::min_hold::*;
 pub use self::queue::*;
 pub use self::report::*;
+pub use self::several::*;
 pub use self::shared::*;
 pub use self::signals::*;
 pub use self::status::*;
@@ -120,6 +123,11 @@ macro_rules! contract_tests {
                 a_semaphore_says_how_many_of_its_slots_are_taken,
                 a_url_at_another_kind_of_server_names_what_answers_there,
                 a_unix_socket_that_does_not_exist_is_named,
+                several_names_each_have_their_token_in_dlock_fencing_tokens,
+                several_names_are_taken_all_or_none_within_the_wait,
+                several_names_are_lost_when_any_one_is_lost,
+                several_names_in_opposite_orders_never_deadlock,
+                several_names_let_a_nested_run_of_any_of_them_reenter,
             );
         }
     };
