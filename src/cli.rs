@@ -288,7 +288,7 @@ pub struct RunArgs {
     /// same names cannot deadlock), each within what is left of --wait; the names taken are
     /// given back when the rest cannot be had. The command sees a token per name in
     /// DLOCK_FENCING_TOKENS, and the lock is lost when any one of them is lost.
-    #[arg(long, value_name = "NAME")]
+    #[arg(long, value_name = "NAME", hide_short_help = true)]
     pub also: Vec<OsString>,
 
     /// Run SHELL-COMMAND with "$SHELL -c" (or /bin/sh -c) instead of COMMAND.
