@@ -257,7 +257,7 @@ async fn acquire<B: Backend>(
     let waiting = waiting::Waiting::new(&request.budget);
     let acquired = tokio::select! {
         result = &mut acquire => result,
-        () = waiting.report(backend, &settings.name) => Err(Error::Internal("the waiting line ended".into())),
+        () = waiting.report(backend, settings.names()) => Err(Error::Internal("the waiting line ended".into())),
         () = sleep_until_some(backstop) => {
             canceller.cancel();
             match tokio::time::timeout(WAIT_BACKSTOP_CLEANUP, &mut acquire).await {

@@ -65,7 +65,7 @@ pub struct RunSettings {
 
 impl RunSettings {
     /// Every name this run holds: NAME, then the `--also` names in the order given.
-    pub fn names(&self) -> impl Iterator<Item = &LockName> {
+    pub fn names(&self) -> impl Iterator<Item = &LockName> + Clone {
         std::iter::once(&self.name).chain(&self.also)
     }
 }

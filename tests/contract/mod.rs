@@ -128,6 +128,7 @@ macro_rules! contract_tests {
                 several_names_are_lost_when_any_one_is_lost,
                 several_names_in_opposite_orders_never_deadlock,
                 several_names_let_a_nested_run_of_any_of_them_reenter,
+                several_names_say_which_one_they_wait_for,
             );
         }
     };

@@ -190,3 +190,30 @@ pub fn several_names_let_a_nested_run_of_any_of_them_reenter(server: &dyn LockSe
         "the nested run's token is not '{also}''s: {text}"
     );
 }
+
+/// While a run waits for a later name, its waiting line (here in a CI log) names that name
+/// and its holder, not one the run has taken already.
+pub fn several_names_say_which_one_they_wait_for(server: &dyn LockServer) {
+    let env = TestEnv::new(server);
+    // `a…` sorts first: taken at once; `b…` is held.
+    let (free, held) = (lock_name("a"), lock_name("b"));
+    let mut holder = env.hold(&held, &[]);
+    let log = env.path("stderr");
+    let stderr = std::fs::File::create(&log).expect("stderr file");
+    let mut waiter = env
+        .dlock(["run", "--also", &held, &free, "true"])
+        .env("CI", "true")
+        .stderr(stderr)
+        .spawn()
+        .expect("spawn");
+    let line = format!("waiting for '{held}': held by pid {}", holder.pid());
+    wait_until("the waiting line", PATIENCE, || {
+        std::fs::read_to_string(&log).is_ok_and(|text| text.contains(&line))
+    });
+    holder.signal(nix::sys::signal::Signal::SIGTERM);
+    holder.wait();
+    let status = wait_within(&mut waiter, PATIENCE);
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(status.success(), "{status}: {text}");
+    assert!(!text.contains(&format!("waiting for '{free}'")), "{text}");
+}
