@@ -115,7 +115,7 @@ pub async fn run<B: Backend>(
     let result = acquire_and_run(&backend, &settings, inherited_held, &mut track).await;
     // Who holds the lock this run did not get: asked only for the record.
     if let (Some(_), Ok(Outcome::NotAcquired(_))) = (&sink, &result) {
-        if let Some(holder) = holder_now(&backend, &settings.name).await {
+        if let Some(holder) = holder_now(&backend, settings.names()).await {
             track.saw(Event::HeldBy(holder));
         }
     }
@@ -486,13 +486,22 @@ async fn release<L: Lease>(lease: L, settings: &RunSettings) {
     }
 }
 
-/// Who holds `name` now, for the record of a run that did not get it (`None` when the
-/// backend cannot say within a moment, or the lock was freed since).
-async fn holder_now<B: Backend>(backend: &B, name: &LockName) -> Option<Holder> {
-    match tokio::time::timeout(Duration::from_secs(2), backend.status(name)).await {
-        Ok(Ok(status)) => status.holders.into_iter().next().map(|h| h.holder),
-        _ => None,
+/// Who holds the first of `names` that is held now, for the record of a run that did not get
+/// them (`None` when the backend cannot say within a moment, or they were freed since).
+async fn holder_now<'a, B: Backend>(
+    backend: &B,
+    names: impl Iterator<Item = &'a LockName>,
+) -> Option<Holder> {
+    for name in names {
+        if let Ok(Ok(status)) =
+            tokio::time::timeout(Duration::from_secs(2), backend.status(name)).await
+        {
+            if let Some(holder) = status.holders.into_iter().next() {
+                return Some(holder.holder);
+            }
+        }
     }
+    None
 }
 
 #[cfg(test)]

@@ -96,7 +96,10 @@ impl Backend for Fake {
     }
 
     async fn status(&self, name: &LockName) -> Result<LockStatus, Error> {
-        let holders = self.record.borrow().holders.clone();
+        let holders: Vec<HolderStatus> = (self.record.borrow().holders.iter())
+            .filter(|h| h.holder.name == name.as_str())
+            .cloned()
+            .collect();
         Ok(LockStatus {
             name: name.to_string(),
             held: !holders.is_empty(),
@@ -367,7 +370,9 @@ fn a_nested_run_of_several_names_reenters_all_or_is_refused() {
         (entry.to_string(), Err(Code::Usage)),
     ] {
         let (backend, record) = fake(Acquire::Grant(10));
-        record.borrow_mut().holders = vec![holder_status(entry.pid, 9)];
+        let mut other_holder = holder_status(entry.pid, 9);
+        other_holder.holder.name = other.to_string();
+        record.borrow_mut().holders = vec![holder_status(entry.pid, 9), other_holder];
         let settings = RunSettings {
             also: vec![other.clone()],
             ..settings(dir.path(), script, Wait::No)
@@ -479,6 +484,32 @@ fn a_busy_run_records_who_holds_the_lock() {
     assert_eq!(json["exit_status"], 3, "{line}");
     assert_eq!(json["holder"]["pid"], 4242, "{line}");
     assert!(json.get("acquired_at").is_none(), "{line}");
+}
+
+/// With `--also`, the record of a busy run names the holder of the name it could not have,
+/// whichever of its names that is.
+#[test]
+fn a_busy_run_of_several_names_records_who_holds_the_one_it_could_not_have() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().expect("temp dir");
+    let report = dir.path().join("report.jsonl");
+    let (backend, record) = fake(Acquire::Busy);
+    let mut holder = holder_status(4243, 9);
+    holder.holder.name = "other".into();
+    record.borrow_mut().holders = vec![holder];
+    let settings = RunSettings {
+        also: vec![LockName::new("other").expect("a valid name")],
+        report: Some(crate::settings::ReportTo::File {
+            path: report.clone(),
+            given_as: format!("--report {}", report.display()),
+        }),
+        ..settings(dir.path(), "true", Wait::No)
+    };
+    let status = block_on(run(backend, settings, ""));
+    assert_eq!(status.ok().map(Outcome::status), Some(3));
+    let line = std::fs::read_to_string(&report).expect("the report was written");
+    let json: serde_json::Value = serde_json::from_str(line.trim()).expect("one JSON line");
+    assert_eq!(json["holder"]["pid"], 4243, "{line}");
 }
 
 /// The variables dlock sets to describe the hold to its command (docs/guide.md: "What the
