@@ -97,7 +97,7 @@ _dlock() {
             return 0
             ;;
         dlock__subcmd__hold)
-            opts="-u -w -n -s -x -E -t -l -c -v -q -h -V --url --prefix --wait --no-wait --shared --exclusive --conflict-exit-code --ttl --limit --on-lost --kill-after --local-queue --record-command --min-hold --report --until-released --max-hold --command --verbose --quiet --config --help --version"
+            opts="-u -w -n -s -x -E -t -l -c -v -q -h -V --url --prefix --wait --no-wait --shared --exclusive --conflict-exit-code --ttl --limit --on-lost --kill-after --local-queue --record-command --min-hold --report --also --until-released --max-hold --command --verbose --quiet --config --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -168,6 +168,10 @@ _dlock() {
                     return 0
                     ;;
                 --report)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
+                --also)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
@@ -260,7 +264,7 @@ _dlock() {
             ;;
         dlock__subcmd__run)
             __dlock_run_after_name && return 0
-            opts="-u -w -n -s -x -E -t -l -c -v -q -h -V --url --prefix --wait --no-wait --shared --exclusive --conflict-exit-code --ttl --limit --on-lost --kill-after --local-queue --record-command --min-hold --report --command --verbose --quiet --config --help --version"
+            opts="-u -w -n -s -x -E -t -l -c -v -q -h -V --url --prefix --wait --no-wait --shared --exclusive --conflict-exit-code --ttl --limit --on-lost --kill-after --local-queue --record-command --min-hold --report --also --command --verbose --quiet --config --help --version"
             if [[ ${cur} == -* || ${COMP_CWORD} -eq 2 ]] ; then
                 COMPREPLY=( $(compgen -W "${opts}" -- "${cur}") )
                 return 0
@@ -334,6 +338,10 @@ _dlock() {
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
                     ;;
+                --also)
+                    COMPREPLY=($(compgen -f "${cur}"))
+                    return 0
+                    ;;
                 --command)
                     COMPREPLY=($(compgen -f "${cur}"))
                     return 0
@@ -396,7 +404,7 @@ __dlock_run_after_name() {
     while [[ $i -lt $COMP_CWORD ]]; do
         case "${COMP_WORDS[i]}" in
             --) i=$((i + 1)); break ;;
-            -u|--url|--prefix|-w|--wait|-E|--conflict-exit-code|-t|--ttl|-l|--limit|--on-lost|--kill-after|--local-queue|--record-command|--min-hold|--report|-c|--command|--config) i=$((i + 2)) ;;
+            -u|--url|--prefix|-w|--wait|-E|--conflict-exit-code|-t|--ttl|-l|--limit|--on-lost|--kill-after|--local-queue|--record-command|--min-hold|--report|--also|-c|--command|--config) i=$((i + 2)) ;;
             -*) i=$((i + 1)) ;;
             *) break ;;
         esac

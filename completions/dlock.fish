@@ -67,6 +67,7 @@ complete -c dlock -n "__fish_dlock_using_subcommand run; and __fish_dlock_run_op
 off\t''"
 complete -c dlock -n "__fish_dlock_using_subcommand run; and __fish_dlock_run_options" -l min-hold -d 'Keep the lock at least this long' -r
 complete -c dlock -n "__fish_dlock_using_subcommand run; and __fish_dlock_run_options" -l report -d 'Append one JSON line per run to PATH' -r -F
+complete -c dlock -n "__fish_dlock_using_subcommand run; and __fish_dlock_run_options" -l also -d 'Hold NAME as well (repeatable): all the names or none' -r
 complete -c dlock -n "__fish_dlock_using_subcommand run; and __fish_dlock_run_options" -s c -l command -d 'Run SHELL-COMMAND with "$SHELL -c" (or /bin/sh -c) instead of COMMAND' -r
 complete -c dlock -n "__fish_dlock_using_subcommand run; and __fish_dlock_run_options" -l config -d 'Config file (TOML; see man dlock.toml)' -r -F
 complete -c dlock -n "__fish_dlock_using_subcommand run; and __fish_dlock_run_options" -s n -l no-wait -d 'Give up at once if the lock is held'
@@ -206,6 +207,7 @@ complete -c dlock -n "__fish_dlock_using_subcommand hold" -l record-command -d '
 off\t''"
 complete -c dlock -n "__fish_dlock_using_subcommand hold" -l min-hold -d 'Keep the lock at least this long' -r
 complete -c dlock -n "__fish_dlock_using_subcommand hold" -l report -d 'Append one JSON line per run to PATH' -r -F
+complete -c dlock -n "__fish_dlock_using_subcommand hold" -l also -d 'Hold NAME as well (repeatable): all the names or none' -r
 complete -c dlock -n "__fish_dlock_using_subcommand hold" -l max-hold -d 'Give the lock back this long after taking it, whatever else happens [default: none; required with --until-released]' -r
 complete -c dlock -n "__fish_dlock_using_subcommand hold" -s c -l command -d 'Run SHELL-COMMAND with "$SHELL -c" (or /bin/sh -c) instead of COMMAND' -r
 complete -c dlock -n "__fish_dlock_using_subcommand hold" -l config -d 'Config file (TOML; see man dlock.toml)' -r -F
@@ -234,7 +236,7 @@ function __fish_dlock_run_options
         switch $word
             case --
                 return 1
-            case -u --url --prefix -w --wait -E --conflict-exit-code -t --ttl -l --limit --on-lost --kill-after --local-queue --record-command --min-hold --report -c --command --config
+            case -u --url --prefix -w --wait -E --conflict-exit-code -t --ttl -l --limit --on-lost --kill-after --local-queue --record-command --min-hold --report --also -c --command --config
                 set skip 1
             case '-*'
             case '*'

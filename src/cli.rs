@@ -287,6 +287,15 @@ pub struct RunArgs {
     )]
     pub report: Option<PathBuf>,
 
+    /// Hold NAME as well (repeatable): all the names or none.
+    ///
+    /// Every name is taken in one order (whatever order they are given in, so two runs of the
+    /// same names cannot deadlock), each within what is left of --wait; the names taken are
+    /// given back when the rest cannot be had. The command sees a token per name in
+    /// DLOCK_FENCING_TOKENS, and the lock is lost when any one of them is lost.
+    #[arg(long, value_name = "NAME", hide_short_help = true)]
+    pub also: Vec<OsString>,
+
     /// Run SHELL-COMMAND with "$SHELL -c" (or /bin/sh -c) instead of COMMAND.
     #[arg(short = 'c', long = "command", value_name = "SHELL-COMMAND")]
     pub shell_command: Option<OsString>,

@@ -149,7 +149,7 @@ async fn run_command(
         }
     };
     let held = std::env::var("DLOCK_HELD").unwrap_or_default();
-    let backend = settings.common.target.open(&settings.common);
+    let backend = run::open(&settings);
     Box::pin(run::run(backend, settings, &held)).await
 }
 

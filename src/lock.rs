@@ -7,6 +7,7 @@
 //!   `concurrency` package: a backend *acquires* (waiting by notification, cancellable), the
 //!   returned lease reports through [`Lease::lost`] when the hold is gone, and
 //!   [`Lease::release`] gives it back. The supervisor knows nothing else about backends.
+//! - [`Several`]: a backend's names held as one lock (`--also`).
 
 use std::fmt;
 use std::sync::Arc;
@@ -19,9 +20,11 @@ use crate::error::Error;
 
 use crate::budget::WaitBudget;
 pub use holder::{limit_mismatch, user_name, Holder, Mode, Record};
+pub use several::{Several, SeveralLease};
 pub use status::{token_str, CheckReport, HolderStatus, LockStatus, Waiter};
 
 mod holder;
+mod several;
 mod status;
 
 /// The namespace of locks when `--prefix` is not given.
@@ -260,6 +263,12 @@ pub trait Lease {
 
     /// Give the lock back promptly, so the next waiter does not wait for a TTL.
     async fn release(self) -> Result<(), Error>;
+
+    /// The names held with the request's own (`--also`), each with its fencing token, in
+    /// the order they were given; none for the lease of one name.
+    fn also_held(&self) -> Vec<(LockName, u64)> {
+        Vec::new()
+    }
 
     /// Until when the hold is proven now: the instant the lease's keeper would give it up,
     /// counted from its last acknowledged renewal (`None`: no lease, as a kernel lock, or

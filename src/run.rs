@@ -18,6 +18,7 @@ use crate::budget::{Wait, WaitBudget};
 use crate::cli::OnLost;
 use crate::error::Error;
 use crate::exit::{self, Outcome};
+use crate::kind::DynBackend;
 use crate::lock::{self, AcquireRequest, Backend, Holder, Lease, LockName};
 use crate::secrets::Handoff;
 use crate::settings::RunSettings;
@@ -32,7 +33,7 @@ mod record;
 mod reentrant;
 pub(crate) mod reentry;
 
-use self::environment::{child_environment, ChildEnv};
+use self::environment::{child_environment, hold_variables, token_variables, ChildEnv};
 use self::events::{Event, Observer};
 pub(crate) use self::record::refused;
 use self::reentrant::{reenter, Reentrant, Reentry};
@@ -98,6 +99,16 @@ fn nothing_ran(settings: &RunSettings) -> &'static str {
     }
 }
 
+/// The backend of a run: the target's, holding every name of the run as one lock when there
+/// are several (`--also`, [`lock::Several`]); a run of one name meets no wrapper.
+pub(crate) fn open(settings: &RunSettings) -> Box<dyn DynBackend> {
+    let backend = settings.common.target.open(&settings.common);
+    if settings.also.is_empty() {
+        return backend;
+    }
+    Box::new(lock::Several::new(backend, settings.also.clone()))
+}
+
 /// `dlock run`: acquire, supervise, release; then append the outcome record (`--report`).
 ///
 /// `inherited_held` is the `DLOCK_HELD` this process was started with.
@@ -115,7 +126,7 @@ pub async fn run<B: Backend>(
     let result = acquire_and_run(&backend, &settings, inherited_held, &mut track).await;
     // Who holds the lock this run did not get: asked only for the record.
     if let (Some(_), Ok(Outcome::NotAcquired(_))) = (&sink, &result) {
-        if let Some(holder) = holder_now(&backend, &settings.name).await {
+        if let Some(holder) = holder_now(&backend, settings.names()).await {
             track.saw(Event::HeldBy(holder));
         }
     }
@@ -147,8 +158,13 @@ async fn acquire_and_run<B: Backend>(
     let sigchld = supervise::child_listener().context("cannot watch for the command's exit")?;
     let identity = settings.common.identity();
     let sigchld = match reenter(backend, settings, inherited_held, &identity, observer).await? {
-        Reentry::Held => {
-            let env = child_environment(settings);
+        Reentry::Held(tokens) => {
+            let mut env = child_environment(settings);
+            env.vars.extend(
+                token_variables(&tokens)
+                    .into_iter()
+                    .map(|(key, value)| (key, Some(value))),
+            );
             observer.saw(Event::Acquired(None));
             return supervise_command(settings, &mut signals, sigchld, &mut Reentrant, env)
                 .await
@@ -252,7 +268,7 @@ async fn acquire<B: Backend>(
     let waiting = waiting::Waiting::new(&request.budget);
     let acquired = tokio::select! {
         result = &mut acquire => result,
-        () = waiting.report(backend, &settings.name) => Err(Error::Internal("the waiting line ended".into())),
+        () = waiting.report(backend, settings.names()) => Err(Error::Internal("the waiting line ended".into())),
         () = sleep_until_some(backstop) => {
             canceller.cancel();
             match tokio::time::timeout(WAIT_BACKSTOP_CLEANUP, &mut acquire).await {
@@ -354,15 +370,13 @@ async fn run_holding<L: Lease>(
         acquired_at,
         mut env,
     } = held;
-    env.vars.push((
-        "DLOCK_FENCING_TOKEN".into(),
-        Some(lease.token().to_string().into()),
-    ));
-    // Without our own /proc entry no nested run could prove it is ours: it acquires normally.
-    if let Some(entry) = reentry::Entry::for_this_process(identity, &settings.name, lease.token()) {
-        let held = reentry::with_entry(inherited_held, &entry);
-        env.vars.push(("DLOCK_HELD".into(), Some(held.into())));
-    }
+    let mut tokens = vec![(settings.name.clone(), lease.token())];
+    tokens.extend(lease.also_held());
+    env.vars.extend(
+        hold_variables(&tokens, inherited_held, identity)
+            .into_iter()
+            .map(|(key, value)| (key, Some(value))),
+    );
     let supervised = supervise_command(settings, signals, sigchld, &mut lease, env).await;
     if let Ok(ran) = &supervised {
         ran.tell(observer);
@@ -485,13 +499,22 @@ async fn release<L: Lease>(lease: L, settings: &RunSettings) {
     }
 }
 
-/// Who holds `name` now, for the record of a run that did not get it (`None` when the
-/// backend cannot say within a moment, or the lock was freed since).
-async fn holder_now<B: Backend>(backend: &B, name: &LockName) -> Option<Holder> {
-    match tokio::time::timeout(Duration::from_secs(2), backend.status(name)).await {
-        Ok(Ok(status)) => status.holders.into_iter().next().map(|h| h.holder),
-        _ => None,
+/// Who holds the first of `names` that is held now, for the record of a run that did not get
+/// them (`None` when the backend cannot say within a moment, or they were freed since).
+async fn holder_now<'a, B: Backend>(
+    backend: &B,
+    names: impl Iterator<Item = &'a LockName>,
+) -> Option<Holder> {
+    for name in names {
+        if let Ok(Ok(status)) =
+            tokio::time::timeout(Duration::from_secs(2), backend.status(name)).await
+        {
+            if let Some(holder) = status.holders.into_iter().next() {
+                return Some(holder.holder);
+            }
+        }
     }
+    None
 }
 
 #[cfg(test)]

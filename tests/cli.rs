@@ -61,6 +61,22 @@ fn bad_input_gives_its_status_and_one_clear_line() {
             "absolute",
         ),
         (vec!["run", "--bogus", "x", "true"], 64, "--bogus"),
+        (
+            vec!["run", "--also", "x", "x", "true"],
+            64,
+            "is NAME itself",
+        ),
+        (
+            vec!["run", "--also", "y", "--also", "y", "x", "true"],
+            64,
+            "'y' is given twice",
+        ),
+        (
+            vec!["run", "--also", "a\nb", "x", "true"],
+            64,
+            "--also: lock name must not contain control characters",
+        ),
+        (vec!["run", "--also", "", "x", "true"], 64, "--also"),
         (vec!["run", "x"], 64, "no command given"),
         (vec!["run", "x", "--"], 64, "no command given"),
         (

@@ -748,6 +748,7 @@ fn run_short_help_is_a_summary_with_examples() {
         "--kill-after",
         "--local-queue",
         "--record-command",
+        "--also",
         "Examples:",
         "Exit status:",
         "Signals:",

@@ -32,6 +32,7 @@ enum Slot {
     RecordCommand,
     MinHold,
     Report,
+    Also,
     ShellCommand,
     Verbose,
     Quiet,
@@ -69,7 +70,7 @@ const fn opt(
 
 /// In clap's order of arguments (the run's own, then the global ones it inherits), which is
 /// the order of `from_env`.
-const OPTIONS: [Opt; 19] = [
+const OPTIONS: [Opt; 20] = [
     opt("url", Some('u'), Slot::Url, true, Some("DLOCK_URL"), "url"),
     opt(
         "prefix",
@@ -176,6 +177,7 @@ const OPTIONS: [Opt; 19] = [
         Some("DLOCK_REPORT"),
         "report",
     ),
+    opt("also", None, Slot::Also, true, None, "also"),
     opt(
         "command",
         Some('c'),
@@ -236,6 +238,7 @@ pub(super) fn parse_run(args: &[OsString], env: impl Fn(&str) -> Option<OsString
             record_command: None,
             min_hold: None,
             report: None,
+            also: Vec::new(),
             shell_command: None,
             name: OsString::new(),
             command: Vec::new(),
@@ -346,7 +349,10 @@ impl Given {
     fn set(&mut self, index: usize, value: Value) -> Option<()> {
         let option = &OPTIONS[index];
         let again = std::mem::replace(&mut self.seen[index], true);
-        let counted = matches!(option.slot, Slot::Verbose | Slot::Quiet | Slot::Url);
+        let counted = matches!(
+            option.slot,
+            Slot::Verbose | Slot::Quiet | Slot::Url | Slot::Also
+        );
         if again && !counted {
             return None;
         }
@@ -402,6 +408,7 @@ impl Given {
             Slot::Report => run.report = Some(PathBuf::from(os)),
             Slot::Config => self.config = Some(PathBuf::from(os)),
             Slot::ShellCommand => run.shell_command = Some(os),
+            Slot::Also => run.also.push(os),
             _ => {
                 let text = os.into_string().ok()?;
                 match slot {

@@ -106,6 +106,7 @@ pub trait DynLease {
     fn release(self: Box<Self>) -> BoxFuture<'static, Result<(), Error>>;
     fn finished<'a>(&'a mut self, holder: &'a Holder) -> BoxFuture<'a, Result<bool, Error>>;
     fn proven_until(&self) -> Option<crate::clock::BootInstant>;
+    fn also_held(&self) -> Vec<(LockName, u64)>;
 }
 
 /// The lease of a [`DynBackend`].
@@ -131,6 +132,10 @@ impl<L: Lease + 'static> DynLease for L {
     fn proven_until(&self) -> Option<crate::clock::BootInstant> {
         Lease::proven_until(self)
     }
+
+    fn also_held(&self) -> Vec<(LockName, u64)> {
+        Lease::also_held(self)
+    }
 }
 
 impl Lease for BoxedLease {
@@ -152,5 +157,9 @@ impl Lease for BoxedLease {
 
     fn proven_until(&self) -> Option<crate::clock::BootInstant> {
         DynLease::proven_until(&**self)
+    }
+
+    fn also_held(&self) -> Vec<(LockName, u64)> {
+        DynLease::also_held(&**self)
     }
 }

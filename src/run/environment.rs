@@ -4,6 +4,8 @@
 use std::ffi::OsString;
 use std::os::unix::ffi::OsStringExt;
 
+use super::reentry;
+use crate::lock::LockName;
 use crate::secrets::{Handoff, CREDENTIALS_FD};
 use crate::settings::RunSettings;
 
@@ -72,6 +74,45 @@ pub(super) fn lock_variables(settings: &RunSettings) -> Vec<(String, String)> {
             .into(),
         ),
     ]
+}
+
+/// The variables that describe a hold of `tokens` (each held name with its fencing token:
+/// NAME first, then the `--also` names in the order given) by this process, on the backend
+/// `identity`: the tokens ([`token_variables`]), and `DLOCK_HELD`, `inherited_held` with an
+/// entry for every name, so that a nested run of any of them re-enters (`reentry`). Without
+/// this process's own /proc entry no nested run could prove the hold is ours, and
+/// `DLOCK_HELD` is left as it was: a nested run acquires normally.
+pub(crate) fn hold_variables(
+    tokens: &[(LockName, u64)],
+    inherited_held: &str,
+    identity: &str,
+) -> Vec<(OsString, OsString)> {
+    let mut vars = token_variables(tokens);
+    let mut held = inherited_held.to_owned();
+    for (name, token) in tokens {
+        let Some(entry) = reentry::Entry::for_this_process(identity, name, *token) else {
+            return vars;
+        };
+        held = reentry::with_entry(&held, &entry);
+    }
+    vars.push(("DLOCK_HELD".into(), held.into()));
+    vars
+}
+
+/// `DLOCK_FENCING_TOKEN`, the token of the first of `tokens` (NAME), and
+/// `DLOCK_FENCING_TOKENS`, a line `TOKEN NAME` for each (a name has no control characters,
+/// so no line break), for `while read -r token name`.
+pub(super) fn token_variables(tokens: &[(LockName, u64)]) -> Vec<(OsString, OsString)> {
+    let mut vars = Vec::with_capacity(3);
+    if let Some((_, token)) = tokens.first() {
+        vars.push(("DLOCK_FENCING_TOKEN".into(), token.to_string().into()));
+    }
+    let lines: Vec<String> = tokens
+        .iter()
+        .map(|(name, token)| format!("{token} {name}"))
+        .collect();
+    vars.push(("DLOCK_FENCING_TOKENS".into(), lines.join("\n").into()));
+    vars
 }
 
 /// `DLOCK_…PASSWORD…` in any case (`DLOCK_PASSWORD`, `DLOCK_SENTINEL_PASSWORD`,

@@ -221,21 +221,20 @@ async fn acquire_and_keep(
             .to_vec();
     }
     let run = &settings.run;
-    let backend = run.common.target.open(&run.common);
+    let backend = super::open(run);
     let mut signals = Signals::install().context("cannot install signal handlers")?;
     let identity = run.common.identity();
     let inherited = std::env::var("DLOCK_HELD").unwrap_or_default();
-    if let Reentry::Held = reenter(&backend, run, &inherited, &identity, observer).await? {
-        // The shell is inside a hold of NAME already (an enclosing run or hold): its
-        // variables say so; nothing to keep.
+    if let Reentry::Held(_) = reenter(&backend, run, &inherited, &identity, observer).await? {
+        // The shell is inside a hold of every name already (an enclosing run or hold): its
+        // variables say so; nothing to keep. Marked, so that this hold's `dlock release`
+        // leaves the enclosing one alone.
         observer.saw(Event::Acquired(None));
-        // Marked, so that this hold's `dlock release` leaves the enclosing one alone.
-        let lock = reentry::lock_key(&identity, &run.name);
-        let vars: Vec<(String, String)> = reentry::reentered_by_a_hold(&inherited, &lock)
-            .map(|held| ("DLOCK_HELD".to_owned(), held))
-            .into_iter()
-            .collect();
-        tell_the_shell(&vars, ready, false)?;
+        let held = run.names().fold(inherited.clone(), |held, name| {
+            let lock = reentry::lock_key(&identity, name);
+            reentry::reentered_by_a_hold(&held, &lock).unwrap_or(held)
+        });
+        tell_the_shell(&[("DLOCK_HELD".into(), held)], ready, false)?;
         return Ok(Outcome::Done);
     }
     let request = request_for(run);
@@ -258,17 +257,36 @@ async fn acquire_and_keep(
         }
     };
     let handle = handle.unwrap_or(Handle { pid: me, start: 0 });
-    let entry = reentry::Entry {
-        lock: reentry::lock_key(&identity, &run.name),
-        pid: owner.as_ref().map_or(0, |o| o.pid),
-        start: owner.as_ref().map_or(0, |o| o.start),
-        token: lease.token(),
-        keeper: Some(handle),
-        reentered: false,
-    };
+    let mut tokens = vec![(run.name.clone(), lease.token())];
+    tokens.extend(lease.also_held());
+    // An entry for every name, naming the shell and the keeper: nested runs of any of them
+    // re-enter, and `dlock release` of any of them reaches the keeper.
+    let entries: Vec<reentry::Entry> = tokens
+        .iter()
+        .map(|(name, token)| reentry::Entry {
+            lock: reentry::lock_key(&identity, name),
+            pid: owner.as_ref().map_or(0, |o| o.pid),
+            start: owner.as_ref().map_or(0, |o| o.start),
+            token: *token,
+            keeper: Some(handle),
+            reentered: false,
+        })
+        .collect();
+    let held = entries.iter().fold(inherited.clone(), |held, entry| {
+        reentry::with_entry(&held, entry)
+    });
     let mut vars = super::environment::lock_variables(run);
-    vars.push(("DLOCK_FENCING_TOKEN".into(), lease.token().to_string()));
-    vars.push(("DLOCK_HELD".into(), reentry::with_entry(&inherited, &entry)));
+    vars.extend(
+        super::environment::token_variables(&tokens)
+            .into_iter()
+            .map(|(name, value)| {
+                (
+                    name.to_string_lossy().into_owned(),
+                    value.to_string_lossy().into_owned(),
+                )
+            }),
+    );
+    vars.push(("DLOCK_HELD".into(), held));
     vars.push(("DLOCK_HOLD".into(), handle.to_string()));
     if let Err(err) = tell_the_shell(&vars, ready, owner.is_none()) {
         release(lease, run).await;
@@ -279,7 +297,7 @@ async fn acquire_and_keep(
         acquired_at,
         holder: request.holder,
         listener,
-        lock: entry.lock,
+        locks: entries.into_iter().map(|entry| entry.lock).collect(),
     };
     held.keep(&settings, owner, &mut signals, observer).await
 }
@@ -342,8 +360,8 @@ struct Kept<L> {
     acquired_at: min_hold::Acquired,
     holder: crate::lock::Holder,
     listener: Listener,
-    /// `BACKEND|NAME`, as release requests name it.
-    lock: String,
+    /// `BACKEND|NAME` of each name held, as release requests name them.
+    locks: Vec<String>,
 }
 
 /// Why the keeper stops keeping.
@@ -381,7 +399,7 @@ impl<L: Lease> Kept<L> {
                     return Ok(outcome);
                 }
                 (lock, reply) = self.listener.next() => {
-                    if lock == self.lock {
+                    if self.locks.contains(&lock) {
                         break End::Release(reply);
                     }
                     // The handle of another lock's hold: keep serving this one.
@@ -490,7 +508,9 @@ impl<L: Lease> Kept<L> {
             (Some(_), OnLost::Term) => tokio::time::Instant::now().checked_add(run.kill_after),
             _ => None,
         };
-        let Kept { listener, lock, .. } = self;
+        let Kept {
+            listener, locks, ..
+        } = self;
         let mut kill_at = kill_at;
         // Bounded: by the owner's end, a release, --max-hold (required without an owner) or
         // a signal.
@@ -498,7 +518,7 @@ impl<L: Lease> Kept<L> {
             tokio::select! {
                 () = until_ended(owner_watch.as_ref()) => return Outcome::Lost,
                 (asked, reply) = listener.next() => {
-                    if asked == lock {
+                    if locks.contains(&asked) {
                         reply.send(&Answer::Lost(why.clone())).await;
                         return Outcome::Lost;
                     }

@@ -96,7 +96,10 @@ impl Backend for Fake {
     }
 
     async fn status(&self, name: &LockName) -> Result<LockStatus, Error> {
-        let holders = self.record.borrow().holders.clone();
+        let holders: Vec<HolderStatus> = (self.record.borrow().holders.iter())
+            .filter(|h| h.holder.name == name.as_str())
+            .cloned()
+            .collect();
         Ok(LockStatus {
             name: name.to_string(),
             held: !holders.is_empty(),
@@ -148,6 +151,7 @@ fn settings(dir: &std::path::Path, script: &str, wait: Wait) -> RunSettings {
             local_queue: true,
         },
         name: LockName::new("job").expect("a valid name"),
+        also: Vec::new(),
         command: CommandSpec {
             program: PathBuf::from("/bin/sh"),
             arg0: "sh".into(),
@@ -188,6 +192,33 @@ fn the_command_runs_with_the_token_and_the_lock_is_released_when_it_exits() {
     assert_eq!(status.ok().map(Outcome::status), Some(5));
     let record = record.borrow();
     assert_eq!((record.acquired, record.released), (1, 1));
+}
+
+/// With `--also`, the command sees NAME's token, a line `TOKEN NAME` per name (NAME first,
+/// then the `--also` names as given) and a `DLOCK_HELD` entry per name; every name is
+/// released when it exits.
+#[test]
+fn the_command_sees_a_token_and_a_held_entry_for_every_name() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (backend, record) = fake(Acquire::Grant(7));
+    let script = r#"test "$DLOCK_FENCING_TOKEN" = 7 &&
+        test "$DLOCK_FENCING_TOKENS" = "7 job
+7 zzz
+7 aaa" &&
+        test "$(printf %s "$DLOCK_HELD" | wc -w)" = 3 && exit 5"#;
+    let settings = RunSettings {
+        also: vec![
+            LockName::new("zzz").expect("a valid name"),
+            LockName::new("aaa").expect("a valid name"),
+        ],
+        ..settings(dir.path(), script, Wait::Forever)
+    };
+    let backend = lock::Several::new(backend, settings.also.clone());
+    let status = block_on(run(backend, settings, ""));
+    assert_eq!(status.ok().map(Outcome::status), Some(5));
+    let record = record.borrow();
+    assert_eq!((record.acquired, record.released), (3, 3));
 }
 
 #[test]
@@ -319,6 +350,42 @@ fn an_ancestor_the_backend_shows_holding_makes_the_run_reentrant() {
     );
 }
 
+/// A nested run of several names re-enters when ancestors provably hold all of them, with
+/// their tokens; when they hold some but not all, it is refused (64) without acquiring.
+#[test]
+fn a_nested_run_of_several_names_reenters_all_or_is_refused() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().expect("temp dir");
+    let entry = parent_entry(dir.path(), 9);
+    let other = LockName::new("other").expect("a valid name");
+    let identity = settings(dir.path(), "true", Wait::No).common.identity();
+    let other_entry = reentry::Entry {
+        lock: reentry::lock_key(&identity, &other),
+        ..entry.clone()
+    };
+    let script = r#"test "$DLOCK_FENCING_TOKENS" = "9 job
+9 other""#;
+    for (held, expected) in [
+        (format!("{entry} {other_entry}"), Ok(0)),
+        (entry.to_string(), Err(Code::Usage)),
+    ] {
+        let (backend, record) = fake(Acquire::Grant(10));
+        let mut other_holder = holder_status(entry.pid, 9);
+        other_holder.holder.name = other.to_string();
+        record.borrow_mut().holders = vec![holder_status(entry.pid, 9), other_holder];
+        let settings = RunSettings {
+            also: vec![other.clone()],
+            ..settings(dir.path(), script, Wait::No)
+        };
+        let status = block_on(run(backend, settings, &held));
+        let status = status
+            .map(Outcome::status)
+            .map_err(|e| crate::error::code_of(&e));
+        assert_eq!(status, expected, "{held}");
+        assert_eq!(record.borrow().acquired, 0, "{held}: acquired");
+    }
+}
+
 #[test]
 fn an_entry_the_backend_does_not_confirm_acquires_normally() {
     let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
@@ -419,13 +486,40 @@ fn a_busy_run_records_who_holds_the_lock() {
     assert!(json.get("acquired_at").is_none(), "{line}");
 }
 
+/// With `--also`, the record of a busy run names the holder of the name it could not have,
+/// whichever of its names that is.
+#[test]
+fn a_busy_run_of_several_names_records_who_holds_the_one_it_could_not_have() {
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = tempfile::tempdir().expect("temp dir");
+    let report = dir.path().join("report.jsonl");
+    let (backend, record) = fake(Acquire::Busy);
+    let mut holder = holder_status(4243, 9);
+    holder.holder.name = "other".into();
+    record.borrow_mut().holders = vec![holder];
+    let settings = RunSettings {
+        also: vec![LockName::new("other").expect("a valid name")],
+        report: Some(crate::settings::ReportTo::File {
+            path: report.clone(),
+            given_as: format!("--report {}", report.display()),
+        }),
+        ..settings(dir.path(), "true", Wait::No)
+    };
+    let status = block_on(run(backend, settings, ""));
+    assert_eq!(status.ok().map(Outcome::status), Some(3));
+    let line = std::fs::read_to_string(&report).expect("the report was written");
+    let json: serde_json::Value = serde_json::from_str(line.trim()).expect("one JSON line");
+    assert_eq!(json["holder"]["pid"], 4243, "{line}");
+}
+
 /// The variables dlock sets to describe the hold to its command (docs/guide.md: "What the
 /// command sees").
-const DESCRIPTIONS: [&str; 6] = [
+const DESCRIPTIONS: [&str; 7] = [
     "DLOCK_NAME",
     "DLOCK_BACKEND",
     "DLOCK_MODE",
     "DLOCK_FENCING_TOKEN",
+    "DLOCK_FENCING_TOKENS",
     "DLOCK_HELD",
     crate::secrets::CREDENTIALS_FD,
 ];
@@ -476,6 +570,14 @@ fn no_variable_that_describes_a_hold_is_a_setting() {
             assert!(
                 value.is_none() || key == "DLOCK_URL" || DESCRIPTIONS.contains(&&*key),
                 "dlock sets {key}, which is not listed as a description"
+            );
+        }
+        let tokens = [(run.name.clone(), 1)];
+        for (key, _) in hold_variables(&tokens, "", &run.common.identity()) {
+            let key = key.to_string_lossy();
+            assert!(
+                DESCRIPTIONS.contains(&&*key),
+                "dlock sets {key} for a hold, which is not listed as a description"
             );
         }
         let mode = set

@@ -87,8 +87,14 @@ impl Waiting {
         }
     }
 
-    /// Report the wait until dropped (never completes).
-    pub(super) async fn report<B: Backend>(&self, backend: &B, name: &LockName) {
+    /// Report the wait until dropped (never completes). With several `names` (`--also`), the
+    /// line is about the first of them held by someone else: the one being waited for, as
+    /// those taken already are held by this process.
+    pub(super) async fn report<'a, B: Backend>(
+        &self,
+        backend: &B,
+        names: impl Iterator<Item = &'a LockName> + Clone,
+    ) {
         if self.mode != Mode::Silent {
             sleep_until(self.started + FIRST_LOOK).await;
             let every = match self.mode {
@@ -98,14 +104,18 @@ impl Waiting {
             // Bounded by the wait itself: this future is dropped when acquire ends.
             for _ in 0..u32::MAX {
                 let asked = BootInstant::now();
-                if let Ok(Ok(status)) =
-                    tokio::time::timeout(STATUS_TIMEOUT, backend.status(name)).await
-                {
+                for name in names.clone() {
+                    let Ok(Ok(status)) =
+                        tokio::time::timeout(STATUS_TIMEOUT, backend.status(name)).await
+                    else {
+                        continue;
+                    };
                     if let Some(line) = waiting_line(name, &status) {
                         let now = BootInstant::now();
                         let waited = now.saturating_since(self.started);
                         let left = self.gives_up.map(|at| at.saturating_since(now));
                         self.show(&line.with_time(waited, left));
+                        break;
                     }
                 }
                 // Until a first line is out, look again soon: it must come within a second

@@ -45,6 +45,8 @@ pub const MAX_DURATION: Duration = Duration::from_secs(100 * 31_557_600);
 pub struct RunSettings {
     pub common: Common,
     pub name: LockName,
+    /// `--also`: the names held with `name`, in the order given; none repeated, none `name`.
+    pub also: Vec<LockName>,
     pub command: CommandSpec,
     pub wait: Wait,
     pub conflict_exit_code: u8,
@@ -59,6 +61,13 @@ pub struct RunSettings {
     pub record_command: bool,
     /// `--report`: where to append the run's outcome record.
     pub report: Option<ReportTo>,
+}
+
+impl RunSettings {
+    /// Every name this run holds: NAME, then the `--also` names in the order given.
+    pub fn names(&self) -> impl Iterator<Item = &LockName> + Clone {
+        std::iter::once(&self.name).chain(&self.also)
+    }
 }
 
 /// Where `--report` appends the outcome record.
@@ -323,6 +332,7 @@ fn lock_settings(
     ) -> Result<CommandSpec, Error>,
 ) -> Result<RunSettings, Error> {
     let name = lock_name(&args.name)?;
+    let also = also_setting(&name, &args.also)?;
     let mut common = common(&args.backend, args.ttl, file)?;
     common.local_queue = args.local_queue.or(file.values.local_queue).unwrap_or(true);
     let env = &args.backend.from_env;
@@ -371,6 +381,7 @@ fn lock_settings(
     Ok(RunSettings {
         common,
         name,
+        also,
         command,
         wait,
         conflict_exit_code,
@@ -385,6 +396,28 @@ fn lock_settings(
             .unwrap_or(true),
         report,
     })
+}
+
+/// `--also` (the command line only: a variable or a config key would reach every nested
+/// run, which would then wait for the names its ancestor holds), each checked as NAME is;
+/// a name given twice, or NAME itself, is a mistake.
+fn also_setting(name: &LockName, given: &[std::ffi::OsString]) -> Result<Vec<LockName>, Error> {
+    let mut also: Vec<LockName> = Vec::with_capacity(given.len());
+    for raw in given {
+        let next = lock_name(raw).map_err(|e| Error::Usage(format!("--also: {e}")))?;
+        if next == *name {
+            return Err(Error::Usage(format!(
+                "--also '{next}' is NAME itself; give each name once"
+            )));
+        }
+        if also.contains(&next) {
+            return Err(Error::Usage(format!(
+                "--also '{next}' is given twice; give each name once"
+            )));
+        }
+        also.push(next);
+    }
+    Ok(also)
 }
 
 /// `--wait`/`--no-wait` (flags, `DLOCK_WAIT`/`DLOCK_NO_WAIT`, the config file): a flag beats

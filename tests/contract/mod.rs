@@ -12,8 +12,9 @@
 //! `lease` (lease backends), `queue` (arrival order, for backends with a queue), `wording`
 //! (what a user reads, the same everywhere; `--min-hold`), `busy` (contention and hand-offs
 //! on a machine whose cores are kept busy), `report` (the outcome record, waits in CI logs),
-//! `shared` (`--shared`, expanded by `shared_contract_tests!` for backends that offer it),
-//! `hold` (`dlock hold` and `dlock release`),
+//! `several` (`--also`: several names in one run), `shared` (`--shared`, expanded by
+//! `shared_contract_tests!` for backends that offer it), `hold` (`dlock hold` and
+//! `dlock release`),
 //! `crash` (a server that crashes and comes back, `crash_contract_tests!`, for test servers
 //! that can; a slow link, `slow_link_contract_tests!`).
 
@@ -27,6 +28,7 @@ mod lease;
 mod min_hold;
 mod queue;
 mod report;
+mod several;
 mod shared;
 mod signals;
 mod status;
@@ -42,6 +44,7 @@ pub use self::lease::*;
 pub use self::min_hold::*;
 pub use self::queue::*;
 pub use self::report::*;
+pub use self::several::*;
 pub use self::shared::*;
 pub use self::signals::*;
 pub use self::status::*;
@@ -128,6 +131,12 @@ macro_rules! contract_tests {
                 a_lost_hold_signals_its_shell_and_is_recorded,
                 release_ends_your_own_hold_and_refuses_anothers,
                 max_hold_ends_a_forgotten_hold,
+                several_names_each_have_their_token_in_dlock_fencing_tokens,
+                several_names_are_taken_all_or_none_within_the_wait,
+                several_names_are_lost_when_any_one_is_lost,
+                several_names_in_opposite_orders_never_deadlock,
+                several_names_let_a_nested_run_of_any_of_them_reenter,
+                several_names_say_which_one_they_wait_for,
             );
         }
     };

@@ -108,6 +108,19 @@ const EVERYDAY: &[&[&str]] = &[
         "a",
     ],
     &["dlock", "run", "--config", "/etc/d.toml", "x", "a"],
+    &[
+        "dlock",
+        "run",
+        "--also",
+        "cache",
+        "-n",
+        "--also=a b",
+        "db",
+        "--",
+        "./migrate.sh",
+        "--also",
+        "x",
+    ],
 ];
 
 #[test]
@@ -146,6 +159,8 @@ fn what_it_is_not_sure_of_is_left_to_clap() {
         &["dlock", "run", "x", "-c"],
         &["dlock", "run", ""],
         &["dlock", "run", "--", ""],
+        &["dlock", "run", "--also", "", "x", "a"],
+        &["dlock", "run", "--also", "x"],
     ] {
         assert!(
             parse_run(&words(line), env).is_none(),
