@@ -151,22 +151,36 @@ pub fn a_lost_hold_signals_its_shell_and_is_recorded(server: &dyn LockServer) {
 
 /// `dlock release NAME` ends your own hold (0, the lock free at once) and refuses one that is
 /// not yours (77, the lock still held); a second release finds nothing (1). A hold nested in a
-/// subshell re-enters the enclosing one, and its release leaves that one held.
+/// subshell re-enters the enclosing one, and its release leaves that one held. A hold of
+/// several names (`--also`) exports each one's token, and the release of any ends them all.
 pub fn release_ends_your_own_hold_and_refuses_anothers(server: &dyn LockServer) {
     let env = TestEnv::new(server);
     let lock = lock_name("rel");
+    let also = format!("{lock}-also");
     let script = format!(
-        "eval \"$(\"$DLOCK\" hold {lock})\" || exit 9; \
+        "eval \"$(\"$DLOCK\" hold --also {also} {lock})\" || exit 9; \
+         printf '%s\\n' \"$DLOCK_FENCING_TOKENS\" > tokens; \
          ( eval \"$(\"$DLOCK\" hold -n {lock})\" || exit 9; \"$DLOCK\" release {lock}; \
            echo $? > inner ); \"$DLOCK\" status {lock} > /dev/null; echo $? > kept; \
          touch ready; while [ ! -e go ]; do sleep 0.05; done; \
-         \"$DLOCK\" release {lock}; echo $? > released; \
+         \"$DLOCK\" release {also}; echo $? > released; \
          \"$DLOCK\" status {lock} > /dev/null; echo $? > free; \
+         \"$DLOCK\" status {also} > /dev/null; echo $? > also-free; \
          \"$DLOCK\" release {lock}; echo $? > again"
     );
     let mut shell = env.shell(&script);
     let ready = env.path("ready");
     wait_until("the shell holds the lock", PATIENCE, || ready.exists());
+    // Both names held by the keeper, each with the token the shell got for it.
+    let tokens = read_trimmed(&env.path("tokens"));
+    for name in [&lock, &also] {
+        let status = env.status_json(name);
+        let token = status["holders"][0]["token_str"].as_str().unwrap_or("none");
+        assert!(
+            tokens.lines().any(|line| line == format!("{token} {name}")),
+            "DLOCK_FENCING_TOKENS {tokens:?} has no {token} {name}: {status}"
+        );
+    }
     assert_eq!(
         read_trimmed(&env.path("inner")),
         "0",
@@ -189,9 +203,12 @@ pub fn release_ends_your_own_hold_and_refuses_anothers(server: &dyn LockServer) 
     assert!(shell.wait().success());
     assert_eq!(read_trimmed(&env.path("released")), "0");
     assert_eq!(
-        read_trimmed(&env.path("free")),
-        "1",
-        "not free after the release"
+        (
+            read_trimmed(&env.path("free")),
+            read_trimmed(&env.path("also-free"))
+        ),
+        ("1".into(), "1".into()),
+        "not every name is free after the release"
     );
     assert_eq!(read_trimmed(&env.path("again")), "1");
 }
