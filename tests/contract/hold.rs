@@ -27,7 +27,8 @@ fn read_trimmed(path: &std::path::Path) -> String {
 }
 
 /// The shell that evals `dlock hold` owns the hold: the backend shows the keeper holding it
-/// with the shell's token and "hold for pid SHELL"; a nested run re-enters it; the shell killed
+/// with the shell's token and "hold for pid SHELL"; a nested run re-enters it, a process outside
+/// the shell with a copy of its DLOCK_HELD does not; the shell killed
 /// with SIGKILL frees the lock at once, long before its lease could run out.
 pub fn a_hold_belongs_to_its_shell_and_ends_when_the_shell_is_killed(server: &dyn LockServer) {
     let env = TestEnv::new(server);
@@ -36,7 +37,8 @@ pub fn a_hold_belongs_to_its_shell_and_ends_when_the_shell_is_killed(server: &dy
     let script = format!(
         "eval \"$(\"$DLOCK\" hold --ttl {ttl} {lock})\" || exit 9; \
          \"$DLOCK\" run -n {lock} true; echo $? > nested; \
-         echo \"$DLOCK_FENCING_TOKEN\" > token; echo $$ > ready; exec sleep 1000"
+         echo \"$DLOCK_FENCING_TOKEN\" > token; printf '%s' \"$DLOCK_HELD\" > held; \
+         echo $$ > ready; exec sleep 1000"
     );
     let mut shell = env.shell(&script);
     let ready = env.path("ready");
@@ -58,6 +60,16 @@ pub fn a_hold_belongs_to_its_shell_and_ends_when_the_shell_is_killed(server: &dy
         "0",
         "the nested run did not re-enter"
     );
+    // The shell's DLOCK_HELD copied into a process outside it proves nothing: no re-entry.
+    let held = read_trimmed(&env.path("held"));
+    assert!(
+        held.contains(&lock),
+        "DLOCK_HELD {held:?} names no hold of {lock}"
+    );
+    let mut copied = env.dlock(["run", "-n", &lock, "true"]);
+    copied.env("DLOCK_HELD", held);
+    let out = output_within(copied, PATIENCE);
+    assert_eq!(out.status.code(), Some(75), "{}", describe(&out));
     let killed = Instant::now();
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(shell.pid()),
