@@ -82,6 +82,13 @@ fn main_inner(args: Vec<OsString>) -> u8 {
         }
         cli => cli,
     };
+    // Boxed: the future holds every subcommand's state for every backend, and moving it by
+    // value into the runtime costs a large memcpy on every run.
+    block_on(Box::pin(run(cli)))
+}
+
+/// Run `future` on a current-thread runtime made for it, to dlock's exit status.
+pub(crate) fn block_on(future: impl std::future::Future<Output = anyhow::Result<Outcome>>) -> u8 {
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -92,9 +99,7 @@ fn main_inner(args: Vec<OsString>) -> u8 {
             return Outcome::Failed(Code::Internal).status();
         }
     };
-    // Boxed: the future holds every subcommand's state for every backend, and moving it by
-    // value into the runtime costs a large memcpy on every run.
-    match runtime.block_on(Box::pin(run(cli))) {
+    match runtime.block_on(future) {
         Ok(outcome) => outcome.status(),
         Err(err) => {
             say!("{err:#}");

@@ -133,14 +133,7 @@ pub async fn run<B: Backend>(
     // Done with the backend (its connections closed) before the record is written.
     drop(backend);
     if let Some(sink) = sink {
-        let (exit_status, error) = match &result {
-            Ok(outcome) => (outcome.status(), None),
-            Err(err) => (
-                Outcome::Failed(crate::error::code_of(err)).status(),
-                Some(logging::printable(&format!("{err:#}")).into_owned()),
-            ),
-        };
-        sink.write(&track.record(&settings, exit_status, error));
+        sink.write_outcome(&track, &settings, &result);
     }
     result
 }

@@ -32,9 +32,9 @@ use crate::config::FileConfig;
 use crate::error::Error;
 use crate::exit::{Code, Outcome};
 use crate::lock::Lease;
+use crate::settings;
 use crate::settings::HoldSettings;
 use crate::signals::{self, Signals};
-use crate::{logging, settings};
 
 mod handle;
 mod owner;
@@ -165,23 +165,7 @@ fn keeper_status(keeper: nix::unistd::Pid, from: OwnedFd) -> u8 {
 
 /// The keeper process: its own runtime, then [`keep`].
 fn keeper_main(settings: HoldSettings, owner: Option<Owner>, ready: OwnedFd) -> u8 {
-    let runtime = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-    {
-        Ok(runtime) => runtime,
-        Err(err) => {
-            say!("cannot start: {err}");
-            return Outcome::Failed(Code::Internal).status();
-        }
-    };
-    match runtime.block_on(Box::pin(keep(settings, owner, ready))) {
-        Ok(outcome) => outcome.status(),
-        Err(err) => {
-            say!("{err:#}");
-            Outcome::Failed(crate::error::code_of(&err)).status()
-        }
-    }
+    crate::block_on(Box::pin(keep(settings, owner, ready)))
 }
 
 /// The keeper: acquire, tell the shell, keep the hold until it ends; then the outcome record.
@@ -197,14 +181,7 @@ async fn keep(
     let mut track = record::Track::new();
     let result = acquire_and_keep(settings.clone(), owner, ready, &mut track).await;
     if let Some(sink) = sink {
-        let (exit_status, error) = match &result {
-            Ok(outcome) => (outcome.status(), None),
-            Err(err) => (
-                Outcome::Failed(crate::error::code_of(err)).status(),
-                Some(logging::printable(&format!("{err:#}")).into_owned()),
-            ),
-        };
-        sink.write(&track.record(&settings.run, exit_status, error));
+        sink.write_outcome(&track, &settings.run, &result);
     }
     result
 }

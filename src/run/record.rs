@@ -47,6 +47,23 @@ impl Sink {
         }
     }
 
+    /// Append the record of the run `track` followed, which ended with `result`.
+    pub(super) fn write_outcome(
+        &self,
+        track: &Track,
+        settings: &RunSettings,
+        result: &anyhow::Result<crate::exit::Outcome>,
+    ) {
+        let (exit_status, error) = match result {
+            Ok(outcome) => (outcome.status(), None),
+            Err(err) => (
+                crate::exit::Outcome::Failed(crate::error::code_of(err)).status(),
+                Some(crate::logging::printable(&format!("{err:#}")).into_owned()),
+            ),
+        };
+        self.write(&track.record(settings, exit_status, error));
+    }
+
     /// Append `record` as one line; a failure is a warning.
     pub(super) fn write(&self, record: &Record) {
         let mut line = match serde_json::to_vec(record) {

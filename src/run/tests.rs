@@ -469,17 +469,7 @@ fn a_busy_run_records_who_holds_the_lock() {
     let report = dir.path().join("report.jsonl");
     let (backend, record) = fake(Acquire::Busy);
     record.borrow_mut().holders = vec![holder_status(4242, 9)];
-    let settings = RunSettings {
-        report: Some(crate::settings::ReportTo::File {
-            path: report.clone(),
-            given_as: format!("--report {}", report.display()),
-        }),
-        ..settings(dir.path(), "true", Wait::No)
-    };
-    let status = block_on(run(backend, settings, ""));
-    assert_eq!(status.ok().map(Outcome::status), Some(3));
-    let line = std::fs::read_to_string(&report).expect("the report was written");
-    let json: serde_json::Value = serde_json::from_str(line.trim()).expect("one JSON line");
+    let (line, json) = busy_record(backend, &report, settings(dir.path(), "true", Wait::No));
     assert_eq!(json["outcome"], "busy", "{line}");
     assert_eq!(json["exit_status"], 3, "{line}");
     assert_eq!(json["holder"]["pid"], 4242, "{line}");
@@ -499,17 +489,30 @@ fn a_busy_run_of_several_names_records_who_holds_the_one_it_could_not_have() {
     record.borrow_mut().holders = vec![holder];
     let settings = RunSettings {
         also: vec![LockName::new("other").expect("a valid name")],
+        ..settings(dir.path(), "true", Wait::No)
+    };
+    let (line, json) = busy_record(backend, &report, settings);
+    assert_eq!(json["holder"]["pid"], 4243, "{line}");
+}
+
+/// Run `settings` against a busy `backend` with `--report REPORT`: the record's line, parsed.
+fn busy_record(
+    backend: Fake,
+    report: &std::path::Path,
+    settings: RunSettings,
+) -> (String, serde_json::Value) {
+    let settings = RunSettings {
         report: Some(crate::settings::ReportTo::File {
-            path: report.clone(),
+            path: report.to_owned(),
             given_as: format!("--report {}", report.display()),
         }),
-        ..settings(dir.path(), "true", Wait::No)
+        ..settings
     };
     let status = block_on(run(backend, settings, ""));
     assert_eq!(status.ok().map(Outcome::status), Some(3));
-    let line = std::fs::read_to_string(&report).expect("the report was written");
+    let line = std::fs::read_to_string(report).expect("the report was written");
     let json: serde_json::Value = serde_json::from_str(line.trim()).expect("one JSON line");
-    assert_eq!(json["holder"]["pid"], 4243, "{line}");
+    (line, json)
 }
 
 /// The variables dlock sets to describe the hold to its command (docs/guide.md: "What the
