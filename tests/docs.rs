@@ -650,6 +650,23 @@ fn man_pages_have_the_sections_of_a_man_page() {
             !text.contains(".SH EXTRA"),
             "man/{name}: a section named EXTRA is clap's leftover"
         );
+        // Every page says what its command is: a summary after the name, a description.
+        let named = text.split(".SH NAME\n").nth(1).unwrap_or_default();
+        let summary = named.lines().next().unwrap_or_default();
+        assert!(
+            summary
+                .split_once("\\- ")
+                .is_some_and(|(_, what)| !what.trim().is_empty()),
+            "man/{name}: no summary in its NAME line {summary:?}"
+        );
+        let described = text.split(".SH DESCRIPTION\n").nth(1).unwrap_or_default();
+        assert!(
+            described
+                .split("\n.SH ")
+                .next()
+                .is_some_and(|d| d.chars().any(char::is_alphanumeric)),
+            "man/{name}: an empty DESCRIPTION"
+        );
         if name.ends_with(".1") {
             // The exit statuses are a table (tbl), and man is told to run tbl.
             assert!(
