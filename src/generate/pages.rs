@@ -396,6 +396,8 @@ shell scripts never run the same critical section twice at once. `dlock run NAME
 acquires the lock NAME, runs COMMAND as its child with the lock held, keeps the lock's lease
 alive while it runs, releases the lock when COMMAND exits and exits with COMMAND's status.
 Signals sent to dlock are passed on to the command; if the lock is lost, the command is stopped.
+`eval \"$(dlock hold NAME)\"` holds NAME for the calling shell instead, until it ends or runs
+`dlock release NAME` (dlock-hold(1)).
 
 Without `--url` the lock is a flock(2) lock on a file of this host, as with flock(1): no server
 is needed, and the kernel frees the lock when dlock dies. With `--url` the lock lives on a
