@@ -1,0 +1,550 @@
+//! One connection to NATS and the bucket's stream: connecting (every server of the URL, the
+//! credentials, TLS), finding or creating the bucket and refusing one that cannot give a
+//! lease, and the few KV operations the backend is made of, each bounded in time:
+//! a conditional write with a per-key TTL, a purge that expects a revision, the last entry of
+//! a key, and a watch of a lock's keys.
+//!
+//! The bucket's stream is addressed directly (`$KV.BUCKET.KEY`, the KV conventions) rather
+//! than through the client's KV calls: a renewal must carry the key's TTL, which the
+//! client's `update` does not send.
+
+use std::time::Duration;
+
+use async_nats::header::{self, HeaderMap};
+use async_nats::jetstream::{self, consumer, context, stream};
+use bytes::Bytes;
+use futures_util::StreamExt;
+
+use super::keys::Stored;
+use super::target::NatsTarget;
+use crate::error::Error;
+use crate::kit::timeouts::{CONNECT_TIMEOUT, OP_TIMEOUT};
+use crate::wording::Server;
+
+/// How messages name the server.
+pub(super) const SERVER: Server = Server {
+    listening: "NATS server",
+    name: "NATS",
+    port: super::target::DEFAULT_PORT,
+};
+
+/// How long the marker of a released or expired key stays (the stream's
+/// `subject_delete_marker_ttl` for a bucket dlock creates, and a release's own marker): long
+/// enough for every watcher to see it, short enough that a bucket of many names does not
+/// keep them all.
+const MARKER_TTL: Duration = Duration::from_secs(60);
+
+/// The oldest server with per-key TTLs (`allow_msg_ttl`, `Nats-TTL`).
+const LEAST_VERSION: (u64, u64) = (2, 11);
+
+/// A connection and the bucket's stream.
+#[derive(Clone)]
+pub(super) struct Conn {
+    js: jetstream::Context,
+    stream: stream::Stream,
+    /// `$KV.BUCKET.`: what a key's subject starts with.
+    subjects: String,
+    pub(super) display: String,
+    pub(super) version: String,
+}
+
+/// A conditional write's outcome.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Write {
+    /// Written: the new revision.
+    Done(u64),
+    /// The key's revision was not the one expected (or it is live, for a create).
+    Conflict,
+}
+
+/// The last entry of a key.
+#[derive(Clone, Debug)]
+pub(super) struct Found {
+    pub(super) key: String,
+    pub(super) revision: u64,
+    /// A value, not a delete or purge marker (nor the server's marker of an expiry).
+    pub(super) live: bool,
+    pub(super) value: Option<Stored>,
+}
+
+/// A failed exchange (69), or the server refusing something for good.
+pub(super) fn failed(display: &str, what: &str, err: impl std::fmt::Display) -> Error {
+    Error::Unavailable(format!("{display}: {what} failed: {err}"))
+}
+
+impl Conn {
+    /// Connect within `limit`, and find the bucket; create it (`create`) when it does not
+    /// exist, else answer `None`.
+    pub(super) async fn open(
+        target: &NatsTarget,
+        display: &str,
+        create: bool,
+        limit: Duration,
+    ) -> Result<Option<Conn>, Error> {
+        let connecting = async {
+            let client = connect(target, display).await?;
+            let version = client.server_info().version;
+            check_version(display, &version)?;
+            let mut js = jetstream::new(client);
+            js.set_timeout(OP_TIMEOUT);
+            let Some(stream) = bucket(&js, target, display, create).await? else {
+                return Ok(None);
+            };
+            Ok(Some(Conn {
+                js,
+                stream,
+                subjects: format!("$KV.{}.", target.bucket),
+                display: display.to_owned(),
+                version,
+            }))
+        };
+        match tokio::time::timeout(limit, connecting).await {
+            Ok(outcome) => outcome,
+            Err(_) => Err(crate::wording::no_answer_in(display, limit)),
+        }
+    }
+
+    /// Publish `payload` to `key` with `headers`, within `limit`: the stream's revision, or
+    /// a conflict when the expected revision was not the key's.
+    async fn publish(
+        &self,
+        key: &str,
+        headers: HeaderMap,
+        payload: Bytes,
+        limit: Duration,
+    ) -> Result<Write, Error> {
+        let subject = format!("{}{key}", self.subjects);
+        let exchange = async {
+            let ack = self
+                .js
+                .publish_with_headers(subject, headers, payload)
+                .await?;
+            ack.await
+        };
+        match tokio::time::timeout(limit, exchange).await {
+            Ok(Ok(ack)) => Ok(Write::Done(ack.sequence)),
+            Ok(Err(e)) if e.kind() == context::PublishErrorKind::WrongLastSequence => {
+                Ok(Write::Conflict)
+            }
+            Ok(Err(e)) => Err(failed(&self.display, "a write", e)),
+            Err(_) => Err(crate::wording::no_answer_in(&self.display, limit)),
+        }
+    }
+
+    /// Write `value` to `key` if its revision is `expected` (0: it has none), to expire
+    /// `ttl` after the server stores it.
+    pub(super) async fn write(
+        &self,
+        key: &str,
+        expected: u64,
+        ttl: Duration,
+        value: &Stored,
+        limit: Duration,
+    ) -> Result<Write, Error> {
+        let mut headers = HeaderMap::new();
+        headers.insert(header::NATS_EXPECTED_LAST_SUBJECT_SEQUENCE, expected.to_string().as_str());
+        headers.insert(header::NATS_MESSAGE_TTL, ttl_header(ttl).as_str());
+        self.publish(key, headers, value.to_bytes(), limit).await
+    }
+
+    /// Create `key` if it has no live value: at the revision `hint` (what a watch saw of it),
+    /// else at the revision its last entry has (a marker, or none).
+    pub(super) async fn create(
+        &self,
+        key: &str,
+        hint: u64,
+        ttl: Duration,
+        value: &Stored,
+        limit: Duration,
+    ) -> Result<Write, Error> {
+        if let Write::Done(revision) = self.write(key, hint, ttl, value, limit).await? {
+            return Ok(Write::Done(revision));
+        }
+        let expected = match self.last(key, limit).await? {
+            None => 0,
+            Some(found) if !found.live => found.revision,
+            Some(_) => return Ok(Write::Conflict),
+        };
+        if expected == hint {
+            return Ok(Write::Conflict);
+        }
+        self.write(key, expected, ttl, value, limit).await
+    }
+
+    /// Remove `key` (a purge marker that expires by itself), if its revision is `expected`.
+    pub(super) async fn remove(
+        &self,
+        key: &str,
+        expected: Option<u64>,
+        limit: Duration,
+    ) -> Result<Write, Error> {
+        let mut headers = HeaderMap::new();
+        headers.insert("KV-Operation", "PURGE");
+        headers.insert(header::NATS_ROLLUP, "sub");
+        headers.insert(header::NATS_MESSAGE_TTL, ttl_header(MARKER_TTL).as_str());
+        if let Some(expected) = expected {
+            headers.insert(
+                header::NATS_EXPECTED_LAST_SUBJECT_SEQUENCE,
+                expected.to_string().as_str(),
+            );
+        }
+        self.publish(key, headers, Bytes::new(), limit).await
+    }
+
+    /// The last entry of `key` (`None`: it has none).
+    pub(super) async fn last(&self, key: &str, limit: Duration) -> Result<Option<Found>, Error> {
+        let subject = format!("{}{key}", self.subjects);
+        let got = tokio::time::timeout(limit, self.stream.direct_get_last_for_subject(subject));
+        let message = match got.await {
+            Ok(Ok(message)) => message,
+            Ok(Err(e)) if e.kind() == stream::DirectGetErrorKind::NotFound => return Ok(None),
+            Ok(Err(e)) => return Err(failed(&self.display, "a read", e)),
+            Err(_) => return Err(crate::wording::no_answer_in(&self.display, limit)),
+        };
+        let live = is_live(Some(&message.headers));
+        Ok(Some(Found {
+            key: key.to_owned(),
+            revision: message.sequence,
+            live,
+            value: live.then(|| Stored::parse(&message.payload)).flatten(),
+        }))
+    }
+
+    /// Watch the keys matching `filter`: the last entry of each, then every change.
+    pub(super) async fn watch(&self, filter: &str, limit: Duration) -> Result<Watch, Error> {
+        let config = consumer::push::OrderedConfig {
+            deliver_subject: self.js.client().new_inbox(),
+            filter_subject: format!("{}{filter}", self.subjects),
+            deliver_policy: consumer::DeliverPolicy::LastPerSubject,
+            replay_policy: consumer::ReplayPolicy::Instant,
+            ..Default::default()
+        };
+        let opening = async {
+            let consumer = self
+                .stream
+                .create_consumer(config)
+                .await
+                .map_err(|e| failed(&self.display, "a watch", e))?;
+            let pending = consumer.cached_info().num_pending;
+            let messages = consumer
+                .messages()
+                .await
+                .map_err(|e| failed(&self.display, "a watch", e))?;
+            Ok::<_, Error>((pending, messages))
+        };
+        let (pending, messages) = match tokio::time::timeout(limit, opening).await {
+            Ok(opened) => opened?,
+            Err(_) => return Err(crate::wording::no_answer_in(&self.display, limit)),
+        };
+        Ok(Watch {
+            messages,
+            pending,
+            subjects: self.subjects.clone(),
+            display: self.display.clone(),
+        })
+    }
+
+    /// The last entry of every key matching `filter`, live or not.
+    pub(super) async fn read(&self, filter: &str, limit: Duration) -> Result<Vec<Found>, Error> {
+        let reading = async {
+            let mut watch = self.watch(filter, limit).await?;
+            let mut found = Vec::new();
+            while watch.pending > 0 {
+                found.push(watch.next().await?);
+            }
+            Ok(found)
+        };
+        match tokio::time::timeout(limit, reading).await {
+            Ok(read) => read,
+            Err(_) => Err(crate::wording::no_answer_in(&self.display, limit)),
+        }
+    }
+
+    /// The bucket's stream as the server describes it now: for `check`.
+    pub(super) async fn stream_info(&self) -> Result<stream::Info, Error> {
+        let mut stream = self.stream.clone();
+        match tokio::time::timeout(OP_TIMEOUT, stream.info()).await {
+            Ok(Ok(info)) => Ok(info.clone()),
+            Ok(Err(e)) => Err(failed(&self.display, "reading the bucket", e)),
+            Err(_) => Err(crate::wording::no_answer_in(&self.display, OP_TIMEOUT)),
+        }
+    }
+}
+
+/// The changes of a lock's keys, as a watch delivers them.
+pub(super) struct Watch {
+    messages: consumer::push::Ordered,
+    /// Entries of the first read still to come.
+    pub(super) pending: u64,
+    subjects: String,
+    display: String,
+}
+
+impl Watch {
+    /// The next entry (cancel-safe).
+    pub(super) async fn next(&mut self) -> Result<Found, Error> {
+        loop {
+            let message = match self.messages.next().await {
+                Some(Ok(message)) => message,
+                Some(Err(e)) => return Err(failed(&self.display, "a watch", e)),
+                None => return Err(failed(&self.display, "a watch", "it ended")),
+            };
+            let Ok(info) = message.info() else { continue };
+            let revision = info.stream_sequence;
+            let pending = info.pending;
+            let Some(key) = message.subject.as_str().strip_prefix(&self.subjects) else {
+                continue;
+            };
+            let key = key.to_owned();
+            if self.pending > 0 {
+                self.pending = pending;
+            }
+            let live = is_live(message.headers.as_ref());
+            return Ok(Found {
+                key,
+                revision,
+                live,
+                value: live.then(|| Stored::parse(&message.payload)).flatten(),
+            });
+        }
+    }
+}
+
+/// Whether an entry with `headers` is a value rather than a marker.
+fn is_live(headers: Option<&HeaderMap>) -> bool {
+    let Some(headers) = headers else { return true };
+    if headers.get(header::NATS_MARKER_REASON).is_some() {
+        return false;
+    }
+    !matches!(
+        headers.get("KV-Operation").map(|v| v.as_str()),
+        Some("DEL" | "PURGE")
+    )
+}
+
+/// A TTL as the `Nats-TTL` header takes it: whole seconds, rounded up (a key that lives a
+/// little longer than the holder counts on is safe; one that lives shorter is not).
+fn ttl_header(ttl: Duration) -> String {
+    let secs = ttl.as_secs() + u64::from(ttl.subsec_nanos() > 0);
+    format!("{}s", secs.max(1))
+}
+
+/// Connect to the first server that answers, with the URL's or the environment's
+/// credentials.
+async fn connect(target: &NatsTarget, display: &str) -> Result<async_nats::Client, Error> {
+    crate::kit::tls::install_tls_provider();
+    let mut options = async_nats::ConnectOptions::new()
+        .name("dlock")
+        .connection_timeout(CONNECT_TIMEOUT)
+        .request_timeout(Some(OP_TIMEOUT));
+    if target.tls {
+        options = options.require_tls(true);
+    }
+    if let Some(user) = &target.user {
+        let password = target
+            .password
+            .as_ref()
+            .map(|p| p.expose().to_owned())
+            .unwrap_or_default();
+        options = options.user_and_password(user.clone(), password);
+    }
+    if let Some(creds) = &target.creds {
+        options = options.credentials_file(creds).await.map_err(|e| {
+            Error::Config(format!(
+                "NATS_CREDS {}: {}",
+                creds.display(),
+                crate::kit::error_text::io_words(&e)
+            ))
+        })?;
+    }
+    if let Some(nkey) = &target.nkey {
+        let seed = crate::files::read_small_file(nkey, 4096).map_err(|e| {
+            Error::Config(format!("NATS_NKEY {}: {e}", nkey.display()))
+        })?;
+        options = options.nkey(seed.trim().to_owned());
+    }
+    let scheme = if target.tls { "tls" } else { "nats" };
+    let servers: Vec<async_nats::ServerAddr> = target
+        .servers
+        .iter()
+        .filter_map(|(host, port)| {
+            crate::kit::url::join_host_port(host, *port)
+                .parse::<async_nats::ServerAddr>()
+                .ok()
+                .or_else(|| {
+                    format!("{scheme}://{}", crate::kit::url::join_host_port(host, *port))
+                        .parse()
+                        .ok()
+                })
+        })
+        .collect();
+    match options.connect(servers).await {
+        Ok(client) => Ok(client),
+        Err(e) => Err(connect_error(target, display, &e).await),
+    }
+}
+
+/// What a failed connection means, in dlock's words.
+async fn connect_error(
+    target: &NatsTarget,
+    display: &str,
+    e: &async_nats::ConnectError,
+) -> Error {
+    use async_nats::ConnectErrorKind as Kind;
+    let text = crate::kit::error_text::chain_text(e);
+    match e.kind() {
+        Kind::Authentication | Kind::AuthorizationViolation => Error::Permission(format!(
+            "{display}: the server refused the credentials (authorization violation); give \
+             them in the URL (user:password@), NATS_CREDS or NATS_NKEY"
+        )),
+        Kind::Tls => Error::Config(format!("TLS with {display} failed: {text}")),
+        _ if crate::wording::refused_in(e) || text.contains("Connection refused") => {
+            crate::wording::connection_refused(display, &SERVER)
+        }
+        _ => {
+            if let Some((host, port)) = target.servers.first() {
+                let budget = crate::sniff::AFTER_FAILURE;
+                if let Some(what) =
+                    crate::sniff::other_than(host, *port, budget, &super::kind::KIND).await
+                {
+                    return crate::wording::not_a(
+                        &crate::kit::url::join_host_port(host, *port),
+                        &SERVER,
+                        &format!("it answers like {what}"),
+                    );
+                }
+            }
+            Error::Unavailable(format!("cannot connect to {display}: {text}"))
+        }
+    }
+}
+
+/// Refuse a server without per-key TTLs (78, naming its version).
+fn check_version(display: &str, version: &str) -> Result<(), Error> {
+    let mut parts = version
+        .trim_start_matches('v')
+        .split(['.', '-'])
+        .map(|p| p.parse::<u64>().unwrap_or(0));
+    let found = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
+    if found < LEAST_VERSION {
+        return Err(Error::Config(format!(
+            "{display}: the NATS server is {version}; dlock needs {}.{} or newer (per-key \
+             TTLs: the lease of a lock)",
+            LEAST_VERSION.0, LEAST_VERSION.1
+        )));
+    }
+    Ok(())
+}
+
+/// The bucket's stream: found, or created with the settings a lock needs (`create`), or
+/// `None`. A bucket without per-key TTLs or expiry markers is refused (78, naming the
+/// setting).
+async fn bucket(
+    js: &jetstream::Context,
+    target: &NatsTarget,
+    display: &str,
+    create: bool,
+) -> Result<Option<stream::Stream>, Error> {
+    let name = format!("KV_{}", target.bucket);
+    let stream = match js.get_stream(&name).await {
+        Ok(stream) => stream,
+        Err(e) if is_not_found(&e) => {
+            if !create {
+                return Ok(None);
+            }
+            match js.create_stream(bucket_config(target)).await {
+                Ok(stream) => stream,
+                // Another client created it meanwhile.
+                Err(_) => js
+                    .get_stream(&name)
+                    .await
+                    .map_err(|e| jetstream_error(display, &e))?,
+            }
+        }
+        Err(e) => return Err(jetstream_error(display, &e)),
+    };
+    let config = &stream.cached_info().config;
+    if !config.allow_message_ttl {
+        return Err(Error::Config(format!(
+            "{display}: the bucket '{}' does not allow per-key TTLs, which are the lease of a \
+             lock: recreate it with allow_msg_ttl (nats kv add {} --marker-ttl 1m), or name \
+             another bucket and dlock creates it",
+            target.bucket, target.bucket
+        )));
+    }
+    if config.subject_delete_marker_ttl.is_none() {
+        return Err(Error::Config(format!(
+            "{display}: the bucket '{}' leaves no marker when a key expires \
+             (subject_delete_marker_ttl), so waiters would not see a dead holder's key go: \
+             recreate it with nats kv add {} --marker-ttl 1m, or name another bucket",
+            target.bucket, target.bucket
+        )));
+    }
+    Ok(Some(stream))
+}
+
+/// A bucket as dlock creates it: history 1, per-key TTLs, markers of expired keys, the
+/// URL's replicas, and its first revision the clock in µs (see the module doc, tokens).
+fn bucket_config(target: &NatsTarget) -> stream::Config {
+    let now_us = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(1, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX / 2));
+    stream::Config {
+        name: format!("KV_{}", target.bucket),
+        description: Some("dlock's locks (dlock run --url nats://…)".into()),
+        subjects: vec![format!("$KV.{}.>", target.bucket)],
+        max_messages_per_subject: 1,
+        allow_rollup: true,
+        deny_delete: true,
+        deny_purge: false,
+        allow_direct: true,
+        num_replicas: target.replicas,
+        discard: stream::DiscardPolicy::New,
+        allow_message_ttl: true,
+        subject_delete_marker_ttl: Some(MARKER_TTL),
+        first_sequence: Some(now_us.max(1)),
+        ..Default::default()
+    }
+}
+
+fn is_not_found(e: &context::GetStreamError) -> bool {
+    matches!(e.kind(), context::GetStreamErrorKind::JetStream(js)
+        if js.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND)
+}
+
+/// A JetStream request that failed: JetStream not enabled (78), else 69.
+fn jetstream_error(display: &str, e: &context::GetStreamError) -> Error {
+    let text = crate::kit::error_text::chain_text(e);
+    if text.contains("no responders") {
+        return Error::Config(format!(
+            "{display}: JetStream is not enabled on the server (start nats-server with -js)"
+        ));
+    }
+    if text.contains("ermission") || text.contains("uthorization") {
+        return Error::Permission(format!("{display}: {text}"));
+    }
+    Error::Unavailable(format!("{display}: {text}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ttls_round_up_to_whole_seconds() {
+        assert_eq!(ttl_header(Duration::from_secs(3)), "3s");
+        assert_eq!(ttl_header(Duration::from_millis(2500)), "3s");
+        assert_eq!(ttl_header(Duration::from_millis(10)), "1s");
+    }
+
+    #[test]
+    fn servers_before_2_11_are_refused_naming_their_version() {
+        assert!(check_version("n", "2.11.0").is_ok());
+        assert!(check_version("n", "2.15.1").is_ok());
+        assert!(check_version("n", "3.0.0").is_ok());
+        let Err(Error::Config(said)) = check_version("n", "2.10.22") else {
+            panic!()
+        };
+        assert!(said.contains("2.10.22") && said.contains("2.11"), "{said}");
+    }
+}

