@@ -105,11 +105,16 @@ pub(super) async fn force_release(
     };
     let mut removed = Vec::new();
     for (_, found, value) in view.holders(&backend.keys) {
-        if conn.remove(&found.key, Some(found.revision), OP_TIMEOUT).await? == Write::Conflict {
+        if conn
+            .remove(&found.key, Some(found.revision), OP_TIMEOUT)
+            .await?
+            == Write::Conflict
+        {
             // Renewed or released meanwhile: ours to break only as it is now.
             if let Some(now) = conn.last(&found.key, OP_TIMEOUT).await? {
                 if now.live {
-                    conn.remove(&found.key, Some(now.revision), OP_TIMEOUT).await?;
+                    conn.remove(&found.key, Some(now.revision), OP_TIMEOUT)
+                        .await?;
                 }
             }
         }
@@ -126,14 +131,20 @@ pub(super) async fn check(backend: &NatsBackend) -> Result<CheckReport, Error> {
         return Err(Error::Internal("the bucket was not created".into()));
     };
     let connect_time = BootInstant::now().saturating_since(started);
-    let probe = backend.keys.probe(&uuid::Uuid::new_v4().simple().to_string());
-    let median = median_round_trip(5, async || conn.last(&probe, OP_TIMEOUT).await.map(drop)).await?;
+    let probe = backend
+        .keys
+        .probe(&uuid::Uuid::new_v4().simple().to_string());
+    let median =
+        median_round_trip(5, async || conn.last(&probe, OP_TIMEOUT).await.map(drop)).await?;
     let value = Stored {
         holder: Holder::default(),
         id: String::new(),
         arrival: 0,
     };
-    match conn.create(&probe, 0, WAITER_TTL, &value, OP_TIMEOUT).await? {
+    match conn
+        .create(&probe, 0, WAITER_TTL, &value, OP_TIMEOUT)
+        .await?
+    {
         Write::Done(_) => {}
         Write::Conflict => return Err(Error::Internal("the test key existed already".into())),
     }
@@ -175,4 +186,3 @@ pub(super) async fn check(backend: &NatsBackend) -> Result<CheckReport, Error> {
         details,
     })
 }
-

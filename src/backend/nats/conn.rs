@@ -18,8 +18,12 @@ use futures_util::StreamExt;
 use super::keys::Stored;
 use super::target::NatsTarget;
 use crate::error::Error;
-use crate::kit::timeouts::{CONNECT_TIMEOUT, OP_TIMEOUT};
+use crate::kit::timeouts::OP_TIMEOUT;
 use crate::wording::Server;
+
+mod open;
+
+pub(super) use open::Unreached;
 
 /// How messages name the server.
 pub(super) const SERVER: Server = Server {
@@ -32,10 +36,7 @@ pub(super) const SERVER: Server = Server {
 /// `subject_delete_marker_ttl` for a bucket dlock creates, and a release's own marker): long
 /// enough for every watcher to see it, short enough that a bucket of many names does not
 /// keep them all.
-const MARKER_TTL: Duration = Duration::from_secs(60);
-
-/// The oldest server with per-key TTLs (`allow_msg_ttl`, `Nats-TTL`).
-const LEAST_VERSION: (u64, u64) = (2, 11);
+pub(super) const MARKER_TTL: Duration = Duration::from_secs(60);
 
 /// A connection and the bucket's stream.
 #[derive(Clone)]
@@ -80,14 +81,14 @@ impl Conn {
         display: &str,
         create: bool,
         limit: Duration,
-    ) -> Result<Option<Conn>, Error> {
+    ) -> Result<Option<Conn>, Unreached> {
         let connecting = async {
-            let client = connect(target, display).await?;
+            let client = open::connect(target, display).await?;
             let version = client.server_info().version;
-            check_version(display, &version)?;
+            open::check_version(display, &version)?;
             let mut js = jetstream::new(client);
             js.set_timeout(OP_TIMEOUT);
-            let Some(stream) = bucket(&js, target, display, create).await? else {
+            let Some(stream) = open::bucket(&js, target, display, create).await? else {
                 return Ok(None);
             };
             Ok(Some(Conn {
@@ -100,7 +101,9 @@ impl Conn {
         };
         match tokio::time::timeout(limit, connecting).await {
             Ok(outcome) => outcome,
-            Err(_) => Err(crate::wording::no_answer_in(display, limit)),
+            Err(_) => Err(Unreached::Again(crate::wording::no_answer_in(
+                display, limit,
+            ))),
         }
     }
 
@@ -142,7 +145,10 @@ impl Conn {
         limit: Duration,
     ) -> Result<Write, Error> {
         let mut headers = HeaderMap::new();
-        headers.insert(header::NATS_EXPECTED_LAST_SUBJECT_SEQUENCE, expected.to_string().as_str());
+        headers.insert(
+            header::NATS_EXPECTED_LAST_SUBJECT_SEQUENCE,
+            expected.to_string().as_str(),
+        );
         headers.insert(header::NATS_MESSAGE_TTL, ttl_header(ttl).as_str());
         self.publish(key, headers, value.to_bytes(), limit).await
     }
@@ -329,203 +335,6 @@ fn ttl_header(ttl: Duration) -> String {
     format!("{}s", secs.max(1))
 }
 
-/// Connect to the first server that answers, with the URL's or the environment's
-/// credentials.
-async fn connect(target: &NatsTarget, display: &str) -> Result<async_nats::Client, Error> {
-    crate::kit::tls::install_tls_provider();
-    let mut options = async_nats::ConnectOptions::new()
-        .name("dlock")
-        .connection_timeout(CONNECT_TIMEOUT)
-        .request_timeout(Some(OP_TIMEOUT));
-    if target.tls {
-        options = options.require_tls(true);
-    }
-    if let Some(user) = &target.user {
-        let password = target
-            .password
-            .as_ref()
-            .map(|p| p.expose().to_owned())
-            .unwrap_or_default();
-        options = options.user_and_password(user.clone(), password);
-    }
-    if let Some(creds) = &target.creds {
-        options = options.credentials_file(creds).await.map_err(|e| {
-            Error::Config(format!(
-                "NATS_CREDS {}: {}",
-                creds.display(),
-                crate::kit::error_text::io_words(&e)
-            ))
-        })?;
-    }
-    if let Some(nkey) = &target.nkey {
-        let seed = crate::files::read_small_file(nkey, 4096).map_err(|e| {
-            Error::Config(format!("NATS_NKEY {}: {e}", nkey.display()))
-        })?;
-        options = options.nkey(seed.trim().to_owned());
-    }
-    let scheme = if target.tls { "tls" } else { "nats" };
-    let servers: Vec<async_nats::ServerAddr> = target
-        .servers
-        .iter()
-        .filter_map(|(host, port)| {
-            crate::kit::url::join_host_port(host, *port)
-                .parse::<async_nats::ServerAddr>()
-                .ok()
-                .or_else(|| {
-                    format!("{scheme}://{}", crate::kit::url::join_host_port(host, *port))
-                        .parse()
-                        .ok()
-                })
-        })
-        .collect();
-    match options.connect(servers).await {
-        Ok(client) => Ok(client),
-        Err(e) => Err(connect_error(target, display, &e).await),
-    }
-}
-
-/// What a failed connection means, in dlock's words.
-async fn connect_error(
-    target: &NatsTarget,
-    display: &str,
-    e: &async_nats::ConnectError,
-) -> Error {
-    use async_nats::ConnectErrorKind as Kind;
-    let text = crate::kit::error_text::chain_text(e);
-    match e.kind() {
-        Kind::Authentication | Kind::AuthorizationViolation => Error::Permission(format!(
-            "{display}: the server refused the credentials (authorization violation); give \
-             them in the URL (user:password@), NATS_CREDS or NATS_NKEY"
-        )),
-        Kind::Tls => Error::Config(format!("TLS with {display} failed: {text}")),
-        _ if crate::wording::refused_in(e) || text.contains("Connection refused") => {
-            crate::wording::connection_refused(display, &SERVER)
-        }
-        _ => {
-            if let Some((host, port)) = target.servers.first() {
-                let budget = crate::sniff::AFTER_FAILURE;
-                if let Some(what) =
-                    crate::sniff::other_than(host, *port, budget, &super::kind::KIND).await
-                {
-                    return crate::wording::not_a(
-                        &crate::kit::url::join_host_port(host, *port),
-                        &SERVER,
-                        &format!("it answers like {what}"),
-                    );
-                }
-            }
-            Error::Unavailable(format!("cannot connect to {display}: {text}"))
-        }
-    }
-}
-
-/// Refuse a server without per-key TTLs (78, naming its version).
-fn check_version(display: &str, version: &str) -> Result<(), Error> {
-    let mut parts = version
-        .trim_start_matches('v')
-        .split(['.', '-'])
-        .map(|p| p.parse::<u64>().unwrap_or(0));
-    let found = (parts.next().unwrap_or(0), parts.next().unwrap_or(0));
-    if found < LEAST_VERSION {
-        return Err(Error::Config(format!(
-            "{display}: the NATS server is {version}; dlock needs {}.{} or newer (per-key \
-             TTLs: the lease of a lock)",
-            LEAST_VERSION.0, LEAST_VERSION.1
-        )));
-    }
-    Ok(())
-}
-
-/// The bucket's stream: found, or created with the settings a lock needs (`create`), or
-/// `None`. A bucket without per-key TTLs or expiry markers is refused (78, naming the
-/// setting).
-async fn bucket(
-    js: &jetstream::Context,
-    target: &NatsTarget,
-    display: &str,
-    create: bool,
-) -> Result<Option<stream::Stream>, Error> {
-    let name = format!("KV_{}", target.bucket);
-    let stream = match js.get_stream(&name).await {
-        Ok(stream) => stream,
-        Err(e) if is_not_found(&e) => {
-            if !create {
-                return Ok(None);
-            }
-            match js.create_stream(bucket_config(target)).await {
-                Ok(stream) => stream,
-                // Another client created it meanwhile.
-                Err(_) => js
-                    .get_stream(&name)
-                    .await
-                    .map_err(|e| jetstream_error(display, &e))?,
-            }
-        }
-        Err(e) => return Err(jetstream_error(display, &e)),
-    };
-    let config = &stream.cached_info().config;
-    if !config.allow_message_ttl {
-        return Err(Error::Config(format!(
-            "{display}: the bucket '{}' does not allow per-key TTLs, which are the lease of a \
-             lock: recreate it with allow_msg_ttl (nats kv add {} --marker-ttl 1m), or name \
-             another bucket and dlock creates it",
-            target.bucket, target.bucket
-        )));
-    }
-    if config.subject_delete_marker_ttl.is_none() {
-        return Err(Error::Config(format!(
-            "{display}: the bucket '{}' leaves no marker when a key expires \
-             (subject_delete_marker_ttl), so waiters would not see a dead holder's key go: \
-             recreate it with nats kv add {} --marker-ttl 1m, or name another bucket",
-            target.bucket, target.bucket
-        )));
-    }
-    Ok(Some(stream))
-}
-
-/// A bucket as dlock creates it: history 1, per-key TTLs, markers of expired keys, the
-/// URL's replicas, and its first revision the clock in µs (see the module doc, tokens).
-fn bucket_config(target: &NatsTarget) -> stream::Config {
-    let now_us = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(1, |d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX / 2));
-    stream::Config {
-        name: format!("KV_{}", target.bucket),
-        description: Some("dlock's locks (dlock run --url nats://…)".into()),
-        subjects: vec![format!("$KV.{}.>", target.bucket)],
-        max_messages_per_subject: 1,
-        allow_rollup: true,
-        deny_delete: true,
-        deny_purge: false,
-        allow_direct: true,
-        num_replicas: target.replicas,
-        discard: stream::DiscardPolicy::New,
-        allow_message_ttl: true,
-        subject_delete_marker_ttl: Some(MARKER_TTL),
-        first_sequence: Some(now_us.max(1)),
-        ..Default::default()
-    }
-}
-
-fn is_not_found(e: &context::GetStreamError) -> bool {
-    matches!(e.kind(), context::GetStreamErrorKind::JetStream(js)
-        if js.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND)
-}
-
-/// A JetStream request that failed: JetStream not enabled (78), else 69.
-fn jetstream_error(display: &str, e: &context::GetStreamError) -> Error {
-    let text = crate::kit::error_text::chain_text(e);
-    if text.contains("no responders") {
-        return Error::Config(format!(
-            "{display}: JetStream is not enabled on the server (start nats-server with -js)"
-        ));
-    }
-    if text.contains("ermission") || text.contains("uthorization") {
-        return Error::Permission(format!("{display}: {text}"));
-    }
-    Error::Unavailable(format!("{display}: {text}"))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -535,16 +344,5 @@ mod tests {
         assert_eq!(ttl_header(Duration::from_secs(3)), "3s");
         assert_eq!(ttl_header(Duration::from_millis(2500)), "3s");
         assert_eq!(ttl_header(Duration::from_millis(10)), "1s");
-    }
-
-    #[test]
-    fn servers_before_2_11_are_refused_naming_their_version() {
-        assert!(check_version("n", "2.11.0").is_ok());
-        assert!(check_version("n", "2.15.1").is_ok());
-        assert!(check_version("n", "3.0.0").is_ok());
-        let Err(Error::Config(said)) = check_version("n", "2.10.22") else {
-            panic!()
-        };
-        assert!(said.contains("2.10.22") && said.contains("2.11"), "{said}");
     }
 }

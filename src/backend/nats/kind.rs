@@ -52,7 +52,10 @@ pub const KIND: Kind = Kind {
         one_url: "nats://n1,n2,n3",
         environment: &[
             ("NATS_CREDS", "a NATS .creds file to connect with (nats://)"),
-            ("NATS_NKEY", "a NATS NKey seed file to connect with (nats://)"),
+            (
+                "NATS_NKEY",
+                "a NATS NKey seed file to connect with (nats://)",
+            ),
         ],
         ..Words::NONE
     },

@@ -80,7 +80,11 @@ impl Held {
     /// Purge the key at our revision; `Ok(false)` when it was no longer ours.
     async fn remove(&mut self, limit: Duration) -> Result<bool, Error> {
         for _ in 0..2 {
-            match self.conn.remove(&self.key, Some(self.revision), limit).await? {
+            match self
+                .conn
+                .remove(&self.key, Some(self.revision), limit)
+                .await?
+            {
                 Write::Done(_) => return Ok(true),
                 Write::Conflict => {
                     if !self.adopt(limit).await? {
@@ -193,7 +197,7 @@ impl Lease for NatsLease {
         let bound = if given_up { GIVEN_UP } else { OP_TIMEOUT };
         let mut held = self.held.lock().await;
         let removed = tokio::time::timeout(bound, held.remove(bound)).await;
-        tracing::debug!(target: crate::logging::HANDOFF, "released");
+        tracing::debug!(target: crate::logging::HANDOFF, "purged");
         match removed {
             Ok(Ok(true)) => Ok(()),
             Ok(Ok(false)) => {

@@ -51,7 +51,7 @@ use crate::kit::backoff::Backoff;
 use crate::kit::timeouts::{CONNECT_TIMEOUT, OP_TIMEOUT};
 use crate::lock::{AcquireRequest, Backend, Cancel, CheckReport, Holder, LockName, LockStatus};
 
-use conn::Conn;
+use conn::{Conn, Unreached};
 use keys::Keys;
 
 pub use lease::NatsLease;
@@ -77,7 +77,7 @@ impl NatsBackend {
 
     /// The connection, made within `limit`; `None` when the bucket does not exist and is
     /// not to be created.
-    async fn conn_within(&self, create: bool, limit: Duration) -> Result<Option<Conn>, Error> {
+    async fn conn_within(&self, create: bool, limit: Duration) -> Result<Option<Conn>, Unreached> {
         let mut cached = self.conn.lock().await;
         if let Some(conn) = cached.as_ref() {
             return Ok(Some(conn.clone()));
@@ -88,31 +88,35 @@ impl NatsBackend {
     }
 
     async fn conn(&self, create: bool) -> Result<Option<Conn>, Error> {
-        self.conn_within(create, CONNECT_TIMEOUT + OP_TIMEOUT).await
+        self.conn_within(create, CONNECT_TIMEOUT + OP_TIMEOUT)
+            .await
+            .map_err(Unreached::into_error)
     }
 
     /// The connection of an acquisition: a server that cannot be reached is tried again
     /// until the server's time to answer (`--wait`, at least `MIN_ANSWER`) is over.
     async fn conn_for(&self, request: &AcquireRequest) -> Result<Conn, Error> {
-        let budget = request.budget.answering_within(CONNECT_TIMEOUT + OP_TIMEOUT);
+        let budget = request
+            .budget
+            .answering_within(CONNECT_TIMEOUT + OP_TIMEOUT);
         let mut pauses = Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
         loop {
             let limit = budget.call_limit(CONNECT_TIMEOUT + OP_TIMEOUT);
             match self.conn_within(true, limit).await {
                 Ok(Some(conn)) => return Ok(conn),
                 Ok(None) => return Err(Error::Internal("the bucket was not created".into())),
-                Err(Error::Unavailable(why)) if !budget.answer_is_over() => {
-                    tracing::debug!("connecting failed, trying again: {why}");
+                Err(Unreached::Again(e)) if !budget.answer_is_over() => {
+                    tracing::debug!("connecting failed, trying again: {e}");
                     let pause = budget
                         .answer_by()
                         .map_or(Duration::ZERO, |by| by.remaining())
                         .min(pauses.next_delay());
                     if pause.is_zero() {
-                        return Err(Error::Unavailable(why));
+                        return Err(e);
                     }
                     tokio::time::sleep(pause).await;
                 }
-                Err(e) => return Err(e),
+                Err(unreached) => return Err(unreached.into_error()),
             }
         }
     }

@@ -144,7 +144,11 @@ impl Acquisition<'_> {
         value.holder.granted_now();
         let sent = BootInstant::now();
         let ttl = self.request.ttl;
-        match self.conn.create(&key, hint, ttl, &value, self.call()).await? {
+        match self
+            .conn
+            .create(&key, hint, ttl, &value, self.call())
+            .await?
+        {
             Write::Conflict => Ok(None),
             Write::Done(revision) => {
                 tracing::debug!(target: crate::logging::HANDOFF, "granted");
@@ -236,7 +240,11 @@ impl Acquisition<'_> {
 
     /// The holders agree on `--limit`; a slot is ours to try when fewer waiters are ahead
     /// (`arrival`: ours; `None`: not in line, so every waiter is ahead) than slots are free.
-    async fn try_free(&self, view: &View, arrival: Option<u64>) -> Result<Option<NatsLease>, Error> {
+    async fn try_free(
+        &self,
+        view: &View,
+        arrival: Option<u64>,
+    ) -> Result<Option<NatsLease>, Error> {
         for (_, _, value) in view.holders(self.keys) {
             crate::kit::limit::agrees(self.name(), self.request.limit, value.holder.limit)?;
         }
@@ -247,7 +255,9 @@ impl Acquisition<'_> {
         let ahead = view
             .waiters(self.keys)
             .iter()
-            .filter(|(their, value)| value.id != self.id && arrival.is_none_or(|ours| *their < ours))
+            .filter(|(their, value)| {
+                value.id != self.id && arrival.is_none_or(|ours| *their < ours)
+            })
             .count();
         let Some(&slot) = free.get(ahead) else {
             return Ok(None);
@@ -265,7 +275,9 @@ impl Acquisition<'_> {
         let ahead = view
             .waiters(self.keys)
             .iter()
-            .filter(|(their, value)| value.id != self.id && arrival.is_none_or(|ours| *their < ours))
+            .filter(|(their, value)| {
+                value.id != self.id && arrival.is_none_or(|ours| *their < ours)
+            })
             .count();
         let state = crate::wording::busy_state(&holders, ahead);
         crate::wording::not_acquired(self.name(), &state, self.request.budget.wait())
@@ -277,7 +289,11 @@ impl Acquisition<'_> {
         let mut retries = Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
         let mut view = View::default();
         loop {
-            let mut watch = match self.conn.watch(&self.keys.of_lock(self.name()), self.call()).await {
+            let mut watch = match self
+                .conn
+                .watch(&self.keys.of_lock(self.name()), self.call())
+                .await
+            {
                 Ok(watch) => watch,
                 Err(e) => {
                     self.pause_after(e, &view, arrival, &mut retries).await?;
@@ -288,7 +304,10 @@ impl Acquisition<'_> {
             match self.follow(&mut watch, &mut view).await {
                 Ok(Some(lease)) => return Ok(lease),
                 Ok(None) => {}
-                Err(e) => self.pause_after(e, &view, arrival, &mut retries).await?,
+                Err(e @ Error::Unavailable(_)) => {
+                    self.pause_after(e, &view, arrival, &mut retries).await?
+                }
+                Err(e) => return Err(e),
             }
             if budget.is_over() {
                 return Err(self.busy(&view, Some(arrival)));
@@ -322,11 +341,7 @@ impl Acquisition<'_> {
 
     /// Follow one watch: decide at every change once our key was seen; `None` when the
     /// watch was quiet for [`RE_READ`] or `--wait` ended.
-    async fn follow(
-        &self,
-        watch: &mut Watch,
-        view: &mut View,
-    ) -> Result<Option<NatsLease>, Error> {
+    async fn follow(&self, watch: &mut Watch, view: &mut View) -> Result<Option<NatsLease>, Error> {
         let budget = &self.request.budget;
         let own = self.keys.waiter(self.name(), &self.id);
         loop {
@@ -348,7 +363,13 @@ impl Acquisition<'_> {
             let quiet = BootInstant::now() + RE_READ;
             let end = budget.deadline().map_or(quiet, |d| d.min(quiet));
             tokio::select! {
-                found = watch.next() => view.add(found?),
+                found = watch.next() => {
+                    let found = found?;
+                    if watch.pending == 0 && ours.is_some() && !found.live {
+                        tracing::debug!(target: crate::logging::HANDOFF, "woken");
+                    }
+                    view.add(found);
+                }
                 () = sleep_until(end) => return Ok(None),
             }
         }
@@ -361,7 +382,10 @@ impl Acquisition<'_> {
 async fn keep_waiting(conn: Conn, key: String, mut value: Stored, mut revision: u64) {
     loop {
         tokio::time::sleep(WAITER_RENEW).await;
-        match conn.write(&key, revision, WAITER_TTL, &value, OP_TIMEOUT).await {
+        match conn
+            .write(&key, revision, WAITER_TTL, &value, OP_TIMEOUT)
+            .await
+        {
             Ok(Write::Done(next)) => revision = next,
             Ok(Write::Conflict) => {
                 value.arrival = 0;

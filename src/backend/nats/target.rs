@@ -105,9 +105,11 @@ pub fn parse(scheme: &str, rest: &str) -> Result<NatsTarget, String> {
         }
         // Not shown: a password with an unencoded `/` ends up here.
         _ => {
-            return Err("a NATS bucket name is letters, digits, '_' and '-' (a '/' in a \
+            return Err(
+                "a NATS bucket name is letters, digits, '_' and '-' (a '/' in a \
                         password must be written %2F)"
-                .into())
+                    .into(),
+            )
         }
     };
     let (user, password, hosts) = split_userinfo(authority)?;

@@ -19,6 +19,41 @@ pub fn nats_greeting(port: u16) -> Option<String> {
     text.starts_with("INFO ").then_some(text)
 }
 
+/// One request to the server's JetStream API over the NATS text protocol (`subject`, a JSON
+/// `body`): the reply's payload. Bounded: a reply that does not come within 5 s is `None`.
+pub fn js_api(port: u16, subject: &str, body: &str) -> Option<String> {
+    use std::io::Write;
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_millis(200))).ok()?;
+    let request = format!(
+        "CONNECT {{\"verbose\":false,\"pedantic\":false,\"headers\":true}}\r\n\
+         SUB _INBOX.test 1\r\nPUB {subject} _INBOX.test {}\r\n{body}\r\n",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).ok()?;
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let mut got = Vec::new();
+    let mut buf = [0u8; 16 * 1024];
+    while std::time::Instant::now() < deadline {
+        if let Ok(n) = stream.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            got.extend_from_slice(&buf[..n]);
+        }
+        let text = String::from_utf8_lossy(&got);
+        if let Some(at) = text.find("MSG _INBOX.test") {
+            let after = &text[at..];
+            let (head, rest) = after.split_once("\r\n")?;
+            let size: usize = head.rsplit(' ').next()?.parse().ok()?;
+            if rest.len() >= size {
+                return Some(rest[..size].to_owned());
+            }
+        }
+    }
+    None
+}
+
 /// A private `nats-server -js` on a free loopback port; killed on drop.
 pub struct NatsServer {
     pub port: u16,
@@ -70,16 +105,25 @@ impl NatsServer {
         wait_until("nats-server greets", PATIENCE, || nats_greeting(port).is_some());
     }
 
-    /// The server's pid (to stop it with SIGSTOP).
-    pub fn pid(&self) -> Option<i32> {
-        self.child.as_ref().map(|c| c.id() as i32)
-    }
-
     pub fn stop(&mut self) {
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
         }
+    }
+
+    /// The bucket's stream as `STREAM.INFO` describes it.
+    pub fn stream_info(&self, bucket: &str) -> serde_json::Value {
+        let reply = js_api(self.port, &format!("$JS.API.STREAM.INFO.KV_{bucket}"), "")
+            .expect("a reply to STREAM.INFO");
+        serde_json::from_str(&reply).expect("JSON")
+    }
+
+    /// Create a bucket's stream as `config` (JSON) says, as another tool would.
+    pub fn create_stream(&self, bucket: &str, config: &str) {
+        let reply = js_api(self.port, &format!("$JS.API.STREAM.CREATE.KV_{bucket}"), config)
+            .expect("a reply to STREAM.CREATE");
+        assert!(!reply.contains("\"error\""), "{reply}");
     }
 
     /// Kill the server (SIGKILL) and start it again on its port and store.
