@@ -66,11 +66,11 @@ _dlock() {
             fi
             case "${prev}" in
                 --url)
-                    COMPREPLY=($(compgen -W "file:// redis:// rediss:// redis+unix:// redis-sentinel:// rediss-sentinel:// etcd:// etcds:// zk:// postgres:// postgresql:// mysql:// mariadb:// memcached:// memcached+unix:// az:// s3://" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "file:// redis:// rediss:// redis+unix:// redis-sentinel:// rediss-sentinel:// etcd:// etcds:// zk:// postgres:// postgresql:// mysql:// mariadb:// memcached:// memcached+unix:// az:// s3:// nats:// tls:// nats+tls://" -- "${cur}"))
                     return 0
                     ;;
                 -u)
-                    COMPREPLY=($(compgen -W "file:// redis:// rediss:// redis+unix:// redis-sentinel:// rediss-sentinel:// etcd:// etcds:// zk:// postgres:// postgresql:// mysql:// mariadb:// memcached:// memcached+unix:// az:// s3://" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "file:// redis:// rediss:// redis+unix:// redis-sentinel:// rediss-sentinel:// etcd:// etcds:// zk:// postgres:// postgresql:// mysql:// mariadb:// memcached:// memcached+unix:// az:// s3:// nats:// tls:// nats+tls://" -- "${cur}"))
                     return 0
                     ;;
                 --prefix)
@@ -104,11 +104,11 @@ _dlock() {
             fi
             case "${prev}" in
                 --url)
-                    COMPREPLY=($(compgen -W "file:// redis:// rediss:// redis+unix:// redis-sentinel:// rediss-sentinel:// etcd:// etcds:// zk:// postgres:// postgresql:// mysql:// mariadb:// memcached:// memcached+unix:// az:// s3://" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "file:// redis:// rediss:// redis+unix:// redis-sentinel:// rediss-sentinel:// etcd:// etcds:// zk:// postgres:// postgresql:// mysql:// mariadb:// memcached:// memcached+unix:// az:// s3:// nats:// tls:// nats+tls://" -- "${cur}"))
                     return 0
                     ;;
                 -u)
-                    COMPREPLY=($(compgen -W "file:// redis:// rediss:// redis+unix:// redis-sentinel:// rediss-sentinel:// etcd:// etcds:// zk:// postgres:// postgresql:// mysql:// mariadb:// memcached:// memcached+unix:// az:// s3://" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "file:// redis:// rediss:// redis+unix:// redis-sentinel:// rediss-sentinel:// etcd:// etcds:// zk:// postgres:// postgresql:// mysql:// mariadb:// memcached:// memcached+unix:// az:// s3:// nats:// tls:// nats+tls://" -- "${cur}"))
                     return 0
                     ;;
                 --prefix)
@@ -202,11 +202,11 @@ _dlock() {
             fi
             case "${prev}" in
                 --url)
-                    COMPREPLY=($(compgen -W "file:// redis:// rediss:// redis+unix:// redis-sentinel:// rediss-sentinel:// etcd:// etcds:// zk:// postgres:// postgresql:// mysql:// mariadb:// memcached:// memcached+unix:// az:// s3://" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "file:// redis:// rediss:// redis+unix:// redis-sentinel:// rediss-sentinel:// etcd:// etcds:// zk:// postgres:// postgresql:// mysql:// mariadb:// memcached:// memcached+unix:// az:// s3:// nats:// tls:// nats+tls://" -- "${cur}"))
                     return 0
                     ;;
                 -u)
-                    COMPREPLY=($(compgen -W "file:// redis:// rediss:// redis+unix:// redis-sentinel:// rediss-sentinel:// etcd:// etcds:// zk:// postgres:// postgresql:// mysql:// mariadb:// memcached:// memcached+unix:// az:// s3://" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "file:// redis:// rediss:// redis+unix:// redis-sentinel:// rediss-sentinel:// etcd:// etcds:// zk:// postgres:// postgresql:// mysql:// mariadb:// memcached:// memcached+unix:// az:// s3:// nats:// tls:// nats+tls://" -- "${cur}"))
                     return 0
                     ;;
                 --prefix)
@@ -232,11 +232,11 @@ _dlock() {
             fi
             case "${prev}" in
                 --url)
-                    COMPREPLY=($(compgen -W "file:// redis:// rediss:// redis+unix:// redis-sentinel:// rediss-sentinel:// etcd:// etcds:// zk:// postgres:// postgresql:// mysql:// mariadb:// memcached:// memcached+unix:// az:// s3://" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "file:// redis:// rediss:// redis+unix:// redis-sentinel:// rediss-sentinel:// etcd:// etcds:// zk:// postgres:// postgresql:// mysql:// mariadb:// memcached:// memcached+unix:// az:// s3:// nats:// tls:// nats+tls://" -- "${cur}"))
                     return 0
                     ;;
                 -u)
-                    COMPREPLY=($(compgen -W "file:// redis:// rediss:// redis+unix:// redis-sentinel:// rediss-sentinel:// etcd:// etcds:// zk:// postgres:// postgresql:// mysql:// mariadb:// memcached:// memcached+unix:// az:// s3://" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "file:// redis:// rediss:// redis+unix:// redis-sentinel:// rediss-sentinel:// etcd:// etcds:// zk:// postgres:// postgresql:// mysql:// mariadb:// memcached:// memcached+unix:// az:// s3:// nats:// tls:// nats+tls://" -- "${cur}"))
                     return 0
                     ;;
                 --prefix)
@@ -267,11 +267,11 @@ _dlock() {
             fi
             case "${prev}" in
                 --url)
-                    COMPREPLY=($(compgen -W "file:// redis:// rediss:// redis+unix:// redis-sentinel:// rediss-sentinel:// etcd:// etcds:// zk:// postgres:// postgresql:// mysql:// mariadb:// memcached:// memcached+unix:// az:// s3://" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "file:// redis:// rediss:// redis+unix:// redis-sentinel:// rediss-sentinel:// etcd:// etcds:// zk:// postgres:// postgresql:// mysql:// mariadb:// memcached:// memcached+unix:// az:// s3:// nats:// tls:// nats+tls://" -- "${cur}"))
                     return 0
                     ;;
                 -u)
-                    COMPREPLY=($(compgen -W "file:// redis:// rediss:// redis+unix:// redis-sentinel:// rediss-sentinel:// etcd:// etcds:// zk:// postgres:// postgresql:// mysql:// mariadb:// memcached:// memcached+unix:// az:// s3://" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "file:// redis:// rediss:// redis+unix:// redis-sentinel:// rediss-sentinel:// etcd:// etcds:// zk:// postgres:// postgresql:// mysql:// mariadb:// memcached:// memcached+unix:// az:// s3:// nats:// tls:// nats+tls://" -- "${cur}"))
                     return 0
                     ;;
                 --prefix)
@@ -361,11 +361,11 @@ _dlock() {
             fi
             case "${prev}" in
                 --url)
-                    COMPREPLY=($(compgen -W "file:// redis:// rediss:// redis+unix:// redis-sentinel:// rediss-sentinel:// etcd:// etcds:// zk:// postgres:// postgresql:// mysql:// mariadb:// memcached:// memcached+unix:// az:// s3://" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "file:// redis:// rediss:// redis+unix:// redis-sentinel:// rediss-sentinel:// etcd:// etcds:// zk:// postgres:// postgresql:// mysql:// mariadb:// memcached:// memcached+unix:// az:// s3:// nats:// tls:// nats+tls://" -- "${cur}"))
                     return 0
                     ;;
                 -u)
-                    COMPREPLY=($(compgen -W "file:// redis:// rediss:// redis+unix:// redis-sentinel:// rediss-sentinel:// etcd:// etcds:// zk:// postgres:// postgresql:// mysql:// mariadb:// memcached:// memcached+unix:// az:// s3://" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "file:// redis:// rediss:// redis+unix:// redis-sentinel:// rediss-sentinel:// etcd:// etcds:// zk:// postgres:// postgresql:// mysql:// mariadb:// memcached:// memcached+unix:// az:// s3:// nats:// tls:// nats+tls://" -- "${cur}"))
                     return 0
                     ;;
                 --prefix)
