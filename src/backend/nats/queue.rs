@@ -35,6 +35,9 @@ pub(super) const WAITER_TTL: Duration = Duration::from_secs(2);
 const WAITER_RENEW: Duration = Duration::from_millis(500);
 /// The longest a waiter trusts its watch without news before it reads the keys again.
 const RE_READ: Duration = Duration::from_secs(5);
+/// How long a waiter that did not get the lock tries to remove its key (else it expires
+/// within [`WAITER_TTL`]).
+const GIVE_BACK: Duration = Duration::from_secs(1);
 /// What an exchange at the very end of `--wait` may add to it.
 pub(super) const WAIT_GRACE: Duration = Duration::from_millis(300);
 
@@ -211,7 +214,7 @@ impl Acquisition<'_> {
         // removal that fails leaves it to its TTL.
         let conn = self.conn.clone();
         let leave = async move {
-            let _ = conn.remove(&waiter_key, None, OP_TIMEOUT).await;
+            let _ = conn.remove(&waiter_key, None, GIVE_BACK).await;
         };
         match outcome {
             Ok(lease) => {
@@ -219,7 +222,7 @@ impl Acquisition<'_> {
                 Ok(lease)
             }
             Err(e) => {
-                let _ = tokio::time::timeout(OP_TIMEOUT, leave).await;
+                leave.await;
                 Err(e)
             }
         }
@@ -387,15 +390,20 @@ async fn keep_waiting(conn: Conn, key: String, mut value: Stored, mut revision: 
             .await
         {
             Ok(Write::Done(next)) => revision = next,
-            Ok(Write::Conflict) => {
-                value.arrival = 0;
-                if let Ok(Write::Done(next)) =
-                    conn.create(&key, 0, WAITER_TTL, &value, OP_TIMEOUT).await
-                {
-                    value.arrival = next;
-                    revision = next;
+            Ok(Write::Conflict) => match conn.last(&key, OP_TIMEOUT).await {
+                // A rewrite of ours whose answer was lost took effect.
+                Ok(Some(found)) if found.live => revision = found.revision,
+                Ok(_) => {
+                    value.arrival = 0;
+                    if let Ok(Write::Done(next)) =
+                        conn.create(&key, 0, WAITER_TTL, &value, OP_TIMEOUT).await
+                    {
+                        value.arrival = next;
+                        revision = next;
+                    }
                 }
-            }
+                Err(e) => tracing::debug!("a waiter's key could not be read: {e}"),
+            },
             Err(e) => tracing::debug!("a waiter's rewrite failed: {e}"),
         }
     }
