@@ -14,6 +14,10 @@ use crate::kit::round_trip::median_round_trip;
 use crate::kit::timeouts::OP_TIMEOUT;
 use crate::lock::{CheckReport, Holder, HolderStatus, LockName, LockStatus};
 
+/// How long `status`, `list` and `release --force` try to read the keys: two exchanges'
+/// time, so that a cluster electing new leaders after losing a server still answers.
+const READ_LIMIT: Duration = Duration::from_secs(10);
+
 /// Each lock's keys, from the entries of one read.
 fn views(keys: &Keys, found: Vec<super::conn::Found>) -> BTreeMap<String, (LockName, View)> {
     let mut views: BTreeMap<String, (LockName, View)> = BTreeMap::new();
@@ -69,7 +73,9 @@ pub(super) async fn status(backend: &NatsBackend, name: &LockName) -> Result<Loc
     let Some(conn) = backend.conn(false).await? else {
         return Ok(free(name));
     };
-    let found = conn.read(&backend.keys.of_lock(name), OP_TIMEOUT).await?;
+    let found = conn
+        .read_within(&backend.keys.of_lock(name), READ_LIMIT)
+        .await?;
     let mut views = views(&backend.keys, found);
     Ok(match views.remove(name.as_str()) {
         Some((_, view)) => status_of(&backend.keys, name, &view),
@@ -81,7 +87,7 @@ pub(super) async fn list(backend: &NatsBackend) -> Result<Vec<LockStatus>, Error
     let Some(conn) = backend.conn(false).await? else {
         return Ok(Vec::new());
     };
-    let found = conn.read(&backend.keys.all(), OP_TIMEOUT).await?;
+    let found = conn.read_within(&backend.keys.all(), READ_LIMIT).await?;
     Ok(views(&backend.keys, found)
         .into_values()
         .map(|(name, view)| status_of(&backend.keys, &name, &view))
@@ -98,7 +104,9 @@ pub(super) async fn force_release(
     let Some(conn) = backend.conn(false).await? else {
         return Ok(Vec::new());
     };
-    let found = conn.read(&backend.keys.of_lock(name), OP_TIMEOUT).await?;
+    let found = conn
+        .read_within(&backend.keys.of_lock(name), READ_LIMIT)
+        .await?;
     let mut views = views(&backend.keys, found);
     let Some((_, view)) = views.remove(name.as_str()) else {
         return Ok(Vec::new());

@@ -250,6 +250,28 @@ impl Conn {
         })
     }
 
+    /// [`Conn::read`], tried again after a failure until `limit` is over: a cluster that just
+    /// lost a server answers again once its groups have elected new leaders.
+    pub(super) async fn read_within(
+        &self,
+        filter: &str,
+        limit: Duration,
+    ) -> Result<Vec<Found>, Error> {
+        let end = crate::clock::BootInstant::now() + limit;
+        let mut pauses =
+            crate::kit::backoff::Backoff::new(Duration::from_millis(100), Duration::from_secs(1));
+        loop {
+            let left = end.remaining();
+            match self.read(filter, left.min(OP_TIMEOUT)).await {
+                Err(Error::Unavailable(why)) if end.remaining() > Duration::ZERO => {
+                    tracing::debug!("reading the keys failed, reading again: {why}");
+                    tokio::time::sleep(pauses.next_delay().min(end.remaining())).await;
+                }
+                read => return read,
+            }
+        }
+    }
+
     /// The last entry of every key matching `filter`, live or not.
     pub(super) async fn read(&self, filter: &str, limit: Duration) -> Result<Vec<Found>, Error> {
         let reading = async {

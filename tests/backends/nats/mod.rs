@@ -6,6 +6,7 @@
 //! Its test server is `server`, which every test reaches through `crate::support`.
 
 mod buckets;
+mod cluster;
 pub(super) mod server;
 mod tokens;
 

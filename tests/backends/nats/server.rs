@@ -167,6 +167,72 @@ impl LockServer for NatsServer {
     }
 }
 
+/// A private three-node JetStream cluster (routes on free loopback ports), its buckets of
+/// three replicas (`?replicas=3` in its URL); each node killed by pid on drop.
+pub struct NatsCluster {
+    pub nodes: Vec<NatsServer>,
+}
+
+impl NatsCluster {
+    pub fn start() -> NatsCluster {
+        let routes: Vec<u16> = (0..3).map(|_| free_port()).collect();
+        let all = routes
+            .iter()
+            .map(|p| format!("nats://127.0.0.1:{p}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        let nodes: Vec<NatsServer> = routes
+            .iter()
+            .enumerate()
+            .map(|(i, route)| {
+                let name = format!("n{}", i + 1);
+                let listen = format!("nats://127.0.0.1:{route}");
+                NatsServer::start_with(&[
+                    "--server_name",
+                    &name,
+                    "--cluster_name",
+                    "dlock-tests",
+                    "--cluster",
+                    &listen,
+                    "--routes",
+                    &all,
+                ])
+            })
+            .collect();
+        let cluster = NatsCluster { nodes };
+        for node in &cluster.nodes {
+            let port = node.port;
+            wait_until("JetStream is ready on every node", PATIENCE, || {
+                js_api(port, "$JS.API.INFO", "").is_some_and(|r| !r.contains("\"error\""))
+            });
+        }
+        cluster
+    }
+}
+
+impl LockServer for NatsCluster {
+    fn url(&self) -> String {
+        let servers: Vec<String> = self
+            .nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect();
+        format!("nats://{}?replicas=3", servers.join(","))
+    }
+
+    fn scheme(&self) -> &'static str {
+        "nats"
+    }
+
+    fn env(&self) -> Vec<(&'static str, String)> {
+        vec![("NATS_CREDS", String::new()), ("NATS_NKEY", String::new())]
+    }
+
+    fn ttl(&self) -> Option<&'static str> {
+        Some("6s")
+    }
+}
+
 impl LeaseServer for NatsServer {
     fn port(&self) -> u16 {
         self.port
