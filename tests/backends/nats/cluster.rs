@@ -20,7 +20,7 @@ fn a_holder_whose_server_is_killed_keeps_its_hold_on_the_other_two() {
         .expect("a token");
     assert!(granted > first, "{granted} after {first}");
     cluster.nodes[0].stop();
-    // Renewals (every 2 s at --ttl 6s) through another node: the stream's last revision
+    // Renewals (every 5 s at --ttl 15s) through another node: the stream's last revision
     // moves on twice, as the other two nodes see it.
     let second = cluster.nodes[1].port;
     let last_seq = || {

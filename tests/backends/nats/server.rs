@@ -228,8 +228,10 @@ impl LockServer for NatsCluster {
         vec![("NATS_CREDS", String::new()), ("NATS_NKEY", String::new())]
     }
 
+    /// Long enough for the bucket's Raft group to elect a new leader on a loaded machine
+    /// (seconds) before a holder must give up.
     fn ttl(&self) -> Option<&'static str> {
-        Some("6s")
+        Some("15s")
     }
 }
 
