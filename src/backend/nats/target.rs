@@ -1,13 +1,14 @@
 //! Where a NATS JetStream key-value bucket is: `nats://` (and `tls://`, `nats+tls://`, as the
 //! NATS clients spell TLS) with one or more servers and the bucket as the path, the user and
-//! password of the URL, and the credentials the `nats` CLI reads from the environment
-//! (`NATS_CREDS`, a `.creds` file; `NATS_NKEY`, an NKey seed file).
+//! password of the URL, and the credentials and TLS files the `nats` CLI reads from the
+//! environment (`NATS_CREDS`, a `.creds` file; `NATS_NKEY`, an NKey seed file; `NATS_CA`,
+//! `NATS_CERT`, `NATS_KEY`).
 
 use std::path::PathBuf;
 
 use crate::error::Error;
 use crate::kit::url::{parse_query, sorted_endpoints, split_host_port, split_userinfo, Params};
-use crate::secrets::Secret;
+use crate::secrets::{check_tls_files, Secret, TlsFiles};
 
 /// The bucket dlock keeps its locks in when the URL names none.
 pub const DEFAULT_BUCKET: &str = "dlock";
@@ -30,6 +31,8 @@ pub struct NatsTarget {
     pub creds: Option<PathBuf>,
     /// An NKey seed file, from `NATS_NKEY`.
     pub nkey: Option<PathBuf>,
+    /// The CA (`NATS_CA`) and client certificate (`NATS_CERT`, `NATS_KEY`) of TLS.
+    pub tls_files: TlsFiles,
 }
 
 impl NatsTarget {
@@ -62,7 +65,12 @@ impl NatsTarget {
                 "NATS_CREDS and NATS_NKEY are both set; set one".into(),
             ));
         }
-        Ok(())
+        self.tls_files = TlsFiles {
+            ca_file: path("NATS_CA"),
+            cert_file: path("NATS_CERT"),
+            key_file: path("NATS_KEY"),
+        };
+        check_tls_files(&self.tls_files)
     }
 }
 
@@ -126,6 +134,7 @@ pub fn parse(scheme: &str, rest: &str) -> Result<NatsTarget, String> {
         replicas,
         creds: None,
         nkey: None,
+        tls_files: TlsFiles::default(),
     })
 }
 

@@ -8,6 +8,7 @@
 mod buckets;
 mod cluster;
 pub(super) mod server;
+mod tls;
 mod tokens;
 
 use crate::support::*;

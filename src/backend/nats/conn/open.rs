@@ -48,6 +48,12 @@ pub(super) async fn connect(
     if target.tls {
         options = options.require_tls(true);
     }
+    if let Some(ca) = &target.tls_files.ca_file {
+        options = options.add_root_certificates(ca.clone());
+    }
+    if let (Some(cert), Some(key)) = (&target.tls_files.cert_file, &target.tls_files.key_file) {
+        options = options.add_client_certificate(cert.clone(), key.clone());
+    }
     if let Some(user) = &target.user {
         let password = target
             .password
@@ -135,7 +141,12 @@ async fn connect_error(
                  them in the URL (user:password@), NATS_CREDS or NATS_NKEY"
             )))
         }
-        Kind::Tls => Unreached::Final(Error::Config(format!("TLS with {display} failed: {text}"))),
+        // rustls's refusal of the server's certificate comes as an I/O error.
+        _ if matches!(e.kind(), Kind::Tls) || text.contains("certificate") => {
+            Unreached::Final(Error::Config(format!(
+                "TLS with {display} failed: {text} (NATS_CA names the CA to trust)"
+            )))
+        }
         _ if crate::wording::refused_in(e) || text.contains("onnection refused") => {
             Unreached::Again(crate::wording::connection_refused(display, &SERVER))
         }
