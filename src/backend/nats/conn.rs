@@ -32,11 +32,16 @@ pub(super) const SERVER: Server = Server {
     port: super::target::DEFAULT_PORT,
 };
 
-/// How long the marker of a released or expired key stays (the stream's
-/// `subject_delete_marker_ttl` for a bucket dlock creates, and a release's own marker): long
-/// enough for every watcher to see it, short enough that a bucket of many names does not
-/// keep them all.
+/// How long the server's marker of an expired key stays (the stream's
+/// `subject_delete_marker_ttl` for a bucket dlock creates): long enough for every watcher to
+/// see it, short enough that a bucket of many names does not keep them all.
 pub(super) const MARKER_TTL: Duration = Duration::from_secs(60);
+
+/// How long the marker of a key dlock removes stays: a watcher sees it as it is written, and
+/// a watch opened later needs no marker of a key that is gone; every marker still there is
+/// delivered to every new watch of the lock, so a thousand waiters' markers kept for a
+/// minute would make each new waiter read a thousand entries.
+const REMOVED_MARKER_TTL: Duration = Duration::from_secs(1);
 
 /// A connection and the bucket's stream.
 #[derive(Clone)]
@@ -187,7 +192,10 @@ impl Conn {
         let mut headers = HeaderMap::new();
         headers.insert("KV-Operation", "PURGE");
         headers.insert(header::NATS_ROLLUP, "sub");
-        headers.insert(header::NATS_MESSAGE_TTL, ttl_header(MARKER_TTL).as_str());
+        headers.insert(
+            header::NATS_MESSAGE_TTL,
+            ttl_header(REMOVED_MARKER_TTL).as_str(),
+        );
         if let Some(expected) = expected {
             headers.insert(
                 header::NATS_EXPECTED_LAST_SUBJECT_SEQUENCE,

@@ -24,8 +24,9 @@
 //! - **Waiting** (`queue.rs`): a waiter's key with a 2 s TTL rewritten while it waits, a
 //!   watch of the lock's keys, and a create when fewer waiters are ahead than slots are free:
 //!   FIFO among the waiters, a dead waiter gone within 2 s.
-//! - **Release** purges the key at the held revision (a marker that expires by itself), so
-//!   a release never removes a key that became someone else's.
+//! - **Release** purges the key at the held revision (a marker that expires after a second:
+//!   live watchers see it as it is written), so a release never removes a key that became
+//!   someone else's.
 //! - **A bucket** that does not exist is created with history 1, per-key TTLs
 //!   (`allow_msg_ttl`), markers of expired keys (`subject_delete_marker_ttl`) and
 //!   `?replicas=N`; an existing one without those is refused (78), as is a server older than

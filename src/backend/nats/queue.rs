@@ -408,3 +408,60 @@ async fn keep_waiting(conn: Conn, key: String, mut value: Stored, mut revision: 
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(key: String, revision: u64, value: Option<(&str, u64)>) -> Found {
+        Found {
+            key,
+            revision,
+            live: value.is_some(),
+            value: value.map(|(id, arrival)| Stored {
+                holder: Holder::default(),
+                id: id.to_owned(),
+                arrival,
+            }),
+        }
+    }
+
+    /// Waiters are in the order of their first write (kept across rewrites), a waiter that
+    /// holds a slot already is no longer waiting, and markers count for nobody.
+    #[test]
+    fn waiters_line_up_by_their_first_revision() {
+        let keys = Keys::new("p");
+        let name = LockName::new("job").unwrap();
+        let mut view = View::default();
+        view.add(entry(keys.slot(&name, 0), 40, Some(("a", 0))));
+        view.add(entry(keys.slot(&name, 1), 45, None));
+        view.add(entry(keys.waiter(&name, "a"), 12, Some(("a", 0))));
+        // b wrote first at 20 and was rewritten at 50.
+        view.add(entry(keys.waiter(&name, "b"), 50, Some(("b", 20))));
+        view.add(entry(keys.waiter(&name, "c"), 30, Some(("c", 0))));
+        view.add(entry(keys.waiter(&name, "d"), 35, None));
+        let holders: Vec<u32> = view.holders(&keys).map(|(slot, _, _)| slot).collect();
+        assert_eq!(holders, vec![0]);
+        let waiters: Vec<(u64, &str)> = view
+            .waiters(&keys)
+            .into_iter()
+            .map(|(arrival, value)| (arrival, value.id.as_str()))
+            .collect();
+        assert_eq!(waiters, vec![(20, "b"), (30, "c")]);
+    }
+
+    /// A holder's token is the revision of its slot's creation: the key's revision until its
+    /// first renewal writes the token into its value.
+    #[test]
+    fn a_holders_token_is_its_slots_first_revision() {
+        let found = entry("p.job.h.0".into(), 70, Some(("a", 0)));
+        let Some(value) = found.value.clone() else {
+            panic!()
+        };
+        assert_eq!(holder_of(&found, &value).token, 70);
+        let mut renewed = value;
+        renewed.holder.token = 70;
+        let later = entry("p.job.h.0".into(), 90, Some(("a", 0)));
+        assert_eq!(holder_of(&later, &renewed).token, 70);
+    }
+}
