@@ -97,3 +97,21 @@ fn a_killed_waiter_leaves_the_line_within_its_ttl() {
     );
     drop(holder);
 }
+
+/// What a run removes (its waiter's key, its slot's key at release) leaves a marker that
+/// expires within a second: a bucket of many runs does not keep one per run, which every new
+/// waiter's watch would read.
+#[test]
+fn the_keys_of_finished_runs_leave_the_bucket_within_seconds() {
+    let server = NatsServer::start();
+    let env = TestEnv::new(&server);
+    let lock = lock_name("markers");
+    let holder = env.hold(&lock, &[]);
+    let mut waiter = env.spawn(&["run", "--local-queue", "off", &lock, "true"]);
+    wait_until("the waiter is in line", PATIENCE, || env.waiters(&lock) == 1);
+    drop(holder);
+    let status = waiter.wait().expect("the waiter's end");
+    assert!(status.success(), "{}", stderr_left(&mut waiter));
+    let messages = || server.stream_info("dlock")["state"]["messages"].as_u64();
+    wait_until("the bucket is empty", PATIENCE, || messages() == Some(0));
+}
