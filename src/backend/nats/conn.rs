@@ -13,7 +13,7 @@ use std::time::Duration;
 use async_nats::header::{self, HeaderMap};
 use async_nats::jetstream::{self, consumer, context, stream};
 use bytes::Bytes;
-use futures_util::StreamExt;
+use futures_util::{StreamExt, TryStreamExt};
 
 use super::keys::Stored;
 use super::target::NatsTarget;
@@ -240,13 +240,14 @@ impl Conn {
                 .await
                 .map_err(|e| failed(&self.display, "a watch", e))?;
             let pending = consumer.cached_info().num_pending;
+            let name = consumer.cached_info().name.clone();
             let messages = consumer
                 .messages()
                 .await
                 .map_err(|e| failed(&self.display, "a watch", e))?;
-            Ok::<_, Error>((pending, messages))
+            Ok::<_, Error>((pending, name, messages))
         };
-        let (pending, messages) = match tokio::time::timeout(limit, opening).await {
+        let (pending, name, messages) = match tokio::time::timeout(limit, opening).await {
             Ok(opened) => opened?,
             Err(_) => return Err(crate::wording::no_answer_in(&self.display, limit)),
         };
@@ -255,6 +256,8 @@ impl Conn {
             pending,
             subjects: self.subjects.clone(),
             display: self.display.clone(),
+            stream: self.stream.clone(),
+            name,
         })
     }
 
@@ -286,14 +289,55 @@ impl Conn {
             let mut watch = self.watch(filter, limit).await?;
             let mut found = Vec::new();
             while watch.pending > 0 {
-                found.push(watch.next().await?);
+                match watch.next().await {
+                    Ok(entry) => found.push(entry),
+                    Err(e) => {
+                        watch.close().await;
+                        return Err(e);
+                    }
+                }
             }
+            watch.close().await;
+            self.complete(filter, &mut found, limit).await?;
             Ok(found)
         };
         match tokio::time::timeout(limit, reading).await {
             Ok(read) => read,
             Err(_) => Err(crate::wording::no_answer_in(&self.display, limit)),
         }
+    }
+
+    /// Add to a watch's first delivery the keys it did not show: a key written again while the
+    /// watch was delivering the others can be left out of it (its entry read at the watch's
+    /// start is gone, and the new one counts as a change to come). The keys the stream has
+    /// now are listed, and each one missing is read.
+    pub(super) async fn complete(
+        &self,
+        filter: &str,
+        found: &mut Vec<Found>,
+        limit: Duration,
+    ) -> Result<(), Error> {
+        let seen: std::collections::HashSet<String> = found.iter().map(|f| f.key.clone()).collect();
+        let listing = self
+            .stream
+            .info_with_subjects(format!("{}{filter}", self.subjects))
+            .await
+            .map_err(|e| failed(&self.display, "listing the keys", e))?;
+        let subjects: Vec<(String, usize)> = listing
+            .try_collect()
+            .await
+            .map_err(|e| failed(&self.display, "listing the keys", e))?;
+        for (subject, _) in subjects {
+            let Some(key) = subject.strip_prefix(&self.subjects) else {
+                continue;
+            };
+            if !seen.contains(key) {
+                if let Some(entry) = self.last(key, limit).await? {
+                    found.push(entry);
+                }
+            }
+        }
+        Ok(())
     }
 
     /// The bucket's stream as the server describes it now: for `check`.
@@ -307,16 +351,40 @@ impl Conn {
     }
 }
 
-/// The changes of a lock's keys, as a watch delivers them.
+/// The changes of a lock's keys, as a watch delivers them: an ordered consumer on the
+/// server, which [`Watch::close`] deletes. One left behind (a killed dlock) is deleted by the
+/// server after 30 s without a listener; until then it counts towards the stream's limit of
+/// consumers (1000 by default since nats-server 2.15).
 pub(super) struct Watch {
     messages: consumer::push::Ordered,
     /// Entries of the first read still to come.
     pub(super) pending: u64,
     subjects: String,
     display: String,
+    stream: stream::Stream,
+    /// The consumer's name on the server.
+    name: String,
 }
 
+/// How long deleting a watch's consumer may take.
+pub(super) const CLOSE_LIMIT: Duration = Duration::from_secs(1);
+
 impl Watch {
+    /// Delete the watch's consumer (best effort, within [`CLOSE_LIMIT`]).
+    pub(super) async fn close(self) {
+        let Watch {
+            messages,
+            stream,
+            name,
+            ..
+        } = self;
+        drop(messages);
+        let deleted = tokio::time::timeout(CLOSE_LIMIT, stream.delete_consumer(&name)).await;
+        if !matches!(deleted, Ok(Ok(_))) {
+            tracing::debug!("a watch's consumer {name} was not deleted; the server will");
+        }
+    }
+
     /// The next entry (cancel-safe).
     pub(super) async fn next(&mut self) -> Result<Found, Error> {
         loop {

@@ -8,17 +8,24 @@
 //! answer was lost took effect): then its revision is taken and the write repeated. Anything
 //! else means the key expired and was taken, or was removed by `release --force`: the hold is
 //! gone.
+//!
+//! The holder also watches its key while the command runs: a marker or another run's value
+//! there (`release --force`, a key removed by hand) ends the hold at once, not at the next
+//! renewal. A watch that fails is opened again; meanwhile the keeper's rule still stops the
+//! command in time.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::sync::Mutex;
+use tokio::sync::{oneshot, watch, Mutex};
+use tokio::task::JoinHandle;
 
-use super::conn::{Conn, Write};
+use super::conn::{Conn, Write, CLOSE_LIMIT};
 use super::keys::Stored;
 use crate::clock::BootInstant;
 use crate::error::Error;
 use crate::keeper::{confirm_if_old, Keeper, Renew, RenewError, Schedule};
+use crate::kit::backoff::Backoff;
 use crate::kit::timeouts::OP_TIMEOUT;
 use crate::lock::{Holder, Lease, LockName, Lost};
 
@@ -30,6 +37,7 @@ const GIVEN_UP: Duration = Duration::from_secs(1);
 
 const GONE: &str = "the lock's key no longer holds this run: it expired and was taken, or \
                     was released by force";
+const REMOVED: &str = "the lock's key was removed or taken (dlock release --force, or by hand)";
 
 /// What the holder last wrote.
 pub(super) struct Held {
@@ -120,6 +128,68 @@ pub struct NatsLease {
     held: Arc<Mutex<Held>>,
     token: u64,
     display: String,
+    /// Why our key is no longer ours, once the watch on it saw so.
+    removed: watch::Receiver<Option<String>>,
+    /// The watch on our key (ended with the lease), and what stops it.
+    watching: AbortOnDrop,
+    stop_watching: oneshot::Sender<()>,
+}
+
+/// A task that ends with its owner.
+struct AbortOnDrop(JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Watch `key` until it holds no value of acquisition `id` (a marker, another's value), then
+/// say so on `removed`; until `stop` fires, when the watch's consumer is deleted. A failed
+/// watch is opened again after a pause.
+async fn watch_own(
+    conn: Conn,
+    key: String,
+    id: String,
+    removed: watch::Sender<Option<String>>,
+    mut stop: oneshot::Receiver<()>,
+) {
+    let mut pauses = Backoff::new(Duration::from_millis(100), Duration::from_secs(2));
+    loop {
+        let opened = tokio::select! {
+            opened = conn.watch(&key, OP_TIMEOUT) => opened,
+            _ = &mut stop => return,
+        };
+        if let Ok(mut own) = opened {
+            loop {
+                let found = tokio::select! {
+                    found = own.next() => found,
+                    _ = &mut stop => {
+                        own.close().await;
+                        return;
+                    }
+                };
+                match found {
+                    Ok(found) if found.live && found.value.as_ref().is_some_and(|v| v.id == id) => {
+                    }
+                    Ok(_) => {
+                        removed.send_replace(Some(REMOVED.to_owned()));
+                        let _ = (&mut stop).await;
+                        own.close().await;
+                        return;
+                    }
+                    Err(_) => {
+                        tokio::spawn(own.close());
+                        break;
+                    }
+                }
+            }
+        }
+        tokio::select! {
+            () = tokio::time::sleep(pauses.next_delay()) => {}
+            _ = &mut stop => return,
+        }
+    }
 }
 
 impl NatsLease {
@@ -151,11 +221,21 @@ impl NatsLease {
                 )));
             }
         };
+        let (conn, key, id) = {
+            let held = held.lock().await;
+            (held.conn.clone(), held.key.clone(), held.value.id.clone())
+        };
+        let (tell, removed) = watch::channel(None);
+        let (stop_watching, stop) = oneshot::channel();
+        let watching = AbortOnDrop(tokio::spawn(watch_own(conn, key, id, tell, stop)));
         Ok(NatsLease {
             keeper: Keeper::start(renewer, since, ttl, kill_after),
             held,
             token,
             display,
+            removed,
+            watching,
+            stop_watching,
         })
     }
 }
@@ -170,7 +250,17 @@ impl Lease for NatsLease {
     }
 
     async fn lost(&mut self) -> Lost {
-        self.keeper.lost().await
+        let removed = async {
+            match self.removed.wait_for(Option::is_some).await {
+                Ok(why) => why.clone().unwrap_or_default(),
+                // The watch ended without a word (it never does): the keeper decides.
+                Err(_) => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            lost = self.keeper.lost() => lost,
+            why = removed => Lost::gone(why),
+        }
     }
 
     /// Write our value with the new metadata, as a renewal does (only while it is ours).
@@ -189,6 +279,7 @@ impl Lease for NatsLease {
     /// [`OP_TIMEOUT`], by [`GIVEN_UP`] when the keeper has given the hold up already.
     async fn release(self) -> Result<(), Error> {
         let given_up = BootInstant::now() >= self.keeper.proven_until();
+        let _ = self.stop_watching.send(());
         if self.keeper.stop().await.is_none() {
             return Err(Error::Internal(
                 "the lease keeper ended unexpectedly".into(),
@@ -198,6 +289,9 @@ impl Lease for NatsLease {
         let mut held = self.held.lock().await;
         let removed = tokio::time::timeout(bound, held.remove(bound)).await;
         tracing::debug!(target: crate::logging::HANDOFF, "purged");
+        // The watch on our key deletes its consumer (the next holder was told by the purge).
+        let mut watching = self.watching;
+        let _ = tokio::time::timeout(CLOSE_LIMIT, &mut watching.0).await;
         match removed {
             Ok(Ok(true)) => Ok(()),
             Ok(Ok(false)) => {

@@ -49,8 +49,15 @@ pub(super) struct View {
 }
 
 impl View {
+    /// A key's entry, unless a later one of it is known already (a read that completed a
+    /// watch's first delivery may be ahead of the watch).
     pub(super) fn add(&mut self, found: Found) {
-        self.entries.insert(found.key.clone(), found);
+        match self.entries.get(&found.key) {
+            Some(known) if known.revision > found.revision => {}
+            _ => {
+                self.entries.insert(found.key.clone(), found);
+            }
+        }
     }
 
     /// The live slots: slot, revision, value.
@@ -304,13 +311,22 @@ impl Acquisition<'_> {
                 }
             };
             view = View::default();
-            match self.follow(&mut watch, &mut view).await {
-                Ok(Some(lease)) => return Ok(lease),
-                Ok(None) => {}
+            let followed = self.follow(&mut watch, &mut view).await;
+            match followed {
+                Ok(Some(lease)) => {
+                    // Beside the command's start.
+                    tokio::spawn(watch.close());
+                    return Ok(lease);
+                }
+                Ok(None) => watch.close().await,
                 Err(e @ Error::Unavailable(_)) => {
+                    watch.close().await;
                     self.pause_after(e, &view, arrival, &mut retries).await?
                 }
-                Err(e) => return Err(e),
+                Err(e) => {
+                    watch.close().await;
+                    return Err(e);
+                }
             }
             if budget.is_over() {
                 return Err(self.busy(&view, Some(arrival)));
@@ -347,7 +363,19 @@ impl Acquisition<'_> {
     async fn follow(&self, watch: &mut Watch, view: &mut View) -> Result<Option<NatsLease>, Error> {
         let budget = &self.request.budget;
         let own = self.keys.waiter(self.name(), &self.id);
+        let filter = self.keys.of_lock(self.name());
+        let mut completed = false;
         loop {
+            if watch.pending == 0 && !completed {
+                // What the first delivery may have left out (`Conn::complete`).
+                let mut found: Vec<Found> = view.entries.values().cloned().collect();
+                let known = found.len();
+                self.conn.complete(&filter, &mut found, self.call()).await?;
+                for entry in found.drain(known..) {
+                    view.add(entry);
+                }
+                completed = true;
+            }
             // Our place as the watch shows it (a key rewritten after it expired has a later
             // one than the first).
             let ours = view.entries.get(&own).and_then(|found| {

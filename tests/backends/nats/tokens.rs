@@ -106,3 +106,23 @@ fn tokens_of_a_burst_of_grants_keep_increasing_across_a_crash() {
         &mut NatsServer::start(),
     );
 }
+
+/// `release --force` stops the holder's command at once (124), not at its next renewal: the
+/// holder watches its own key. At --ttl 60s the first renewal is 20 s after the grant.
+#[test]
+fn release_force_stops_the_holder_before_its_next_renewal() {
+    let server = NatsServer::shared();
+    let env = TestEnv::new(&server);
+    let lock = lock_name("forced");
+    let mut holder = env.hold(&lock, &["--ttl", "60s"]);
+    let out = env.run(["release", "--force", &lock]);
+    assert!(out.status.success(), "{}", describe(&out));
+    let forced = std::time::Instant::now();
+    let status = wait_within(&mut holder.child, PATIENCE);
+    assert_eq!(status.code(), Some(124), "{}", holder.stderr());
+    assert!(
+        forced.elapsed() < std::time::Duration::from_secs(15),
+        "the holder ran on for {:?} after release --force",
+        forced.elapsed()
+    );
+}
