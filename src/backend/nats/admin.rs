@@ -95,8 +95,8 @@ pub(super) async fn list(backend: &NatsBackend) -> Result<Vec<LockStatus>, Error
         .collect())
 }
 
-/// Purge each holder's key at the revision read: its holder finds it gone at its next
-/// renewal. Waiters' keys are left alone (a killed waiter's key expires within its TTL).
+/// Purge each holder's key at the revision read: its holder, watching its key, stops its
+/// command. Waiters' keys are left alone (a killed waiter's key expires within its TTL).
 pub(super) async fn force_release(
     backend: &NatsBackend,
     name: &LockName,
