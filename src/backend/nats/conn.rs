@@ -15,6 +15,10 @@ use async_nats::jetstream::{self, consumer, context, stream};
 use bytes::Bytes;
 use futures_util::{StreamExt, TryStreamExt};
 
+use std::sync::Arc;
+
+use tokio::sync::OnceCell;
+
 use super::keys::Stored;
 use super::target::NatsTarget;
 use crate::error::Error;
@@ -47,7 +51,11 @@ const REMOVED_MARKER_TTL: Duration = Duration::from_secs(1);
 #[derive(Clone)]
 pub(super) struct Conn {
     js: jetstream::Context,
-    stream: stream::Stream,
+    /// The bucket's stream, found (and checked, or created) at its first use: a run that takes
+    /// a free lock in one write never asks for it. A write to a bucket that does not exist
+    /// finds no stream, and one to a bucket without per-key TTLs is refused by the server.
+    stream: Arc<OnceCell<stream::Stream>>,
+    target: Arc<NatsTarget>,
     /// `$KV.BUCKET.`: what a key's subject starts with.
     subjects: String,
     pub(super) display: String,
@@ -93,16 +101,19 @@ impl Conn {
             open::check_version(display, &version)?;
             let mut js = jetstream::new(client);
             js.set_timeout(OP_TIMEOUT);
-            let Some(stream) = open::bucket(&js, target, display, create).await? else {
-                return Ok(None);
-            };
-            Ok(Some(Conn {
+            let conn = Conn {
                 js,
-                stream,
+                stream: Arc::new(OnceCell::new()),
+                target: Arc::new(target.clone()),
                 subjects: format!("$KV.{}.", target.bucket),
                 display: display.to_owned(),
                 version,
-            }))
+            };
+            // Without `create` the bucket must be there (else there is nothing to read).
+            if !create && conn.found(false).await?.is_none() {
+                return Ok(None);
+            }
+            Ok(Some(conn))
         };
         match tokio::time::timeout(limit, connecting).await {
             Ok(outcome) => outcome,
@@ -112,8 +123,31 @@ impl Conn {
         }
     }
 
+    /// The bucket's stream, found and checked (or created, with `create`) at its first use;
+    /// `None` when it does not exist and is not to be created.
+    async fn found(&self, create: bool) -> Result<Option<&stream::Stream>, Error> {
+        if let Some(stream) = self.stream.get() {
+            return Ok(Some(stream));
+        }
+        let Some(stream) = open::bucket(&self.js, &self.target, &self.display, create).await?
+        else {
+            return Ok(None);
+        };
+        Ok(Some(self.stream.get_or_init(|| async { stream }).await))
+    }
+
+    /// The bucket's stream (created if it is missing), checked: what a waiter and `check`
+    /// need before anything else.
+    pub(super) async fn stream(&self) -> Result<&stream::Stream, Error> {
+        match self.found(true).await? {
+            Some(stream) => Ok(stream),
+            None => Err(Error::Internal("the bucket was not created".into())),
+        }
+    }
+
     /// Publish `payload` to `key` with `headers`, within `limit`: the stream's revision, or
-    /// a conflict when the expected revision was not the key's.
+    /// a conflict when the expected revision was not the key's. A bucket that does not exist
+    /// yet is created first (a write to it finds no stream).
     async fn publish(
         &self,
         key: &str,
@@ -122,19 +156,42 @@ impl Conn {
         limit: Duration,
     ) -> Result<Write, Error> {
         let subject = format!("{}{key}", self.subjects);
+        let once = |headers: HeaderMap, payload: Bytes| {
+            let subject = subject.clone();
+            async move {
+                let ack = self
+                    .js
+                    .publish_with_headers(subject, headers, payload)
+                    .await?;
+                ack.await
+            }
+        };
         let exchange = async {
-            let ack = self
-                .js
-                .publish_with_headers(subject, headers, payload)
-                .await?;
-            ack.await
+            match once(headers.clone(), payload.clone()).await {
+                Err(e) if e.kind() == context::PublishErrorKind::StreamNotFound => {
+                    if self.stream.get().is_some() {
+                        return Ok(Err(e));
+                    }
+                    self.stream().await?;
+                    Ok(once(headers, payload).await)
+                }
+                sent => Ok::<_, Error>(sent),
+            }
         };
         match tokio::time::timeout(limit, exchange).await {
-            Ok(Ok(ack)) => Ok(Write::Done(ack.sequence)),
-            Ok(Err(e)) if e.kind() == context::PublishErrorKind::WrongLastSequence => {
+            Ok(Ok(Ok(ack))) => Ok(Write::Done(ack.sequence)),
+            Ok(Ok(Err(e))) if e.kind() == context::PublishErrorKind::WrongLastSequence => {
                 Ok(Write::Conflict)
             }
-            Ok(Err(e)) => Err(failed(&self.display, "a write", e)),
+            Ok(Ok(Err(e))) => {
+                // A bucket without per-key TTLs refuses the write; it is named with the
+                // setting when the bucket is read.
+                if e.to_string().contains("TTL") {
+                    self.stream().await?;
+                }
+                Err(failed(&self.display, "a write", e))
+            }
+            Ok(Err(e)) => Err(e),
             Err(_) => Err(crate::wording::no_answer_in(&self.display, limit)),
         }
     }
@@ -208,7 +265,8 @@ impl Conn {
     /// The last entry of `key` (`None`: it has none).
     pub(super) async fn last(&self, key: &str, limit: Duration) -> Result<Option<Found>, Error> {
         let subject = format!("{}{key}", self.subjects);
-        let got = tokio::time::timeout(limit, self.stream.direct_get_last_for_subject(subject));
+        let stream = self.stream().await?;
+        let got = tokio::time::timeout(limit, stream.direct_get_last_for_subject(subject));
         let message = match got.await {
             Ok(Ok(message)) => message,
             Ok(Err(e)) if e.kind() == stream::DirectGetErrorKind::NotFound => return Ok(None),
@@ -235,7 +293,8 @@ impl Conn {
         };
         let opening = async {
             let consumer = self
-                .stream
+                .stream()
+                .await?
                 .create_consumer(config)
                 .await
                 .map_err(|e| failed(&self.display, "a watch", e))?;
@@ -256,7 +315,7 @@ impl Conn {
             pending,
             subjects: self.subjects.clone(),
             display: self.display.clone(),
-            stream: self.stream.clone(),
+            stream: self.stream().await?.clone(),
             name,
         })
     }
@@ -319,7 +378,8 @@ impl Conn {
     ) -> Result<(), Error> {
         let seen: std::collections::HashSet<String> = found.iter().map(|f| f.key.clone()).collect();
         let listing = self
-            .stream
+            .stream()
+            .await?
             .info_with_subjects(format!("{}{filter}", self.subjects))
             .await
             .map_err(|e| failed(&self.display, "listing the keys", e))?;
@@ -342,7 +402,7 @@ impl Conn {
 
     /// The bucket's stream as the server describes it now: for `check`.
     pub(super) async fn stream_info(&self) -> Result<stream::Info, Error> {
-        let mut stream = self.stream.clone();
+        let mut stream = self.stream().await?.clone();
         match tokio::time::timeout(OP_TIMEOUT, stream.info()).await {
             Ok(Ok(info)) => Ok(info.clone()),
             Ok(Err(e)) => Err(failed(&self.display, "reading the bucket", e)),

@@ -30,7 +30,9 @@
 //! - **A bucket** that does not exist is created with history 1, per-key TTLs
 //!   (`allow_msg_ttl`), markers of expired keys (`subject_delete_marker_ttl`) and
 //!   `?replicas=N`; an existing one without those is refused (78), as is a server older than
-//!   2.11 (no per-key TTLs).
+//!   2.11 (no per-key TTLs). The bucket is read when it is first needed (a waiter's watch,
+//!   `check`): a run that takes a free lock in one write does not ask for it, and a server
+//!   refuses a key with a TTL in a bucket without per-key TTLs all the same.
 //!
 //! The parts: `target.rs` (the URL), `conn.rs` (connecting, the bucket, each KV exchange),
 //! `keys.rs` (key names and values), `queue.rs` (taking a lock), `lease.rs`, `admin.rs`.

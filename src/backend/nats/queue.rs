@@ -305,10 +305,11 @@ impl Acquisition<'_> {
                 .await
             {
                 Ok(watch) => watch,
-                Err(e) => {
+                Err(e @ Error::Unavailable(_)) => {
                     self.pause_after(e, &view, arrival, &mut retries).await?;
                     continue;
                 }
+                Err(e) => return Err(e),
             };
             view = View::default();
             let followed = self.follow(&mut watch, &mut view).await;

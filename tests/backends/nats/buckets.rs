@@ -35,8 +35,11 @@ fn a_bucket_without_per_key_ttls_is_refused_with_78_naming_the_setting() {
     assert_fails(&out, 78, "allow_msg_ttl");
 }
 
+/// Without markers of expired keys a waiter would not see a dead holder's key go: a run that
+/// has to wait is refused (78, naming the setting), and so is `check`. (A run that finds the
+/// lock free takes it in one write: its key has its TTL all the same.)
 #[test]
-fn a_bucket_without_expiry_markers_is_refused_with_78_naming_the_setting() {
+fn a_bucket_without_expiry_markers_is_refused_to_waiters_with_78_naming_the_setting() {
     let server = NatsServer::start();
     let env = TestEnv::new(&server);
     server.create_stream(
@@ -44,9 +47,13 @@ fn a_bucket_without_expiry_markers_is_refused_with_78_naming_the_setting() {
         r#"{"name":"KV_nomarkers","subjects":["$KV.nomarkers.>"],"max_msgs_per_subject":1,"allow_rollup_hdrs":true,"deny_delete":true,"allow_direct":true,"discard":"new","storage":"file","num_replicas":1,"allow_msg_ttl":true}"#,
     );
     let url = format!("{}/nomarkers", server.url());
-    let out = env.run(["run", "--url", &url, &lock_name("b"), "touch", "ran"]);
+    let lock = lock_name("b");
+    let _holder = env.hold(&lock, &["--url", &url]);
+    let out = env.run(["run", "--url", &url, "--wait", "30s", &lock, "touch", "ran"]);
     assert_fails(&out, 78, "subject_delete_marker_ttl");
     assert!(!env.path("ran").exists(), "the command ran");
+    let out = env.run(["check", "--url", &url]);
+    assert_fails(&out, 78, "subject_delete_marker_ttl");
 }
 
 /// A server that checks a user and password: a wrong password is 77, and no password is
