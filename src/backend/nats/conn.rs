@@ -262,21 +262,51 @@ impl Conn {
         self.publish(key, headers, Bytes::new(), limit).await
     }
 
-    /// The last entry of `key` (`None`: it has none).
+    /// The last entry of `key` (`None`: it has none): one direct get, which any replica of
+    /// the bucket answers, without reading the bucket's settings first.
     pub(super) async fn last(&self, key: &str, limit: Duration) -> Result<Option<Found>, Error> {
-        let subject = format!("{}{key}", self.subjects);
-        let stream = self.stream().await?;
-        let got = tokio::time::timeout(limit, stream.direct_get_last_for_subject(subject));
+        let subject = format!(
+            "$JS.API.DIRECT.GET.KV_{}.{}{key}",
+            self.target.bucket, self.subjects
+        );
+        let client = self.js.client();
+        let got = tokio::time::timeout(limit, client.request(subject.clone(), Bytes::new()));
         let message = match got.await {
             Ok(Ok(message)) => message,
-            Ok(Err(e)) if e.kind() == stream::DirectGetErrorKind::NotFound => return Ok(None),
+            Ok(Err(e)) if e.kind() == async_nats::RequestErrorKind::NoResponders => {
+                // No bucket yet (or one without direct gets): it is read, or created, and
+                // asked once more.
+                self.stream().await?;
+                let again = client.request(subject, Bytes::new());
+                match tokio::time::timeout(limit, again).await {
+                    Ok(Ok(message)) => message,
+                    Ok(Err(e)) => return Err(failed(&self.display, "a read", e)),
+                    Err(_) => return Err(crate::wording::no_answer_in(&self.display, limit)),
+                }
+            }
             Ok(Err(e)) => return Err(failed(&self.display, "a read", e)),
             Err(_) => return Err(crate::wording::no_answer_in(&self.display, limit)),
         };
-        let live = is_live(Some(&message.headers));
+        if message.status == Some(async_nats::StatusCode::NOT_FOUND) {
+            return Ok(None);
+        }
+        let revision = message
+            .headers
+            .as_ref()
+            .and_then(|h| h.get("Nats-Sequence"))
+            .and_then(|v| v.as_str().parse::<u64>().ok());
+        let Some(revision) = revision else {
+            let status = message.status.map(|s| s.to_string()).unwrap_or_default();
+            return Err(failed(
+                &self.display,
+                "a read",
+                format!("the server answered {status} without a revision"),
+            ));
+        };
+        let live = is_live(message.headers.as_ref());
         Ok(Some(Found {
             key: key.to_owned(),
-            revision: message.sequence,
+            revision,
             live,
             value: live.then(|| Stored::parse(&message.payload)).flatten(),
         }))

@@ -2,6 +2,8 @@
 //! environment, within the server's time to answer; a server too old for per-key TTLs
 //! refused; the bucket found, or created with the settings a lock needs.
 
+use std::time::Duration;
+
 use async_nats::jetstream::{self, context, stream};
 
 use super::{MARKER_TTL, SERVER};
@@ -45,6 +47,22 @@ pub(super) async fn connect(
         .name("dlock")
         .connection_timeout(CONNECT_TIMEOUT)
         .request_timeout(Some(OP_TIMEOUT));
+    if target.servers.len() == 1 {
+        // A server that has not failed yet is tried at once: the client's own choice waits a
+        // timer tick (up to 1 ms) even before its first attempt. Once every server has
+        // failed, the client's growing pauses apply. (With several servers in the URL the
+        // client's own choice stays: a first attempt the callback chose that fails ends the
+        // connect, where the client's would try the next server.)
+        options = options.reconnect_to_server_callback(|servers, _| async move {
+            servers
+                .iter()
+                .find(|server| server.failed_attempts == 0)
+                .map(|server| async_nats::ReconnectToServer {
+                    addr: server.addr.clone(),
+                    delay: Some(Duration::ZERO),
+                })
+        });
+    }
     if target.tls {
         options = options.require_tls(true);
     }
