@@ -66,11 +66,11 @@ _dlock() {
             fi
             case "${prev}" in
                 --url)
-                    COMPREPLY=($(compgen -W "file:// redis:// rediss:// redis+unix:// redis-sentinel:// rediss-sentinel:// etcd:// etcds:// zk:// postgres:// postgresql:// mysql:// mariadb:// memcached:// memcached+unix:// az:// s3://" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "file:// redis:// rediss:// redis+unix:// redis-sentinel:// rediss-sentinel:// etcd:// etcds:// zk:// postgres:// postgresql:// mysql:// mariadb:// memcached:// memcached+unix:// az:// s3:// nats:// tls:// nats+tls://" -- "${cur}"))
                     return 0
                     ;;
                 -u)
-                    COMPREPLY=($(compgen -W "file:// redis:// rediss:// redis+unix:// redis-sentinel:// rediss-sentinel:// etcd:// etcds:// zk:// postgres:// postgresql:// mysql:// mariadb:// memcached:// memcached+unix:// az:// s3://" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "file:// redis:// rediss:// redis+unix:// redis-sentinel:// rediss-sentinel:// etcd:// etcds:// zk:// postgres:// postgresql:// mysql:// mariadb:// memcached:// memcached+unix:// az:// s3:// nats:// tls:// nats+tls://" -- "${cur}"))
                     return 0
                     ;;
                 --prefix)
@@ -104,11 +104,11 @@ _dlock() {
             fi
             case "${prev}" in
                 --url)
-                    COMPREPLY=($(compgen -W "file:// redis:// rediss:// redis+unix:// redis-sentinel:// rediss-sentinel:// etcd:// etcds:// zk:// postgres:// postgresql:// mysql:// mariadb:// memcached:// memcached+unix:// az:// s3://" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "file:// redis:// rediss:// redis+unix:// redis-sentinel:// rediss-sentinel:// etcd:// etcds:// zk:// postgres:// postgresql:// mysql:// mariadb:// memcached:// memcached+unix:// az:// s3:// nats:// tls:// nats+tls://" -- "${cur}"))
                     return 0
                     ;;
                 -u)
-                    COMPREPLY=($(compgen -W "file:// redis:// rediss:// redis+unix:// redis-sentinel:// rediss-sentinel:// etcd:// etcds:// zk:// postgres:// postgresql:// mysql:// mariadb:// memcached:// memcached+unix:// az:// s3://" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "file:// redis:// rediss:// redis+unix:// redis-sentinel:// rediss-sentinel:// etcd:// etcds:// zk:// postgres:// postgresql:// mysql:// mariadb:// memcached:// memcached+unix:// az:// s3:// nats:// tls:// nats+tls://" -- "${cur}"))
                     return 0
                     ;;
                 --prefix)
@@ -206,11 +206,11 @@ _dlock() {
             fi
             case "${prev}" in
                 --url)
-                    COMPREPLY=($(compgen -W "file:// redis:// rediss:// redis+unix:// redis-sentinel:// rediss-sentinel:// etcd:// etcds:// zk:// postgres:// postgresql:// mysql:// mariadb:// memcached:// memcached+unix:// az:// s3://" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "file:// redis:// rediss:// redis+unix:// redis-sentinel:// rediss-sentinel:// etcd:// etcds:// zk:// postgres:// postgresql:// mysql:// mariadb:// memcached:// memcached+unix:// az:// s3:// nats:// tls:// nats+tls://" -- "${cur}"))
                     return 0
                     ;;
                 -u)
-                    COMPREPLY=($(compgen -W "file:// redis:// rediss:// redis+unix:// redis-sentinel:// rediss-sentinel:// etcd:// etcds:// zk:// postgres:// postgresql:// mysql:// mariadb:// memcached:// memcached+unix:// az:// s3://" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "file:// redis:// rediss:// redis+unix:// redis-sentinel:// rediss-sentinel:// etcd:// etcds:// zk:// postgres:// postgresql:// mysql:// mariadb:// memcached:// memcached+unix:// az:// s3:// nats:// tls:// nats+tls://" -- "${cur}"))
                     return 0
                     ;;
                 --prefix)
@@ -236,11 +236,11 @@ _dlock() {
             fi
             case "${prev}" in
                 --url)
-                    COMPREPLY=($(compgen -W "file:// redis:// rediss:// redis+unix:// redis-sentinel:// rediss-sentinel:// etcd:// etcds:// zk:// postgres:// postgresql:// mysql:// mariadb:// memcached:// memcached+unix:// az:// s3://" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "file:// redis:// rediss:// redis+unix:// redis-sentinel:// rediss-sentinel:// etcd:// etcds:// zk:// postgres:// postgresql:// mysql:// mariadb:// memcached:// memcached+unix:// az:// s3:// nats:// tls:// nats+tls://" -- "${cur}"))
                     return 0
                     ;;
                 -u)
-                    COMPREPLY=($(compgen -W "file:// redis:// rediss:// redis+unix:// redis-sentinel:// rediss-sentinel:// etcd:// etcds:// zk:// postgres:// postgresql:// mysql:// mariadb:// memcached:// memcached+unix:// az:// s3://" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "file:// redis:// rediss:// redis+unix:// redis-sentinel:// rediss-sentinel:// etcd:// etcds:// zk:// postgres:// postgresql:// mysql:// mariadb:// memcached:// memcached+unix:// az:// s3:// nats:// tls:// nats+tls://" -- "${cur}"))
                     return 0
                     ;;
                 --prefix)
@@ -271,11 +271,11 @@ _dlock() {
             fi
             case "${prev}" in
                 --url)
-                    COMPREPLY=($(compgen -W "file:// redis:// rediss:// redis+unix:// redis-sentinel:// rediss-sentinel:// etcd:// etcds:// zk:// postgres:// postgresql:// mysql:// mariadb:// memcached:// memcached+unix:// az:// s3://" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "file:// redis:// rediss:// redis+unix:// redis-sentinel:// rediss-sentinel:// etcd:// etcds:// zk:// postgres:// postgresql:// mysql:// mariadb:// memcached:// memcached+unix:// az:// s3:// nats:// tls:// nats+tls://" -- "${cur}"))
                     return 0
                     ;;
                 -u)
-                    COMPREPLY=($(compgen -W "file:// redis:// rediss:// redis+unix:// redis-sentinel:// rediss-sentinel:// etcd:// etcds:// zk:// postgres:// postgresql:// mysql:// mariadb:// memcached:// memcached+unix:// az:// s3://" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "file:// redis:// rediss:// redis+unix:// redis-sentinel:// rediss-sentinel:// etcd:// etcds:// zk:// postgres:// postgresql:// mysql:// mariadb:// memcached:// memcached+unix:// az:// s3:// nats:// tls:// nats+tls://" -- "${cur}"))
                     return 0
                     ;;
                 --prefix)
@@ -369,11 +369,11 @@ _dlock() {
             fi
             case "${prev}" in
                 --url)
-                    COMPREPLY=($(compgen -W "file:// redis:// rediss:// redis+unix:// redis-sentinel:// rediss-sentinel:// etcd:// etcds:// zk:// postgres:// postgresql:// mysql:// mariadb:// memcached:// memcached+unix:// az:// s3://" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "file:// redis:// rediss:// redis+unix:// redis-sentinel:// rediss-sentinel:// etcd:// etcds:// zk:// postgres:// postgresql:// mysql:// mariadb:// memcached:// memcached+unix:// az:// s3:// nats:// tls:// nats+tls://" -- "${cur}"))
                     return 0
                     ;;
                 -u)
-                    COMPREPLY=($(compgen -W "file:// redis:// rediss:// redis+unix:// redis-sentinel:// rediss-sentinel:// etcd:// etcds:// zk:// postgres:// postgresql:// mysql:// mariadb:// memcached:// memcached+unix:// az:// s3://" -- "${cur}"))
+                    COMPREPLY=($(compgen -W "file:// redis:// rediss:// redis+unix:// redis-sentinel:// rediss-sentinel:// etcd:// etcds:// zk:// postgres:// postgresql:// mysql:// mariadb:// memcached:// memcached+unix:// az:// s3:// nats:// tls:// nats+tls://" -- "${cur}"))
                     return 0
                     ;;
                 --prefix)

@@ -51,7 +51,10 @@ mariadb://\t''
 memcached://\t''
 memcached+unix://\t''
 az://\t''
-s3://\t''"
+s3://\t''
+nats://\t''
+tls://\t''
+nats+tls://\t''"
 complete -c dlock -n "__fish_dlock_using_subcommand run; and __fish_dlock_run_options" -l prefix -d 'Namespace for keys and paths [default: dlock]' -r
 complete -c dlock -n "__fish_dlock_using_subcommand run; and __fish_dlock_run_options" -s w -l wait -d 'Give up after waiting this long (500ms, 30s, 5m; a bare number is seconds)' -r
 complete -c dlock -n "__fish_dlock_using_subcommand run; and __fish_dlock_run_options" -s E -l conflict-exit-code -d 'Exit status when the lock was not acquired [default: 75]' -r
@@ -93,7 +96,10 @@ mariadb://\t''
 memcached://\t''
 memcached+unix://\t''
 az://\t''
-s3://\t''"
+s3://\t''
+nats://\t''
+tls://\t''
+nats+tls://\t''"
 complete -c dlock -n "__fish_dlock_using_subcommand status" -l prefix -d 'Namespace for keys and paths [default: dlock]' -r
 complete -c dlock -n "__fish_dlock_using_subcommand status" -l config -d 'Config file (TOML; see man dlock.toml)' -r -F
 complete -c dlock -n "__fish_dlock_using_subcommand status" -l json -d 'Print JSON instead of text'
@@ -117,7 +123,10 @@ mariadb://\t''
 memcached://\t''
 memcached+unix://\t''
 az://\t''
-s3://\t''"
+s3://\t''
+nats://\t''
+tls://\t''
+nats+tls://\t''"
 complete -c dlock -n "__fish_dlock_using_subcommand list" -l prefix -d 'Namespace for keys and paths [default: dlock]' -r
 complete -c dlock -n "__fish_dlock_using_subcommand list" -l config -d 'Config file (TOML; see man dlock.toml)' -r -F
 complete -c dlock -n "__fish_dlock_using_subcommand list" -l json -d 'Print JSON instead of text'
@@ -141,7 +150,10 @@ mariadb://\t''
 memcached://\t''
 memcached+unix://\t''
 az://\t''
-s3://\t''"
+s3://\t''
+nats://\t''
+tls://\t''
+nats+tls://\t''"
 complete -c dlock -n "__fish_dlock_using_subcommand release" -l prefix -d 'Namespace for keys and paths [default: dlock]' -r
 complete -c dlock -n "__fish_dlock_using_subcommand release" -l handle -d 'The hold to end: the value of DLOCK_HOLD that `dlock hold` printed [default: the hold of NAME named in DLOCK_HELD]' -r
 complete -c dlock -n "__fish_dlock_using_subcommand release" -l config -d 'Config file (TOML; see man dlock.toml)' -r -F
@@ -166,7 +178,10 @@ mariadb://\t''
 memcached://\t''
 memcached+unix://\t''
 az://\t''
-s3://\t''"
+s3://\t''
+nats://\t''
+tls://\t''
+nats+tls://\t''"
 complete -c dlock -n "__fish_dlock_using_subcommand check" -l prefix -d 'Namespace for keys and paths [default: dlock]' -r
 complete -c dlock -n "__fish_dlock_using_subcommand check" -s t -l ttl -d 'Lease length to check against the backend\'s bounds [default: 15s]' -r
 complete -c dlock -n "__fish_dlock_using_subcommand check" -l config -d 'Config file (TOML; see man dlock.toml)' -r -F
@@ -191,7 +206,10 @@ mariadb://\t''
 memcached://\t''
 memcached+unix://\t''
 az://\t''
-s3://\t''"
+s3://\t''
+nats://\t''
+tls://\t''
+nats+tls://\t''"
 complete -c dlock -n "__fish_dlock_using_subcommand hold" -l prefix -d 'Namespace for keys and paths [default: dlock]' -r
 complete -c dlock -n "__fish_dlock_using_subcommand hold" -s w -l wait -d 'Give up after waiting this long (500ms, 30s, 5m; a bare number is seconds)' -r
 complete -c dlock -n "__fish_dlock_using_subcommand hold" -s E -l conflict-exit-code -d 'Exit status when the lock was not acquired [default: 75]' -r

@@ -48,7 +48,7 @@ fn readme() -> String {
 }
 
 /// The backends, each with its page `docs/backends/<name>.md`.
-const BACKEND_PAGES: [&str; 11] = [
+const BACKEND_PAGES: [&str; 12] = [
     "file",
     "redis",
     "redis-sentinel",
@@ -60,6 +60,7 @@ const BACKEND_PAGES: [&str; 11] = [
     "memcached",
     "azure",
     "s3",
+    "nats",
 ];
 
 /// The Markdown files of docs/ and docs/backends/, relative to the repository, sorted.

@@ -14,6 +14,7 @@ pub mod etcd;
 pub mod file;
 pub mod memcached;
 pub mod mysql;
+pub mod nats;
 pub mod postgres;
 pub mod redis;
 pub mod s3;
@@ -38,6 +39,7 @@ pub const KINDS: &[&Kind] = &[
     &memcached::kind::KIND,
     &azure::kind::KIND,
     &s3::kind::KIND,
+    &nats::kind::KIND,
 ];
 
 /// The kind that answers to `scheme` (lower case).

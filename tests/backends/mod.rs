@@ -26,6 +26,7 @@ backends_with_servers! {
     file,
     memcached,
     mysql,
+    nats,
     postgres,
     redis,
     redis_cluster,
