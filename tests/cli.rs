@@ -1546,3 +1546,55 @@ fn a_hold_belongs_to_the_shell_that_reads_its_output_through_subshells() {
     shell.wait();
     wait_until("the lock is free", PATIENCE, || env.is_free("subshells"));
 }
+
+/// A signal to `dlock hold` while it waits cancels the wait as for `dlock run` (128+N), leaves
+/// no keeper and no waiter behind, and says `(exit 130)` for `eval`.
+#[test]
+fn a_signal_while_a_hold_waits_cancels_it_and_leaves_no_keeper() {
+    let (_server, env) = file_env();
+    let _holder = env.hold("waited", &[]);
+    let waiter = env
+        .dlock(["hold", "waited"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn dlock hold");
+    wait_until("the hold waits", PATIENCE, || env.waiters("waited") >= 1);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(waiter.id() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .expect("signal dlock hold");
+    let out = waiter.wait_with_output().expect("dlock hold's output");
+    assert_eq!(out.status.code(), Some(130), "{}", describe(&out));
+    assert_eq!(stdout_of(&out).trim(), "(exit 130)", "{}", describe(&out));
+    wait_until("no waiter left", PATIENCE, || env.waiters("waited") == 0);
+}
+
+/// `--min-hold` keeps a hold's lock after its release until the time is up: the release
+/// answers at once (0), the lock stays held, then comes free.
+#[test]
+fn min_hold_keeps_a_released_hold_until_its_time() {
+    let (_server, env) = file_env();
+    let started = std::time::Instant::now();
+    let mut shell = env.shell(
+        "eval \"$(\"$DLOCK\" hold --min-hold 2s kept)\" || exit 9; \
+         \"$DLOCK\" release kept; echo $? > released; \
+         \"$DLOCK\" status -q kept; echo $? > held",
+    );
+    assert!(shell.wait().success());
+    let read = |name: &str| {
+        std::fs::read_to_string(env.path(name))
+            .unwrap_or_default()
+            .trim()
+            .to_owned()
+    };
+    assert_eq!(read("released"), "0");
+    assert_eq!(read("held"), "0", "the lock was not kept after the release");
+    wait_until("the lock is free", PATIENCE, || env.is_free("kept"));
+    assert!(
+        started.elapsed() >= Duration::from_secs(2),
+        "free after {:?}, before --min-hold",
+        started.elapsed()
+    );
+}
