@@ -15,16 +15,15 @@ use std::time::Duration;
 use anyhow::Context;
 
 use crate::budget::{Wait, WaitBudget};
-use crate::cli::OnLost;
 use crate::error::Error;
-use crate::exit::{self, Outcome};
+use crate::exit::Outcome;
 use crate::kind::DynBackend;
 use crate::lock::{self, AcquireRequest, Backend, Holder, Lease, LockName};
-use crate::secrets::Handoff;
 use crate::settings::RunSettings;
 use crate::signals::{self, Signals};
 use crate::{clock, logging, supervise};
 
+mod command;
 mod environment;
 mod events;
 pub(crate) mod hold;
@@ -33,6 +32,7 @@ mod record;
 mod reentrant;
 pub(crate) mod reentry;
 
+use self::command::supervise_command;
 use self::environment::{child_environment, hold_variables, token_variables, ChildEnv};
 use self::events::{Event, Observer};
 pub(crate) use self::record::refused;
@@ -394,86 +394,6 @@ async fn run_holding<L: Lease>(
     };
     release(lease, settings).await;
     outcome
-}
-
-/// How the command's run ended, for dlock's exit status.
-struct Ran {
-    status: Outcome,
-    /// The command's own status (128+N for a signal), which `status` replaces on a loss.
-    command: u8,
-    /// Why the lock was lost while it ran (and the command was stopped for it).
-    lost: Option<String>,
-    /// dlock was asked to stop by this signal (a terminating one, forwarded): release at once.
-    stopped_by: Option<i32>,
-}
-
-impl Ran {
-    /// Tell `observer` how the command's run ended: the loss, the stop, the status.
-    fn tell(&self, observer: &mut dyn Observer) {
-        if let Some(why) = &self.lost {
-            observer.saw(Event::Lost(why.clone()));
-        }
-        if let Some(signal) = self.stopped_by {
-            observer.saw(Event::StoppedBy(signal));
-        }
-        observer.saw(Event::CommandEnded(self.command));
-    }
-}
-
-/// Start the command and wait for it; map how it ended to dlock's exit status.
-async fn supervise_command<L: Lease>(
-    settings: &RunSettings,
-    signals: &mut Signals,
-    sigchld: tokio::signal::unix::Signal,
-    lease: &mut L,
-    env: ChildEnv,
-) -> anyhow::Result<Ran> {
-    let terminal = supervise::Terminal::foreground();
-    let inherit = env.handoff.as_ref().map(Handoff::raw_fd);
-    let spawned = supervise::spawn(&settings.command, &env.vars, terminal.as_ref(), inherit);
-    // The command has its copy; dlock needs none.
-    drop(env.handoff);
-    let child = spawned?;
-    tracing::debug!(target: logging::HANDOFF, "spawned");
-    let policy = supervise::Policy {
-        name: settings.name.to_string(),
-        on_lost: settings.on_lost,
-        kill_after: settings.kill_after,
-        lease: settings
-            .common
-            .target
-            .capabilities()
-            .lease
-            .then(|| (settings.name.clone(), settings.common.ttl)),
-    };
-    let ending = supervise::supervise(child, lease, signals, policy, terminal.as_ref(), sigchld)
-        .await
-        .context("lost track of the command")?;
-    let command = exit::from_child(ending.status);
-    match ending.lost {
-        Some(lost) if settings.on_lost != OnLost::Ignore => {
-            // A loss seen while the command ran was told then (`supervise`), in one line.
-            if ending.lost_after_end {
-                say!(
-                    "lock '{}' was lost while the command ran ({})",
-                    settings.name,
-                    lost.reason
-                );
-            }
-            Ok(Ran {
-                status: Outcome::Lost,
-                command,
-                lost: Some(lost.reason),
-                stopped_by: ending.stopped_by,
-            })
-        }
-        lost => Ok(Ran {
-            status: Outcome::Command(command),
-            command,
-            lost: lost.map(|lost| lost.reason),
-            stopped_by: ending.stopped_by,
-        }),
-    }
 }
 
 async fn release<L: Lease>(lease: L, settings: &RunSettings) {

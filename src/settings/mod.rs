@@ -13,6 +13,8 @@
 
 pub(crate) mod command;
 mod duration;
+mod hold;
+mod names;
 mod target;
 
 use std::time::Duration;
@@ -20,6 +22,9 @@ use std::time::Duration;
 use command::command_spec;
 pub use command::{resolve_program, CommandSpec};
 pub use duration::parse_duration;
+pub use hold::{hold, HoldSettings};
+use names::also_setting;
+pub use names::lock_name;
 use target::target_setting;
 
 use crate::config::FileConfig;
@@ -280,46 +285,6 @@ pub fn run(args: cli::RunArgs, file: &FileConfig) -> Result<RunSettings, Error> 
     })
 }
 
-/// `dlock hold`'s settings: `run`'s, without a command.
-#[derive(Clone, Debug)]
-pub struct HoldSettings {
-    /// As for `run`; the command is the hold's description in the lock's metadata.
-    pub run: RunSettings,
-    /// `--until-released`: the hold belongs to no process.
-    pub until_released: bool,
-    /// `--max-hold`: the hold ends this long after the grant.
-    pub max_hold: Option<Duration>,
-}
-
-pub fn hold(args: cli::HoldArgs, file: &FileConfig) -> Result<HoldSettings, Error> {
-    let words = args.run.shell_command.iter().chain(&args.run.command);
-    if let Some(word) = words.into_iter().next() {
-        return Err(Error::Usage(format!(
-            "dlock hold takes no command (got '{}' after the name); to run one while holding \
-             the lock: dlock run NAME -- COMMAND",
-            crate::logging::printable(&word.to_string_lossy())
-        )));
-    }
-    let env = &args.run.backend.from_env;
-    let max_hold = duration_setting(args.max_hold, None, &origin("--max-hold", env), false)?;
-    if args.until_released && max_hold.is_none() {
-        return Err(Error::Usage(
-            "--until-released needs --max-hold DUR, so that a forgotten hold ends by itself".into(),
-        ));
-    }
-    let until_released = args.until_released;
-    let mut run = lock_settings(args.run, file, |_, _, _| {
-        Ok(CommandSpec::hold(until_released))
-    })?;
-    // A hold's description is no secret, and `status` shows it in place of a command.
-    run.record_command = true;
-    Ok(HoldSettings {
-        run,
-        until_released,
-        max_hold,
-    })
-}
-
 /// The settings of a run or a hold; `command` reads the command from the arguments, after
 /// every other setting was checked.
 fn lock_settings(
@@ -396,28 +361,6 @@ fn lock_settings(
             .unwrap_or(true),
         report,
     })
-}
-
-/// `--also` (the command line only: a variable or a config key would reach every nested
-/// run, which would then wait for the names its ancestor holds), each checked as NAME is;
-/// a name given twice, or NAME itself, is a mistake.
-fn also_setting(name: &LockName, given: &[std::ffi::OsString]) -> Result<Vec<LockName>, Error> {
-    let mut also: Vec<LockName> = Vec::with_capacity(given.len());
-    for raw in given {
-        let next = lock_name(raw).map_err(|e| Error::Usage(format!("--also: {e}")))?;
-        if next == *name {
-            return Err(Error::Usage(format!(
-                "--also '{next}' is NAME itself; give each name once"
-            )));
-        }
-        if also.contains(&next) {
-            return Err(Error::Usage(format!(
-                "--also '{next}' is given twice; give each name once"
-            )));
-        }
-        also.push(next);
-    }
-    Ok(also)
 }
 
 /// `--wait`/`--no-wait` (flags, `DLOCK_WAIT`/`DLOCK_NO_WAIT`, the config file): a flag beats
@@ -554,12 +497,4 @@ pub fn report_to(
             path,
         }
     })
-}
-
-/// Validate a lock name given on the command line.
-pub fn lock_name(raw: &std::ffi::OsStr) -> Result<LockName, Error> {
-    let text = raw
-        .to_str()
-        .ok_or_else(|| Error::Usage("lock name must be valid UTF-8".into()))?;
-    LockName::new(text)
 }

@@ -13,7 +13,7 @@ use std::time::Duration;
 use async_nats::header::{self, HeaderMap};
 use async_nats::jetstream::{self, consumer, context, stream};
 use bytes::Bytes;
-use futures_util::{StreamExt, TryStreamExt};
+use futures_util::TryStreamExt;
 
 use std::sync::Arc;
 
@@ -26,8 +26,10 @@ use crate::kit::timeouts::OP_TIMEOUT;
 use crate::wording::Server;
 
 mod open;
+mod watch;
 
 pub(super) use open::Unreached;
+pub(super) use watch::{Watch, CLOSE_LIMIT};
 
 /// How messages name the server.
 pub(super) const SERVER: Server = Server {
@@ -437,69 +439,6 @@ impl Conn {
             Ok(Ok(info)) => Ok(info.clone()),
             Ok(Err(e)) => Err(failed(&self.display, "reading the bucket", e)),
             Err(_) => Err(crate::wording::no_answer_in(&self.display, OP_TIMEOUT)),
-        }
-    }
-}
-
-/// The changes of a lock's keys, as a watch delivers them: an ordered consumer on the
-/// server, which [`Watch::close`] deletes. One left behind (a killed dlock) is deleted by the
-/// server after 30 s without a listener; until then it counts towards the stream's limit of
-/// consumers (1000 by default since nats-server 2.15).
-pub(super) struct Watch {
-    messages: consumer::push::Ordered,
-    /// Entries of the first read still to come.
-    pub(super) pending: u64,
-    subjects: String,
-    display: String,
-    stream: stream::Stream,
-    /// The consumer's name on the server.
-    name: String,
-}
-
-/// How long deleting a watch's consumer may take.
-pub(super) const CLOSE_LIMIT: Duration = Duration::from_secs(1);
-
-impl Watch {
-    /// Delete the watch's consumer (best effort, within [`CLOSE_LIMIT`]).
-    pub(super) async fn close(self) {
-        let Watch {
-            messages,
-            stream,
-            name,
-            ..
-        } = self;
-        drop(messages);
-        let deleted = tokio::time::timeout(CLOSE_LIMIT, stream.delete_consumer(&name)).await;
-        if !matches!(deleted, Ok(Ok(_))) {
-            tracing::debug!("a watch's consumer {name} was not deleted; the server will");
-        }
-    }
-
-    /// The next entry (cancel-safe).
-    pub(super) async fn next(&mut self) -> Result<Found, Error> {
-        loop {
-            let message = match self.messages.next().await {
-                Some(Ok(message)) => message,
-                Some(Err(e)) => return Err(failed(&self.display, "a watch", e)),
-                None => return Err(failed(&self.display, "a watch", "it ended")),
-            };
-            let Ok(info) = message.info() else { continue };
-            let revision = info.stream_sequence;
-            let pending = info.pending;
-            let Some(key) = message.subject.as_str().strip_prefix(&self.subjects) else {
-                continue;
-            };
-            let key = key.to_owned();
-            if self.pending > 0 {
-                self.pending = pending;
-            }
-            let live = is_live(message.headers.as_ref());
-            return Ok(Found {
-                key,
-                revision,
-                live,
-                value: live.then(|| Stored::parse(&message.payload)).flatten(),
-            });
         }
     }
 }
